@@ -1,0 +1,244 @@
+"""Parameter models: the single source of truth for every setting of every stage.
+
+Three kinds of YAML file live under ``params/``:
+
+* ``datasets/<name>.yaml``    -> :class:`DatasetParams`   (one prepared data set)
+* ``partitions/<name>.yaml``  -> :class:`PartitionParams` (one client split of a data set)
+* ``experiments/<name>.yaml`` -> :class:`ExperimentParams` (model, pretraining, evaluation)
+
+plus ``pipelines.yaml`` (:class:`PipelinesParams`), which names the experiments each pipeline
+runs. Experiments refer to a partition preset by name, and partitions to a data set preset, so
+several experiments share one prepared data set and one partition (computed once).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import yaml
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt,
+                      PositiveFloat, PositiveInt, ValidationError, model_validator)
+
+PARAMS_DIR = Path("params")
+NAME_PATTERN = r"^[a-z0-9_]+$"  # preset names become stage names in Snakemake and DVC
+Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ParamsError(ValueError):
+    """A params file that cannot be used; the message names the file and the field."""
+
+
+# --------------------------------------------------------------------------- data sets
+DatasetName = Literal["fashion_mnist", "cifar10", "cifar100", "stl10", "tiny_imagenet"]
+
+
+class DatasetParams(Strict):
+    """Where a data set is read from; the prepare stage writes it once as a uint8 artifact."""
+    name: DatasetName
+    data_root: str | None = Field(None, description="folder holding the data set in its usual "
+                                  "on-disk layout; None = the default place for this data set")
+    download: bool = Field(False, description="let torchvision download it (needs internet)")
+
+
+# --------------------------------------------------------------------------- partitions
+class IIDScheme(Strict):
+    kind: Literal["iid"] = "iid"
+
+
+class DirichletScheme(Strict):
+    """Per-class Dirichlet split: each class is spread over clients by Dir(alpha)."""
+    kind: Literal["dirichlet"] = "dirichlet"
+    alpha: PositiveFloat = Field(description="concentration xi; small = skewed, large = near IID")
+    min_per_client: NonNegativeInt = Field(0, description="redraw until every client has this many")
+
+
+class ShardsScheme(Strict):
+    """Every client holds samples of exactly ``classes_per_client`` classes (label shards)."""
+    kind: Literal["shards"] = "shards"
+    classes_per_client: PositiveInt
+
+
+class ClassGroupsScheme(Strict):
+    """CP-CFL: equal client groups with overlapping class sets; per client, ``major_classes``
+    of its group's classes get ``major_count`` samples and the rest ``minor_count``."""
+    kind: Literal["class_groups"] = "class_groups"
+    groups: list[list[NonNegativeInt]] = Field(
+        default_factory=lambda: [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]])
+    major_classes: PositiveInt = 2
+    major_count: PositiveInt = 20
+    minor_count: NonNegativeInt = 5
+
+
+PartitionScheme = Annotated[Union[IIDScheme, DirichletScheme, ShardsScheme, ClassGroupsScheme],
+                            Field(discriminator="kind")]
+
+
+class PartitionParams(Strict):
+    dataset: str = Field(pattern=NAME_PATTERN, description="name of a params/datasets preset")
+    num_clients: PositiveInt
+    scheme: PartitionScheme
+    subset: PositiveInt | None = Field(
+        None, description="split a class-stratified random subset of this many training samples")
+    seed: int = 0
+
+
+# --------------------------------------------------------------------------- experiments
+class ModelParams(Strict):
+    arch: Literal["small_cnn", "resnet18", "pixels"] = Field(
+        description="pixels = no encoder: the flattened image is the representation")
+    norm: Literal["bn", "gn"] = "gn"
+    channels_per_group: PositiveInt = Field(16, description="GroupNorm group size (Lambda)")
+    width: PositiveInt = Field(32, description="channels of the first block")
+    proj_hidden: PositiveInt = 256
+    proj_dim: PositiveInt = 128
+
+
+class AugmentParams(Strict):
+    """SimCLR view generation; every sample draws its own parameters."""
+    crop_scale: tuple[Fraction, Fraction] = (0.2, 1.0)
+    crop_ratio: tuple[PositiveFloat, PositiveFloat] = (3 / 4, 4 / 3)
+    flip_p: Probability = 0.5
+    jitter_p: Probability = 0.8
+    brightness: NonNegativeFloat = 0.4
+    contrast: NonNegativeFloat = 0.4
+    saturation: NonNegativeFloat = 0.4
+    hue: Annotated[float, Field(ge=0.0, le=0.5)] = 0.1
+    grayscale_p: Probability = 0.2
+    blur_p: Probability = 0.0
+    blur_sigma: tuple[PositiveFloat, PositiveFloat] = (0.1, 2.0)
+    solarize_p: Probability = 0.0
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        for name in ("crop_scale", "crop_ratio", "blur_sigma"):
+            lo, hi = getattr(self, name)
+            if lo > hi:
+                raise ValueError(f"{name}: lower bound {lo} exceeds upper bound {hi}")
+        return self
+
+
+class PretrainParams(Strict):
+    method: Literal["fedsimclr", "none"] = Field(
+        description="none = keep the seeded random initialisation (a reference row)")
+    rounds: NonNegativeInt = 0
+    local_epochs: PositiveInt = 1
+    client_fraction: Fraction = 1.0
+    batch_size: PositiveInt = 256
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: PositiveFloat = 1e-3
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    weight_decay: NonNegativeFloat = 0.0
+    temperature: PositiveFloat = 0.5
+    augment: AugmentParams = AugmentParams()
+    parallel_clients: Literal["auto", "off"] = Field(
+        "auto", description="train clients together with torch.func.vmap where the model allows")
+    seed: int = 0
+
+
+class FeatureParams(Strict):
+    layer: Literal["backbone", "projection"] = "backbone"
+    train_size: PositiveInt | None = Field(
+        None, description="labelled training images for the probes (class-stratified); None = all")
+    batch_size: PositiveInt = 1024
+
+
+class LinearProbeParams(Strict):
+    epochs: PositiveInt = 100
+    lr: PositiveFloat = 1e-2
+    weight_decay: NonNegativeFloat = 0.0
+    batch_size: PositiveInt = 1024
+    standardize: bool = Field(True, description="z-score features with train statistics first")
+    seed: int = 0
+
+
+class KnnParams(Strict):
+    k: PositiveInt = 20
+    temperature: PositiveFloat = Field(0.07, description="weights votes by exp(cos / T)")
+
+
+class ExperimentParams(Strict):
+    title: str = Field(description="row label in the report")
+    partition: str = Field(pattern=NAME_PATTERN, description="name of a params/partitions preset")
+    model: ModelParams
+    pretrain: PretrainParams
+    features: FeatureParams = FeatureParams()
+    linear_probe: LinearProbeParams = LinearProbeParams()
+    knn: KnnParams = KnnParams()
+
+    @model_validator(mode="after")
+    def _pixels_have_nothing_to_train(self):
+        if self.model.arch == "pixels" and self.pretrain.method != "none":
+            raise ValueError("model.arch 'pixels' has no weights: set pretrain.method to 'none'")
+        return self
+
+
+class PipelinesParams(Strict):
+    """Pipeline name -> the experiments it runs (and reports in one table)."""
+    pipelines: dict[Annotated[str, Field(pattern=NAME_PATTERN)],
+                    list[Annotated[str, Field(pattern=NAME_PATTERN)]]]
+
+    @model_validator(mode="after")
+    def _has_default(self):
+        if "default" not in self.pipelines:
+            raise ValueError("a pipeline named 'default' is required")
+        return self
+
+
+# --------------------------------------------------------------------------- loading
+SCHEMAS: dict[str, type[Strict]] = {
+    "dataset": DatasetParams, "partition": PartitionParams,
+    "experiment": ExperimentParams, "pipelines": PipelinesParams,
+}
+SUBDIRS = {"dataset": "datasets", "partition": "partitions", "experiment": "experiments"}
+
+
+def preset_path(kind: str, name: str, root: Path = PARAMS_DIR) -> Path:
+    return root / SUBDIRS[kind] / f"{name}.yaml"
+
+
+def _format_errors(path: Path, err: ValidationError) -> str:
+    lines = [f"{path}: invalid parameters"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(file)"
+        lines.append(f"  {where}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def load_file(path: Path, model: type[Strict]):
+    """Read and validate one YAML file; any problem raises ParamsError naming file and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: no such params file")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise ParamsError(_format_errors(path, e)) from None
+
+
+def load_preset(kind: str, name: str, root: Path = PARAMS_DIR):
+    return load_file(preset_path(kind, name, root), SCHEMAS[kind])
+
+
+def load_pipelines(root: Path = PARAMS_DIR) -> PipelinesParams:
+    return load_file(root / "pipelines.yaml", PipelinesParams)
+
+
+def check_partition_fits(part: PartitionParams, part_path: Path, train_size: int) -> None:
+    """Cross-file check: a partition cannot have more clients than it has samples."""
+    available = min(part.subset or train_size, train_size)
+    if part.subset and part.subset > train_size:
+        raise ParamsError(f"{part_path}: subset: {part.subset} exceeds the {train_size} "
+                          f"training samples of data set '{part.dataset}'")
+    if part.num_clients > available:
+        raise ParamsError(f"{part_path}: num_clients: {part.num_clients} clients but only "
+                          f"{available} samples to split")
