@@ -1,0 +1,331 @@
+"""fedssl.data.sources against tiny fixtures written in each data set's real on-disk format."""
+
+import gzip
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fedssl.data.sources import (
+    DEFAULT_ROOTS,
+    NUM_CLASSES,
+    TRAIN_SIZES,
+    DataNotFound,
+    Split,
+    load_dataset,
+)
+
+RNG = np.random.default_rng(0)
+
+
+def _pixels(*shape: int) -> np.ndarray:
+    return RNG.integers(0, 256, size=shape, dtype=np.uint8)
+
+
+def _check_split(split: Split, n: int, chw: tuple) -> None:
+    assert isinstance(split, Split)
+    assert split.images.dtype == np.uint8 and split.images.shape == (n, *chw)
+    assert split.labels.dtype == np.int64 and split.labels.shape == (n,)
+
+
+# --------------------------------------------------------------------------- Fashion-MNIST
+
+
+def _idx_bytes(array: np.ndarray) -> bytes:
+    # idx header: two zero bytes, type 0x08 (unsigned byte), ndim, then each dim as big-endian int32.
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">i", d) for d in array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
+def _write_fashion(folder: Path, gz: bool) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    data = {"train": (_pixels(5, 28, 28), np.array([0, 9, 3, 3, 7])), "t10k": (_pixels(3, 28, 28), np.array([1, 2, 9]))}
+    for prefix, (images, labels) in data.items():
+        for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
+            name = folder / f"{prefix}-{kind}-ubyte"
+            if gz:
+                with gzip.open(f"{name}.gz", "wb") as f:
+                    f.write(_idx_bytes(array))
+            else:
+                name.write_bytes(_idx_bytes(array))
+    return data
+
+
+def _check_fashion(splits: dict, data: dict) -> None:
+    assert set(splits) == {"train", "test"}
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        images, labels = data[prefix]
+        _check_split(splits[split], len(labels), (1, 28, 28))
+        np.testing.assert_array_equal(splits[split].images[:, 0], images)
+        np.testing.assert_array_equal(splits[split].labels, labels)
+
+
+def test_fashion_mnist_flat_gz_layout(tmp_path):
+    data = _write_fashion(tmp_path, gz=True)
+    _check_fashion(load_dataset("fashion_mnist", str(tmp_path)), data)
+
+
+def test_fashion_mnist_torchvision_layout_uncompressed(tmp_path):
+    data = _write_fashion(tmp_path / "FashionMNIST" / "raw", gz=False)
+    _check_fashion(load_dataset("fashion_mnist", str(tmp_path)), data)
+
+
+def test_idx_fixture_matches_torchvision_reader(tmp_path):
+    # Guards the hand-written idx header: torchvision's own parser must agree with it.
+    from torchvision.datasets.mnist import read_image_file, read_label_file
+
+    data = _write_fashion(tmp_path, gz=False)
+    np.testing.assert_array_equal(read_image_file(str(tmp_path / "train-images-idx3-ubyte")).numpy(), data["train"][0])
+    np.testing.assert_array_equal(read_label_file(str(tmp_path / "train-labels-idx1-ubyte")).numpy(), data["train"][1])
+
+
+def test_fashion_mnist_missing(tmp_path):
+    with pytest.raises(DataNotFound) as err:
+        load_dataset("fashion_mnist", str(tmp_path / "nowhere"))
+    msg = str(err.value)
+    assert "fashion_mnist" in msg and "nowhere" in msg
+    assert "apt-get install dataset-fashion-mnist" in msg and "download: true" in msg
+
+
+REAL_FASHION = Path(DEFAULT_ROOTS["fashion_mnist"])
+
+
+@pytest.mark.skipif(not (REAL_FASHION / "train-images-idx3-ubyte.gz").is_file(), reason="dataset-fashion-mnist not installed")
+def test_real_fashion_mnist():
+    splits = load_dataset("fashion_mnist")
+    _check_split(splits["train"], TRAIN_SIZES["fashion_mnist"], (1, 28, 28))
+    _check_split(splits["test"], 10000, (1, 28, 28))
+    counts = np.bincount(splits["train"].labels, minlength=NUM_CLASSES["fashion_mnist"])
+    np.testing.assert_array_equal(counts, np.full(10, 6000))
+    assert splits["train"].images.max() == 255
+
+
+# --------------------------------------------------------------------------- CIFAR
+
+
+class _Py2Pickler(pickle._Pickler):
+    """Writes bytes as Python 2 ``str`` opcodes, as the cPickle that made the CIFAR files did.
+
+    That is why the keys read back as b'data' with encoding='bytes' and as 'data' with the
+    encoding='latin1' torchvision uses; Python 3 ``bytes`` would stay bytes under both.
+    """
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def _save_py2_str(self, obj: bytes) -> None:
+        if len(obj) < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([len(obj)]) + obj)
+        else:
+            self.write(pickle.BINSTRING + struct.pack("<i", len(obj)) + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = _save_py2_str
+
+
+def _dump_py2(obj: dict, path: Path) -> None:
+    with open(path, "wb") as f:
+        _Py2Pickler(f, protocol=2).dump(obj)
+
+
+def _cifar_batch(n: int, label_key: bytes, num_classes: int) -> tuple[dict, np.ndarray, list]:
+    images = _pixels(n, 3, 32, 32)
+    labels = [int(x) for x in RNG.integers(0, num_classes, size=n)]
+    # Each row holds the 1024 red, then green, then blue values of one image, rows in row-major order.
+    batch = {b"batch_label": b"fixture", label_key: labels, b"data": images.reshape(n, 3072),
+             b"filenames": [b"img_%d.png" % i for i in range(n)]}
+    return batch, images, labels
+
+
+def _write_cifar10(root: Path) -> dict:
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    train_images, train_labels = [], []
+    for i in range(1, 6):
+        batch, images, labels = _cifar_batch(1 + i % 2, b"labels", 10)
+        _dump_py2(batch, folder / f"data_batch_{i}")
+        train_images.append(images)
+        train_labels += labels
+    batch, test_images, test_labels = _cifar_batch(2, b"labels", 10)
+    _dump_py2(batch, folder / "test_batch")
+    _dump_py2({b"label_names": [b"c%d" % i for i in range(10)], b"num_cases_per_batch": 10000, b"num_vis": 3072},
+              folder / "batches.meta")
+    return {"train": (np.concatenate(train_images), train_labels), "test": (test_images, test_labels)}
+
+
+def _write_cifar100(root: Path) -> dict:
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    out = {}
+    for name, n in (("train", 4), ("test", 3)):
+        batch, images, labels = _cifar_batch(n, b"fine_labels", 100)
+        batch[b"coarse_labels"] = [label // 5 for label in labels]
+        _dump_py2(batch, folder / name)
+        out[name] = (images, labels)
+    _dump_py2({b"fine_label_names": [b"f%d" % i for i in range(100)], b"coarse_label_names": [b"c%d" % i for i in range(20)]},
+              folder / "meta")
+    return out
+
+
+@pytest.mark.parametrize("name, writer", [("cifar10", _write_cifar10), ("cifar100", _write_cifar100)])
+def test_cifar(tmp_path, name, writer):
+    data = writer(tmp_path)
+    splits = load_dataset(name, str(tmp_path))
+    assert set(splits) == {"train", "test"}
+    for split, (images, labels) in data.items():
+        _check_split(splits[split], len(labels), (3, 32, 32))
+        assert splits[split].images.flags["C_CONTIGUOUS"]
+        np.testing.assert_array_equal(splits[split].images, images)
+        np.testing.assert_array_equal(splits[split].labels, labels)
+
+
+def test_cifar_fixture_has_real_pickle_keys(tmp_path):
+    _write_cifar10(tmp_path)
+    with open(tmp_path / "cifar-10-batches-py" / "data_batch_1", "rb") as f:
+        batch = pickle.load(f, encoding="bytes")  # how the CIFAR web page says to read the files
+    assert {b"data", b"labels"} <= set(batch) and batch[b"data"].dtype == np.uint8
+
+
+def test_cifar_missing_file_named(tmp_path):
+    _write_cifar10(tmp_path)
+    (tmp_path / "cifar-10-batches-py" / "batches.meta").unlink()
+    with pytest.raises(DataNotFound, match="batches.meta"):
+        load_dataset("cifar10", str(tmp_path))
+
+
+@pytest.mark.parametrize("name, folder", [("cifar10", "cifar-10-batches-py"), ("cifar100", "cifar-100-python"),
+                                          ("stl10", "stl10_binary")])
+def test_torchvision_sets_missing(tmp_path, name, folder):
+    with pytest.raises(DataNotFound) as err:
+        load_dataset(name, str(tmp_path))
+    msg = str(err.value)
+    assert name in msg and str(tmp_path / folder) in msg
+    assert f"params/datasets/{name}.yaml" in msg and "download: true" in msg
+
+
+# --------------------------------------------------------------------------- STL-10
+
+
+def _stl_bytes(images: np.ndarray) -> bytes:
+    # STL-10 stores each channel of each image column by column (Fortran order).
+    return b"".join(channel.tobytes(order="F") for image in images for channel in image)
+
+
+def _write_stl10(root: Path) -> dict:
+    folder = root / "stl10_binary"
+    folder.mkdir(parents=True)
+    data = {"train": (_pixels(3, 3, 96, 96), np.array([1, 10, 4])),  # labels on disk are 1..10
+            "test": (_pixels(2, 3, 96, 96), np.array([2, 1])),
+            "unlabeled": (_pixels(2, 3, 96, 96), None)}
+    for split, (images, labels) in data.items():
+        (folder / f"{split}_X.bin").write_bytes(_stl_bytes(images))
+        if labels is not None:
+            (folder / f"{split}_y.bin").write_bytes(labels.astype(np.uint8).tobytes())
+    (folder / "class_names.txt").write_text("\n".join(f"class{i}" for i in range(10)) + "\n")
+    return data
+
+
+def test_stl10(tmp_path):
+    data = _write_stl10(tmp_path)
+    splits = load_dataset("stl10", str(tmp_path))
+    assert set(splits) == {"train", "test", "unlabeled"}
+    for split, (images, labels) in data.items():
+        _check_split(splits[split], len(images), (3, 96, 96))
+        np.testing.assert_array_equal(splits[split].images, images)
+        expected = np.full(len(images), -1) if labels is None else labels - 1
+        np.testing.assert_array_equal(splits[split].labels, expected)
+
+
+def test_stl10_column_major_orientation(tmp_path):
+    data = _write_stl10(tmp_path)
+    raw = np.fromfile(tmp_path / "stl10_binary" / "test_X.bin", dtype=np.uint8)
+    # Byte (channel c, column x, row y) of image 0 sits at c*96*96 + x*96 + y.
+    c, y, x = 2, 5, 70
+    assert raw[c * 96 * 96 + x * 96 + y] == data["test"][0][0, c, y, x]
+    assert load_dataset("stl10", str(tmp_path))["test"].images[0, c, y, x] == raw[c * 96 * 96 + x * 96 + y]
+
+
+# --------------------------------------------------------------------------- Tiny-ImageNet
+
+WNIDS = ["n03", "n01", "n02"]  # deliberately unsorted on disk; class index follows sorted order
+COLOURS = {"n01": (200, 30, 30), "n02": (30, 200, 30), "n03": (30, 30, 200)}
+
+
+def _jpeg(path: Path, wnid: str, grey: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = Image.new("RGB", (64, 64), COLOURS[wnid])
+    (image.convert("L") if grey else image).save(path, "JPEG", quality=95)
+
+
+def _write_tiny(base: Path, val_sorted: bool) -> tuple[list, list]:
+    base.mkdir(parents=True)
+    (base / "wnids.txt").write_text("\n".join(WNIDS) + "\n")
+    train = [("n01", 2), ("n02", 1), ("n03", 2)]
+    for wnid, count in train:
+        for i in range(count):
+            _jpeg(base / "train" / wnid / "images" / f"{wnid}_{i}.JPEG", wnid, grey=(wnid == "n02"))
+        (base / "train" / wnid / f"{wnid}_boxes.txt").write_text(f"{wnid}_0.JPEG\t0\t0\t63\t63\n")
+    val = ["n02", "n03", "n01", "n03"]
+    rows = []
+    for i, wnid in enumerate(val):
+        name = f"val_{i}.JPEG"
+        _jpeg(base / "val" / (wnid if val_sorted else "images") / name, wnid)
+        rows.append(f"{name}\t{wnid}\t0\t0\t63\t63")
+    if not val_sorted:
+        (base / "val" / "val_annotations.txt").write_text("\n".join(rows) + "\n")
+    (base / "test" / "images").mkdir(parents=True)  # official test split: unlabelled, ignored
+    return [w for w, n in train for _ in range(n)], val
+
+
+def _check_tiny(splits: dict, train: list, val: list, val_sorted: bool) -> None:
+    index = {w: i for i, w in enumerate(sorted(WNIDS))}
+    assert set(splits) == {"train", "test"}
+    _check_split(splits["train"], len(train), (3, 64, 64))
+    _check_split(splits["test"], len(val), (3, 64, 64))
+    np.testing.assert_array_equal(splits["train"].labels, [index[w] for w in train])
+    expected_val = sorted(val) if val_sorted else val  # ImageFolder form is read class by class
+    np.testing.assert_array_equal(splits["test"].labels, [index[w] for w in expected_val])
+    # JPEG is lossy: only check each image is close to its solid colour (catches channel order).
+    # n02 was saved grey and converted to RGB, so all three channels are equal there.
+    for images, wnids in ((splits["train"].images, train), (splits["test"].images, expected_val)):
+        for image, wnid in zip(images, wnids):
+            mean = image.reshape(3, -1).mean(axis=1)
+            if wnid == "n02" and images is splits["train"].images:
+                assert np.ptp(mean) < 2
+            else:
+                np.testing.assert_allclose(mean, COLOURS[wnid], atol=6)
+
+
+def test_tiny_imagenet_official_layout(tmp_path):
+    train, val = _write_tiny(tmp_path / "tiny-imagenet-200", val_sorted=False)
+    _check_tiny(load_dataset("tiny_imagenet", str(tmp_path)), train, val, val_sorted=False)
+
+
+def test_tiny_imagenet_root_is_folder_and_val_sorted(tmp_path):
+    train, val = _write_tiny(tmp_path / "tin", val_sorted=True)
+    _check_tiny(load_dataset("tiny-imagenet", str(tmp_path / "tin")), train, val, val_sorted=True)
+
+
+def test_tiny_imagenet_missing(tmp_path):
+    with pytest.raises(DataNotFound) as err:
+        load_dataset("tiny_imagenet", str(tmp_path))
+    msg = str(err.value)
+    assert "tiny_imagenet" in msg and str(tmp_path) in msg and "tiny-imagenet-200.zip" in msg
+
+
+# --------------------------------------------------------------------------- general
+
+
+def test_unknown_name_lists_known():
+    with pytest.raises(ValueError) as err:
+        load_dataset("imagenet21k")
+    for name in NUM_CLASSES:
+        assert name in str(err.value)
+
+
+def test_tables_cover_same_names():
+    assert set(NUM_CLASSES) == set(TRAIN_SIZES) == set(DEFAULT_ROOTS)
+    assert issubclass(DataNotFound, FileNotFoundError)
+    assert all(root == f"data/{name}" for name, root in DEFAULT_ROOTS.items() if name != "fashion_mnist")
