@@ -1,0 +1,206 @@
+"""Client-side cost accounting of the MFCL paper (§5.4, Eqs. 4-6, Tab. 3) plus measured meters.
+
+Analytic formulas (paper convention, "bits_paper"):
+
+* Eq. 4, phase-1 traffic:  α₁ = (|θ_fed| + |θ_m|) · 32 · T · (1/R)
+* Eq. 5, phase-2 traffic:  α₂ = (|z_m| · ρ) · 32 · (1/R),   |z_m| = per-view size · |D_m|
+* α = α₁ + α₂ (for end-to-end FL baselines: α = 2·|θ| · 32 · (1/R) · rounds)
+* Eq. 6, memory:           γ = (|θ_m| + |g_m| + Σ_l |w_l|) · 2K · 4 bytes
+
+Conventions (spec ``methods/mfcl.md`` §5 and §8 A3/A12):
+
+* **Code rate.** Eqs. 4-5 are printed with a factor ``R = 1/3``, but every reproducible cell of
+  Tab. 3 multiplies by ``3 = 1/R`` -- which is what a rate-1/3 channel code does (3 coded bits per
+  information bit). The functions here take ``code_rate`` (default 1/3) and **divide** by it.
+* **Representation size.** The paper counts one 32×32×64 (pre-MaxPool) map per "representation
+  vector" (one view) and ρ = 8 vectors per sample (:data:`PAPER_REP_NUMEL_RESNET18`), although its
+  prose says each vector holds two views and the model really exports 64×16×16 after the pool.
+  The ``*_paper`` numbers follow the paper's counting; use :func:`tensor_bytes` on the tensors
+  actually sent for the physical byte count (``bytes_actual``).
+* **Phase-1 payload.** Alg. 1 sends the whole autoencoder (encoder + decoder) both ways, so the
+  default is |θ_fed| = |θ_m| = autoencoder size. (Tab. 3's "11×10⁶" MFCL cell is only matched by
+  "download the autoencoder, upload the encoder" -- see the tests; we do not adopt it.)
+* **Eq. 6** is implemented literally, including the odd scaling of the parameter and gradient
+  counts by the batch size 2K. Tab. 3's MFCL "11×10⁷" is reproduced when |θ_m| = |g_m| = encoder
+  parameters and Σ_l |w_l| = the encoder's conv output maps per image (spec §5 [I]).
+
+Measured meters: :func:`train_step_flops` / :func:`forward_flops` (``FlopCounterMode``; 1 MAC =
+2 FLOPs) and :func:`saved_activation_bytes` (bytes autograd keeps for the backward pass).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+BITS_PER_FLOAT = 32
+DEFAULT_CODE_RATE = 1.0 / 3.0
+#: Eq. 5 / §5.4: the paper's |z| per sample for ResNet-18 (32×32 spatial, 64 filters, pre-pool).
+PAPER_REP_NUMEL_RESNET18 = 32 * 32 * 64
+
+
+def coded_bits(n_values: float, bits_per_value: int = BITS_PER_FLOAT,
+               code_rate: float = DEFAULT_CODE_RATE) -> float:
+    """Channel bits for ``n_values`` numbers of ``bits_per_value`` bits sent with a code of rate
+    ``code_rate`` (information bits / coded bits): ``n · bits / R``."""
+    if not 0.0 < code_rate <= 1.0:
+        raise ValueError(f"code rate must be in (0, 1], got {code_rate}")
+    return n_values * bits_per_value / code_rate
+
+
+def phase1_bits(n_down: int, n_up: int, rounds: int, bits_per_value: int = BITS_PER_FLOAT,
+                code_rate: float = DEFAULT_CODE_RATE) -> float:
+    """Eq. 4: α₁ = (|θ_fed| + |θ_m|) · 32 · T / R, per client.
+
+    ``n_down`` / ``n_up`` are the parameters received from / sent to the gServer each round.
+    ``rounds=1`` gives Tab. 3's "#bits (p1)" column (per round). The same formula gives the
+    traffic of end-to-end FL baselines (FedSimCLR, FedEMA) with n_down = n_up = model size.
+    """
+    return coded_bits((n_down + n_up) * rounds, bits_per_value, code_rate)
+
+
+def phase2_bits(rep_numel_per_sample: int, n_samples: int, rho: int = 8,
+                bits_per_value: int = BITS_PER_FLOAT,
+                code_rate: float = DEFAULT_CODE_RATE) -> float:
+    """Eq. 5: α₂ = (|z_m| · ρ) · 32 / R with |z_m| = ``rep_numel_per_sample`` · |D_m|.
+
+    Paper convention: ``rep_numel_per_sample`` = :data:`PAPER_REP_NUMEL_RESNET18` and ρ = 8
+    "vectors" of one such map per sample (see the module docstring).
+    """
+    return coded_bits(rep_numel_per_sample * n_samples * rho, bits_per_value, code_rate)
+
+
+def e2e_comm_costs(n_params: int, rounds: int, code_rate: float = DEFAULT_CODE_RATE) -> dict:
+    """Tab. 3 communication cells of an end-to-end FL method (whole model down and up per round)."""
+    per_round = phase1_bits(n_params, n_params, 1, code_rate=code_rate)
+    return {"bits_p1": per_round, "rounds": rounds, "rep_size": 0, "bits_p2": 0.0,
+            "alpha": per_round * rounds}
+
+
+def mfcl_comm_costs(n_down: int, n_up: int, rounds: int, n_samples: int, rho: int = 8,
+                    rep_numel_per_sample: int = PAPER_REP_NUMEL_RESNET18,
+                    code_rate: float = DEFAULT_CODE_RATE) -> dict:
+    """Tab. 3 communication cells of MFCL for one client:
+    ``bits_p1`` (Eq. 4 per round), ``rounds``, ``rep_size`` (|z_m| · ρ values), ``bits_p2`` (Eq. 5)
+    and ``alpha`` = α₁ (all rounds) + α₂."""
+    bits_p1 = phase1_bits(n_down, n_up, 1, code_rate=code_rate)
+    bits_p2 = phase2_bits(rep_numel_per_sample, n_samples, rho, code_rate=code_rate)
+    return {"bits_p1": bits_p1, "rounds": rounds,
+            "rep_size": rep_numel_per_sample * n_samples * rho, "bits_p2": bits_p2,
+            "alpha": bits_p1 * rounds + bits_p2}
+
+
+def memory_bytes_eq6(n_params: int, n_grads: int, feature_map_numels: Iterable[int] | int,
+                     batch_images: int, bytes_per_value: int = 4) -> float:
+    """Eq. 6: γ = (|θ_m| + |g_m| + Σ_l |w_l|) · 2K · 4 bytes, taken literally.
+
+    ``feature_map_numels`` are the per-image feature-map sizes |w_l| (an int is taken as their
+    sum); ``batch_images`` is 2K (both views). Note the paper scales the parameter and gradient
+    counts by 2K too; this is reproduced, not corrected.
+    """
+    total_maps = feature_map_numels if isinstance(feature_map_numels, int) else sum(feature_map_numels)
+    return (n_params + n_grads + total_maps) * batch_images * bytes_per_value
+
+
+def conv_feature_map_numels(module: nn.Module, example: Tensor,
+                            layer_types: tuple[type, ...] = (nn.Conv2d, nn.ConvTranspose2d)) -> list[int]:
+    """Per-image output sizes of every layer of ``layer_types`` in ``module`` (in call order),
+    from one forward pass on ``example`` (batch dimension first; TN needs an even batch)."""
+    sizes: list[int] = []
+
+    def hook(_m, _inp, out):
+        sizes.append(out[0].numel())
+
+    handles = [m.register_forward_hook(hook) for m in module.modules() if isinstance(m, layer_types)]
+    try:
+        with torch.no_grad():
+            module(example)
+    finally:
+        for h in handles:
+            h.remove()
+    return sizes
+
+
+def _default_loss(output, _inputs) -> Tensor:
+    out = output if isinstance(output, Tensor) else output[0]
+    return out.float().mean()
+
+
+def train_step_flops(model: nn.Module, inputs: Tensor | Sequence[Tensor],
+                     loss_fn: Callable[[object, object], Tensor] | None = None) -> int:
+    """FLOPs of one forward + backward pass (no optimiser update), counted by
+    ``torch.utils.flop_counter.FlopCounterMode`` (matmul/conv ops; 1 MAC = 2 FLOPs).
+
+    ``loss_fn(output, inputs)`` maps the model output to a scalar (default: mean of the output).
+    Gradients produced by the measurement are cleared (``.grad = None``) afterwards.
+    """
+    loss_fn = loss_fn or _default_loss
+    args = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
+    counter = FlopCounterMode(display=False)
+    try:
+        with counter:
+            loss = loss_fn(model(*args), inputs)
+            loss.backward()
+    finally:
+        for p in model.parameters():
+            p.grad = None
+    return int(counter.get_total_flops())
+
+
+def forward_flops(model: nn.Module, inputs: Tensor | Sequence[Tensor]) -> int:
+    """FLOPs of one forward pass without autograd (e.g. the representation export)."""
+    args = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(*args)
+    return int(counter.get_total_flops())
+
+
+def mfcl_client_flops(step_flops: float, steps_per_round: int, rounds: int,
+                      encoder_forward_flops_per_image: float, n_samples: int,
+                      views_per_sample: int = 16) -> float:
+    """Total MFCL client compute: phase-1 training steps plus the one-shot export forward pass
+    (``views_per_sample`` = 2ρ = 16 encoder forwards per local sample, §5.4)."""
+    return (step_flops * steps_per_round * rounds
+            + encoder_forward_flops_per_image * views_per_sample * n_samples)
+
+
+def saved_activation_bytes(model: nn.Module, inputs: Tensor,
+                           loss_fn: Callable[[object, object], Tensor] | None = None) -> int:
+    """Bytes of the distinct tensors autograd saves for the backward pass during one forward
+    (measured with ``torch.autograd.graph.saved_tensors_hooks``; shared storages counted once).
+    Add parameter, gradient and optimiser-state bytes for a CPU peak-memory estimate."""
+    loss_fn = loss_fn or _default_loss
+    storages: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = max(storages.get(s.data_ptr(), 0), s.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(model(inputs), inputs)
+    del loss
+    # Parameters are saved by some ops too; they are not activations.
+    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(n for ptr, n in storages.items() if ptr not in param_ptrs)
+
+
+def tensor_bytes(tensors: Iterable[Tensor]) -> int:
+    """Σ numel · element_size: the physical size of what is actually sent ("bytes_actual")."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def table_format(x: float) -> str:
+    """A number the way Tab. 3 prints it: two significant digits as ``"<mm>e<exp>"``
+    (e.g. 2.1469e9 -> ``"21e8"``; zero -> ``"0"``)."""
+    if x == 0:
+        return "0"
+    exp = math.floor(math.log10(abs(x))) - 1
+    mant = round(x / 10 ** exp)
+    if abs(mant) >= 100:  # rounding carried into a third digit
+        mant, exp = round(mant / 10), exp + 1
+    return f"{mant}e{exp}"

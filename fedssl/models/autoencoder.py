@@ -1,0 +1,135 @@
+"""The MFCL client module and its mirror decoder (paper Tab. 9 / Tab. 10; spec §2.2, §8 A2).
+
+The client module ``f`` (``ClientAutoencoder.encoder``) is a stack of stride-1 3×3 convolutions,
+each followed by a normalisation layer and ReLU. Its mirror decoder ``g`` uses stride-1 3×3
+transposed convolutions, each followed by norm + ReLU, and ends in a plain 3×3 convolution whose
+output is treated as reconstruction *logits* (spec A6).
+
+* ``arch='resnet18'`` (Tab. 9): conv(in→w), conv(w→w); decoder convT(w→w), convT(w→in), conv(in→in).
+  With ``in_channels=3, width=64`` and TN/GN this has 77,853 parameters (encoder 38,976).
+  ``width=32`` is the slim CPU-smoke version (20,541 parameters).
+* ``arch='resnet50'`` (Tab. 10): conv(in→w), conv(w→w), conv(w→2w), conv(2w→2w); decoder
+  convT(2w→2w), convT(2w→w), convT(w→w), convT(w→in), conv(in→in). With ``width=64``: 521,565
+  parameters (encoder 260,928), 128 channels at the cut.
+
+Both tables put a MaxPool(2, 2) after the encoder. Since every convolution has stride 1, a mirror
+decoder behind that pool cannot return to the input resolution (spec §8 A2). ``ae_pool`` chooses:
+
+* ``'outside'`` (default): the autoencoder works at full resolution (``forward`` never pools) and
+  the MaxPool is applied only when exporting representations (:meth:`ClientAutoencoder.encode`).
+* ``'upsample'``: MaxPool, then nearest ×2 upsampling before the decoder.
+* ``'downsampled_target'``: MaxPool in the path; the decoder works at half resolution and the
+  target is the 2×2 average-pooled image (see :meth:`ClientAutoencoder.reconstruction_target`).
+
+Batches for TN must be twin-ordered ``[view-1 ; view-2]`` (see :class:`~fedssl.models.norms.TwinNorm`).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .norms import make_norm
+
+AE_ARCHS = ("resnet18", "resnet50")
+AE_POOLS = ("outside", "upsample", "downsampled_target")
+
+
+def _conv_block(conv: nn.Module, out_channels: int, norm: str, channels_per_group: int,
+                tn_variance: str) -> list[nn.Module]:
+    return [conv, make_norm(norm, out_channels, channels_per_group, tn_variance=tn_variance),
+            nn.ReLU(inplace=True)]
+
+
+class ClientAutoencoder(nn.Module):
+    """Client module (encoder) + mirror decoder of MFCL phase 1.
+
+    Args:
+        arch: ``'resnet18'`` (Tab. 9, 2-conv encoder) or ``'resnet50'`` (Tab. 10, 4-conv encoder).
+        in_channels: image channels (3 for CIFAR/Tiny-ImageNet, 1 for grey-scale data sets).
+        width: channels of the first conv (64 in the paper; 32 for the slim smoke model). The
+            ResNet-50 encoder doubles it for its last two convs.
+        norm: ``'tn'``, ``'gn'`` or ``'bn'``, used after every conv / transposed conv except the
+            final output conv.
+        channels_per_group: Λ for TN / GN (a layer with fewer channels uses one group).
+        tn_variance: ``'joint'`` (Eq. 2) or ``'avg_of_views'`` (Tab. 18 snippet).
+        ae_pool: where the encoder's MaxPool sits during autoencoder training (module docstring).
+
+    Attributes:
+        encoder: ``nn.Sequential`` f_pre (convs + norms + ReLUs, no pooling).
+        pool: the ``MaxPool2d(2, 2)`` that ends the client module.
+        decoder: ``nn.Sequential`` g; its output is logits.
+        rep_channels: channels of the exported representation.
+    """
+
+    def __init__(self, arch: Literal["resnet18", "resnet50"] = "resnet18", in_channels: int = 3,
+                 width: int = 64, norm: str = "tn", channels_per_group: int = 16,
+                 tn_variance: str = "joint",
+                 ae_pool: Literal["outside", "upsample", "downsampled_target"] = "outside") -> None:
+        super().__init__()
+        if arch not in AE_ARCHS:
+            raise ValueError(f"unknown arch '{arch}' (expected one of: {', '.join(AE_ARCHS)})")
+        if ae_pool not in AE_POOLS:
+            raise ValueError(f"unknown ae_pool '{ae_pool}' (expected one of: {', '.join(AE_POOLS)})")
+        if in_channels < 1 or width < 1:
+            raise ValueError("in_channels and width must be positive")
+        self.arch, self.in_channels, self.width = arch, in_channels, width
+        self.norm_kind, self.ae_pool = norm, ae_pool
+        enc_widths = [width, width] if arch == "resnet18" else [width, width, 2 * width, 2 * width]
+        nkw = dict(norm=norm, channels_per_group=channels_per_group, tn_variance=tn_variance)
+
+        enc: list[nn.Module] = []
+        c_in = in_channels
+        for c_out in enc_widths:
+            enc += _conv_block(nn.Conv2d(c_in, c_out, 3, 1, 1), c_out, **nkw)
+            c_in = c_out
+        self.encoder = nn.Sequential(*enc)
+        self.rep_channels = c_in
+        self.pool = nn.MaxPool2d(2, 2)
+
+        dec: list[nn.Module] = []
+        for c_out in list(reversed(enc_widths[:-1])) + [in_channels]:
+            dec += _conv_block(nn.ConvTranspose2d(c_in, c_out, 3, 1, 1), c_out, **nkw)
+            c_in = c_out
+        dec.append(nn.Conv2d(in_channels, in_channels, 3, 1, 1))
+        self.decoder = nn.Sequential(*dec)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Reconstruction logits for the twin-ordered batch ``x`` (same shape as
+        :meth:`reconstruction_target` of ``x``)."""
+        h = self.encoder(x)
+        if self.ae_pool == "upsample":
+            h = F.interpolate(self.pool(h), scale_factor=2, mode="nearest")
+        elif self.ae_pool == "downsampled_target":
+            h = self.pool(h)
+        return self.decoder(h)
+
+    def encode(self, x: Tensor) -> Tensor:
+        """The exported representation: MaxPool(f_pre(x)), e.g. 64×16×16 for a 3×32×32 input."""
+        return self.pool(self.encoder(x))
+
+    def reconstruction_target(self, x: Tensor) -> Tensor:
+        """What ``forward(x)`` should reconstruct: ``x`` itself, or its 2×2 average pool for
+        ``ae_pool='downsampled_target'``."""
+        return F.avg_pool2d(x, 2) if self.ae_pool == "downsampled_target" else x
+
+    def num_parameters(self, part: Literal["all", "encoder", "decoder"] = "all") -> int:
+        module = {"all": self, "encoder": self.encoder, "decoder": self.decoder}[part]
+        return sum(p.numel() for p in module.parameters())
+
+
+def reconstruction_loss(logits: Tensor, target: Tensor,
+                        kind: Literal["bce", "mse"] = "bce") -> Tensor:
+    """Phase-1 loss (Eq. 1, App. B.2.2), averaged over pixels, channels and images.
+
+    ``'bce'``: ``binary_cross_entropy_with_logits(logits, target)``; the target must lie in [0, 1].
+    ``'mse'``: mean squared error between ``sigmoid(logits)`` and the target.
+    """
+    if logits.shape != target.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and target {tuple(target.shape)} differ")
+    if kind == "bce":
+        return F.binary_cross_entropy_with_logits(logits, target)
+    if kind == "mse":
+        return F.mse_loss(logits.sigmoid(), target)
+    raise ValueError(f"unknown reconstruction loss '{kind}' (expected 'bce' or 'mse')")

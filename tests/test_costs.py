@@ -1,0 +1,151 @@
+"""Client-cost formulas (Eqs. 4-6) against the ResNet-18 rows of Tab. 3, and the FLOP meters.
+
+Inputs used (paper §5.3-5.4 and Tabs. 3/9/12): CIFAR-10 split over M = 10 clients, so
+|D_m| = 50,000 / 10 = 5,000; 32-bit floats; code rate R = 1/3; FedSimCLR 800 rounds, FedEMA 100,
+MFCL T = 15 rounds and ρ = 8 representation vectors of 32·32·64 values per sample. Model sizes
+are counted from real models: the torchvision ResNet-18 backbone without its classifier
+(11,176,512 parameters; the paper does not state its count) and our Tab. 9 autoencoder (77,853;
+encoder 38,976). A ResNet-50 check (Tiny-ImageNet, M = 100, |D_m| = 1,000) is included for the
+cells that the formulas reproduce.
+
+Tab. 3 ResNet-18 cells not asserted (not reproducible from the formulas, see the module docstring
+of fedssl.costs and the report): β for every method, γ for FedEMA and FedSimCLR, and MFCL's
+#bits (p1) under the Eq. 4/Alg. 1 reading (we get 15e6, the table prints 11e6).
+"""
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from fedssl import costs
+from fedssl.models.autoencoder import ClientAutoencoder
+
+N_CLIENT = 50_000 // 10
+
+
+def _nparams(m: nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+def _backbone_params(factory) -> int:
+    net = factory()
+    net.fc = nn.Identity()
+    return _nparams(net)
+
+
+@pytest.fixture(scope="module")
+def sizes():
+    ae = ClientAutoencoder("resnet18", norm="tn")
+    return {"resnet18": _backbone_params(torchvision.models.resnet18),
+            "ae": ae.num_parameters(), "enc": ae.num_parameters("encoder"), "ae_model": ae}
+
+
+def test_table_format():
+    assert costs.table_format(2_146_875_264) == "21e8"
+    assert costs.table_format(1.7175e12) == "17e11"
+    assert costs.table_format(1.0702e8) == "11e7"
+    assert costs.table_format(9.96e5) == "10e5"
+    assert costs.table_format(0) == "0"
+
+
+def test_code_rate_divides():
+    assert costs.coded_bits(1, 32, 1 / 3) == pytest.approx(96)
+    assert costs.coded_bits(10, 32, 1.0) == 320
+    with pytest.raises(ValueError):
+        costs.coded_bits(1, 32, 0.0)
+
+
+def test_fedsimclr_resnet18_row(sizes):
+    row = costs.e2e_comm_costs(sizes["resnet18"], rounds=800)
+    assert costs.table_format(row["bits_p1"]) == "21e8"
+    assert row["rounds"] == 800 and row["rep_size"] == 0 and row["bits_p2"] == 0
+    assert costs.table_format(row["alpha"]) == "17e11"
+
+
+def test_fedema_resnet18_row(sizes):
+    # FedEMA communicates one ResNet-18-sized model per round (Tab. 3 prints the same #bits (p1)
+    # as FedSimCLR), for 100 rounds.
+    row = costs.e2e_comm_costs(sizes["resnet18"], rounds=100)
+    assert costs.table_format(row["bits_p1"]) == "21e8"
+    assert costs.table_format(row["alpha"]) == "21e10"
+
+
+def test_mfcl_resnet18_row(sizes):
+    row = costs.mfcl_comm_costs(sizes["ae"], sizes["ae"], rounds=15, n_samples=N_CLIENT, rho=8)
+    assert row["rounds"] == 15
+    assert costs.table_format(row["rep_size"]) == "26e8"
+    assert costs.table_format(row["bits_p2"]) == "25e10"
+    assert costs.table_format(row["alpha"]) == "25e10"
+    # Eq. 4 with the whole autoencoder both ways (Alg. 1): 1.49e7 per round, not Tab. 3's 11e6.
+    assert costs.table_format(row["bits_p1"]) == "15e6"
+    # The printed 11e6 is matched only by "download the AE, upload the encoder" (spec §5 notes
+    # this may be a coincidence); alpha is 25e10 under either reading.
+    alt = costs.mfcl_comm_costs(sizes["ae"], sizes["enc"], rounds=15, n_samples=N_CLIENT, rho=8)
+    assert costs.table_format(alt["bits_p1"]) == "11e6"
+    assert costs.table_format(alt["alpha"]) == "25e10"
+    # 16 channel uses per client: 15 rounds + one upload (§5.4).
+    assert row["rounds"] + 1 == 16
+
+
+def test_resnet50_cells_that_reproduce():
+    n50 = _backbone_params(torchvision.models.resnet50)  # 23,508,032
+    simclr = costs.e2e_comm_costs(n50, rounds=800)
+    assert costs.table_format(simclr["bits_p1"]) == "45e8"
+    assert costs.table_format(simclr["alpha"]) == "36e11"
+    # FedEMA: 100 rounds of the same 45e8 give 45e10; Tab. 3 prints 44e10 (not asserted).
+    assert costs.table_format(costs.e2e_comm_costs(n50, rounds=100)["alpha"]) == "45e10"
+    # MFCL phase 2: Tab. 3's 50e9 reuses the ResNet-18 size 32*32*64 (spec §5), not 128 channels.
+    mfcl = costs.mfcl_comm_costs(521_565, 521_565, rounds=15, n_samples=1_000, rho=8)
+    assert costs.table_format(mfcl["bits_p2"]) == "50e9"
+    assert costs.table_format(mfcl["rep_size"]) == "52e7"  # printed as 52e8 (factor-10 typo)
+
+
+def test_mfcl_resnet18_memory_eq6(sizes):
+    ae = sizes["ae_model"]
+    maps = costs.conv_feature_map_numels(ae.encoder, torch.rand(2, 3, 32, 32))
+    assert maps == [64 * 32 * 32, 64 * 32 * 32]
+    gamma = costs.memory_bytes_eq6(sizes["enc"], sizes["enc"], maps, batch_images=2 * 64)
+    assert gamma == (2 * 38_976 + 2 * 65_536) * 128 * 4
+    assert costs.table_format(gamma) == "11e7"
+
+
+def test_phase_formulas_directly():
+    assert costs.phase1_bits(10, 20, rounds=3, code_rate=1.0) == 30 * 32 * 3
+    assert costs.phase2_bits(4, n_samples=5, rho=2, code_rate=0.5) == 4 * 5 * 2 * 32 * 2
+    assert costs.memory_bytes_eq6(1, 2, 3, batch_images=4) == 6 * 4 * 4
+
+
+def test_flop_meters_on_linear():
+    lin = nn.Linear(10, 20, bias=False)
+    x = torch.randn(4, 10)
+    assert costs.forward_flops(lin, x) == 2 * 4 * 10 * 20
+    # forward + weight gradient (the input needs no gradient)
+    assert costs.train_step_flops(lin, x) == 2 * (2 * 4 * 10 * 20)
+    assert lin.weight.grad is None
+
+
+def test_autoencoder_flops_match_mac_count(sizes):
+    ae = sizes["ae_model"]
+    x = torch.rand(2, 3, 32, 32)
+    macs_per_image = (3 * 64 + 64 * 64 + 64 * 64 + 64 * 3 + 3 * 3) * 9 * 32 * 32  # 79.1 M
+    assert costs.forward_flops(ae, x) == 2 * macs_per_image * 2
+    enc_macs = (3 * 64 + 64 * 64) * 9 * 32 * 32  # 39.5 M
+    assert costs.forward_flops(ae.encoder, x) == 2 * enc_macs * 2
+    step = costs.train_step_flops(ae, x, lambda out, inp: nn.functional.binary_cross_entropy_with_logits(out, inp))
+    first_conv = 3 * 64 * 9 * 32 * 32  # its input gradient is never computed
+    assert step == 3 * (2 * macs_per_image * 2) - 2 * first_conv * 2
+    total = costs.mfcl_client_flops(step, steps_per_round=10, rounds=15,
+                                    encoder_forward_flops_per_image=2 * enc_macs, n_samples=100)
+    assert total == step * 150 + 2 * enc_macs * 16 * 100
+
+
+def test_saved_activation_bytes_scales_with_batch():
+    ae = ClientAutoencoder("resnet18", width=16, channels_per_group=8)
+    small = costs.saved_activation_bytes(ae, torch.rand(2, 3, 16, 16))
+    large = costs.saved_activation_bytes(ae, torch.rand(4, 3, 16, 16))
+    assert small > 0
+    assert large == pytest.approx(2 * small, rel=0.05)
+
+
+def test_tensor_bytes():
+    assert costs.tensor_bytes([torch.zeros(3, 4), torch.zeros(5, dtype=torch.float16)]) == 48 + 10
