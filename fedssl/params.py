@@ -136,8 +136,9 @@ class PretrainParams(Strict):
     weight_decay: NonNegativeFloat = 0.0
     temperature: PositiveFloat = 0.5
     augment: AugmentParams = AugmentParams()
-    parallel_clients: Literal["auto", "off"] = Field(
-        "auto", description="train clients together with torch.func.vmap where the model allows")
+    parallel_clients: Literal["auto", "on", "off"] = Field(
+        "auto", description="train clients together with torch.func.vmap (models without BN "
+        "running stats only); auto = on CUDA, off on CPU where grouped convolutions are slower")
     seed: int = 0
 
 
@@ -167,9 +168,9 @@ class ExperimentParams(Strict):
     partition: str = Field(pattern=NAME_PATTERN, description="name of a params/partitions preset")
     model: ModelParams
     pretrain: PretrainParams
-    features: FeatureParams = FeatureParams()
-    linear_probe: LinearProbeParams = LinearProbeParams()
-    knn: KnnParams = KnnParams()
+    features: FeatureParams
+    linear_probe: LinearProbeParams
+    knn: KnnParams
 
     @model_validator(mode="after")
     def _pixels_have_nothing_to_train(self):

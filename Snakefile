@@ -1,0 +1,41 @@
+# The workflow: every rule comes from the STAGES_DAG in fedssl/pipeline.py (the same source that
+# generates dvc.yaml). Pick a pipeline of params/pipelines.yaml with `--config pipeline=NAME`.
+import sys
+
+sys.path.insert(0, workflow.basedir)
+from fedssl.pipeline import Dag, commit_ran, sync_stamps
+
+PIPELINE = config.get("pipeline", "default")
+STAGES_DAG = Dag(PIPELINE)            # validates every params file first: errors stop here
+STAMPS = sync_stamps(STAGES_DAG)      # content fingerprints -> stamp files (the only rerun trigger)
+HEAVY = {"pretrain", "features", "evaluate"}
+
+
+rule all:
+    input:
+        STAGES_DAG.stages[f"report__{PIPELINE}"].out,
+
+
+for stage in STAGES_DAG.stages.values():
+
+    rule:
+        name:
+            stage.name
+        input:
+            [ancient(d) for d in stage.deps] + [STAMPS[stage.name]],
+        output:
+            [directory(stage.out)] + stage.metrics + stage.plots,
+        threads: 1024 if stage.kind in HEAVY else 1  # capped at --cores: heavy ones take all
+        resources:
+            gpu=int(stage.gpu),
+        shell:
+            f"FEDSSL_THREADS={{threads}} {stage.cmd} && "
+            f"python -c 'from fedssl.pipeline import record_ran; record_ran(\"{stage.name}\")'"
+
+
+onsuccess:
+    commit_ran()
+
+
+onerror:
+    commit_ran()

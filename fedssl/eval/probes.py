@@ -1,0 +1,73 @@
+"""Evaluation of a frozen encoder: feature extraction, linear probe and weighted k-NN."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedssl.data.augment import to_float
+from fedssl.params import KnnParams, LinearProbeParams
+from fedssl.runtime import derive_seed
+
+
+@torch.no_grad()
+def extract_features(encoder: nn.Module, images: np.ndarray, batch_size: int,
+                     device: torch.device) -> np.ndarray:
+    """Encoder outputs for uint8 images (no augmentation, eval mode), as float32 numpy."""
+    encoder.eval()
+    out = []
+    for start in range(0, len(images), batch_size):
+        x = to_float(torch.from_numpy(np.asarray(images[start:start + batch_size])).to(device))
+        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+            out.append(encoder(x).float().cpu())
+    return torch.cat(out).numpy()
+
+
+def linear_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
+                 test_y: np.ndarray, p: LinearProbeParams, device: torch.device) -> dict:
+    """Multinomial logistic regression on fixed features (Adam, cosine schedule)."""
+    xtr, xte = (torch.from_numpy(a).float().to(device) for a in (train_x, test_x))
+    ytr, yte = (torch.from_numpy(a).long().to(device) for a in (train_y, test_y))
+    if p.standardize:
+        mean, std = xtr.mean(0), xtr.std(0).clamp(min=1e-6)
+        xtr, xte = (xtr - mean) / std, (xte - mean) / std
+    gen = torch.Generator().manual_seed(derive_seed(p.seed, "probe"))
+    clf = nn.Linear(xtr.shape[1], int(ytr.max()) + 1).to(device)
+    with torch.no_grad():
+        clf.weight.copy_(torch.randn(clf.weight.shape, generator=gen) * 0.01)
+        clf.bias.zero_()
+    opt = torch.optim.Adam(clf.parameters(), lr=p.lr, weight_decay=p.weight_decay)
+    steps_per_epoch = -(-len(xtr) // p.batch_size)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, p.epochs * steps_per_epoch)
+    for _ in range(p.epochs):
+        order = torch.randperm(len(xtr), generator=gen).to(device)
+        for idx in order.split(p.batch_size):
+            loss = F.cross_entropy(clf(xtr[idx]), ytr[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+    with torch.no_grad():
+        train_acc = (clf(xtr).argmax(1) == ytr).float().mean().item()
+        test_acc = (clf(xte).argmax(1) == yte).float().mean().item()
+    return {"linear_top1": 100 * test_acc, "linear_train_top1": 100 * train_acc}
+
+
+@torch.no_grad()
+def knn_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
+                 test_y: np.ndarray, p: KnnParams, device: torch.device,
+                 chunk: int = 1024) -> dict:
+    """Weighted k-NN on cosine similarity: each of the k neighbours votes exp(sim / T)."""
+    bank = F.normalize(torch.from_numpy(train_x).float().to(device), dim=1)
+    labels = torch.from_numpy(train_y).long().to(device)
+    num_classes = int(labels.max()) + 1
+    correct = 0
+    for start in range(0, len(test_x), chunk):
+        q = F.normalize(torch.from_numpy(test_x[start:start + chunk]).float().to(device), dim=1)
+        sim, idx = (q @ bank.T).topk(min(p.k, len(bank)), dim=1)
+        votes = torch.zeros(len(q), num_classes, device=device)
+        votes.scatter_add_(1, labels[idx], (sim / p.temperature).exp())
+        truth = torch.from_numpy(test_y[start:start + chunk]).to(device)
+        correct += (votes.argmax(1) == truth).sum().item()
+    return {"knn_top1": 100 * correct / len(test_x)}

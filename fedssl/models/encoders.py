@@ -1,0 +1,99 @@
+"""Encoders (backbones) and the SimCLR projection head, built from ModelParams."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedssl.models.norms import make_norm
+from fedssl.params import ModelParams
+
+
+def conv_norm_relu(cin: int, cout: int, stride: int, norm: str, cpg: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+                         make_norm(norm, cout, cpg), nn.ReLU(inplace=True))
+
+
+class SmallCNN(nn.Sequential):
+    """Smoke-scale encoder: four 3x3 conv blocks (w, 2w, 2w stride 2, 4w stride 2), global
+    average pool. ``out_dim`` = 4w."""
+
+    def __init__(self, in_channels: int, width: int, norm: str, cpg: int):
+        w = width
+        super().__init__(conv_norm_relu(in_channels, w, 1, norm, cpg),
+                         conv_norm_relu(w, 2 * w, 2, norm, cpg),
+                         conv_norm_relu(2 * w, 2 * w, 1, norm, cpg),
+                         conv_norm_relu(2 * w, 4 * w, 2, norm, cpg),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.out_dim = 4 * w
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, norm: str, cpg: int):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride, 1, bias=False), make_norm(norm, cout, cpg),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(cout, cout, 3, 1, 1, bias=False), make_norm(norm, cout, cpg))
+        self.shortcut = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          make_norm(norm, cout, cpg))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+class CifarResNet18(nn.Sequential):
+    """ResNet-18 for small images: 3x3 stride-1 stem, no max-pool, stages of 2 BasicBlocks at
+    widths w, 2w, 4w, 8w (w = 64 is the standard network), global average pool."""
+
+    def __init__(self, in_channels: int, width: int, norm: str, cpg: int):
+        widths = [width, 2 * width, 4 * width, 8 * width]
+        layers: list[nn.Module] = [conv_norm_relu(in_channels, width, 1, norm, cpg)]
+        cin = width
+        for i, w in enumerate(widths):
+            stride = 1 if i == 0 else 2
+            layers += [BasicBlock(cin, w, stride, norm, cpg), BasicBlock(w, w, 1, norm, cpg)]
+            cin = w
+        super().__init__(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.out_dim = widths[-1]
+
+
+class Pixels(nn.Flatten):
+    """No encoder: the flattened image in [0, 1] is the representation."""
+
+    def __init__(self, image_shape: tuple[int, int, int]):
+        super().__init__()
+        c, h, w = image_shape
+        self.out_dim = c * h * w
+
+
+def build_backbone(params: ModelParams, image_shape: tuple[int, int, int]) -> nn.Module:
+    in_channels = image_shape[0]
+    if params.arch == "small_cnn":
+        return SmallCNN(in_channels, params.width, params.norm, params.channels_per_group)
+    if params.arch == "resnet18":
+        return CifarResNet18(in_channels, params.width, params.norm, params.channels_per_group)
+    if params.arch == "pixels":
+        return Pixels(image_shape)
+    raise ValueError(f"unknown arch {params.arch!r}")
+
+
+class ProjectionHead(nn.Sequential):
+    """SimCLR's MLP head (Linear-ReLU-Linear); used by the loss only, dropped for evaluation."""
+
+    def __init__(self, in_dim: int, hidden: int, out_dim: int):
+        super().__init__(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True),
+                         nn.Linear(hidden, out_dim))
+
+
+class ContrastiveModel(nn.Module):
+    """Backbone + projection head; ``forward`` returns the projections."""
+
+    def __init__(self, params: ModelParams, image_shape: tuple[int, int, int]):
+        super().__init__()
+        self.backbone = build_backbone(params, image_shape)
+        self.head = ProjectionHead(self.backbone.out_dim, params.proj_hidden, params.proj_dim)
+
+    def forward(self, x):
+        return self.head(self.backbone(x))

@@ -1,0 +1,326 @@
+"""The DAG: the one place that says which stages exist, what each runs, reads and writes.
+
+The Snakefile builds its rules from :func:`build_dag`; ``dvc.yaml`` (and one file per extra
+pipeline under ``pipelines/``) is generated from it by ``python -m fedssl.pipeline write`` and a
+test fails when the checked-in files drift from it.
+
+Reruns are decided by content, not file times. Every stage has a *fingerprint*: a hash of its
+command, its validated params, the code it depends on and the fingerprints of its upstream
+stages. A stage records the fingerprint it ran with in its output's ``meta.json``. Before
+Snakemake plans, :func:`sync_stamps` gives each stage a stamp file (an input of its rule) that is
+dated *now* if the recorded fingerprint differs from the expected one and dated 1970 otherwise.
+So Snakemake reruns exactly what changed, whoever ran it last (Snakemake or DVC), and file times
+restored by ``dvc checkout`` do not matter (data inputs are ``ancient``).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from fedssl import params as P
+from fedssl.data.sources import TRAIN_SIZES
+
+ARTIFACTS = Path("artifacts")
+STAMPS = ARTIFACTS / ".stamps"
+RAN_LOG = STAMPS / "ran-by-snakemake"
+EXTRA_PIPELINES_DIR = Path("pipelines")
+
+# Code each kind of stage depends on (a change reruns it in both front ends). Plumbing such as
+# params.py or runtime.py is left out on purpose: touching it should not invalidate every result.
+CODE = {
+    "prepare_data": ["stages/prepare_data.py", "fedssl/data/sources.py", "fedssl/data/store.py"],
+    "partition": ["stages/partition.py", "fedssl/data/partition.py"],
+    "pretrain": ["stages/pretrain.py", "fedssl/methods", "fedssl/fl", "fedssl/models",
+                 "fedssl/losses.py", "fedssl/data/augment.py"],
+    "features": ["stages/features.py", "fedssl/eval/probes.py", "fedssl/models"],
+    "evaluate": ["stages/evaluate.py", "fedssl/eval/probes.py"],
+    "report": ["stages/report.py", "fedssl/report.py"],
+}
+GPU_KINDS = {"pretrain", "features", "evaluate"}
+# Which top-level keys of an experiment file each per-experiment stage reads.
+EXPERIMENT_KEYS = {"pretrain": ["partition", "model", "pretrain"],
+                   "features": ["model", "features"],
+                   "evaluate": ["linear_probe", "knn"],
+                   "report": ["title"]}
+
+
+@dataclass
+class Stage:
+    name: str
+    kind: str
+    cmd: str
+    out: str                                   # the stage's output directory (holds meta.json)
+    deps: list[str] = field(default_factory=list)      # artifacts of upstream stages
+    upstream: list[str] = field(default_factory=list)  # names of those stages
+    params: dict[str, list[str]] = field(default_factory=dict)  # file -> keys ([] = all)
+    metrics: list[str] = field(default_factory=list)
+    plots: list[str] = field(default_factory=list)
+
+    @property
+    def code(self) -> list[str]:
+        return CODE[self.kind]
+
+    @property
+    def gpu(self) -> bool:
+        return self.kind in GPU_KINDS
+
+
+def data_dir(dataset: str) -> str:
+    return f"{ARTIFACTS}/data/{dataset}"
+
+
+def partition_dir(partition: str) -> str:
+    return f"{ARTIFACTS}/partitions/{partition}"
+
+
+def experiment_dir(experiment: str) -> str:
+    return f"{ARTIFACTS}/experiments/{experiment}"
+
+
+def report_dir(pipeline: str) -> str:
+    return f"{ARTIFACTS}/report" if pipeline == "default" else f"{ARTIFACTS}/report-{pipeline}"
+
+
+class Dag:
+    """The stages of one pipeline, upstream first, validated against their params files."""
+
+    def __init__(self, pipeline: str | None, root: Path = P.PARAMS_DIR,
+                 experiments: list[str] | None = None):
+        """The stages of ``pipeline`` (from pipelines.yaml), or, with ``experiments``, just
+        those experiments' stages (no report): all a single stage script needs."""
+        self.pipeline, self.root = pipeline, Path(root)
+        if experiments is None:
+            pipelines = P.load_pipelines(self.root).pipelines
+            if pipeline not in pipelines:
+                raise P.ParamsError(f"{self.root / 'pipelines.yaml'}: no pipeline "
+                                    f"'{pipeline}' (known: {', '.join(pipelines)})")
+            experiments = pipelines[pipeline]
+        self.experiments = experiments
+        self.stages: dict[str, Stage] = {}
+        for exp in self.experiments:
+            self._add_experiment(exp)
+        if pipeline is not None:
+            self._add_report()
+
+    @classmethod
+    def containing(cls, stage_name: str, root: Path = P.PARAMS_DIR) -> "Dag":
+        """The DAG of the first pipeline that has this stage (what a stage script runs in)."""
+        for pipe in pipeline_order(root):
+            dag = cls(pipe, root)
+            if stage_name in dag.stages:
+                return dag
+        raise P.ParamsError(f"no pipeline in {root / 'pipelines.yaml'} has a stage "
+                            f"'{stage_name}': add its experiment to a pipeline there")
+
+    def _file(self, kind: str, name: str) -> str:
+        return str(P.preset_path(kind, name, self.root))
+
+    def _add(self, stage: Stage) -> None:
+        self.stages.setdefault(stage.name, stage)
+
+    def _add_experiment(self, exp_name: str) -> None:
+        exp = P.load_preset("experiment", exp_name, self.root)
+        part = P.load_preset("partition", exp.partition, self.root)
+        dataset = P.load_preset("dataset", part.dataset, self.root)
+        P.check_partition_fits(part, P.preset_path("partition", exp.partition, self.root),
+                               TRAIN_SIZES[dataset.name])
+        ds, pt, ex = data_dir(part.dataset), partition_dir(exp.partition), experiment_dir(exp_name)
+        self._add(Stage(f"prepare_data__{part.dataset}", "prepare_data",
+                        f"python -m stages.prepare_data {part.dataset}", ds,
+                        params={self._file("dataset", part.dataset): []}))
+        self._add(Stage(f"partition__{exp.partition}", "partition",
+                        f"python -m stages.partition {exp.partition}", pt, deps=[ds],
+                        upstream=[f"prepare_data__{part.dataset}"],
+                        params={self._file("partition", exp.partition): []}))
+        exp_file = self._file("experiment", exp_name)
+        chain = [("pretrain", [ds, pt], [f"prepare_data__{part.dataset}",
+                                         f"partition__{exp.partition}"]),
+                 ("features", [ds, f"{ex}/pretrain"], [f"pretrain__{exp_name}",
+                                                      f"prepare_data__{part.dataset}"]),
+                 ("evaluate", [f"{ex}/features"], [f"features__{exp_name}"])]
+        for kind, deps, upstream in chain:
+            stage = Stage(f"{kind}__{exp_name}", kind, f"python -m stages.{kind} {exp_name}",
+                          f"{ex}/{kind}", deps=deps, upstream=upstream,
+                          params={exp_file: EXPERIMENT_KEYS[kind]})
+            if kind == "pretrain":
+                stage.plots = [f"{ex}/rounds.tsv"]
+            if kind == "evaluate":
+                stage.metrics = [f"{ex}/metrics.json"]
+            self._add(stage)
+
+    def _add_report(self) -> None:
+        deps, upstream, params = [], [], {}
+        for exp in self.experiments:
+            deps += [f"{experiment_dir(exp)}/metrics.json", f"{experiment_dir(exp)}/pretrain"]
+            upstream += [f"evaluate__{exp}", f"pretrain__{exp}"]
+            params[self._file("experiment", exp)] = EXPERIMENT_KEYS["report"]
+        parts = sorted({s.out for s in self.stages.values() if s.kind == "partition"})
+        deps += parts
+        upstream += [f"partition__{Path(p).name}" for p in parts]
+        self._add(Stage(f"report__{self.pipeline}", "report",
+                        f"python -m stages.report {self.pipeline}", report_dir(self.pipeline),
+                        deps=deps, upstream=upstream, params=params))
+
+    # ------------------------------------------------------------------ fingerprints
+    def fingerprint(self, name: str, _memo: dict | None = None) -> str:
+        memo = {} if _memo is None else _memo
+        if name not in memo:
+            s = self.stages[name]
+            payload = {"cmd": s.cmd, "params": self._param_values(s),
+                       "code": {c: hash_path(Path(c)) for c in s.code},
+                       "upstream": [self.fingerprint(u, memo) for u in s.upstream]}
+            memo[name] = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+        return memo[name]
+
+    def _param_values(self, s: Stage) -> dict:
+        values = {}
+        for file, keys in s.params.items():
+            kind = "dataset" if "/datasets/" in file else (
+                "partition" if "/partitions/" in file else "experiment")
+            model = P.load_file(Path(file), P.SCHEMAS[kind]).model_dump(mode="json")
+            values[file] = {k: model[k] for k in keys} if keys else model
+        return values
+
+
+def hash_path(path: Path) -> str:
+    """Content hash of a file, or of every .py file under a folder."""
+    files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def recorded_fingerprint(stage: Stage) -> str | None:
+    meta = Path(stage.out) / "meta.json"
+    try:
+        return json.loads(meta.read_text()).get("fingerprint")
+    except (OSError, ValueError):
+        return None
+
+
+def sync_stamps(dag: Dag) -> dict[str, str]:
+    """Write each stage's stamp (see module doc); returns stage name -> stamp path."""
+    STAMPS.mkdir(parents=True, exist_ok=True)
+    stamps, memo = {}, {}
+    for name, stage in dag.stages.items():
+        expected = dag.fingerprint(name, memo)
+        path = STAMPS / name
+        if not path.exists() or path.read_text() != expected:
+            path.write_text(expected)
+        stale = recorded_fingerprint(stage) != expected
+        when = None if stale else (0, 0)  # None = now
+        os.utime(path, when)
+        stamps[name] = str(path)
+    return stamps
+
+
+# ---------------------------------------------------------------------- dvc.yaml
+def owners(pipelines: list[str], root: Path = P.PARAMS_DIR) -> dict[str, str]:
+    """Each shared stage is written into the dvc.yaml of the first pipeline that uses it
+    (``default`` first); later pipelines depend on its outputs without redefining it."""
+    owner = {}
+    for pipe in pipelines:
+        for name in Dag(pipe, root).stages:
+            owner.setdefault(name, pipe)
+    return owner
+
+
+def pipeline_order(root: Path = P.PARAMS_DIR) -> list[str]:
+    names = list(P.load_pipelines(root).pipelines)
+    return ["default"] + sorted(n for n in names if n != "default")
+
+
+def dvc_file(pipeline: str) -> Path:
+    return Path("dvc.yaml") if pipeline == "default" else EXTRA_PIPELINES_DIR / pipeline / "dvc.yaml"
+
+
+def dvc_yaml(pipeline: str, root: Path = P.PARAMS_DIR) -> str:
+    owner = owners(pipeline_order(root), root)
+    dag = Dag(pipeline, root)
+    stages = {}
+    for name, s in dag.stages.items():
+        if owner[name] != pipeline:
+            continue
+        entry = {"cmd": s.cmd, "deps": s.code + s.deps}
+        if s.params:
+            entry["params"] = [{f: list(keys)} if keys else {f: None} for f, keys in s.params.items()]
+        entry["outs"] = [s.out]
+        if s.metrics:
+            entry["metrics"] = [{m: {"cache": False}} for m in s.metrics]
+        if s.plots:
+            entry["plots"] = [{p: {"cache": False}} for p in s.plots]
+        if pipeline != "default":
+            entry = {"wdir": "../..", **entry}
+        stages[name] = entry
+    header = ("# Generated by `python -m fedssl.pipeline write` from fedssl/pipeline.py and "
+              "params/.\n# Do not edit by hand: a test fails when this file drifts.\n")
+    body = yaml.safe_dump({"stages": stages}, sort_keys=False, default_flow_style=False)
+    return header + body.replace(": null\n", ":\n")
+
+
+def write_all(root: Path = P.PARAMS_DIR) -> list[Path]:
+    written = []
+    for pipe in pipeline_order(root):
+        path = dvc_file(pipe)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dvc_yaml(pipe, root))
+        written.append(path)
+    return written
+
+
+# ---------------------------------------------------------------------- snakemake -> dvc
+def record_ran(name: str) -> None:
+    STAMPS.mkdir(parents=True, exist_ok=True)
+    with open(RAN_LOG, "a") as f:
+        f.write(name + "\n")
+
+
+def commit_ran(root: Path = P.PARAMS_DIR) -> list[str]:
+    """Record in dvc.lock the stages Snakemake just ran, so DVC sees them as up to date."""
+    if not RAN_LOG.exists() or not Path(".dvc").is_dir():
+        return []
+    names = sorted(set(RAN_LOG.read_text().split()))
+    owner = owners(pipeline_order(root), root)
+    targets = [f"{dvc_file(owner[n])}:{n}" for n in names if n in owner]
+    if targets:
+        subprocess.run(["dvc", "commit", "--force", "--quiet", *targets], check=True)
+    RAN_LOG.unlink()
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fedssl.pipeline", description=__doc__.split(
+        "\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("write", help="regenerate dvc.yaml (and pipelines/*/dvc.yaml)")
+    sub.add_parser("commit", help="dvc-commit the stages Snakemake ran")
+    show = sub.add_parser("show", help="list a pipeline's stages")
+    show.add_argument("pipeline", nargs="?", default="default")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "write":
+            for p in write_all():
+                print(f"wrote {p}")
+        elif args.cmd == "commit":
+            commit_ran()
+        else:
+            for name in Dag(args.pipeline).stages:
+                print(name)
+    except P.ParamsError as e:
+        print(e, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

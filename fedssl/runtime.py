@@ -1,0 +1,107 @@
+"""Run-time plumbing shared by every stage: device choice, seeds, atomic writes, run metadata."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def pick_device() -> torch.device:
+    """CUDA when present, else CPU; FEDSSL_DEVICE overrides (e.g. 'cpu' on a GPU box)."""
+    name = os.environ.get("FEDSSL_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 63-bit seed from any tuple of values (independent of call order/history)."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def numpy_rng(*parts: object) -> np.random.Generator:
+    return np.random.default_rng(derive_seed(*parts))
+
+
+def torch_generator(device: torch.device, *parts: object) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(derive_seed(*parts))
+    return gen
+
+
+def write_json(path: Path, obj) -> None:
+    """Atomic JSON write: a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")
+    os.replace(tmp, path)
+
+
+def torch_save(obj, path: Path) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+@contextmanager
+def atomic_dir(final: Path):
+    """Yield a scratch directory that replaces ``final`` only if the block succeeds, so a killed
+    stage never leaves a plausible-looking output behind."""
+    final = Path(final)
+    tmp = final.with_name(final.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    yield tmp
+    if final.exists():
+        shutil.rmtree(final) if final.is_dir() else final.unlink()
+    os.replace(tmp, final)
+
+
+def environment(device: torch.device) -> dict:
+    import pydantic
+    env = {"python": platform.python_version(), "torch": torch.__version__,
+           "numpy": np.__version__, "pydantic": pydantic.__version__,
+           "device": str(device), "host": platform.node()}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    return env
+
+
+class PeakMemory:
+    """Peak memory of a block: CUDA allocator peak on GPU, process max-RSS on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            self.bytes = torch.cuda.max_memory_allocated(self.device)
+            self.kind = "cuda_max_allocated"
+        else:
+            import resource
+            self.bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            self.kind = "cpu_max_rss"
+        return False
+
+
+class Timer:
+    def __enter__(self):
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.start
+        return False
