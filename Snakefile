@@ -1,4 +1,4 @@
-# The workflow: every rule comes from the STAGES_DAG in fedssl/pipeline.py (the same source that
+# The workflow: every rule comes from the DAG in fedssl/pipeline.py (the same source that
 # generates dvc.yaml). Pick a pipeline of params/pipelines.yaml with `--config pipeline=NAME`.
 import sys
 
@@ -7,7 +7,7 @@ from fedssl.pipeline import Dag, commit_ran, sync_stamps
 
 PIPELINE = config.get("pipeline", "default")
 STAGES_DAG = Dag(PIPELINE)            # validates every params file first: errors stop here
-STAMPS = sync_stamps(STAGES_DAG)      # content fingerprints -> stamp files (the only rerun trigger)
+STAMPS, STALE = sync_stamps(STAGES_DAG)  # content fingerprints -> stamp files (see pipeline.py)
 HEAVY = {"pretrain", "features", "evaluate"}
 
 
@@ -22,15 +22,19 @@ for stage in STAGES_DAG.stages.values():
         name:
             stage.name
         input:
-            [ancient(d) for d in stage.deps] + [STAMPS[stage.name]],
+            [d if stage.name in STALE else ancient(d) for d in stage.deps]
+            + [STAMPS[stage.name]],
         output:
             [directory(stage.out)] + stage.metrics + stage.plots,
         threads: 1024 if stage.kind in HEAVY else 1  # capped at --cores: heavy ones take all
         resources:
             gpu=int(stage.gpu),
+        params:
+            cmd=stage.cmd,  # params are bound now; a shell string would see the last stage
+            name=stage.name,
         shell:
-            f"FEDSSL_THREADS={{threads}} {stage.cmd} && "
-            f"python -c 'from fedssl.pipeline import record_ran; record_ran(\"{stage.name}\")'"
+            "FEDSSL_THREADS={threads} {params.cmd} && "
+            "python -c 'from fedssl.pipeline import record_ran; record_ran(\"{params.name}\")'"
 
 
 onsuccess:

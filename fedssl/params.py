@@ -243,3 +243,21 @@ def check_partition_fits(part: PartitionParams, part_path: Path, train_size: int
     if part.num_clients > available:
         raise ParamsError(f"{part_path}: num_clients: {part.num_clients} clients but only "
                           f"{available} samples to split")
+
+
+# --------------------------------------------------------------------------- JSON Schemas
+SCHEMA_DIR = Path("schemas")
+
+
+def json_schemas() -> dict[str, str]:
+    """File name -> JSON Schema text, generated from the models above (for editors and tests)."""
+    import json
+    return {f"{kind}.schema.json": json.dumps(model.model_json_schema(), indent=2) + "\n"
+            for kind, model in SCHEMAS.items()}
+
+
+if __name__ == "__main__":
+    SCHEMA_DIR.mkdir(exist_ok=True)
+    for name, text in json_schemas().items():
+        (SCHEMA_DIR / name).write_text(text)
+        print(f"wrote {SCHEMA_DIR / name}")

@@ -4,13 +4,16 @@ The Snakefile builds its rules from :func:`build_dag`; ``dvc.yaml`` (and one fil
 pipeline under ``pipelines/``) is generated from it by ``python -m fedssl.pipeline write`` and a
 test fails when the checked-in files drift from it.
 
-Reruns are decided by content, not file times. Every stage has a *fingerprint*: a hash of its
-command, its validated params, the code it depends on and the fingerprints of its upstream
-stages. A stage records the fingerprint it ran with in its output's ``meta.json``. Before
-Snakemake plans, :func:`sync_stamps` gives each stage a stamp file (an input of its rule) that is
-dated *now* if the recorded fingerprint differs from the expected one and dated 1970 otherwise.
-So Snakemake reruns exactly what changed, whoever ran it last (Snakemake or DVC), and file times
-restored by ``dvc checkout`` do not matter (data inputs are ``ancient``).
+Reruns are decided by content, not file times, the way DVC decides them. Every stage has a
+*fingerprint*: a hash of its command, its validated params, the code it depends on and the
+*output digests* of its upstream stages (a hash of what they wrote, recorded in their
+``meta.json``). A stage records the fingerprint it ran with in its own ``meta.json``. Before
+Snakemake plans, :func:`sync_stamps` marks a stage stale when its recorded fingerprint differs
+from the expected one, or when an upstream stage is stale, and gives each stage a stamp file (an
+input of its rule) dated *now* if stale and 1970 otherwise. The data inputs of up-to-date stages
+are ``ancient`` (Snakemake ignores their times; those of stale stages are not, so that Snakemake
+carries a rerun downstream). So Snakemake reruns what changed, whoever ran it last (Snakemake or
+DVC), and file times restored by ``dvc checkout`` do not matter.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -170,15 +174,12 @@ class Dag:
                         deps=deps, upstream=upstream, params=params))
 
     # ------------------------------------------------------------------ fingerprints
-    def fingerprint(self, name: str, _memo: dict | None = None) -> str:
-        memo = {} if _memo is None else _memo
-        if name not in memo:
-            s = self.stages[name]
-            payload = {"cmd": s.cmd, "params": self._param_values(s),
-                       "code": {c: hash_path(Path(c)) for c in s.code},
-                       "upstream": [self.fingerprint(u, memo) for u in s.upstream]}
-            memo[name] = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-        return memo[name]
+    def fingerprint(self, name: str) -> str:
+        s = self.stages[name]
+        payload = {"cmd": s.cmd, "params": self._param_values(s),
+                   "code": {c: hash_path(Path(c)) for c in s.code},
+                   "upstream": {u: recorded(self.stages[u], "output_digest") for u in s.upstream}}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
     def _param_values(self, s: Stage) -> dict:
         values = {}
@@ -200,28 +201,53 @@ def hash_path(path: Path) -> str:
     return h.hexdigest()
 
 
-def recorded_fingerprint(stage: Stage) -> str | None:
-    meta = Path(stage.out) / "meta.json"
+def output_digest(stage: Stage, out_dir: Path) -> str:
+    """Hash of everything a stage wrote (its output folder but meta.json, metrics, plots)."""
+    files = sorted(f for f in Path(out_dir).rglob("*") if f.is_file() and f.name != "meta.json")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(out_dir)).encode())
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    for extra in stage.metrics + stage.plots:
+        h.update(extra.encode())
+        h.update(Path(extra).read_bytes() if Path(extra).exists() else b"")
+    return h.hexdigest()
+
+
+def recorded(stage: Stage, key: str) -> str | None:
+    """A value the stage's last run recorded in its meta.json (None when it has not run)."""
     try:
-        return json.loads(meta.read_text()).get("fingerprint")
+        return json.loads((Path(stage.out) / "meta.json").read_text()).get(key)
     except (OSError, ValueError):
         return None
 
 
-def sync_stamps(dag: Dag) -> dict[str, str]:
-    """Write each stage's stamp (see module doc); returns stage name -> stamp path."""
+def stale_stages(dag: Dag) -> set[str]:
+    """Stages whose recorded fingerprint is not the expected one, and everything downstream."""
+    stale: set[str] = set()
+    for name, stage in dag.stages.items():  # upstream first
+        if (recorded(stage, "fingerprint") != dag.fingerprint(name)
+                or any(u in stale for u in stage.upstream)):
+            stale.add(name)
+    return stale
+
+
+def sync_stamps(dag: Dag) -> tuple[dict[str, str], set[str]]:
+    """Date each stage's stamp file (see module doc); returns (stage name -> stamp path, the
+    stale stages). A stale stamp also gets new content: Snakemake ignores a newer input whose
+    checksum matches the one it recorded."""
     STAMPS.mkdir(parents=True, exist_ok=True)
-    stamps, memo = {}, {}
-    for name, stage in dag.stages.items():
-        expected = dag.fingerprint(name, memo)
+    stale = stale_stages(dag)
+    stamps = {}
+    for name in dag.stages:
         path = STAMPS / name
-        if not path.exists() or path.read_text() != expected:
-            path.write_text(expected)
-        stale = recorded_fingerprint(stage) != expected
-        when = None if stale else (0, 0)  # None = now
-        os.utime(path, when)
+        if name in stale:
+            path.write_text(f"stale since {time.time_ns()}\n")
+        else:
+            path.touch()
+            os.utime(path, (0, 0))
         stamps[name] = str(path)
-    return stamps
+    return stamps, stale
 
 
 # ---------------------------------------------------------------------- dvc.yaml

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from fedssl.params import ParamsError
+from fedssl.pipeline import output_digest
 from fedssl.runtime import PeakMemory, atomic_dir, environment, pick_device, write_json
 
 RESUME_DIR = Path("artifacts/.resume")  # checkpoints of unfinished stages, outside all outputs
@@ -42,7 +43,8 @@ def stage_run(dag, name: str):
             yield stage, out, device, info
         info.setdefault("wall_seconds", round(time.time() - start, 2))
         write_json(out / "meta.json", {
-            "stage": name, "fingerprint": fingerprint, "command": stage.cmd,
+            "stage": name, "fingerprint": fingerprint,
+            "output_digest": output_digest(stage, out), "command": stage.cmd,
             "params": dag._param_values(stage), "environment": environment(device),
             "peak_memory_bytes": peak.bytes, "peak_memory_kind": peak.kind,
             "threads": torch.get_num_threads(), **info})

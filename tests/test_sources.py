@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.fixtures import write_fashion_mnist
 from fedssl.data.sources import (
     DEFAULT_ROOTS,
     NUM_CLASSES,
@@ -34,23 +35,10 @@ def _check_split(split: Split, n: int, chw: tuple) -> None:
 # --------------------------------------------------------------------------- Fashion-MNIST
 
 
-def _idx_bytes(array: np.ndarray) -> bytes:
-    # idx header: two zero bytes, type 0x08 (unsigned byte), ndim, then each dim as big-endian int32.
-    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">i", d) for d in array.shape)
-    return header + array.astype(np.uint8).tobytes()
-
-
 def _write_fashion(folder: Path, gz: bool) -> dict:
-    folder.mkdir(parents=True, exist_ok=True)
-    data = {"train": (_pixels(5, 28, 28), np.array([0, 9, 3, 3, 7])), "t10k": (_pixels(3, 28, 28), np.array([1, 2, 9]))}
-    for prefix, (images, labels) in data.items():
-        for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
-            name = folder / f"{prefix}-{kind}-ubyte"
-            if gz:
-                with gzip.open(f"{name}.gz", "wb") as f:
-                    f.write(_idx_bytes(array))
-            else:
-                name.write_bytes(_idx_bytes(array))
+    data = {"train": (_pixels(5, 28, 28), np.array([0, 9, 3, 3, 7])),
+            "t10k": (_pixels(3, 28, 28), np.array([1, 2, 9]))}
+    write_fashion_mnist(folder, data, gz)
     return data
 
 

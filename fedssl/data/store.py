@@ -1,5 +1,5 @@
 """The prepared-data artifact: per split, a uint8 image array [N, C, H, W] and int64 labels,
-stored as plain .npy (memory-mappable) with a SHA-256 checksum each in meta.json."""
+stored as plain .npy (memory-mappable), described with SHA-256 checksums in dataset.json."""
 from __future__ import annotations
 
 import hashlib
@@ -26,6 +26,7 @@ def write_prepared(out_dir: Path, name: str, splits: dict) -> dict:
             "count": int(len(labels)), "shape": list(images.shape[1:]),
             "images_sha256": sha256(images), "labels_sha256": sha256(labels),
             "num_classes": int(labels.max()) + 1 if (labels >= 0).any() else 0}
+    (out_dir / "dataset.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -34,14 +35,14 @@ def load_split(data_dir: Path, split: str, verify: bool = False) -> tuple[np.nda
     images = np.load(data_dir / f"{split}_images.npy", mmap_mode="r")
     labels = np.load(data_dir / f"{split}_labels.npy")
     if verify:
-        meta = json.loads((data_dir / "meta.json").read_text())["splits"][split]
+        meta = json.loads((data_dir / "dataset.json").read_text())["splits"][split]
         if sha256(np.asarray(images)) != meta["images_sha256"]:
             raise ValueError(f"{data_dir}/{split}_images.npy does not match its checksum")
     return images, labels
 
 
 def image_shape(data_dir: Path, split: str = "train") -> tuple[int, int, int]:
-    meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    meta = json.loads((Path(data_dir) / "dataset.json").read_text())
     return tuple(meta["splits"][split]["shape"])
 
 

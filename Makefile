@@ -1,0 +1,47 @@
+# Set-up and entry points. `make run` and `make test` work on a fresh machine.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+INSTALLED := $(VENV)/.installed
+FMNIST  := /usr/share/datasets/fashion-mnist
+
+.PHONY: install data run test test-slow bench generate clean
+
+install: $(INSTALLED) data
+
+$(INSTALLED): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+# The embedded default data set, from Debian's package (skipped where apt is not available).
+data:
+	@if [ ! -d $(FMNIST) ]; then \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist; \
+	  else echo "apt-get not found: install Fashion-MNIST into $(FMNIST) or set data_root in params/datasets/fashion_mnist.yaml"; fi; \
+	fi
+
+run: install
+	snakemake --cores all --resources gpu=1
+	@echo; cat artifacts/report/report.md
+	@echo "Results: artifacts/report/report.md and report.csv; per-experiment artifacts in artifacts/experiments/"
+
+test: install
+	pytest -q
+
+test-slow: install
+	pytest -q -m slow
+
+bench: install
+	$(PY) benchmarks/federated_round.py
+
+# Regenerate the checked-in derived files (a test fails when they are stale).
+generate: $(INSTALLED)
+	$(PY) -m fedssl.params
+	$(PY) -m fedssl.pipeline write
+
+clean:
+	rm -rf artifacts .snakemake

@@ -1,0 +1,108 @@
+"""Test data written in real on-disk formats, and a throw-away copy of the project."""
+from __future__ import annotations
+
+import gzip
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """The idx format: two zero bytes, type 0x08 (uint8), ndim, big-endian int32 dims, data."""
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">i", d) for d in array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
+def write_fashion_mnist(folder: Path, splits: dict, gz: bool = True) -> None:
+    """``splits``: {'train'|'t10k': (images [N, 28, 28] uint8, labels [N])}."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for prefix, (images, labels) in splits.items():
+        for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
+            name = folder / f"{prefix}-{kind}-ubyte"
+            if gz:
+                with gzip.open(f"{name}.gz", "wb") as f:
+                    f.write(idx_bytes(array))
+            else:
+                name.write_bytes(idx_bytes(array))
+
+
+def toy_images(n: int, seed: int, num_classes: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """Learnable 28x28 images: each class is a bright bar at its own position, plus noise."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(n) % num_classes
+    images = rng.integers(0, 60, size=(n, 28, 28)).astype(np.uint8)
+    for c in range(num_classes):
+        images[labels == c, 4 + 5 * c: 8 + 5 * c, 4:24] = 220
+    return images, labels
+
+
+TINY_EXPERIMENT = """\
+title: {title}
+partition: tiny_dir05_m3
+model: {{arch: {arch}, norm: gn, channels_per_group: 4, width: 4, proj_hidden: 16, proj_dim: 8}}
+pretrain:
+  method: {method}
+  rounds: {rounds}
+  local_epochs: 1
+  client_fraction: 1.0
+  batch_size: 32
+  optimizer: adam
+  lr: 0.001
+  lr_schedule: constant
+  momentum: 0.9
+  weight_decay: 0.0
+  temperature: 0.5
+  augment: {{crop_scale: [0.5, 1.0], crop_ratio: [0.75, 1.3333], flip_p: 0.5, jitter_p: 0.8,
+            brightness: 0.4, contrast: 0.4, saturation: 0.0, hue: 0.0, grayscale_p: 0.0,
+            blur_p: 0.0, blur_sigma: [0.1, 2.0], solarize_p: 0.0}}
+  parallel_clients: auto
+  seed: 0
+features: {{layer: backbone, train_size: null, batch_size: 256}}
+linear_probe: {{epochs: 5, lr: 0.01, weight_decay: 0.0, batch_size: 64, standardize: true, seed: 0}}
+knn: {{k: 5, temperature: 0.1}}
+"""
+
+
+def make_tiny_project(root: Path, git: bool = True) -> Path:
+    """A copy of the project's code with its own params: a 240-image Fashion-MNIST-format data
+    set, 3 clients, and three experiments (FedSimCLR, random init, raw pixels)."""
+    for item in ("fedssl", "stages", "Snakefile", "profiles"):
+        src = REPO / item
+        (shutil.copytree(src, root / item, ignore=shutil.ignore_patterns("__pycache__"))
+         if src.is_dir() else shutil.copy(src, root / item))
+    write_fashion_mnist(root / "raw", {"train": toy_images(240, 0), "t10k": toy_images(80, 1)})
+    params = root / "params"
+    for sub in ("datasets", "partitions", "experiments"):
+        (params / sub).mkdir(parents=True)
+    (params / "datasets" / "tiny.yaml").write_text(
+        "name: fashion_mnist\ndata_root: raw\ndownload: false\n")
+    (params / "partitions" / "tiny_dir05_m3.yaml").write_text(
+        "dataset: tiny\nnum_clients: 3\nscheme: {kind: dirichlet, alpha: 0.5, "
+        "min_per_client: 20}\nsubset: null\nseed: 0\n")
+    rows = {"tiny_simclr": ("FedSimCLR", "small_cnn", "fedsimclr", 2),
+            "tiny_random": ("Random init", "small_cnn", "none", 0),
+            "tiny_pixels": ("Raw pixels", "pixels", "none", 0)}
+    for name, (title, arch, method, rounds) in rows.items():
+        (params / "experiments" / f"{name}.yaml").write_text(TINY_EXPERIMENT.format(
+            title=title, arch=arch, method=method, rounds=rounds))
+    (params / "pipelines.yaml").write_text(
+        "pipelines:\n  default: [tiny_simclr, tiny_random, tiny_pixels]\n")
+    (root / ".gitignore").write_text("/artifacts/\n.snakemake/\n")
+    if git:
+        run(["git", "init", "-q"], root)
+        run(["dvc", "init", "-q"], root)
+        run(["dvc", "config", "core.analytics", "false"], root)
+    return root
+
+
+def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
