@@ -148,3 +148,23 @@ def test_batchnorm_models_train_one_by_one_and_average_running_stats(tmp_path):
     sizes = torch.tensor([20.0, 30.0, 40.0], dtype=torch.float64)
     expected = (b[key] * (sizes / sizes.sum()).float()[:, None]).sum(0)
     assert torch.allclose(fedavg(b, sizes)[key], expected, atol=1e-6)
+
+
+def test_twin_norm_autoencoder_clients_vectorise_like_one_by_one():
+    """MFCL phase 1: Twin-Norm client modules train together under vmap, padded pairs and all."""
+    from fedssl.methods.mfcl import autoencoder_loss
+    from fedssl.models.autoencoder import ClientAutoencoder
+    images, clients = toy_data()
+    torch.manual_seed(0)
+    model = ClientAutoencoder("resnet18", in_channels=1, width=8, norm="tn", channels_per_group=4)
+    params, buffers = split_state(model)
+    results = {}
+    for parallel in (True, False):
+        trainer = CohortTrainer(model, identity_views, autoencoder_loss(),
+                                OptimizerConfig("sgd"), batch_size=16, local_epochs=1,
+                                parallel=parallel)
+        results[parallel] = trainer.train(params, buffers, clients, [0, 1, 2], images, 0.1,
+                                          (0,), torch.Generator().manual_seed(0))
+    for k in params:
+        assert torch.allclose(results[True][0][k], results[False][0][k], atol=2e-5), k
+    assert torch.allclose(results[True][2], results[False][2], atol=1e-5)

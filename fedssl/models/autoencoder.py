@@ -119,17 +119,18 @@ class ClientAutoencoder(nn.Module):
         return sum(p.numel() for p in module.parameters())
 
 
-def reconstruction_loss(logits: Tensor, target: Tensor,
-                        kind: Literal["bce", "mse"] = "bce") -> Tensor:
+def reconstruction_loss(logits: Tensor, target: Tensor, kind: Literal["bce", "mse"] = "bce",
+                        reduction: Literal["mean", "none"] = "mean") -> Tensor:
     """Phase-1 loss (Eq. 1, App. B.2.2), averaged over pixels, channels and images.
 
     ``'bce'``: ``binary_cross_entropy_with_logits(logits, target)``; the target must lie in [0, 1].
     ``'mse'``: mean squared error between ``sigmoid(logits)`` and the target.
+    ``reduction='none'`` keeps the per-element losses (for masking padded samples).
     """
     if logits.shape != target.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and target {tuple(target.shape)} differ")
     if kind == "bce":
-        return F.binary_cross_entropy_with_logits(logits, target)
+        return F.binary_cross_entropy_with_logits(logits, target, reduction=reduction)
     if kind == "mse":
-        return F.mse_loss(logits.sigmoid(), target)
+        return F.mse_loss(logits.sigmoid(), target, reduction=reduction)
     raise ValueError(f"unknown reconstruction loss '{kind}' (expected 'bce' or 'mse')")
