@@ -204,3 +204,75 @@ def table_format(x: float) -> str:
     if abs(mant) >= 100:  # rounding carried into a third digit
         mant, exp = round(mant / 10), exp + 1
     return f"{mant}e{exp}"
+
+
+# ------------------------------------------------------------------ per-client cost summaries
+# The pipeline's `costs` stage: α (bits, paper convention, and bytes actually exchanged), β
+# (FLOPs counted with FlopCounterMode on a small probe batch, scaled per sample × the samples a
+# client processes; convolution and matmul FLOPs are linear in the batch) and γ (Eq. 6 and a
+# measured one-step figure). Same recipe for MFCL and the end-to-end baselines.
+def measured_step_bytes(model: nn.Module, inputs: Tensor, loss_fn, optimizer_slots: int,
+                        batch_scale: float = 1.0) -> int:
+    """One local step's memory, measured: autograd's saved tensors (scaled from the probe batch
+    to the real one by ``batch_scale``) + parameters, gradients and ``optimizer_slots`` state
+    tensors per parameter (Adam 2, SGD-momentum 1)."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    acts = saved_activation_bytes(model, inputs, loss_fn)
+    return int(acts * batch_scale + params * (2 + optimizer_slots))
+
+
+def mfcl_client_costs(ae: nn.Module, probe: Tensor, loss_fn, batch_pairs: int,
+                      samples: list[int], rounds: list[int], local_epochs: int, pairs: int,
+                      dropped: list[bool], bytes_actual: list[int], rep_numel_paper: int,
+                      code_rate: float = DEFAULT_CODE_RATE) -> list[dict]:
+    """Per-client MFCL costs. ``probe`` is a twin batch [2k, C, H, W] in [0, 1] (k pairs);
+    ``ae`` the client autoencoder (``encode`` gives the exported representation)."""
+    k = probe.shape[0] // 2
+    step_per_pair = train_step_flops(ae, probe, loss_fn) / k
+    export_per_pair = forward_flops(ae.encode, probe) / k
+    enc = ae.encoder
+    n_enc = sum(p.numel() for p in enc.parameters())
+    n_ae = sum(p.numel() for p in ae.parameters())
+    eq6 = memory_bytes_eq6(n_enc, n_enc, conv_feature_map_numels(enc, probe), 2 * batch_pairs)
+    peak = measured_step_bytes(ae, probe, loss_fn, 2, batch_pairs / k)
+    rows = []
+    for m, (n, r, drop, b) in enumerate(zip(samples, rounds, dropped, bytes_actual)):
+        comm = mfcl_comm_costs(n_ae, n_ae, r, 0 if drop else n, pairs, rep_numel_paper,
+                               code_rate)
+        flops = step_per_pair * n * local_epochs * r + (0 if drop else export_per_pair * pairs * n)
+        rows.append({"client": m, "samples": n, "rounds": r, "dropped": drop,
+                     "alpha_bits_paper": comm["alpha"], "bits_p1_per_round": comm["bits_p1"],
+                     "bits_p2": comm["bits_p2"], "bytes_actual": b, "beta_flops": flops,
+                     "gamma_eq6_bytes": eq6, "peak_step_bytes": peak})
+    return rows
+
+
+def e2e_client_costs(model: nn.Module, probe: Sequence[Tensor], loss_fn, batch_pairs: int,
+                     samples: list[int], rounds: list[int], local_epochs: int,
+                     bytes_actual: list[int], optimizer_slots: int,
+                     code_rate: float = DEFAULT_CODE_RATE) -> list[dict]:
+    """Per-client costs of an end-to-end FL method (FedSimCLR): the whole model both ways per
+    round; ``probe`` = the two view batches [k, C, H, W] each; ``loss_fn(output, inputs)``."""
+    k = probe[0].shape[0]
+    both = torch.cat(list(probe))
+    step_per_pair = train_step_flops(model, both, loss_fn) / k
+    n_params = sum(p.numel() for p in model.parameters())
+    eq6 = memory_bytes_eq6(n_params, n_params, conv_feature_map_numels(model, both),
+                           2 * batch_pairs)
+    peak = measured_step_bytes(model, both, loss_fn, optimizer_slots, batch_pairs / k)
+    rows = []
+    for m, (n, r, b) in enumerate(zip(samples, rounds, bytes_actual)):
+        comm = e2e_comm_costs(n_params, r, code_rate)
+        rows.append({"client": m, "samples": n, "rounds": r, "dropped": False,
+                     "alpha_bits_paper": comm["alpha"], "bits_p1_per_round": comm["bits_p1"],
+                     "bits_p2": 0.0, "bytes_actual": b,
+                     "beta_flops": step_per_pair * n * local_epochs * r,
+                     "gamma_eq6_bytes": eq6, "peak_step_bytes": peak})
+    return rows
+
+
+def summarize_client_costs(rows: list[dict]) -> dict:
+    """Mean over clients of every per-client number (the report's cost columns)."""
+    keys = ["alpha_bits_paper", "bytes_actual", "beta_flops", "gamma_eq6_bytes",
+            "peak_step_bytes"]
+    return {f"mean_{k}": sum(r[k] for r in rows) / len(rows) for k in keys}

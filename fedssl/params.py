@@ -123,8 +123,9 @@ class AugmentParams(Strict):
 
 
 class PretrainParams(Strict):
-    method: Literal["fedsimclr", "none"] = Field(
-        description="none = keep the seeded random initialisation (a reference row)")
+    method: Literal["fedsimclr", "mfcl", "none"] = Field(
+        description="none = keep the seeded random initialisation (a reference row); mfcl = "
+        "the settings of the experiment's `mfcl` section (only augment and seed apply here)")
     rounds: NonNegativeInt = 0
     local_epochs: PositiveInt = 1
     client_fraction: Fraction = 1.0
@@ -163,18 +164,112 @@ class KnnParams(Strict):
     temperature: PositiveFloat = Field(0.07, description="weights votes by exp(cos / T)")
 
 
+# --------------------------------------------------------------------------- MFCL
+class MfclClientModule(Strict):
+    """The client module (encoder of Tab. 9 / Tab. 10) and its mirror decoder."""
+    arch: Literal["resnet18", "resnet50"] = Field(
+        description="resnet18 = 2-conv client module (Tab. 9), resnet50 = 4-conv (Tab. 10)")
+    width: PositiveInt = Field(description="channels of the first conv (64 in the paper)")
+    norm: Literal["tn", "gn", "bn"] = Field(description="Twin Norm, GroupNorm or BatchNorm")
+    channels_per_group: PositiveInt = Field(16, description="Lambda for TN / GN")
+    tn_variance: Literal["joint", "avg_of_views"] = Field(
+        "joint", description="joint = Eq. 2; avg_of_views = the Tab. 18 snippet (ablation)")
+    ae_pool: Literal["outside", "upsample", "downsampled_target"] = Field(
+        "outside", description="where the MaxPool sits while training the autoencoder (A2)")
+
+
+class MfclPhase1(Strict):
+    """Phase 1: FedAvg of the client autoencoder at the gServer (Alg. 1, Tab. 12)."""
+    rounds: NonNegativeInt = Field(description="T (15 in the paper); 0 = random client module")
+    local_epochs: PositiveInt = 1
+    batch_pairs: PositiveInt = Field(description="K samples per batch (2K twin views)")
+    lr: PositiveFloat = Field(description="Adam learning rate (0.05 C10 / 0.001 Tiny)")
+    adam_eps: PositiveFloat = 1e-7
+    loss: Literal["bce", "mse"] = "bce"
+    client_fraction: Fraction = 1.0
+    secure_aggregation: bool = Field(
+        False, description="pairwise masks: the gServer only sees the sum of the updates")
+
+
+class MfclExport(Strict):
+    """Phase 2 upload: rho pairs of twin views per sample through the frozen client module."""
+    pairs: PositiveInt = Field(description="rho (8 in the paper)")
+    client_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
+        0.0, description="delta: fraction of clients (drawn once, seeded) that send nothing")
+    bn_export_mode: Literal["eval", "train"] = Field(
+        "eval", description="BN client modules: aggregated running stats or batch stats (A7)")
+    batch_pairs: PositiveInt = Field(256, description="samples per export forward pass")
+    storage: Literal["tensors"] = Field(
+        "tensors", description="tensors = the representations as fp16 arrays")
+
+
+class MfclRServer(Strict):
+    """Phase 2b: the rServer module (the remaining ResNet stages, BN) + projection head."""
+    width: PositiveInt = Field(description="channels of the first residual stage (64 = R18)")
+    proj_hidden: PositiveInt = Field(description="width of the two hidden Dense layers (Tab. 11)")
+    proj_dim: PositiveInt = Field(128, description="output of the projection head")
+    epochs: PositiveInt
+    batch_pairs: PositiveInt = Field(description="N_s samples (2 N_s representations) per batch")
+    lr: PositiveFloat = Field(1.0, description="LARS base learning rate lr0")
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    trust_coefficient: PositiveFloat = 0.001
+    weight_decay: NonNegativeFloat = 1e-4
+    warmup_epochs: NonNegativeInt = 10
+    temperature: PositiveFloat = 0.5
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _warmup_fits(self):
+        if self.warmup_epochs > self.epochs:
+            raise ValueError(f"warmup_epochs ({self.warmup_epochs}) exceeds epochs "
+                             f"({self.epochs})")
+        return self
+
+
+class MfclParams(Strict):
+    """MFCL with Twin Normalization (spec methods/mfcl.md): client module, phase 1, export,
+    rServer. The linear probe reads the frozen client module + MaxPool + rServer module."""
+    client_module: MfclClientModule
+    phase1: MfclPhase1
+    export: MfclExport
+    rserver: MfclRServer
+
+
 class ExperimentParams(Strict):
     title: str = Field(description="row label in the report")
     partition: str = Field(pattern=NAME_PATTERN, description="name of a params/partitions preset")
-    model: ModelParams
+    model: ModelParams | None = Field(
+        None, description="the encoder (required unless pretrain.method is mfcl, whose network "
+        "is set in the mfcl section)")
     pretrain: PretrainParams
     features: FeatureParams
     linear_probe: LinearProbeParams
     knn: KnnParams
+    mfcl: MfclParams | None = Field(None, description="required when pretrain.method is mfcl")
+
+    @model_validator(mode="after")
+    def _mfcl_section_matches_method(self):
+        if self.pretrain.method == "mfcl":
+            if self.mfcl is None:
+                raise ValueError("pretrain.method 'mfcl' needs an mfcl section")
+            if self.model is not None:
+                raise ValueError("pretrain.method 'mfcl': leave out `model` (the network is "
+                                 "set in mfcl.client_module and mfcl.rserver)")
+            if self.pretrain.rounds:
+                raise ValueError("pretrain.method 'mfcl': set mfcl.phase1.rounds, not "
+                                 "pretrain.rounds")
+            return self
+        if self.mfcl is not None:
+            raise ValueError(f"an mfcl section needs pretrain.method 'mfcl', not "
+                             f"'{self.pretrain.method}'")
+        if self.model is None:
+            raise ValueError(f"pretrain.method '{self.pretrain.method}' needs a model section")
+        return self
 
     @model_validator(mode="after")
     def _pixels_have_nothing_to_train(self):
-        if self.model.arch == "pixels" and self.pretrain.method != "none":
+        if self.model and self.model.arch == "pixels" and self.pretrain.method != "none":
             raise ValueError("model.arch 'pixels' has no weights: set pretrain.method to 'none'")
         return self
 

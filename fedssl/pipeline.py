@@ -47,13 +47,31 @@ CODE = {
     "features": ["stages/features.py", "fedssl/eval/probes.py", "fedssl/models"],
     "evaluate": ["stages/evaluate.py", "fedssl/eval/probes.py"],
     "report": ["stages/report.py", "fedssl/report.py"],
+    # MFCL (the stage names stay pretrain__/features__/... so the report reads them alike)
+    "mfcl_phase1": ["stages/mfcl_phase1.py", "fedssl/methods/mfcl.py", "fedssl/fl",
+                    "fedssl/models/autoencoder.py", "fedssl/models/norms.py",
+                    "fedssl/data/augment.py"],
+    "export": ["stages/export.py", "fedssl/methods/mfcl.py", "fedssl/models/autoencoder.py",
+               "fedssl/models/norms.py", "fedssl/data/augment.py"],
+    "rserver": ["stages/rserver.py", "fedssl/methods/mfcl.py", "fedssl/models/rserver.py",
+                "fedssl/optim.py", "fedssl/losses.py"],
+    "costs": ["stages/costs.py", "fedssl/costs.py", "fedssl/models"],
 }
-GPU_KINDS = {"pretrain", "features", "evaluate"}
+GPU_KINDS = {"pretrain", "features", "evaluate", "mfcl_phase1", "export", "rserver"}
 # Which top-level keys of an experiment file each per-experiment stage reads.
 EXPERIMENT_KEYS = {"pretrain": ["partition", "model", "pretrain"],
                    "features": ["model", "features"],
                    "evaluate": ["linear_probe", "knn"],
-                   "report": ["title"]}
+                   "report": ["title"],
+                   "costs": ["partition", "model", "pretrain"]}
+# MFCL experiments: the network lives in the `mfcl` section (no `model`).
+MFCL_KEYS = {"pretrain": ["partition", "pretrain", "mfcl"],
+             "export": ["partition", "pretrain", "mfcl"],
+             "rserver": ["mfcl"],
+             "features": ["mfcl", "features"],
+             "costs": ["partition", "pretrain", "mfcl"]}
+# Methods whose per-client costs get a `costs` stage.
+COSTED_METHODS = {"fedsimclr", "mfcl"}
 
 
 @dataclass
@@ -145,17 +163,34 @@ class Dag:
                         upstream=[f"prepare_data__{part.dataset}"],
                         params={self._file("partition", exp.partition): []}))
         exp_file = self._file("experiment", exp_name)
-        chain = [("pretrain", [ds, pt], [f"prepare_data__{part.dataset}",
-                                         f"partition__{exp.partition}"]),
-                 ("features", [ds, f"{ex}/pretrain"], [f"pretrain__{exp_name}",
-                                                      f"prepare_data__{part.dataset}"]),
-                 ("evaluate", [f"{ex}/features"], [f"features__{exp_name}"])]
+        up_data, up_part = f"prepare_data__{part.dataset}", f"partition__{exp.partition}"
+        mfcl = exp.pretrain.method == "mfcl"
+        if mfcl:  # phase 1 -> export -> rServer; features read the client and rServer modules
+            chain = [("pretrain", [ds, pt], [up_data, up_part]),
+                     ("export", [ds, pt, f"{ex}/pretrain"],
+                      [up_data, up_part, f"pretrain__{exp_name}"]),
+                     ("rserver", [f"{ex}/export"], [f"export__{exp_name}"]),
+                     ("features", [ds, f"{ex}/pretrain", f"{ex}/rserver"],
+                      [f"pretrain__{exp_name}", f"rserver__{exp_name}", up_data])]
+        else:
+            chain = [("pretrain", [ds, pt], [up_data, up_part]),
+                     ("features", [ds, f"{ex}/pretrain"], [f"pretrain__{exp_name}", up_data])]
+        chain.append(("evaluate", [f"{ex}/features"], [f"features__{exp_name}"]))
+        if exp.pretrain.method in COSTED_METHODS:
+            cost_deps = [pt, f"{ex}/pretrain"] + ([f"{ex}/export"] if mfcl else [])
+            cost_up = [up_part, f"pretrain__{exp_name}"] + ([f"export__{exp_name}"] if mfcl
+                                                             else [])
+            chain.append(("costs", cost_deps, cost_up))
         for kind, deps, upstream in chain:
-            stage = Stage(f"{kind}__{exp_name}", kind, f"python -m stages.{kind} {exp_name}",
+            script = "mfcl_phase1" if mfcl and kind == "pretrain" else kind
+            keys = MFCL_KEYS[kind] if mfcl and kind in MFCL_KEYS else EXPERIMENT_KEYS[kind]
+            stage = Stage(f"{kind}__{exp_name}", script, f"python -m stages.{script} {exp_name}",
                           f"{ex}/{kind}", deps=deps, upstream=upstream,
-                          params={exp_file: EXPERIMENT_KEYS[kind]})
+                          params={exp_file: keys})
             if kind == "pretrain":
                 stage.plots = [f"{ex}/rounds.tsv"]
+            if kind == "rserver":
+                stage.plots = [f"{ex}/rserver_epochs.tsv"]
             if kind == "evaluate":
                 stage.metrics = [f"{ex}/metrics.json"]
             self._add(stage)
@@ -165,6 +200,9 @@ class Dag:
         for exp in self.experiments:
             deps += [f"{experiment_dir(exp)}/metrics.json", f"{experiment_dir(exp)}/pretrain"]
             upstream += [f"evaluate__{exp}", f"pretrain__{exp}"]
+            if f"costs__{exp}" in self.stages:
+                deps.append(f"{experiment_dir(exp)}/costs")
+                upstream.append(f"costs__{exp}")
             params[self._file("experiment", exp)] = EXPERIMENT_KEYS["report"]
         parts = sorted({s.out for s in self.stages.values() if s.kind == "partition"})
         deps += parts

@@ -6,7 +6,14 @@ import json
 from pathlib import Path
 
 COLUMNS = ["experiment", "title", "partition", "method", "arch", "rounds", "linear_top1",
-           "knn_top1", "client_MB_up", "client_MB_down", "pretrain_s", "parameters"]
+           "knn_top1", "client_MB_up", "client_MB_down", "pretrain_s", "parameters",
+           "alpha_bits", "client_MB_sent", "beta_GFLOPs", "gamma_eq6_MB", "peak_step_MB"]
+# Mean per-client costs (the `costs` stage; blank for methods without one), as in Tab. 3.
+COST_COLUMNS = {"alpha_bits": ("mean_alpha_bits_paper", 1.0),
+                "client_MB_sent": ("mean_bytes_actual", 1e-6),
+                "beta_GFLOPs": ("mean_beta_flops", 1e-9),
+                "gamma_eq6_MB": ("mean_gamma_eq6_bytes", 1e-6),
+                "peak_step_MB": ("mean_peak_step_bytes", 1e-6)}
 
 
 def experiment_row(name: str, exp, exp_dir: Path) -> dict:
@@ -18,11 +25,21 @@ def experiment_row(name: str, exp, exp_dir: Path) -> dict:
         per_client = json.loads(comm_file.read_text())["per_client"]
         up = sum(c["bytes_up"] for c in per_client) / len(per_client) / 1e6
         down = sum(c["bytes_down"] for c in per_client) / len(per_client) / 1e6
-    return {"experiment": name, "title": exp.title, "partition": exp.partition,
-            "method": exp.pretrain.method, "arch": exp.model.arch, "rounds": meta["rounds"],
-            "linear_top1": metrics["linear_top1"], "knn_top1": metrics["knn_top1"],
-            "client_MB_up": round(up, 2), "client_MB_down": round(down, 2),
-            "pretrain_s": meta["wall_seconds"], "parameters": meta["parameters"]}
+    if exp.pretrain.method == "mfcl":
+        cm = exp.mfcl.client_module
+        arch = f"{cm.arch}-{cm.norm}"
+    else:
+        arch = exp.model.arch
+    row = {"experiment": name, "title": exp.title, "partition": exp.partition,
+           "method": exp.pretrain.method, "arch": arch, "rounds": meta["rounds"],
+           "linear_top1": metrics["linear_top1"], "knn_top1": metrics["knn_top1"],
+           "client_MB_up": round(up, 2), "client_MB_down": round(down, 2),
+           "pretrain_s": meta["wall_seconds"], "parameters": meta["parameters"]}
+    cost_file = exp_dir / "costs" / "costs.json"
+    cost = json.loads(cost_file.read_text()) if cost_file.exists() else {}
+    for col, (key, scale) in COST_COLUMNS.items():
+        row[col] = f"{cost[key] * scale:.3g}" if key in cost else ""
+    return row
 
 
 def to_markdown(rows: list[dict], columns=COLUMNS) -> str:

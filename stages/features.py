@@ -7,6 +7,7 @@ import torch
 from fedssl.data.partition import stratified_subset
 from fedssl.data.store import load_split
 from fedssl.eval.probes import extract_features
+from fedssl.methods import mfcl
 from fedssl.methods.fedsimclr import build_model
 from fedssl.params import load_preset
 from fedssl.pipeline import data_dir, experiment_dir
@@ -20,9 +21,14 @@ def run(argv):
     dataset = load_preset("partition", exp.partition).dataset
     with stage_run(dag, stage) as (_, out, device, info):
         ckpt = torch.load(f"{experiment_dir(name)}/pretrain/model.pt", map_location=device)
-        model = build_model(exp, ckpt["image_shape"], device)
-        model.load_state_dict(ckpt["model"])
-        encoder = model if exp.features.layer == "projection" else model.backbone
+        if exp.pretrain.method == "mfcl":  # client module + MaxPool + rServer module (+ head)
+            rserver = torch.load(f"{experiment_dir(name)}/rserver/model.pt", map_location=device)
+            encoder = mfcl.frozen_encoder(exp, ckpt["model"], rserver["model"],
+                                          ckpt["image_shape"], device)
+        else:
+            model = build_model(exp, ckpt["image_shape"], device)
+            model.load_state_dict(ckpt["model"])
+            encoder = model if exp.features.layer == "projection" else model.backbone
         arrays = {}
         for split in ("train", "test"):
             images, labels = load_split(data_dir(dataset), split)

@@ -68,6 +68,41 @@ knn: {{k: 5, temperature: 0.1}}
 """
 
 
+TINY_MFCL_EXPERIMENT = """\
+title: MFCL({norm})
+partition: tiny_dir05_m3
+pretrain:
+  method: mfcl
+  augment: {{crop_scale: [0.5, 1.0], crop_ratio: [0.75, 1.3333], flip_p: 0.5, jitter_p: 0.8,
+            brightness: 0.4, contrast: 0.4, saturation: 0.0, hue: 0.0, grayscale_p: 0.0,
+            blur_p: 0.0, blur_sigma: [0.1, 2.0], solarize_p: 0.0}}
+  seed: 0
+mfcl:
+  client_module: {{arch: resnet18, width: 4, norm: {norm}, channels_per_group: 2}}
+  phase1: {{rounds: 2, local_epochs: 1, batch_pairs: 16, lr: 0.01, loss: bce,
+           client_fraction: 1.0, secure_aggregation: {secure}}}
+  export: {{pairs: 2, client_dropout: 0.34, bn_export_mode: eval, batch_pairs: 64}}
+  rserver: {{width: 4, proj_hidden: 16, proj_dim: 8, epochs: 2, batch_pairs: 32, lr: 1.0,
+            lr_scaling: none, weight_decay: 0.0001, warmup_epochs: 1, temperature: 0.5}}
+features: {{layer: backbone, train_size: null, batch_size: 256}}
+linear_probe: {{epochs: 5, lr: 0.01, weight_decay: 0.0, batch_size: 64, standardize: true, seed: 0}}
+knn: {{k: 5, temperature: 0.1}}
+"""
+
+
+def add_tiny_mfcl(root: Path) -> list[str]:
+    """Add MFCL experiments (TN with secure aggregation, BN) to a tiny project, in a pipeline
+    `mfcl` beside `default` (which is left as it is); returns their names."""
+    params = root / "params"
+    names = {"tiny_mfcl_tn": ("tn", "true"), "tiny_mfcl_bn": ("bn", "false")}
+    for name, (norm, secure) in names.items():
+        (params / "experiments" / f"{name}.yaml").write_text(
+            TINY_MFCL_EXPERIMENT.format(norm=norm, secure=secure))
+    with open(params / "pipelines.yaml", "a") as f:
+        f.write(f"  mfcl: [{', '.join(names)}, tiny_simclr]\n")
+    return list(names)
+
+
 def make_tiny_project(root: Path, git: bool = True) -> Path:
     """A copy of the project's code with its own params: a 240-image Fashion-MNIST-format data
     set, 3 clients, and three experiments (FedSimCLR, random init, raw pixels)."""

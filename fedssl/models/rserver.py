@@ -1,0 +1,104 @@
+"""The MFCL rServer side (spec methods/mfcl.md §2.6-2.7) and the deployed MFCL encoder.
+
+* :class:`RServerModule`: the residual stages of the backbone, taking the client module's pooled
+  representation (``in_channels`` channels) as input; BatchNorm throughout; global average pool.
+  ``arch='resnet18'``: four stages of two BasicBlocks at widths w, 2w, 4w, 8w (strides 1, 2, 2,
+  2). ``arch='resnet50'``: stages of 3, 4, 6, 3 bottlenecks (expansion 4) at w, 2w, 4w, 8w; the
+  first block's 1×1 conv and projection shortcut take ``in_channels``.
+* :class:`MfclProjectionHead` (Tab. 11): Dense-BN-ReLU, Dense-BN-ReLU, Dense-BN (no final bias).
+* :class:`MfclEncoder`: x -> client module -> MaxPool -> rServer module (-> head), for linear
+  evaluation. Twin Norm needs a twin: the image is paired with itself (spec §8 A5), which makes
+  TN equal to GroupNorm for that image.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedssl.models.autoencoder import ClientAutoencoder
+from fedssl.models.encoders import BasicBlock
+
+
+class Bottleneck(nn.Module):
+    """ResNet-50 bottleneck (1×1, 3×3 with the stride, 1×1 to 4·width), BN, projection shortcut
+    when the shape changes."""
+
+    def __init__(self, cin: int, width: int, stride: int):
+        super().__init__()
+        cout = 4 * width
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.shortcut = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+class RServerModule(nn.Sequential):
+    """The remaining ResNet stages after the client module; ``out_dim`` features per view."""
+
+    def __init__(self, arch: str, in_channels: int, width: int):
+        widths = [width, 2 * width, 4 * width, 8 * width]
+        layers: list[nn.Module] = []
+        cin = in_channels
+        if arch == "resnet18":
+            for i, w in enumerate(widths):
+                layers += [BasicBlock(cin, w, 1 if i == 0 else 2, "bn", 1),
+                           BasicBlock(w, w, 1, "bn", 1)]
+                cin = w
+        elif arch == "resnet50":
+            for i, (w, blocks) in enumerate(zip(widths, (3, 4, 6, 3))):
+                for b in range(blocks):
+                    layers.append(Bottleneck(cin, w, 2 if (i > 0 and b == 0) else 1))
+                    cin = 4 * w
+        else:
+            raise ValueError(f"unknown rServer arch {arch!r} (expected resnet18 or resnet50)")
+        super().__init__(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.out_dim = cin
+
+
+class MfclProjectionHead(nn.Sequential):
+    """Tab. 11: Dense-BN-ReLU, Dense-BN-ReLU, Dense-BN; hidden layers keep their bias, the last
+    Dense has none."""
+
+    def __init__(self, in_dim: int, hidden: int, out_dim: int):
+        super().__init__(nn.Linear(in_dim, hidden), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True),
+                         nn.Linear(hidden, hidden), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True),
+                         nn.Linear(hidden, out_dim, bias=False), nn.BatchNorm1d(out_dim))
+
+
+class RServerModel(nn.Module):
+    """rServer module + projection head; ``forward`` maps representations to projections."""
+
+    def __init__(self, arch: str, in_channels: int, width: int, proj_hidden: int,
+                 proj_dim: int):
+        super().__init__()
+        self.backbone = RServerModule(arch, in_channels, width)
+        self.head = MfclProjectionHead(self.backbone.out_dim, proj_hidden, proj_dim)
+
+    def forward(self, z):
+        return self.head(self.backbone(z))
+
+
+class MfclEncoder(nn.Module):
+    """The deployed model for evaluation: frozen client module, MaxPool, rServer module and,
+    with ``projection=True``, the projection head. Unpaired images are paired with themselves
+    for Twin Norm."""
+
+    def __init__(self, client: ClientAutoencoder, rserver: RServerModel, projection: bool):
+        super().__init__()
+        self.client, self.rserver, self.projection = client, rserver, projection
+
+    def forward(self, x):
+        if self.client.norm_kind == "tn":
+            z = self.client.encode(torch.cat([x, x]))[: len(x)]
+        else:
+            z = self.client.encode(x)
+        h = self.rserver.backbone(z.to(x.dtype))
+        return self.rserver.head(h) if self.projection else h

@@ -1,0 +1,178 @@
+"""MFCL wired as stages: phase 1 trains, secure aggregation equals FedAvg inside the engine,
+export bytes and client dropout, rServer training, params validation, and the whole chain on a
+tiny project."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedssl import params as P
+from fedssl.data.augment import BatchAugment
+from fedssl.fl.cohort import CohortTrainer, OptimizerConfig
+from fedssl.fl.engine import Federation, FederationConfig, split_state
+from fedssl.methods import mfcl
+from fedssl.models.autoencoder import ClientAutoencoder
+from fedssl.models.rserver import MfclEncoder, RServerModel
+from tests.fixtures import TINY_MFCL_EXPERIMENT, add_tiny_mfcl, make_tiny_project, run, toy_images
+
+
+def tiny_exp(norm: str = "tn", secure: bool = False, **phase1) -> P.ExperimentParams:
+    import yaml
+    raw = yaml.safe_load(TINY_MFCL_EXPERIMENT.format(norm=norm, secure=str(secure).lower()))
+    raw["mfcl"]["phase1"].update(phase1)
+    return P.ExperimentParams.model_validate(raw)
+
+
+def toy_clients(n: int = 96):
+    images, _ = toy_images(n, 0)
+    x = torch.from_numpy(images[:, None])  # uint8 [n, 1, 28, 28]
+    ids = np.arange(n)
+    return x, [ids[:40], ids[40:70], ids[70:]]
+
+
+def test_phase1_autoencoder_loss_decreases(tmp_path):
+    exp = tiny_exp(rounds=4, lr=0.01)
+    images, clients = toy_clients()
+    model = mfcl.build_client_module(exp, (1, 28, 28), torch.device("cpu"))
+    fed = mfcl.make_phase1_federation(exp, model, clients, images, tmp_path / "ck.pt", "fp")
+    state = fed.run(fed.start(model))
+    losses = [r["loss"] for r in state.log]
+    assert len(losses) == 4 and losses[-1] < losses[0] - 0.02, losses
+    per_client = state.ledger.summary()["per_client"]
+    ae_bytes = sum(p.numel() * 4 for p in model.parameters())
+    assert all(c["bytes_up"] == 4 * ae_bytes and c["rounds"] == 4 for c in per_client)
+
+
+@pytest.mark.parametrize("norm", ["tn", "bn"])
+def test_secure_aggregation_equals_fedavg_inside_the_engine(tmp_path, norm):
+    images, clients = toy_clients()
+    augment = BatchAugment(tiny_exp().pretrain.augment, 28)
+    results = {}
+    for secure in (False, True):
+        torch.manual_seed(0)
+        model = ClientAutoencoder("resnet18", 1, 4, norm, 2)
+        trainer = CohortTrainer(model, mfcl.twin_batch(augment), mfcl.autoencoder_loss(),
+                                OptimizerConfig("adam"), batch_size=16, local_epochs=1,
+                                parallel=False)
+        if secure:
+            trainer = mfcl.SecureAggregation(trainer)
+        fed = Federation(trainer, clients, images, FederationConfig(1, 1.0, 0.01),
+                         tmp_path / f"{secure}.pt", "fp")
+        results[secure] = fed.run(fed.start(model))
+    plain, masked = results[False], results[True]
+    for k in plain.params:
+        assert torch.allclose(plain.params[k], masked.params[k], atol=1e-6), k
+    for k in plain.buffers:
+        assert torch.allclose(plain.buffers[k].float(), masked.buffers[k].float(), atol=1e-6), k
+    assert [r["loss"] for r in plain.log] == pytest.approx([r["loss"] for r in masked.log],
+                                                          abs=1e-6)
+
+
+def test_export_bytes_are_what_is_stored_and_dropout_drops_whole_clients():
+    exp = tiny_exp()
+    images, clients = toy_clients()
+    model = mfcl.build_client_module(exp, (1, 28, 28), torch.device("cpu"))
+    augment = BatchAugment(exp.pretrain.augment, 28)
+    reps = mfcl.export_client(model, images, clients[0], augment, pairs=2, batch=16, seed=0,
+                              client=0)
+    assert reps.dtype == torch.float16 and reps.shape == (40, 2, 2, 4, 14, 14)
+    assert reps.numel() * reps.element_size() == 40 * 2 * 2 * 4 * 14 * 14 * 2
+    again = mfcl.export_client(model, images, clients[0], augment, 2, 16, 0, 0)
+    assert torch.equal(reps, again)  # seeded per (client, pair, chunk): reproducible
+    assert not torch.equal(reps[:, 0], reps[:, 1])  # fresh views for every pair
+    assert mfcl.dropped_clients(10, 0.0, 0) == []
+    dropped = mfcl.dropped_clients(10, 0.3, 0)
+    assert len(dropped) == 3 and dropped == mfcl.dropped_clients(10, 0.3, 0)
+    assert len(mfcl.dropped_clients(3, 0.99, 0)) == 2  # someone always sends
+
+
+def test_rserver_trains_on_exported_pairs():
+    exp = tiny_exp()
+    gen = torch.Generator().manual_seed(0)
+    base = torch.rand(64, 1, 1, 4, 7, 7, generator=gen)
+    reps = (base + 0.05 * torch.randn(64, 2, 2, 4, 7, 7, generator=gen)).half()
+    model = RServerModel("resnet18", 4, 4, 16, 8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    p = exp.mfcl.rserver.model_copy(update={"epochs": 6, "batch_pairs": 16})
+    log = mfcl.train_rserver(model, reps, p)
+    assert len(log) == 6 and all(np.isfinite(r["loss"]) for r in log)
+    assert log[-1]["loss"] < log[0]["loss"], [r["loss"] for r in log]
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_mfcl_encoder_pairs_each_image_with_itself():
+    torch.manual_seed(0)
+    client = ClientAutoencoder("resnet18", 1, 4, "tn", 2).eval()
+    enc = MfclEncoder(client, RServerModel("resnet18", 4, 4, 16, 8).eval(), projection=False)
+    x = torch.rand(3, 1, 28, 28)
+    with torch.no_grad():
+        alone = torch.cat([enc(x[i:i + 1]) for i in range(3)])
+        together = enc(x)
+    assert torch.allclose(alone, together, atol=1e-5)  # no cross-image statistics
+
+
+def test_mfcl_params_are_checked():
+    with pytest.raises(ValueError, match="needs an mfcl section"):
+        raw = tiny_exp().model_dump()
+        raw["mfcl"] = None
+        P.ExperimentParams.model_validate(raw)
+    raw = tiny_exp().model_dump()
+    raw["pretrain"]["method"] = "fedsimclr"
+    with pytest.raises(ValueError, match="an mfcl section needs"):
+        P.ExperimentParams.model_validate(raw)
+    raw = tiny_exp().model_dump()
+    raw["mfcl"]["rserver"]["warmup_epochs"] = 99
+    with pytest.raises(ValueError, match="warmup_epochs"):
+        P.ExperimentParams.model_validate(raw)
+
+
+def run_in_process(dag) -> None:
+    """Run every stage of a DAG, upstream first, in this process (the same `run(argv)` the
+    front ends call through `python -m`, without a torch import per stage)."""
+    import importlib
+    for stage in dag.stages.values():
+        _, _, module, *args = stage.cmd.split()
+        importlib.import_module(module).run(args)
+
+
+def test_mfcl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
+    from fedssl.pipeline import Dag
+    root = make_tiny_project(tmp_path, git=False)
+    names = add_tiny_mfcl(root)
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
+    dag = Dag("mfcl")
+    assert [s.kind for s in dag.stages.values() if s.name.endswith("tiny_mfcl_tn")] == [
+        "mfcl_phase1", "export", "rserver", "features", "evaluate", "costs"]
+    run_in_process(dag)
+    with open(root / "artifacts" / "report-mfcl" / "report.csv") as f:
+        rows = {r["experiment"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {*names, "tiny_simclr"}
+    for r in rows.values():
+        assert float(r["linear_top1"]) > 0 and float(r["beta_GFLOPs"]) > 0
+        assert float(r["alpha_bits"]) > 0 and float(r["gamma_eq6_MB"]) > 0
+    assert rows["tiny_mfcl_tn"]["arch"] == "resnet18-tn"
+    exp_dir = root / "artifacts" / "experiments" / "tiny_mfcl_tn"
+    manifest = json.loads((exp_dir / "export" / "manifest.json").read_text())
+    assert len(manifest["dropped_clients"]) == 1  # round(0.34 * 3)
+    for c in manifest["per_client"]:
+        path = exp_dir / "export" / f"client_{c['client']}.npy"
+        if c["dropped"]:
+            assert c["bytes_sent"] == 0 and not path.exists()
+        else:
+            stored = np.load(path)
+            assert c["bytes_sent"] == stored.nbytes == stored.size * 2
+    costs = json.loads((exp_dir / "costs" / "costs.json").read_text())
+    dropped = [c for c in costs["per_client"] if c["dropped"]]
+    assert len(dropped) == 1 and dropped[0]["bits_p2"] == 0
+    meta = json.loads((exp_dir / "pretrain" / "meta.json").read_text())
+    assert meta["secure_aggregation"] and meta["rounds"] == 2
+    assert meta["ae_loss"][-1] < meta["ae_loss"][0]
+    # Snakemake plans the same chain from the same DAG and sees it all done
+    out = run(["snakemake", "-n", "--cores", "1", "--config", "pipeline=mfcl"], root).stdout
+    assert "Nothing to be done" in out
