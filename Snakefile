@@ -8,7 +8,6 @@ from fedssl.pipeline import Dag, commit_ran, sync_stamps
 PIPELINE = config.get("pipeline", "default")
 STAGES_DAG = Dag(PIPELINE)            # validates every params file first: errors stop here
 STAMPS, STALE = sync_stamps(STAGES_DAG)  # content fingerprints -> stamp files (see pipeline.py)
-HEAVY = {"pretrain", "features", "evaluate"}
 
 
 rule all:
@@ -26,7 +25,7 @@ for stage in STAGES_DAG.stages.values():
             + [STAMPS[stage.name]],
         output:
             [directory(stage.out)] + stage.metrics + stage.plots,
-        threads: 1024 if stage.kind in HEAVY else 1  # capped at --cores: heavy ones take all
+        threads: 1024 if stage.gpu else 1  # capped at --cores: training stages take them all
         resources:
             gpu=int(stage.gpu),
         params:

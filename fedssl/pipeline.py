@@ -355,9 +355,14 @@ def commit_ran(root: Path = P.PARAMS_DIR) -> list[str]:
         return []
     names = sorted(set(RAN_LOG.read_text().split()))
     owner = owners(pipeline_order(root), root)
-    targets = [f"{dvc_file(owner[n])}:{n}" for n in names if n in owner]
-    if targets:
-        subprocess.run(["dvc", "commit", "--force", "--quiet", *targets], check=True)
+    dags = {pipe: Dag(pipe, root) for pipe in set(owner.values())}
+    complete = [n for n in names if n in owner and all(
+        Path(p).exists() for p in [dags[owner[n]].stages[n].out, *dags[owner[n]].stages[n].metrics,
+                                   *dags[owner[n]].stages[n].plots])]
+    targets = [f"{dvc_file(owner[n])}:{n}" for n in complete]
+    if targets and subprocess.run(["dvc", "commit", "--force", "--quiet", *targets]).returncode:
+        print(f"warning: `dvc commit` failed; `dvc status` may list {', '.join(names)}",
+              file=sys.stderr)
     RAN_LOG.unlink()
     return names
 
