@@ -14,7 +14,7 @@ import torch
 from fedssl import params as P
 from fedssl.data.augment import BatchAugment
 from fedssl.fl.cohort import CohortTrainer, OptimizerConfig
-from fedssl.fl.engine import Federation, FederationConfig, split_state
+from fedssl.fl.engine import Federation, FederationConfig, plain_fedavg, split_state
 from fedssl.methods import mfcl
 from fedssl.models.autoencoder import ClientAutoencoder
 from fedssl.models.rserver import MfclEncoder, RServerModel
@@ -59,10 +59,9 @@ def test_secure_aggregation_equals_fedavg_inside_the_engine(tmp_path, norm):
         trainer = CohortTrainer(model, mfcl.twin_batch(augment), mfcl.autoencoder_loss(),
                                 OptimizerConfig("adam"), batch_size=16, local_epochs=1,
                                 parallel=False)
-        if secure:
-            trainer = mfcl.SecureAggregation(trainer)
         fed = Federation(trainer, clients, images, FederationConfig(1, 1.0, 0.01),
-                         tmp_path / f"{secure}.pt", "fp")
+                         tmp_path / f"{secure}.pt", "fp",
+                         mfcl.secure_aggregate() if secure else plain_fedavg)
         results[secure] = fed.run(fed.start(model))
     plain, masked = results[False], results[True]
     for k in plain.params:

@@ -7,6 +7,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -15,6 +16,8 @@ from torch import nn
 from fedssl.fl.cohort import CohortTrainer, Tensors
 from fedssl.runtime import numpy_rng, torch_generator, torch_save
 
+# aggregate(client-stacked state, data-size weights, client ids, round) -> the global state
+Aggregate = Callable[[Tensors, torch.Tensor, list[int], int], Tensors]
 LOG_FIELDS = ["round", "clients", "loss", "lr", "bytes_up", "bytes_down", "seconds",
               "images_per_s"]
 
@@ -85,6 +88,11 @@ def fedavg(stacked: Tensors, weights: torch.Tensor) -> Tensors:
     return out
 
 
+def plain_fedavg(stacked: Tensors, weights: torch.Tensor, client_ids: list[int],
+                 round_: int) -> Tensors:
+    return fedavg(stacked, weights)
+
+
 def split_state(model: nn.Module) -> tuple[Tensors, Tensors]:
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
@@ -92,11 +100,15 @@ def split_state(model: nn.Module) -> tuple[Tensors, Tensors]:
 
 
 class Federation:
-    """Drives rounds of a CohortTrainer over fixed client data; resumable from ``ckpt_path``."""
+    """Drives rounds of a CohortTrainer over fixed client data; resumable from ``ckpt_path``.
+    ``aggregate`` turns the clients' states into the global one (FedAvg unless told otherwise,
+    e.g. secure aggregation)."""
 
     def __init__(self, trainer: CohortTrainer, clients: list[np.ndarray], images: torch.Tensor,
-                 cfg: FederationConfig, ckpt_path: Path, fingerprint: str):
+                 cfg: FederationConfig, ckpt_path: Path, fingerprint: str,
+                 aggregate: Aggregate = plain_fedavg):
         self.trainer, self.clients, self.images, self.cfg = trainer, clients, images, cfg
+        self.aggregate = aggregate
         self.ckpt_path, self.fingerprint = Path(ckpt_path), fingerprint
         self.sizes = torch.tensor([len(c) for c in clients], dtype=torch.float64)
 
@@ -130,7 +142,9 @@ class Federation:
         down = nbytes(s.params) + nbytes(s.buffers)  # the global state each client downloads
         up = down                                      # each client returns a state of that shape
         weights = self.sizes[chosen].to(params[next(iter(params))].device)
-        new_params, new_buffers = fedavg(params, weights), fedavg(buffers, weights)
+        merged = self.aggregate({**params, **buffers}, weights, chosen, r)
+        new_params = {k: merged[k] for k in params}
+        new_buffers = {k: merged[k] for k in buffers}
         if self.images.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0

@@ -17,7 +17,7 @@ from torch.func import functional_call
 
 from fedssl.data.augment import BatchAugment
 from fedssl.fl.cohort import CohortTrainer, OptimizerConfig
-from fedssl.fl.engine import Federation, FederationConfig
+from fedssl.fl.engine import Federation, FederationConfig, fedavg, plain_fedavg
 from fedssl.fl.secure_agg import DEFAULT_MASK_STD, secure_fedavg
 from fedssl.losses import nt_xent
 from fedssl.models.autoencoder import ClientAutoencoder, reconstruction_loss
@@ -73,39 +73,24 @@ def build_rserver(exp, in_channels: int, device) -> RServerModel:
                         rs.proj_dim).to(device)
 
 
-class SecureAggregation:
-    """A CohortTrainer whose clients upload pairwise-masked, size-weighted updates
-    (:mod:`fedssl.fl.secure_agg`): the server only learns their sum, hence the FedAvg mean.
-    ``train`` hands every client row that mean, so the engine's weighted average of the
-    (identical) rows returns it unchanged and the rest of the round (log, bytes, checkpoint)
-    is the engine's own. Integer buffers (BN batch counters) are left to the engine."""
-
-    def __init__(self, trainer: CohortTrainer, mask_std: float = DEFAULT_MASK_STD,
-                 session_secret: str = ""):
-        self.trainer, self.mask_std, self.session_secret = trainer, mask_std, session_secret
-
-    def __getattr__(self, name):  # local_epochs, batch_size, ... of the wrapped trainer
-        return getattr(self.trainer, name)
-
-    def train(self, global_params, global_buffers, clients, client_ids, images, lr, seed_parts,
-              generator):
-        params, buffers, losses = self.trainer.train(global_params, global_buffers, clients,
-                                                     client_ids, images, lr, seed_parts,
-                                                     generator)
-        state = {**params, **{k: v for k, v in buffers.items() if v.is_floating_point()}}
-        n = len(clients)
-        flat = torch.cat([v.reshape(n, -1).double() for v in state.values()], 1)
-        mean = secure_fedavg(list(flat), [len(c) for c in clients], list(client_ids),
-                             derive_seed("secure-agg", *seed_parts), self.mask_std,
-                             self.session_secret).to(flat.device)
-        out, start = {}, 0
-        for k, v in state.items():
+def secure_aggregate(mask_std: float = DEFAULT_MASK_STD, session_secret: str = ""):
+    """An engine aggregator: clients upload pairwise-masked, size-weighted states
+    (:mod:`fedssl.fl.secure_agg`), so the gServer learns only their sum, hence the FedAvg mean.
+    Integer buffers (BN batch counters) are aggregated in the clear, as plain FedAvg does."""
+    def aggregate(stacked, weights, client_ids, round_):
+        floats = {k: v for k, v in stacked.items() if v.is_floating_point()}
+        out = fedavg({k: v for k, v in stacked.items() if k not in floats}, weights)
+        n = len(client_ids)
+        flat = torch.cat([v.reshape(n, -1).double() for v in floats.values()], 1)
+        mean = secure_fedavg(list(flat), weights.tolist(), list(client_ids),
+                             derive_seed("secure-agg", round_), mask_std, session_secret)
+        start = 0
+        for k, v in floats.items():
             size = v[0].numel()
-            row = mean[start:start + size].view(v.shape[1:]).to(v.dtype)
-            out[k] = row.unsqueeze(0).expand_as(v).clone()
+            out[k] = mean[start:start + size].view(v.shape[1:]).to(v.device, v.dtype)
             start += size
-        return ({k: out[k] for k in params},
-                {k: out.get(k, v) for k, v in buffers.items()}, losses)
+        return out
+    return aggregate
 
 
 def make_phase1_federation(exp, model: ClientAutoencoder, clients: list[np.ndarray],
@@ -120,11 +105,10 @@ def make_phase1_federation(exp, model: ClientAutoencoder, clients: list[np.ndarr
         batch_size=p1.batch_pairs, local_epochs=p1.local_epochs,
         parallel=pre.parallel_clients == "on" or (pre.parallel_clients == "auto"
                                                    and images.device.type == "cuda"))
-    if p1.secure_aggregation:
-        trainer = SecureAggregation(trainer)
     cfg = FederationConfig(rounds=p1.rounds, client_fraction=p1.client_fraction, lr=p1.lr,
                            seed=pre.seed)
-    return Federation(trainer, clients, images, cfg, ckpt, fingerprint)
+    aggregate = secure_aggregate() if p1.secure_aggregation else plain_fedavg
+    return Federation(trainer, clients, images, cfg, ckpt, fingerprint, aggregate)
 
 
 # ---------------------------------------------------------------------------- export
