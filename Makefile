@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test test-slow bench generate clean
+.PHONY: install data run test bench generate clean
 
 install: $(INSTALLED) data
 
@@ -31,9 +31,6 @@ run: install
 
 test: install
 	pytest -q
-
-test-slow: install
-	pytest -q -m slow
 
 bench: install
 	$(PY) benchmarks/federated_round.py

@@ -152,12 +152,17 @@ def main():
     ap.add_argument("--workers", type=int, default=None,
                     help="DataLoader workers of the conventional loop (default 0 CPU, 4 CUDA)")
     ap.add_argument("--only", nargs="*", default=None, help="scenario names to run")
+    ap.add_argument("--parallel", choices=["auto", "on", "off"], default="auto",
+                    help="vectorise clients (models without BN stats): auto = on CUDA only, "
+                         "as in the pipeline")
     args = ap.parse_args()
     device = torch.device(args.device)
+    vmap_clients = args.parallel == "on" or (args.parallel == "auto" and device.type == "cuda")
     cap = args.max_per_client or (400 if device.type == "cpu" else 10 ** 9)
     workers = args.workers if args.workers is not None else (0 if device.type == "cpu" else 4)
-    print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
-          f"{torch.get_num_threads()} threads, at most {cap} images per client", flush=True)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device {device} ({name}), {torch.get_num_threads()} threads, at most {cap} images "
+          f"per client, clients vectorised: {vmap_clients}", flush=True)
 
     exp = load_preset("experiment", "fmnist_fedsimclr")
     p = exp.pretrain
@@ -169,7 +174,7 @@ def main():
         make_trainer = lambda m: CohortTrainer(  # noqa: E731
             m, fedsimclr.two_views(BatchAugment(p.augment, images.shape[-1])),
             fedsimclr.simclr_loss(p.temperature), OptimizerConfig("adam"), p.batch_size, 1,
-            parallel=device.type == "cuda")
+            parallel=vmap_clients)
         compare("fedsimclr_round_smoke", make_model, make_trainer,
                 simclr_loss_eager(p.temperature), p.augment, p.batch_size, p.lr, images,
                 clients, device, workers)
@@ -184,7 +189,7 @@ def main():
                                          channels_per_group=8).to(device)
             make_trainer = lambda m: CohortTrainer(  # noqa: E731
                 m, mfcl.twin_batch(BatchAugment(p.augment, images.shape[-1])),
-                mfcl.autoencoder_loss(), OptimizerConfig("adam"), 32, 1, parallel=True)
+                mfcl.autoencoder_loss(), OptimizerConfig("adam"), 32, 1, parallel=vmap_clients)
             compare(f"mfcl_phase1_round_{num_clients}_clients", make_model, make_trainer,
                     ae_loss_eager, p.augment, 32, 1e-3, images, clients, device, workers)
         return run
