@@ -47,17 +47,14 @@ CODE = {
     "features": ["stages/features.py", "fedssl/eval/probes.py", "fedssl/models"],
     "evaluate": ["stages/evaluate.py", "fedssl/eval/probes.py"],
     "report": ["stages/report.py", "fedssl/report.py"],
-    # MFCL (the stage names stay pretrain__/features__/... so the report reads them alike)
-    "mfcl_phase1": ["stages/mfcl_phase1.py", "fedssl/methods/mfcl.py", "fedssl/fl",
-                    "fedssl/models/autoencoder.py", "fedssl/models/norms.py",
-                    "fedssl/data/augment.py"],
+    # MFCL (its phase 1 is the pretrain stage; names stay pretrain__/features__/...)
     "export": ["stages/export.py", "fedssl/methods/mfcl.py", "fedssl/models/autoencoder.py",
                "fedssl/models/norms.py", "fedssl/data/augment.py"],
     "rserver": ["stages/rserver.py", "fedssl/methods/mfcl.py", "fedssl/models/rserver.py",
                 "fedssl/optim.py", "fedssl/losses.py"],
     "costs": ["stages/costs.py", "fedssl/costs.py", "fedssl/models"],
 }
-GPU_KINDS = {"pretrain", "features", "evaluate", "mfcl_phase1", "export", "rserver"}
+GPU_KINDS = {"pretrain", "features", "evaluate", "export", "rserver"}
 # Which top-level keys of an experiment file each per-experiment stage reads.
 EXPERIMENT_KEYS = {"pretrain": ["partition", "model", "pretrain"],
                    "features": ["model", "features"],
@@ -182,9 +179,8 @@ class Dag:
                                                              else [])
             chain.append(("costs", cost_deps, cost_up))
         for kind, deps, upstream in chain:
-            script = "mfcl_phase1" if mfcl and kind == "pretrain" else kind
             keys = MFCL_KEYS[kind] if mfcl and kind in MFCL_KEYS else EXPERIMENT_KEYS[kind]
-            stage = Stage(f"{kind}__{exp_name}", script, f"python -m stages.{script} {exp_name}",
+            stage = Stage(f"{kind}__{exp_name}", kind, f"python -m stages.{kind} {exp_name}",
                           f"{ex}/{kind}", deps=deps, upstream=upstream,
                           params={exp_file: keys})
             if kind == "pretrain":

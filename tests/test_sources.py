@@ -1,6 +1,5 @@
 """fedssl.data.sources against tiny fixtures written in each data set's real on-disk format."""
 
-import gzip
 import pickle
 import struct
 from pathlib import Path

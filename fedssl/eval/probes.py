@@ -18,7 +18,7 @@ def extract_features(encoder: nn.Module, images: np.ndarray, batch_size: int,
     encoder.eval()
     out = []
     for start in range(0, len(images), batch_size):
-        x = to_float(torch.from_numpy(np.asarray(images[start:start + batch_size])).to(device))
+        x = to_float(torch.from_numpy(np.array(images[start:start + batch_size])).to(device))
         with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
             out.append(encoder(x).float().cpu())
     return torch.cat(out).numpy()

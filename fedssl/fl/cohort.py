@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import grad_and_value, vmap
 
 from fedssl.models.norms import has_running_stats
 from fedssl.runtime import numpy_rng

@@ -219,5 +219,5 @@ def pre_pool_numel(model: ClientAutoencoder, image_shape) -> int:
 
 
 __all__ = ["twin_batch", "autoencoder_loss", "build_client_module", "build_rserver",
-           "SecureAggregation", "make_phase1_federation", "dropped_clients", "export_client",
+           "secure_aggregate", "make_phase1_federation", "dropped_clients", "export_client",
            "rserver_steps", "train_rserver", "frozen_encoder", "pre_pool_numel"]
