@@ -285,13 +285,14 @@ def sync_stamps(dag: Dag) -> tuple[dict[str, str], set[str]]:
 
 
 # ---------------------------------------------------------------------- dvc.yaml
-def owners(pipelines: list[str], root: Path = P.PARAMS_DIR) -> dict[str, str]:
-    """Each shared stage is written into the dvc.yaml of the first pipeline that uses it
-    (``default`` first); later pipelines depend on its outputs without redefining it."""
-    owner = {}
-    for pipe in pipelines:
-        for name in Dag(pipe, root).stages:
-            owner.setdefault(name, pipe)
+def owners(root: Path = P.PARAMS_DIR) -> dict[str, tuple[str, Stage]]:
+    """Stage name -> (the pipeline whose dvc.yaml defines it, the stage). A shared stage is
+    written into the first pipeline that uses it (``default`` first); later pipelines depend on
+    its outputs without redefining it."""
+    owner: dict[str, tuple[str, Stage]] = {}
+    for pipe in pipeline_order(root):
+        for name, stage in Dag(pipe, root).stages.items():
+            owner.setdefault(name, (pipe, stage))
     return owner
 
 
@@ -305,11 +306,11 @@ def dvc_file(pipeline: str) -> Path:
 
 
 def dvc_yaml(pipeline: str, root: Path = P.PARAMS_DIR) -> str:
-    owner = owners(pipeline_order(root), root)
+    owner = owners(root)
     dag = Dag(pipeline, root)
     stages = {}
     for name, s in dag.stages.items():
-        if owner[name] != pipeline:
+        if owner[name][0] != pipeline:
             continue
         entry = {"cmd": s.cmd, "deps": s.code + s.deps}
         if s.params:
@@ -350,12 +351,10 @@ def commit_ran(root: Path = P.PARAMS_DIR) -> list[str]:
     if not RAN_LOG.exists() or not Path(".dvc").is_dir():
         return []
     names = sorted(set(RAN_LOG.read_text().split()))
-    owner = owners(pipeline_order(root), root)
-    dags = {pipe: Dag(pipe, root) for pipe in set(owner.values())}
-    complete = [n for n in names if n in owner and all(
-        Path(p).exists() for p in [dags[owner[n]].stages[n].out, *dags[owner[n]].stages[n].metrics,
-                                   *dags[owner[n]].stages[n].plots])]
-    targets = [f"{dvc_file(owner[n])}:{n}" for n in complete]
+    owner = owners(root)
+    complete = [n for n in names if n in owner and all(Path(p).exists() for p in [
+        owner[n][1].out, *owner[n][1].metrics, *owner[n][1].plots])]
+    targets = [f"{dvc_file(owner[n][0])}:{n}" for n in complete]
     if targets and subprocess.run(["dvc", "commit", "--force", "--quiet", *targets]).returncode:
         print(f"warning: `dvc commit` failed; `dvc status` may list {', '.join(names)}",
               file=sys.stderr)
