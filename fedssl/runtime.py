@@ -44,6 +44,15 @@ def write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+def write_tsv(rows: list[dict], path: Path, fields: list[str]) -> None:
+    """A per-round / per-epoch log that `dvc plots show` reads (header even when empty)."""
+    import csv
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fields, delimiter="\t")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def torch_save(obj, path: Path) -> None:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")

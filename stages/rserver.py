@@ -3,7 +3,6 @@
 resumable per epoch."""
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -13,16 +12,12 @@ import torch
 from fedssl.methods import mfcl
 from fedssl.params import load_preset
 from fedssl.pipeline import experiment_dir
-from fedssl.runtime import torch_save
+from fedssl.runtime import torch_save, write_tsv
 from fedssl.stage import main_guard, resume_path, stage_run
 from stages.common import parse_stage
 
 
-def write_epoch_log(rows: list[dict], path: str) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, ["epoch", "loss", "lr", "seconds"], delimiter="\t")
-        w.writeheader()
-        w.writerows(rows)
+EPOCH_FIELDS = ["epoch", "loss", "lr", "seconds"]
 
 
 def run(argv):
@@ -38,10 +33,10 @@ def run(argv):
         model = mfcl.build_rserver(exp, reps.shape[3], device)
         log = mfcl.train_rserver(model, reps, exp.mfcl.rserver, resume_path(stage),
                                  dag.fingerprint(stage), on_epoch=lambda rows: (
-                                     write_epoch_log(rows, log_path),
+                                     write_tsv(rows, log_path, EPOCH_FIELDS),
                                      print(f"epoch {rows[-1]['epoch']}: NT-Xent "
                                            f"{rows[-1]['loss']:.4f}", flush=True)))
-        write_epoch_log(log, log_path)
+        write_tsv(log, log_path, EPOCH_FIELDS)
         torch_save({"model": model.state_dict(), "in_channels": int(reps.shape[3])},
                    out / "model.pt")
         info.update(samples=int(reps.shape[0]), clients=sent, epochs=len(log),

@@ -2,7 +2,6 @@
 over parameters and buffers, per-client byte accounting, per-round log and checkpoint/resume."""
 from __future__ import annotations
 
-import csv
 import math
 import time
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ import torch
 from torch import nn
 
 from fedssl.fl.cohort import CohortTrainer, Tensors
-from fedssl.runtime import numpy_rng, torch_generator, torch_save
+from fedssl.runtime import numpy_rng, torch_generator, torch_save, write_tsv
 
 # aggregate(client-stacked state, data-size weights, client ids, round) -> the global state
 Aggregate = Callable[[Tensors, torch.Tensor, list[int], int], Tensors]
@@ -161,7 +160,4 @@ class Federation:
 
 
 def write_round_log(rows: list[dict], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, LOG_FIELDS, delimiter="\t")
-        w.writeheader()
-        w.writerows(rows)
+    write_tsv(rows, path, LOG_FIELDS)
