@@ -210,12 +210,12 @@ class Dag:
     # ------------------------------------------------------------------ fingerprints
     def fingerprint(self, name: str) -> str:
         s = self.stages[name]
-        payload = {"cmd": s.cmd, "params": self._param_values(s),
+        payload = {"cmd": s.cmd, "params": self.param_values(s),
                    "code": {c: hash_path(Path(c)) for c in s.code},
                    "upstream": {u: recorded(self.stages[u], "output_digest") for u in s.upstream}}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
-    def _param_values(self, s: Stage) -> dict:
+    def param_values(self, s: Stage) -> dict:
         values = {}
         for file, keys in s.params.items():
             kind = "dataset" if "/datasets/" in file else (

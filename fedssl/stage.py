@@ -45,7 +45,7 @@ def stage_run(dag, name: str):
         write_json(out / "meta.json", {
             "stage": name, "fingerprint": fingerprint,
             "output_digest": output_digest(stage, out), "command": stage.cmd,
-            "params": dag._param_values(stage), "environment": environment(device),
+            "params": dag.param_values(stage), "environment": environment(device),
             "peak_memory_bytes": peak.bytes, "peak_memory_kind": peak.kind,
             "threads": torch.get_num_threads(), **info})
 
