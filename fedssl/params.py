@@ -12,6 +12,7 @@ several experiments share one prepared data set and one partition (computed once
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
@@ -176,6 +177,20 @@ class MfclClientModule(Strict):
         "joint", description="joint = Eq. 2; avg_of_views = the Tab. 18 snippet (ablation)")
     ae_pool: Literal["outside", "upsample", "downsampled_target"] = Field(
         "outside", description="where the MaxPool sits while training the autoencoder (A2)")
+    cut: Annotated[int, Field(ge=1, le=7)] = Field(
+        2, description="resnet18 only: client convs of the Tab. 1 sweep (A1); the rServer drops "
+        "the (cut - 1) // 2 BasicBlocks they cover. 2 = Tab. 9")
+    tn_eval_pair: Literal["self", "hflip"] = Field(
+        "self", description="Twin Norm's twin for unpaired images at evaluation (A5): the image "
+        "itself (= GroupNorm) or its horizontal flip")
+
+    @model_validator(mode="after")
+    def _cut_is_resnet18_only(self):
+        # Tab. 10's ResNet-50 client module is a fixed 4-conv stem; the sweep is defined for R18.
+        if self.arch == "resnet50" and self.cut != 2:
+            raise ValueError(f"cut applies to arch resnet18 only (resnet50 has Tab. 10's fixed "
+                             f"client module), got cut={self.cut}")
+        return self
 
 
 class MfclPhase1(Strict):
@@ -199,6 +214,9 @@ class MfclExport(Strict):
     bn_export_mode: Literal["eval", "train"] = Field(
         "eval", description="BN client modules: aggregated running stats or batch stats (A7)")
     batch_pairs: PositiveInt = Field(256, description="samples per export forward pass")
+    tn_pairing: Literal["twin", "self"] = Field(
+        "twin", description="Twin Norm at export: twin = a pair's two views share statistics "
+        "(the paper); self = each view is paired with itself (ablation: nothing shared)")
     storage: Literal["tensors"] = Field(
         "tensors", description="tensors = the representations as fp16 arrays")
 
@@ -274,16 +292,44 @@ class ExperimentParams(Strict):
         return self
 
 
+ExperimentName = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+class PipelineSpec(Strict):
+    """A pipeline whose report pivots on other rows or columns than method × partition."""
+    experiments: list[ExperimentName]
+    row: Literal["method", "title"] = Field(
+        "method", description="what the pivot puts down: the method (runs of one method and "
+        "column are repeats: mean ± std), or each experiment's title (ablations)")
+    column: str = Field("partition", description="what the report's pivot table puts across: "
+                        "'partition' (data set and split, as MFCL Tab. 2) or a dotted path "
+                        "into the experiment params, e.g. mfcl.client_module.cut")
+
+
 class PipelinesParams(Strict):
     """Pipeline name -> the experiments it runs (and reports in one table)."""
     pipelines: dict[Annotated[str, Field(pattern=NAME_PATTERN)],
-                    list[Annotated[str, Field(pattern=NAME_PATTERN)]]]
+                    list[ExperimentName] | PipelineSpec]
 
     @model_validator(mode="after")
     def _has_default(self):
         if "default" not in self.pipelines:
             raise ValueError("a pipeline named 'default' is required")
         return self
+
+    def spec(self, name: str) -> PipelineSpec:
+        entry = self.pipelines[name]
+        return entry if isinstance(entry, PipelineSpec) else PipelineSpec(experiments=entry)
+
+
+def setting(exp: BaseModel, dotted: str):
+    """The value at a dotted path of validated params (e.g. ``mfcl.client_module.cut``)."""
+    value = exp
+    for part in dotted.split("."):
+        if not isinstance(value, BaseModel) or part not in type(value).model_fields:
+            raise ParamsError(f"no setting '{dotted}' in the experiment params")
+        value = getattr(value, part)
+    return value
 
 
 # --------------------------------------------------------------------------- loading
@@ -306,17 +352,60 @@ def _format_errors(path: Path, err: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def load_file(path: Path, model: type[Strict]):
-    """Read and validate one YAML file; any problem raises ParamsError naming file and field."""
-    path = Path(path)
+EXTENDS = "extends"  # a preset may extend a sibling preset of the same kind (same folder)
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """``override`` on top of ``base``: mappings merge key by key, anything else replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = (deep_merge(out[key], value) if isinstance(value, dict)
+                    and isinstance(out.get(key), dict) else value)
+    return out
+
+
+def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ParamsError(f"{path}: no such params file")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of settings at the top level")
+    return raw
+
+
+def preset_chain(path: Path) -> list[tuple[Path, dict]]:
+    """``path`` and the presets it extends, nearest first, each with its own (unmerged) YAML."""
+    chain: list[tuple[Path, dict]] = []
+    path = Path(path)
+    while True:
+        if path in [p for p, _ in chain]:
+            cycle = " -> ".join(p.stem for p, _ in chain) + f" -> {path.stem}"
+            raise ParamsError(f"{chain[0][0]}: {EXTENDS}: cycle {cycle}")
+        raw = _read_yaml(path)
+        chain.append((path, raw))
+        base = raw.get(EXTENDS)
+        if base is None:
+            return chain
+        if not isinstance(base, str) or not re.match(NAME_PATTERN, base):
+            raise ParamsError(f"{path}: {EXTENDS}: expected the name of a preset in "
+                              f"{path.parent}, got {base!r}")
+        if not (path.parent / f"{base}.yaml").is_file():
+            raise ParamsError(f"{path}: {EXTENDS}: no preset '{base}' in {path.parent}")
+        path = path.parent / f"{base}.yaml"
+
+
+def load_file(path: Path, model: type[Strict]):
+    """Read and validate one YAML file (merged over the presets it ``extends``); any problem
+    raises ParamsError naming file and field."""
+    path = Path(path)
+    merged: dict = {}
+    for _, raw in reversed(preset_chain(path)):
+        merged = deep_merge(merged, {k: v for k, v in raw.items() if k != EXTENDS})
     try:
-        return model.model_validate(raw)
+        return model.model_validate(merged)
     except ValidationError as e:
         raise ParamsError(_format_errors(path, e)) from None
 

@@ -116,12 +116,14 @@ class Dag:
         """The stages of ``pipeline`` (from pipelines.yaml), or, with ``experiments``, just
         those experiments' stages (no report): all a single stage script needs."""
         self.pipeline, self.root = pipeline, Path(root)
+        self.row, self.column = "method", "partition"  # the report's pivot
         if experiments is None:
-            pipelines = P.load_pipelines(self.root).pipelines
-            if pipeline not in pipelines:
-                raise P.ParamsError(f"{self.root / 'pipelines.yaml'}: no pipeline "
-                                    f"'{pipeline}' (known: {', '.join(pipelines)})")
-            experiments = pipelines[pipeline]
+            pipelines = P.load_pipelines(self.root)
+            if pipeline not in pipelines.pipelines:
+                raise P.ParamsError(f"{self.root / 'pipelines.yaml'}: no pipeline '{pipeline}' "
+                                    f"(known: {', '.join(pipelines.pipelines)})")
+            spec = pipelines.spec(pipeline)
+            experiments, self.row, self.column = spec.experiments, spec.row, spec.column
         self.experiments = experiments
         self.stages: dict[str, Stage] = {}
         for exp in self.experiments:
@@ -139,14 +141,31 @@ class Dag:
         raise P.ParamsError(f"no pipeline in {root / 'pipelines.yaml'} has a stage "
                             f"'{stage_name}': add its experiment to a pipeline there")
 
-    def _file(self, kind: str, name: str) -> str:
-        return str(P.preset_path(kind, name, self.root))
+    def _params(self, kind: str, name: str, keys: list[str] | None = None) -> dict:
+        """What a stage reads of a preset, as DVC params entries: the preset file and every
+        preset it extends, each with the keys it sets itself (None = all; `extends` itself
+        too, so that pointing a preset elsewhere reruns the stage)."""
+        entries = {}
+        for path, raw in P.preset_chain(P.preset_path(kind, name, self.root)):
+            if keys is None:
+                entries[str(path)] = []
+                continue
+            own = [k for k in keys if k in raw] + ([P.EXTENDS] if P.EXTENDS in raw else [])
+            if own:
+                entries[str(path)] = own
+        return entries
 
     def _add(self, stage: Stage) -> None:
         self.stages.setdefault(stage.name, stage)
 
     def _add_experiment(self, exp_name: str) -> None:
         exp = P.load_preset("experiment", exp_name, self.root)
+        if self.column != "partition":
+            try:
+                P.setting(exp, self.column)
+            except P.ParamsError as e:
+                raise P.ParamsError(f"{self.root / 'pipelines.yaml'}: pipelines.{self.pipeline}"
+                                    f".column: {e} of '{exp_name}'") from None
         part = P.load_preset("partition", exp.partition, self.root)
         dataset = P.load_preset("dataset", part.dataset, self.root)
         P.check_partition_fits(part, P.preset_path("partition", exp.partition, self.root),
@@ -154,12 +173,11 @@ class Dag:
         ds, pt, ex = data_dir(part.dataset), partition_dir(exp.partition), experiment_dir(exp_name)
         self._add(Stage(f"prepare_data__{part.dataset}", "prepare_data",
                         f"python -m stages.prepare_data {part.dataset}", ds,
-                        params={self._file("dataset", part.dataset): []}))
+                        params=self._params("dataset", part.dataset)))
         self._add(Stage(f"partition__{exp.partition}", "partition",
                         f"python -m stages.partition {exp.partition}", pt, deps=[ds],
                         upstream=[f"prepare_data__{part.dataset}"],
-                        params={self._file("partition", exp.partition): []}))
-        exp_file = self._file("experiment", exp_name)
+                        params=self._params("partition", exp.partition)))
         up_data, up_part = f"prepare_data__{part.dataset}", f"partition__{exp.partition}"
         mfcl = exp.pretrain.method == "mfcl"
         if mfcl:  # phase 1 -> export -> rServer; features read the client and rServer modules
@@ -182,7 +200,7 @@ class Dag:
             keys = MFCL_KEYS[kind] if mfcl and kind in MFCL_KEYS else EXPERIMENT_KEYS[kind]
             stage = Stage(f"{kind}__{exp_name}", kind, f"python -m stages.{kind} {exp_name}",
                           f"{ex}/{kind}", deps=deps, upstream=upstream,
-                          params={exp_file: keys})
+                          params=self._params("experiment", exp_name, keys))
             if kind == "pretrain":
                 stage.plots = [f"{ex}/rounds.tsv"]
             if kind == "rserver":
@@ -199,10 +217,11 @@ class Dag:
             if f"costs__{exp}" in self.stages:
                 deps.append(f"{experiment_dir(exp)}/costs")
                 upstream.append(f"costs__{exp}")
-            params[self._file("experiment", exp)] = EXPERIMENT_KEYS["report"]
+            params.update(self._params("experiment", exp, EXPERIMENT_KEYS["report"]))
         parts = sorted({s.out for s in self.stages.values() if s.kind == "partition"})
         deps += parts
         upstream += [f"partition__{Path(p).name}" for p in parts]
+        params[str(self.root / "pipelines.yaml")] = [f"pipelines.{self.pipeline}"]
         self._add(Stage(f"report__{self.pipeline}", "report",
                         f"python -m stages.report {self.pipeline}", report_dir(self.pipeline),
                         deps=deps, upstream=upstream, params=params))
@@ -218,10 +237,14 @@ class Dag:
     def param_values(self, s: Stage) -> dict:
         values = {}
         for file, keys in s.params.items():
+            if Path(file).name == "pipelines.yaml":  # the report's layout
+                spec = P.load_pipelines(self.root).spec(self.pipeline)
+                values[file] = spec.model_dump(mode="json")
+                continue
             kind = "dataset" if "/datasets/" in file else (
                 "partition" if "/partitions/" in file else "experiment")
             model = P.load_file(Path(file), P.SCHEMAS[kind]).model_dump(mode="json")
-            values[file] = {k: model[k] for k in keys} if keys else model
+            values[file] = {k: model[k] for k in keys if k != P.EXTENDS} if keys else model
         return values
 
 

@@ -1,13 +1,27 @@
-"""The report: one row per experiment, one column per metric, as Markdown and CSV."""
+"""The report: the accuracy tables in the layout of MFCL Tab. 2 (methods down, data set and
+partition across, repeated runs as mean ± std) with the per-client costs of Tab. 3 beside them,
+and one row per experiment with every metric, as Markdown and CSV."""
 from __future__ import annotations
 
 import csv
 import json
+import statistics
 from pathlib import Path
+
+from fedssl.params import setting
+
+DATASET_LABELS = {"fashion_mnist": "F-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
+                  "stl10": "STL-10", "tiny_imagenet": "Tiny"}
+METHOD_LABELS = {"fedsimclr": "FedSimCLR"}
+# Tab. 3's per-client cost columns beside the pivot: column -> (row key, unit).
+PIVOT_COSTS = {"α (bits)": "alpha_bits", "β (FLOPs)": "beta_GFLOPs",
+               "γ Eq. 6 (bytes)": "gamma_eq6_MB", "sent (MB)": "client_MB_sent"}
+COST_UNITS = {"beta_GFLOPs": 1e9, "gamma_eq6_MB": 1e6}
 
 COLUMNS = ["experiment", "title", "partition", "method", "arch", "rounds", "linear_top1",
            "knn_top1", "client_MB_up", "client_MB_down", "pretrain_s", "parameters",
-           "alpha_bits", "client_MB_sent", "beta_GFLOPs", "gamma_eq6_MB", "peak_step_MB"]
+           "alpha_bits", "client_MB_sent", "beta_GFLOPs", "gamma_eq6_MB", "peak_step_MB",
+           "row", "column"]
 # Mean per-client costs (the `costs` stage; blank for methods without one), as in Tab. 3.
 COST_COLUMNS = {"alpha_bits": ("mean_alpha_bits_paper", 1.0),
                 "client_MB_sent": ("mean_bytes_actual", 1e-6),
@@ -40,6 +54,58 @@ def experiment_row(name: str, exp, exp_dir: Path) -> dict:
     for col, (key, scale) in COST_COLUMNS.items():
         row[col] = f"{cost[key] * scale:.3g}" if key in cost else ""
     return row
+
+
+def table_cell(exp, partition, dataset_name: str, row: str = "method",
+               column: str = "partition") -> tuple[str, str]:
+    """(row, column) of an experiment in the pivot: the method (the title for reference rows)
+    or the title, and the data set with its partition or ``leaf=value`` of a swept setting."""
+    if row == "title":
+        row = exp.title
+    elif exp.pretrain.method == "mfcl":
+        row = f"MFCL({exp.mfcl.client_module.norm.upper()})"
+    else:
+        row = METHOD_LABELS.get(exp.pretrain.method, exp.title)
+    if column != "partition":
+        return row, f"{column.rsplit('.', 1)[-1]}={setting(exp, column)}"
+    scheme = partition.scheme
+    split = {"dirichlet": lambda: f"ξ={scheme.alpha:g}", "iid": lambda: "IID",
+             "shards": lambda: f"{scheme.classes_per_client} classes/client",
+             "class_groups": lambda: "class groups"}[scheme.kind]()
+    return row, f"{DATASET_LABELS.get(dataset_name, dataset_name)} {split}"
+
+
+def _mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f}±{statistics.stdev(values):.2f}"
+
+
+def _first_seen(items) -> list:
+    return list(dict.fromkeys(items))
+
+
+def pivot_markdown(rows: list[dict], metric: str, costs: bool = True) -> str:
+    """``metric`` per (row, column) cell, mean ± sample std over the runs sharing a cell; with
+    ``costs``, then the row's mean per-client costs (Tab. 3; blank for methods without a costs
+    stage)."""
+    row_labels = _first_seen(r["row"] for r in rows)
+    col_labels = _first_seen(r["column"] for r in rows)
+    cells: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        cells.setdefault((r["row"], r["column"]), []).append(float(r[metric]))
+    cost_keys = PIVOT_COSTS if costs else {}
+    header = ["method", *col_labels, *cost_keys]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label in row_labels:
+        mine = [r for r in rows if r["row"] == label]
+        costs = []
+        for key in cost_keys.values():
+            values = [float(r[key]) * COST_UNITS.get(key, 1) for r in mine if r[key] != ""]
+            costs.append(f"{statistics.mean(values):.2g}" if values else "")
+        accs = [_mean_std(cells[(label, c)]) if (label, c) in cells else "" for c in col_labels]
+        lines.append("| " + " | ".join([label, *accs, *costs]) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def to_markdown(rows: list[dict], columns=COLUMNS) -> str:

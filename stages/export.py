@@ -38,7 +38,8 @@ def run(argv):
                    "numel_sent": 0, "bits_paper": 0.0}
             if m not in dropped:
                 reps = mfcl.export_client(model, images, idx, augment, ex.pairs, ex.batch_pairs,
-                                          exp.pretrain.seed, m, ex.bn_export_mode)
+                                          exp.pretrain.seed, m, ex.bn_export_mode,
+                                          ex.tn_pairing)
                 np.save(out / f"client_{m}.npy", reps.numpy())
                 np.save(out / f"client_{m}_index.npy", np.asarray(idx))
                 row.update(bytes_sent=reps.numel() * reps.element_size(),
@@ -49,7 +50,8 @@ def run(argv):
             print(f"client {m}: " + ("dropped, sends nothing" if m in dropped
                                      else f"{row['bytes_sent']} bytes"), flush=True)
         manifest = {"pairs": ex.pairs, "dtype": "float16", "dropped_clients": dropped,
-                    "bn_export_mode": ex.bn_export_mode, "per_client": per_client,
+                    "bn_export_mode": ex.bn_export_mode, "tn_pairing": ex.tn_pairing,
+                    "per_client": per_client,
                     "total_bytes_sent": sum(r["bytes_sent"] for r in per_client)}
         write_json(out / "manifest.json", manifest)
         info.update(dropped_clients=dropped, total_bytes_sent=manifest["total_bytes_sent"])

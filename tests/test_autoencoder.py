@@ -3,7 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedssl.models.autoencoder import ClientAutoencoder, reconstruction_loss
+from fedssl.models.autoencoder import (ClientAutoencoder, reconstruction_loss,
+                                      resnet18_blocks_on_client)
 from fedssl.models.norms import TwinNorm
 
 
@@ -78,6 +79,73 @@ def test_pool_modes():
         ClientAutoencoder(ae_pool="inside")
     with pytest.raises(ValueError):
         ClientAutoencoder(arch="vgg")
+
+
+# Width 64, 3×32×32 input: encoder parameters, exported representation (C, H, W) per cut.
+CUTS = {1: (1_920, (64, 16, 16)), 2: (38_976, (64, 16, 16)), 3: (76_032, (64, 16, 16)),
+        4: (113_088, (64, 16, 16)), 5: (150_144, (64, 16, 16)), 6: (224_256, (128, 8, 8)),
+        7: (372_096, (128, 8, 8))}
+
+
+@pytest.mark.parametrize("cut", sorted(CUTS))
+def test_cut_sizes_and_shapes(cut):
+    ae = ClientAutoencoder("resnet18", norm="gn", cut=cut)
+    enc_params, rep = CUTS[cut]
+    assert ae.num_parameters("encoder") == enc_params
+    # The mirror decoder has the encoder's weights; its biases and norms (3 numbers a channel)
+    # sit on the convs' input channels, so the telescoping sum leaves 3·(3 − C); + Conv(3, 3).
+    assert ae.num_parameters("decoder") == enc_params + 3 * (3 - rep[0]) + 84
+    x = torch.rand(2, 3, 32, 32)
+    assert ae.encode(x).shape == (2, *rep) and ae.rep_channels == rep[0]
+    assert ae.prepool_shape(32, 32) == (rep[0], 2 * rep[1], 2 * rep[2])
+    assert ae(x).shape == x.shape
+
+
+@pytest.mark.parametrize("cut", [1, 5, 6, 7])
+@pytest.mark.parametrize("pool", ["outside", "upsample", "downsampled_target"])
+def test_cut_reconstructs_at_the_input_size(cut, pool):
+    ae = ClientAutoencoder("resnet18", in_channels=1, width=8, channels_per_group=4,
+                           ae_pool=pool, cut=cut)
+    for size in (28, 32):
+        x = torch.rand(2, 1, size, size)
+        assert ae(x).shape == ae.reconstruction_target(x).shape
+        stride = 4 if cut >= 6 else 2  # the stride-2 sixth conv, then the MaxPool
+        assert ae.encode(x).shape[-2:] == (size // stride, size // stride)
+        assert ae.prepool_shape(size, size)[1:] == (2 * size // stride, 2 * size // stride)
+
+
+def test_cut7_layer_structure_mirrors_the_encoder():
+    ae = ClientAutoencoder("resnet18", width=8, channels_per_group=4, cut=7)
+    enc = [m for m in ae.encoder if isinstance(m, nn.Conv2d)]
+    dec = [m for m in ae.decoder if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d))]
+    assert [(m.in_channels, m.out_channels, m.stride[0]) for m in enc] == [
+        (3, 8, 1), (8, 8, 1), (8, 8, 1), (8, 8, 1), (8, 8, 1), (8, 16, 2), (16, 16, 1)]
+    assert all(isinstance(m, nn.ConvTranspose2d) for m in dec[:-1])
+    assert [(m.in_channels, m.out_channels, m.stride[0], m.output_padding[0])
+            for m in dec[:-1]] == [(16, 16, 1, 0), (16, 8, 2, 1), (8, 8, 1, 0), (8, 8, 1, 0),
+                                   (8, 8, 1, 0), (8, 8, 1, 0), (8, 3, 1, 0)]
+    assert type(dec[-1]) is nn.Conv2d and (dec[-1].in_channels, dec[-1].out_channels) == (3, 3)
+
+
+def test_cut2_is_the_default_model():
+    torch.manual_seed(0)
+    default = ClientAutoencoder("resnet18", width=16, channels_per_group=8)
+    torch.manual_seed(0)
+    cut2 = ClientAutoencoder("resnet18", width=16, channels_per_group=8, cut=2)
+    assert repr(default) == repr(cut2)
+    for (k, v), (k2, v2) in zip(default.state_dict().items(), cut2.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+
+
+def test_cut_validation_and_rserver_blocks():
+    assert [resnet18_blocks_on_client(c) for c in range(1, 8)] == [0, 0, 1, 1, 2, 2, 3]
+    for bad in (0, 8):
+        with pytest.raises(ValueError, match="cut must be in 1..7"):
+            ClientAutoencoder(cut=bad)
+    with pytest.raises(ValueError, match="cut applies to arch resnet18 only"):
+        ClientAutoencoder("resnet50", cut=3)
+    assert ClientAutoencoder("resnet50", width=8, channels_per_group=4).prepool_shape(64, 64) == (
+        16, 64, 64)
 
 
 def test_tn_autoencoder_needs_twins():

@@ -107,3 +107,34 @@ def test_invalid_params_stop_snakemake_before_any_job(project):
         assert "pretrain.temperature" in proc.stdout + proc.stderr
     finally:
         path.write_text(good)
+
+
+def test_an_extending_experiment_follows_its_base_in_both_front_ends(project):
+    """`extends`: a variant inherits its base's settings; editing an inherited one reruns the
+    variant in Snakemake and DVC alike, and restoring it makes both see nothing to do."""
+    (project / "params/experiments/tiny_random_k3.yaml").write_text(
+        "extends: tiny_random\ntitle: Random init, 3-NN\nknn: {k: 3}\n")
+    with open(project / "params" / "pipelines.yaml", "a") as f:
+        f.write("  variants: [tiny_random_k3]\n")
+    run(["python", "-m", "fedssl.pipeline", "write"], project)
+    config = ["--config", "pipeline=variants"]
+    run(["snakemake", "--cores", "2", "--resources", "gpu=1", *config], project)
+
+    def stale() -> tuple[set[str], set[str]]:
+        out = run(["snakemake", "-n", "--cores", "1", *config], project).stdout
+        planned = {m.group(1) for m in re.finditer(r"^(\w+__\w+)\s+\d+$", out, re.M)}
+        status = run(["dvc", "status", "--json", "pipelines/variants/dvc.yaml"], project).stdout
+        return planned, set(json.loads(status or "{}"))
+
+    assert stale() == (set(), set())
+    base = project / "params/experiments/tiny_random.yaml"
+    good = base.read_text()
+    try:
+        base.write_text(good.replace("batch_size: 256}", "batch_size: 128}"))
+        planned, dvc = stale()
+        assert planned == {"features__tiny_random_k3", "evaluate__tiny_random_k3",
+                           "report__variants"}
+        assert dvc == {"features__tiny_random_k3"}  # DVC reports the first stale stage
+    finally:
+        base.write_text(good)
+    assert stale() == (set(), set())

@@ -16,14 +16,17 @@ from fedssl.fl.cohort import CohortTrainer, OptimizerConfig
 from fedssl.fl.engine import Federation, FederationConfig, plain_fedavg
 from fedssl.methods import mfcl
 from fedssl.models.autoencoder import ClientAutoencoder
-from fedssl.models.rserver import MfclEncoder, RServerModel
+from fedssl.models.encoders import BasicBlock
+from fedssl.models.rserver import MfclEncoder, RServerModel, RServerModule
 from tests.fixtures import TINY_MFCL_EXPERIMENT, add_tiny_mfcl, make_tiny_project, run, toy_images
 
 
-def tiny_exp(norm: str = "tn", secure: bool = False, **phase1) -> P.ExperimentParams:
+def tiny_exp(norm: str = "tn", secure: bool = False, client_module: dict | None = None,
+             **phase1) -> P.ExperimentParams:
     import yaml
     raw = yaml.safe_load(TINY_MFCL_EXPERIMENT.format(norm=norm, secure=str(secure).lower()))
     raw["mfcl"]["phase1"].update(phase1)
+    raw["mfcl"]["client_module"].update(client_module or {})
     return P.ExperimentParams.model_validate(raw)
 
 
@@ -114,6 +117,81 @@ def test_mfcl_encoder_pairs_each_image_with_itself():
     assert torch.allclose(alone, together, atol=1e-5)  # no cross-image statistics
 
 
+# Width 64 (ResNet-18): (BasicBlocks kept, parameters) of the rServer module behind each cut;
+# 11,166,976 = layers 1-4 in full. From cut 6 the client's 128 channels feed the next block.
+RSERVER_CUTS = {1: (8, 11_166_976), 2: (8, 11_166_976), 3: (7, 11_092_992),
+                4: (7, 11_092_992), 5: (6, 11_019_008), 6: (6, 11_100_928), 7: (5, 10_788_864)}
+
+
+@pytest.mark.parametrize("cut", sorted(RSERVER_CUTS))
+def test_rserver_module_drops_the_blocks_the_cut_covers(cut):
+    exp = tiny_exp(client_module={"width": 64, "channels_per_group": 16, "cut": cut})
+    exp = exp.model_copy(update={"mfcl": exp.mfcl.model_copy(update={
+        "rserver": exp.mfcl.rserver.model_copy(update={"width": 64})})})
+    cpu = torch.device("cpu")
+    client = mfcl.build_client_module(exp, (3, 32, 32), cpu)
+    backbone = mfcl.build_rserver(exp, client.rep_channels, cpu).backbone.eval()
+    blocks = [m for m in backbone if isinstance(m, BasicBlock)]
+    kept, params = RSERVER_CUTS[cut]
+    assert len(blocks) == kept and sum(p.numel() for p in backbone.parameters()) == params
+    # The remaining blocks keep their own strides: ResNet-18's stride-2 blocks are 3, 5, 7.
+    strides = [b.body[0].stride[0] for b in blocks]
+    assert strides == [2 if i in (2, 4, 6) else 1 for i in range(8 - kept, 8)]
+    with torch.no_grad():
+        z = client.encode(torch.rand(2, 3, 32, 32))
+        assert backbone(z).shape == (2, 512)
+    assert mfcl.pre_pool_numel(client, (3, 32, 32)) == z[0].numel() * 4  # before the 2×2 pool
+
+
+def test_rserver_skip_blocks_is_checked():
+    with pytest.raises(ValueError, match="resnet18 only"):
+        RServerModule("resnet50", 128, 8, skip_blocks=1)
+    with pytest.raises(ValueError, match="skip_blocks must be in"):
+        RServerModule("resnet18", 64, 8, skip_blocks=8)
+
+
+def test_deep_cut_exports_and_deploys():
+    """Cut 7 holds the stride-2 conv: the export is a quarter of the input's side, pre_pool_numel
+    follows the encoder's real output, and the frozen encoder chains to the rServer."""
+    exp = tiny_exp(client_module={"cut": 7})
+    images, clients = toy_clients()
+    cpu = torch.device("cpu")
+    model = mfcl.build_client_module(exp, (1, 28, 28), cpu)
+    reps = mfcl.export_client(model, images, clients[0], BatchAugment(exp.pretrain.augment, 28),
+                              pairs=1, batch=16, seed=0, client=0)
+    assert reps.shape == (40, 1, 2, 8, 7, 7)
+    assert mfcl.pre_pool_numel(model, (1, 28, 28)) == 8 * 14 * 14
+    rserver = mfcl.build_rserver(exp, reps.shape[3], cpu)
+    enc = mfcl.frozen_encoder(exp, model.state_dict(), rserver.state_dict(), (1, 28, 28), cpu)
+    assert enc(torch.rand(3, 1, 28, 28)).shape == (3, rserver.backbone.out_dim)
+
+
+def test_tn_eval_pair_self_is_groupnorm_and_hflip_pairs_with_the_flip():
+    torch.manual_seed(0)
+    tn = ClientAutoencoder("resnet18", 1, 4, "tn", 2)
+    gn = ClientAutoencoder("resnet18", 1, 4, "gn", 2)
+    gn.load_state_dict(tn.state_dict())  # same keys: TN and GN both hold a weight and a bias
+    rserver = RServerModel("resnet18", 4, 4, 16, 8).eval()
+    encoders = {name: MfclEncoder(client, rserver, projection=False, tn_eval_pair=pair).eval()
+                for name, client, pair in [("gn", gn, "self"), ("self", tn, "self"),
+                                           ("hflip", tn, "hflip")]}
+    x = torch.rand(3, 1, 28, 28)
+    symmetric = (x + x.flip(-1)) / 2
+    with torch.no_grad():
+        out = {name: enc(x) for name, enc in encoders.items()}
+        sym = {name: enc(symmetric) for name, enc in encoders.items()}
+    assert torch.allclose(out["self"], out["gn"], atol=1e-5)  # TN on (x, x) = GroupNorm
+    assert not torch.allclose(out["hflip"], out["self"], atol=1e-3)
+    assert torch.equal(sym["hflip"], sym["self"])  # x.flip(-1) == x: the same twin
+    assert tiny_exp().mfcl.client_module.tn_eval_pair == "self"
+    exp = tiny_exp(client_module={"tn_eval_pair": "hflip"})
+    enc = mfcl.frozen_encoder(exp, tn.state_dict(), rserver.state_dict(), (1, 28, 28),
+                              torch.device("cpu"))
+    assert enc.tn_eval_pair == "hflip"
+    with pytest.raises(ValueError, match="tn_eval_pair"):
+        MfclEncoder(tn, rserver, projection=False, tn_eval_pair="other")
+
+
 def test_mfcl_params_are_checked():
     with pytest.raises(ValueError, match="needs an mfcl section"):
         raw = tiny_exp().model_dump()
@@ -127,6 +205,14 @@ def test_mfcl_params_are_checked():
     raw["mfcl"]["rserver"]["warmup_epochs"] = 99
     with pytest.raises(ValueError, match="warmup_epochs"):
         P.ExperimentParams.model_validate(raw)
+    assert tiny_exp().mfcl.client_module.cut == 2
+    with pytest.raises(ValueError, match="cut"):
+        tiny_exp(client_module={"cut": 8})
+    with pytest.raises(ValueError, match="cut applies to arch resnet18 only"):
+        tiny_exp(client_module={"arch": "resnet50", "cut": 3})
+    assert tiny_exp(client_module={"arch": "resnet50"}).mfcl.client_module.cut == 2
+    with pytest.raises(ValueError, match="tn_eval_pair"):
+        tiny_exp(client_module={"tn_eval_pair": "vflip"})
 
 
 def run_in_process(dag) -> None:
@@ -176,3 +262,21 @@ def test_mfcl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
     # Snakemake plans the same chain from the same DAG and sees it all done
     out = run(["snakemake", "-n", "--cores", "1", "--config", "pipeline=mfcl"], root).stdout
     assert "Nothing to be done" in out
+
+
+def test_self_paired_twin_norm_export_shares_no_statistics_within_a_pair():
+    """tn_pairing='self' normalises each view alone: the export of a TN client module then
+    equals that of a GroupNorm module with the same weights; the paper's twin pairing does not."""
+    images, clients = toy_clients()
+    cpu = torch.device("cpu")
+    tn = mfcl.build_client_module(tiny_exp(), (1, 28, 28), cpu)
+    gn = mfcl.build_client_module(tiny_exp("gn"), (1, 28, 28), cpu)
+    with torch.no_grad():  # non-trivial affine weights, shared by both modules
+        for p in tn.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    gn.load_state_dict(tn.state_dict())
+    args = (images, clients[0], BatchAugment(tiny_exp().pretrain.augment, 28), 1, 16, 0, 0)
+    alone = mfcl.export_client(tn, *args, tn_pairing="self").float()
+    assert torch.allclose(alone, mfcl.export_client(gn, *args).float(), atol=2e-3)
+    twin = mfcl.export_client(tn, *args).float()
+    assert (twin - alone).abs().max() > 0.05

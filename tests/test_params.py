@@ -96,3 +96,60 @@ def test_missing_data_set_says_how_to_get_it(tiny):
 def test_unknown_pipeline_is_named(tiny):
     with pytest.raises(P.ParamsError, match="no pipeline 'nope'"):
         Dag("nope")
+
+
+def add_variant(root: Path, name: str, body: str) -> None:
+    (root / "params" / "experiments" / f"{name}.yaml").write_text(body)
+    with open(root / "params" / "pipelines.yaml", "a") as f:
+        f.write(f"  variants: [{name}]\n")
+
+
+def test_extends_merges_over_the_base_and_tracks_every_file(tiny):
+    add_variant(tiny, "tiny_simclr_t01", "extends: tiny_simclr\ntitle: cooler\n"
+                "pretrain: {temperature: 0.1}\n")
+    base = P.load_preset("experiment", "tiny_simclr")
+    child = P.load_preset("experiment", "tiny_simclr_t01")
+    assert child.pretrain.temperature == 0.1 and child.title == "cooler"
+    assert child.pretrain.model_dump(exclude={"temperature"}) == base.pretrain.model_dump(
+        exclude={"temperature"})  # nested mappings merge: the rest of `pretrain` is inherited
+    assert child.model == base.model and child.linear_probe == base.linear_probe
+    stage = Dag("variants").stages["pretrain__tiny_simclr_t01"]
+    assert stage.params == {  # DVC params: each file with the keys it sets itself
+        "params/experiments/tiny_simclr_t01.yaml": ["pretrain", "extends"],
+        "params/experiments/tiny_simclr.yaml": ["partition", "model", "pretrain"]}
+    # an edit of the base reruns the variant (same fingerprint inputs as a plain file)
+    before = Dag("variants").fingerprint("pretrain__tiny_simclr_t01")
+    edit(tiny / "params/experiments/tiny_simclr.yaml", "rounds: 2", "rounds: 3")
+    assert Dag("variants").fingerprint("pretrain__tiny_simclr_t01") != before
+
+
+@pytest.mark.parametrize("body, message", [
+    ("extends: nope\n", "no preset 'nope'"),
+    ("extends: tiny_loop\n", "cycle tiny_loop -> tiny_loop"),
+    ("extends: tiny_simclr\npretrain: {temperature: -1}\n", "pretrain.temperature"),
+    ("extends: [tiny_simclr]\n", "expected the name of a preset"),
+])
+def test_bad_extends_is_named(tiny, body, message):
+    add_variant(tiny, "tiny_loop", body)
+    with pytest.raises(P.ParamsError, match=message) as err:
+        Dag("variants")
+    assert "tiny_loop.yaml" in str(err.value)
+
+
+def test_deep_merge_replaces_lists_and_scalars():
+    assert P.deep_merge({"a": {"b": 1, "c": [1, 2]}, "d": 1},
+                       {"a": {"c": [3]}, "d": {"e": 2}}) == {"a": {"b": 1, "c": [3]},
+                                                              "d": {"e": 2}}
+
+
+def test_a_sweep_pipeline_names_its_column_and_bad_paths_are_named(tiny):
+    with open(tiny / "params" / "pipelines.yaml", "a") as f:
+        f.write("  sweep: {column: pretrain.temperature, experiments: [tiny_simclr]}\n")
+    dag = Dag("sweep")
+    assert dag.column == "pretrain.temperature" and dag.experiments == ["tiny_simclr"]
+    assert dag.stages["report__sweep"].params["params/pipelines.yaml"] == ["pipelines.sweep"]
+    assert Dag("default").column == "partition"
+    edit(tiny / "params" / "pipelines.yaml", "pretrain.temperature", "pretrain.temprature")
+    with pytest.raises(P.ParamsError, match="pipelines.sweep.column: no setting "
+                                            "'pretrain.temprature'"):
+        Dag("sweep")

@@ -8,6 +8,7 @@ stages + projection head on them with NT-Xent and LARS. Composes the shared augm
 trainer, engine, secure aggregation masks, losses and optimiser."""
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from fedssl.fl.cohort import CohortTrainer, OptimizerConfig
 from fedssl.fl.engine import Federation, FederationConfig, fedavg, plain_fedavg
 from fedssl.fl.secure_agg import DEFAULT_MASK_STD, secure_fedavg
 from fedssl.losses import nt_xent
-from fedssl.models.autoencoder import ClientAutoencoder, reconstruction_loss
+from fedssl.models.autoencoder import (ClientAutoencoder, reconstruction_loss,
+                                      resnet18_blocks_on_client)
 from fedssl.models.rserver import MfclEncoder, RServerModel
 from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
 from fedssl.runtime import derive_seed, numpy_rng, torch_generator, torch_save
@@ -63,14 +65,16 @@ def build_client_module(exp, image_shape, device) -> ClientAutoencoder:
     torch.manual_seed(derive_seed(exp.pretrain.seed, "init", "mfcl-client"))
     return ClientAutoencoder(cm.arch, in_channels=image_shape[0], width=cm.width, norm=cm.norm,
                              channels_per_group=cm.channels_per_group,
-                             tn_variance=cm.tn_variance, ae_pool=cm.ae_pool).to(device)
+                             tn_variance=cm.tn_variance, ae_pool=cm.ae_pool,
+                             cut=cm.cut).to(device)
 
 
 def build_rserver(exp, in_channels: int, device) -> RServerModel:
-    rs = exp.mfcl.rserver
+    """The seeded initial rServer model: the ResNet blocks the client module's cut left over."""
+    rs, cm = exp.mfcl.rserver, exp.mfcl.client_module
     torch.manual_seed(derive_seed(rs.seed, "init", "mfcl-rserver"))
-    return RServerModel(exp.mfcl.client_module.arch, in_channels, rs.width, rs.proj_hidden,
-                        rs.proj_dim).to(device)
+    return RServerModel(cm.arch, in_channels, rs.width, rs.proj_hidden, rs.proj_dim,
+                        skip_blocks=resnet18_blocks_on_client(cm.cut)).to(device)
 
 
 def secure_aggregate(mask_std: float = DEFAULT_MASK_STD, session_secret: str = ""):
@@ -118,13 +122,24 @@ def dropped_clients(num_clients: int, dropout: float, seed: int) -> list[int]:
     return sorted(numpy_rng(seed, "export-dropout").choice(num_clients, k, replace=False).tolist())
 
 
+def encode_pair(model: ClientAutoencoder, v1: torch.Tensor, v2: torch.Tensor,
+                tn_pairing: str = "twin") -> torch.Tensor:
+    """Both views of a batch through the client module and its pool, ``[2K, C, h, w]``. Twin
+    Norm normalises each sample's two views jointly, or with ``tn_pairing='self'`` each view
+    paired with itself, so that the two views share no statistics (an ablation)."""
+    if tn_pairing == "self" and model.norm_kind == "tn":
+        return torch.cat([model.encode(torch.cat([v, v]))[:len(v)] for v in (v1, v2)])
+    return model.encode(torch.cat([v1, v2]))
+
+
 @torch.no_grad()
 def export_client(model: ClientAutoencoder, images: torch.Tensor, indices: np.ndarray,
                   augment: BatchAugment, pairs: int, batch: int, seed: int, client: int,
-                  bn_mode: str = "eval") -> torch.Tensor:
+                  bn_mode: str = "eval", tn_pairing: str = "twin") -> torch.Tensor:
     """What client ``client`` sends to the rServer: for every local sample, ``pairs`` pairs of
     twin views through the frozen client module and its MaxPool, as fp16
-    ``[n, pairs, 2, C, H/2, W/2]``. Twin Norm pairs the two views of each sample again. Each
+    ``[n, pairs, 2, C, h, w]`` (``model.encode``'s output: H/2 × W/2, or H/4 × W/4 for a cut
+    holding the stride-2 conv). Twin Norm pairs the two views of each sample again. Each
     (client, pair, chunk) draws its views from its own seeded generator."""
     model.train(bn_mode == "train")
     out = None
@@ -135,7 +150,7 @@ def export_client(model: ClientAutoencoder, images: torch.Tensor, indices: np.nd
             gen = torch_generator(images.device, seed, "export", client, r, j)
             v1, v2 = twin_batch(augment)(x, gen)
             with torch.autocast(x.device.type, torch.bfloat16, enabled=x.device.type == "cuda"):
-                z = model.encode(torch.cat([v1, v2])).to(torch.float16)
+                z = encode_pair(model, v1, v2, tn_pairing).to(torch.float16)
             if out is None:
                 out = torch.empty((len(indices), pairs, 2, *z.shape[1:]), dtype=torch.float16,
                                   device="cpu")
@@ -207,7 +222,8 @@ def frozen_encoder(exp, client_state: dict, rserver_state: dict, image_shape,
     client.load_state_dict(client_state)
     rserver = build_rserver(exp, client.rep_channels, device)
     rserver.load_state_dict(rserver_state)
-    enc = MfclEncoder(client, rserver, projection=exp.features.layer == "projection").eval()
+    enc = MfclEncoder(client, rserver, projection=exp.features.layer == "projection",
+                      tn_eval_pair=exp.mfcl.client_module.tn_eval_pair).eval()
     for q in enc.parameters():
         q.requires_grad_(False)
     return enc
@@ -215,9 +231,9 @@ def frozen_encoder(exp, client_state: dict, rserver_state: dict, image_shape,
 
 def pre_pool_numel(model: ClientAutoencoder, image_shape) -> int:
     """|z| per view in the paper's Eq. 5 convention: the client module's map before the pool."""
-    return model.rep_channels * image_shape[1] * image_shape[2]
+    return math.prod(model.prepool_shape(*image_shape[1:]))
 
 
 __all__ = ["twin_batch", "autoencoder_loss", "build_client_module", "build_rserver",
-           "secure_aggregate", "make_phase1_federation", "dropped_clients", "export_client",
+           "secure_aggregate", "make_phase1_federation", "dropped_clients", "encode_pair", "export_client",
            "rserver_steps", "train_rserver", "frozen_encoder", "pre_pool_numel"]

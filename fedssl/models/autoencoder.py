@@ -12,8 +12,19 @@ output is treated as reconstruction *logits* (spec A6).
   convT(2w→2w), convT(2w→w), convT(w→w), convT(w→in), conv(in→in). With ``width=64``: 521,565
   parameters (encoder 260,928), 128 channels at the cut.
 
-Both tables put a MaxPool(2, 2) after the encoder. Since every convolution has stride 1, a mirror
-decoder behind that pool cannot return to the input resolution (spec §8 A2). ``ae_pool`` chooses:
+**Cut layer** (Tab. 1 sweep, spec §8 A1; ``arch='resnet18'`` only): the client module at cut
+``c`` (1..7) is the first ``c`` conv3×3–norm–ReLU layers of the sequence with widths
+[w, w, w, w, w, 2w, 2w] and stride 2 at the sixth conv (stride 1 elsewhere), then the MaxPool.
+This follows ResNet-18's conv order with its stem as conv 1: convs 2-5 are layer1's two
+BasicBlocks, convs 6-7 the first convs of layer2 (the stride-2 one first). The mirror decoder has
+one transposed conv per encoder conv, in reverse order; a stride-2 conv is mirrored by a stride-2
+transposed conv with ``output_padding=1``, so even-sized inputs are reconstructed at their size.
+The rServer then drops the :func:`resnet18_blocks_on_client` ``= (c − 1) // 2`` BasicBlocks whose
+convs have all moved to the client. ``cut=2`` is Tab. 9 (the default). At width 64 on a 3×32×32
+input the representation is 64×16×16 for cuts 1-5 and 128×8×8 for cuts 6-7.
+
+Both tables put a MaxPool(2, 2) after the encoder. No layer undoes that pool, so a mirror decoder
+behind it cannot return to the input resolution (spec §8 A2). ``ae_pool`` chooses:
 
 * ``'outside'`` (default): the autoencoder works at full resolution (``forward`` never pools) and
   the MaxPool is applied only when exporting representations (:meth:`ClientAutoencoder.encode`).
@@ -34,6 +45,17 @@ from .norms import make_norm
 
 AE_ARCHS = ("resnet18", "resnet50")
 AE_POOLS = ("outside", "upsample", "downsampled_target")
+#: (width multiplier, stride) of the client convs a ResNet-18 cut takes its first ``cut`` from.
+RESNET18_CONVS = ((1, 1), (1, 1), (1, 1), (1, 1), (1, 1), (2, 2), (2, 1))
+#: Tab. 10's fixed 4-conv ResNet-50 client module.
+RESNET50_CONVS = ((1, 1), (1, 1), (2, 1), (2, 1))
+DEFAULT_CUT = 2
+
+
+def resnet18_blocks_on_client(cut: int) -> int:
+    """ResNet-18 BasicBlocks (of 8) whose two convs all sit in a cut-``cut`` client module:
+    conv 1 is the stem, block b holds convs 2b and 2b + 1."""
+    return (cut - 1) // 2
 
 
 def _conv_block(conv: nn.Module, out_channels: int, norm: str, channels_per_group: int,
@@ -46,7 +68,8 @@ class ClientAutoencoder(nn.Module):
     """Client module (encoder) + mirror decoder of MFCL phase 1.
 
     Args:
-        arch: ``'resnet18'`` (Tab. 9, 2-conv encoder) or ``'resnet50'`` (Tab. 10, 4-conv encoder).
+        arch: ``'resnet18'`` (Tab. 9, ``cut``-conv encoder) or ``'resnet50'`` (Tab. 10, 4-conv
+            encoder).
         in_channels: image channels (3 for CIFAR/Tiny-ImageNet, 1 for grey-scale data sets).
         width: channels of the first conv (64 in the paper; 32 for the slim smoke model). The
             ResNet-50 encoder doubles it for its last two convs.
@@ -55,6 +78,8 @@ class ClientAutoencoder(nn.Module):
         channels_per_group: Λ for TN / GN (a layer with fewer channels uses one group).
         tn_variance: ``'joint'`` (Eq. 2) or ``'avg_of_views'`` (Tab. 18 snippet).
         ae_pool: where the encoder's MaxPool sits during autoencoder training (module docstring).
+        cut: number of client convs, 1..7 (ResNet-18 only; module docstring). ResNet-50 has
+            Tab. 10's fixed module and takes only the default.
 
     Attributes:
         encoder: ``nn.Sequential`` f_pre (convs + norms + ReLUs, no pooling).
@@ -66,32 +91,38 @@ class ClientAutoencoder(nn.Module):
     def __init__(self, arch: Literal["resnet18", "resnet50"] = "resnet18", in_channels: int = 3,
                  width: int = 64, norm: str = "tn", channels_per_group: int = 16,
                  tn_variance: str = "joint",
-                 ae_pool: Literal["outside", "upsample", "downsampled_target"] = "outside") -> None:
+                 ae_pool: Literal["outside", "upsample", "downsampled_target"] = "outside",
+                 cut: int = DEFAULT_CUT) -> None:
         super().__init__()
         if arch not in AE_ARCHS:
             raise ValueError(f"unknown arch '{arch}' (expected one of: {', '.join(AE_ARCHS)})")
+        if arch == "resnet50" and cut != DEFAULT_CUT:
+            raise ValueError(f"cut applies to arch resnet18 only (resnet50 has Tab. 10's fixed "
+                             f"module), got cut={cut}")
+        if not 1 <= cut <= len(RESNET18_CONVS):
+            raise ValueError(f"cut must be in 1..{len(RESNET18_CONVS)}, got {cut}")
         if ae_pool not in AE_POOLS:
             raise ValueError(f"unknown ae_pool '{ae_pool}' (expected one of: {', '.join(AE_POOLS)})")
         if in_channels < 1 or width < 1:
             raise ValueError("in_channels and width must be positive")
         self.arch, self.in_channels, self.width = arch, in_channels, width
-        self.norm_kind, self.ae_pool = norm, ae_pool
-        enc_widths = [width, width] if arch == "resnet18" else [width, width, 2 * width, 2 * width]
+        self.norm_kind, self.ae_pool, self.cut = norm, ae_pool, cut
+        convs = RESNET18_CONVS[:cut] if arch == "resnet18" else RESNET50_CONVS
         nkw = dict(norm=norm, channels_per_group=channels_per_group, tn_variance=tn_variance)
+        # (in, out, stride) of every encoder conv; the decoder walks this list backwards.
+        layers, c_in = [], in_channels
+        for mult, stride in convs:
+            layers.append((c_in, mult * width, stride))
+            c_in = mult * width
 
-        enc: list[nn.Module] = []
-        c_in = in_channels
-        for c_out in enc_widths:
-            enc += _conv_block(nn.Conv2d(c_in, c_out, 3, 1, 1), c_out, **nkw)
-            c_in = c_out
-        self.encoder = nn.Sequential(*enc)
+        self.encoder = nn.Sequential(*[
+            m for ci, co, s in layers for m in _conv_block(nn.Conv2d(ci, co, 3, s, 1), co, **nkw)])
         self.rep_channels = c_in
         self.pool = nn.MaxPool2d(2, 2)
 
-        dec: list[nn.Module] = []
-        for c_out in list(reversed(enc_widths[:-1])) + [in_channels]:
-            dec += _conv_block(nn.ConvTranspose2d(c_in, c_out, 3, 1, 1), c_out, **nkw)
-            c_in = c_out
+        # output_padding = stride - 1 makes a stride-2 transposed conv exactly double the size.
+        dec = [m for ci, co, s in reversed(layers) for m in _conv_block(
+            nn.ConvTranspose2d(co, ci, 3, s, 1, output_padding=s - 1), ci, **nkw)]
         dec.append(nn.Conv2d(in_channels, in_channels, 3, 1, 1))
         self.decoder = nn.Sequential(*dec)
 
@@ -108,6 +139,15 @@ class ClientAutoencoder(nn.Module):
     def encode(self, x: Tensor) -> Tensor:
         """The exported representation: MaxPool(f_pre(x)), e.g. 64×16×16 for a 3×32×32 input."""
         return self.pool(self.encoder(x))
+
+    def prepool_shape(self, height: int, width: int) -> tuple[int, int, int]:
+        """(C, H, W) of f_pre's output (before the MaxPool) for a ``height``×``width`` input,
+        from the convs' geometry (no forward pass: that would touch BN running stats)."""
+        for conv in self.encoder:
+            if isinstance(conv, nn.Conv2d):
+                (k, _), (s, _), (p, _) = conv.kernel_size, conv.stride, conv.padding
+                height, width = ((n + 2 * p - k) // s + 1 for n in (height, width))
+        return self.rep_channels, height, width
 
     def reconstruction_target(self, x: Tensor) -> Tensor:
         """What ``forward(x)`` should reconstruct: ``x`` itself, or its 2×2 average pool for

@@ -3,12 +3,15 @@
 * :class:`RServerModule`: the residual stages of the backbone, taking the client module's pooled
   representation (``in_channels`` channels) as input; BatchNorm throughout; global average pool.
   ``arch='resnet18'``: four stages of two BasicBlocks at widths w, 2w, 4w, 8w (strides 1, 2, 2,
-  2). ``arch='resnet50'``: stages of 3, 4, 6, 3 bottlenecks (expansion 4) at w, 2w, 4w, 8w; the
-  first block's 1×1 conv and projection shortcut take ``in_channels``.
+  2); ``skip_blocks`` leaves out that many leading BasicBlocks, those whose convs a deeper client
+  cut holds (:func:`~fedssl.models.autoencoder.resnet18_blocks_on_client`), and the blocks that
+  remain keep their strides. ``arch='resnet50'``: stages of 3, 4, 6, 3 bottlenecks (expansion 4)
+  at w, 2w, 4w, 8w; the first block's 1×1 conv and projection shortcut take ``in_channels``.
 * :class:`MfclProjectionHead` (Tab. 11): Dense-BN-ReLU, Dense-BN-ReLU, Dense-BN (no final bias).
 * :class:`MfclEncoder`: x -> client module -> MaxPool -> rServer module (-> head), for linear
-  evaluation. Twin Norm needs a twin: the image is paired with itself (spec §8 A5), which makes
-  TN equal to GroupNorm for that image.
+  evaluation. Twin Norm needs a twin (spec §8 A5): by default the image is paired with itself,
+  which makes TN equal to GroupNorm for that image; ``tn_eval_pair='hflip'`` pairs it with its
+  horizontal flip instead.
 """
 from __future__ import annotations
 
@@ -43,14 +46,19 @@ class Bottleneck(nn.Module):
 class RServerModule(nn.Sequential):
     """The remaining ResNet stages after the client module; ``out_dim`` features per view."""
 
-    def __init__(self, arch: str, in_channels: int, width: int):
+    def __init__(self, arch: str, in_channels: int, width: int, skip_blocks: int = 0):
         widths = [width, 2 * width, 4 * width, 8 * width]
         layers: list[nn.Module] = []
         cin = in_channels
+        if skip_blocks and arch != "resnet18":
+            raise ValueError(f"skip_blocks is for arch resnet18 only, got {arch!r}")
         if arch == "resnet18":
-            for i, w in enumerate(widths):
-                layers += [BasicBlock(cin, w, 1 if i == 0 else 2, "bn", 1),
-                           BasicBlock(w, w, 1, "bn", 1)]
+            # (width, stride) of the 8 BasicBlocks; the first skip_blocks run on the client.
+            blocks = [(w, s) for i, w in enumerate(widths) for s in (1 if i == 0 else 2, 1)]
+            if not 0 <= skip_blocks < len(blocks):
+                raise ValueError(f"skip_blocks must be in 0..{len(blocks) - 1}, got {skip_blocks}")
+            for w, stride in blocks[skip_blocks:]:
+                layers.append(BasicBlock(cin, w, stride, "bn", 1))
                 cin = w
         elif arch == "resnet50":
             for i, (w, blocks) in enumerate(zip(widths, (3, 4, 6, 3))):
@@ -77,9 +85,9 @@ class RServerModel(nn.Module):
     """rServer module + projection head; ``forward`` maps representations to projections."""
 
     def __init__(self, arch: str, in_channels: int, width: int, proj_hidden: int,
-                 proj_dim: int):
+                 proj_dim: int, skip_blocks: int = 0):
         super().__init__()
-        self.backbone = RServerModule(arch, in_channels, width)
+        self.backbone = RServerModule(arch, in_channels, width, skip_blocks)
         self.head = MfclProjectionHead(self.backbone.out_dim, proj_hidden, proj_dim)
 
     def forward(self, z):
@@ -88,16 +96,22 @@ class RServerModel(nn.Module):
 
 class MfclEncoder(nn.Module):
     """The deployed model for evaluation: frozen client module, MaxPool, rServer module and,
-    with ``projection=True``, the projection head. Unpaired images are paired with themselves
-    for Twin Norm."""
+    with ``projection=True``, the projection head. Twin Norm pairs each image with itself
+    (``tn_eval_pair='self'``) or with its horizontal flip (``'hflip'``), never with another
+    image of the batch."""
 
-    def __init__(self, client: ClientAutoencoder, rserver: RServerModel, projection: bool):
+    def __init__(self, client: ClientAutoencoder, rserver: RServerModel, projection: bool,
+                 tn_eval_pair: str = "self"):
         super().__init__()
+        if tn_eval_pair not in ("self", "hflip"):
+            raise ValueError(f"unknown tn_eval_pair {tn_eval_pair!r} (expected self or hflip)")
         self.client, self.rserver, self.projection = client, rserver, projection
+        self.tn_eval_pair = tn_eval_pair
 
     def forward(self, x):
         if self.client.norm_kind == "tn":
-            z = self.client.encode(torch.cat([x, x]))[: len(x)]
+            twin = x.flip(-1) if self.tn_eval_pair == "hflip" else x
+            z = self.client.encode(torch.cat([x, twin]))[: len(x)]
         else:
             z = self.client.encode(x)
         h = self.rserver.backbone(z.to(x.dtype))
