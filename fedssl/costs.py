@@ -30,6 +30,7 @@ Measured meters: :func:`train_step_flops` / :func:`forward_flops` (``FlopCounter
 from __future__ import annotations
 
 import math
+import sys
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -276,3 +277,93 @@ def summarize_client_costs(rows: list[dict]) -> dict:
     keys = ["alpha_bits_paper", "bytes_actual", "beta_flops", "gamma_eq6_bytes",
             "peak_step_bytes"]
     return {f"mean_{k}": sum(r[k] for r in rows) / len(rows) for k in keys}
+
+
+# ------------------------------------------------------------------ one experiment's clients
+PROBE_PAIRS = 4  # a step's FLOPs and activations are measured on this many pairs, then scaled
+
+
+def experiment_client_costs(exp, shape, samples: list[int], rounds: list[int], sent: list[int],
+                            export: list[dict] | None = None) -> list[dict]:
+    """Per-client costs of an MFCL or FedSimCLR experiment, one recipe for both (the costs
+    stage and :func:`projected_client_costs`). ``sent``: bytes each client exchanged in the
+    federated rounds; ``export``: MFCL's per-client ``dropped`` and ``bytes_sent``."""
+    from fedssl.losses import nt_xent
+    from fedssl.methods import fedsimclr, mfcl
+    from fedssl.models.autoencoder import reconstruction_loss
+    cpu = torch.device("cpu")
+    probe = torch.rand((2 * PROBE_PAIRS, *shape), generator=torch.Generator().manual_seed(0))
+    if exp.pretrain.method == "mfcl":
+        ae = mfcl.build_client_module(exp, shape, cpu).train()
+        p1, kind = exp.mfcl.phase1, exp.mfcl.phase1.loss
+        return mfcl_client_costs(
+            ae, probe, lambda logits, x: reconstruction_loss(logits, x, kind), p1.batch_pairs,
+            samples, rounds, p1.local_epochs, exp.mfcl.export.pairs,
+            [c["dropped"] for c in export], [b + c["bytes_sent"] for b, c in zip(sent, export)],
+            mfcl.pre_pool_numel(ae, shape))
+    model = fedsimclr.build_model(exp, shape, cpu).train()
+    pre = exp.pretrain
+    return e2e_client_costs(
+        model, probe.chunk(2), lambda z, _x: nt_xent(*z.chunk(2), pre.temperature),
+        pre.batch_size, samples, rounds, pre.local_epochs, sent,
+        optimizer_slots=2 if pre.optimizer == "adam" else 1)
+
+
+def _state_bytes(model: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
+def projected_client_costs(exp, part, dataset: str) -> dict:
+    """The average client's costs of an experiment at full scale, without data or training
+    (Tab. 3's setting): |D_m| = the partition's samples / M, client_fraction × rounds rounds,
+    the model state both ways each round, and for MFCL the fp16 export of ρ twin pairs."""
+    from fedssl.data.sources import IMAGE_SHAPES, TRAIN_SIZES
+    from fedssl.methods import fedsimclr, mfcl
+    shape = IMAGE_SHAPES[dataset]
+    n = min(part.subset or TRAIN_SIZES[dataset], TRAIN_SIZES[dataset]) // part.num_clients
+    cpu = torch.device("cpu")
+    export = None
+    if exp.pretrain.method == "mfcl":
+        model = mfcl.build_client_module(exp, shape, cpu)
+        fraction, rounds = exp.mfcl.phase1.client_fraction, exp.mfcl.phase1.rounds
+        with torch.no_grad():
+            view = model.eval().encode(torch.zeros(2, *shape))[0]
+        export = [{"dropped": False,
+                   "bytes_sent": n * exp.mfcl.export.pairs * 2 * view.numel() * 2}]
+    else:
+        model = fedsimclr.build_model(exp, shape, cpu)
+        fraction, rounds = exp.pretrain.client_fraction, exp.pretrain.rounds
+    rounds = round(fraction * rounds)
+    rows = experiment_client_costs(exp, shape, [n], [rounds], [2 * _state_bytes(model) * rounds],
+                                   export)
+    return summarize_client_costs(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fedssl.costs EXPERIMENT...``: the average client's projected full-scale
+    costs of each experiment preset, as a Markdown table (nothing is run or written)."""
+    import argparse
+    from fedssl.params import ParamsError, load_preset
+    ap = argparse.ArgumentParser(prog="python -m fedssl.costs", description=main.__doc__)
+    ap.add_argument("experiments", nargs="+", help="params/experiments/<name>.yaml presets")
+    names = ap.parse_args(argv).experiments
+    print("| experiment | α bits (Eqs. 4-5) | MB sent | β FLOPs | γ Eq. 6 MB | step peak MB |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        try:
+            exp = load_preset("experiment", name)
+            part = load_preset("partition", exp.partition)
+            dataset = load_preset("dataset", part.dataset).name
+        except ParamsError as e:
+            print(e, file=sys.stderr)
+            return 2
+        c = projected_client_costs(exp, part, dataset)
+        print(f"| {name} | {table_format(c['mean_alpha_bits_paper'])} "
+              f"| {c['mean_bytes_actual'] / 1e6:.4g} | {table_format(c['mean_beta_flops'])} "
+              f"| {c['mean_gamma_eq6_bytes'] / 1e6:.3g} "
+              f"| {c['mean_peak_step_bytes'] / 1e6:.3g} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

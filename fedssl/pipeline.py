@@ -52,7 +52,7 @@ CODE = {
                "fedssl/models/norms.py", "fedssl/data/augment.py"],
     "rserver": ["stages/rserver.py", "fedssl/methods/mfcl.py", "fedssl/models/rserver.py",
                 "fedssl/optim.py", "fedssl/losses.py"],
-    "costs": ["stages/costs.py", "fedssl/costs.py", "fedssl/models"],
+    "costs": ["stages/costs.py", "fedssl/costs.py", "fedssl/models", "fedssl/methods"],
 }
 GPU_KINDS = {"pretrain", "features", "evaluate", "export", "rserver"}
 # Which top-level keys of an experiment file each per-experiment stage reads.

@@ -7,20 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from fedssl import costs
 from fedssl.data.store import image_shape, load_clients
-from fedssl.losses import nt_xent
-from fedssl.methods import fedsimclr, mfcl
-from fedssl.models.autoencoder import reconstruction_loss
 from fedssl.params import load_preset
 from fedssl.pipeline import data_dir, experiment_dir, partition_dir
 from fedssl.runtime import write_json
 from fedssl.stage import main_guard, stage_run
 from stages.common import parse_stage
-
-PROBE_PAIRS = 4  # the FLOPs / activations of a step are measured on this many pairs and scaled
 
 
 def _ledger(exp_dir: Path, num_clients: int) -> tuple[list[int], list[int]]:
@@ -39,32 +32,16 @@ def run(argv):
     exp_dir = Path(experiment_dir(name))
     samples = [len(c) for c in load_clients(partition_dir(exp.partition))]
     rounds, sent = _ledger(exp_dir, len(samples))
-    cpu = torch.device("cpu")
     with stage_run(dag, stage) as (_, out, _device, info):
-        shape = image_shape(data_dir(part.dataset))
-        gen = torch.Generator().manual_seed(0)
-        probe = torch.rand((2 * PROBE_PAIRS, *shape), generator=gen)
+        export = None
         if exp.pretrain.method == "mfcl":
-            ae = mfcl.build_client_module(exp, shape, cpu).train()
-            manifest = json.loads((exp_dir / "export" / "manifest.json").read_text())["per_client"]
-            kind = exp.mfcl.phase1.loss
-            rows = costs.mfcl_client_costs(
-                ae, probe, lambda logits, x: reconstruction_loss(logits, x, kind),
-                exp.mfcl.phase1.batch_pairs, samples, rounds, exp.mfcl.phase1.local_epochs,
-                exp.mfcl.export.pairs, [c["dropped"] for c in manifest],
-                [b + c["bytes_sent"] for b, c in zip(sent, manifest)],
-                mfcl.pre_pool_numel(ae, shape))
-        else:
-            model = fedsimclr.build_model(exp, shape, cpu).train()
-            tau = exp.pretrain.temperature
-            rows = costs.e2e_client_costs(
-                model, probe.chunk(2), lambda z, _x: nt_xent(*z.chunk(2), tau),
-                exp.pretrain.batch_size, samples, rounds, exp.pretrain.local_epochs, sent,
-                optimizer_slots=2 if exp.pretrain.optimizer == "adam" else 1)
+            export = json.loads((exp_dir / "export" / "manifest.json").read_text())["per_client"]
+        rows = costs.experiment_client_costs(exp, image_shape(data_dir(part.dataset)), samples,
+                                             rounds, sent, export)
         summary = costs.summarize_client_costs(rows)
         write_json(out / "costs.json", {"per_client": rows, **summary,
                                         "code_rate": costs.DEFAULT_CODE_RATE,
-                                        "probe_pairs": PROBE_PAIRS})
+                                        "probe_pairs": costs.PROBE_PAIRS})
         info.update(summary)
 
 

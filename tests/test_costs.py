@@ -149,3 +149,27 @@ def test_saved_activation_bytes_scales_with_batch():
 
 def test_tensor_bytes():
     assert costs.tensor_bytes([torch.zeros(3, 4), torch.zeros(5, dtype=torch.float16)]) == 48 + 10
+
+
+def test_projected_paper_scale_client_costs_from_the_shipped_presets(monkeypatch):
+    """Tab. 3's setting (ResNet-18, CIFAR-10, M = 10, average client) projected from the
+    shipped paper presets with counted FLOPs: MFCL's α is the table's 25e10 and FedSimCLR's its
+    17e11 (plus our projection head); MFCL's client compute and memory are orders of magnitude
+    below FedSimCLR's (spec §10: β ratio ≈ 0.003-0.009)."""
+    from fedssl.params import load_preset
+    from tests.fixtures import REPO
+    monkeypatch.chdir(REPO)
+
+    def project(name):
+        exp = load_preset("experiment", name)
+        return costs.projected_client_costs(exp, load_preset("partition", exp.partition),
+                                            "cifar10")
+    m, f = project("cifar10_mfcl_tn_dir01"), project("cifar10_fedsimclr_dir01")
+    assert costs.table_format(m["mean_alpha_bits_paper"]) == "25e10"
+    assert 1.7e12 <= f["mean_alpha_bits_paper"] < 1.9e12
+    assert 0.002 < m["mean_beta_flops"] / f["mean_beta_flops"] < 0.01
+    assert m["mean_gamma_eq6_bytes"] / f["mean_gamma_eq6_bytes"] < 0.01
+    assert m["mean_bytes_actual"] / f["mean_bytes_actual"] < 0.05
+    # MFCL sends 5,000 samples x 8 pairs x 2 views of 64x16x16 fp16 once, plus 15 rounds of
+    # the autoencoder (77,853 fp32 values) both ways
+    assert m["mean_bytes_actual"] == 5000 * 8 * 2 * 64 * 16 * 16 * 2 + 15 * 2 * 77_853 * 4

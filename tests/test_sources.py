@@ -11,6 +11,7 @@ from PIL import Image
 from tests.fixtures import write_fashion_mnist
 from fedssl.data.sources import (
     DEFAULT_ROOTS,
+    IMAGE_SHAPES,
     NUM_CLASSES,
     TRAIN_SIZES,
     DataNotFound,
@@ -83,7 +84,7 @@ REAL_FASHION = Path(DEFAULT_ROOTS["fashion_mnist"])
 @pytest.mark.skipif(not (REAL_FASHION / "train-images-idx3-ubyte.gz").is_file(), reason="dataset-fashion-mnist not installed")
 def test_real_fashion_mnist():
     splits = load_dataset("fashion_mnist")
-    _check_split(splits["train"], TRAIN_SIZES["fashion_mnist"], (1, 28, 28))
+    _check_split(splits["train"], TRAIN_SIZES["fashion_mnist"], IMAGE_SHAPES["fashion_mnist"])
     _check_split(splits["test"], 10000, (1, 28, 28))
     counts = np.bincount(splits["train"].labels, minlength=NUM_CLASSES["fashion_mnist"])
     np.testing.assert_array_equal(counts, np.full(10, 6000))
@@ -162,7 +163,7 @@ def test_cifar(tmp_path, name, writer):
     splits = load_dataset(name, str(tmp_path))
     assert set(splits) == {"train", "test"}
     for split, (images, labels) in data.items():
-        _check_split(splits[split], len(labels), (3, 32, 32))
+        _check_split(splits[split], len(labels), IMAGE_SHAPES[name])
         assert splits[split].images.flags["C_CONTIGUOUS"]
         np.testing.assert_array_equal(splits[split].images, images)
         np.testing.assert_array_equal(splits[split].labels, labels)
@@ -219,7 +220,7 @@ def test_stl10(tmp_path):
     splits = load_dataset("stl10", str(tmp_path))
     assert set(splits) == {"train", "test", "unlabeled"}
     for split, (images, labels) in data.items():
-        _check_split(splits[split], len(images), (3, 96, 96))
+        _check_split(splits[split], len(images), IMAGE_SHAPES["stl10"])
         np.testing.assert_array_equal(splits[split].images, images)
         expected = np.full(len(images), -1) if labels is None else labels - 1
         np.testing.assert_array_equal(splits[split].labels, expected)
@@ -269,8 +270,8 @@ def _write_tiny(base: Path, val_sorted: bool) -> tuple[list, list]:
 def _check_tiny(splits: dict, train: list, val: list, val_sorted: bool) -> None:
     index = {w: i for i, w in enumerate(sorted(WNIDS))}
     assert set(splits) == {"train", "test"}
-    _check_split(splits["train"], len(train), (3, 64, 64))
-    _check_split(splits["test"], len(val), (3, 64, 64))
+    _check_split(splits["train"], len(train), IMAGE_SHAPES["tiny_imagenet"])
+    _check_split(splits["test"], len(val), IMAGE_SHAPES["tiny_imagenet"])
     np.testing.assert_array_equal(splits["train"].labels, [index[w] for w in train])
     expected_val = sorted(val) if val_sorted else val  # ImageFolder form is read class by class
     np.testing.assert_array_equal(splits["test"].labels, [index[w] for w in expected_val])
@@ -313,6 +314,6 @@ def test_unknown_name_lists_known():
 
 
 def test_tables_cover_same_names():
-    assert set(NUM_CLASSES) == set(TRAIN_SIZES) == set(DEFAULT_ROOTS)
+    assert set(NUM_CLASSES) == set(TRAIN_SIZES) == set(DEFAULT_ROOTS) == set(IMAGE_SHAPES)
     assert issubclass(DataNotFound, FileNotFoundError)
     assert all(root == f"data/{name}" for name, root in DEFAULT_ROOTS.items() if name != "fashion_mnist")
