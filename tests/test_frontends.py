@@ -124,7 +124,7 @@ def test_an_extending_experiment_follows_its_base_in_both_front_ends(project):
         out = run(["snakemake", "-n", "--cores", "1", *config], project).stdout
         planned = {m.group(1) for m in re.finditer(r"^(\w+__\w+)\s+\d+$", out, re.M)}
         status = run(["dvc", "status", "--json", "pipelines/variants/dvc.yaml"], project).stdout
-        return planned, set(json.loads(status or "{}"))
+        return planned, {k.split(":")[-1] for k in json.loads(status or "{}")}
 
     assert stale() == (set(), set())
     base = project / "params/experiments/tiny_random.yaml"
