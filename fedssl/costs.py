@@ -29,6 +29,7 @@ Measured meters: :func:`train_step_flops` / :func:`forward_flops` (``FlopCounter
 """
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from typing import Callable, Iterable, Sequence
@@ -36,6 +37,13 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
+
+from fedssl.data.sources import IMAGE_SHAPES, TRAIN_SIZES
+from fedssl.fl.engine import nbytes
+from fedssl.losses import nt_xent
+from fedssl.methods import fedsimclr, mfcl
+from fedssl.models.autoencoder import reconstruction_loss
+from fedssl.params import ParamsError, load_preset
 
 BITS_PER_FLOAT = 32
 DEFAULT_CODE_RATE = 1.0 / 3.0
@@ -288,9 +296,6 @@ def experiment_client_costs(exp, shape, samples: list[int], rounds: list[int], s
     """Per-client costs of an MFCL or FedSimCLR experiment, one recipe for both (the costs
     stage and :func:`projected_client_costs`). ``sent``: bytes each client exchanged in the
     federated rounds; ``export``: MFCL's per-client ``dropped`` and ``bytes_sent``."""
-    from fedssl.losses import nt_xent
-    from fedssl.methods import fedsimclr, mfcl
-    from fedssl.models.autoencoder import reconstruction_loss
     cpu = torch.device("cpu")
     probe = torch.rand((2 * PROBE_PAIRS, *shape), generator=torch.Generator().manual_seed(0))
     if exp.pretrain.method == "mfcl":
@@ -309,16 +314,10 @@ def experiment_client_costs(exp, shape, samples: list[int], rounds: list[int], s
         optimizer_slots=2 if pre.optimizer == "adam" else 1)
 
 
-def _state_bytes(model: nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
-
-
 def projected_client_costs(exp, part, dataset: str) -> dict:
     """The average client's costs of an experiment at full scale, without data or training
     (Tab. 3's setting): |D_m| = the partition's samples / M, client_fraction × rounds rounds,
     the model state both ways each round, and for MFCL the fp16 export of ρ twin pairs."""
-    from fedssl.data.sources import IMAGE_SHAPES, TRAIN_SIZES
-    from fedssl.methods import fedsimclr, mfcl
     shape = IMAGE_SHAPES[dataset]
     n = min(part.subset or TRAIN_SIZES[dataset], TRAIN_SIZES[dataset]) // part.num_clients
     cpu = torch.device("cpu")
@@ -334,16 +333,14 @@ def projected_client_costs(exp, part, dataset: str) -> dict:
         model = fedsimclr.build_model(exp, shape, cpu)
         fraction, rounds = exp.pretrain.client_fraction, exp.pretrain.rounds
     rounds = round(fraction * rounds)
-    rows = experiment_client_costs(exp, shape, [n], [rounds], [2 * _state_bytes(model) * rounds],
-                                   export)
+    sent = 2 * nbytes(model.state_dict()) * rounds  # the state down and up, every round
+    rows = experiment_client_costs(exp, shape, [n], [rounds], [sent], export)
     return summarize_client_costs(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m fedssl.costs EXPERIMENT...``: the average client's projected full-scale
     costs of each experiment preset, as a Markdown table (nothing is run or written)."""
-    import argparse
-    from fedssl.params import ParamsError, load_preset
     ap = argparse.ArgumentParser(prog="python -m fedssl.costs", description=main.__doc__)
     ap.add_argument("experiments", nargs="+", help="params/experiments/<name>.yaml presets")
     names = ap.parse_args(argv).experiments

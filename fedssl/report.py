@@ -13,10 +13,9 @@ from fedssl.params import setting
 DATASET_LABELS = {"fashion_mnist": "F-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
                   "stl10": "STL-10", "tiny_imagenet": "Tiny"}
 METHOD_LABELS = {"fedsimclr": "FedSimCLR"}
-# Tab. 3's per-client cost columns beside the pivot: column -> (row key, unit).
-PIVOT_COSTS = {"α (bits)": "alpha_bits", "β (FLOPs)": "beta_GFLOPs",
-               "γ Eq. 6 (bytes)": "gamma_eq6_MB", "sent (MB)": "client_MB_sent"}
-COST_UNITS = {"beta_GFLOPs": 1e9, "gamma_eq6_MB": 1e6}
+# Tab. 3's per-client cost columns beside the pivot: header -> the row's column (its units).
+PIVOT_COSTS = {"α (bits)": "alpha_bits", "β (GFLOPs)": "beta_GFLOPs",
+               "γ Eq. 6 (MB)": "gamma_eq6_MB", "sent (MB)": "client_MB_sent"}
 
 COLUMNS = ["experiment", "title", "partition", "method", "arch", "rounds", "linear_top1",
            "knn_top1", "client_MB_up", "client_MB_down", "pretrain_s", "parameters",
@@ -99,12 +98,12 @@ def pivot_markdown(rows: list[dict], metric: str, costs: bool = True) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for label in row_labels:
         mine = [r for r in rows if r["row"] == label]
-        costs = []
+        cost_cells = []
         for key in cost_keys.values():
-            values = [float(r[key]) * COST_UNITS.get(key, 1) for r in mine if r[key] != ""]
-            costs.append(f"{statistics.mean(values):.2g}" if values else "")
+            values = [float(r[key]) for r in mine if r[key] != ""]
+            cost_cells.append(f"{statistics.mean(values):.3g}" if values else "")
         accs = [_mean_std(cells[(label, c)]) if (label, c) in cells else "" for c in col_labels]
-        lines.append("| " + " | ".join([label, *accs, *costs]) + " |")
+        lines.append("| " + " | ".join([label, *accs, *cost_cells]) + " |")
     return "\n".join(lines) + "\n"
 
 
