@@ -1,0 +1,93 @@
+"""Momentum (EMA) encoders, their schedule, MoCo's negative queue, and online/momentum drift.
+
+Shared by BYOL (CP-CFL), MoCo v3 (LW-FedSSL, FedMoCo) and MoCo v2 in split learning (MocoSFL,
+MonAcoSFL). Parameters are plain dicts of tensors, optionally stacked along a leading client
+axis as in ``fedssl.fl.cohort``, so one call updates every client's momentum model at once.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+Tensors = dict[str, torch.Tensor]
+
+
+@torch.no_grad()
+def ema_update(target: Tensors, online: Tensors, momentum: float | torch.Tensor) -> None:
+    """target <- m·target + (1-m)·online, in place (BYOL Eqs. 10-11, MoCo's key encoder).
+    ``momentum`` is a float or, for client-stacked tensors, one value per client [C]. Integer
+    entries (BatchNorm's batch counter) have no meaningful average and are copied instead."""
+    for name, t in target.items():
+        o = online[name]
+        if not t.is_floating_point():
+            t.copy_(o)
+            continue
+        weight = 1 - momentum
+        if isinstance(weight, torch.Tensor):  # per client: broadcast over the trailing axes
+            weight = weight.to(t.device, t.dtype).view(-1, *([1] * (t.dim() - 1)))
+        t.lerp_(o.to(t.dtype), weight)
+
+
+def moco_momentum(step: int, total_steps: int, base: float, cosine: bool = True) -> float:
+    """MoCo v3's momentum schedule: rises from ``base`` at step 0 to 1 at ``total_steps`` along
+    half a cosine, so the key encoder freezes as training ends. ``cosine=False`` keeps ``base``
+    (LW-FedSSL and MonAcoSFL hold it constant)."""
+    if not cosine or total_steps <= 0:
+        return base
+    progress = min(step, total_steps) / total_steps
+    return 1 - (1 - base) * (1 + math.cos(math.pi * progress)) / 2
+
+
+class FeatureQueue:
+    """MoCo v2's FIFO memory of negative keys: ``size`` L2-normalised rows in one tensor and a
+    write pointer. It starts as random unit vectors from a seeded generator (drawn on the CPU,
+    so the start is the same on every device), and ``state_dict`` holds everything, so a
+    resumed run sees exactly the negatives an uninterrupted one would."""
+
+    def __init__(self, size: int, dim: int, seed: int, device: torch.device | str = "cpu"):
+        g = torch.Generator().manual_seed(seed)
+        self.keys = F.normalize(torch.randn(size, dim, generator=g), dim=1).to(device)
+        self.ptr = 0
+
+    def __len__(self) -> int:
+        return self.keys.shape[0]
+
+    @torch.no_grad()
+    def push(self, keys: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """Overwrite the oldest rows with ``keys`` (normalised here), wrapping around the end;
+        ``valid`` drops padded rows. A push longer than the queue keeps only its newest rows."""
+        if valid is not None:
+            keys = keys[valid]
+        n, size = keys.shape[0], len(self)
+        newest = keys[-size:]
+        start = self.ptr + n - newest.shape[0]  # where the kept rows would have been written
+        rows = (start + torch.arange(newest.shape[0], device=self.keys.device)) % size
+        self.keys[rows] = F.normalize(newest.detach().to(self.keys.dtype), dim=1)
+        self.ptr = (self.ptr + n) % size
+
+    def state_dict(self) -> dict:
+        return {"keys": self.keys.clone(), "ptr": self.ptr}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["keys"].shape != self.keys.shape:
+            raise ValueError(f"queue shape {tuple(state['keys'].shape)} does not match "
+                             f"{tuple(self.keys.shape)}")
+        self.keys.copy_(state["keys"])
+        self.ptr = int(state["ptr"])
+
+
+@torch.no_grad()
+def misalignment(online: list[Tensors], momentum: list[Tensors],
+                 squared: bool = False) -> torch.Tensor:
+    """MonAcoSFL Eq. 2: Σ_i |φ_i - EMA(φ_i)| / (N · dim φ), the mean absolute difference per
+    parameter element over the N clients' online and momentum models (float64, a 0-d tensor).
+    ``squared`` gives the mean squared difference instead, which the authors' code logs."""
+    total, count = 0.0, 0
+    for phi, xi in zip(online, momentum, strict=True):
+        for name, p in phi.items():
+            diff = p.double() - xi[name].double()
+            total = total + (diff.square() if squared else diff.abs()).sum()
+            count += diff.numel()
+    return torch.as_tensor(total, dtype=torch.float64).cpu() / max(count, 1)
