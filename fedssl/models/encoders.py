@@ -1,9 +1,11 @@
-"""Encoders (backbones) and the SimCLR projection head, built from ModelParams."""
+"""Encoders (backbones) built from ModelParams, and the SimCLR contrastive model (its projection
+head, :class:`~fedssl.models.heads.ProjectionHead`, lives in heads.py, free of the params layer)."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from fedssl.models.heads import ProjectionHead
 from fedssl.models.norms import make_norm
 from fedssl.params import ModelParams
 
@@ -77,14 +79,6 @@ def build_backbone(params: ModelParams, image_shape: tuple[int, int, int]) -> nn
     if params.arch == "pixels":
         return Pixels(image_shape)
     raise ValueError(f"unknown arch {params.arch!r}")
-
-
-class ProjectionHead(nn.Sequential):
-    """SimCLR's MLP head (Linear-ReLU-Linear); used by the loss only, dropped for evaluation."""
-
-    def __init__(self, in_dim: int, hidden: int, out_dim: int):
-        super().__init__(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True),
-                         nn.Linear(hidden, out_dim))
 
 
 class ContrastiveModel(nn.Module):

@@ -1,0 +1,1 @@
+"""Privacy attacks: gradient leakage (DLG / iDLG) and model inversion of cut-layer activations."""
