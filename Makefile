@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test bench generate clean
+.PHONY: install data run test bench generate readme clean
 
 install: $(INSTALLED) data
 
@@ -26,8 +26,8 @@ data:
 
 run: install
 	snakemake --cores all --resources gpu=1
-	@echo; cat artifacts/report/report.md
-	@echo "Results: artifacts/report/report.md and report.csv; per-experiment artifacts in artifacts/experiments/"
+	@echo; cat results/reports/default/report.md
+	@echo "Results: results/reports/default/ (report.md, .csv, .json) and results/experiments/*/metrics.json; artifacts in artifacts/"
 
 test: install
 	pytest -q
@@ -40,6 +40,10 @@ bench: install
 generate: $(INSTALLED)
 	$(PY) -m fedssl.params
 	$(PY) -m fedssl.pipeline write
+
+# Copy the committed reports' tables into the README (a test fails when they differ).
+readme: $(INSTALLED)
+	$(PY) -m fedssl.report readme
 
 clean:
 	rm -rf artifacts .snakemake

@@ -3,7 +3,7 @@
 import sys
 
 sys.path.insert(0, workflow.basedir)
-from fedssl.pipeline import Dag, commit_ran, sync_stamps
+from fedssl.pipeline import RAN_LOG, Dag, commit_ran, sync_stamps
 
 PIPELINE = config.get("pipeline", "default")
 STAGES_DAG = Dag(PIPELINE)            # validates every params file first: errors stop here
@@ -24,16 +24,16 @@ for stage in STAGES_DAG.stages.values():
             [d if stage.name in STALE else ancient(d) for d in stage.deps]
             + [STAMPS[stage.name]],
         output:
-            [directory(stage.out)] + stage.metrics + stage.plots,
+            [directory(stage.out)] + stage.committed,
         threads: 1024 if stage.gpu else 1  # capped at --cores: training stages take them all
         resources:
             gpu=int(stage.gpu),
         params:
             cmd=stage.cmd,  # params are bound now; a shell string would see the last stage
             name=stage.name,
+            ran=RAN_LOG,
         shell:
-            "FEDSSL_THREADS={threads} {params.cmd} && "
-            "python -c 'from fedssl.pipeline import record_ran; record_ran(\"{params.name}\")'"
+            "FEDSSL_THREADS={threads} {params.cmd} && echo {params.name} >> {params.ran}"
 
 
 onsuccess:

@@ -30,20 +30,18 @@ Measured meters: :func:`train_step_flops` / :func:`forward_flops` (``FlopCounter
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
-from typing import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedssl.data.sources import IMAGE_SHAPES, TRAIN_SIZES
-from fedssl.fl.engine import nbytes
-from fedssl.losses import nt_xent
-from fedssl.methods import fedsimclr, mfcl
-from fedssl.models.autoencoder import reconstruction_loss
-from fedssl.params import ParamsError, load_preset
+from fedssl.data.catalog import TRAIN_SIZES
+from fedssl.params import ParamsError
 
 BITS_PER_FLOAT = 32
 DEFAULT_CODE_RATE = 1.0 / 3.0
@@ -287,55 +285,35 @@ def summarize_client_costs(rows: list[dict]) -> dict:
     return {f"mean_{k}": sum(r[k] for r in rows) / len(rows) for k in keys}
 
 
-# ------------------------------------------------------------------ one experiment's clients
+# ------------------------------------------------------------------ inputs of the recipes
 PROBE_PAIRS = 4  # a step's FLOPs and activations are measured on this many pairs, then scaled
 
 
-def experiment_client_costs(exp, shape, samples: list[int], rounds: list[int], sent: list[int],
-                            export: list[dict] | None = None) -> list[dict]:
-    """Per-client costs of an MFCL or FedSimCLR experiment, one recipe for both (the costs
-    stage and :func:`projected_client_costs`). ``sent``: bytes each client exchanged in the
-    federated rounds; ``export``: MFCL's per-client ``dropped`` and ``bytes_sent``."""
-    cpu = torch.device("cpu")
-    probe = torch.rand((2 * PROBE_PAIRS, *shape), generator=torch.Generator().manual_seed(0))
-    if exp.pretrain.method == "mfcl":
-        ae = mfcl.build_client_module(exp, shape, cpu).train()
-        p1, kind = exp.mfcl.phase1, exp.mfcl.phase1.loss
-        return mfcl_client_costs(
-            ae, probe, lambda logits, x: reconstruction_loss(logits, x, kind), p1.batch_pairs,
-            samples, rounds, p1.local_epochs, exp.mfcl.export.pairs,
-            [c["dropped"] for c in export], [b + c["bytes_sent"] for b, c in zip(sent, export)],
-            mfcl.pre_pool_numel(ae, shape))
-    model = fedsimclr.build_model(exp, shape, cpu).train()
-    pre = exp.pretrain
-    return e2e_client_costs(
-        model, probe.chunk(2), lambda z, _x: nt_xent(*z.chunk(2), pre.temperature),
-        pre.batch_size, samples, rounds, pre.local_epochs, sent,
-        optimizer_slots=2 if pre.optimizer == "adam" else 1)
+def probe_batch(shape, pairs: int = PROBE_PAIRS) -> Tensor:
+    """A fixed batch of 2·pairs images in [0, 1] on which one step is measured."""
+    return torch.rand((2 * pairs, *shape), generator=torch.Generator().manual_seed(0))
 
 
-def projected_client_costs(exp, part, dataset: str) -> dict:
-    """The average client's costs of an experiment at full scale, without data or training
-    (Tab. 3's setting): |D_m| = the partition's samples / M, client_fraction × rounds rounds,
-    the model state both ways each round, and for MFCL the fp16 export of ρ twin pairs."""
-    shape = IMAGE_SHAPES[dataset]
-    n = min(part.subset or TRAIN_SIZES[dataset], TRAIN_SIZES[dataset]) // part.num_clients
-    cpu = torch.device("cpu")
-    export = None
-    if exp.pretrain.method == "mfcl":
-        model = mfcl.build_client_module(exp, shape, cpu)
-        fraction, rounds = exp.mfcl.phase1.client_fraction, exp.mfcl.phase1.rounds
-        with torch.no_grad():
-            view = model.eval().encode(torch.zeros(2, *shape))[0]
-        export = [{"dropped": False,
-                   "bytes_sent": n * exp.mfcl.export.pairs * 2 * view.numel() * 2}]
-    else:
-        model = fedsimclr.build_model(exp, shape, cpu)
-        fraction, rounds = exp.pretrain.client_fraction, exp.pretrain.rounds
-    rounds = round(fraction * rounds)
-    sent = 2 * nbytes(model.state_dict()) * rounds  # the state down and up, every round
-    rows = experiment_client_costs(exp, shape, [n], [rounds], [sent], export)
-    return summarize_client_costs(rows)
+class ClientTraffic(NamedTuple):
+    samples: list[int]
+    rounds: list[int]
+    sent: list[int]     # bytes up + down
+
+
+def ledger_of(step_dir: Path, sizes: list[int]) -> ClientTraffic:
+    """Clients' data sizes with their rounds and bytes (up + down) from a federated step's
+    communication log (zeros when the step ran no rounds)."""
+    path = Path(step_dir) / "communication.json"
+    if not path.exists():
+        return ClientTraffic(list(sizes), [0] * len(sizes), [0] * len(sizes))
+    rows = json.loads(path.read_text())["per_client"]
+    return ClientTraffic(list(sizes), [r["rounds"] for r in rows],
+                         [r["bytes_up"] + r["bytes_down"] for r in rows])
+
+
+def average_client_samples(part, dataset: str) -> int:
+    """|D_m| of the average client of a partition preset, without splitting anything."""
+    return min(part.subset or TRAIN_SIZES[dataset], TRAIN_SIZES[dataset]) // part.num_clients
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,15 +324,18 @@ def main(argv: list[str] | None = None) -> int:
     names = ap.parse_args(argv).experiments
     print("| experiment | α bits (Eqs. 4-5) | MB sent | β FLOPs | γ Eq. 6 MB | step peak MB |")
     print("|---|---|---|---|---|---|")
+    from fedssl.methods import registry
+    from fedssl.presets import Presets
+    presets = Presets()
     for name in names:
         try:
-            exp = load_preset("experiment", name)
-            part = load_preset("partition", exp.partition)
-            dataset = load_preset("dataset", part.dataset).name
+            exp = presets.load("experiment", name)
+            part = presets.load("partition", exp.partition)
+            dataset = presets.load("dataset", part.dataset).name
         except ParamsError as e:
             print(e, file=sys.stderr)
             return 2
-        c = projected_client_costs(exp, part, dataset)
+        c = registry.get(exp.method.name).projected_costs(exp, part, dataset)
         print(f"| {name} | {table_format(c['mean_alpha_bits_paper'])} "
               f"| {c['mean_bytes_actual'] / 1e6:.4g} | {table_format(c['mean_beta_flops'])} "
               f"| {c['mean_gamma_eq6_bytes'] / 1e6:.3g} "

@@ -1,27 +1,28 @@
 """Parameter models: the single source of truth for every setting of every stage.
 
-Three kinds of YAML file live under ``params/``:
+Files under ``params/`` (read by :mod:`fedssl.presets`):
 
 * ``datasets/<name>.yaml``    -> :class:`DatasetParams`   (one prepared data set)
 * ``partitions/<name>.yaml``  -> :class:`PartitionParams` (one client split of a data set)
-* ``experiments/<name>.yaml`` -> :class:`ExperimentParams` (model, pretraining, evaluation)
+* ``experiments/<name>.yaml`` -> the experiment model (title, partition, the method's section,
+  evaluation): see :func:`experiment_model`
+* ``grids.yaml``              -> :class:`GridsParams` (paper grids: axes expanded into presets)
+* ``pipelines.yaml``          -> :class:`PipelinesParams` (the experiments each pipeline runs)
 
-plus ``pipelines.yaml`` (:class:`PipelinesParams`), which names the experiments each pipeline
-runs. Experiments refer to a partition preset by name, and partitions to a data set preset, so
-several experiments share one prepared data set and one partition (computed once).
+The experiment's ``method`` section is a discriminated union (on ``name``) of the params models
+that the registered methods (:mod:`fedssl.methods`) declare, so each method validates only the
+fields it reads. Shared building blocks (the encoder, augmentation, probes) live here.
+This module imports no torch: the front ends validate everything before any compute.
 """
 from __future__ import annotations
 
-import re
-from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt,
-                      PositiveFloat, PositiveInt, ValidationError, model_validator)
+                      PositiveFloat, PositiveInt, create_model, model_validator)
 
-PARAMS_DIR = Path("params")
 NAME_PATTERN = r"^[a-z0-9_]+$"  # preset names become stage names in Snakemake and DVC
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
@@ -80,7 +81,7 @@ PartitionScheme = Annotated[Union[IIDScheme, DirichletScheme, ShardsScheme, Clas
 
 
 class PartitionParams(Strict):
-    dataset: str = Field(pattern=NAME_PATTERN, description="name of a params/datasets preset")
+    dataset: Name = Field(description="name of a params/datasets preset")
     num_clients: PositiveInt
     scheme: PartitionScheme
     subset: PositiveInt | None = Field(
@@ -88,8 +89,9 @@ class PartitionParams(Strict):
     seed: int = 0
 
 
-# --------------------------------------------------------------------------- experiments
+# --------------------------------------------------------------------------- shared pieces
 class ModelParams(Strict):
+    """An encoder of :mod:`fedssl.models.encoders` and its SimCLR projection head."""
     arch: Literal["small_cnn", "resnet18", "pixels"] = Field(
         description="pixels = no encoder: the flattened image is the representation")
     norm: Literal["bn", "gn"] = "gn"
@@ -123,25 +125,10 @@ class AugmentParams(Strict):
         return self
 
 
-class PretrainParams(Strict):
-    method: Literal["fedsimclr", "mfcl", "none"] = Field(
-        description="none = keep the seeded random initialisation (a reference row); mfcl = "
-        "the settings of the experiment's `mfcl` section (only augment and seed apply here)")
-    rounds: NonNegativeInt = 0
-    local_epochs: PositiveInt = 1
-    client_fraction: Fraction = 1.0
-    batch_size: PositiveInt = 256
-    optimizer: Literal["adam", "sgd"] = "adam"
-    lr: PositiveFloat = 1e-3
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    weight_decay: NonNegativeFloat = 0.0
-    temperature: PositiveFloat = 0.5
-    augment: AugmentParams = AugmentParams()
-    parallel_clients: Literal["auto", "on", "off"] = Field(
-        "auto", description="train clients together with torch.func.vmap (models without BN "
-        "running stats only); auto = on CUDA, off on CPU where grouped convolutions are slower")
-    seed: int = 0
+ParallelClients = Literal["auto", "on", "off"]
+PARALLEL_CLIENTS_HELP = ("train clients together with torch.func.vmap (models without BN running "
+                         "stats only); auto = on CUDA, off on CPU where grouped convolutions are "
+                         "slower")
 
 
 class FeatureParams(Strict):
@@ -165,151 +152,86 @@ class KnnParams(Strict):
     temperature: PositiveFloat = Field(0.07, description="weights votes by exp(cos / T)")
 
 
-# --------------------------------------------------------------------------- MFCL
-class MfclClientModule(Strict):
-    """The client module (encoder of Tab. 9 / Tab. 10) and its mirror decoder."""
-    arch: Literal["resnet18", "resnet50"] = Field(
-        description="resnet18 = 2-conv client module (Tab. 9), resnet50 = 4-conv (Tab. 10)")
-    width: PositiveInt = Field(description="channels of the first conv (64 in the paper)")
-    norm: Literal["tn", "gn", "bn"] = Field(description="Twin Norm, GroupNorm or BatchNorm")
-    channels_per_group: PositiveInt = Field(16, description="Lambda for TN / GN")
-    tn_variance: Literal["joint", "avg_of_views"] = Field(
-        "joint", description="joint = Eq. 2; avg_of_views = the Tab. 18 snippet (ablation)")
-    ae_pool: Literal["outside", "upsample", "downsampled_target"] = Field(
-        "outside", description="where the MaxPool sits while training the autoencoder (A2)")
-    cut: Annotated[int, Field(ge=1, le=7)] = Field(
-        2, description="resnet18 only: client convs of the Tab. 1 sweep (A1); the rServer drops "
-        "the (cut - 1) // 2 BasicBlocks they cover. 2 = Tab. 9")
-    tn_eval_pair: Literal["self", "hflip"] = Field(
-        "self", description="Twin Norm's twin for unpaired images at evaluation (A5): the image "
-        "itself (= GroupNorm) or its horizontal flip")
-
-    @model_validator(mode="after")
-    def _cut_is_resnet18_only(self):
-        # Tab. 10's ResNet-50 client module is a fixed 4-conv stem; the sweep is defined for R18.
-        if self.arch == "resnet50" and self.cut != 2:
-            raise ValueError(f"cut applies to arch resnet18 only (resnet50 has Tab. 10's fixed "
-                             f"client module), got cut={self.cut}")
-        return self
-
-
-class MfclPhase1(Strict):
-    """Phase 1: FedAvg of the client autoencoder at the gServer (Alg. 1, Tab. 12)."""
-    rounds: NonNegativeInt = Field(description="T (15 in the paper); 0 = random client module")
-    local_epochs: PositiveInt = 1
-    batch_pairs: PositiveInt = Field(description="K samples per batch (2K twin views)")
-    lr: PositiveFloat = Field(description="Adam learning rate (0.05 C10 / 0.001 Tiny)")
-    adam_eps: PositiveFloat = 1e-7
-    loss: Literal["bce", "mse"] = "bce"
-    client_fraction: Fraction = 1.0
-    secure_aggregation: bool = Field(
-        False, description="pairwise masks: the gServer only sees the sum of the updates")
-
-
-class MfclExport(Strict):
-    """Phase 2 upload: rho pairs of twin views per sample through the frozen client module."""
-    pairs: PositiveInt = Field(description="rho (8 in the paper)")
-    client_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
-        0.0, description="delta: fraction of clients (drawn once, seeded) that send nothing")
-    bn_export_mode: Literal["eval", "train"] = Field(
-        "eval", description="BN client modules: aggregated running stats or batch stats (A7)")
-    batch_pairs: PositiveInt = Field(256, description="samples per export forward pass")
-    tn_pairing: Literal["twin", "self"] = Field(
-        "twin", description="Twin Norm at export: twin = a pair's two views share statistics "
-        "(the paper); self = each view is paired with itself (ablation: nothing shared)")
-    storage: Literal["tensors"] = Field(
-        "tensors", description="tensors = the representations as fp16 arrays")
-
-
-class MfclRServer(Strict):
-    """Phase 2b: the rServer module (the remaining ResNet stages, BN) + projection head."""
-    width: PositiveInt = Field(description="channels of the first residual stage (64 = R18)")
-    proj_hidden: PositiveInt = Field(description="width of the two hidden Dense layers (Tab. 11)")
-    proj_dim: PositiveInt = Field(128, description="output of the projection head")
-    epochs: PositiveInt
-    batch_pairs: PositiveInt = Field(description="N_s samples (2 N_s representations) per batch")
-    lr: PositiveFloat = Field(1.0, description="LARS base learning rate lr0")
-    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    trust_coefficient: PositiveFloat = 0.001
-    weight_decay: NonNegativeFloat = 1e-4
-    warmup_epochs: NonNegativeInt = 10
-    temperature: PositiveFloat = 0.5
-    seed: int = 0
-
-    @model_validator(mode="after")
-    def _warmup_fits(self):
-        if self.warmup_epochs > self.epochs:
-            raise ValueError(f"warmup_epochs ({self.warmup_epochs}) exceeds epochs "
-                             f"({self.epochs})")
-        return self
-
-
-class MfclParams(Strict):
-    """MFCL with Twin Normalization (spec methods/mfcl.md): client module, phase 1, export,
-    rServer. The linear probe reads the frozen client module + MaxPool + rServer module."""
-    client_module: MfclClientModule
-    phase1: MfclPhase1
-    export: MfclExport
-    rserver: MfclRServer
-
-
-class ExperimentParams(Strict):
+# --------------------------------------------------------------------------- experiments
+class ExperimentBase(Strict):
+    """What every experiment has; :func:`experiment_model` adds the ``method`` union."""
     title: str = Field(description="row label in the report")
-    partition: str = Field(pattern=NAME_PATTERN, description="name of a params/partitions preset")
-    model: ModelParams | None = Field(
-        None, description="the encoder (required unless pretrain.method is mfcl, whose network "
-        "is set in the mfcl section)")
-    pretrain: PretrainParams
-    features: FeatureParams
-    linear_probe: LinearProbeParams
-    knn: KnnParams
-    mfcl: MfclParams | None = Field(None, description="required when pretrain.method is mfcl")
+    partition: Name = Field(description="name of a params/partitions preset")
+    features: FeatureParams | None = Field(None, description="for methods evaluated by probes")
+    linear_probe: LinearProbeParams | None = None
+    knn: KnnParams | None = None
 
     @model_validator(mode="after")
-    def _mfcl_section_matches_method(self):
-        if self.pretrain.method == "mfcl":
-            if self.mfcl is None:
-                raise ValueError("pretrain.method 'mfcl' needs an mfcl section")
-            if self.model is not None:
-                raise ValueError("pretrain.method 'mfcl': leave out `model` (the network is "
-                                 "set in mfcl.client_module and mfcl.rserver)")
-            if self.pretrain.rounds:
-                raise ValueError("pretrain.method 'mfcl': set mfcl.phase1.rounds, not "
-                                 "pretrain.rounds")
-            return self
-        if self.mfcl is not None:
-            raise ValueError(f"an mfcl section needs pretrain.method 'mfcl', not "
-                             f"'{self.pretrain.method}'")
-        if self.model is None:
-            raise ValueError(f"pretrain.method '{self.pretrain.method}' needs a model section")
-        return self
-
-    @model_validator(mode="after")
-    def _pixels_have_nothing_to_train(self):
-        if self.model and self.model.arch == "pixels" and self.pretrain.method != "none":
-            raise ValueError("model.arch 'pixels' has no weights: set pretrain.method to 'none'")
+    def _evaluation_sections(self):
+        """The sections the method's evaluation reads must be there (and only those)."""
+        from fedssl.methods import registry
+        wanted = registry.get(self.method.name).evaluation_sections
+        for section in ("features", "linear_probe", "knn"):
+            if section in wanted and getattr(self, section) is None:
+                raise ValueError(f"method '{self.method.name}' is evaluated by probes: add a "
+                                 f"`{section}` section")
+            if section not in wanted and getattr(self, section) is not None:
+                raise ValueError(f"method '{self.method.name}' does not read `{section}`: "
+                                 f"remove it")
         return self
 
 
-ExperimentName = Annotated[str, Field(pattern=NAME_PATTERN)]
+_EXPERIMENT_MODEL: dict[tuple, type] = {}
 
 
+def experiment_model() -> type[ExperimentBase]:
+    """The experiment model for the methods registered now (rebuilt when one is added)."""
+    from fedssl.methods import registry
+    members = tuple(m.params for m in registry.all())
+    if members not in _EXPERIMENT_MODEL:
+        union = members[0] if len(members) == 1 else Annotated[
+            Union[members], Field(discriminator="name")]
+        _EXPERIMENT_MODEL[members] = create_model(
+            "ExperimentParams", __base__=ExperimentBase,
+            method=(union, Field(description="the method and everything it reads")))
+    return _EXPERIMENT_MODEL[members]
+
+
+# --------------------------------------------------------------------------- grids
+AxisValues = Union[list[Any], dict[str, Any]]
+
+
+class Grid(Strict):
+    """Presets of one kind expanded from axes: one per combination of the axes named in
+    ``name``; each is ``extends`` with ``set`` merged over it, where ``{axis}`` in a string is
+    the axis label and a string that is exactly ``{axis.value}`` is the axis value."""
+    name: str = Field(description="pattern of the expanded names, e.g. cifar10_mfcl_{norm}_{xi}")
+    extends: Name | None = Field(None, description="the preset every member starts from (none: "
+                                 "`set` is a whole preset)")
+    axes: dict[Name, AxisValues] = Field(
+        default_factory=dict, description="axes of this grid only (shadow the shared ones)")
+    set: dict[str, Any] = Field(default_factory=dict,
+                                description="settings merged over the base, with placeholders")
+
+
+class GridsParams(Strict):
+    """``params/grids.yaml``: shared axes and the grids of partitions and experiments."""
+    axes: dict[Name, AxisValues] = Field(
+        default_factory=dict, description="axis -> labels (a list) or label -> value (a mapping)")
+    partitions: dict[Name, Grid] = Field(default_factory=dict)
+    experiments: dict[Name, Grid] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- pipelines
 class PipelineSpec(Strict):
     """A pipeline whose report pivots on other rows or columns than method × partition."""
-    experiments: list[ExperimentName]
+    experiments: list[Name] = Field(description="experiments, or grids (all their members)")
     row: Literal["method", "title"] = Field(
         "method", description="what the pivot puts down: the method (runs of one method and "
         "column are repeats: mean ± std), or each experiment's title (ablations)")
     column: str = Field("partition", description="what the report's pivot table puts across: "
                         "'partition' (data set and split, as MFCL Tab. 2) or a dotted path "
-                        "into the experiment params, e.g. mfcl.client_module.cut")
+                        "into the experiment params, e.g. method.client_module.cut")
 
 
 class PipelinesParams(Strict):
     """Pipeline name -> the experiments it runs (and reports in one table)."""
-    pipelines: dict[Annotated[str, Field(pattern=NAME_PATTERN)],
-                    list[ExperimentName] | PipelineSpec]
+    pipelines: dict[Name, list[Name] | PipelineSpec]
 
     @model_validator(mode="after")
     def _has_default(self):
@@ -323,7 +245,7 @@ class PipelinesParams(Strict):
 
 
 def setting(exp: BaseModel, dotted: str):
-    """The value at a dotted path of validated params (e.g. ``mfcl.client_module.cut``)."""
+    """The value at a dotted path of validated params (e.g. ``method.client_module.cut``)."""
     value = exp
     for part in dotted.split("."):
         if not isinstance(value, BaseModel) or part not in type(value).model_fields:
@@ -332,116 +254,65 @@ def setting(exp: BaseModel, dotted: str):
     return value
 
 
-# --------------------------------------------------------------------------- loading
-SCHEMAS: dict[str, type[Strict]] = {
-    "dataset": DatasetParams, "partition": PartitionParams,
-    "experiment": ExperimentParams, "pipelines": PipelinesParams,
-}
-SUBDIRS = {"dataset": "datasets", "partition": "partitions", "experiment": "experiments"}
+# --------------------------------------------------------------------------- JSON Schemas
+SCHEMA_DIR = "schemas"
 
 
-def preset_path(kind: str, name: str, root: Path = PARAMS_DIR) -> Path:
-    return root / SUBDIRS[kind] / f"{name}.yaml"
-
-
-def _format_errors(path: Path, err: ValidationError) -> str:
-    lines = [f"{path}: invalid parameters"]
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(file)"
-        lines.append(f"  {where}: {e['msg']}")
-    return "\n".join(lines)
-
-
-EXTENDS = "extends"  # a preset may extend a sibling preset of the same kind (same folder)
-
-
-def deep_merge(base: dict, override: dict) -> dict:
-    """``override`` on top of ``base``: mappings merge key by key, anything else replaces."""
-    out = dict(base)
-    for key, value in override.items():
-        out[key] = (deep_merge(out[key], value) if isinstance(value, dict)
-                    and isinstance(out.get(key), dict) else value)
+def _partial(node, suffix: str = "Partial"):
+    """A copy of a JSON Schema where nothing is required (a preset that ``extends`` another
+    sets only what differs): drops ``required``, turns discriminated ``oneOf`` into ``anyOf``
+    (the discriminator itself may be inherited) and renames ``$defs`` references."""
+    if isinstance(node, list):
+        return [_partial(n, suffix) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key in ("required", "discriminator"):
+            continue
+        if key == "$ref":
+            out[key] = value + suffix
+        elif key == "oneOf":
+            out["anyOf"] = _partial(value, suffix)
+        elif key == "$defs":
+            out[key] = {name + suffix: _partial(d, suffix) for name, d in value.items()}
+        else:
+            out[key] = _partial(value, suffix)
     return out
 
 
-def _read_yaml(path: Path) -> dict:
-    if not path.is_file():
-        raise ParamsError(f"{path}: no such params file")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ParamsError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ParamsError(f"{path}: expected a mapping of settings at the top level")
-    return raw
-
-
-def preset_chain(path: Path) -> list[tuple[Path, dict]]:
-    """``path`` and the presets it extends, nearest first, each with its own (unmerged) YAML."""
-    chain: list[tuple[Path, dict]] = []
-    path = Path(path)
-    while True:
-        if path in [p for p, _ in chain]:
-            cycle = " -> ".join(p.stem for p, _ in chain) + f" -> {path.stem}"
-            raise ParamsError(f"{chain[0][0]}: {EXTENDS}: cycle {cycle}")
-        raw = _read_yaml(path)
-        chain.append((path, raw))
-        base = raw.get(EXTENDS)
-        if base is None:
-            return chain
-        if not isinstance(base, str) or not re.match(NAME_PATTERN, base):
-            raise ParamsError(f"{path}: {EXTENDS}: expected the name of a preset in "
-                              f"{path.parent}, got {base!r}")
-        if not (path.parent / f"{base}.yaml").is_file():
-            raise ParamsError(f"{path}: {EXTENDS}: no preset '{base}' in {path.parent}")
-        path = path.parent / f"{base}.yaml"
-
-
-def load_file(path: Path, model: type[Strict]):
-    """Read and validate one YAML file (merged over the presets it ``extends``); any problem
-    raises ParamsError naming file and field."""
-    path = Path(path)
-    merged: dict = {}
-    for _, raw in reversed(preset_chain(path)):
-        merged = deep_merge(merged, {k: v for k, v in raw.items() if k != EXTENDS})
-    try:
-        return model.model_validate(merged)
-    except ValidationError as e:
-        raise ParamsError(_format_errors(path, e)) from None
-
-
-def load_preset(kind: str, name: str, root: Path = PARAMS_DIR):
-    return load_file(preset_path(kind, name, root), SCHEMAS[kind])
-
-
-def load_pipelines(root: Path = PARAMS_DIR) -> PipelinesParams:
-    return load_file(root / "pipelines.yaml", PipelinesParams)
-
-
-def check_partition_fits(part: PartitionParams, part_path: Path, train_size: int) -> None:
-    """Cross-file check: a partition cannot have more clients than it has samples."""
-    available = min(part.subset or train_size, train_size)
-    if part.subset and part.subset > train_size:
-        raise ParamsError(f"{part_path}: subset: {part.subset} exceeds the {train_size} "
-                          f"training samples of data set '{part.dataset}'")
-    if part.num_clients > available:
-        raise ParamsError(f"{part_path}: num_clients: {part.num_clients} clients but only "
-                          f"{available} samples to split")
-
-
-# --------------------------------------------------------------------------- JSON Schemas
-SCHEMA_DIR = Path("schemas")
+def preset_schema(model: type[BaseModel]) -> dict:
+    """The JSON Schema of a preset file: the whole model, or, with ``extends``, any part of it."""
+    full = model.model_json_schema()
+    defs = full.pop("$defs", {})
+    partial = _partial({**full, "$defs": defs})
+    partial_defs = partial.pop("$defs")
+    extends = {"type": "string", "pattern": NAME_PATTERN,
+               "description": "a preset of the same folder (or grid member) this one extends"}
+    partial["properties"] = {"extends": extends, **partial["properties"]}
+    root = model.__name__
+    return {"title": full.get("title", root), "description": full.get("description", ""),
+            "$defs": {**defs, **partial_defs, root: full, root + "Partial": partial},
+            "if": {"required": ["extends"]},
+            "then": {"$ref": f"#/$defs/{root}Partial"},
+            "else": {"$ref": f"#/$defs/{root}"}}
 
 
 def json_schemas() -> dict[str, str]:
     """File name -> JSON Schema text, generated from the models above (for editors and tests)."""
     import json
-    return {f"{kind}.schema.json": json.dumps(model.model_json_schema(), indent=2) + "\n"
-            for kind, model in SCHEMAS.items()}
+    schemas = {"dataset": preset_schema(DatasetParams),
+               "partition": preset_schema(PartitionParams),
+               "experiment": preset_schema(experiment_model()),
+               "grids": GridsParams.model_json_schema(),
+               "pipelines": PipelinesParams.model_json_schema()}
+    return {f"{kind}.schema.json": json.dumps(s, indent=2, ensure_ascii=False) + "\n"
+            for kind, s in schemas.items()}
 
 
 if __name__ == "__main__":
-    SCHEMA_DIR.mkdir(exist_ok=True)
+    from pathlib import Path
+    Path(SCHEMA_DIR).mkdir(exist_ok=True)
     for name, text in json_schemas().items():
-        (SCHEMA_DIR / name).write_text(text)
-        print(f"wrote {SCHEMA_DIR / name}")
+        (Path(SCHEMA_DIR) / name).write_text(text)
+        print(f"wrote {SCHEMA_DIR}/{name}")

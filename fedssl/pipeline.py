@@ -1,19 +1,22 @@
 """The DAG: the one place that says which stages exist, what each runs, reads and writes.
 
-The Snakefile builds its rules from :func:`build_dag`; ``dvc.yaml`` (and one file per extra
-pipeline under ``pipelines/``) is generated from it by ``python -m fedssl.pipeline write`` and a
-test fails when the checked-in files drift from it.
+The Snakefile builds its rules from :class:`Dag`; ``dvc.yaml`` (and one file per extra pipeline
+under ``pipelines/``) is generated from it by ``python -m fedssl.pipeline write`` and a test
+fails when the checked-in files drift from it. Stages come from the experiments' methods (the
+registry in :mod:`fedssl.methods`) plus the shared ones: prepare data, partition, features,
+evaluate, costs, report.
 
-Reruns are decided by content, not file times, the way DVC decides them. Every stage has a
-*fingerprint*: a hash of its command, its validated params, the code it depends on and the
-*output digests* of its upstream stages (a hash of what they wrote, recorded in their
-``meta.json``). A stage records the fingerprint it ran with in its own ``meta.json``. Before
-Snakemake plans, :func:`sync_stamps` marks a stage stale when its recorded fingerprint differs
-from the expected one, or when an upstream stage is stale, and gives each stage a stamp file (an
-input of its rule) dated *now* if stale and 1970 otherwise. The data inputs of up-to-date stages
-are ``ancient`` (Snakemake ignores their times; those of stale stages are not, so that Snakemake
-carries a rerun downstream). So Snakemake reruns what changed, whoever ran it last (Snakemake or
-DVC), and file times restored by ``dvc checkout`` do not matter.
+What decides a rerun is the same for both front ends: a stage's command, the raw params keys it
+reads in every layer of its presets (:meth:`fedssl.presets.Presets.tracked`), the code its entry
+modules import (:mod:`fedssl.codegraph`) and its inputs. DVC compares these itself. For
+Snakemake, every stage has a *fingerprint*: a hash of the same command, params values and code,
+and of the *output digests* its upstream stages recorded in their ``meta.json``. A stage records
+the fingerprint it ran with in its own ``meta.json``. Before Snakemake plans, :func:`sync_stamps`
+marks a stage stale when its recorded fingerprint differs from the expected one, or when an
+upstream stage is stale, and gives each stage a stamp file (an input of its rule) dated *now*
+if stale and 1970 otherwise; data inputs of up-to-date stages are ``ancient``. So Snakemake
+reruns what changed, whoever ran it last, and file times restored by ``dvc checkout`` do not
+matter. This module imports no torch: planning stays cheap.
 """
 from __future__ import annotations
 
@@ -30,45 +33,21 @@ from pathlib import Path
 import yaml
 
 from fedssl import params as P
-from fedssl.data.sources import TRAIN_SIZES
+from fedssl.codegraph import code_files
+from fedssl.methods import registry
+from fedssl.methods.base import DATA, PARTITION
+from fedssl.presets import (PARAMS_DIR, PIPELINES_FILE, Presets, check_partition_fits, lookup,
+                            raw_values)
 
 ARTIFACTS = Path("artifacts")
+RESULTS = Path("results")  # small result files committed with the code (DVC, cache: false)
 STAMPS = ARTIFACTS / ".stamps"
 RAN_LOG = STAMPS / "ran-by-snakemake"
 EXTRA_PIPELINES_DIR = Path("pipelines")
-
-# Code each kind of stage depends on (a change reruns it in both front ends). Plumbing such as
-# params.py or runtime.py is left out on purpose: touching it should not invalidate every result.
-CODE = {
-    "prepare_data": ["stages/prepare_data.py", "fedssl/data/sources.py", "fedssl/data/store.py"],
-    "partition": ["stages/partition.py", "fedssl/data/partition.py"],
-    "pretrain": ["stages/pretrain.py", "fedssl/methods", "fedssl/fl", "fedssl/models",
-                 "fedssl/losses.py", "fedssl/data/augment.py"],
-    "features": ["stages/features.py", "fedssl/eval/probes.py", "fedssl/models"],
-    "evaluate": ["stages/evaluate.py", "fedssl/eval/probes.py"],
-    "report": ["stages/report.py", "fedssl/report.py"],
-    # MFCL (its phase 1 is the pretrain stage; names stay pretrain__/features__/...)
-    "export": ["stages/export.py", "fedssl/methods/mfcl.py", "fedssl/models/autoencoder.py",
-               "fedssl/models/norms.py", "fedssl/data/augment.py"],
-    "rserver": ["stages/rserver.py", "fedssl/methods/mfcl.py", "fedssl/models/rserver.py",
-                "fedssl/optim.py", "fedssl/losses.py"],
-    "costs": ["stages/costs.py", "fedssl/costs.py", "fedssl/models", "fedssl/methods"],
-}
-GPU_KINDS = {"pretrain", "features", "evaluate", "export", "rserver"}
-# Which top-level keys of an experiment file each per-experiment stage reads.
-EXPERIMENT_KEYS = {"pretrain": ["partition", "model", "pretrain"],
-                   "features": ["model", "features"],
-                   "evaluate": ["linear_probe", "knn"],
-                   "report": ["title"],
-                   "costs": ["partition", "model", "pretrain"]}
-# MFCL experiments: the network lives in the `mfcl` section (no `model`).
-MFCL_KEYS = {"pretrain": ["partition", "pretrain", "mfcl"],
-             "export": ["partition", "pretrain", "mfcl"],
-             "rserver": ["mfcl"],
-             "features": ["mfcl", "features"],
-             "costs": ["partition", "pretrain", "mfcl"]}
-# Methods whose per-client costs get a `costs` stage.
-COSTED_METHODS = {"fedsimclr", "mfcl"}
+# What the shared per-experiment stages read of an experiment (the method adds its own keys).
+FEATURE_READS = ("features",)
+EVALUATE_READS = ("linear_probe", "knn")
+REPORT_READS = ("title", "partition", "method")
 
 
 @dataclass
@@ -79,17 +58,17 @@ class Stage:
     out: str                                   # the stage's output directory (holds meta.json)
     deps: list[str] = field(default_factory=list)      # artifacts of upstream stages
     upstream: list[str] = field(default_factory=list)  # names of those stages
-    params: dict[str, list[str]] = field(default_factory=dict)  # file -> keys ([] = all)
+    params: dict[str, list[str] | None] = field(default_factory=dict)  # file -> keys (None=all)
+    code: list[str] = field(default_factory=list)      # project files its code imports
+    gpu: bool = False
+    # Small result files committed with the code (DVC outs with cache: false)
+    results: list[str] = field(default_factory=list)
     metrics: list[str] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)
 
     @property
-    def code(self) -> list[str]:
-        return CODE[self.kind]
-
-    @property
-    def gpu(self) -> bool:
-        return self.kind in GPU_KINDS
+    def committed(self) -> list[str]:
+        return self.results + self.metrics + self.plots
 
 
 def data_dir(dataset: str) -> str:
@@ -104,158 +83,231 @@ def experiment_dir(experiment: str) -> str:
     return f"{ARTIFACTS}/experiments/{experiment}"
 
 
+def results_dir(experiment: str) -> str:
+    return f"{RESULTS}/experiments/{experiment}"
+
+
 def report_dir(pipeline: str) -> str:
-    return f"{ARTIFACTS}/report" if pipeline == "default" else f"{ARTIFACTS}/report-{pipeline}"
+    return f"{RESULTS}/reports/{pipeline}"
+
+
+def _entry(kind: str) -> str:
+    return f"stages.{kind}"
 
 
 class Dag:
-    """The stages of one pipeline, upstream first, validated against their params files."""
+    """The stages of one pipeline (or of some experiments), upstream first, validated against
+    their params files."""
 
-    def __init__(self, pipeline: str | None, root: Path = P.PARAMS_DIR,
-                 experiments: list[str] | None = None):
-        """The stages of ``pipeline`` (from pipelines.yaml), or, with ``experiments``, just
-        those experiments' stages (no report): all a single stage script needs."""
+    def __init__(self, pipeline: str | None = None, root: Path = PARAMS_DIR,
+                 experiments: list[str] | None = None, presets: Presets | None = None):
+        """The stages of ``pipeline`` (from pipelines.yaml) with its report, or, with
+        ``experiments``, just those experiments' stages (all a stage script needs)."""
         self.pipeline, self.root = pipeline, Path(root)
+        self.presets = presets or Presets(self.root)
         self.row, self.column = "method", "partition"  # the report's pivot
         if experiments is None:
-            pipelines = P.load_pipelines(self.root)
+            pipelines = self.presets.pipelines()
             if pipeline not in pipelines.pipelines:
-                raise P.ParamsError(f"{self.root / 'pipelines.yaml'}: no pipeline '{pipeline}' "
+                raise P.ParamsError(f"{self.root / PIPELINES_FILE}: no pipeline '{pipeline}' "
                                     f"(known: {', '.join(pipelines.pipelines)})")
             spec = pipelines.spec(pipeline)
-            experiments, self.row, self.column = spec.experiments, spec.row, spec.column
+            self.row, self.column = spec.row, spec.column
+            experiments = self.presets.pipeline_experiments(pipeline)
         self.experiments = experiments
         self.stages: dict[str, Stage] = {}
+        self.of_experiment: dict[str, list[str]] = {}  # experiment -> its stages (shared too)
+        self.content: dict[str, str] = {}  # per-experiment stage -> the key of its content
+        self._owners: dict[tuple[str, str], str] | None = None
         for exp in self.experiments:
             self._add_experiment(exp)
-        if pipeline is not None:
+        if pipeline is not None and not self.stages.get(f"report__{pipeline}"):
             self._add_report()
 
+    # ------------------------------------------------------------------ stage scripts
     @classmethod
-    def containing(cls, stage_name: str, root: Path = P.PARAMS_DIR) -> "Dag":
-        """The DAG of the first pipeline that has this stage (what a stage script runs in)."""
-        for pipe in pipeline_order(root):
-            dag = cls(pipe, root)
-            if stage_name in dag.stages:
-                return dag
-        raise P.ParamsError(f"no pipeline in {root / 'pipelines.yaml'} has a stage "
-                            f"'{stage_name}': add its experiment to a pipeline there")
+    def for_stage(cls, kind: str, name: str, root: Path = PARAMS_DIR) -> tuple["Dag", str]:
+        """The smallest DAG that holds stage ``<kind>__<name>``: a data set's or a partition's
+        own stages, an experiment's stage of that kind (maybe shared, named after the
+        experiment that owns its content), or a pipeline's report. Returns (dag, stage name)."""
+        presets = Presets(root)
+        if kind == "report":
+            return cls(name, root, presets=presets), f"report__{name}"
+        dag = cls(None, root, experiments=[], presets=presets)
+        if kind in ("prepare_data", "partition"):
+            {"prepare_data": dag._add_dataset, "partition": dag._add_partition}[kind](name)
+            return dag, f"{kind}__{name}"
+        dag._add_experiment(name)
+        mine = [s for s in dag.of_experiment[name] if dag.stages[s].kind == kind]
+        if not mine:
+            raise P.ParamsError(f"experiment '{name}' has no stage '{kind}' (its stages: "
+                                f"{', '.join(dag.of_experiment[name])})")
+        return dag, mine[0]
 
-    def _params(self, kind: str, name: str, keys: list[str] | None = None) -> dict:
-        """What a stage reads of a preset, as DVC params entries: the preset file and every
-        preset it extends, each with the keys it sets itself (None = all; `extends` itself
-        too, so that pointing a preset elsewhere reruns the stage)."""
-        entries = {}
-        for path, raw in P.preset_chain(P.preset_path(kind, name, self.root)):
-            if keys is None:
-                entries[str(path)] = []
-                continue
-            own = [k for k in keys if k in raw] + ([P.EXTENDS] if P.EXTENDS in raw else [])
-            if own:
-                entries[str(path)] = own
-        return entries
-
+    # ------------------------------------------------------------------ building
     def _add(self, stage: Stage) -> None:
         self.stages.setdefault(stage.name, stage)
 
+    def _add_dataset(self, name: str) -> str:
+        self.presets.load("dataset", name)
+        stage = f"prepare_data__{name}"
+        self._add(Stage(stage, "prepare_data", f"python -m stages.prepare_data {name}",
+                        data_dir(name), params=self.presets.tracked("dataset", name, None),
+                        code=code_files(_entry("prepare_data"))))
+        return stage
+
+    def _add_partition(self, name: str) -> str:
+        part = self.presets.load("partition", name)
+        dataset = self.presets.load("dataset", part.dataset)
+        check_partition_fits(part, self.presets.resolve("partition", name).where, dataset.name)
+        up = self._add_dataset(part.dataset)
+        stage = f"partition__{name}"
+        self._add(Stage(stage, "partition", f"python -m stages.partition {name}",
+                        partition_dir(name), deps=[data_dir(part.dataset)], upstream=[up],
+                        params=self.presets.tracked("partition", name, None),
+                        code=code_files(_entry("partition"))))
+        return stage
+
+    def _exp_stage(self, kind: str, exp_name: str, entry: str, reads: tuple[str, ...],
+                   inputs: list[str], modules: list[str], gpu: bool) -> Stage:
+        """A per-experiment stage reading ``inputs`` (names of upstream stages). It is named
+        after the experiment that owns its content (:meth:`owner`), so experiments that differ
+        only downstream of it share it."""
+        reads = _with_name(reads)
+        key = content_key(kind, self._values(exp_name, reads),
+                          [self.content.get(u, u) for u in inputs])
+        owner = self.owners().get((kind, key), exp_name)
+        name = f"{kind}__{owner}"
+        if name not in self.stages:
+            self.content[name] = key
+            cmd = f"python -m {entry} {owner}".replace("stages.method ",
+                                                       f"stages.method {kind} ")
+            self._add(Stage(name, kind, cmd, f"{experiment_dir(owner)}/{kind}",
+                            deps=[self.stages[u].out for u in inputs], upstream=list(inputs),
+                            params=self.presets.tracked("experiment", owner, reads),
+                            code=code_files(*modules), gpu=gpu))
+        self.of_experiment.setdefault(exp_name, []).append(name)
+        return self.stages[name]
+
+    def _values(self, exp_name: str, reads: tuple[str, ...]) -> dict:
+        dump = self.presets.load("experiment", exp_name).model_dump(mode="json")
+        return {r: lookup(dump, r) for r in reads}
+
     def _add_experiment(self, exp_name: str) -> None:
-        exp = P.load_preset("experiment", exp_name, self.root)
+        exp = self.presets.load("experiment", exp_name)
         if self.column != "partition":
             try:
                 P.setting(exp, self.column)
             except P.ParamsError as e:
-                raise P.ParamsError(f"{self.root / 'pipelines.yaml'}: pipelines.{self.pipeline}"
+                raise P.ParamsError(f"{self.root / PIPELINES_FILE}: pipelines.{self.pipeline}"
                                     f".column: {e} of '{exp_name}'") from None
-        part = P.load_preset("partition", exp.partition, self.root)
-        dataset = P.load_preset("dataset", part.dataset, self.root)
-        P.check_partition_fits(part, P.preset_path("partition", exp.partition, self.root),
-                               TRAIN_SIZES[dataset.name])
-        ds, pt, ex = data_dir(part.dataset), partition_dir(exp.partition), experiment_dir(exp_name)
-        self._add(Stage(f"prepare_data__{part.dataset}", "prepare_data",
-                        f"python -m stages.prepare_data {part.dataset}", ds,
-                        params=self._params("dataset", part.dataset)))
-        self._add(Stage(f"partition__{exp.partition}", "partition",
-                        f"python -m stages.partition {exp.partition}", pt, deps=[ds],
-                        upstream=[f"prepare_data__{part.dataset}"],
-                        params=self._params("partition", exp.partition)))
-        up_data, up_part = f"prepare_data__{part.dataset}", f"partition__{exp.partition}"
-        mfcl = exp.pretrain.method == "mfcl"
-        if mfcl:  # phase 1 -> export -> rServer; features read the client and rServer modules
-            chain = [("pretrain", [ds, pt], [up_data, up_part]),
-                     ("export", [ds, pt, f"{ex}/pretrain"],
-                      [up_data, up_part, f"pretrain__{exp_name}"]),
-                     ("rserver", [f"{ex}/export"], [f"export__{exp_name}"]),
-                     ("features", [ds, f"{ex}/pretrain", f"{ex}/rserver"],
-                      [f"pretrain__{exp_name}", f"rserver__{exp_name}", up_data])]
-        else:
-            chain = [("pretrain", [ds, pt], [up_data, up_part]),
-                     ("features", [ds, f"{ex}/pretrain"], [f"pretrain__{exp_name}", up_data])]
-        chain.append(("evaluate", [f"{ex}/features"], [f"features__{exp_name}"]))
-        if exp.pretrain.method in COSTED_METHODS:
-            cost_deps = [pt, f"{ex}/pretrain"] + ([f"{ex}/export"] if mfcl else [])
-            cost_up = [up_part, f"pretrain__{exp_name}"] + ([f"export__{exp_name}"] if mfcl
-                                                             else [])
-            chain.append(("costs", cost_deps, cost_up))
-        for kind, deps, upstream in chain:
-            keys = MFCL_KEYS[kind] if mfcl and kind in MFCL_KEYS else EXPERIMENT_KEYS[kind]
-            stage = Stage(f"{kind}__{exp_name}", kind, f"python -m stages.{kind} {exp_name}",
-                          f"{ex}/{kind}", deps=deps, upstream=upstream,
-                          params=self._params("experiment", exp_name, keys))
-            if kind == "pretrain":
-                stage.plots = [f"{ex}/rounds.tsv"]
-            if kind == "rserver":
-                stage.plots = [f"{ex}/rserver_epochs.tsv"]
-            if kind == "evaluate":
-                stage.metrics = [f"{ex}/metrics.json"]
-            self._add(stage)
+        part = self.presets.load("partition", exp.partition)
+        method = registry.get(exp.method.name)
+        module = registry.module_of(method.name)
+        sources = {DATA: f"prepare_data__{part.dataset}",
+                   PARTITION: self._add_partition(exp.partition)}
+
+        def add(kind, entry, reads, inputs, modules, gpu) -> Stage:
+            stage = self._exp_stage(kind, exp_name, entry, reads,
+                                    [sources[i] for i in inputs], modules, gpu)
+            sources[kind] = stage.name
+            return stage
+
+        for step in method.steps:
+            stage = add(step.name, _entry("method"), step.reads, step.inputs,
+                        [_entry("method"), module], step.gpu)
+            stage.plots = [f"{results_dir(stage.out.split('/')[-2])}/{p}" for p in step.plots]
+        if method.evaluation_sections:
+            add("features", _entry("features"), FEATURE_READS + method.encoder_reads,
+                (DATA, *method.encoder_inputs), [_entry("features"), module], True)
+            evaluate = add("evaluate", _entry("evaluate"), EVALUATE_READS, ("features",),
+                           [_entry("evaluate")], True)
+            evaluate.metrics = [f"{results_dir(evaluate.out.split('/')[-2])}/metrics.json"]
+        if method.costs_inputs is not None:
+            add("costs", _entry("costs"), method.costs_reads, (PARTITION, *method.costs_inputs),
+                [_entry("costs"), module], False)
+
+    def owners(self) -> dict[tuple[str, str], str]:
+        """(stage kind, content key) -> the first experiment, by name, among every preset
+        (files and grid members) whose stage of that kind has that content: the stage's owner,
+        whichever pipeline runs it. Presets that do not validate own nothing."""
+        if self._owners is None:
+            self._owners = {}
+            scout = Dag(None, self.root, experiments=[], presets=self.presets)
+            scout._owners = {}
+            for name in sorted(self.presets.names("experiment")):
+                try:
+                    scout._add_experiment(name)
+                except P.ParamsError:
+                    continue
+            for name, key in scout.content.items():
+                kind, owner = name.split("__", 1)
+                self._owners.setdefault((kind, key), owner)
+        return self._owners
 
     def _add_report(self) -> None:
-        deps, upstream, params = [], [], {}
+        """The report reads every experiment's metrics, the meta and traffic of its method's
+        steps, its costs, and the partitions' heat-maps."""
+        deps, upstream, params, modules = [], [], {}, {_entry("report")}
         for exp in self.experiments:
-            deps += [f"{experiment_dir(exp)}/metrics.json", f"{experiment_dir(exp)}/pretrain"]
-            upstream += [f"evaluate__{exp}", f"pretrain__{exp}"]
-            if f"costs__{exp}" in self.stages:
-                deps.append(f"{experiment_dir(exp)}/costs")
-                upstream.append(f"costs__{exp}")
-            params.update(self._params("experiment", exp, EXPERIMENT_KEYS["report"]))
-        parts = sorted({s.out for s in self.stages.values() if s.kind == "partition"})
-        deps += parts
-        upstream += [f"partition__{Path(p).name}" for p in parts]
-        params[str(self.root / "pipelines.yaml")] = [f"pipelines.{self.pipeline}"]
+            for name in self.of_experiment[exp]:
+                s = self.stages[name]
+                if s.kind != "features":
+                    upstream.append(name)
+                    deps += s.metrics or [s.out]
+            for file, keys in self.presets.tracked("experiment", exp, REPORT_READS).items():
+                merged = params.get(file, [])
+                params[file] = None if keys is None or merged is None else \
+                    merged + [k for k in keys if k not in merged]
+            modules.add(registry.module_of(self.presets.load("experiment", exp).method.name))
+        parts = [s for s in self.stages.values() if s.kind == "partition"]
+        deps += [s.out for s in parts]
+        upstream += [s.name for s in parts]
+        params[str(self.root / PIPELINES_FILE)] = [f"pipelines.{self.pipeline}"]
+        out = report_dir(self.pipeline)
         self._add(Stage(f"report__{self.pipeline}", "report",
-                        f"python -m stages.report {self.pipeline}", report_dir(self.pipeline),
-                        deps=deps, upstream=upstream, params=params))
+                        f"python -m stages.report {self.pipeline}",
+                        f"{ARTIFACTS}/reports/{self.pipeline}", deps=deps, upstream=upstream,
+                        params=params, code=code_files(*sorted(modules)),
+                        results=[f"{out}/report.md", f"{out}/report.csv"]))
 
     # ------------------------------------------------------------------ fingerprints
     def fingerprint(self, name: str) -> str:
         s = self.stages[name]
-        payload = {"cmd": s.cmd, "params": self.param_values(s),
-                   "code": {c: hash_path(Path(c)) for c in s.code},
-                   "upstream": {u: recorded(self.stages[u], "output_digest") for u in s.upstream}}
+        payload = {"cmd": s.cmd, "params": raw_values(s.params),
+                   "code": {c: hash_file(Path(c)) for c in s.code},
+                   "upstream": {u: recorded(self.stages[u], "output_digest")
+                                for u in s.upstream}}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
     def param_values(self, s: Stage) -> dict:
-        values = {}
-        for file, keys in s.params.items():
-            if Path(file).name == "pipelines.yaml":  # the report's layout
-                spec = P.load_pipelines(self.root).spec(self.pipeline)
-                values[file] = spec.model_dump(mode="json")
-                continue
-            kind = "dataset" if "/datasets/" in file else (
-                "partition" if "/partitions/" in file else "experiment")
-            model = P.load_file(Path(file), P.SCHEMAS[kind]).model_dump(mode="json")
-            values[file] = {k: model[k] for k in keys if k != P.EXTENDS} if keys else model
-        return values
+        """What the stage ran with, for its meta.json: the raw values it reads."""
+        return raw_values(s.params)
 
 
-def hash_path(path: Path) -> str:
-    """Content hash of a file, or of every .py file under a folder."""
-    files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-    h = hashlib.sha256()
-    for f in files:
-        h.update(str(f).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
+def content_key(kind: str, values: dict, inputs: list[str]) -> str:
+    """What determines a stage's output: its kind, the resolved params it reads (defaults
+    included) and what determines its inputs."""
+    payload = json.dumps([kind, values, inputs], sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _with_name(reads: tuple[str, ...]) -> tuple[str, ...]:
+    """A stage reading anything of the method section also reads which method it is."""
+    if any(r.startswith("method.") for r in reads) and "method" not in reads:
+        return ("method.name", *reads)
+    return reads
+
+
+_FILE_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def hash_file(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _FILE_HASHES:
+        _FILE_HASHES[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return _FILE_HASHES[key]
 
 
 def output_digest(stage: Stage, out_dir: Path) -> str:
@@ -265,7 +317,7 @@ def output_digest(stage: Stage, out_dir: Path) -> str:
     for f in files:
         h.update(str(f.relative_to(out_dir)).encode())
         h.update(hashlib.sha256(f.read_bytes()).digest())
-    for extra in stage.metrics + stage.plots:
+    for extra in stage.committed:
         h.update(extra.encode())
         h.update(Path(extra).read_bytes() if Path(extra).exists() else b"")
     return h.hexdigest()
@@ -283,8 +335,8 @@ def stale_stages(dag: Dag) -> set[str]:
     """Stages whose recorded fingerprint is not the expected one, and everything downstream."""
     stale: set[str] = set()
     for name, stage in dag.stages.items():  # upstream first
-        if (recorded(stage, "fingerprint") != dag.fingerprint(name)
-                or any(u in stale for u in stage.upstream)):
+        if (any(u in stale for u in stage.upstream)
+                or recorded(stage, "fingerprint") != dag.fingerprint(name)):
             stale.add(name)
     return stale
 
@@ -308,19 +360,20 @@ def sync_stamps(dag: Dag) -> tuple[dict[str, str], set[str]]:
 
 
 # ---------------------------------------------------------------------- dvc.yaml
-def owners(root: Path = P.PARAMS_DIR) -> dict[str, tuple[str, Stage]]:
+def owners(root: Path = PARAMS_DIR) -> dict[str, tuple[str, Stage]]:
     """Stage name -> (the pipeline whose dvc.yaml defines it, the stage). A shared stage is
     written into the first pipeline that uses it (``default`` first); later pipelines depend on
     its outputs without redefining it."""
     owner: dict[str, tuple[str, Stage]] = {}
-    for pipe in pipeline_order(root):
-        for name, stage in Dag(pipe, root).stages.items():
+    presets = Presets(root)
+    for pipe in pipeline_order(root, presets):
+        for name, stage in Dag(pipe, root, presets=presets).stages.items():
             owner.setdefault(name, (pipe, stage))
     return owner
 
 
-def pipeline_order(root: Path = P.PARAMS_DIR) -> list[str]:
-    names = list(P.load_pipelines(root).pipelines)
+def pipeline_order(root: Path = PARAMS_DIR, presets: Presets | None = None) -> list[str]:
+    names = list((presets or Presets(root)).pipelines().pipelines)
     return ["default"] + sorted(n for n in names if n != "default")
 
 
@@ -328,17 +381,16 @@ def dvc_file(pipeline: str) -> Path:
     return Path("dvc.yaml") if pipeline == "default" else EXTRA_PIPELINES_DIR / pipeline / "dvc.yaml"
 
 
-def dvc_yaml(pipeline: str, root: Path = P.PARAMS_DIR) -> str:
-    owner = owners(root)
-    dag = Dag(pipeline, root)
+def dvc_yaml(pipeline: str, owner: dict[str, tuple[str, Stage]]) -> str:
     stages = {}
-    for name, s in dag.stages.items():
-        if owner[name][0] != pipeline:
+    for name, (pipe, s) in owner.items():
+        if pipe != pipeline:
             continue
         entry = {"cmd": s.cmd, "deps": s.code + s.deps}
         if s.params:
-            entry["params"] = [{f: list(keys)} if keys else {f: None} for f, keys in s.params.items()]
-        entry["outs"] = [s.out]
+            entry["params"] = [{f: list(keys)} if keys is not None else {f: None}
+                               for f, keys in s.params.items()]
+        entry["outs"] = [s.out] + [{r: {"cache": False}} for r in s.results]
         if s.metrics:
             entry["metrics"] = [{m: {"cache": False}} for m in s.metrics]
         if s.plots:
@@ -346,37 +398,37 @@ def dvc_yaml(pipeline: str, root: Path = P.PARAMS_DIR) -> str:
         if pipeline != "default":
             entry = {"wdir": "../..", **entry}
         stages[name] = entry
-    header = ("# Generated by `python -m fedssl.pipeline write` from fedssl/pipeline.py and "
-              "params/.\n# Do not edit by hand: a test fails when this file drifts.\n")
-    body = yaml.safe_dump({"stages": stages}, sort_keys=False, default_flow_style=False)
+    header = ("# Generated by `python -m fedssl.pipeline write` from the DAG (fedssl/pipeline.py)"
+              " and params/.\n# Do not edit by hand: a test fails when this file drifts.\n")
+    body = yaml.safe_dump({"stages": stages}, sort_keys=False, default_flow_style=False,
+                          allow_unicode=True)
     return header + body.replace(": null\n", ":\n")
 
 
-def write_all(root: Path = P.PARAMS_DIR) -> list[Path]:
+def generated_files(root: Path = PARAMS_DIR) -> dict[Path, str]:
+    """Every dvc.yaml the DAG generates: path -> text."""
+    owner = owners(root)
+    return {dvc_file(pipe): dvc_yaml(pipe, owner) for pipe in pipeline_order(root)}
+
+
+def write_all(root: Path = PARAMS_DIR) -> list[Path]:
     written = []
-    for pipe in pipeline_order(root):
-        path = dvc_file(pipe)
+    for path, text in generated_files(root).items():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(dvc_yaml(pipe, root))
+        path.write_text(text)
         written.append(path)
     return written
 
 
 # ---------------------------------------------------------------------- snakemake -> dvc
-def record_ran(name: str) -> None:
-    STAMPS.mkdir(parents=True, exist_ok=True)
-    with open(RAN_LOG, "a") as f:
-        f.write(name + "\n")
-
-
-def commit_ran(root: Path = P.PARAMS_DIR) -> list[str]:
+def commit_ran(root: Path = PARAMS_DIR) -> list[str]:
     """Record in dvc.lock the stages Snakemake just ran, so DVC sees them as up to date."""
     if not RAN_LOG.exists() or not Path(".dvc").is_dir():
         return []
     names = sorted(set(RAN_LOG.read_text().split()))
     owner = owners(root)
     complete = [n for n in names if n in owner and all(Path(p).exists() for p in [
-        owner[n][1].out, *owner[n][1].metrics, *owner[n][1].plots])]
+        owner[n][1].out, *owner[n][1].committed])]
     targets = [f"{dvc_file(owner[n][0])}:{n}" for n in complete]
     if targets and subprocess.run(["dvc", "commit", "--force", "--quiet", *targets]).returncode:
         print(f"warning: `dvc commit` failed; `dvc status` may list {', '.join(names)}",
@@ -386,8 +438,8 @@ def commit_ran(root: Path = P.PARAMS_DIR) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fedssl.pipeline", description=__doc__.split(
-        "\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m fedssl.pipeline",
+                                 description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("write", help="regenerate dvc.yaml (and pipelines/*/dvc.yaml)")
     sub.add_parser("commit", help="dvc-commit the stages Snakemake ran")

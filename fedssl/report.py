@@ -1,24 +1,27 @@
 """The report: the accuracy tables in the layout of MFCL Tab. 2 (methods down, data set and
 partition across, repeated runs as mean ± std) with the per-client costs of Tab. 3 beside them,
-and one row per experiment with every metric, as Markdown and CSV."""
+and one row per experiment with every metric, as Markdown, CSV and JSON (``report.json`` holds
+the tables by name, which ``python -m fedssl.report readme`` copies into the README)."""
 from __future__ import annotations
 
+import argparse
 import csv
 import json
+import re
 import statistics
+import sys
 from pathlib import Path
 
 from fedssl.params import setting
 
 DATASET_LABELS = {"fashion_mnist": "F-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
                   "stl10": "STL-10", "tiny_imagenet": "Tiny"}
-METHOD_LABELS = {"fedsimclr": "FedSimCLR"}
 # Tab. 3's per-client cost columns beside the pivot: header -> the row's column (its units).
 PIVOT_COSTS = {"α (bits)": "alpha_bits", "β (GFLOPs)": "beta_GFLOPs",
                "γ Eq. 6 (MB)": "gamma_eq6_MB", "sent (MB)": "client_MB_sent"}
 
 COLUMNS = ["experiment", "title", "partition", "method", "arch", "rounds", "linear_top1",
-           "knn_top1", "client_MB_up", "client_MB_down", "pretrain_s", "parameters",
+           "knn_top1", "client_MB_up", "client_MB_down", "train_s", "parameters",
            "alpha_bits", "client_MB_sent", "beta_GFLOPs", "gamma_eq6_MB", "peak_step_MB",
            "row", "column"]
 # Mean per-client costs (the `costs` stage; blank for methods without one), as in Tab. 3.
@@ -29,42 +32,39 @@ COST_COLUMNS = {"alpha_bits": ("mean_alpha_bits_paper", 1.0),
                 "peak_step_MB": ("mean_peak_step_bytes", 1e-6)}
 
 
-def experiment_row(name: str, exp, exp_dir: Path) -> dict:
-    metrics = json.loads((exp_dir / "metrics.json").read_text())
-    meta = json.loads((exp_dir / "pretrain" / "meta.json").read_text())
-    comm_file = exp_dir / "pretrain" / "communication.json"
+def experiment_row(name: str, exp, method, step_dirs: list[Path], metrics_file: Path,
+                   costs_dir: Path | None) -> dict:
+    """One experiment's row: its probe metrics, rounds, parameters and wall time of its
+    method's steps, the per-client traffic they logged, and its per-client costs."""
+    metrics = json.loads(metrics_file.read_text())
+    metas = [json.loads((d / "meta.json").read_text()) for d in step_dirs]
     up = down = 0.0
-    if comm_file.exists():
-        per_client = json.loads(comm_file.read_text())["per_client"]
-        up = sum(c["bytes_up"] for c in per_client) / len(per_client) / 1e6
-        down = sum(c["bytes_down"] for c in per_client) / len(per_client) / 1e6
-    if exp.pretrain.method == "mfcl":
-        cm = exp.mfcl.client_module
-        arch = f"{cm.arch}-{cm.norm}"
-    else:
-        arch = exp.model.arch
+    for d in step_dirs:
+        if (d / "communication.json").exists():
+            per_client = json.loads((d / "communication.json").read_text())["per_client"]
+            up += sum(c["bytes_up"] for c in per_client) / len(per_client) / 1e6
+            down += sum(c["bytes_down"] for c in per_client) / len(per_client) / 1e6
     row = {"experiment": name, "title": exp.title, "partition": exp.partition,
-           "method": exp.pretrain.method, "arch": arch, "rounds": meta["rounds"],
+           "method": method.name, "arch": method.arch(exp.method),
+           "rounds": sum(m.get("rounds", 0) for m in metas),
            "linear_top1": metrics["linear_top1"], "knn_top1": metrics["knn_top1"],
            "client_MB_up": round(up, 2), "client_MB_down": round(down, 2),
-           "pretrain_s": meta["wall_seconds"], "parameters": meta["parameters"]}
-    cost_file = exp_dir / "costs" / "costs.json"
-    cost = json.loads(cost_file.read_text()) if cost_file.exists() else {}
+           "train_s": round(sum(m["wall_seconds"] for m in metas), 2),
+           "parameters": next((m["parameters"] for m in metas if "parameters" in m), "")}
+    cost_file = costs_dir / "costs.json" if costs_dir else None
+    cost = json.loads(cost_file.read_text()) if cost_file and cost_file.exists() else {}
     for col, (key, scale) in COST_COLUMNS.items():
         row[col] = f"{cost[key] * scale:.3g}" if key in cost else ""
     return row
 
 
-def table_cell(exp, partition, dataset_name: str, row: str = "method",
+def table_cell(exp, method, partition, dataset_name: str, row: str = "method",
                column: str = "partition") -> tuple[str, str]:
-    """(row, column) of an experiment in the pivot: the method (the title for reference rows)
-    or the title, and the data set with its partition or ``leaf=value`` of a swept setting."""
-    if row == "title":
-        row = exp.title
-    elif exp.pretrain.method == "mfcl":
-        row = f"MFCL({exp.mfcl.client_module.norm.upper()})"
-    else:
-        row = METHOD_LABELS.get(exp.pretrain.method, exp.title)
+    """(row, column) of an experiment in the pivot: the method's label (the title for
+    reference rows) or the title, and the data set with its partition or ``leaf=value`` of a
+    swept setting."""
+    label = method.row_label(exp.method)
+    row = exp.title if row == "title" or not label else label
     if column != "partition":
         return row, f"{column.rsplit('.', 1)[-1]}={setting(exp, column)}"
     scheme = partition.scheme
@@ -118,3 +118,45 @@ def write_csv(rows: list[dict], path: Path, columns=COLUMNS) -> None:
         w = csv.DictWriter(f, columns)
         w.writeheader()
         w.writerows(rows)
+
+
+# ------------------------------------------------------------------ README tables
+README = Path("README.md")
+_BLOCK = re.compile(r"(<!-- results: (\w+) (\w+) -->\n)(.*?)(<!-- /results -->)", re.S)
+
+
+def readme_text(text: str, results_root: Path = Path("results/reports")) -> str:
+    """``text`` with every block ``<!-- results: PIPELINE TABLE -->...<!-- /results -->``
+    refilled from ``results/reports/PIPELINE/report.json`` (a table the report stage wrote)."""
+    def fill(m: re.Match) -> str:
+        path = results_root / m.group(2) / "report.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no report of pipeline '{m.group(2)}' (run it)")
+        tables = json.loads(path.read_text())["tables"]
+        if m.group(3) not in tables:
+            raise KeyError(f"{path}: no table '{m.group(3)}' (has {', '.join(tables)})")
+        return m.group(1) + tables[m.group(3)] + m.group(5)
+    return _BLOCK.sub(fill, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fedssl.report")
+    ap.add_argument("command", choices=["readme"], help="readme: refill the README's result "
+                    "tables from the committed reports (results/reports/*/report.json)")
+    ap.add_argument("--check", action="store_true", help="only say whether it is up to date")
+    args = ap.parse_args(argv)
+    old = README.read_text()
+    new = readme_text(old)
+    if args.check:
+        if new != old:
+            print("README.md: result tables differ from results/reports: run "
+                  "`python -m fedssl.report readme`", file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(new)
+    print(f"{README}: {len(_BLOCK.findall(new))} result tables refilled")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

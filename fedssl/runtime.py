@@ -10,12 +10,17 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where it is used: planning and light stages skip it
+    import torch
 
 
-def pick_device() -> torch.device:
+def pick_device() -> "torch.device":
     """CUDA when present, else CPU; FEDSSL_DEVICE overrides (e.g. 'cpu' on a GPU box)."""
+    import torch
     name = os.environ.get("FEDSSL_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
 
@@ -30,7 +35,8 @@ def numpy_rng(*parts: object) -> np.random.Generator:
     return np.random.default_rng(derive_seed(*parts))
 
 
-def torch_generator(device: torch.device, *parts: object) -> torch.Generator:
+def torch_generator(device: "torch.device", *parts: object) -> "torch.Generator":
+    import torch
     gen = torch.Generator(device=device)
     gen.manual_seed(derive_seed(*parts))
     return gen
@@ -54,6 +60,7 @@ def write_tsv(rows: list[dict], path: Path, fields: list[str]) -> None:
 
 
 def torch_save(obj, path: Path) -> None:
+    import torch
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
@@ -74,12 +81,20 @@ def atomic_dir(final: Path):
     os.replace(tmp, final)
 
 
-def environment(device: torch.device) -> dict:
-    import pydantic
-    env = {"python": platform.python_version(), "torch": torch.__version__,
-           "numpy": np.__version__, "pydantic": pydantic.__version__,
-           "device": str(device), "host": platform.node()}
-    if device.type == "cuda":
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def environment(device: "torch.device | None") -> dict:
+    env = {"python": platform.python_version(), "torch": _version("torch"),
+           "numpy": np.__version__, "pydantic": _version("pydantic"),
+           "device": str(device or "cpu"), "host": platform.node()}
+    if device is not None and device.type == "cuda":
+        import torch
         env["gpu"] = torch.cuda.get_device_name(device)
     return env
 
@@ -87,16 +102,19 @@ def environment(device: torch.device) -> dict:
 class PeakMemory:
     """Peak memory of a block: CUDA allocator peak on GPU, process max-RSS on CPU."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: "torch.device | None"):
+        self.cuda = device is not None and device.type == "cuda"
         self.device = device
 
     def __enter__(self):
-        if self.device.type == "cuda":
+        if self.cuda:
+            import torch
             torch.cuda.reset_peak_memory_stats(self.device)
         return self
 
     def __exit__(self, *exc):
-        if self.device.type == "cuda":
+        if self.cuda:
+            import torch
             self.bytes = torch.cuda.max_memory_allocated(self.device)
             self.kind = "cuda_max_allocated"
         else:

@@ -1,18 +1,24 @@
 """The stage contract, in one place: validate params before any compute, write the declared
-output directory atomically, record what ran (meta.json with the DAG fingerprint)."""
+output directory atomically, record what ran (meta.json with the DAG fingerprint).
+
+A stage script builds a :class:`StageContext` for its stage (the smallest DAG holding it, so a
+job plans only its own experiment) and runs its body inside :meth:`StageContext.run`. The
+context gives the body its validated params, where its inputs are, a scratch output folder, the
+device, and the ``info`` dict that ends up in meta.json. torch is imported only by stages that
+compute with it.
+"""
 from __future__ import annotations
 
 import os
 import sys
 import time
-import traceback
 from contextlib import contextmanager
+from functools import cached_property
 from pathlib import Path
 
-import torch
-
 from fedssl.params import ParamsError
-from fedssl.pipeline import output_digest
+from fedssl.pipeline import (Dag, data_dir, experiment_dir, output_digest, partition_dir,
+                             results_dir)
 from fedssl.runtime import PeakMemory, atomic_dir, environment, pick_device, write_json
 
 RESUME_DIR = Path("artifacts/.resume")  # checkpoints of unfinished stages, outside all outputs
@@ -22,37 +28,120 @@ class StageFailed(RuntimeError):
     """An expected failure (missing data set, bad params): printed without a traceback."""
 
 
+class StageContext:
+    """Stage ``<kind>__<name>`` of the project under ``params/``."""
+
+    def __init__(self, kind: str, name: str):
+        self.dag, self.stage_name = Dag.for_stage(kind, name)
+        self.stage = self.dag.stages[self.stage_name]
+        # a shared stage runs with the params of the experiment that owns its content
+        self.kind, self.name = kind, self.stage_name.split("__", 1)[1]
+        self.presets = self.dag.presets
+        self.out: Path | None = None     # the scratch output folder, inside run()
+        self.device = None
+        self.info: dict = {}
+
+    # ------------------------------------------------------------------ params
+    @cached_property
+    def exp(self):
+        return self.presets.load("experiment", self.name)
+
+    @cached_property
+    def partition(self):
+        return self.presets.load("partition", self.exp.partition)
+
+    @cached_property
+    def dataset_name(self) -> str:
+        """The data set preset the experiment's partition splits."""
+        return self.partition.dataset
+
+    @cached_property
+    def method(self):
+        from fedssl.methods import registry
+        return registry.get(self.exp.method.name)
+
+    # ------------------------------------------------------------------ where things are
+    @property
+    def data_dir(self) -> Path:
+        return Path(data_dir(self.dataset_name))
+
+    @property
+    def partition_dir(self) -> Path:
+        return Path(partition_dir(self.exp.partition))
+
+    @property
+    def exp_dir(self) -> Path:
+        return Path(experiment_dir(self.name))
+
+    @property
+    def results_dir(self) -> Path:
+        path = Path(results_dir(self.name))
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def input(self, step: str) -> Path:
+        """The output folder of the upstream stage of kind ``step`` (an earlier step of this
+        experiment's method, or one it shares with another experiment)."""
+        for name in self.stage.upstream:
+            if self.dag.stages[name].kind == step:
+                return Path(self.dag.stages[name].out)
+        raise KeyError(f"{self.stage_name} reads no '{step}' stage")
+
+    @property
+    def resume_path(self) -> Path:
+        RESUME_DIR.mkdir(parents=True, exist_ok=True)
+        return RESUME_DIR / f"{self.stage_name}.pt"
+
+    @property
+    def fingerprint(self) -> str:
+        return self.dag.fingerprint(self.stage_name)
+
+    # ------------------------------------------------------------------ data
+    @cached_property
+    def image_shape(self) -> tuple[int, int, int]:
+        from fedssl.data.store import image_shape
+        return image_shape(self.data_dir)
+
+    def split(self, split: str = "train"):
+        """(uint8 images [N, C, H, W] memory-mapped, int64 labels) of the prepared data."""
+        from fedssl.data.store import load_split
+        return load_split(self.data_dir, split)
+
+    def clients(self):
+        from fedssl.data.store import load_clients
+        return load_clients(self.partition_dir)
+
+    # ------------------------------------------------------------------ running
+    @contextmanager
+    def run(self):
+        """Run the stage's body: yields the scratch output folder; on success it becomes the
+        stage's output with meta.json in it."""
+        fingerprint = self.fingerprint
+        if self.stage.gpu:
+            self.device = pick_device()
+        set_threads()
+        start = time.time()
+        with atomic_dir(Path(self.stage.out)) as out:
+            self.out = out
+            with PeakMemory(self.device) as peak:
+                yield out
+            self.info.setdefault("wall_seconds", round(time.time() - start, 2))
+            write_json(out / "meta.json", {
+                "stage": self.stage_name, "fingerprint": fingerprint,
+                "output_digest": output_digest(self.stage, out), "command": self.stage.cmd,
+                "params": self.dag.param_values(self.stage),
+                "environment": environment(self.device), "peak_memory_bytes": peak.bytes,
+                "peak_memory_kind": peak.kind, **self.info})
+
+    def done(self) -> None:
+        """The stage finished: its resume checkpoint is no longer needed."""
+        (RESUME_DIR / f"{self.stage_name}.pt").unlink(missing_ok=True)
+
+
 def set_threads() -> None:
     threads = int(os.environ.get("FEDSSL_THREADS", "0"))
-    if threads > 0:
-        torch.set_num_threads(threads)
-
-
-@contextmanager
-def stage_run(dag, name: str):
-    """Run stage ``name`` of ``dag``: yields (stage, scratch output dir, device, info
-    dict); on success the scratch dir becomes the stage's output with meta.json in it."""
-    stage = dag.stages[name]
-    fingerprint = dag.fingerprint(name)
-    device = pick_device()
-    set_threads()
-    info: dict = {}
-    start = time.time()
-    with atomic_dir(Path(stage.out)) as out:
-        with PeakMemory(device) as peak:
-            yield stage, out, device, info
-        info.setdefault("wall_seconds", round(time.time() - start, 2))
-        write_json(out / "meta.json", {
-            "stage": name, "fingerprint": fingerprint,
-            "output_digest": output_digest(stage, out), "command": stage.cmd,
-            "params": dag.param_values(stage), "environment": environment(device),
-            "peak_memory_bytes": peak.bytes, "peak_memory_kind": peak.kind,
-            "threads": torch.get_num_threads(), **info})
-
-
-def resume_path(name: str) -> Path:
-    RESUME_DIR.mkdir(parents=True, exist_ok=True)
-    return RESUME_DIR / f"{name}.pt"
+    if threads > 0 and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
 
 
 def main_guard(body) -> None:
@@ -63,5 +152,6 @@ def main_guard(body) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        traceback.print_exc()
+        print("interrupted: a stage that checkpoints resumes where it stopped when run again",
+              file=sys.stderr)
         sys.exit(130)

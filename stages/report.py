@@ -1,44 +1,57 @@
-"""Stage: the table across a pipeline's experiments, plus the partition heat-maps."""
+"""Stage: the tables across a pipeline's experiments, plus the partition heat-maps; written to
+``results/reports/<pipeline>/`` (committed) as Markdown, CSV and JSON."""
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
-from fedssl.params import load_preset
-from fedssl.pipeline import Dag, experiment_dir, partition_dir
+from fedssl.pipeline import report_dir
 from fedssl.report import experiment_row, pivot_markdown, table_cell, to_markdown, write_csv
-from fedssl.stage import main_guard, stage_run
+from fedssl.stage import StageContext, main_guard
 
 
 def run(argv):
     ap = argparse.ArgumentParser(prog="python -m stages.report")
     ap.add_argument("pipeline", help="a pipeline of params/pipelines.yaml")
     pipeline = ap.parse_args(argv).pipeline
-    dag = Dag(pipeline)
-    exps = {name: load_preset("experiment", name) for name in dag.experiments}
-    rows = []
-    for name, exp in exps.items():
-        part = load_preset("partition", exp.partition)
-        row, column = table_cell(exp, part, load_preset("dataset", part.dataset).name,
+    ctx = StageContext("report", pipeline)
+    dag, presets = ctx.dag, ctx.presets
+    from fedssl.methods import registry
+    rows, partitions = [], []
+    for name in dag.experiments:
+        exp = presets.load("experiment", name)
+        method = registry.get(exp.method.name)
+        part = presets.load("partition", exp.partition)
+        stages = [dag.stages[s] for s in dag.of_experiment[name]]
+        steps = [Path(s.out) for s in stages if s.kind in {st.name for st in method.steps}]
+        costs = next((Path(s.out) for s in stages if s.kind == "costs"), None)
+        metrics = next(Path(s.metrics[0]) for s in stages if s.kind == "evaluate")
+        row, column = table_cell(exp, method, part, presets.load("dataset", part.dataset).name,
                                  dag.row, dag.column)
-        rows.append({**experiment_row(name, exp, Path(experiment_dir(name))),
+        rows.append({**experiment_row(name, exp, method, steps, metrics, costs),
                      "row": row, "column": column})
-    with stage_run(dag, f"report__{pipeline}") as (_, out, _device, info):
-        table = to_markdown(rows)
-        linear = pivot_markdown(rows, "linear_top1")
-        heatmaps = []
-        for part in sorted({e.partition for e in exps.values()}):
-            shutil.copy(Path(partition_dir(part)) / "heatmap.png", out / f"partition_{part}.png")
-            heatmaps.append(f"![{part}](partition_{part}.png)")
-        (out / "report.md").write_text(
+        partitions += [exp.partition] if exp.partition not in partitions else []
+    results = Path(report_dir(pipeline))
+    with ctx.run() as out:
+        tables = {"linear": pivot_markdown(rows, "linear_top1"),
+                  "knn": pivot_markdown(rows, "knn_top1", costs=False),
+                  "runs": to_markdown(rows)}
+        results.mkdir(parents=True, exist_ok=True)
+        for part in sorted(partitions):
+            shutil.copy(Path(dag.stages[f"partition__{part}"].out) / "heatmap.png",
+                        out / f"partition_{part}.png")
+        (results / "report.md").write_text(
             f"# Pipeline `{pipeline}`\n\n"
             "## Linear probe top-1 % (layout of MFCL Tab. 2; per-client costs as Tab. 3)\n\n"
-            f"{linear}\n## k-NN top-1 %\n\n{pivot_markdown(rows, 'knn_top1', costs=False)}\n"
-            f"## All runs\n\n{table}\n" + "\n".join(heatmaps) + "\n")
-        write_csv(rows, out / "report.csv")
-        info["rows"] = len(rows)
-    print(f"{linear}\n{table}", end="")
+            f"{tables['linear']}\n## k-NN top-1 %\n\n{tables['knn']}\n"
+            f"## All runs\n\n{tables['runs']}\nPartition heat-maps: `{ctx.stage.out}/`\n")
+        write_csv(rows, results / "report.csv")
+        (results / "report.json").write_text(json.dumps({"pipeline": pipeline, "rows": rows,
+                                                         "tables": tables}, indent=1) + "\n")
+        ctx.info["rows"] = len(rows)
+    print(f"{tables['linear']}\n{tables['runs']}", end="")
 
 
 if __name__ == "__main__":

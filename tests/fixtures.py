@@ -44,9 +44,16 @@ def toy_images(n: int, seed: int, num_classes: int = 4) -> tuple[np.ndarray, np.
 TINY_EXPERIMENT = """\
 title: {title}
 partition: tiny_dir05_m3
-model: {{arch: {arch}, norm: gn, channels_per_group: 4, width: 4, proj_hidden: 16, proj_dim: 8}}
-pretrain:
-  method: {method}
+method:
+  name: {method}
+  model: {{arch: {arch}, norm: gn, channels_per_group: 4, width: 4, proj_hidden: 16, proj_dim: 8}}
+{training}  seed: 0
+features: {{layer: backbone, train_size: null, batch_size: 256}}
+linear_probe: {{epochs: 5, lr: 0.01, weight_decay: 0.0, batch_size: 64, standardize: true, seed: 0}}
+knn: {{k: 5, temperature: 0.1}}
+"""
+
+TINY_SIMCLR_TRAINING = """\
   rounds: {rounds}
   local_epochs: 1
   client_fraction: 1.0
@@ -61,23 +68,23 @@ pretrain:
             brightness: 0.4, contrast: 0.4, saturation: 0.0, hue: 0.0, grayscale_p: 0.0,
             blur_p: 0.0, blur_sigma: [0.1, 2.0], solarize_p: 0.0}}
   parallel_clients: auto
-  seed: 0
-features: {{layer: backbone, train_size: null, batch_size: 256}}
-linear_probe: {{epochs: 5, lr: 0.01, weight_decay: 0.0, batch_size: 64, standardize: true, seed: 0}}
-knn: {{k: 5, temperature: 0.1}}
 """
+
+
+def tiny_experiment(title: str, arch: str, method: str, rounds: int = 0) -> str:
+    training = TINY_SIMCLR_TRAINING.format(rounds=rounds) if method == "fedsimclr" else ""
+    return TINY_EXPERIMENT.format(title=title, arch=arch, method=method, training=training)
 
 
 TINY_MFCL_EXPERIMENT = """\
 title: MFCL({norm})
 partition: tiny_dir05_m3
-pretrain:
-  method: mfcl
+method:
+  name: mfcl
   augment: {{crop_scale: [0.5, 1.0], crop_ratio: [0.75, 1.3333], flip_p: 0.5, jitter_p: 0.8,
             brightness: 0.4, contrast: 0.4, saturation: 0.0, hue: 0.0, grayscale_p: 0.0,
             blur_p: 0.0, blur_sigma: [0.1, 2.0], solarize_p: 0.0}}
   seed: 0
-mfcl:
   client_module: {{arch: resnet18, width: 4, norm: {norm}, channels_per_group: 2}}
   phase1: {{rounds: 2, local_epochs: 1, batch_pairs: 16, lr: 0.01, loss: bce,
            client_fraction: 1.0, secure_aggregation: {secure}}}
@@ -123,11 +130,12 @@ def make_tiny_project(root: Path, git: bool = True) -> Path:
             "tiny_random": ("Random init", "small_cnn", "none", 0),
             "tiny_pixels": ("Raw pixels", "pixels", "none", 0)}
     for name, (title, arch, method, rounds) in rows.items():
-        (params / "experiments" / f"{name}.yaml").write_text(TINY_EXPERIMENT.format(
-            title=title, arch=arch, method=method, rounds=rounds))
+        (params / "experiments" / f"{name}.yaml").write_text(
+            tiny_experiment(title, arch, method, rounds))
     (params / "pipelines.yaml").write_text(
         "pipelines:\n  default: [tiny_simclr, tiny_random, tiny_pixels]\n")
     (root / ".gitignore").write_text("/artifacts/\n.snakemake/\n")
+    run(["python", "-m", "fedssl.pipeline", "write"], root)
     if git:
         run(["git", "init", "-q"], root)
         run(["dvc", "init", "-q"], root)

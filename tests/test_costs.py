@@ -156,14 +156,16 @@ def test_projected_paper_scale_client_costs_from_the_shipped_presets(monkeypatch
     shipped paper presets with counted FLOPs: MFCL's α is the table's 25e10 and FedSimCLR's its
     17e11 (plus our projection head); MFCL's client compute and memory are orders of magnitude
     below FedSimCLR's (spec §10: β ratio ≈ 0.003-0.009)."""
-    from fedssl.params import load_preset
+    from fedssl.methods import registry
+    from fedssl.presets import Presets
     from tests.fixtures import REPO
     monkeypatch.chdir(REPO)
+    presets = Presets()
 
     def project(name):
-        exp = load_preset("experiment", name)
-        return costs.projected_client_costs(exp, load_preset("partition", exp.partition),
-                                            "cifar10")
+        exp = presets.load("experiment", name)
+        return registry.get(exp.method.name).projected_costs(
+            exp, presets.load("partition", exp.partition), "cifar10")
     m, f = project("cifar10_mfcl_tn_dir01"), project("cifar10_fedsimclr_dir01")
     assert costs.table_format(m["mean_alpha_bits_paper"]) == "25e10"
     assert 1.7e12 <= f["mean_alpha_bits_paper"] < 1.9e12

@@ -22,8 +22,8 @@ def planned_jobs(project: Path) -> set[str]:
     return {m.group(1) for m in re.finditer(r"^(\w+__\w+)\s+\d+$", out, re.M)}
 
 
-def dvc_stale(project: Path) -> set[str]:
-    out = run(["dvc", "status", "--json"], project).stdout
+def dvc_stale(project: Path, *targets: str) -> set[str]:
+    out = run(["dvc", "status", "--json", *targets], project).stdout
     return set(json.loads(out or "{}"))
 
 
@@ -42,15 +42,15 @@ def project(tmp_path_factory):
 
 
 def test_snakemake_runs_every_stage_and_reports(project):
-    report = (project / "artifacts" / "report" / "report.csv").read_text().splitlines()
+    report = (project / "results/reports/default/report.csv").read_text().splitlines()
     assert report[0].startswith("experiment,title,partition,method")
     rows = {line.split(",")[0]: line.split(",") for line in report[1:]}
     assert set(rows) == {"tiny_simclr", "tiny_random", "tiny_pixels"}
-    metrics = json.loads((project / "artifacts/experiments/tiny_pixels/metrics.json").read_text())
+    metrics = json.loads((project / "results/experiments/tiny_pixels/metrics.json").read_text())
     assert metrics["linear_top1"] == 100.0  # the toy classes are linearly separable in pixels
-    rounds = (project / "artifacts/experiments/tiny_simclr/rounds.tsv").read_text().splitlines()
+    rounds = (project / "results/experiments/tiny_simclr/rounds.tsv").read_text().splitlines()
     assert len(rounds) == 3  # header + 2 rounds
-    assert (project / "artifacts/report/partition_tiny_dir05_m3.png").read_bytes()[:4] == \
+    assert (project / "artifacts/reports/default/partition_tiny_dir05_m3.png").read_bytes()[:4] == \
         b"\x89PNG"
 
 
@@ -104,7 +104,7 @@ def test_invalid_params_stop_snakemake_before_any_job(project):
         proc = run(["snakemake", "-n", "--cores", "1"], project, check=False)
         assert proc.returncode != 0
         assert "tiny_simclr.yaml" in proc.stdout + proc.stderr
-        assert "pretrain.temperature" in proc.stdout + proc.stderr
+        assert "method.fedsimclr.temperature" in proc.stdout + proc.stderr
     finally:
         path.write_text(good)
 
@@ -112,10 +112,10 @@ def test_invalid_params_stop_snakemake_before_any_job(project):
 def test_an_extending_experiment_follows_its_base_in_both_front_ends(project):
     """`extends`: a variant inherits its base's settings; editing an inherited one reruns the
     variant in Snakemake and DVC alike, and restoring it makes both see nothing to do."""
-    (project / "params/experiments/tiny_random_k3.yaml").write_text(
-        "extends: tiny_random\ntitle: Random init, 3-NN\nknn: {k: 3}\n")
+    (project / "params/experiments/tiny_random_w8.yaml").write_text(
+        "extends: tiny_random\ntitle: Random init, width 8\nmethod: {model: {width: 8}}\n")
     with open(project / "params" / "pipelines.yaml", "a") as f:
-        f.write("  variants: [tiny_random_k3]\n")
+        f.write("  variants: [tiny_random_w8]\n")
     run(["python", "-m", "fedssl.pipeline", "write"], project)
     config = ["--config", "pipeline=variants"]
     run(["snakemake", "--cores", "2", "--resources", "gpu=1", *config], project)
@@ -132,9 +132,92 @@ def test_an_extending_experiment_follows_its_base_in_both_front_ends(project):
     try:
         base.write_text(good.replace("batch_size: 256}", "batch_size: 128}"))
         planned, dvc = stale()
-        assert planned == {"features__tiny_random_k3", "evaluate__tiny_random_k3",
+        assert planned == {"features__tiny_random_w8", "evaluate__tiny_random_w8",
                            "report__variants"}
-        assert dvc == {"features__tiny_random_k3"}  # DVC reports the first stale stage
+        assert dvc == {"features__tiny_random_w8"}  # DVC reports the first stale stage
     finally:
         base.write_text(good)
     assert stale() == (set(), set())
+
+
+def downstream(project: Path, names: set[str]) -> set[str]:
+    """``names`` and every stage after them in the default pipeline's DAG."""
+    import sys
+    sys.path.insert(0, str(project))
+    out = run(["python", "-c", "from fedssl.pipeline import Dag; import json; d = Dag('default');"
+               " print(json.dumps({n: s.upstream for n, s in d.stages.items()}))"], project)
+    upstream = json.loads(out.stdout)
+    result = set(names)
+    for name, ups in upstream.items():  # upstream first
+        if any(u in result for u in ups):
+            result.add(name)
+    return result
+
+
+# (file, old text or None to append a comment, new text): code a stage imports, a default in
+# the params models, a preset. Each must rerun the same stages in Snakemake and DVC.
+EDITS = [
+    ("stages/evaluate.py", None, None),
+    ("fedssl/eval/probes.py", None, None),
+    ("fedssl/runtime.py", None, None),
+    ("fedssl/losses.py", None, None),
+    ("fedssl/data/partition.py", None, None),
+    ("fedssl/methods/none.py", None, None),
+    ("fedssl/params.py", "k: PositiveInt = 20", "k: PositiveInt = 21"),
+    ("params/experiments/tiny_random.yaml", "k: 5,", "k: 4,"),
+]
+
+
+@pytest.mark.parametrize("file, old, new", EDITS, ids=[e[0] for e in EDITS])
+def test_any_edit_reruns_the_same_stages_in_both_front_ends(project, file, old, new):
+    path = project / file
+    good = path.read_text()
+    try:
+        path.write_text(good + "# an edit\n" if old is None else good.replace(old, new))
+        planned, stale = planned_jobs(project), dvc_stale(project, "dvc.yaml")
+        assert stale, f"DVC saw no change after editing {file}"
+        assert stale <= planned and downstream(project, stale) == planned, (stale, planned)
+    finally:
+        path.write_text(good)
+    assert planned_jobs(project) == set() and dvc_stale(project, "dvc.yaml") == set()
+
+
+def test_code_dependencies_follow_the_import_graph(project):
+    """What each front end tracks comes from the imports: training stages depend on the losses
+    their method uses, the probe stage does not; a stage depends on its method's module."""
+    out = run(["python", "-c", "from fedssl.pipeline import Dag; import json; d = Dag('default');"
+               " print(json.dumps({n: s.code for n, s in d.stages.items()}))"], project)
+    code = json.loads(out.stdout)
+    assert "fedssl/losses.py" in code["pretrain__tiny_simclr"]
+    assert "fedssl/methods/fedsimclr/run.py" in code["pretrain__tiny_simclr"]
+    assert "fedssl/losses.py" not in code["evaluate__tiny_simclr"]
+    assert "fedssl/eval/probes.py" in code["evaluate__tiny_simclr"]
+    assert "fedssl/methods/none.py" in code["features__tiny_random"]
+    assert "fedssl/methods/fedsimclr/__init__.py" not in code["pretrain__tiny_random"]
+    dvc = (project / "dvc.yaml").read_text()
+    assert "- fedssl/eval/probes.py" in dvc
+
+
+def test_experiments_that_differ_downstream_share_upstream_stages(project):
+    """A variant that changes only the k-NN probe reuses the base's pretraining and features
+    (stages named after the experiment that owns their content), in both front ends."""
+    (project / "params/experiments/tiny_simclr_k3.yaml").write_text(
+        "extends: tiny_simclr\ntitle: FedSimCLR, 3-NN\nknn: {k: 3}\n")
+    with open(project / "params" / "pipelines.yaml", "a") as f:
+        f.write("  shared: [tiny_simclr, tiny_simclr_k3]\n")
+    run(["python", "-m", "fedssl.pipeline", "write"], project)
+    pretrained = (project / "artifacts/experiments/tiny_simclr/pretrain/meta.json").read_text()
+    out = run(["snakemake", "-n", "--cores", "1", "--config", "pipeline=shared"], project).stdout
+    planned = {m.group(1) for m in re.finditer(r"^(\w+__\w+)\s+\d+$", out, re.M)}
+    assert planned == {"evaluate__tiny_simclr_k3", "report__shared"}
+    run(["snakemake", "--cores", "2", "--resources", "gpu=1", "--config", "pipeline=shared"],
+        project)
+    assert (project / "artifacts/experiments/tiny_simclr/pretrain/meta.json").read_text() == \
+        pretrained  # trained once
+    assert not (project / "artifacts/experiments/tiny_simclr_k3/pretrain").exists()
+    status = run(["dvc", "status", "--json", "pipelines/shared/dvc.yaml"], project).stdout
+    assert json.loads(status or "{}") == {}
+    dvc = (project / "pipelines/shared/dvc.yaml").read_text()
+    assert "evaluate__tiny_simclr_k3:" in dvc and "pretrain__tiny_simclr_k3" not in dvc
+    rows = (project / "results/reports/shared/report.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["tiny_simclr", "tiny_simclr_k3"]

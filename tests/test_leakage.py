@@ -84,7 +84,7 @@ def test_idlg_reconstructs_the_image_from_full_gradients():
     model, x = lenet(TWO_FC), image()
     grads = client_gradients(model, x, 7, hidden_fc=0)
     surrogate = attacker_model(model, 0, None, CLASSES)
-    result = gradient_attack(surrogate, grads, (3, SIZE, SIZE), CLASSES, method="idlg",
+    result = gradient_attack(surrogate, grads, (3, SIZE, SIZE), CLASSES, attack="idlg",
                              iterations=12, seed=0, true_image=x)
     assert result.label == 7 and not result.diverged
     assert len(result.mse_curve) == 12
@@ -98,7 +98,7 @@ def test_dlg_reconstructs_image_and_label_with_a_dummy_label():
     model, x = lenet((CLASSES,)), image()
     grads = client_gradients(model, x, 4, hidden_fc=0)
     result = gradient_attack(attacker_model(model, 0, None, CLASSES), grads, (3, SIZE, SIZE),
-                             CLASSES, method="dlg", iterations=12, seed=0, true_image=x)
+                             CLASSES, attack="dlg", iterations=12, seed=0, true_image=x)
     assert result.label == 4
     assert result.mse_curve[-1] < 1e-3
 
@@ -111,7 +111,7 @@ def test_hidden_head_keeps_reconstruction_error_high(assumed_fc):
     # the attacker's prefix carries the party's true shared weights
     assert torch.equal(surrogate[7].weight, model[7].weight)
     assert not torch.equal(surrogate[-1].weight, model[-1].weight)
-    result = gradient_attack(surrogate, grads, (3, SIZE, SIZE), CLASSES, method="idlg",
+    result = gradient_attack(surrogate, grads, (3, SIZE, SIZE), CLASSES, attack="idlg",
                              iterations=12, seed=0, true_image=x)
     finite = [m for m in result.mse_curve if m == m]
     assert result.diverged or min(finite) > 0.02  # never gets close to the image

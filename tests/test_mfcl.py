@@ -12,9 +12,9 @@ import torch
 
 from fedssl import params as P
 from fedssl.data.augment import BatchAugment
-from fedssl.fl.cohort import CohortTrainer, OptimizerConfig
-from fedssl.fl.engine import Federation, FederationConfig, plain_fedavg
-from fedssl.methods import mfcl
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
+from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
+from fedssl.methods.mfcl import run as mfcl
 from fedssl.models.autoencoder import ClientAutoencoder
 from fedssl.models.encoders import BasicBlock
 from fedssl.models.rserver import MfclEncoder, RServerModel, RServerModule
@@ -25,23 +25,27 @@ def tiny_exp(norm: str = "tn", secure: bool = False, client_module: dict | None 
              **phase1) -> P.ExperimentParams:
     import yaml
     raw = yaml.safe_load(TINY_MFCL_EXPERIMENT.format(norm=norm, secure=str(secure).lower()))
-    raw["mfcl"]["phase1"].update(phase1)
-    raw["mfcl"]["client_module"].update(client_module or {})
-    return P.ExperimentParams.model_validate(raw)
+    raw["method"]["phase1"].update(phase1)
+    raw["method"]["client_module"].update(client_module or {})
+    return P.experiment_model().model_validate(raw)
 
 
 def toy_clients(n: int = 96):
-    images, _ = toy_images(n, 0)
+    images, labels = toy_images(n, 0)
     x = torch.from_numpy(images[:, None])  # uint8 [n, 1, 28, 28]
     ids = np.arange(n)
-    return x, [ids[:40], ids[40:70], ids[70:]]
+    return x, [ids[:40], ids[40:70], ids[70:]], torch.from_numpy(labels)
+
+
+def toy_data(n: int = 96) -> LocalData:
+    images, clients, labels = toy_clients(n)
+    return LocalData(images, labels, clients)
 
 
 def test_phase1_autoencoder_loss_decreases(tmp_path):
     exp = tiny_exp(rounds=4, lr=0.01)
-    images, clients = toy_clients()
-    model = mfcl.build_client_module(exp, (1, 28, 28), torch.device("cpu"))
-    fed = mfcl.make_phase1_federation(exp, model, clients, images, tmp_path / "ck.pt", "fp")
+    model = mfcl.build_client_module(exp.method, (1, 28, 28), torch.device("cpu"))
+    fed = mfcl.make_phase1_federation(exp.method, model, toy_data(), tmp_path / "ck.pt", "fp")
     state = fed.run(fed.start(model))
     losses = [r["loss"] for r in state.log]
     assert len(losses) == 4 and losses[-1] < losses[0] - 0.02, losses
@@ -52,33 +56,29 @@ def test_phase1_autoencoder_loss_decreases(tmp_path):
 
 @pytest.mark.parametrize("norm", ["tn", "bn"])
 def test_secure_aggregation_equals_fedavg_inside_the_engine(tmp_path, norm):
-    images, clients = toy_clients()
-    augment = BatchAugment(tiny_exp().pretrain.augment, 28)
+    augment = BatchAugment(tiny_exp().method.augment, 28)
     results = {}
     for secure in (False, True):
         torch.manual_seed(0)
         model = ClientAutoencoder("resnet18", 1, 4, norm, 2)
-        trainer = CohortTrainer(model, mfcl.twin_batch(augment), mfcl.autoencoder_loss(),
-                                OptimizerConfig("adam"), batch_size=16, local_epochs=1,
-                                parallel=False)
-        fed = Federation(trainer, clients, images, FederationConfig(1, 1.0, 0.01),
-                         tmp_path / f"{secure}.pt", "fp",
-                         mfcl.secure_aggregate() if secure else plain_fedavg)
-        results[secure] = fed.run(fed.start(model))
+        cohort = CohortTrainer(model, mfcl.twin_batch(augment), mfcl.autoencoder_loss(),
+                               OptimizerConfig("adam"), batch_size=16, local_epochs=1,
+                               parallel=False)
+        cfg = FederationConfig(1, 1.0, 0.01)
+        strategy = mfcl.SecureFedAvg(cfg) if secure else Strategy(cfg)
+        fed = Federation(strategy, LocalTraining(cohort), toy_data(), cfg,
+                         tmp_path / f"{secure}.pt", "fp")
+        results[secure] = fed.run(fed.start(model)).server["global"]
     plain, masked = results[False], results[True]
-    for k in plain.params:
-        assert torch.allclose(plain.params[k], masked.params[k], atol=1e-6), k
-    for k in plain.buffers:
-        assert torch.allclose(plain.buffers[k].float(), masked.buffers[k].float(), atol=1e-6), k
-    assert [r["loss"] for r in plain.log] == pytest.approx([r["loss"] for r in masked.log],
-                                                          abs=1e-6)
+    for k in plain:
+        assert torch.allclose(plain[k].float(), masked[k].float(), atol=1e-6), k
 
 
 def test_export_bytes_are_what_is_stored_and_dropout_drops_whole_clients():
     exp = tiny_exp()
-    images, clients = toy_clients()
-    model = mfcl.build_client_module(exp, (1, 28, 28), torch.device("cpu"))
-    augment = BatchAugment(exp.pretrain.augment, 28)
+    images, clients, _ = toy_clients()
+    model = mfcl.build_client_module(exp.method, (1, 28, 28), torch.device("cpu"))
+    augment = BatchAugment(exp.method.augment, 28)
     reps = mfcl.export_client(model, images, clients[0], augment, pairs=2, batch=16, seed=0,
                               client=0)
     assert reps.dtype == torch.float16 and reps.shape == (40, 2, 2, 4, 14, 14)
@@ -99,7 +99,7 @@ def test_rserver_trains_on_exported_pairs():
     reps = (base + 0.05 * torch.randn(64, 2, 2, 4, 7, 7, generator=gen)).half()
     model = RServerModel("resnet18", 4, 4, 16, 8)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    p = exp.mfcl.rserver.model_copy(update={"epochs": 6, "batch_pairs": 16})
+    p = exp.method.rserver.model_copy(update={"epochs": 6, "batch_pairs": 16})
     log = mfcl.train_rserver(model, reps, p)
     assert len(log) == 6 and all(np.isfinite(r["loss"]) for r in log)
     assert log[-1]["loss"] < log[0]["loss"], [r["loss"] for r in log]
@@ -125,12 +125,11 @@ RSERVER_CUTS = {1: (8, 11_166_976), 2: (8, 11_166_976), 3: (7, 11_092_992),
 
 @pytest.mark.parametrize("cut", sorted(RSERVER_CUTS))
 def test_rserver_module_drops_the_blocks_the_cut_covers(cut):
-    exp = tiny_exp(client_module={"width": 64, "channels_per_group": 16, "cut": cut})
-    exp = exp.model_copy(update={"mfcl": exp.mfcl.model_copy(update={
-        "rserver": exp.mfcl.rserver.model_copy(update={"width": 64})})})
+    p = tiny_exp(client_module={"width": 64, "channels_per_group": 16, "cut": cut}).method
+    p = p.model_copy(update={"rserver": p.rserver.model_copy(update={"width": 64})})
     cpu = torch.device("cpu")
-    client = mfcl.build_client_module(exp, (3, 32, 32), cpu)
-    backbone = mfcl.build_rserver(exp, client.rep_channels, cpu).backbone.eval()
+    client = mfcl.build_client_module(p, (3, 32, 32), cpu)
+    backbone = mfcl.build_rserver(p, client.rep_channels, cpu).backbone.eval()
     blocks = [m for m in backbone if isinstance(m, BasicBlock)]
     kept, params = RSERVER_CUTS[cut]
     assert len(blocks) == kept and sum(p.numel() for p in backbone.parameters()) == params
@@ -153,16 +152,16 @@ def test_rserver_skip_blocks_is_checked():
 def test_deep_cut_exports_and_deploys():
     """Cut 7 holds the stride-2 conv: the export is a quarter of the input's side, pre_pool_numel
     follows the encoder's real output, and the frozen encoder chains to the rServer."""
-    exp = tiny_exp(client_module={"cut": 7})
-    images, clients = toy_clients()
+    p = tiny_exp(client_module={"cut": 7}).method
+    images, clients, _ = toy_clients()
     cpu = torch.device("cpu")
-    model = mfcl.build_client_module(exp, (1, 28, 28), cpu)
-    reps = mfcl.export_client(model, images, clients[0], BatchAugment(exp.pretrain.augment, 28),
+    model = mfcl.build_client_module(p, (1, 28, 28), cpu)
+    reps = mfcl.export_client(model, images, clients[0], BatchAugment(p.augment, 28),
                               pairs=1, batch=16, seed=0, client=0)
     assert reps.shape == (40, 1, 2, 8, 7, 7)
     assert mfcl.pre_pool_numel(model, (1, 28, 28)) == 8 * 14 * 14
-    rserver = mfcl.build_rserver(exp, reps.shape[3], cpu)
-    enc = mfcl.frozen_encoder(exp, model.state_dict(), rserver.state_dict(), (1, 28, 28), cpu)
+    rserver = mfcl.build_rserver(p, reps.shape[3], cpu)
+    enc = mfcl.frozen_encoder(p, model.state_dict(), rserver.state_dict(), (1, 28, 28), cpu)
     assert enc(torch.rand(3, 1, 28, 28)).shape == (3, rserver.backbone.out_dim)
 
 
@@ -183,9 +182,9 @@ def test_tn_eval_pair_self_is_groupnorm_and_hflip_pairs_with_the_flip():
     assert torch.allclose(out["self"], out["gn"], atol=1e-5)  # TN on (x, x) = GroupNorm
     assert not torch.allclose(out["hflip"], out["self"], atol=1e-3)
     assert torch.equal(sym["hflip"], sym["self"])  # x.flip(-1) == x: the same twin
-    assert tiny_exp().mfcl.client_module.tn_eval_pair == "self"
-    exp = tiny_exp(client_module={"tn_eval_pair": "hflip"})
-    enc = mfcl.frozen_encoder(exp, tn.state_dict(), rserver.state_dict(), (1, 28, 28),
+    assert tiny_exp().method.client_module.tn_eval_pair == "self"
+    p = tiny_exp(client_module={"tn_eval_pair": "hflip"}).method
+    enc = mfcl.frozen_encoder(p, tn.state_dict(), rserver.state_dict(), (1, 28, 28),
                               torch.device("cpu"))
     assert enc.tn_eval_pair == "hflip"
     with pytest.raises(ValueError, match="tn_eval_pair"):
@@ -193,24 +192,20 @@ def test_tn_eval_pair_self_is_groupnorm_and_hflip_pairs_with_the_flip():
 
 
 def test_mfcl_params_are_checked():
-    with pytest.raises(ValueError, match="needs an mfcl section"):
-        raw = tiny_exp().model_dump()
-        raw["mfcl"] = None
-        P.ExperimentParams.model_validate(raw)
     raw = tiny_exp().model_dump()
-    raw["pretrain"]["method"] = "fedsimclr"
-    with pytest.raises(ValueError, match="an mfcl section needs"):
-        P.ExperimentParams.model_validate(raw)
+    raw["method"]["name"] = "fedsimclr"
+    with pytest.raises(ValueError, match="method.fedsimclr.client_module"):
+        P.experiment_model().model_validate(raw)
     raw = tiny_exp().model_dump()
-    raw["mfcl"]["rserver"]["warmup_epochs"] = 99
+    raw["method"]["rserver"]["warmup_epochs"] = 99
     with pytest.raises(ValueError, match="warmup_epochs"):
-        P.ExperimentParams.model_validate(raw)
-    assert tiny_exp().mfcl.client_module.cut == 2
+        P.experiment_model().model_validate(raw)
+    assert tiny_exp().method.client_module.cut == 2
     with pytest.raises(ValueError, match="cut"):
         tiny_exp(client_module={"cut": 8})
     with pytest.raises(ValueError, match="cut applies to arch resnet18 only"):
         tiny_exp(client_module={"arch": "resnet50", "cut": 3})
-    assert tiny_exp(client_module={"arch": "resnet50"}).mfcl.client_module.cut == 2
+    assert tiny_exp(client_module={"arch": "resnet50"}).method.client_module.cut == 2
     with pytest.raises(ValueError, match="tn_eval_pair"):
         tiny_exp(client_module={"tn_eval_pair": "vflip"})
 
@@ -234,7 +229,7 @@ def test_mfcl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
     assert [s.kind for s in dag.stages.values() if s.name.endswith("tiny_mfcl_tn")] == [
         "pretrain", "export", "rserver", "features", "evaluate", "costs"]
     run_in_process(dag)
-    with open(root / "artifacts" / "report-mfcl" / "report.csv") as f:
+    with open(root / "results" / "reports" / "mfcl" / "report.csv") as f:
         rows = {r["experiment"]: r for r in csv.DictReader(f)}
     assert set(rows) == {*names, "tiny_simclr"}
     for r in rows.values():
@@ -256,8 +251,8 @@ def test_mfcl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
     assert len(dropped) == 1 and dropped[0]["bits_p2"] == 0
     meta = json.loads((exp_dir / "pretrain" / "meta.json").read_text())
     assert meta["secure_aggregation"] and meta["rounds"] == 2
-    losses = [float(r["loss"]) for r in csv.DictReader(open(exp_dir.parent / "tiny_mfcl_tn" /
-                                                        "rounds.tsv"), delimiter="\t")]
+    losses = [float(r["loss"]) for r in csv.DictReader(open(
+        root / "results" / "experiments" / "tiny_mfcl_tn" / "rounds.tsv"), delimiter="\t")]
     assert losses[-1] < losses[0]
     # Snakemake plans the same chain from the same DAG and sees it all done
     out = run(["snakemake", "-n", "--cores", "1", "--config", "pipeline=mfcl"], root).stdout
@@ -267,15 +262,15 @@ def test_mfcl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
 def test_self_paired_twin_norm_export_shares_no_statistics_within_a_pair():
     """tn_pairing='self' normalises each view alone: the export of a TN client module then
     equals that of a GroupNorm module with the same weights; the paper's twin pairing does not."""
-    images, clients = toy_clients()
+    images, clients, _ = toy_clients()
     cpu = torch.device("cpu")
-    tn = mfcl.build_client_module(tiny_exp(), (1, 28, 28), cpu)
-    gn = mfcl.build_client_module(tiny_exp("gn"), (1, 28, 28), cpu)
+    tn = mfcl.build_client_module(tiny_exp().method, (1, 28, 28), cpu)
+    gn = mfcl.build_client_module(tiny_exp("gn").method, (1, 28, 28), cpu)
     with torch.no_grad():  # non-trivial affine weights, shared by both modules
         for p in tn.parameters():
             p.add_(0.1 * torch.randn_like(p))
     gn.load_state_dict(tn.state_dict())
-    args = (images, clients[0], BatchAugment(tiny_exp().pretrain.augment, 28), 1, 16, 0, 0)
+    args = (images, clients[0], BatchAugment(tiny_exp().method.augment, 28), 1, 16, 0, 0)
     alone = mfcl.export_client(tn, *args, tn_pairing="self").float()
     assert torch.allclose(alone, mfcl.export_client(gn, *args).float(), atol=2e-3)
     twin = mfcl.export_client(tn, *args).float()

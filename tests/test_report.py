@@ -1,8 +1,11 @@
 """The report's pivot table (MFCL Tab. 2 layout, Tab. 3 cost columns)."""
 from __future__ import annotations
 
+import pytest
+
 from fedssl import params as P
-from fedssl.report import pivot_markdown, table_cell
+from fedssl.methods import registry
+from fedssl.report import pivot_markdown, readme_text, table_cell
 from tests.fixtures import TINY_MFCL_EXPERIMENT
 
 PART = P.PartitionParams.model_validate(
@@ -12,16 +15,22 @@ PART = P.PartitionParams.model_validate(
 def mfcl_exp():
     import yaml
     raw = yaml.safe_load(TINY_MFCL_EXPERIMENT.format(norm="gn", secure="false"))
-    return P.ExperimentParams.model_validate(raw)
+    return P.experiment_model().model_validate(raw)
+
+
+MFCL = registry.get("mfcl")
 
 
 def test_cells_are_method_by_partition_or_by_the_swept_setting():
-    assert table_cell(mfcl_exp(), PART, "cifar10") == ("MFCL(GN)", "CIFAR-10 ξ=0.01")
+    assert table_cell(mfcl_exp(), MFCL, PART, "cifar10") == ("MFCL(GN)", "CIFAR-10 ξ=0.01")
     iid = PART.model_copy(update={"scheme": P.IIDScheme()})
-    assert table_cell(mfcl_exp(), iid, "tiny_imagenet") == ("MFCL(GN)", "Tiny IID")
-    assert table_cell(mfcl_exp(), PART, "cifar10", "method",
-                      "mfcl.client_module.channels_per_group") == ("MFCL(GN)", "channels_per_group=2")
-    assert table_cell(mfcl_exp(), PART, "cifar10", "title")[0] == mfcl_exp().title
+    assert table_cell(mfcl_exp(), MFCL, iid, "tiny_imagenet") == ("MFCL(GN)", "Tiny IID")
+    assert table_cell(mfcl_exp(), MFCL, PART, "cifar10", "method",
+                      "method.client_module.channels_per_group") == ("MFCL(GN)",
+                                                                     "channels_per_group=2")
+    assert table_cell(mfcl_exp(), MFCL, PART, "cifar10", "title")[0] == mfcl_exp().title
+    reference = mfcl_exp().model_copy(update={"title": "Raw pixels"})
+    assert table_cell(reference, registry.get("none"), PART, "cifar10")[0] == "Raw pixels"
 
 
 def row(method, column, acc, alpha=""):
@@ -39,3 +48,24 @@ def test_pivot_puts_methods_down_partitions_across_and_averages_repeats():
     fed = [c.strip() for c in lines[3].split("|")[1:-1]]
     assert fed[:4] == ["FedSimCLR", "", "81.90", ""]  # no run, no costs stage: blank cells
     assert "α (bits)" not in pivot_markdown(rows, "linear_top1", costs=False)
+
+
+def test_readme_tables_are_refilled_from_the_committed_reports(tmp_path):
+    report = tmp_path / "demo" / "report.json"
+    report.parent.mkdir()
+    report.write_text('{"tables": {"linear": "| a |\\n|---|\\n| 1 |\\n"}}')
+    text = "intro\n<!-- results: demo linear -->\nold table\n<!-- /results -->\nend\n"
+    assert readme_text(text, tmp_path) == ("intro\n<!-- results: demo linear -->\n| a |\n|---|\n"
+                                           "| 1 |\n<!-- /results -->\nend\n")
+    with pytest.raises(KeyError, match="no table 'knn'"):
+        readme_text(text.replace("linear", "knn"), tmp_path)
+    with pytest.raises(FileNotFoundError, match="pipeline 'other'"):
+        readme_text(text.replace("demo", "other"), tmp_path)
+
+
+def test_the_readme_matches_the_committed_reports(monkeypatch):
+    from tests.fixtures import REPO
+    monkeypatch.chdir(REPO)
+    text = (REPO / "README.md").read_text()
+    assert "<!-- results:" in text
+    assert readme_text(text) == text, "README.md is stale: run `python -m fedssl.report readme`"

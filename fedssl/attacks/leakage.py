@@ -194,7 +194,7 @@ class AttackResult:
 
 def gradient_attack(surrogate: nn.Sequential, shared_grads: Gradients,
                     image_shape: tuple[int, ...], num_classes: int,
-                    method: Literal["dlg", "idlg"] = "idlg", label: int | None = None,
+                    attack: Literal["dlg", "idlg"] = "idlg", label: int | None = None,
                     iterations: int = 300, lbfgs_max_iter: int = 20, lr: float = 1.0,
                     seed: int = 0, true_image: torch.Tensor | None = None) -> AttackResult:
     """Reconstruct one image by matching ``shared_grads`` with L-BFGS on a dummy input.
@@ -212,19 +212,19 @@ def gradient_attack(surrogate: nn.Sequential, shared_grads: Gradients,
     targets = [shared_grads[n].detach() for n in names]
     matched = [params[n] for n in names]
 
-    if method == "idlg":
+    if attack == "idlg":
         fixed = infer_label_from_gradients(surrogate, shared_grads) if label is None else label
         # With the head hidden the rule names a hidden unit, possibly >= num_classes; folding it
         # into range keeps the attack running with a label that is as good as a guess.
         fixed = fixed % num_classes
         soft_target = lambda: F.one_hot(torch.tensor([fixed]), num_classes).float()  # noqa: E731
         variables = [dummy]
-    elif method == "dlg":
+    elif attack == "dlg":
         dummy_label = torch.randn((1, num_classes), generator=gen).requires_grad_(True)
         soft_target = lambda: F.softmax(dummy_label, dim=-1)  # noqa: E731
         variables = [dummy, dummy_label]
     else:
-        raise ValueError(f"unknown attack {method!r}; use 'dlg' or 'idlg'")
+        raise ValueError(f"unknown attack {attack!r}; use 'dlg' or 'idlg'")
 
     def match_loss() -> torch.Tensor:
         log_probs = F.log_softmax(surrogate(dummy), dim=-1)
@@ -250,12 +250,12 @@ def gradient_attack(surrogate: nn.Sequential, shared_grads: Gradients,
         if true_image is not None:
             result.mse_curve.append(float(F.mse_loss(dummy.detach(), true_image)))
     result.image = dummy.detach().clone()
-    result.label = int(soft_target().argmax()) if method == "dlg" else fixed
+    result.label = int(soft_target().argmax()) if attack == "dlg" else fixed
     return result
 
 
 def leakage_experiment(model: nn.Sequential, image: torch.Tensor, label: int, num_classes: int,
-                       method: Literal["dlg", "idlg"] = "idlg", hidden_fc: int = 0,
+                       attack: Literal["dlg", "idlg"] = "idlg", hidden_fc: int = 0,
                        assumed_fc: int | None = None,
                        noise: tuple[Literal["gaussian", "laplace"], float] | None = None,
                        iterations: int = 300, lbfgs_max_iter: int = 20,
@@ -267,6 +267,6 @@ def leakage_experiment(model: nn.Sequential, image: torch.Tensor, label: int, nu
     if noise is not None:
         grads = add_gradient_noise(grads, noise[0], noise[1], seed)
     surrogate = attacker_model(model, hidden_fc, assumed_fc, num_classes, seed)
-    return gradient_attack(surrogate, grads, tuple(image.shape[1:]), num_classes, method,
+    return gradient_attack(surrogate, grads, tuple(image.shape[1:]), num_classes, attack,
                            iterations=iterations, lbfgs_max_iter=lbfgs_max_iter, seed=seed,
                            true_image=image)

@@ -11,11 +11,12 @@ import gzip
 import os
 import pickle
 from pathlib import Path
+from functools import lru_cache
 from typing import Callable, NamedTuple
 
 import numpy as np
-import torchvision.datasets as tvd
-from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset, pil_loader
+
+from fedssl.data.catalog import DEFAULT_ROOTS, IMAGE_SHAPES, NUM_CLASSES, TRAIN_SIZES  # noqa: F401
 
 
 class DataNotFound(FileNotFoundError):
@@ -27,12 +28,6 @@ class Split(NamedTuple):
     labels: np.ndarray  # int64 [N]; -1 marks unlabelled samples
 
 
-NUM_CLASSES = {"fashion_mnist": 10, "cifar10": 10, "cifar100": 100, "stl10": 10, "tiny_imagenet": 200}
-TRAIN_SIZES = {"fashion_mnist": 60000, "cifar10": 50000, "cifar100": 50000, "stl10": 5000, "tiny_imagenet": 100000}
-IMAGE_SHAPES = {"fashion_mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32),
-                "stl10": (3, 96, 96), "tiny_imagenet": (3, 64, 64)}  # C, H, W as loaded
-DEFAULT_ROOTS = {name: f"data/{name}" for name in NUM_CLASSES}
-DEFAULT_ROOTS["fashion_mnist"] = "/usr/share/datasets/fashion-mnist"  # Debian package dataset-fashion-mnist
 
 _TORCHVISION_HOWTO = (
     "set `download: true` in params/datasets/{name}.yaml and run once on a machine with internet "
@@ -91,6 +86,7 @@ def _load_fashion_mnist(root: str, download: bool) -> dict[str, Split]:
     if download:
         # The default root is a read-only system folder, so download next to the other data sets.
         target = "data/fashion_mnist" if root == DEFAULT_ROOTS["fashion_mnist"] else root
+        import torchvision.datasets as tvd
         tvd.FashionMNIST(target, train=True, download=True)  # fetches both splits' raw files
         return _load_fashion_mnist(target, download=False)
     raise _not_found(
@@ -115,36 +111,38 @@ def _missing(ds_cls: type, root: str) -> list[str]:
     return [f for f in _required(ds_cls) if not os.path.isfile(os.path.join(folder, f))]
 
 
-class _PresenceCheck:
-    """Accept files that exist instead of insisting on the md5 sums of the official release.
+@lru_cache(maxsize=None)
+def _torchvision_classes() -> dict[str, type]:
+    """torchvision's data set classes, with presence checks instead of the release md5 sums
+    (copies that were converted, truncated for tests or re-packed still load; a missing file is
+    still reported, before torchvision is ever asked). Built on first use: torchvision is slow
+    to import and Fashion-MNIST does not need it."""
+    import torchvision.datasets as tvd
 
-    Copies that were converted, truncated for tests or re-packed still load; a missing
-    file is still reported, before torchvision is ever asked.
-    """
+    class PresenceCheck:
+        def _check_integrity(self) -> bool:
+            return not _missing(type(self), self.root)
 
-    def _check_integrity(self) -> bool:
-        return not _missing(type(self), self.root)
+    class CIFAR10(PresenceCheck, tvd.CIFAR10):
+        def _load_meta(self) -> None:
+            # Upstream re-checks the md5 of the meta file here; read the class names without it.
+            with open(os.path.join(self.root, self.base_folder, self.meta["filename"]), "rb") as f:
+                self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
+            self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
 
+    class CIFAR100(CIFAR10, tvd.CIFAR100):
+        pass
 
-class _CIFAR10(_PresenceCheck, tvd.CIFAR10):
-    def _load_meta(self) -> None:
-        # Upstream re-checks the md5 of the meta file here; read the class names without it.
-        with open(os.path.join(self.root, self.base_folder, self.meta["filename"]), "rb") as f:
-            self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
-        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+    class STL10(PresenceCheck, tvd.STL10):
+        pass
 
-
-class _CIFAR100(_CIFAR10, tvd.CIFAR100):
-    pass
-
-
-class _STL10(_PresenceCheck, tvd.STL10):
-    pass
+    return {"cifar10": CIFAR10, "cifar100": CIFAR100, "stl10": STL10}
 
 
 def _via_torchvision(
-    name: str, ds_cls: type, root: str, download: bool, splits: dict[str, dict], to_nchw: Callable
+    name: str, root: str, download: bool, splits: dict[str, dict], to_nchw: Callable
 ) -> dict[str, Split]:
+    ds_cls = _torchvision_classes()[name]
     missing = _missing(ds_cls, root)
     if missing and not download:
         howto = _TORCHVISION_HOWTO.format(name=name, folder=ds_cls.base_folder)
@@ -164,18 +162,18 @@ def _hwc_to_chw(x: np.ndarray) -> np.ndarray:
 
 def _load_cifar10(root: str, download: bool) -> dict[str, Split]:
     splits = {"train": {"train": True}, "test": {"train": False}}
-    return _via_torchvision("cifar10", _CIFAR10, root, download, splits, _hwc_to_chw)
+    return _via_torchvision("cifar10", root, download, splits, _hwc_to_chw)
 
 
 def _load_cifar100(root: str, download: bool) -> dict[str, Split]:
     splits = {"train": {"train": True}, "test": {"train": False}}
-    return _via_torchvision("cifar100", _CIFAR100, root, download, splits, _hwc_to_chw)
+    return _via_torchvision("cifar100", root, download, splits, _hwc_to_chw)
 
 
 def _load_stl10(root: str, download: bool) -> dict[str, Split]:
     # torchvision already undoes STL's column-major storage and returns NCHW, labels 0-based.
     splits = {s: {"split": s} for s in ("train", "test", "unlabeled")}
-    return _via_torchvision("stl10", _STL10, root, download, splits, lambda x: x)
+    return _via_torchvision("stl10", root, download, splits, lambda x: x)
 
 
 # --------------------------------------------------------------------------- Tiny-ImageNet
@@ -194,6 +192,7 @@ def _tiny_base(root: str) -> Path:
 
 
 def _tiny_val(val: Path, class_to_idx: dict[str, int]) -> list[tuple[str, int]]:
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
     annotations = val / "val_annotations.txt"
     if not annotations.is_file():  # already sorted into val/<wnid>/ (ImageFolder form)
         return make_dataset(str(val), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
@@ -202,6 +201,7 @@ def _tiny_val(val: Path, class_to_idx: dict[str, int]) -> list[tuple[str, int]]:
 
 
 def _read_images(samples: list[tuple[str, int]], where: Path) -> Split:
+    from torchvision.datasets.folder import pil_loader
     if not samples:
         raise _not_found("tiny_imagenet", str(where), _TINY_HOWTO)
     first = np.asarray(pil_loader(samples[0][0]))
@@ -213,6 +213,7 @@ def _read_images(samples: list[tuple[str, int]], where: Path) -> Split:
 
 def _load_tiny_imagenet(root: str, download: bool) -> dict[str, Split]:
     # No download: the archive is not served by torchvision and needs unzipping by hand.
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
     base = _tiny_base(root)
     wnids = sorted((base / "wnids.txt").read_text().split())
     class_to_idx = {w: i for i, w in enumerate(wnids)}

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
 
 def sha256(array: np.ndarray) -> str:
@@ -46,8 +45,9 @@ def image_shape(data_dir: Path, split: str = "train") -> tuple[int, int, int]:
     return tuple(meta["splits"][split]["shape"])
 
 
-def to_device(images: np.ndarray, device: torch.device) -> torch.Tensor:
+def to_device(images: np.ndarray, device):
     """The whole split as one uint8 tensor on the training device (batches are index gathers)."""
+    import torch
     return torch.from_numpy(np.array(images, copy=True)).to(device)
 
 

@@ -1,14 +1,16 @@
-"""Local training of a cohort of clients that all start from the same global weights.
+"""Local training of a cohort of clients, each from its own starting state.
 
 The clients' weights are stacked along a leading client axis and trained with one functional
 step per local step: ``torch.func.vmap`` runs every active client's forward/backward at once when
 the model keeps no BatchNorm running statistics; BN models run one client at a time through the
 very same code (a cohort of one). Nothing is deep-copied or re-created per client or per round.
+Only the ``trainable`` parameters get gradients and optimizer state; the others stay frozen
+(no autograd graph is built through frozen leading layers). Losses see the batch's labels.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -21,8 +23,18 @@ from fedssl.runtime import numpy_rng
 Tensors = dict[str, torch.Tensor]
 # make_views(images uint8 [n, C, H, W], generator) -> tuple of float tensors [n, ...]
 ViewFn = Callable[[torch.Tensor, torch.Generator], tuple]
-# loss(model, params, buffers, views, valid [B] bool) -> scalar; called per client under vmap
-LossFn = Callable[..., torch.Tensor]
+
+
+class Batch(NamedTuple):
+    """One client's local batch: its views, labels and which rows are real (short batches are
+    padded to the cohort's width)."""
+    views: tuple
+    labels: torch.Tensor
+    valid: torch.Tensor
+
+
+# loss(model, params, buffers, batch) -> scalar; called per client (under vmap when parallel)
+LossFn = Callable[[nn.Module, Tensors, Tensors, Batch], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -72,8 +84,9 @@ class StackedOptimizer:
             p.sub_(lr * (m / bc1) / ((v / bc2).sqrt() + c.eps))
 
 
-def stack_state(tensors: Tensors, n: int) -> Tensors:
-    return {k: v.detach().unsqueeze(0).repeat(n, *([1] * v.dim())) for k, v in tensors.items()}
+def stack(states: list[Tensors]) -> Tensors:
+    """Per-client states -> one client-stacked state (a fresh copy)."""
+    return {k: torch.stack([s[k].detach() for s in states]) for k in states[0]}
 
 
 def gather(tree, rows: torch.Tensor):
@@ -99,8 +112,23 @@ def client_batches(indices: np.ndarray, batch_size: int, epochs: int, *seed_part
     return batches
 
 
+@dataclass
+class LocalData:
+    """A data split on the training device, and each client's indices into it."""
+    images: torch.Tensor          # uint8 [N, C, H, W]
+    labels: torch.Tensor          # int64 [N] (-1 for unlabelled samples)
+    clients: list[np.ndarray]
+
+    @property
+    def device(self) -> torch.device:
+        return self.images.device
+
+    def sizes(self) -> list[int]:
+        return [len(c) for c in self.clients]
+
+
 class CohortTrainer:
-    """Runs the local epochs of several clients from one global state."""
+    """Runs the local epochs of several clients, each from its own starting state."""
 
     def __init__(self, model: nn.Module, make_views: ViewFn, loss_fn: LossFn,
                  opt: OptimizerConfig, batch_size: int, local_epochs: int, parallel: bool = True):
@@ -108,77 +136,89 @@ class CohortTrainer:
         self.optimizer = StackedOptimizer(opt)
         self.batch_size, self.local_epochs = batch_size, local_epochs
         self.parallel = parallel and not has_running_stats(model)
+        self.param_names = [k for k, _ in model.named_parameters()]
         self._grad = grad_and_value(self._loss)
         self._vgrad = vmap(self._grad)
 
-    def _loss(self, params, buffers, views, valid):
-        return self.loss_fn(self.model, params, buffers, views, valid)
+    def _loss(self, trained, frozen, buffers, batch):
+        return self.loss_fn(self.model, {**trained, **frozen}, buffers, batch)
 
-    def train(self, global_params: Tensors, global_buffers: Tensors, clients: list[np.ndarray],
-              client_ids: list[int], images: torch.Tensor, lr: float, seed_parts: tuple,
-              generator: torch.Generator):
-        """Train ``clients`` (index arrays into ``images``) from the global state. Returns the
-        client-stacked params and buffers and each client's mean loss. A client's batches depend
-        only on (seed_parts, its id), so parallel and one-by-one training see the same data."""
-        schedules = [client_batches(c, self.batch_size, self.local_epochs, *seed_parts, cid)
-                     for c, cid in zip(clients, client_ids)]
+    def train(self, starts: list[Tensors], data: LocalData, client_ids: list[int], lr: float,
+              seed_parts: tuple, generator: torch.Generator,
+              trainable: set[str] | None = None) -> tuple[Tensors, torch.Tensor]:
+        """Train clients ``client_ids`` (rows of ``data.clients``), client i from ``starts[i]``
+        (its parameters and buffers). Returns their client-stacked final states and mean
+        losses. A client's batches depend only on (seed_parts, its id), so parallel and
+        one-by-one training see the same data."""
+        schedules = [client_batches(data.clients[c], self.batch_size, self.local_epochs,
+                                    *seed_parts, c) for c in client_ids]
+        names = set(self.param_names) if trainable is None else set(trainable)
         if self.parallel:
-            return self._train_group(global_params, global_buffers, schedules, images, lr,
-                                     generator)
-        results = [self._train_group(global_params, global_buffers, [s], images, lr, generator)
-                   for s in schedules]
-        return tuple(_concat([r[j] for r in results]) for j in range(3))
+            return self._train_group(stack(starts), schedules, data, lr, generator, names)
+        results = [self._train_group(stack([s]), [sch], data, lr, generator, names)
+                   for s, sch in zip(starts, schedules)]
+        return ({k: torch.cat([r[0][k] for r in results]) for k in results[0][0]},
+                torch.cat([r[1] for r in results]))
 
-    def _train_group(self, gp, gb, schedules, images, lr, generator):
+    def _train_group(self, state: Tensors, schedules, data: LocalData, lr, generator, names):
         n = len(schedules)
-        params, buffers = stack_state(gp, n), stack_state(gb, n)
-        opt_state = self.optimizer.init(params)
-        loss_sum = torch.zeros(n, device=images.device)
+        trained = {k: state[k] for k in self.param_names if k in names}
+        frozen = {k: state[k] for k in self.param_names if k not in names}
+        buffers = {k: v for k, v in state.items() if k not in trained and k not in frozen}
+        opt_state = self.optimizer.init(trained)
+        loss_sum = torch.zeros(n, device=data.device)
         for step in range(max(len(s) for s in schedules)):
             rows = [i for i, s in enumerate(schedules) if step < len(s)]
-            batch, valid = self._gather_batch([schedules[i][step] for i in rows], images)
-            flat = self.make_views(batch.flatten(0, 1), generator)
-            views = tuple(v.view(len(rows), -1, *v.shape[1:]) for v in flat)
-            losses = self._step(params, buffers, opt_state, rows, views, valid, lr)
+            batch = self._gather_batch([schedules[i][step] for i in rows], data, generator)
+            losses = self._step(trained, frozen, buffers, opt_state, rows, batch, lr)
             loss_sum[rows] += losses.detach().float()
-        steps = torch.tensor([len(s) for s in schedules], device=images.device)
-        return params, buffers, loss_sum / steps
+        steps = torch.tensor([len(s) for s in schedules], device=data.device)
+        return state, loss_sum / steps
 
-    def _gather_batch(self, batches: list[np.ndarray], images: torch.Tensor):
+    def _gather_batch(self, batches: list[np.ndarray], data: LocalData, generator) -> Batch:
         """One index gather on the device; short batches are padded and flagged invalid."""
         width = max(len(b) for b in batches)
         idx = np.zeros((len(batches), width), dtype=np.int64)
         valid = np.zeros((len(batches), width), dtype=bool)
         for r, b in enumerate(batches):
             idx[r, :len(b)], valid[r, :len(b)] = b, True
-        idx_t = torch.from_numpy(idx).to(images.device, non_blocking=True)
-        batch = images[idx_t.flatten()].view(len(batches), width, *images.shape[1:])
-        return batch, torch.from_numpy(valid).to(images.device, non_blocking=True)
+        idx_t = torch.from_numpy(idx).to(data.device, non_blocking=True).flatten()
+        images = data.images[idx_t]
+        flat = self.make_views(images, generator)
+        views = tuple(v.view(len(batches), width, *v.shape[1:]) for v in flat)
+        return Batch(views, data.labels[idx_t].view(len(batches), width),
+                     torch.from_numpy(valid).to(data.device, non_blocking=True))
 
-    def _step(self, params, buffers, opt_state, rows, views, valid, lr):
-        n = next(iter(params.values())).shape[0]
+    def _step(self, trained, frozen, buffers, opt_state, rows, batch: Batch, lr):
+        n = next(iter(trained.values())).shape[0]
         if n == 1:  # a cohort of one: plain autograd (faster than torch.func on CPU)
-            p = {k: v[0].detach().requires_grad_(True) for k, v in params.items()}
+            p = {k: v[0].detach().requires_grad_(True) for k, v in trained.items()}
+            f = {k: v[0] for k, v in frozen.items()}
             b = {k: v[0] for k, v in buffers.items()}  # views: BN stats update the stack
-            loss = self._loss(p, b, tuple(v[0] for v in views), valid[0])
+            loss = self._loss(p, f, b, Batch(*(_row(x) for x in batch)))
             grads = torch.autograd.grad(loss, list(p.values()))
-            self.optimizer.step(params, {k: g.unsqueeze(0) for k, g in zip(p, grads)},
+            self.optimizer.step(trained, {k: g.unsqueeze(0) for k, g in zip(p, grads)},
                                 opt_state, lr)
             return loss.detach().unsqueeze(0)
         if len(rows) == n:
-            grads, loss = self._vgrad(params, buffers, views, valid)
-            self.optimizer.step(params, grads, opt_state, lr)
+            grads, loss = self._vgrad(trained, frozen, buffers, batch)
+            self.optimizer.step(trained, grads, opt_state, lr)
             return loss
-        sel = torch.tensor(rows, device=valid.device)  # only the clients with batches left
-        p, b, s = gather(params, sel), gather(buffers, sel), gather(opt_state, sel)
-        grads, loss = self._vgrad(p, b, views, valid)
-        self.optimizer.step(p, grads, s, lr)
-        scatter(params, sel, p)
+        sel = torch.tensor(rows, device=batch.valid.device)  # clients with batches left
+        t, f, b, s = (gather(x, sel) for x in (trained, frozen, buffers, opt_state))
+        grads, loss = self._vgrad(t, f, b, batch)
+        self.optimizer.step(t, grads, s, lr)
+        scatter(trained, sel, t)
         scatter(opt_state, sel, s)
         return loss
 
 
-def _concat(parts):
-    if isinstance(parts[0], dict):
-        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-    return torch.cat(parts)
+def _row(x):
+    """Row 0 of a client-stacked tensor, or of every tensor in a tuple of them."""
+    return tuple(v[0] for v in x) if isinstance(x, tuple) else x[0]
+
+
+def vectorise_clients(setting: str, device: torch.device) -> bool:
+    """``parallel_clients``: on, off, or auto = on CUDA only (on the CPU the vectorised grouped
+    convolutions run slower than one client at a time)."""
+    return setting == "on" or (setting == "auto" and device.type == "cuda")

@@ -1,22 +1,40 @@
-"""Federated rounds: client sampling, local training (a CohortTrainer), data-size-weighted FedAvg
-over parameters and buffers, per-client byte accounting, per-round log and checkpoint/resume."""
+"""Federated rounds as a loop with hooks, in the spirit of Flower's Strategy.
+
+Each round the :class:`Federation` asks its :class:`Strategy` which clients take part, lets its
+trainer run the round, then asks the strategy to aggregate and to take a server step:
+
+* ``sample``        which clients train this round;
+* ``download``      what the server sends each client (a global model, a whole model pool,
+                    the blocks a layer-wise client needs): bytes are counted from these tensors;
+* ``local_start``   the client's starting state, from what it received and the state it keeps
+                    across rounds (a personal head); may choose a model of a pool (``group``);
+* ``trainable``     which parameters train this round (layer-wise training, frozen encoders);
+* ``upload``        what a client sends back (a subset, plus extras such as class centres);
+* ``keep``          what a client keeps for later rounds (``FedState.clients``);
+* ``aggregate``     the server's new state from the uploads, grouped by cluster;
+* ``server_step``   work with server-side data after aggregation (calibration, pretraining).
+
+The defaults are FedAvg of the whole model, weighted by client data size. The trainer is
+:class:`LocalTraining` (clients train locally, then upload) or any object with the same
+``train_round`` method, e.g. a split-learning trainer where clients and the server step together
+on every batch. :class:`FedState` holds everything that persists (server tensors, per-client
+state, the byte ledger, the log); the checkpoint is that state, saved after every round as plain
+tensors and numbers (loaded with ``weights_only=True``), so a killed run resumes exactly.
+"""
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedssl.fl.cohort import CohortTrainer, Tensors
+from fedssl.fl.cohort import CohortTrainer, LocalData, Tensors
 from fedssl.runtime import numpy_rng, torch_generator, torch_save, write_tsv
 
-# aggregate(client-stacked state, data-size weights, client ids, round) -> the global state
-Aggregate = Callable[[Tensors, torch.Tensor, list[int], int], Tensors]
 LOG_FIELDS = ["round", "clients", "loss", "lr", "bytes_up", "bytes_down", "seconds",
               "images_per_s"]
 
@@ -30,38 +48,74 @@ class FederationConfig:
     seed: int = 0
 
 
+def nbytes(tensors: Tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 @dataclass
-class ClientLedger:
-    """What each client actually sent and received, from the exchanged tensors."""
-    bytes_up: list[int]
-    bytes_down: list[int]
+class Ledger:
+    """What each client actually sent and received, by kind, from the exchanged tensors."""
+    up: list[dict[str, int]]
+    down: list[dict[str, int]]
     rounds: list[int]
     samples: list[int]
 
     @classmethod
-    def empty(cls, sizes: list[int]):
+    def empty(cls, sizes: list[int]) -> "Ledger":
         n = len(sizes)
-        return cls([0] * n, [0] * n, [0] * n, list(sizes))
+        return cls([{} for _ in range(n)], [{} for _ in range(n)], [0] * n, list(sizes))
+
+    def sent(self, client: int, tensors: Tensors, kind: str = "model") -> int:
+        """Client -> server; returns the bytes."""
+        return self._add(self.up[client], kind, nbytes(tensors))
+
+    def received(self, client: int, tensors: Tensors, kind: str = "model") -> int:
+        """Server -> client; returns the bytes."""
+        return self._add(self.down[client], kind, nbytes(tensors))
+
+    @staticmethod
+    def _add(counter: dict, kind: str, size: int) -> int:
+        counter[kind] = counter.get(kind, 0) + size
+        return size
 
     def summary(self) -> dict:
-        return {"per_client": [{"client": i, "bytes_up": u, "bytes_down": d, "rounds": r,
-                                "samples": s}
-                               for i, (u, d, r, s) in enumerate(zip(
-                                   self.bytes_up, self.bytes_down, self.rounds, self.samples))],
-                "total_bytes_up": sum(self.bytes_up), "total_bytes_down": sum(self.bytes_down)}
+        rows = [{"client": i, "bytes_up": sum(u.values()), "bytes_down": sum(d.values()),
+                 "up_by_kind": u, "down_by_kind": d, "rounds": r, "samples": s}
+                for i, (u, d, r, s) in enumerate(zip(self.up, self.down, self.rounds,
+                                                     self.samples))]
+        return {"per_client": rows, "total_bytes_up": sum(r["bytes_up"] for r in rows),
+                "total_bytes_down": sum(r["bytes_down"] for r in rows)}
 
 
 @dataclass
-class FederationState:
+class FedState:
+    """Everything a federation carries from round to round (and its checkpoint holds)."""
     round: int
-    params: Tensors
-    buffers: Tensors
-    ledger: ClientLedger
+    server: dict[str, Tensors]   # "global" = the model's params and buffers; pools, momentum...
+    clients: dict[int, Tensors]  # what each client keeps across rounds (personal heads, ...)
+    ledger: Ledger
     log: list[dict] = field(default_factory=list)
+    memo: dict = field(default_factory=dict)  # numbers and strings: assignments, traces, ...
+
+    def to_checkpoint(self) -> dict:
+        return {"round": self.round, "server": self.server, "clients": self.clients,
+                "ledger": vars(self.ledger), "log": self.log, "memo": self.memo}
+
+    @classmethod
+    def from_checkpoint(cls, ck: dict) -> "FedState":
+        return cls(ck["round"], ck["server"], ck["clients"], Ledger(**ck["ledger"]),
+                   ck["log"], ck["memo"])
 
 
-def nbytes(tensors: Tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+@dataclass
+class RoundUpdates:
+    """What the clients of a round sent back, for the strategy's ``aggregate``."""
+    clients: list[int]
+    uploads: list[Tensors]
+    weights: torch.Tensor        # data sizes, float64 [n]
+    groups: list[int]            # the cluster / pool model each client trained
+    losses: torch.Tensor         # mean local loss per client [n]
+    images: int                  # samples processed (for the throughput log)
 
 
 def sample_clients(num_clients: int, fraction: float, seed: int, round_: int) -> list[int]:
@@ -69,10 +123,8 @@ def sample_clients(num_clients: int, fraction: float, seed: int, round_: int) ->
     return sorted(numpy_rng(seed, "sample", round_).choice(num_clients, k, replace=False).tolist())
 
 
-def round_lr(cfg: FederationConfig, round_: int) -> float:
-    if cfg.lr_schedule == "cosine":
-        return cfg.lr * 0.5 * (1 + math.cos(math.pi * round_ / max(1, cfg.rounds)))
-    return cfg.lr
+def cosine_lr(lr: float, round_: int, rounds: int) -> float:
+    return lr * 0.5 * (1 + math.cos(math.pi * round_ / max(1, rounds)))
 
 
 def fedavg(stacked: Tensors, weights: torch.Tensor) -> Tensors:
@@ -87,77 +139,165 @@ def fedavg(stacked: Tensors, weights: torch.Tensor) -> Tensors:
     return out
 
 
-def plain_fedavg(stacked: Tensors, weights: torch.Tensor, client_ids: list[int],
-                 round_: int) -> Tensors:
-    return fedavg(stacked, weights)
+def model_state(model: nn.Module) -> Tensors:
+    """A model's parameters and buffers as plain (detached, copied) tensors."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def split_state(model: nn.Module) -> tuple[Tensors, Tensors]:
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
-    return params, buffers
+def stacked(uploads: list[Tensors], keys=None) -> Tensors:
+    keys = uploads[0].keys() if keys is None else keys
+    return {k: torch.stack([u[k] for u in uploads]) for k in keys}
+
+
+class Strategy:
+    """The hooks of a federation. The defaults: all or a seeded fraction of the clients, the
+    global model down and the whole trained model up, data-size weighted FedAvg."""
+
+    def __init__(self, cfg: FederationConfig):
+        self.cfg = cfg
+        self.fed: Federation | None = None  # set by the Federation it drives
+
+    def init_server(self, model: nn.Module) -> dict[str, Tensors]:
+        return {"global": model_state(model)}
+
+    def sample(self, state: FedState, round_: int) -> list[int]:
+        return sample_clients(len(self.fed.data.clients), self.cfg.client_fraction, self.cfg.seed,
+                              round_)
+
+    def lr(self, round_: int) -> float:
+        if self.cfg.lr_schedule == "cosine":
+            return cosine_lr(self.cfg.lr, round_, self.cfg.rounds)
+        return self.cfg.lr
+
+    def download(self, state: FedState, client: int) -> Tensors:
+        return state.server["global"]
+
+    def local_start(self, state: FedState, client: int, received: Tensors) -> Tensors:
+        return {**received, **state.clients.get(client, {})}
+
+    def group(self, state: FedState, client: int) -> int:
+        return 0
+
+    def trainable(self, state: FedState) -> set[str] | None:
+        return None  # every parameter
+
+    def upload(self, state: FedState, client: int, trained: Tensors) -> Tensors:
+        return trained
+
+    def keep(self, state: FedState, client: int, trained: Tensors) -> Tensors | None:
+        return None  # nothing persists on the client
+
+    def aggregate(self, state: FedState, updates: RoundUpdates) -> None:
+        state.server["global"] = fedavg(stacked(updates.uploads), updates.weights)
+
+    def server_step(self, state: FedState, round_: int) -> None:
+        pass
+
+    def final_model(self, state: FedState) -> Tensors:
+        """The state to load into the model at the end (for methods with one global model)."""
+        return state.server["global"]
+
+
+class LocalTraining:
+    """The usual round: each sampled client downloads, trains locally (a cohort, vectorised
+    where the model allows), and uploads what the strategy says."""
+
+    def __init__(self, cohort: CohortTrainer):
+        self.cohort = cohort
+
+    @property
+    def local_epochs(self) -> int:
+        return self.cohort.local_epochs
+
+    def train_round(self, fed: "Federation", state: FedState, chosen: list[int],
+                    round_: int, lr: float) -> RoundUpdates:
+        s, ledger = fed.strategy, state.ledger
+        starts, groups = [], []
+        for c in chosen:
+            received = s.download(state, c)
+            ledger.received(c, received)
+            starts.append(s.local_start(state, c, received))
+            groups.append(s.group(state, c))
+        gen = torch_generator(fed.data.device, fed.cfg.seed, "augment", round_)
+        trained, losses = self.cohort.train(starts, fed.data, chosen, lr,
+                                            (fed.cfg.seed, "local", round_), gen,
+                                            s.trainable(state))
+        uploads = []
+        for i, c in enumerate(chosen):
+            row = {k: v[i] for k, v in trained.items()}
+            uploads.append(s.upload(state, c, row))
+            ledger.sent(c, uploads[-1])
+            kept = s.keep(state, c, row)
+            if kept is not None:
+                state.clients[c] = {k: v.clone() for k, v in kept.items()}
+        sizes = torch.tensor([len(fed.data.clients[c]) for c in chosen], dtype=torch.float64)
+        return RoundUpdates(chosen, uploads, sizes.to(fed.data.device), groups, losses,
+                            self.local_epochs * int(sizes.sum()))
 
 
 class Federation:
-    """Drives rounds of a CohortTrainer over fixed client data; resumable from ``ckpt_path``.
-    ``aggregate`` turns the clients' states into the global one (FedAvg unless told otherwise,
-    e.g. secure aggregation)."""
+    """Drives rounds of a trainer over fixed client data; resumable from ``ckpt_path`` (a
+    checkpoint of another configuration, i.e. another ``fingerprint``, is ignored)."""
 
-    def __init__(self, trainer: CohortTrainer, clients: list[np.ndarray], images: torch.Tensor,
-                 cfg: FederationConfig, ckpt_path: Path, fingerprint: str,
-                 aggregate: Aggregate = plain_fedavg):
-        self.trainer, self.clients, self.images, self.cfg = trainer, clients, images, cfg
-        self.aggregate = aggregate
+    def __init__(self, strategy: Strategy, trainer, data: LocalData, cfg: FederationConfig,
+                 ckpt_path: Path, fingerprint: str, server_data: LocalData | None = None):
+        self.strategy, self.trainer, self.data, self.cfg = strategy, trainer, data, cfg
+        self.server_data = server_data
         self.ckpt_path, self.fingerprint = Path(ckpt_path), fingerprint
-        self.sizes = torch.tensor([len(c) for c in clients], dtype=torch.float64)
+        strategy.fed = self
 
-    def start(self, model: nn.Module) -> FederationState:
+    def start(self, model: nn.Module) -> FedState:
         """The last checkpoint of this very configuration, or round 0 from ``model``."""
         if self.ckpt_path.exists():
-            ck = torch.load(self.ckpt_path, map_location=self.images.device, weights_only=False)
+            ck = torch.load(self.ckpt_path, map_location=self.data.device, weights_only=True)
             if ck.get("fingerprint") == self.fingerprint:
-                return ck["state"]
-        params, buffers = split_state(model)
-        return FederationState(0, params, buffers,
-                               ClientLedger.empty([len(c) for c in self.clients]))
+                return FedState.from_checkpoint(ck["state"])
+        return FedState(0, self.strategy.init_server(model), {},
+                        Ledger.empty(self.data.sizes()))
 
-    def run(self, state: FederationState, on_round=None) -> FederationState:
+    def run(self, state: FedState, on_round=None) -> FedState:
         while state.round < self.cfg.rounds:
-            state = self.run_round(state)
-            torch_save({"fingerprint": self.fingerprint, "state": state}, self.ckpt_path)
+            self.run_round(state)
+            torch_save({"fingerprint": self.fingerprint, "state": state.to_checkpoint()},
+                       self.ckpt_path)
             if on_round:
                 on_round(state)
         return state
 
-    def run_round(self, s: FederationState) -> FederationState:
-        r, cfg = s.round, self.cfg
-        chosen = sample_clients(len(self.clients), cfg.client_fraction, cfg.seed, r)
-        lr = round_lr(cfg, r)
-        gen = torch_generator(self.images.device, cfg.seed, "augment", r)
+    def run_round(self, state: FedState) -> None:
+        r, s = state.round, self.strategy
+        chosen = s.sample(state, r)
+        lr = s.lr(r)
         t0 = time.perf_counter()
-        params, buffers, losses = self.trainer.train(
-            s.params, s.buffers, [self.clients[c] for c in chosen], chosen, self.images, lr,
-            (cfg.seed, "local", r), gen)
-        down = nbytes(s.params) + nbytes(s.buffers)  # the global state each client downloads
-        up = down                                      # each client returns a state of that shape
-        weights = self.sizes[chosen].to(params[next(iter(params))].device)
-        merged = self.aggregate({**params, **buffers}, weights, chosen, r)
-        new_params = {k: merged[k] for k in params}
-        new_buffers = {k: merged[k] for k in buffers}
-        if self.images.device.type == "cuda":
+        bytes_before = _ledger_totals(state.ledger)
+        updates = self.trainer.train_round(self, state, chosen, r, lr)
+        s.aggregate(state, updates)
+        s.server_step(state, r)
+        if self.data.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
         for c in chosen:
-            s.ledger.bytes_up[c] += up
-            s.ledger.bytes_down[c] += down
-            s.ledger.rounds[c] += 1
-        images = self.trainer.local_epochs * sum(len(self.clients[c]) for c in chosen)
-        row = {"round": r + 1, "clients": len(chosen),
-               "loss": float((losses.double() * weights).sum() / weights.sum()), "lr": lr,
-               "bytes_up": up * len(chosen), "bytes_down": down * len(chosen),
-               "seconds": round(seconds, 3), "images_per_s": round(images / seconds, 1)}
-        return FederationState(r + 1, new_params, new_buffers, s.ledger, s.log + [row])
+            state.ledger.rounds[c] += 1
+        up, down = (a - b for a, b in zip(_ledger_totals(state.ledger), bytes_before))
+        w = updates.weights
+        state.log.append({
+            "round": r + 1, "clients": len(chosen),
+            "loss": float((updates.losses.double() * w).sum() / w.sum()), "lr": lr,
+            "bytes_up": up, "bytes_down": down, "seconds": round(seconds, 3),
+            "images_per_s": round(updates.images / seconds, 1)})
+        state.round = r + 1
+
+
+def _ledger_totals(ledger: Ledger) -> tuple[int, int]:
+    return (sum(sum(u.values()) for u in ledger.up), sum(sum(d.values()) for d in ledger.down))
 
 
 def write_round_log(rows: list[dict], path: Path) -> None:
     write_tsv(rows, path, LOG_FIELDS)
+
+
+def client_data(images: torch.Tensor, labels: np.ndarray | torch.Tensor,
+                clients: list[np.ndarray]) -> LocalData:
+    """The training split on its device with the clients' index arrays."""
+    labels = torch.as_tensor(np.asarray(labels), dtype=torch.int64).to(images.device)
+    return LocalData(images, labels, clients)

@@ -105,3 +105,30 @@ def secure_fedavg(flat_updates: Sequence[Tensor], weights: Sequence[float],
                           mask_std, session_secret)
               for u, w, cid in zip(flat_updates, weights, participant_ids)]
     return unmask_sum(masked) / total_w
+
+
+class SecureAggregation:
+    """A strategy mixin: clients upload pairwise-masked, size-weighted states, so the server
+    learns only their sum, hence the FedAvg mean. Integer buffers (BN batch counters) are
+    aggregated in the clear, as plain FedAvg does. Use as ``class S(SecureAggregation,
+    Strategy)``."""
+    mask_std: float = DEFAULT_MASK_STD
+    session_secret: str = ""
+
+    def aggregate(self, state, updates) -> None:
+        from fedssl.fl.engine import fedavg, stacked
+        from fedssl.runtime import derive_seed
+        stack = stacked(updates.uploads)
+        floats = {k: v for k, v in stack.items() if v.is_floating_point()}
+        out = fedavg({k: v for k, v in stack.items() if k not in floats}, updates.weights)
+        n = len(updates.clients)
+        flat = torch.cat([v.reshape(n, -1).double() for v in floats.values()], 1)
+        mean = secure_fedavg(list(flat), updates.weights.tolist(), list(updates.clients),
+                             derive_seed("secure-agg", state.round), self.mask_std,
+                             self.session_secret)
+        start = 0
+        for k, v in floats.items():
+            size = v[0].numel()
+            out[k] = mean[start:start + size].view(v.shape[1:]).to(v.device, v.dtype)
+            start += size
+        state.server["global"] = {k: out[k] for k in stack}

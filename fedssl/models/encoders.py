@@ -8,6 +8,7 @@ from torch import nn
 from fedssl.models.heads import ProjectionHead
 from fedssl.models.norms import make_norm
 from fedssl.params import ModelParams
+from fedssl.runtime import derive_seed
 
 
 def conv_norm_relu(cin: int, cout: int, stride: int, norm: str, cpg: int) -> nn.Sequential:
@@ -91,3 +92,37 @@ class ContrastiveModel(nn.Module):
 
     def forward(self, x):
         return self.head(self.backbone(x))
+
+
+def seeded_contrastive_model(params: ModelParams, image_shape, seed: int,
+                             device: torch.device) -> ContrastiveModel:
+    """The seeded initial network: every method and reference row with these settings starts
+    from the same weights."""
+    torch.manual_seed(derive_seed(seed, "init"))
+    model = ContrastiveModel(params, tuple(image_shape)).to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def frozen(module: nn.Module) -> nn.Module:
+    """``module`` in eval mode with no parameter requiring gradients (for feature extraction)."""
+    module.eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module
+
+
+def save_contrastive_model(model: ContrastiveModel, path, image_shape) -> None:
+    from fedssl.runtime import torch_save
+    torch_save({"model": model.state_dict(), "image_shape": tuple(image_shape)}, path)
+
+
+def load_encoder(params: ModelParams, path, device: torch.device,
+                 projection: bool = False) -> nn.Module:
+    """The frozen encoder of a saved ContrastiveModel: its backbone, or with ``projection``
+    the backbone and head."""
+    ckpt = torch.load(path, map_location=device, weights_only=True)
+    model = seeded_contrastive_model(params, ckpt["image_shape"], 0, device)
+    model.load_state_dict(ckpt["model"])
+    return frozen(model if projection else model.backbone)

@@ -1,0 +1,88 @@
+"""What a method plugin declares, and the hooks the generic stages call.
+
+A method is one module (or package) under :mod:`fedssl.methods` that defines a
+:class:`Method` subclass and decorates it with :func:`fedssl.methods.registry.register`. It owns:
+
+* ``params``: its member of the experiment's ``method`` union (only the fields it reads);
+* ``steps``: the stages it adds to each of its experiments (what each reads and runs);
+* the hooks the shared stages call: the frozen ``encoder`` for the probes, ``client_costs``,
+  and the report's ``row_label`` / ``arch``.
+
+This module is light (no torch): the front ends import every method's declaration to validate
+params and build the DAG; the heavy code is imported inside the hooks, when a stage runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from fedssl.params import Strict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedssl.stage import StageContext
+
+DATA, PARTITION = "data", "partition"  # step inputs besides the outputs of earlier steps
+
+
+class MethodParams(Strict):
+    """Base of a method's params section; each method narrows ``name`` to its own Literal."""
+    name: str
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Step:
+    """A stage a method adds to each of its experiments (``<name>__<experiment>``).
+
+    ``reads``: the experiment params it reads, as dotted keys (``method.phase1``, ``partition``);
+    both front ends rerun it when one of them changes, and only then. ``inputs``: ``data``,
+    ``partition`` and/or earlier steps of the same method whose outputs it reads. ``plots``:
+    per-round or per-epoch logs it writes (TSV, committed under ``results/``)."""
+    name: str
+    reads: tuple[str, ...]
+    inputs: tuple[str, ...] = (DATA, PARTITION)
+    gpu: bool = True
+    plots: tuple[str, ...] = ()
+
+
+class Method:
+    """Base class of the method plugins; subclasses set the class attributes and hooks."""
+    name: ClassVar[str]
+    label: ClassVar[str]                       # the report's row label
+    params: ClassVar[type[MethodParams]]
+    steps: ClassVar[tuple[Step, ...]] = ()
+    # Evaluation by the shared probes: the steps whose outputs the frozen encoder is built
+    # from, and the method params that build it.
+    encoder_inputs: ClassVar[tuple[str, ...]] = ()
+    encoder_reads: ClassVar[tuple[str, ...]] = ("method",)
+    evaluation_sections: ClassVar[tuple[str, ...]] = ("features", "linear_probe", "knn")
+    # Client costs (a `costs` stage) when set: the steps whose outputs the costs read.
+    costs_inputs: ClassVar[tuple[str, ...] | None] = None
+    costs_reads: ClassVar[tuple[str, ...]] = ("method", "partition")
+
+    # ------------------------------------------------------------------ report
+    def row_label(self, params: MethodParams) -> str:
+        """The pivot's row for this method's experiments (e.g. MFCL(TN))."""
+        return self.label
+
+    def arch(self, params: MethodParams) -> str:
+        return ""
+
+    # ------------------------------------------------------------------ stages
+    def run_step(self, step: str, ctx: "StageContext") -> None:
+        """Run step ``step`` (a name in ``steps``): calls ``self.<step>(ctx)``."""
+        getattr(self, step)(ctx)
+
+    def encoder(self, ctx: "StageContext"):
+        """The frozen encoder the probes read (an ``nn.Module`` mapping float images in [0, 1]
+        to features), built from the outputs of ``encoder_inputs``."""
+        raise NotImplementedError(f"method '{self.name}' has no frozen encoder for the probes")
+
+    def client_costs(self, ctx: "StageContext") -> list[dict]:
+        """Per-client costs (rows of :func:`fedssl.costs.summarize_client_costs`' input)."""
+        raise NotImplementedError(f"method '{self.name}' declares no client costs")
+
+    def projected_costs(self, exp, partition, dataset: str) -> dict:
+        """The average client's costs at full scale without data or training (for
+        ``python -m fedssl.costs``)."""
+        raise NotImplementedError(f"method '{self.name}' has no cost projection")

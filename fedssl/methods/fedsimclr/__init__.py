@@ -1,0 +1,67 @@
+"""FedSimCLR: SimCLR (two augmented views, NT-Xent, projection head) trained on every client and
+averaged with FedAvg (the MFCL paper's baseline)."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, \
+    model_validator
+
+from fedssl.methods.base import Method, MethodParams, Step
+from fedssl.methods.registry import register
+from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, Fraction, ModelParams,
+                           ParallelClients)
+
+
+class FedSimCLRParams(MethodParams):
+    name: Literal["fedsimclr"] = "fedsimclr"
+    model: ModelParams
+    rounds: NonNegativeInt
+    local_epochs: PositiveInt = 1
+    client_fraction: Fraction = 1.0
+    batch_size: PositiveInt = 256
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: PositiveFloat = 1e-3
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    weight_decay: NonNegativeFloat = 0.0
+    temperature: PositiveFloat = 0.5
+    augment: AugmentParams = AugmentParams()
+    parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
+
+    @model_validator(mode="after")
+    def _has_weights(self):
+        if self.model.arch == "pixels":
+            raise ValueError("model.arch 'pixels' has no weights to train: use method 'none'")
+        return self
+
+
+@register
+class FedSimCLR(Method):
+    name = "fedsimclr"
+    label = "FedSimCLR"
+    params = FedSimCLRParams
+    steps = (Step("pretrain", reads=("partition", "method"), plots=("rounds.tsv",)),)
+    encoder_inputs = ("pretrain",)
+    encoder_reads = ("method.model",)
+    costs_inputs = ("pretrain",)
+
+    def arch(self, params) -> str:
+        return params.model.arch
+
+    def pretrain(self, ctx) -> None:
+        from fedssl.methods.fedsimclr import run
+        run.pretrain(ctx)
+
+    def encoder(self, ctx):
+        from fedssl.models.encoders import load_encoder
+        return load_encoder(ctx.exp.method.model, ctx.input("pretrain") / "model.pt",
+                            ctx.device, ctx.exp.features.layer == "projection")
+
+    def client_costs(self, ctx) -> list[dict]:
+        from fedssl.methods.fedsimclr import run
+        return run.client_costs(ctx)
+
+    def projected_costs(self, exp, partition, dataset: str) -> dict:
+        from fedssl.methods.fedsimclr import run
+        return run.projected_costs(exp, partition, dataset)

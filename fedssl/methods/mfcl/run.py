@@ -1,0 +1,342 @@
+"""MFCL's stages (imported when they run): phase 1, export, rServer, the deployed encoder and
+the per-client costs. Composes the shared augmentation, cohort trainer, engine, secure
+aggregation, losses, LARS and cost meters."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.func import functional_call
+
+from fedssl import costs
+from fedssl.data.augment import BatchAugment
+from fedssl.data.catalog import IMAGE_SHAPES
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
+from fedssl.fl.engine import (Federation, FederationConfig, LocalTraining, Strategy, nbytes,
+                              write_round_log)
+from fedssl.fl.runner import run_federation, train_data
+from fedssl.fl.secure_agg import SecureAggregation
+from fedssl.losses import nt_xent
+from fedssl.models.autoencoder import (ClientAutoencoder, reconstruction_loss,
+                                      resnet18_blocks_on_client)
+from fedssl.models.encoders import frozen
+from fedssl.models.rserver import MfclEncoder, RServerModel
+from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
+from fedssl.runtime import derive_seed, numpy_rng, torch_generator, torch_save, write_json, \
+    write_tsv
+
+
+def twin_batch(augment):
+    """Two independent views of every sample, as one batch ordered [all view-1; all view-2]
+    (rows k and k+K are twins, the layout Twin Norm expects)."""
+    def make(batch: torch.Tensor, generator: torch.Generator):
+        return augment(batch, generator), augment(batch, generator)
+    return make
+
+
+def autoencoder_loss(kind: str = "bce"):
+    """Reconstruction of each augmented view from itself (Eq. 1). Padded samples of a short
+    batch are dropped as whole pairs, so Twin Norm still sees intact twins."""
+    def loss(model, params, buffers, batch):
+        v1, v2 = batch.views
+        valid = batch.valid
+        x = torch.cat([v1, v2])
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=x.device.type == "cuda"):
+            logits = functional_call(model, (params, buffers), (x,))
+        per_pixel = reconstruction_loss(logits.float(), model.reconstruction_target(x), kind,
+                                        reduction="none")
+        keep = torch.cat([valid, valid]).float()
+        per_image = per_pixel.flatten(1).mean(1)
+        return (per_image * keep).sum() / keep.sum().clamp(min=1)
+    return loss
+
+
+# ============================================================================ pipeline pieces
+# Everything below composes the shared library (augmentation, CohortTrainer/Federation, secure
+# aggregation masks, LARS, NT-Xent) into the stages of MFCL: phase 1, export, rServer, encoder.
+
+
+
+
+def build_client_module(p, image_shape, device) -> ClientAutoencoder:
+    """The seeded initial client autoencoder of MFCL params ``p``."""
+    cm = p.client_module
+    torch.manual_seed(derive_seed(p.seed, "init", "mfcl-client"))
+    return ClientAutoencoder(cm.arch, in_channels=image_shape[0], width=cm.width, norm=cm.norm,
+                             channels_per_group=cm.channels_per_group,
+                             tn_variance=cm.tn_variance, ae_pool=cm.ae_pool,
+                             cut=cm.cut).to(device)
+
+
+def build_rserver(p, in_channels: int, device) -> RServerModel:
+    """The seeded initial rServer model: the ResNet blocks the client module's cut left over."""
+    rs, cm = p.rserver, p.client_module
+    torch.manual_seed(derive_seed(rs.seed, "init", "mfcl-rserver"))
+    return RServerModel(cm.arch, in_channels, rs.width, rs.proj_hidden, rs.proj_dim,
+                        skip_blocks=resnet18_blocks_on_client(cm.cut)).to(device)
+
+
+class SecureFedAvg(SecureAggregation, Strategy):
+    """FedAvg through pairwise-masked uploads (the gServer sees only the sum)."""
+
+
+def make_phase1_federation(p, model: ClientAutoencoder, data: LocalData, ckpt: Path,
+                           fingerprint: str) -> Federation:
+    """Phase 1 (Alg. 1 l. 1-13): Adam on twin batches of K pairs, fresh optimizer state every
+    round, size-weighted FedAvg of the whole autoencoder (optionally through secure
+    aggregation)."""
+    p1 = p.phase1
+    cohort = CohortTrainer(
+        model, twin_batch(BatchAugment(p.augment, data.images.shape[-1])),
+        autoencoder_loss(p1.loss), OptimizerConfig(kind="adam", eps=p1.adam_eps),
+        batch_size=p1.batch_pairs, local_epochs=p1.local_epochs,
+        parallel=vectorise_clients(p.parallel_clients, data.device))
+    cfg = FederationConfig(rounds=p1.rounds, client_fraction=p1.client_fraction, lr=p1.lr,
+                           seed=p.seed)
+    strategy = (SecureFedAvg if p1.secure_aggregation else Strategy)(cfg)
+    return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
+
+
+def phase1(ctx) -> None:
+    p = ctx.exp.method
+    model = build_client_module(p, ctx.image_shape, ctx.device)
+    if p.phase1.rounds > 0:
+        fed = make_phase1_federation(p, model, train_data(ctx), ctx.resume_path,
+                                     ctx.fingerprint)
+        run_federation(ctx, fed, model)
+    else:
+        write_round_log([], ctx.results_dir / "rounds.tsv")
+        ctx.info.update(rounds=0, final_loss=None)
+    torch_save({"model": model.state_dict(), "image_shape": tuple(ctx.image_shape)},
+               ctx.out / "model.pt")
+    ctx.info.update(parameters=sum(q.numel() for q in model.parameters()),
+                    encoder_parameters=model.num_parameters("encoder"),
+                    secure_aggregation=p.phase1.secure_aggregation)
+
+
+# ---------------------------------------------------------------------------- export
+def dropped_clients(num_clients: int, dropout: float, seed: int) -> list[int]:
+    """Fig. 8: round(δ·M) clients (at least one kept), drawn once from the seed, send nothing."""
+    k = min(num_clients - 1, round(dropout * num_clients))
+    return sorted(numpy_rng(seed, "export-dropout").choice(num_clients, k, replace=False).tolist())
+
+
+def encode_pair(model: ClientAutoencoder, v1: torch.Tensor, v2: torch.Tensor,
+                tn_pairing: str = "twin") -> torch.Tensor:
+    """Both views of a batch through the client module and its pool, ``[2K, C, h, w]``. Twin
+    Norm normalises each sample's two views jointly, or with ``tn_pairing='self'`` each view
+    paired with itself, so that the two views share no statistics (an ablation)."""
+    if tn_pairing == "self" and model.norm_kind == "tn":
+        return torch.cat([model.encode(torch.cat([v, v]))[:len(v)] for v in (v1, v2)])
+    return model.encode(torch.cat([v1, v2]))
+
+
+@torch.no_grad()
+def export_client(model: ClientAutoencoder, images: torch.Tensor, indices: np.ndarray,
+                  augment: BatchAugment, pairs: int, batch: int, seed: int, client: int,
+                  bn_mode: str = "eval", tn_pairing: str = "twin") -> torch.Tensor:
+    """What client ``client`` sends to the rServer: for every local sample, ``pairs`` pairs of
+    twin views through the frozen client module and its MaxPool, as fp16
+    ``[n, pairs, 2, C, h, w]`` (``model.encode``'s output: H/2 × W/2, or H/4 × W/4 for a cut
+    holding the stride-2 conv). Twin Norm pairs the two views of each sample again. Each
+    (client, pair, chunk) draws its views from its own seeded generator."""
+    model.train(bn_mode == "train")
+    out = None
+    idx_all = torch.from_numpy(np.asarray(indices)).to(images.device)
+    for r in range(pairs):
+        for j, start in enumerate(range(0, len(indices), batch)):
+            x = images[idx_all[start:start + batch]]
+            gen = torch_generator(images.device, seed, "export", client, r, j)
+            v1, v2 = twin_batch(augment)(x, gen)
+            with torch.autocast(x.device.type, torch.bfloat16, enabled=x.device.type == "cuda"):
+                z = encode_pair(model, v1, v2, tn_pairing).to(torch.float16)
+            if out is None:
+                out = torch.empty((len(indices), pairs, 2, *z.shape[1:]), dtype=torch.float16,
+                                  device="cpu")
+            out[start:start + len(x), r] = torch.stack(z.chunk(2), 1).cpu()
+    model.eval()
+    return out
+
+
+def export(ctx) -> None:
+    """Phase-2 upload: every client that does not drop out sends rho pairs of twin views per
+    local sample through the frozen client module + MaxPool, once; stored as fp16 arrays (one
+    per client) with the bytes each client sent and the paper-convention bits."""
+    p, ex = ctx.exp.method, ctx.exp.method.export
+    model = build_client_module(p, ctx.image_shape, ctx.device)
+    ckpt = torch.load(ctx.input("pretrain") / "model.pt", map_location=ctx.device,
+                      weights_only=True)
+    model.load_state_dict(ckpt["model"])
+    images = train_data(ctx).images
+    clients = ctx.clients()
+    dropped = dropped_clients(len(clients), ex.client_dropout, p.seed)
+    augment = BatchAugment(p.augment, ctx.image_shape[-1])
+    per_client = []
+    for m, idx in enumerate(clients):
+        row = {"client": m, "samples": len(idx), "dropped": m in dropped, "bytes_sent": 0,
+               "numel_sent": 0, "bits_paper": 0.0}
+        if m not in dropped:
+            reps = export_client(model, images, idx, augment, ex.pairs, ex.batch_pairs, p.seed,
+                                 m, ex.bn_export_mode, ex.tn_pairing)
+            np.save(ctx.out / f"client_{m}.npy", reps.numpy())
+            np.save(ctx.out / f"client_{m}_index.npy", np.asarray(idx))
+            row.update(bytes_sent=reps.numel() * reps.element_size(), numel_sent=reps.numel(),
+                       shape=list(reps.shape),
+                       bits_paper=costs.phase2_bits(pre_pool_numel(model, ctx.image_shape),
+                                                    len(idx), ex.pairs))
+        per_client.append(row)
+        print(f"client {m}: " + ("dropped, sends nothing" if m in dropped
+                                 else f"{row['bytes_sent']} bytes"), flush=True)
+    manifest = {"pairs": ex.pairs, "dtype": "float16", "dropped_clients": dropped,
+                "bn_export_mode": ex.bn_export_mode, "tn_pairing": ex.tn_pairing,
+                "per_client": per_client,
+                "total_bytes_sent": sum(r["bytes_sent"] for r in per_client)}
+    write_json(ctx.out / "manifest.json", manifest)
+    ctx.info.update(dropped_clients=dropped, total_bytes_sent=manifest["total_bytes_sent"])
+
+
+# ---------------------------------------------------------------------------- rServer
+def rserver_steps(num_samples: int, batch_pairs: int) -> int:
+    """Steps per epoch: full batches only (as SimCLR), or one batch when there are fewer."""
+    return max(1, num_samples // batch_pairs)
+
+
+def train_rserver(model: RServerModel, reps: torch.Tensor, p, resume: Path | None = None,
+                  fingerprint: str = "", on_epoch=None) -> list[dict]:
+    """Phase 2b: SimCLR on the received pairs. ``reps`` is ``[N, rho, 2, C, H, W]`` (any float
+    dtype, on the training device); each epoch every sample contributes one of its rho pairs,
+    drawn uniformly (spec A10), in batches of ``p.batch_pairs`` shuffled across clients. Both
+    views go through the BN rServer module in one batch; NT-Xent (Eq. 7); LARS with linear
+    warmup and cosine decay per step. Resumes from ``resume`` after a kill (same fingerprint)."""
+    device = reps.device
+    n, rho = reps.shape[0], reps.shape[1]
+    steps = rserver_steps(n, p.batch_pairs)
+    total, warmup = steps * p.epochs, steps * p.warmup_epochs
+    peak = scaled_peak_lr(p.lr, p.batch_pairs, p.lr_scaling)
+    opt = LARS(lars_param_groups(model, p.weight_decay), lr=peak, momentum=p.momentum,
+               trust_coefficient=p.trust_coefficient)
+    log, first = [], 0
+    if resume is not None and resume.exists():
+        ck = torch.load(resume, map_location=device, weights_only=False)
+        if ck.get("fingerprint") == fingerprint:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["opt"])
+            log, first = ck["log"], ck["epoch"]
+    model.train()
+    for epoch in range(first, p.epochs):
+        gen = torch_generator(torch.device("cpu"), p.seed, "rserver", epoch)
+        order = torch.randperm(n, generator=gen)
+        pick = torch.randint(rho, (n,), generator=gen)
+        loss_sum, t0 = 0.0, time.perf_counter()
+        for s in range(steps):
+            idx = order[s * p.batch_pairs:(s + 1) * p.batch_pairs]
+            pair = reps[idx.to(device), pick[idx].to(device)].float()  # [B, 2, C, H, W]
+            set_lr(opt, warmup_cosine(epoch * steps + s, total, warmup, peak))
+            with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+                proj = model(torch.cat([pair[:, 0], pair[:, 1]]))
+            loss = nt_xent(*proj.float().chunk(2), p.temperature)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.item()
+        log.append({"epoch": epoch + 1, "loss": loss_sum / steps,
+                    "lr": warmup_cosine((epoch + 1) * steps - 1, total, warmup, peak),
+                    "seconds": round(time.perf_counter() - t0, 3)})
+        if resume is not None:
+            torch_save({"fingerprint": fingerprint, "epoch": epoch + 1, "log": log,
+                        "model": model.state_dict(), "opt": opt.state_dict()}, resume)
+        if on_epoch:
+            on_epoch(log)
+    return log
+
+
+EPOCH_FIELDS = ["epoch", "loss", "lr", "seconds"]
+
+
+def rserver(ctx) -> None:
+    """Phase 2b on the pairs of the clients that sent them; resumable per epoch."""
+    p, export = ctx.exp.method, ctx.input("export")
+    manifest = json.loads((export / "manifest.json").read_text())
+    sent = [c["client"] for c in manifest["per_client"] if not c["dropped"]]
+    log_path = ctx.results_dir / "rserver_epochs.tsv"
+    reps = torch.cat([torch.from_numpy(np.load(export / f"client_{m}.npy")) for m in sent])
+    reps = reps.to(ctx.device)
+    model = build_rserver(p, reps.shape[3], ctx.device)
+
+    def on_epoch(rows):
+        write_tsv(rows, log_path, EPOCH_FIELDS)
+        print(f"epoch {rows[-1]['epoch']}/{p.rserver.epochs}: NT-Xent {rows[-1]['loss']:.4f}",
+              flush=True)
+
+    log = train_rserver(model, reps, p.rserver, ctx.resume_path, ctx.fingerprint, on_epoch)
+    write_tsv(log, log_path, EPOCH_FIELDS)
+    torch_save({"model": model.state_dict(), "in_channels": int(reps.shape[3])},
+               ctx.out / "model.pt")
+    ctx.info.update(samples=int(reps.shape[0]), clients=sent, epochs=len(log),
+                    loss=[round(r["loss"], 4) for r in log],
+                    parameters=sum(q.numel() for q in model.parameters()))
+
+
+def frozen_encoder(p, client_state: dict, rserver_state: dict, image_shape, device,
+                   projection: bool = False) -> MfclEncoder:
+    """The deployed MFCL model for feature extraction: client module + MaxPool + rServer module
+    (+ head with ``projection``), frozen, BN in eval mode."""
+    client = build_client_module(p, image_shape, device)
+    client.load_state_dict(client_state)
+    rs = build_rserver(p, client.rep_channels, device)
+    rs.load_state_dict(rserver_state)
+    return frozen(MfclEncoder(client, rs, projection=projection,
+                              tn_eval_pair=p.client_module.tn_eval_pair))
+
+
+def deployed_encoder(ctx) -> MfclEncoder:
+    """The frozen encoder from the phase-1 and rServer steps' outputs."""
+    def load(step):
+        return torch.load(ctx.input(step) / "model.pt", map_location=ctx.device,
+                          weights_only=True)
+    client, rserver_ckpt = load("pretrain"), load("rserver")
+    return frozen_encoder(ctx.exp.method, client["model"], rserver_ckpt["model"],
+                          client["image_shape"], ctx.device,
+                          ctx.exp.features.layer == "projection")
+
+
+def pre_pool_numel(model: ClientAutoencoder, image_shape) -> int:
+    """|z| per view in the paper's Eq. 5 convention: the client module's map before the pool."""
+    return math.prod(model.prepool_shape(*image_shape[1:]))
+
+
+# ---------------------------------------------------------------------------- costs
+def _client_costs(p, shape, samples, rounds, sent, export: list[dict]) -> list[dict]:
+    """Per-client MFCL costs: phase-1 training and traffic, plus the one-shot export."""
+    ae = build_client_module(p, shape, torch.device("cpu")).train()
+    kind = p.phase1.loss
+    return costs.mfcl_client_costs(
+        ae, costs.probe_batch(shape), lambda logits, x: reconstruction_loss(logits, x, kind),
+        p.phase1.batch_pairs, samples, rounds, p.phase1.local_epochs, p.export.pairs,
+        [c["dropped"] for c in export], [b + c["bytes_sent"] for b, c in zip(sent, export)],
+        pre_pool_numel(ae, shape))
+
+
+def client_costs(ctx) -> list[dict]:
+    traffic = costs.ledger_of(ctx.input("pretrain"), [len(c) for c in ctx.clients()])
+    export = json.loads((ctx.input("export") / "manifest.json").read_text())["per_client"]
+    return _client_costs(ctx.exp.method, ctx.image_shape, traffic.samples, traffic.rounds,
+                         traffic.sent, export)
+
+
+def projected_costs(exp, part, dataset: str) -> dict:
+    """The average client at full scale (Tab. 3's setting): the autoencoder down and up in each
+    of its rounds and the fp16 export of rho twin pairs per sample."""
+    p, shape = exp.method, IMAGE_SHAPES[dataset]
+    n = costs.average_client_samples(part, dataset)
+    model = build_client_module(p, shape, torch.device("cpu"))
+    with torch.no_grad():
+        view = model.eval().encode(torch.zeros(2, *shape))[0]
+    rounds = round(p.phase1.client_fraction * p.phase1.rounds)
+    sent = 2 * nbytes(model.state_dict()) * rounds
+    export = [{"dropped": False, "bytes_sent": n * p.export.pairs * 2 * view.numel() * 2}]
+    return costs.summarize_client_costs(_client_costs(p, shape, [n], [rounds], [sent], export))

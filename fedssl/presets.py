@@ -1,0 +1,341 @@
+"""Reading params presets: YAML files, ``extends`` chains and grids, validated by the models of
+:mod:`fedssl.params`; and the raw keys each stage reads, which both front ends compare.
+
+A preset is ``params/<kind>s/<name>.yaml`` or a member of a grid in ``params/grids.yaml``. A
+preset may start with ``extends: <another preset of the same kind>`` and then set only what
+differs (mappings merge key by key, anything else replaces). A grid member is its grid's
+``extends`` preset with the grid's ``set`` merged over it, placeholders filled from its axes.
+
+What a stage reads is tracked as DVC params entries: for every *layer* the preset is made of
+(each file of the chain, and for a grid member its block of ``grids.yaml``), the keys of that
+layer that the stage reads and the layer sets itself. Snakemake fingerprints exactly these raw
+values too, and defaults are code (the params models are among every stage's code
+dependencies), so both front ends rerun a stage on the same edits.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from fedssl import params as P
+from fedssl.data.catalog import TRAIN_SIZES
+
+PARAMS_DIR = Path("params")
+EXTENDS = "extends"
+GRIDS_FILE = "grids.yaml"
+PIPELINES_FILE = "pipelines.yaml"
+KINDS = {"dataset": "datasets", "partition": "partitions", "experiment": "experiments"}
+GRID_SECTIONS = {"partition": "partitions", "experiment": "experiments"}
+ParamsError = P.ParamsError
+
+
+def model_of(kind: str) -> type[BaseModel]:
+    return {"dataset": P.DatasetParams, "partition": P.PartitionParams}.get(kind) or \
+        P.experiment_model()
+
+
+# ---------------------------------------------------------------------------- YAML
+def read_yaml(path: Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: no such params file")
+    stat = path.stat()
+    return _read_yaml(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=None)
+def _read_yaml(path: str, _mtime: int, _size: int) -> dict:
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of settings at the top level")
+    return raw
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """``override`` on top of ``base``: mappings merge key by key, anything else replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = (deep_merge(out[key], value) if isinstance(value, dict)
+                    and isinstance(out.get(key), dict) else value)
+    return out
+
+
+def lookup(tree, dotted: str):
+    """The value at a dotted key of a nested mapping; KeyError when absent."""
+    for part in dotted.split(".") if dotted else []:
+        if not isinstance(tree, dict) or part not in tree:
+            raise KeyError(dotted)
+        tree = tree[part]
+    return tree
+
+
+def has_key(tree, dotted: str) -> bool:
+    try:
+        lookup(tree, dotted)
+        return True
+    except KeyError:
+        return False
+
+
+def _format_errors(where: str, err: ValidationError) -> str:
+    lines = [f"{where}: invalid parameters"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(file)"
+        lines.append(f"  {loc}: {e['msg']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- layers
+@dataclass
+class Layer:
+    """One source of a preset's settings: ``raw`` sits at ``prefix`` of ``file``; ``always``
+    are keys of that file that decide the preset whatever a stage reads (``extends``, the
+    values of a grid member's axes)."""
+    file: Path
+    prefix: str
+    raw: dict
+    always: list[str] = field(default_factory=list)
+
+    def key(self, dotted: str) -> str:
+        return ".".join(p for p in (self.prefix, dotted) if p)
+
+
+@dataclass
+class Resolved:
+    kind: str
+    name: str
+    where: str            # what an error message names: the file (and grid)
+    merged: dict
+    layers: list[Layer]
+
+
+class Presets:
+    """All presets under one params folder (files and grid members), loaded lazily."""
+
+    def __init__(self, root: Path = PARAMS_DIR):
+        self.root = Path(root)
+        self._resolved: dict[tuple[str, str], Resolved] = {}
+        self._validated: dict[tuple[str, str], BaseModel] = {}
+
+    # ------------------------------------------------------------------ files and grids
+    def path(self, kind: str, name: str) -> Path:
+        return self.root / KINDS[kind] / f"{name}.yaml"
+
+    @property
+    def grids_path(self) -> Path:
+        return self.root / GRIDS_FILE
+
+    def grids(self) -> P.GridsParams:
+        if not self.grids_path.exists():
+            return P.GridsParams()
+        return self._validate(P.GridsParams, read_yaml(self.grids_path), str(self.grids_path))
+
+    def grid_members(self, kind: str) -> dict[str, tuple[str, dict[str, str]]]:
+        """Member name -> (its grid, axis labels), for the grids of ``kind``."""
+        grids = self.grids()
+        members: dict[str, tuple[str, dict[str, str]]] = {}
+        for gname, grid in getattr(grids, GRID_SECTIONS[kind]).items():
+            axes = _placeholders(grid.name)
+            labels = [list(self._axis(grids, grid, gname, kind, a)) for a in axes]
+            for combo in itertools.product(*labels):
+                member = _fill(grid.name, dict(zip(axes, combo)), {})
+                where = f"{self.grids_path}: {GRID_SECTIONS[kind]}.{gname}.name"
+                if not re.match(P.NAME_PATTERN, member):
+                    raise ParamsError(f"{where}: expands to '{member}', not a valid name")
+                if member in members or self.path(kind, member).exists():
+                    raise ParamsError(f"{where}: '{member}' is defined twice")
+                members[member] = (gname, dict(zip(axes, combo)))
+        return members
+
+    def _axis(self, grids, grid, gname: str, kind: str, axis: str) -> dict:
+        """An axis as label -> value (a list's labels are their own values)."""
+        values = grid.axes.get(axis, grids.axes.get(axis))
+        if values is None:
+            raise ParamsError(f"{self.grids_path}: {GRID_SECTIONS[kind]}.{gname}.name: no axis "
+                              f"'{axis}' (shared axes: {', '.join(grids.axes) or 'none'})")
+        return dict(values) if isinstance(values, dict) else {str(v): v for v in values}
+
+    def names(self, kind: str) -> list[str]:
+        """Every preset of a kind: its files, then the grid members."""
+        files = sorted(p.stem for p in (self.root / KINDS[kind]).glob("*.yaml"))
+        grid = list(self.grid_members(kind)) if kind in GRID_SECTIONS else []
+        return files + grid
+
+    # ------------------------------------------------------------------ resolution
+    def resolve(self, kind: str, name: str) -> Resolved:
+        """A preset's merged settings and the layers they come from (nearest first)."""
+        return self._resolve(kind, name, [], None)
+
+    def _resolve(self, kind: str, name: str, visiting: list[str], where: str | None):
+        key = (kind, name)
+        if key in self._resolved:
+            return self._resolved[key]
+        if name in visiting:
+            cycle = " -> ".join([*visiting, name])
+            raise ParamsError(f"{self.path(kind, visiting[0])}: {EXTENDS}: cycle {cycle}")
+        path = self.path(kind, name)
+        if path.is_file():
+            resolved = self._resolve_file(kind, path, [*visiting, name])
+        elif kind in GRID_SECTIONS and name in self.grid_members(kind):
+            resolved = self._resolve_member(kind, name, [*visiting, name])
+        elif where:
+            raise ParamsError(f"{where}: no preset '{name}' in {path.parent} or "
+                              f"{self.grids_path}")
+        else:
+            grids = f" or {self.grids_path}" if kind in GRID_SECTIONS else ""
+            raise ParamsError(f"{path}: no such params file (no {kind} preset '{name}' in "
+                              f"{path.parent}{grids})")
+        self._resolved[key] = resolved
+        return resolved
+
+    def _resolve_file(self, kind: str, path: Path, visiting: list[str]) -> Resolved:
+        raw = read_yaml(path)
+        own = {k: v for k, v in raw.items() if k != EXTENDS}
+        layer = Layer(path, "", raw, [EXTENDS] if EXTENDS in raw else [])
+        if EXTENDS not in raw:
+            return Resolved(kind, path.stem, str(path), own, [layer])
+        base = raw[EXTENDS]
+        if not isinstance(base, str) or not re.match(P.NAME_PATTERN, base):
+            raise ParamsError(f"{path}: {EXTENDS}: expected the name of a preset in "
+                              f"{path.parent}, got {base!r}")
+        parent = self._resolve(kind, base, visiting, f"{path}: {EXTENDS}")
+        return Resolved(kind, path.stem, str(path), deep_merge(parent.merged, own),
+                        [layer, *parent.layers])
+
+    def _resolve_member(self, kind: str, name: str, visiting: list[str]) -> Resolved:
+        gname, labels = self.grid_members(kind)[name]
+        grids = self.grids()
+        grid = getattr(grids, GRID_SECTIONS[kind])[gname]
+        section = f"{GRID_SECTIONS[kind]}.{gname}"
+        values, always = {}, [f"{section}.{EXTENDS}"] if grid.extends else []
+        for axis, label in labels.items():
+            values[axis] = self._axis(grids, grid, gname, kind, axis)[label]
+            local = axis in grid.axes
+            if isinstance(grid.axes[axis] if local else grids.axes[axis], dict):
+                always.append(f"{section}.axes.{axis}.{label}" if local
+                              else f"axes.{axis}.{label}")
+        where = f"{self.grids_path} ({section}: {name})"
+        try:
+            overlay = _fill(grid.set, labels, values)
+        except ParamsError as e:
+            raise ParamsError(f"{self.grids_path}: {section}.set: {e}") from None
+        own = Layer(self.grids_path, f"{section}.set", grid.set, always)
+        if not grid.extends:
+            return Resolved(kind, name, where, overlay, [own])
+        parent = self._resolve(kind, grid.extends, visiting,
+                               f"{self.grids_path}: {section}.{EXTENDS}")
+        return Resolved(kind, name, where, deep_merge(parent.merged, overlay),
+                        [own, *parent.layers])
+
+    def load(self, kind: str, name: str):
+        """The validated params of a preset; any problem raises ParamsError naming the file
+        and the field."""
+        key = (kind, name)
+        if key not in self._validated:
+            r = self.resolve(kind, name)
+            self._validated[key] = self._validate(model_of(kind), r.merged, r.where)
+        return self._validated[key]
+
+    @staticmethod
+    def _validate(model, raw: dict, where: str):
+        try:
+            return model.model_validate(raw)
+        except ValidationError as e:
+            raise ParamsError(_format_errors(where, e)) from None
+
+    # ------------------------------------------------------------------ what stages read
+    def tracked(self, kind: str, name: str, reads: tuple[str, ...] | None) -> dict:
+        """DVC params entries of a stage reading ``reads`` (dotted keys; None = everything)
+        of a preset: file -> the keys it sets itself (None = the whole file)."""
+        entries: dict[str, list[str] | None] = {}
+        for lay in self.resolve(kind, name).layers:
+            if reads is None and not lay.prefix:
+                entries[str(lay.file)] = None
+                continue
+            keys = [lay.key(r) for r in (reads if reads is not None else ("",))
+                    if has_key(lay.raw, r) and (r or lay.prefix)]
+            keys += lay.always
+            if keys and entries.get(str(lay.file), []) is not None:
+                entries.setdefault(str(lay.file), [])
+                entries[str(lay.file)] += [k for k in keys if k not in entries[str(lay.file)]]
+        return entries
+
+    # ------------------------------------------------------------------ pipelines
+    def pipelines(self) -> P.PipelinesParams:
+        path = self.root / PIPELINES_FILE
+        return self._validate(P.PipelinesParams, read_yaml(path), str(path))
+
+    def pipeline_experiments(self, pipeline: str) -> list[str]:
+        """The experiments a pipeline runs, its grid entries expanded (in axis order)."""
+        spec = self.pipelines().spec(pipeline)
+        grids = self.grids().experiments
+        members = self.grid_members("experiment") if any(e in grids for e in
+                                                         spec.experiments) else {}
+        out: list[str] = []
+        for entry in spec.experiments:
+            names = [m for m, (g, _) in members.items() if g == entry] if entry in grids \
+                else [entry]
+            out += [n for n in names if n not in out]
+        return out
+
+
+def raw_values(entries: dict) -> dict:
+    """The raw values a stage's DVC params entries point at (what both front ends compare)."""
+    values = {}
+    for file, keys in entries.items():
+        raw = read_yaml(Path(file))
+        values[file] = raw if keys is None else {k: lookup(raw, k) for k in keys}
+    return values
+
+
+def check_partition_fits(part: P.PartitionParams, where: str, dataset: str) -> None:
+    """Cross-file check: a partition cannot have more clients than it has samples."""
+    train_size = TRAIN_SIZES[dataset]
+    available = min(part.subset or train_size, train_size)
+    if part.subset and part.subset > train_size:
+        raise ParamsError(f"{where}: subset: {part.subset} exceeds the {train_size} "
+                          f"training samples of data set '{part.dataset}'")
+    if part.num_clients > available:
+        raise ParamsError(f"{where}: num_clients: {part.num_clients} clients but only "
+                          f"{available} samples to split")
+
+
+# ---------------------------------------------------------------------------- placeholders
+_PLACEHOLDER = re.compile(r"\{(\w+)(\.value|\.upper)?\}")
+
+
+def _placeholders(pattern: str) -> list[str]:
+    return list(dict.fromkeys(m.group(1) for m in _PLACEHOLDER.finditer(pattern)))
+
+
+def _fill(tree, labels: dict[str, str], values: dict):
+    """Fill ``{axis}`` (its label), ``{axis.upper}`` and ``{axis.value}`` (its value; typed
+    when it is the whole string) in every string of ``tree``."""
+    if isinstance(tree, dict):
+        return {k: _fill(v, labels, values) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_fill(v, labels, values) for v in tree]
+    if not isinstance(tree, str):
+        return tree
+    whole = _PLACEHOLDER.fullmatch(tree)
+    if whole and whole.group(2) == ".value" and whole.group(1) in values:
+        return values[whole.group(1)]
+
+    def sub(m):
+        axis, what = m.group(1), m.group(2)
+        if axis not in labels:
+            raise ParamsError(f"placeholder {m.group(0)} names no axis of this grid's name")
+        if what == ".value":
+            value = values[axis]
+            return f"{value:g}" if isinstance(value, float) else str(value)
+        return labels[axis].upper() if what == ".upper" else labels[axis]
+    return _PLACEHOLDER.sub(sub, tree)
