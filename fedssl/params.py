@@ -80,12 +80,22 @@ PartitionScheme = Annotated[Union[IIDScheme, DirichletScheme, ShardsScheme, Clas
                             Field(discriminator="kind")]
 
 
+class ClientTestSplit(Strict):
+    """Per-client test sets with each client's training class mix (personalised evaluation)."""
+    per_client: PositiveInt | None = Field(
+        None, description="test images per client, spread over its classes in proportion to "
+        "its training data; None = exactly its training counts per class")
+    disjoint: bool = Field(False, description="no test image goes to two clients")
+
+
 class PartitionParams(Strict):
     dataset: Name = Field(description="name of a params/datasets preset")
     num_clients: PositiveInt
     scheme: PartitionScheme
     subset: PositiveInt | None = Field(
         None, description="split a class-stratified random subset of this many training samples")
+    client_tests: ClientTestSplit | None = Field(
+        None, description="also give every client a test split (personalised evaluation)")
     seed: int = 0
 
 
@@ -152,6 +162,15 @@ class KnnParams(Strict):
     temperature: PositiveFloat = Field(0.07, description="weights votes by exp(cos / T)")
 
 
+class PersonalEvalParams(Strict):
+    """Personalised evaluation: every client's model on its own test split, every round."""
+    last_rounds: PositiveInt = Field(10, description="accuracy averaged over the last rounds")
+    checkpoints: tuple[Fraction, ...] = Field(
+        (0.25, 0.5, 0.75, 1.0), description="fractions of the rounds to report accuracy at")
+    target: Annotated[float, Field(gt=0, le=100)] | None = Field(
+        None, description="a mean accuracy (%): report the first round that reaches it")
+
+
 # --------------------------------------------------------------------------- experiments
 class ExperimentBase(Strict):
     """What every experiment has; :func:`experiment_model` adds the ``method`` union."""
@@ -160,16 +179,17 @@ class ExperimentBase(Strict):
     features: FeatureParams | None = Field(None, description="for methods evaluated by probes")
     linear_probe: LinearProbeParams | None = None
     knn: KnnParams | None = None
+    personal: PersonalEvalParams | None = Field(None, description="for personalised methods")
 
     @model_validator(mode="after")
     def _evaluation_sections(self):
         """The sections the method's evaluation reads must be there (and only those)."""
         from fedssl.methods import registry
         wanted = registry.get(self.method.name).evaluation_sections
-        for section in ("features", "linear_probe", "knn"):
+        for section in ("features", "linear_probe", "knn", "personal"):
             if section in wanted and getattr(self, section) is None:
-                raise ValueError(f"method '{self.method.name}' is evaluated by probes: add a "
-                                 f"`{section}` section")
+                raise ValueError(f"method '{self.method.name}' is evaluated with `{section}`: "
+                                 f"add that section")
             if section not in wanted and getattr(self, section) is not None:
                 raise ValueError(f"method '{self.method.name}' does not read `{section}`: "
                                  f"remove it")

@@ -47,6 +47,7 @@ EXTRA_PIPELINES_DIR = Path("pipelines")
 # What the shared per-experiment stages read of an experiment (the method adds its own keys).
 FEATURE_READS = ("features",)
 EVALUATE_READS = ("linear_probe", "knn")
+PERSONAL_READS = ("personal",)
 REPORT_READS = ("title", "partition", "method")
 
 
@@ -217,7 +218,11 @@ class Dag:
             stage = add(step.name, _entry("method"), step.reads, step.inputs,
                         [_entry("method"), module], step.gpu)
             stage.plots = [f"{results_dir(stage.out.split('/')[-2])}/{p}" for p in step.plots]
-        if method.evaluation_sections:
+        if "personal" in method.evaluation_sections:
+            personal = add("personal", _entry("personal"), PERSONAL_READS,
+                           (PARTITION, *method.personal_inputs), [_entry("personal")], False)
+            personal.metrics = [f"{results_dir(personal.out.split('/')[-2])}/metrics.json"]
+        if "features" in method.evaluation_sections:
             add("features", _entry("features"), FEATURE_READS + method.encoder_reads,
                 (DATA, *method.encoder_inputs), [_entry("features"), module], True)
             evaluate = add("evaluate", _entry("evaluate"), EVALUATE_READS, ("features",),

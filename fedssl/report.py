@@ -24,6 +24,12 @@ COLUMNS = ["experiment", "title", "partition", "method", "arch", "rounds", "line
            "knn_top1", "client_MB_up", "client_MB_down", "train_s", "parameters",
            "alpha_bits", "client_MB_sent", "beta_GFLOPs", "gamma_eq6_MB", "peak_step_MB",
            "row", "column"]
+# The pivots the report opens with, for the metrics its experiments have (title, costs beside).
+PIVOTS = {"linear": ("linear_top1", "Linear probe top-1 % (layout of MFCL Tab. 2; per-client "
+                                    "costs as Tab. 3)", True),
+          "knn": ("knn_top1", "k-NN top-1 %", False),
+          "personal": ("personal_top1", "Personalised accuracy % (each client's model on its "
+                                        "own test split, final round)", True)}
 # Mean per-client costs (the `costs` stage; blank for methods without one), as in Tab. 3.
 COST_COLUMNS = {"alpha_bits": ("mean_alpha_bits_paper", 1.0),
                 "client_MB_sent": ("mean_bytes_actual", 1e-6),
@@ -46,8 +52,7 @@ def experiment_row(name: str, exp, method, step_dirs: list[Path], metrics_file: 
             down += sum(c["bytes_down"] for c in per_client) / len(per_client) / 1e6
     row = {"experiment": name, "title": exp.title, "partition": exp.partition,
            "method": method.name, "arch": method.arch(exp.method),
-           "rounds": sum(m.get("rounds", 0) for m in metas),
-           "linear_top1": metrics["linear_top1"], "knn_top1": metrics["knn_top1"],
+           "rounds": sum(m.get("rounds", 0) for m in metas), **metrics,
            "client_MB_up": round(up, 2), "client_MB_down": round(down, 2),
            "train_s": round(sum(m["wall_seconds"] for m in metas), 2),
            "parameters": next((m["parameters"] for m in metas if "parameters" in m), "")}
@@ -107,17 +112,45 @@ def pivot_markdown(rows: list[dict], metric: str, costs: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_markdown(rows: list[dict], columns=COLUMNS) -> str:
+def columns_of(rows: list[dict]) -> list[str]:
+    """The report's columns: the fixed ones (those some row has), then every other metric."""
+    present = {k for r in rows for k in r}
+    extra = [k for r in rows for k in r if k not in COLUMNS]
+    return [c for c in COLUMNS if c in present] + list(dict.fromkeys(extra))
+
+
+def to_markdown(rows: list[dict], columns=None) -> str:
+    columns = columns or columns_of(rows)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(_cell(r.get(c, "")) for c in columns) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
-def write_csv(rows: list[dict], path: Path, columns=COLUMNS) -> None:
+def _cell(value) -> str:
+    return "" if value is None else str(value)
+
+
+def write_csv(rows: list[dict], path: Path, columns=None) -> None:
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, columns)
+        w = csv.DictWriter(f, columns or columns_of(rows), restval="")
         w.writeheader()
         w.writerows(rows)
+
+
+def report_tables(rows: list[dict], methods) -> dict[str, tuple[str, str]]:
+    """Name -> (heading, Markdown): the pivots of the metrics present, each method's own
+    paper-layout tables, and every run."""
+    tables = {}
+    for name, (metric, heading, costs) in PIVOTS.items():
+        mine = [r for r in rows if r.get(metric) not in (None, "")]
+        if mine:
+            tables[name] = (heading, pivot_markdown(mine, metric, costs))
+    for method in methods:
+        own = [r for r in rows if r["method"] == method.name]
+        for name, table in method.tables(own).items():
+            tables[name] = (name, table)
+    tables["runs"] = ("All runs", to_markdown(rows))
+    return tables
 
 
 # ------------------------------------------------------------------ README tables

@@ -108,8 +108,23 @@ class StageContext:
         return load_split(self.data_dir, split)
 
     def clients(self):
+        """Each client's indices into the training split."""
         from fedssl.data.store import load_clients
         return load_clients(self.partition_dir)
+
+    def client_tests(self):
+        """Each client's indices into the test split (partitions with ``client_tests``)."""
+        from fedssl.data.store import load_clients
+        if not (self.partition_dir / "test_clients.npz").exists():
+            raise StageFailed(f"partition '{self.exp.partition}' has no per-client test splits: "
+                              f"set its `client_tests`")
+        return load_clients(self.partition_dir, "test_clients.npz")
+
+    def true_groups(self) -> list[int] | None:
+        """Each client's group when the partition has groups (class_groups), else None."""
+        import json
+        counts = json.loads((self.partition_dir / "class_counts.json").read_text())
+        return counts.get("groups")
 
     # ------------------------------------------------------------------ running
     @contextmanager

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedssl.data.client_tests import class_group_of_client, matching_test_split
 from fedssl.data.partition import class_counts, plot_heatmap, split_clients, stratified_subset
 from fedssl.data.store import load_split, save_clients
 from fedssl.pipeline import data_dir
 from fedssl.runtime import write_json
-from fedssl.stage import main_guard
+from fedssl.stage import StageFailed, main_guard
 from stages.common import context
 
 
@@ -21,10 +22,23 @@ def run(argv):
     local = split_clients(labels[pool], p.num_clients, p.scheme, p.seed, num_classes)
     clients = [pool[ix] for ix in local]  # indices into the full training split
     counts = class_counts(labels, clients, num_classes)
+    summary = {"clients": counts.tolist(), "sizes": counts.sum(1).tolist()}
+    if p.scheme.kind == "class_groups":  # the true groups, for cluster recovery scores
+        summary["groups"] = class_group_of_client(p.num_clients, len(p.scheme.groups)).tolist()
+    tests = None
+    if p.client_tests:
+        _, test_labels = load_split(data_dir(p.dataset), "test")
+        try:
+            tests = matching_test_split(counts, test_labels, p.client_tests.per_client, p.seed,
+                                        replace_across_clients=not p.client_tests.disjoint)
+        except ValueError as e:
+            raise StageFailed(f"{ctx.name}: client_tests: {e}") from None
+        summary["test_sizes"] = [len(t) for t in tests]
     with ctx.run() as out:
         save_clients(out / "clients.npz", clients)
-        write_json(out / "class_counts.json", {"clients": counts.tolist(),
-                                               "sizes": counts.sum(1).tolist()})
+        if tests is not None:
+            save_clients(out / "test_clients.npz", tests)
+        write_json(out / "class_counts.json", summary)
         plot_heatmap(counts, out / "heatmap.png", f"{ctx.name}: samples per client and class")
         ctx.info.update(num_clients=len(clients), samples=int(counts.sum()),
                         smallest_client=int(counts.sum(1).min()),

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from fedssl.pipeline import report_dir
-from fedssl.report import experiment_row, pivot_markdown, table_cell, to_markdown, write_csv
+from fedssl.report import experiment_row, report_tables, table_cell, write_csv
 from fedssl.stage import StageContext, main_guard
 
 
@@ -19,15 +19,15 @@ def run(argv):
     ctx = StageContext("report", pipeline)
     dag, presets = ctx.dag, ctx.presets
     from fedssl.methods import registry
-    rows, partitions = [], []
+    rows, partitions, methods = [], [], {}
     for name in dag.experiments:
         exp = presets.load("experiment", name)
-        method = registry.get(exp.method.name)
+        method = methods.setdefault(exp.method.name, registry.get(exp.method.name))
         part = presets.load("partition", exp.partition)
         stages = [dag.stages[s] for s in dag.of_experiment[name]]
         steps = [Path(s.out) for s in stages if s.kind in {st.name for st in method.steps}]
         costs = next((Path(s.out) for s in stages if s.kind == "costs"), None)
-        metrics = next(Path(s.metrics[0]) for s in stages if s.kind == "evaluate")
+        metrics = next(Path(s.metrics[0]) for s in stages if s.metrics)
         row, column = table_cell(exp, method, part, presets.load("dataset", part.dataset).name,
                                  dag.row, dag.column)
         rows.append({**experiment_row(name, exp, method, steps, metrics, costs),
@@ -35,23 +35,21 @@ def run(argv):
         partitions += [exp.partition] if exp.partition not in partitions else []
     results = Path(report_dir(pipeline))
     with ctx.run() as out:
-        tables = {"linear": pivot_markdown(rows, "linear_top1"),
-                  "knn": pivot_markdown(rows, "knn_top1", costs=False),
-                  "runs": to_markdown(rows)}
+        tables = report_tables(rows, methods.values())
         results.mkdir(parents=True, exist_ok=True)
         for part in sorted(partitions):
             shutil.copy(Path(dag.stages[f"partition__{part}"].out) / "heatmap.png",
                         out / f"partition_{part}.png")
-        (results / "report.md").write_text(
-            f"# Pipeline `{pipeline}`\n\n"
-            "## Linear probe top-1 % (layout of MFCL Tab. 2; per-client costs as Tab. 3)\n\n"
-            f"{tables['linear']}\n## k-NN top-1 %\n\n{tables['knn']}\n"
-            f"## All runs\n\n{tables['runs']}\nPartition heat-maps: `{ctx.stage.out}/`\n")
+        sections = "".join(f"## {heading}\n\n{table}\n" for heading, table in tables.values())
+        (results / "report.md").write_text(f"# Pipeline `{pipeline}`\n\n{sections}"
+                                           f"Partition heat-maps: `{ctx.stage.out}/`\n")
         write_csv(rows, results / "report.csv")
-        (results / "report.json").write_text(json.dumps({"pipeline": pipeline, "rows": rows,
-                                                         "tables": tables}, indent=1) + "\n")
+        (results / "report.json").write_text(json.dumps(
+            {"pipeline": pipeline, "rows": rows,
+             "tables": {name: table for name, (_, table) in tables.items()}},
+            indent=1, ensure_ascii=False) + "\n")
         ctx.info["rows"] = len(rows)
-    print(f"{tables['linear']}\n{tables['runs']}", end="")
+    print("".join(table for _, table in list(tables.values())[:1]), end="")
 
 
 if __name__ == "__main__":

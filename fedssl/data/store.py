@@ -55,7 +55,8 @@ def save_clients(path: Path, clients: list[np.ndarray]) -> None:
     np.savez(path, **{f"client_{i}": c for i, c in enumerate(clients)})
 
 
-def load_clients(partition_dir: Path) -> list[np.ndarray]:
-    """Per-client index arrays into the training split, as the partition stage wrote them."""
-    with np.load(Path(partition_dir) / "clients.npz") as z:
+def load_clients(partition_dir: Path, name: str = "clients.npz") -> list[np.ndarray]:
+    """Per-client index arrays as the partition stage wrote them: into the training split
+    (``clients.npz``), or into the test split (``test_clients.npz``, personalised evaluation)."""
+    with np.load(Path(partition_dir) / name) as z:
         return [z[f"client_{i}"] for i in range(len(z.files))]

@@ -193,6 +193,11 @@ class Strategy:
     def server_step(self, state: FedState, round_: int) -> None:
         pass
 
+    def evaluate(self, state: FedState, round_: int) -> dict | None:
+        """Metrics of the round just finished for the round log (e.g. the clients' mean
+        personalised accuracy); per-client records go into ``state.memo``."""
+        return None
+
     def final_model(self, state: FedState) -> Tensors:
         """The state to load into the model at the end (for methods with one global model)."""
         return state.server["global"]
@@ -276,6 +281,7 @@ class Federation:
         if self.data.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
+        extra = s.evaluate(state, r) or {}
         for c in chosen:
             state.ledger.rounds[c] += 1
         up, down = (a - b for a, b in zip(_ledger_totals(state.ledger), bytes_before))
@@ -284,7 +290,7 @@ class Federation:
             "round": r + 1, "clients": len(chosen),
             "loss": float((updates.losses.double() * w).sum() / w.sum()), "lr": lr,
             "bytes_up": up, "bytes_down": down, "seconds": round(seconds, 3),
-            "images_per_s": round(updates.images / seconds, 1)})
+            "images_per_s": round(updates.images / seconds, 1), **extra})
         state.round = r + 1
 
 
@@ -293,7 +299,9 @@ def _ledger_totals(ledger: Ledger) -> tuple[int, int]:
 
 
 def write_round_log(rows: list[dict], path: Path) -> None:
-    write_tsv(rows, path, LOG_FIELDS)
+    """The per-round TSV (`dvc plots`): the engine's columns, then any a strategy added."""
+    extra = [k for row in rows for k in row if k not in LOG_FIELDS]
+    write_tsv(rows, path, LOG_FIELDS + list(dict.fromkeys(extra)))
 
 
 def client_data(images: torch.Tensor, labels: np.ndarray | torch.Tensor,

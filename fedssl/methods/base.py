@@ -51,11 +51,14 @@ class Method:
     label: ClassVar[str]                       # the report's row label
     params: ClassVar[type[MethodParams]]
     steps: ClassVar[tuple[Step, ...]] = ()
-    # Evaluation by the shared probes: the steps whose outputs the frozen encoder is built
-    # from, and the method params that build it.
+    # Evaluation. By the shared probes (features, linear_probe, knn): the steps whose outputs
+    # the frozen encoder is built from, and the method params that build it. Personalised
+    # (personal): the steps that wrote a `personal.npz` (:class:`fedssl.eval.personal.
+    # PersonalLog`), summarised by the shared `personal` stage.
     encoder_inputs: ClassVar[tuple[str, ...]] = ()
     encoder_reads: ClassVar[tuple[str, ...]] = ("method",)
     evaluation_sections: ClassVar[tuple[str, ...]] = ("features", "linear_probe", "knn")
+    personal_inputs: ClassVar[tuple[str, ...]] = ()
     # Client costs (a `costs` stage) when set: the steps whose outputs the costs read.
     costs_inputs: ClassVar[tuple[str, ...] | None] = None
     costs_reads: ClassVar[tuple[str, ...]] = ("method", "partition")
@@ -67,6 +70,11 @@ class Method:
 
     def arch(self, params: MethodParams) -> str:
         return ""
+
+    def tables(self, rows: list[dict]) -> dict[str, str]:
+        """Extra report tables in the layout of the method's paper (name -> Markdown), from
+        the report rows of this method's experiments (every metric of their metrics.json)."""
+        return {}
 
     # ------------------------------------------------------------------ stages
     def run_step(self, step: str, ctx: "StageContext") -> None:

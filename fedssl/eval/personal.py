@@ -1,0 +1,100 @@
+"""Personalised evaluation: every client's own model on its own test split (the same class mix
+as its training data), every round.
+
+A method's strategy measures the clients in its ``evaluate`` hook with :func:`client_outputs`
+and keeps the record in ``FedState.memo`` through :class:`PersonalLog` (so a resumed run keeps
+it); at the end the step writes ``personal.npz``. The shared ``personal`` stage turns that file
+into metrics (:func:`summarize`): mean accuracy at fractions of the rounds, over the last rounds
+and at its best, rounds to a target, pooled F1 and AUROC of the final models, and, when the
+clients chose among models, how well those choices recover the true groups."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from fedssl.eval.metrics import classification_metrics, cluster_metrics
+
+MEMO_KEY = "personal"
+
+
+class PersonalLog:
+    """Per-round, per-client accuracy (and model choice) kept in ``memo``, plus the final
+    round's pooled class probabilities."""
+
+    def __init__(self, memo: dict):
+        self.memo = memo.setdefault(MEMO_KEY, {"accuracy": [], "choice": []})
+
+    def record(self, accuracy: list[float], choice: list[int] | None = None) -> dict:
+        """One round: each client's test accuracy (%) and, optionally, the model it chose.
+        Returns the round log's columns."""
+        self.memo["accuracy"].append([float(a) for a in accuracy])
+        if choice is not None:
+            self.memo["choice"].append([int(c) for c in choice])
+        return {"personal_acc": round(float(np.mean(accuracy)), 3)}
+
+    def save(self, path: Path, labels: list[np.ndarray], probs: list[np.ndarray]) -> None:
+        """Write the record with the final models' outputs (one array per client)."""
+        np.savez(path, accuracy=np.asarray(self.memo["accuracy"], dtype=np.float64),
+                 choice=np.asarray(self.memo["choice"], dtype=np.int64).reshape(
+                     len(self.memo["choice"]), -1),
+                 labels=np.concatenate(labels), probs=np.concatenate(probs),
+                 client=np.concatenate([np.full(len(y), i) for i, y in enumerate(labels)]))
+
+
+def client_outputs(logits_of: Callable, images, labels, tests: list[np.ndarray],
+                   batch: int = 1024) -> tuple[list[float], list[np.ndarray], list[np.ndarray]]:
+    """Each client's model on its test indices: accuracy (%), true labels, softmax outputs.
+    ``logits_of(client, float_images)`` runs that client's model (no grad, eval mode)."""
+    import torch
+    from fedssl.data.augment import to_float
+    accs, ys, ps = [], [], []
+    with torch.no_grad():
+        for client, idx in enumerate(tests):
+            idx_t = torch.as_tensor(idx, device=images.device)
+            out = [logits_of(client, to_float(images[idx_t[s:s + batch]])).float()
+                   for s in range(0, len(idx_t), batch)]
+            probs = torch.cat(out).softmax(1).cpu().numpy()
+            y = labels[idx_t].cpu().numpy()
+            accs.append(100.0 * float((probs.argmax(1) == y).mean()) if len(y) else 0.0)
+            ys.append(y)
+            ps.append(probs)
+    return accs, ys, ps
+
+
+def summarize(npz_path: Path, p, true_groups: list[int] | None = None) -> dict:
+    """Metrics of a ``personal.npz`` under :class:`~fedssl.params.PersonalEvalParams` ``p``."""
+    with np.load(npz_path) as z:
+        acc, choice = z["accuracy"], z["choice"]
+        labels, probs = z["labels"], z["probs"]
+    mean = acc.mean(1)  # per round, over clients
+    rounds = len(mean)
+    out = {"personal_top1": round(float(mean[-1]), 2),
+           f"personal_last{p.last_rounds}": round(float(mean[-p.last_rounds:].mean()), 2),
+           "personal_best": round(float(mean.max()), 2), "rounds": rounds}
+    for f in p.checkpoints:
+        r = max(1, round(f * rounds))
+        out[f"personal_at_{r}"] = round(float(mean[r - 1]), 2)
+    if p.target is not None:
+        hit = np.flatnonzero(mean >= p.target)
+        out["rounds_to_target"] = int(hit[0]) + 1 if hit.size else None
+    pooled = classification_metrics(labels, probs)
+    pooled["pooled_top1"] = pooled.pop("accuracy")
+    out.update({k: round(float(v), 4) for k, v in pooled.items()})
+    if choice.size:
+        out.update(_clusters(choice, true_groups))
+    return out
+
+
+def _clusters(choice: np.ndarray, true_groups: list[int] | None) -> dict:
+    """Which models the clients chose in the last round and, against the true groups, how well
+    (ARI, purity) and from which round on the groups were found for good (ARI = 1 to the end)."""
+    if true_groups is None:
+        return {"clusters_used": int(len(np.unique(choice[-1])))}
+    out = {k: (round(float(v), 4) if isinstance(v, float) else v)
+           for k, v in cluster_metrics(choice[-1], true_groups).items()}
+    found = [cluster_metrics(c, true_groups)["ari"] >= 1.0 - 1e-9 for c in choice]
+    last_miss = max((r for r, ok in enumerate(found) if not ok), default=-1)
+    out["groups_found_at"] = last_miss + 2 if last_miss + 1 < len(found) else None
+    return out
