@@ -96,6 +96,9 @@ class PartitionParams(Strict):
         None, description="split a class-stratified random subset of this many training samples")
     client_tests: ClientTestSplit | None = Field(
         None, description="also give every client a test split (personalised evaluation)")
+    server_holdout: PositiveInt | None = Field(
+        None, description="keep a class-stratified slice of this many training samples out of "
+        "the clients' data, for the server (public pretraining data, a calibration set)")
     seed: int = 0
 
 

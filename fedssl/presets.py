@@ -299,11 +299,14 @@ def raw_values(entries: dict) -> dict:
 
 def check_partition_fits(part: P.PartitionParams, where: str, dataset: str) -> None:
     """Cross-file check: a partition cannot have more clients than it has samples."""
-    train_size = TRAIN_SIZES[dataset]
+    train_size = TRAIN_SIZES[dataset] - (part.server_holdout or 0)
+    if train_size <= 0:
+        raise ParamsError(f"{where}: server_holdout: {part.server_holdout} leaves no training "
+                          f"samples of data set '{part.dataset}' for the clients")
     available = min(part.subset or train_size, train_size)
     if part.subset and part.subset > train_size:
         raise ParamsError(f"{where}: subset: {part.subset} exceeds the {train_size} "
-                          f"training samples of data set '{part.dataset}'")
+                          f"training samples of data set '{part.dataset}' left to the clients")
     if part.num_clients > available:
         raise ParamsError(f"{where}: num_clients: {part.num_clients} clients but only "
                           f"{available} samples to split")

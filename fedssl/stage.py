@@ -120,6 +120,15 @@ class StageContext:
                               f"set its `client_tests`")
         return load_clients(self.partition_dir, "test_clients.npz")
 
+    def server_indices(self):
+        """The partition's server-side slice of the training split (``server_holdout``)."""
+        import numpy as np
+        path = self.partition_dir / "server.npy"
+        if not path.exists():
+            raise StageFailed(f"partition '{self.exp.partition}' keeps no data for the server: "
+                              f"set its `server_holdout`")
+        return np.load(path)
+
     def true_groups(self) -> list[int] | None:
         """Each client's group when the partition has groups (class_groups), else None."""
         import json

@@ -17,8 +17,12 @@ def run(argv):
     p = ctx.presets.load("partition", ctx.name)
     _, labels = load_split(data_dir(p.dataset), "train")
     num_classes = int(labels.max()) + 1
-    pool = (stratified_subset(labels, p.subset, p.seed) if p.subset
-            else np.arange(len(labels)))
+    server = np.empty(0, dtype=np.int64)
+    if p.server_holdout:  # the server's slice first; the clients split what is left
+        server = np.sort(stratified_subset(labels, p.server_holdout, p.seed + 1))
+    rest = np.setdiff1d(np.arange(len(labels)), server)
+    pool = (rest[stratified_subset(labels[rest], p.subset, p.seed)] if p.subset
+            else rest)
     local = split_clients(labels[pool], p.num_clients, p.scheme, p.seed, num_classes)
     clients = [pool[ix] for ix in local]  # indices into the full training split
     counts = class_counts(labels, clients, num_classes)
@@ -36,11 +40,14 @@ def run(argv):
         summary["test_sizes"] = [len(t) for t in tests]
     with ctx.run() as out:
         save_clients(out / "clients.npz", clients)
+        if p.server_holdout:
+            np.save(out / "server.npy", server)
         if tests is not None:
             save_clients(out / "test_clients.npz", tests)
         write_json(out / "class_counts.json", summary)
         plot_heatmap(counts, out / "heatmap.png", f"{ctx.name}: samples per client and class")
         ctx.info.update(num_clients=len(clients), samples=int(counts.sum()),
+                        server_samples=int(len(server)),
                         smallest_client=int(counts.sum(1).min()),
                         largest_client=int(counts.sum(1).max()))
 
