@@ -1,18 +1,27 @@
 # The workflow: every rule comes from the DAG in fedssl/pipeline.py (the same source that
 # generates dvc.yaml). Pick a pipeline of params/pipelines.yaml with `--config pipeline=NAME`.
+#
+# Snakemake sees each stage through a receipt file (artifacts/.receipts/<stage>.done), not
+# through the stage's outputs: Snakemake deletes a job's outputs before running it, and a stage
+# replaces its own outputs atomically only when it succeeds, so a failed or interrupted run
+# loses nothing. Receipts say what is up to date (fedssl.pipeline.sync_receipts).
 import sys
 
 sys.path.insert(0, workflow.basedir)
-from fedssl.pipeline import RAN_LOG, Dag, commit_ran, sync_stamps
+from fedssl.pipeline import LOGS, RAN_LOG, Dag, commit_ran, receipt, sync_receipts
 
 PIPELINE = config.get("pipeline", "default")
 STAGES_DAG = Dag(PIPELINE)            # validates every params file first: errors stop here
-STAMPS, STALE = sync_stamps(STAGES_DAG)  # content fingerprints -> stamp files (see pipeline.py)
+STAGES_DAG.check_data()               # and says how to get a missing data set
+STALE = sync_receipts(STAGES_DAG)     # what changed since each stage last ran
+for name, reasons in STALE.items():
+    print(f"{name} will run: {'; '.join(reasons[:4])}" + (" ..." if len(reasons) > 4 else ""),
+          file=sys.stderr)
 
 
 rule all:
     input:
-        STAGES_DAG.stages[f"report__{PIPELINE}"].out,
+        str(receipt(f"report__{PIPELINE}")),
 
 
 for stage in STAGES_DAG.stages.values():
@@ -21,10 +30,11 @@ for stage in STAGES_DAG.stages.values():
         name:
             stage.name
         input:
-            [d if stage.name in STALE else ancient(d) for d in stage.deps]
-            + [STAMPS[stage.name]],
+            [str(receipt(u)) for u in stage.upstream],
         output:
-            [directory(stage.out)] + stage.committed,
+            str(receipt(stage.name)),
+        log:
+            str(LOGS / f"{stage.name}.log"),
         threads: 1024 if stage.gpu else 1  # capped at --cores: training stages take them all
         resources:
             gpu=int(stage.gpu),
@@ -33,12 +43,13 @@ for stage in STAGES_DAG.stages.values():
             name=stage.name,
             ran=RAN_LOG,
         shell:
-            "FEDSSL_THREADS={threads} {params.cmd} && echo {params.name} >> {params.ran}"
+            "FEDSSL_THREADS={threads} {params.cmd} 2>&1 | tee {log} && "
+            "echo {params.name} >> {params.ran} && echo ran > {output}"
 
 
 onsuccess:
-    commit_ran()
+    commit_ran(PIPELINE)
 
 
 onerror:
-    commit_ran()
+    commit_ran(PIPELINE)

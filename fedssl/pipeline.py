@@ -26,7 +26,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import yaml
 
 from fedssl import params as P
 from fedssl.codegraph import code_files
+from fedssl.data.sources import missing_data
 from fedssl.methods import registry
 from fedssl.methods.base import DATA, PARTITION
 from fedssl.presets import (PARAMS_DIR, PIPELINES_FILE, Presets, check_partition_fits, lookup,
@@ -41,8 +41,9 @@ from fedssl.presets import (PARAMS_DIR, PIPELINES_FILE, Presets, check_partition
 
 ARTIFACTS = Path("artifacts")
 RESULTS = Path("results")  # small result files committed with the code (DVC, cache: false)
-STAMPS = ARTIFACTS / ".stamps"
+STAMPS = ARTIFACTS / ".receipts"
 RAN_LOG = STAMPS / "ran-by-snakemake"
+LOGS = ARTIFACTS / "logs"  # one log file per stage run by Snakemake
 EXTRA_PIPELINES_DIR = Path("pipelines")
 # What the shared per-experiment stages read of an experiment (the method adds its own keys).
 FEATURE_READS = ("features",)
@@ -150,12 +151,26 @@ class Dag:
         self.stages.setdefault(stage.name, stage)
 
     def _add_dataset(self, name: str) -> str:
-        self.presets.load("dataset", name)
+        params = self.presets.load("dataset", name)
         stage = f"prepare_data__{name}"
+        if stage in self.stages:
+            return stage
         self._add(Stage(stage, "prepare_data", f"python -m stages.prepare_data {name}",
                         data_dir(name), params=self.presets.tracked("dataset", name, None),
                         code=code_files(_entry("prepare_data"))))
         return stage
+
+    def check_data(self) -> None:
+        """Before running: every data set a stale prepare stage will read must be there (the
+        message says how to get it), so a missing one stops a front end before any stage."""
+        for stage in self.stages.values():
+            if stage.kind == "prepare_data" and why_stale(self, stage.name):
+                name = stage.name.split("__", 1)[1]
+                params = self.presets.load("dataset", name)
+                problem = missing_data(params.name, params.data_root, params.download)
+                if problem:
+                    where = self.presets.resolve("dataset", name).where
+                    raise P.ParamsError(f"{where}: data set not available: {problem}")
 
     def _add_partition(self, name: str) -> str:
         part = self.presets.load("partition", name)
@@ -277,13 +292,18 @@ class Dag:
                         results=[f"{out}/report.md", f"{out}/report.csv"]))
 
     # ------------------------------------------------------------------ fingerprints
-    def fingerprint(self, name: str) -> str:
+    def fingerprint_inputs(self, name: str) -> dict:
+        """What a stage's output depends on, as both front ends see it: its command, the raw
+        params values it reads, the hashes of the code it imports, and the output digests
+        its upstream stages recorded."""
         s = self.stages[name]
-        payload = {"cmd": s.cmd, "params": raw_values(s.params),
-                   "code": {c: hash_file(Path(c)) for c in s.code},
-                   "upstream": {u: recorded(self.stages[u], "output_digest")
-                                for u in s.upstream}}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+        return {"cmd": s.cmd, "params": raw_values(s.params),
+                "code": {c: hash_file(Path(c)) for c in s.code},
+                "upstream": {u: recorded(self.stages[u], "output_digest") for u in s.upstream}}
+
+    def fingerprint(self, name: str) -> str:
+        payload = json.dumps(self.fingerprint_inputs(name), sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()
 
     def param_values(self, s: Stage) -> dict:
         """What the stage ran with, for its meta.json: the raw values it reads."""
@@ -336,42 +356,87 @@ def recorded(stage: Stage, key: str) -> str | None:
         return None
 
 
-def stale_stages(dag: Dag) -> set[str]:
-    """Stages whose recorded fingerprint is not the expected one, and everything downstream."""
-    stale: set[str] = set()
+def why_stale(dag: Dag, name: str) -> list[str]:
+    """Why a stage must run, by what changed since its last run (empty: up to date)."""
+    stage = dag.stages[name]
+    try:
+        meta = json.loads((Path(stage.out) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return ["not run yet"]
+    if meta.get("fingerprint") == dag.fingerprint(name):
+        return []
+    old, new = meta.get("inputs", {}), dag.fingerprint_inputs(name)
+    reasons = ["command changed"] if old.get("cmd") != new["cmd"] else []
+    for file, values in new["params"].items():
+        before = old.get("params", {}).get(file, {})
+        keys = values if isinstance(values, dict) and isinstance(before, dict) else {}
+        changed = [k for k in keys if before.get(k) != values[k]] if keys else (
+            [] if before == values else ["(whole file)"])
+        reasons += [f"params {file}: {k}" for k in changed]
+    code = [f for f in new["code"] if old.get("code", {}).get(f) != new["code"][f]]
+    reasons += [f"code {f}" for f in code]
+    reasons += [f"input of {u} changed" for u, d in new["upstream"].items()
+                if old.get("upstream", {}).get(u) != d]
+    return reasons or ["its recorded fingerprint differs"]
+
+
+def stale_stages(dag: Dag) -> dict[str, list[str]]:
+    """Stages that must run, with why: what changed, or an upstream stage that must run."""
+    stale: dict[str, list[str]] = {}
     for name, stage in dag.stages.items():  # upstream first
-        if (any(u in stale for u in stage.upstream)
-                or recorded(stage, "fingerprint") != dag.fingerprint(name)):
-            stale.add(name)
+        reasons = why_stale(dag, name)
+        reasons += [f"{u} will run" for u in stage.upstream if u in stale]
+        if reasons:
+            stale[name] = reasons
     return stale
 
 
-def sync_stamps(dag: Dag) -> tuple[dict[str, str], set[str]]:
-    """Date each stage's stamp file (see module doc); returns (stage name -> stamp path, the
-    stale stages). A stale stamp also gets new content: Snakemake ignores a newer input whose
-    checksum matches the one it recorded."""
+def receipt(name: str) -> Path:
+    return STAMPS / f"{name}.done"
+
+
+def sync_receipts(dag: Dag) -> dict[str, list[str]]:
+    """Snakemake's view of the DAG (see module doc): each stage's receipt exists, dated 1970,
+    when the stage is up to date, and is removed when it must run (so Snakemake runs it and
+    everything after it). Returns the stages that must run, with why."""
     STAMPS.mkdir(parents=True, exist_ok=True)
     stale = stale_stages(dag)
-    stamps = {}
     for name in dag.stages:
-        path = STAMPS / name
+        path = receipt(name)
         if name in stale:
-            path.write_text(f"stale since {time.time_ns()}\n")
+            path.unlink(missing_ok=True)
         else:
-            path.touch()
+            path.write_text("up to date\n")
             os.utime(path, (0, 0))
-        stamps[name] = str(path)
-    return stamps, stale
+    return stale
 
 
 # ---------------------------------------------------------------------- dvc.yaml
-def owners(root: Path = PARAMS_DIR) -> dict[str, tuple[str, Stage]]:
+# The root dvc.yaml opens with a stage that checks the DAG's shape: it depends on params/ and on
+# the code that builds the DAG, runs `python -m fedssl.pipeline check` (validate every active
+# pipeline, regenerate any stale dvc.yaml and stop with a message if one was) and writes a file
+# of constant content that every prepare stage depends on, so `dvc repro` always runs it first
+# and stops before any stage when the params changed the DAG's shape. Only pipelines that were
+# run (or asked for) have a dvc.yaml; the results of all runs are the root's metrics and plots.
+DAG_STAGE = "dag"
+DAG_CHECKED = EXTRA_PIPELINES_DIR / "dag.checked"
+
+
+def active_pipelines(root: Path = PARAMS_DIR, presets: Presets | None = None,
+                     also: tuple[str, ...] = ()) -> list[str]:
+    """``default``, the pipelines that have a dvc.yaml, and ``also``, in the order of
+    :func:`pipeline_order` (pipelines no longer in pipelines.yaml are dropped)."""
+    return [p for p in pipeline_order(root, presets)
+            if p == "default" or p in also or dvc_file(p).exists()]
+
+
+def owners(root: Path = PARAMS_DIR, also: tuple[str, ...] = ()) -> dict[str, tuple[str, Stage]]:
     """Stage name -> (the pipeline whose dvc.yaml defines it, the stage). A shared stage is
-    written into the first pipeline that uses it (``default`` first); later pipelines depend on
-    its outputs without redefining it."""
+    written into the first active pipeline that uses it (``default`` first); later pipelines
+    depend on its outputs without redefining it."""
     owner: dict[str, tuple[str, Stage]] = {}
     presets = Presets(root)
-    for pipe in pipeline_order(root, presets):
+    for pipe in active_pipelines(root, presets, also):
         for name, stage in Dag(pipe, root, presets=presets).stages.items():
             owner.setdefault(name, (pipe, stage))
     return owner
@@ -386,59 +451,89 @@ def dvc_file(pipeline: str) -> Path:
     return Path("dvc.yaml") if pipeline == "default" else EXTRA_PIPELINES_DIR / pipeline / "dvc.yaml"
 
 
-def dvc_yaml(pipeline: str, owner: dict[str, tuple[str, Stage]]) -> str:
-    stages = {}
+def _dag_stage(root: Path) -> dict:
+    modules = ["fedssl.pipeline", *[registry.module_of(m.name) for m in registry.all()]]
+    return {"cmd": "python -m fedssl.pipeline check", "deps": [str(root), *code_files(*modules)],
+            "outs": [{str(DAG_CHECKED): {"cache": False, "persist": True}}]}
+
+
+def _entry_of(s: Stage, wdir: bool) -> dict:
+    deps = s.code + s.deps + ([str(DAG_CHECKED)] if s.kind == "prepare_data" else [])
+    entry = {"cmd": s.cmd, "deps": deps}
+    if s.params:
+        entry["params"] = [{f: list(keys)} if keys is not None else {f: None}
+                           for f, keys in s.params.items()]
+    committed = [{r: {"cache": False, "persist": True}} for r in s.results + s.metrics + s.plots]
+    entry["outs"] = [{s.out: {"persist": True}}] + committed
+    return {"wdir": "../..", **entry} if wdir else entry
+
+
+def dvc_yaml(pipeline: str, owner: dict[str, tuple[str, Stage]], root: Path = PARAMS_DIR) -> str:
+    stages = {DAG_STAGE: _dag_stage(root)} if pipeline == "default" else {}
     for name, (pipe, s) in owner.items():
-        if pipe != pipeline:
-            continue
-        entry = {"cmd": s.cmd, "deps": s.code + s.deps}
-        if s.params:
-            entry["params"] = [{f: list(keys)} if keys is not None else {f: None}
-                               for f, keys in s.params.items()]
-        entry["outs"] = [s.out] + [{r: {"cache": False}} for r in s.results]
-        if s.metrics:
-            entry["metrics"] = [{m: {"cache": False}} for m in s.metrics]
-        if s.plots:
-            entry["plots"] = [{p: {"cache": False}} for p in s.plots]
-        if pipeline != "default":
-            entry = {"wdir": "../..", **entry}
-        stages[name] = entry
+        if pipe == pipeline:
+            stages[name] = _entry_of(s, pipeline != "default")
+    doc: dict = {"stages": stages}
+    if pipeline == "default":  # every committed result, whichever pipeline wrote it
+        doc["metrics"] = sorted(str(p) for p in RESULTS.glob("experiments/*/metrics.json"))
+        doc["plots"] = sorted(str(p) for p in RESULTS.glob("reports/*/*.png"))
     header = ("# Generated by `python -m fedssl.pipeline write` from the DAG (fedssl/pipeline.py)"
               " and params/.\n# Do not edit by hand: a test fails when this file drifts.\n")
-    body = yaml.safe_dump({"stages": stages}, sort_keys=False, default_flow_style=False,
-                          allow_unicode=True)
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True)
     return header + body.replace(": null\n", ":\n")
 
 
-def generated_files(root: Path = PARAMS_DIR) -> dict[Path, str]:
-    """Every dvc.yaml the DAG generates: path -> text."""
-    owner = owners(root)
-    return {dvc_file(pipe): dvc_yaml(pipe, owner) for pipe in pipeline_order(root)}
+def generated_files(root: Path = PARAMS_DIR, also: tuple[str, ...] = ()) -> dict[Path, str]:
+    """Every dvc.yaml of the active pipelines: path -> text."""
+    owner = owners(root, also)
+    return {dvc_file(p): dvc_yaml(p, owner, root) for p in active_pipelines(root, None, also)}
 
 
-def write_all(root: Path = PARAMS_DIR) -> list[Path]:
-    written = []
-    for path, text in generated_files(root).items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        written.append(path)
-    return written
+def write_all(root: Path = PARAMS_DIR, also: tuple[str, ...] = ()) -> list[Path]:
+    """Regenerate the active pipelines' dvc.yaml files; returns those whose text changed."""
+    changed = []
+    for path, text in generated_files(root, also).items():
+        if not path.exists() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            changed.append(path)
+    return changed
+
+
+def check(root: Path = PARAMS_DIR) -> int:
+    """The `dag` stage of DVC: validate every active pipeline, then regenerate the dvc.yaml
+    files; when one changed, say so and fail, so DVC stops before running the old shape."""
+    for pipe in active_pipelines(root):
+        Dag(pipe, root).check_data()
+    changed = write_all(root)
+    if changed:
+        print(f"the params changed the pipelines' shape: regenerated {', '.join(map(str, changed))}"
+              f"; run `dvc repro` again to run the new shape", file=sys.stderr)
+        return 1
+    DAG_CHECKED.parent.mkdir(parents=True, exist_ok=True)
+    DAG_CHECKED.write_text("The DAG of params/ was checked against the dvc.yaml files "
+                           "(python -m fedssl.pipeline check).\n")
+    return 0
 
 
 # ---------------------------------------------------------------------- snakemake -> dvc
-def commit_ran(root: Path = PARAMS_DIR) -> list[str]:
-    """Record in dvc.lock the stages Snakemake just ran, so DVC sees them as up to date."""
-    if not RAN_LOG.exists() or not Path(".dvc").is_dir():
+def commit_ran(pipeline: str = "default", root: Path = PARAMS_DIR) -> list[str]:
+    """After a Snakemake run: bring the dvc.yaml files up to date (the pipeline just run
+    becomes active, new results join the root's metrics) and record in dvc.lock the stages
+    Snakemake ran, and the DAG check it did while planning, so DVC sees them as up to date."""
+    if not Path(".dvc").is_dir():
         return []
-    names = sorted(set(RAN_LOG.read_text().split()))
+    write_all(root, (pipeline,))
+    check(root)
+    names = sorted(set(RAN_LOG.read_text().split())) if RAN_LOG.exists() else []
     owner = owners(root)
     complete = [n for n in names if n in owner and all(Path(p).exists() for p in [
         owner[n][1].out, *owner[n][1].committed])]
-    targets = [f"{dvc_file(owner[n][0])}:{n}" for n in complete]
+    targets = [f"dvc.yaml:{DAG_STAGE}"] + [f"{dvc_file(owner[n][0])}:{n}" for n in complete]
     if targets and subprocess.run(["dvc", "commit", "--force", "--quiet", *targets]).returncode:
         print(f"warning: `dvc commit` failed; `dvc status` may list {', '.join(names)}",
               file=sys.stderr)
-    RAN_LOG.unlink()
+    RAN_LOG.unlink(missing_ok=True)
     return names
 
 
@@ -446,15 +541,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fedssl.pipeline",
                                  description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("write", help="regenerate dvc.yaml (and pipelines/*/dvc.yaml)")
+    write = sub.add_parser("write", help="regenerate dvc.yaml and pipelines/*/dvc.yaml of the "
+                           "pipelines run so far (and of those named)")
+    write.add_argument("pipelines", nargs="*", help="also write these pipelines' dvc.yaml")
+    sub.add_parser("check", help="validate and regenerate; fail when the shape changed")
     sub.add_parser("commit", help="dvc-commit the stages Snakemake ran")
     show = sub.add_parser("show", help="list a pipeline's stages")
     show.add_argument("pipeline", nargs="?", default="default")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "write":
-            for p in write_all():
+            for p in write_all(also=tuple(args.pipelines)):
                 print(f"wrote {p}")
+        elif args.cmd == "check":
+            return check()
         elif args.cmd == "commit":
             commit_ran()
         else:

@@ -140,6 +140,7 @@ class StageContext:
     def run(self):
         """Run the stage's body: yields the scratch output folder; on success it becomes the
         stage's output with meta.json in it."""
+        inputs = self.dag.fingerprint_inputs(self.stage_name)
         fingerprint = self.fingerprint
         if self.stage.gpu:
             self.device = pick_device()
@@ -151,9 +152,8 @@ class StageContext:
                 yield out
             self.info.setdefault("wall_seconds", round(time.time() - start, 2))
             write_json(out / "meta.json", {
-                "stage": self.stage_name, "fingerprint": fingerprint,
+                "stage": self.stage_name, "fingerprint": fingerprint, "inputs": inputs,
                 "output_digest": output_digest(self.stage, out), "command": self.stage.cmd,
-                "params": self.dag.param_values(self.stage),
                 "environment": environment(self.device), "peak_memory_bytes": peak.bytes,
                 "peak_memory_kind": peak.kind, **self.info})
 

@@ -231,3 +231,42 @@ _LOADERS = {
     "stl10": _load_stl10,
     "tiny_imagenet": _load_tiny_imagenet,
 }
+
+
+# --------------------------------------------------------------------------- planning check
+# The files each torchvision data set needs under its root (what planning checks, cheaply).
+_TORCHVISION_FILES = {
+    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)]
+                + ["test_batch", "batches.meta"]),
+    "cifar100": ("cifar-100-python", ["train", "test", "meta"]),
+    "stl10": ("stl10_binary", ["train_X.bin", "train_y.bin", "test_X.bin", "test_y.bin",
+                               "unlabeled_X.bin"]),
+}
+
+
+def missing_data(name: str, root: str | None = None, download: bool = False) -> str | None:
+    """Why data set ``name`` cannot be loaded from ``root`` and how to get it, or None when its
+    files are there (or it will be downloaded). Reads no data: the front ends call this while
+    planning, so a missing data set stops them before any stage runs."""
+    key = name.lower().replace("-", "_")
+    root = root or DEFAULT_ROOTS[key]
+    if download and key != "tiny_imagenet":
+        return None
+    try:
+        if key == "fashion_mnist":
+            stems = [f"{p}-{k}" for p in ("train", "t10k")
+                     for k in ("images-idx3-ubyte", "labels-idx1-ubyte")]
+            if any(_find_idx(Path(root), s) is None for s in stems):
+                _load_fashion_mnist(root, False)  # raises with the instructions
+        elif key == "tiny_imagenet":
+            _tiny_base(root)
+        else:
+            folder, files = _TORCHVISION_FILES[key]
+            lost = [f for f in files if not os.path.isfile(os.path.join(root, folder, f))]
+            if lost:
+                howto = _TORCHVISION_HOWTO.format(name=key, folder=folder)
+                raise _not_found(key, os.path.join(root, folder),
+                                 f"{howto} (missing: {', '.join(lost)})")
+    except DataNotFound as e:
+        return str(e)
+    return None
