@@ -33,6 +33,9 @@ for stage in STAGES_DAG.stages.values():
             [str(receipt(u)) for u in stage.upstream],
         output:
             str(receipt(stage.name)),
+            # the report's files also go into `snakemake --report` (Snakemake deletes them
+            # before the job; they are small, committed, and rewritten at once)
+            [report(p, category=PIPELINE) for p in stage.committed if stage.kind == "report"],
         log:
             str(LOGS / f"{stage.name}.log"),
         threads: 1024 if stage.gpu else 1  # capped at --cores: training stages take them all

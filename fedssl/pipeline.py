@@ -289,7 +289,8 @@ class Dag:
                         f"python -m stages.report {self.pipeline}",
                         f"{ARTIFACTS}/reports/{self.pipeline}", deps=deps, upstream=upstream,
                         params=params, code=code_files(*sorted(modules)),
-                        results=[f"{out}/report.md", f"{out}/report.csv"]))
+                        results=[f"{out}/report.md", f"{out}/report.csv", f"{out}/report.json"],
+                        plots=[f"{out}/curves.png"]))
 
     # ------------------------------------------------------------------ fingerprints
     def fingerprint_inputs(self, name: str) -> dict:

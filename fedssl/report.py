@@ -21,7 +21,7 @@ PIVOT_COSTS = {"α (bits)": "alpha_bits", "β (GFLOPs)": "beta_GFLOPs",
                "γ Eq. 6 (MB)": "gamma_eq6_MB", "sent (MB)": "client_MB_sent"}
 
 COLUMNS = ["experiment", "title", "partition", "method", "arch", "rounds", "linear_top1",
-           "knn_top1", "client_MB_up", "client_MB_down", "train_s", "parameters",
+           "knn_top1", "client_MB_up", "client_MB_down", "parameters",
            "alpha_bits", "client_MB_sent", "beta_GFLOPs", "gamma_eq6_MB", "peak_step_MB",
            "row", "column"]
 # The pivots the report opens with, for the metrics its experiments have (title, costs beside).
@@ -54,7 +54,6 @@ def experiment_row(name: str, exp, method, step_dirs: list[Path], metrics_file: 
            "method": method.name, "arch": method.arch(exp.method),
            "rounds": sum(m.get("rounds", 0) for m in metas), **metrics,
            "client_MB_up": round(up, 2), "client_MB_down": round(down, 2),
-           "train_s": round(sum(m["wall_seconds"] for m in metas), 2),
            "parameters": next((m["parameters"] for m in metas if "parameters" in m), "")}
     cost_file = costs_dir / "costs.json" if costs_dir else None
     cost = json.loads(cost_file.read_text()) if cost_file and cost_file.exists() else {}
@@ -193,3 +192,33 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------ curves
+def plot_curves(logs: dict[str, Path], path: Path) -> None:
+    """Per-round curves of a pipeline's experiments (their committed round logs) as one PNG:
+    the training loss, and the personalised accuracy where a method logs it. Rendered here,
+    so `dvc plots show` and the Snakemake report show it offline."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    series = {name: list(csv.DictReader(open(p), delimiter="\t")) for name, p in logs.items()
+              if p.exists()}
+    series = {n: rows for n, rows in series.items() if rows}
+    panels = ["loss"] + (["personal_acc"] if any("personal_acc" in r[0] for r in series.values())
+                         else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, key in zip(axes[0], panels):
+        for name, rows in series.items():
+            xs = [int(r["round"]) for r in rows if r.get(key)]
+            ax.plot(xs, [float(r[key]) for r in rows if r.get(key)], label=name, marker=".")
+        ax.set_xlabel("round")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+    if series:
+        axes[0][0].legend(fontsize=7)
+    else:
+        axes[0][0].text(0.5, 0.5, "no federated rounds in this pipeline", ha="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)

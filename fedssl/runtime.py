@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 import os
 import platform
@@ -16,6 +17,18 @@ import numpy as np
 
 if TYPE_CHECKING:  # torch is imported where it is used: planning and light stages skip it
     import torch
+
+
+class StageFailed(RuntimeError):
+    """An expected failure (missing data set, bad params, a diverged loss): the stage prints
+    the message without a traceback and exits 2."""
+
+
+def check_finite(loss: float, where: str, kept: str) -> None:
+    """Stop a training stage whose loss became NaN or infinite, keeping what it saved last."""
+    if not math.isfinite(loss):
+        raise StageFailed(f"the loss is {loss} at {where}: training diverged (lower the "
+                          f"learning rate?); {kept}")
 
 
 def pick_device() -> "torch.device":

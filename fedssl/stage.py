@@ -19,13 +19,15 @@ from pathlib import Path
 from fedssl.params import ParamsError
 from fedssl.pipeline import (Dag, data_dir, experiment_dir, output_digest, partition_dir,
                              results_dir)
-from fedssl.runtime import PeakMemory, atomic_dir, environment, pick_device, write_json
+from fedssl.runtime import (PeakMemory, StageFailed, atomic_dir, environment, pick_device,
+                            write_json)
 
 RESUME_DIR = Path("artifacts/.resume")  # checkpoints of unfinished stages, outside all outputs
-
-
-class StageFailed(RuntimeError):
-    """An expected failure (missing data set, bad params): printed without a traceback."""
+# How each stage's last run went (wall time, memory, device, host): kept apart from its outputs,
+# which hold only what the inputs determine, so an identical rerun leaves identical outputs
+# (and an unchanged dvc.lock).
+RUNS_DIR = Path("artifacts/.runs")
+__all__ = ["StageContext", "StageFailed", "main_guard", "RESUME_DIR", "RUNS_DIR", "run_record"]
 
 
 class StageContext:
@@ -39,7 +41,8 @@ class StageContext:
         self.presets = self.dag.presets
         self.out: Path | None = None     # the scratch output folder, inside run()
         self.device = None
-        self.info: dict = {}
+        self.info: dict = {}      # facts of the output, into meta.json
+        self.run_info: dict = {}  # facts of this run (timings, resumes), into its run record
 
     # ------------------------------------------------------------------ params
     @cached_property
@@ -150,12 +153,15 @@ class StageContext:
             self.out = out
             with PeakMemory(self.device) as peak:
                 yield out
-            self.info.setdefault("wall_seconds", round(time.time() - start, 2))
             write_json(out / "meta.json", {
                 "stage": self.stage_name, "fingerprint": fingerprint, "inputs": inputs,
                 "output_digest": output_digest(self.stage, out), "command": self.stage.cmd,
-                "environment": environment(self.device), "peak_memory_bytes": peak.bytes,
-                "peak_memory_kind": peak.kind, **self.info})
+                **self.info})
+        RUNS_DIR.mkdir(parents=True, exist_ok=True)
+        write_json(RUNS_DIR / f"{self.stage_name}.json", {
+            "stage": self.stage_name, "wall_seconds": round(time.time() - start, 2),
+            "environment": environment(self.device), "peak_memory_bytes": peak.bytes,
+            "peak_memory_kind": peak.kind, **self.run_info})
 
     def done(self) -> None:
         """The stage finished: its resume checkpoint is no longer needed."""
@@ -170,12 +176,27 @@ def set_threads() -> None:
 
 def main_guard(body) -> None:
     """Run a stage's body; params and data problems exit 2 with a one-paragraph message."""
+    import pickle
     try:
         body(sys.argv[1:])
     except (ParamsError, StageFailed, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except pickle.UnpicklingError as e:
+        print(f"error: refusing to load a checkpoint or artifact that holds more than plain "
+              f"tensors and values (loaded with weights_only=True): {str(e).splitlines()[0]}",
+              file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted: a stage that checkpoints resumes where it stopped when run again",
               file=sys.stderr)
         sys.exit(130)
+
+
+def run_record(stage_name: str) -> dict:
+    """The run record of a stage's last run ({} when there is none)."""
+    import json
+    try:
+        return json.loads((RUNS_DIR / f"{stage_name}.json").read_text())
+    except (OSError, ValueError):
+        return {}

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from fedssl.pipeline import report_dir
-from fedssl.report import experiment_row, report_tables, table_cell, write_csv
+from fedssl.report import experiment_row, plot_curves, report_tables, table_cell, write_csv
 from fedssl.stage import StageContext, main_guard
 
 
@@ -44,6 +44,10 @@ def run(argv):
         (results / "report.md").write_text(f"# Pipeline `{pipeline}`\n\n{sections}"
                                            f"Partition heat-maps: `{ctx.stage.out}/`\n")
         write_csv(rows, results / "report.csv")
+        logs = {name: Path(p) for name in dag.experiments
+                for s in dag.of_experiment[name] for p in dag.stages[s].plots
+                if p.endswith("rounds.tsv")}
+        plot_curves(logs, results / "curves.png")
         (results / "report.json").write_text(json.dumps(
             {"pipeline": pipeline, "rows": rows,
              "tables": {name: table for name, (_, table) in tables.items()}},

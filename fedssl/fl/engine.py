@@ -33,10 +33,10 @@ import torch
 from torch import nn
 
 from fedssl.fl.cohort import CohortTrainer, LocalData, Tensors
-from fedssl.runtime import numpy_rng, torch_generator, torch_save, write_tsv
+from fedssl.runtime import check_finite, numpy_rng, torch_generator, torch_save, write_tsv
 
-LOG_FIELDS = ["round", "clients", "loss", "lr", "bytes_up", "bytes_down", "seconds",
-              "images_per_s"]
+LOG_FIELDS = ["round", "clients", "loss", "lr", "bytes_up", "bytes_down"]
+TIMING_FIELDS = ("seconds", "images_per_s")  # in the log's rows, kept out of the committed TSV
 
 
 @dataclass
@@ -263,6 +263,8 @@ class Federation:
     def run(self, state: FedState, on_round=None) -> FedState:
         while state.round < self.cfg.rounds:
             self.run_round(state)
+            check_finite(state.log[-1]["loss"], f"round {state.round}",
+                         f"the checkpoint of round {state.round - 1} is kept")
             torch_save({"fingerprint": self.fingerprint, "state": state.to_checkpoint()},
                        self.ckpt_path)
             if on_round:
@@ -299,9 +301,11 @@ def _ledger_totals(ledger: Ledger) -> tuple[int, int]:
 
 
 def write_round_log(rows: list[dict], path: Path) -> None:
-    """The per-round TSV (`dvc plots`): the engine's columns, then any a strategy added."""
-    extra = [k for row in rows for k in row if k not in LOG_FIELDS]
-    write_tsv(rows, path, LOG_FIELDS + list(dict.fromkeys(extra)))
+    """The per-round TSV (committed, plotted): the engine's columns, then any a strategy added;
+    timings stay in the stage's run record, so an identical rerun writes an identical file."""
+    extra = [k for row in rows for k in row if k not in LOG_FIELDS and k not in TIMING_FIELDS]
+    fields = LOG_FIELDS + list(dict.fromkeys(extra))
+    write_tsv([{k: r.get(k, "") for k in fields} for r in rows], path, fields)
 
 
 def client_data(images: torch.Tensor, labels: np.ndarray | torch.Tensor,

@@ -23,7 +23,7 @@ def run_federation(ctx, fed: Federation, model: nn.Module | None = None,
     model into ``model`` when given."""
     log_path = ctx.results_dir / log_name
     state = fed.start(model)
-    ctx.info["resumed_from_round"] = state.round
+    ctx.run_info["resumed_from_round"] = state.round
     if state.round:
         print(f"resuming from round {state.round}", flush=True)
 
@@ -35,6 +35,8 @@ def run_federation(ctx, fed: Federation, model: nn.Module | None = None,
 
     state = fed.run(state, on_round=on_round)
     write_round_log(state.log, log_path)
+    ctx.run_info["rounds"] = [{k: r[k] for k in ("round", "seconds", "images_per_s")}
+                              for r in state.log]
     write_json(ctx.out / "communication.json", state.ledger.summary())
     if model is not None:
         model.load_state_dict(fed.strategy.final_model(state))

@@ -26,8 +26,8 @@ from fedssl.models.autoencoder import (ClientAutoencoder, reconstruction_loss,
 from fedssl.models.encoders import frozen
 from fedssl.models.rserver import MfclEncoder, RServerModel
 from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
-from fedssl.runtime import derive_seed, numpy_rng, torch_generator, torch_save, write_json, \
-    write_tsv
+from fedssl.runtime import (check_finite, derive_seed, numpy_rng, torch_generator, torch_save,
+                            write_json, write_tsv)
 
 
 def twin_batch(augment):
@@ -221,11 +221,12 @@ def train_rserver(model: RServerModel, reps: torch.Tensor, p, resume: Path | Non
                trust_coefficient=p.trust_coefficient)
     log, first = [], 0
     if resume is not None and resume.exists():
-        ck = torch.load(resume, map_location=device, weights_only=False)
+        ck = torch.load(resume, map_location=device, weights_only=True)
         if ck.get("fingerprint") == fingerprint:
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["opt"])
             log, first = ck["log"], ck["epoch"]
+            print(f"resuming from epoch {first}", flush=True)
     model.train()
     for epoch in range(first, p.epochs):
         gen = torch_generator(torch.device("cpu"), p.seed, "rserver", epoch)
@@ -243,6 +244,8 @@ def train_rserver(model: RServerModel, reps: torch.Tensor, p, resume: Path | Non
             loss.backward()
             opt.step()
             loss_sum += loss.item()
+        check_finite(loss_sum / steps, f"rServer epoch {epoch + 1}",
+                     "the checkpoint of the last finished epoch is kept")
         log.append({"epoch": epoch + 1, "loss": loss_sum / steps,
                     "lr": warmup_cosine((epoch + 1) * steps - 1, total, warmup, peak),
                     "seconds": round(time.perf_counter() - t0, 3)})
@@ -254,7 +257,7 @@ def train_rserver(model: RServerModel, reps: torch.Tensor, p, resume: Path | Non
     return log
 
 
-EPOCH_FIELDS = ["epoch", "loss", "lr", "seconds"]
+EPOCH_FIELDS = ["epoch", "loss", "lr"]  # timings go to the run record
 
 
 def rserver(ctx) -> None:
@@ -268,12 +271,13 @@ def rserver(ctx) -> None:
     model = build_rserver(p, reps.shape[3], ctx.device)
 
     def on_epoch(rows):
-        write_tsv(rows, log_path, EPOCH_FIELDS)
+        write_tsv([{k: r[k] for k in EPOCH_FIELDS} for r in rows], log_path, EPOCH_FIELDS)
         print(f"epoch {rows[-1]['epoch']}/{p.rserver.epochs}: NT-Xent {rows[-1]['loss']:.4f}",
               flush=True)
 
     log = train_rserver(model, reps, p.rserver, ctx.resume_path, ctx.fingerprint, on_epoch)
-    write_tsv(log, log_path, EPOCH_FIELDS)
+    write_tsv([{k: r[k] for k in EPOCH_FIELDS} for r in log], log_path, EPOCH_FIELDS)
+    ctx.run_info["epoch_seconds"] = [r["seconds"] for r in log]
     torch_save({"model": model.state_dict(), "in_channels": int(reps.shape[3])},
                ctx.out / "model.pt")
     ctx.info.update(samples=int(reps.shape[0]), clients=sent, epochs=len(log),
