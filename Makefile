@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test bench generate readme clean
+.PHONY: install data run test test-slurm bench generate readme clean
 
 install: $(INSTALLED) data
 
@@ -31,6 +31,12 @@ run: install
 
 test: install
 	pytest -q
+
+# Opt-in: the pipeline through a real one-node SLURM cluster on localhost (root, Debian).
+test-slurm: install
+	apt-get install -y -qq slurm-wlm munge >/dev/null
+	$(PY) -m pip install --quiet -e '.[slurm]'
+	FEDSSL_SLURM_TEST=1 pytest -q tests/test_slurm.py
 
 bench: install
 	$(PY) benchmarks/federated_round.py

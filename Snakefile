@@ -11,6 +11,7 @@ sys.path.insert(0, workflow.basedir)
 from fedssl.pipeline import LOGS, RAN_LOG, Dag, commit_ran, receipt, sync_receipts
 
 PIPELINE = config.get("pipeline", "default")
+GPUS = int(config.get("gpus", 1))  # 0: run the training stages without asking for a GPU
 STAGES_DAG = Dag(PIPELINE)            # validates every params file first: errors stop here
 STAGES_DAG.check_data()               # and says how to get a missing data set
 STALE = sync_receipts(STAGES_DAG)     # what changed since each stage last ran
@@ -38,9 +39,9 @@ for stage in STAGES_DAG.stages.values():
             [report(p, category=PIPELINE) for p in stage.committed if stage.kind == "report"],
         log:
             str(LOGS / f"{stage.name}.log"),
-        threads: 1024 if stage.gpu else 1  # capped at --cores: training stages take them all
+        threads: 1024 if stage.gpu else 1  # capped by --cores (or --max-threads on a cluster)
         resources:
-            gpu=int(stage.gpu),
+            gpu=int(stage.gpu and GPUS > 0),
         params:
             cmd=stage.cmd,  # params are bound now; a shell string would see the last stage
             name=stage.name,
