@@ -1,0 +1,1 @@
+"""fedssl: federated self-supervised learning as a declarative Snakemake/DVC pipeline."""

@@ -230,6 +230,9 @@ class Grid(Strict):
         default_factory=dict, description="axes of this grid only (shadow the shared ones)")
     set: dict[str, Any] = Field(default_factory=dict,
                                 description="settings merged over the base, with placeholders")
+    overlays: list[Name] = Field(
+        default_factory=list, description="axes whose values are partial presets, merged over "
+        "the base in this order (before `set`): an axis of variants, e.g. ablations")
 
 
 class GridsParams(Strict):

@@ -538,6 +538,23 @@ def commit_ran(pipeline: str = "default", root: Path = PARAMS_DIR) -> list[str]:
     return names
 
 
+def accept(dag: Dag, names: list[str] | None = None) -> list[str]:
+    """Declare stages up to date without running them: their recorded fingerprint becomes the
+    current one (e.g. after an edit of code or params that cannot change their outputs, such
+    as a comment). Only stages whose outputs exist; upstream first. Returns the stages accepted
+    (then `dvc commit` them for DVC). The outputs are not checked: use with care."""
+    accepted = []
+    for name, stage in dag.stages.items():
+        meta_path = Path(stage.out) / "meta.json"
+        if (names and name not in names) or not meta_path.exists() or not why_stale(dag, name):
+            continue
+        meta = json.loads(meta_path.read_text())
+        meta.update(fingerprint=dag.fingerprint(name), inputs=dag.fingerprint_inputs(name))
+        meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True, default=float) + "\n")
+        accepted.append(name)
+    return accepted
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fedssl.pipeline",
                                  description=__doc__.split("\n")[0])
@@ -547,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     write.add_argument("pipelines", nargs="*", help="also write these pipelines' dvc.yaml")
     sub.add_parser("check", help="validate and regenerate; fail when the shape changed")
     sub.add_parser("commit", help="dvc-commit the stages Snakemake ran")
+    acc = sub.add_parser("accept", help="declare stages up to date without running them "
+                         "(after an edit that cannot change their outputs)")
+    acc.add_argument("pipeline")
+    acc.add_argument("stages", nargs="*", help="only these (default: every stale stage)")
     show = sub.add_parser("show", help="list a pipeline's stages")
     show.add_argument("pipeline", nargs="?", default="default")
     args = ap.parse_args(argv)
@@ -558,6 +579,13 @@ def main(argv: list[str] | None = None) -> int:
             return check()
         elif args.cmd == "commit":
             commit_ran()
+        elif args.cmd == "accept":
+            names = accept(Dag(args.pipeline), args.stages or None)
+            print("accepted: " + (", ".join(names) or "nothing was stale"))
+            if names and Path(".dvc").is_dir():
+                owner = owners()
+                subprocess.run(["dvc", "commit", "--force", "--quiet",
+                                *[f"{dvc_file(owner[n][0])}:{n}" for n in names if n in owner]])
         else:
             for name in Dag(args.pipeline).stages:
                 print(name)

@@ -224,8 +224,14 @@ class Presets:
                 always.append(f"{section}.axes.{axis}.{label}" if local
                               else f"axes.{axis}.{label}")
         where = f"{self.grids_path} ({section}: {name})"
+        overlay: dict = {}
+        for axis in grid.overlays:
+            if axis not in values or not isinstance(values[axis], dict):
+                raise ParamsError(f"{self.grids_path}: {section}.overlays: '{axis}' is not an "
+                                  f"axis of the grid's name whose values are mappings")
+            overlay = deep_merge(overlay, values[axis])
         try:
-            overlay = _fill(grid.set, labels, values)
+            overlay = deep_merge(overlay, _fill(grid.set, labels, values))
         except ParamsError as e:
             raise ParamsError(f"{self.grids_path}: {section}.set: {e}") from None
         own = Layer(self.grids_path, f"{section}.set", grid.set, always)

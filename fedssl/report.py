@@ -50,9 +50,11 @@ def experiment_row(name: str, exp, method, step_dirs: list[Path], metrics_file: 
             per_client = json.loads((d / "communication.json").read_text())["per_client"]
             up += sum(c["bytes_up"] for c in per_client) / len(per_client) / 1e6
             down += sum(c["bytes_down"] for c in per_client) / len(per_client) / 1e6
+    losses = {f"{d.name}_final_loss": _final_loss(m) for d, m in zip(step_dirs, metas)
+              if _final_loss(m) is not None}
     row = {"experiment": name, "title": exp.title, "partition": exp.partition,
            "method": method.name, "arch": method.arch(exp.method),
-           "rounds": sum(m.get("rounds", 0) for m in metas), **metrics,
+           "rounds": sum(m.get("rounds", 0) for m in metas), **metrics, **losses,
            "client_MB_up": round(up, 2), "client_MB_down": round(down, 2),
            "parameters": next((m["parameters"] for m in metas if "parameters" in m), "")}
     cost_file = costs_dir / "costs.json" if costs_dir else None
@@ -60,6 +62,14 @@ def experiment_row(name: str, exp, method, step_dirs: list[Path], metrics_file: 
     for col, (key, scale) in COST_COLUMNS.items():
         row[col] = f"{cost[key] * scale:.3g}" if key in cost else ""
     return row
+
+
+def _final_loss(meta: dict) -> float | None:
+    """A step's last training loss, as its meta.json records it (a value or a per-epoch list)."""
+    loss = meta.get("final_loss", meta.get("loss"))
+    if isinstance(loss, list):
+        loss = loss[-1] if loss else None
+    return round(float(loss), 4) if loss is not None else None
 
 
 def table_cell(exp, method, partition, dataset_name: str, row: str = "method",

@@ -1,0 +1,1 @@
+"""Stage scripts: one thin script per kind of stage (python -m stages.<kind> ...)."""

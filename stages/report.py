@@ -53,7 +53,7 @@ def run(argv):
              "tables": {name: table for name, (_, table) in tables.items()}},
             indent=1, ensure_ascii=False) + "\n")
         ctx.info["rows"] = len(rows)
-    print("".join(table for _, table in list(tables.values())[:1]), end="")
+    print(f"wrote {results}/report.md, report.csv, report.json and curves.png")
 
 
 if __name__ == "__main__":

@@ -159,3 +159,55 @@ def test_make_norm_kinds():
         make_norm("ln", 8)
     with pytest.raises(ValueError):
         make_norm("gn", 24, 16)
+
+
+@pytest.mark.parametrize("variance", ["joint", "avg_of_views"])
+def test_twin_norm_leaves_a_pair_signature_mirrored_group_means(variance):
+    """The signature the Twin Norm question is about, pinned to the layer: per pair and group,
+    the two normalised views have opposite means (m_a = -m_b), whatever the content, and each
+    view's variance is tied to that mean (joint: var_a + m_a^2 + var_b + m_b^2 = 2)."""
+    torch.manual_seed(0)
+    k, c, per_group = 5, 8, 4
+    layer = TwinNorm(c, per_group, affine=False, variance=variance)
+    x = torch.randn(2 * k, c, 6, 6) * 3 + torch.randn(2 * k, c, 1, 1) * 2
+    y = layer(x).view(2 * k, c // per_group, -1)
+    m_a, m_b = y[:k].mean(-1), y[k:].mean(-1)
+    assert torch.allclose(m_a, -m_b, atol=1e-5)
+    assert (m_a.abs() > 0.05).any()  # a real signature, not zero
+    if variance == "joint":
+        second = (y[:k] ** 2).mean(-1) + (y[k:] ** 2).mean(-1)
+        assert torch.allclose(second, torch.full_like(second, 2.0), atol=1e-3)
+
+
+def test_restandardizing_the_rservers_inputs_removes_group_means():
+    from fedssl.models.rserver import Restandardize, RServerModel
+    z = torch.randn(4, 8, 5, 5) + torch.arange(8.0).view(1, 8, 1, 1)
+    g = Restandardize("group", 4)(z).view(4, 2, -1)
+    assert torch.allclose(g.mean(-1), torch.zeros(4, 2), atol=1e-5)
+    assert torch.allclose(g.var(-1, unbiased=False), torch.ones(4, 2), atol=1e-3)
+    c = Restandardize("channel_mean")(z)
+    assert torch.allclose(c.mean((2, 3)), torch.zeros(4, 8), atol=1e-5)
+    assert torch.equal(Restandardize("none")(z), z)
+    plain = RServerModel("resnet18", 8, 4, 16, 8)
+    assert set(plain.state_dict()) == set(RServerModel(
+        "resnet18", 8, 4, 16, 8, restandardize="group").state_dict())  # no parameters added
+
+
+def test_cross_and_pseudo_export_pairings_share_nothing_between_positives():
+    from fedssl.methods.mfcl.run import encode_pair
+    from fedssl.models.autoencoder import ClientAutoencoder
+    torch.manual_seed(0)
+    model = ClientAutoencoder("resnet18", 1, 8, "tn", 4).eval()
+    v1, v2 = torch.rand(6, 1, 28, 28), torch.rand(6, 1, 28, 28)
+    with torch.no_grad():
+        cross = encode_pair(model, v1, v2, "cross")
+        twin = encode_pair(model, v1, v2, "twin")
+        changed = v2.clone()
+        changed[2] = torch.rand(1, 28, 28)  # sample 2's second view
+        after = encode_pair(model, v1, changed, "cross")
+    assert torch.allclose(after[2], cross[2])       # its first view did not see it...
+    assert not torch.allclose(after[3], cross[3])   # ...sample 3's first view did (cross)
+    assert not torch.allclose(twin[2], cross[2])
+    # cross: view 1 of sample k is normalised with view 2 of sample k-1
+    manual = model.encode(torch.cat([v1, v2.roll(1, 0)]))[:6]
+    assert torch.allclose(cross[:6], manual, atol=1e-6)

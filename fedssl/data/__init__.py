@@ -1,0 +1,1 @@
+"""Data sets: on-disk sources, the prepared store, partitions, augmentation."""

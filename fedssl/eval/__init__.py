@@ -1,0 +1,1 @@
+"""Evaluation: probes, personalised evaluation, metrics."""

@@ -1,0 +1,1 @@
+"""Federated learning: the engine with hooks, cohort training, momentum, secure aggregation."""

@@ -1,0 +1,1 @@
+"""Networks: encoders, heads, ViT, CNNs, split models, norms, MFCL modules."""

@@ -81,17 +81,44 @@ class MfclProjectionHead(nn.Sequential):
                          nn.Linear(hidden, out_dim, bias=False), nn.BatchNorm1d(out_dim))
 
 
+class Restandardize(nn.Module):
+    """What the rServer does to each received view before its first block: nothing, standardise
+    it per (view, group of ``channels_per_group`` channels), or subtract each channel's spatial
+    mean. Either of the last two removes a view's group means, where pairwise normalisation
+    (Twin Norm) leaves a signature shared by the two views of a pair."""
+
+    def __init__(self, mode: str = "none", channels_per_group: int = 16):
+        super().__init__()
+        if mode not in ("none", "group", "channel_mean"):
+            raise ValueError(f"unknown restandardize mode {mode!r}")
+        self.mode, self.channels_per_group = mode, channels_per_group
+
+    def forward(self, z):
+        if self.mode == "group":
+            groups = max(1, z.shape[1] // min(self.channels_per_group, z.shape[1]))
+            return nn.functional.group_norm(z.float(), groups).to(z.dtype)
+        if self.mode == "channel_mean":
+            return z - z.mean(dim=(2, 3), keepdim=True)
+        return z
+
+
 class RServerModel(nn.Module):
     """rServer module + projection head; ``forward`` maps representations to projections."""
 
     def __init__(self, arch: str, in_channels: int, width: int, proj_hidden: int,
-                 proj_dim: int, skip_blocks: int = 0):
+                 proj_dim: int, skip_blocks: int = 0, restandardize: str = "none",
+                 channels_per_group: int = 16):
         super().__init__()
+        self.inputs = Restandardize(restandardize, channels_per_group)
         self.backbone = RServerModule(arch, in_channels, width, skip_blocks)
         self.head = MfclProjectionHead(self.backbone.out_dim, proj_hidden, proj_dim)
 
+    def embed(self, z):
+        """The representation the probes read (before the projection head)."""
+        return self.backbone(self.inputs(z))
+
     def forward(self, z):
-        return self.head(self.backbone(z))
+        return self.head(self.embed(z))
 
 
 class MfclEncoder(nn.Module):
@@ -114,5 +141,5 @@ class MfclEncoder(nn.Module):
             z = self.client.encode(torch.cat([x, twin]))[: len(x)]
         else:
             z = self.client.encode(x)
-        h = self.rserver.backbone(z.to(x.dtype))
+        h = self.rserver.embed(z.to(x.dtype))
         return self.rserver.head(h) if self.projection else h

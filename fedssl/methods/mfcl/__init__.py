@@ -67,9 +67,12 @@ class MfclExport(Strict):
     bn_export_mode: Literal["eval", "train"] = Field(
         "eval", description="BN client modules: aggregated running stats or batch stats (A7)")
     batch_pairs: PositiveInt = Field(256, description="samples per export forward pass")
-    tn_pairing: Literal["twin", "self"] = Field(
-        "twin", description="Twin Norm at export: twin = a pair's two views share statistics "
-        "(the paper); self = each view is paired with itself (ablation: nothing shared)")
+    tn_pairing: Literal["twin", "self", "cross", "pseudo"] = Field(
+        "twin", description="Twin Norm at export (controls of the Twin Norm question): twin = "
+        "a pair's two views share statistics (the paper); self = each view normalised with "
+        "itself (nothing shared); cross = each view normalised with a view of another sample "
+        "(pooled statistics, nothing shared between the positives); pseudo = the positive "
+        "pair is two different images normalised together (content shares nothing)")
     storage: Literal["tensors"] = Field(
         "tensors", description="tensors = the representations as fp16 arrays")
 
@@ -88,6 +91,10 @@ class MfclRServer(Strict):
     weight_decay: NonNegativeFloat = 1e-4
     warmup_epochs: NonNegativeInt = 10
     temperature: PositiveFloat = 0.5
+    restandardize: Literal["none", "group", "channel_mean"] = Field(
+        "none", description="what the rServer does to each received view first: nothing (the "
+        "paper); standardise it per group of Lambda channels; or subtract each channel's "
+        "spatial mean (controls that remove a pairwise normalisation signature)")
     seed: int = 0
 
     @model_validator(mode="after")
@@ -135,6 +142,16 @@ class Mfcl(Method):
 
     def arch(self, params) -> str:
         return f"{params.client_module.arch}-{params.client_module.norm}"
+
+    def tables(self, rows: list[dict]) -> dict[str, str]:
+        """The rServer's final NT-Xent loss beside the accuracy: a loss far below chance,
+        ln(2N - 1) for N pairs per batch, with poor features marks a shortcut."""
+        from fedssl.report import pivot_markdown
+        mine = [r for r in rows if r.get("rserver_final_loss") is not None]
+        if not mine:
+            return {}
+        return {"rServer's final NT-Xent loss (mean ± std over runs)":
+                pivot_markdown(mine, "rserver_final_loss", costs=False)}
 
     def pretrain(self, ctx) -> None:
         from fedssl.methods.mfcl import run

@@ -77,7 +77,9 @@ def build_rserver(p, in_channels: int, device) -> RServerModel:
     rs, cm = p.rserver, p.client_module
     torch.manual_seed(derive_seed(rs.seed, "init", "mfcl-rserver"))
     return RServerModel(cm.arch, in_channels, rs.width, rs.proj_hidden, rs.proj_dim,
-                        skip_blocks=resnet18_blocks_on_client(cm.cut)).to(device)
+                        skip_blocks=resnet18_blocks_on_client(cm.cut),
+                        restandardize=rs.restandardize,
+                        channels_per_group=cm.channels_per_group).to(device)
 
 
 class SecureFedAvg(SecureAggregation, Strategy):
@@ -127,12 +129,18 @@ def dropped_clients(num_clients: int, dropout: float, seed: int) -> list[int]:
 
 def encode_pair(model: ClientAutoencoder, v1: torch.Tensor, v2: torch.Tensor,
                 tn_pairing: str = "twin") -> torch.Tensor:
-    """Both views of a batch through the client module and its pool, ``[2K, C, h, w]``. Twin
-    Norm normalises each sample's two views jointly, or with ``tn_pairing='self'`` each view
-    paired with itself, so that the two views share no statistics (an ablation)."""
-    if tn_pairing == "self" and model.norm_kind == "tn":
-        return torch.cat([model.encode(torch.cat([v, v]))[:len(v)] for v in (v1, v2)])
-    return model.encode(torch.cat([v1, v2]))
+    """Both views of a batch through the client module and its pool, ``[2K, C, h, w]`` (the
+    first K rows from ``v1``, the last K from ``v2``). Twin Norm normalises rows k and k+K
+    jointly; ``tn_pairing`` chooses what each view is normalised with: ``twin`` its sample's
+    other view (the paper), ``self`` itself, ``cross`` the other view of the previous sample
+    in the batch. (``pseudo`` pairs are made by the caller: ``v2`` holds other images.)"""
+    if model.norm_kind != "tn" or tn_pairing in ("twin", "pseudo"):
+        return model.encode(torch.cat([v1, v2]))
+    k = len(v1)
+    partner = {"self": lambda v, other: v,
+               "cross": lambda v, other: other.roll(1, 0)}[tn_pairing]
+    return torch.cat([model.encode(torch.cat([v, partner(v, o)]))[:k]
+                      for v, o in ((v1, v2), (v2, v1))])
 
 
 @torch.no_grad()
@@ -152,6 +160,8 @@ def export_client(model: ClientAutoencoder, images: torch.Tensor, indices: np.nd
             x = images[idx_all[start:start + batch]]
             gen = torch_generator(images.device, seed, "export", client, r, j)
             v1, v2 = twin_batch(augment)(x, gen)
+            if tn_pairing == "pseudo":  # the "positive" is another image (the next one)
+                v2 = v2.roll(-1, 0)
             with torch.autocast(x.device.type, torch.bfloat16, enabled=x.device.type == "cuda"):
                 z = encode_pair(model, v1, v2, tn_pairing).to(torch.float16)
             if out is None:
