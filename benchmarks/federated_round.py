@@ -29,12 +29,15 @@ from torchvision import transforms as T
 from fedssl.data.augment import BatchAugment
 from fedssl.data.partition import split_clients, stratified_subset
 from fedssl.data.sources import load_dataset
-from fedssl.fl.cohort import CohortTrainer, OptimizerConfig
-from fedssl.fl.engine import Federation, FederationConfig
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
+from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
 from fedssl.losses import nt_xent
-from fedssl.methods import fedsimclr, mfcl
+from fedssl.methods.fedsimclr import run as fedsimclr
+from fedssl.methods.mfcl import run as mfcl
 from fedssl.models.autoencoder import ClientAutoencoder, reconstruction_loss
-from fedssl.params import AugmentParams, DirichletScheme, load_preset
+from fedssl.models.encoders import seeded_contrastive_model
+from fedssl.params import AugmentParams, DirichletScheme
+from fedssl.presets import Presets
 
 
 # ----------------------------------------------------------------------------- conventional
@@ -87,9 +90,13 @@ def conventional_round(global_model, clients, images, transform, batch_size, lr,
 def our_round(model, clients, images_dev, trainer, lr):
     with tempfile.TemporaryDirectory() as tmp:
         cfg = FederationConfig(rounds=1, client_fraction=1.0, lr=lr)
-        fed = Federation(trainer, clients, images_dev, cfg, Path(tmp) / "ckpt.pt", "bench")
-        state = fed.run_round(fed.start(model))
-    model.load_state_dict({**state.params, **state.buffers})
+        labels = torch.zeros(len(images_dev), dtype=torch.int64, device=images_dev.device)
+        fed = Federation(Strategy(cfg), LocalTraining(trainer),
+                         LocalData(images_dev, labels, clients), cfg, Path(tmp) / "ckpt.pt",
+                         "bench")
+        state = fed.start(model)
+        fed.run_round(state)
+    model.load_state_dict(state.server["global"])
 
 
 def timed(fn, device) -> float:
@@ -187,13 +194,13 @@ def main():
     print(f"device {device} ({name}), {torch.get_num_threads()} threads, at most {cap} images "
           f"per client, clients vectorised: {vmap_clients}", flush=True)
 
-    exp = load_preset("experiment", "fmnist_fedsimclr")
-    p = exp.pretrain
+    p = Presets().load("experiment", "fmnist_fedsimclr").method
     scenarios = {}
 
     def simclr():
         images, clients = fmnist(cap, 10, 20000)
-        make_model = lambda: fedsimclr.build_model(exp, images.shape[1:], device)  # noqa: E731
+        make_model = lambda: seeded_contrastive_model(  # noqa: E731
+            p.model, images.shape[1:], p.seed, device)
         make_trainer = lambda m: CohortTrainer(  # noqa: E731
             m, fedsimclr.two_views(BatchAugment(p.augment, images.shape[-1])),
             fedsimclr.simclr_loss(p.temperature), OptimizerConfig("adam"), p.batch_size, 1,

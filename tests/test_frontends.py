@@ -222,3 +222,18 @@ def test_experiments_that_differ_downstream_share_upstream_stages(project):
     assert "evaluate__tiny_simclr_k3:" in dvc and "pretrain__tiny_simclr_k3" not in dvc
     rows = (project / "results/reports/shared/report.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows[1:]] == ["tiny_simclr", "tiny_simclr_k3"]
+
+
+def test_an_edit_that_cannot_change_results_can_be_accepted_in_both_front_ends(project):
+    path = project / "fedssl/eval/probes.py"
+    good = path.read_text()
+    try:
+        path.write_text(good + "# a comment\n")
+        assert dvc_stale(project, "dvc.yaml") and planned_jobs(project)
+        out = run(["python", "-m", "fedssl.pipeline", "accept", "default"], project).stdout
+        assert "evaluate__tiny_simclr" in out and "prepare_data__tiny" not in out
+        assert planned_jobs(project) == set() and dvc_stale(project, "dvc.yaml") == set()
+    finally:
+        path.write_text(good)
+        run(["python", "-m", "fedssl.pipeline", "accept", "default"], project)
+    assert planned_jobs(project) == set() and dvc_stale(project, "dvc.yaml") == set()
