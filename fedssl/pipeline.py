@@ -1,22 +1,25 @@
 """The DAG: the one place that says which stages exist, what each runs, reads and writes.
 
-The Snakefile builds its rules from :class:`Dag`; ``dvc.yaml`` (and one file per extra pipeline
-under ``pipelines/``) is generated from it by ``python -m fedssl.pipeline write`` and a test
-fails when the checked-in files drift from it. Stages come from the experiments' methods (the
-registry in :mod:`fedssl.methods`) plus the shared ones: prepare data, partition, features,
-evaluate, costs, report.
+The Snakefile builds its rules from :class:`Dag`; ``dvc.yaml`` (and one file per other pipeline
+that was run, under ``pipelines/``) is generated from it by ``python -m fedssl.pipeline write``
+and a test fails when the checked-in files drift from it. Stages come from the experiments'
+methods (the registry in :mod:`fedssl.methods`) plus the shared ones: prepare data, partition,
+features, evaluate, personal, costs, report. A per-experiment stage is named after the
+experiment that owns its content (:meth:`Dag.owners`), so experiments that differ only
+downstream share it.
 
 What decides a rerun is the same for both front ends: a stage's command, the raw params keys it
 reads in every layer of its presets (:meth:`fedssl.presets.Presets.tracked`), the code its entry
 modules import (:mod:`fedssl.codegraph`) and its inputs. DVC compares these itself. For
 Snakemake, every stage has a *fingerprint*: a hash of the same command, params values and code,
-and of the *output digests* its upstream stages recorded in their ``meta.json``. A stage records
-the fingerprint it ran with in its own ``meta.json``. Before Snakemake plans, :func:`sync_stamps`
-marks a stage stale when its recorded fingerprint differs from the expected one, or when an
-upstream stage is stale, and gives each stage a stamp file (an input of its rule) dated *now*
-if stale and 1970 otherwise; data inputs of up-to-date stages are ``ancient``. So Snakemake
-reruns what changed, whoever ran it last, and file times restored by ``dvc checkout`` do not
-matter. This module imports no torch: planning stays cheap.
+and of the *output digests* its upstream stages recorded in their ``meta.json``; a stage records
+the fingerprint it ran with (and what went into it) in its own ``meta.json``. Before Snakemake
+plans, :func:`sync_receipts` compares them, says why each stale stage must run, and gives
+Snakemake its view of the DAG: each rule's output is a receipt file that exists, dated 1970,
+when the stage is up to date, and is removed when it must run. Snakemake never sees the real
+outputs, so it cannot delete them before a job (stages replace their outputs atomically, on
+success only), file times restored by ``dvc checkout`` do not matter, and after one front end
+ran the other sees nothing to do. This module imports no torch: planning stays cheap.
 """
 from __future__ import annotations
 
