@@ -348,13 +348,20 @@ def test_the_chain_runs_on_a_tiny_project(tmp_path, monkeypatch):
             names[name] = (variant, cut)
             (params_dir / "experiments" / f"{name}.yaml").write_text(
                 TINY.format(title=name, variant=variant, cut=cut))
+    # same content as tiny_mocosfl_c1 under a name that sorts first: its stages own the
+    # content (they are named after it and write under its results), the report must follow
+    (params_dir / "experiments" / "tiny_a_copy.yaml").write_text(
+        TINY.format(title="copy", variant="mocosfl", cut=1))
+    names["tiny_a_copy"] = ("mocosfl", 1)
     with open(params_dir / "pipelines.yaml", "a") as f:
         f.write(f"  sfl: [{', '.join(names)}]\n")
     monkeypatch.chdir(root)
     monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
     dag = Dag("sfl")
-    assert [s.kind for s in dag.stages.values() if s.name.endswith("tiny_mocosfl_c1")] == [
+    assert [s.kind for s in dag.stages.values() if s.name.endswith("tiny_mocosfl_c4")] == [
         "pretrain", "inversion", "features", "evaluate"]
+    assert {s.name for s in dag.stages.values() if s.kind == "pretrain"} == {
+        f"pretrain__{n}" for n in names if n != "tiny_mocosfl_c1"}  # shared with the copy
     run_in_process(dag)
     report = root / "results" / "reports" / "sfl"
     rows = {r["experiment"]: r for r in csv.DictReader(open(report / "report.csv"))}
@@ -365,7 +372,8 @@ def test_the_chain_runs_on_a_tiny_project(tmp_path, monkeypatch):
         assert float(r["linear_top1"]) > 0 and float(r["inversion_mse"]) > 0
         assert r["comm_matches_formula"] == "True" and float(r["client_MB_total"]) > 0
         assert float(r["mis_after_sync_mean"]) > 0 and float(r["knn_monitor_last"]) >= 0
-        results = root / "results" / "experiments" / name
+        results = root / "results" / "experiments" / (
+            "tiny_a_copy" if name == "tiny_mocosfl_c1" else name)
         for f in ("rounds.tsv", "steps.tsv", "misalignment.png", "inversion.png"):
             assert (results / f).exists(), f
         log = list(csv.DictReader(open(results / "rounds.tsv"), delimiter="\t"))
@@ -379,6 +387,9 @@ def test_the_chain_runs_on_a_tiny_project(tmp_path, monkeypatch):
                     "model inversion per cut", "Fig. 3 (analytic)"):
         assert heading in text
     assert "![" in text and (report / "misalignment.png").exists()
+    mis = text.split("misalignment (Eq. 2) around the syncs")[1].split("##")[0]
+    lines = [line for line in mis.splitlines() if line.startswith("| 3 |")]
+    assert len(lines) == 2 and all(" / " in line for line in lines)  # per-sync ratios found
     assert (report / "inversion.png").exists()
     check = json.loads((root / "artifacts" / "experiments" / "tiny_monacosfl_c4" / "pretrain"
                         / "communication_check.json").read_text())

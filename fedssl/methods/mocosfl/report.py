@@ -56,18 +56,33 @@ def _table(header: list[str], lines: list[list[str]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def steps_of(experiment: str) -> list[dict]:
-    path = Path(results_dir(experiment)) / "steps.tsv"
+def step_results(rows: list[dict]) -> dict[tuple[str, str], Path]:
+    """(experiment, step) -> the folder of committed results its step wrote. A step shared by
+    experiments of the same content is named after (and writes under) its owner, which may be
+    another experiment than the row's."""
+    from fedssl.pipeline import Dag
+    names = list(dict.fromkeys(r["experiment"] for r in rows))
+    dag = Dag(None, experiments=names)
+    out = {}
+    for name in names:
+        for stage in dag.of_experiment[name]:
+            kind, owner = stage.split("__", 1)
+            out[(name, kind)] = Path(results_dir(owner))
+    return out
+
+
+def steps_of(where: dict, experiment: str) -> list[dict]:
+    path = where.get((experiment, "pretrain"), Path("/nonexistent")) / "steps.tsv"
     if not path.exists():
         return []
     with open(path) as f:
         return list(csv.DictReader(f, delimiter="\t"))
 
 
-def sync_ratios(moco: str, monaco: str) -> list[float]:
+def sync_ratios(where: dict, moco: str, monaco: str) -> list[float]:
     """MocoSFL / MonAcoSFL misalignment right after each sync, for two paired runs."""
-    a = [_num(s["misalignment"]) for s in steps_of(moco) if s["sync"] == "1"]
-    b = [_num(s["misalignment"]) for s in steps_of(monaco) if s["sync"] == "1"]
+    a = [_num(s["misalignment"]) for s in steps_of(where, moco) if s["sync"] == "1"]
+    b = [_num(s["misalignment"]) for s in steps_of(where, monaco) if s["sync"] == "1"]
     return [x / y for x, y in zip(a, b) if x is not None and y]
 
 
@@ -75,16 +90,17 @@ def tables(rows: list[dict]) -> dict[str, str]:
     groups = _groups(rows)
     if not groups:
         return {}
+    where = step_results(rows)
     acc, mis, inv = [], [], []
     for key, by_variant in groups.items():
         both = [r for v in by_variant.values() for r in v]
-        where = _where(key, both)
+        cell = _where(key, both)
 
         def col(metric, fmt="{:.2f}", scale=1.0):
             return [_cell([_num(r.get(metric)) * scale if _num(r.get(metric)) is not None
                            else None for r in by_variant.get(v, [])], fmt) for v, _ in VARIANTS]
 
-        acc.append(where + col("linear_top1") + col("knn_top1") + col("knn_monitor_last")
+        acc.append(cell + col("linear_top1") + col("knn_top1") + col("knn_monitor_last")
                    + col("client_MB_total", "{:.3g}")
                    + [_cell([_num(r.get("client_MB_paper_formula")) for r in
                              by_variant.get("mocosfl", both)], "{:.3g}"),
@@ -99,28 +115,28 @@ def tables(rows: list[dict]) -> dict[str, str]:
             a, b = _num(m.get("mis_after_sync_mean")), _num(r.get("mis_after_sync_mean"))
             if a is not None and b:
                 ratios.append(a / b)
-            per_sync += sync_ratios(m["experiment"], r["experiment"])
-        mis.append(where + col("mis_pre_sync_mean", "{:.2e}") + col("mis_after_sync_mean",
+            per_sync += sync_ratios(where, m["experiment"], r["experiment"])
+        mis.append(cell + col("mis_pre_sync_mean", "{:.2e}") + col("mis_after_sync_mean",
                                                                      "{:.2e}")
                    + [_cell(ratios, "{:.1f}"),
                       f"{min(per_sync):.1f} / {statistics.median(per_sync):.1f}"
                       if per_sync else ""])
-        inv.append(where + col("inversion_mse", "{:.4f}") + col("inversion_ssim", "{:.3f}")
+        inv.append(cell + col("inversion_mse", "{:.4f}") + col("inversion_ssim", "{:.3f}")
                    + [_cell([_num(r.get("inversion_mse_mean_image")) for r in
                              by_variant.get("mocosfl") or both], "{:.4f}")])
     names = [n for _, n in VARIANTS]
-    where = ["clients", "arch", "cut (L)"]
+    head = ["clients", "arch", "cut (L)"]
     out = {
         "MocoSFL / MonAcoSFL: accuracy and communication per cut": _table(
-            where + [f"linear {n}" for n in names] + [f"k-NN {n}" for n in names]
+            head + [f"linear {n}" for n in names] + [f"k-NN {n}" for n in names]
             + [f"k-NN monitor {n}" for n in names] + [f"MB/client {n}" for n in names]
             + ["MB/client paper formula", "bytes = protocol formula"], acc),
         "MocoSFL / MonAcoSFL: misalignment (Eq. 2) around the syncs": _table(
-            where + [f"before sync {n}" for n in names] + [f"after sync {n}" for n in names]
+            head + [f"before sync {n}" for n in names] + [f"after sync {n}" for n in names]
             + ["after-sync ratio Moco/Monaco (mean over syncs)",
                "per-sync ratio min / median"], mis),
         "MocoSFL / MonAcoSFL: model inversion per cut (MSE higher = more private)": _table(
-            where + [f"MSE {n}" for n in names] + [f"SSIM {n}" for n in names]
+            head + [f"MSE {n}" for n in names] + [f"SSIM {n}" for n in names]
             + ["MSE of the mean image"], inv),
     }
     out["Fig. 3 (analytic): communication per client and epoch, 224 px, 250 images, "
@@ -148,6 +164,7 @@ def figures(rows: list[dict], out_dir: Path) -> dict[str, str]:
     groups = _groups(rows)
     if not groups:
         return {}
+    where = step_results(rows)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     keys = list(groups)
@@ -159,7 +176,7 @@ def figures(rows: list[dict], out_dir: Path) -> dict[str, str]:
             runs = sorted(groups[key].get(variant, []), key=lambda r: str(r.get("seed")))
             if not runs:
                 continue
-            steps = steps_of(runs[0]["experiment"])
+            steps = steps_of(where, runs[0]["experiment"])
             ax.plot([int(s["step"]) for s in steps], [float(s["misalignment"]) for s in steps],
                     color=color, lw=1, label=name)
             for s in steps:
@@ -174,7 +191,9 @@ def figures(rows: list[dict], out_dir: Path) -> dict[str, str]:
     fig.savefig(out_dir / "misalignment.png", dpi=110)
     out = {"misalignment.png": "Misalignment (Eq. 2) of the participating clients' online and "
                                "momentum models per step (grey: syncs), first seed"}
-    pictures = [(key, variant, Path(results_dir(runs[0]["experiment"])) / "inversion.png")
+    pictures = [(key, variant,
+                 where.get((runs[0]["experiment"], "inversion"), Path("/nonexistent"))
+                 / "inversion.png")
                 for key, by in groups.items() for variant, _ in VARIANTS
                 if (runs := sorted(by.get(variant, []), key=lambda r: str(r.get("seed"))))]
     pictures = [p for p in pictures if p[2].exists()]
