@@ -41,6 +41,7 @@ test-slurm: install
 bench: install
 	$(PY) benchmarks/federated_round.py
 	$(PY) benchmarks/twin_norm.py
+	$(PY) benchmarks/split_step.py
 
 # Regenerate the checked-in derived files (a test fails when they are stale).
 generate: $(INSTALLED)

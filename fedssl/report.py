@@ -41,7 +41,8 @@ COST_COLUMNS = {"alpha_bits": ("mean_alpha_bits_paper", 1.0),
 def experiment_row(name: str, exp, method, step_dirs: list[Path], metrics_file: Path,
                    costs_dir: Path | None) -> dict:
     """One experiment's row: its probe metrics, rounds, parameters and wall time of its
-    method's steps, the per-client traffic they logged, and its per-client costs."""
+    method's steps, the metrics the steps wrote (a ``metrics.json`` in a step's output), the
+    per-client traffic they logged, and its per-client costs."""
     metrics = json.loads(metrics_file.read_text())
     metas = [json.loads((d / "meta.json").read_text()) for d in step_dirs]
     up = down = 0.0
@@ -52,9 +53,13 @@ def experiment_row(name: str, exp, method, step_dirs: list[Path], metrics_file: 
             down += sum(c["bytes_down"] for c in per_client) / len(per_client) / 1e6
     losses = {f"{d.name}_final_loss": _final_loss(m) for d, m in zip(step_dirs, metas)
               if _final_loss(m) is not None}
+    steps = {}  # metrics a method's steps report themselves (their metrics.json)
+    for d in step_dirs:
+        if (d / "metrics.json").exists():
+            steps.update(json.loads((d / "metrics.json").read_text()))
     row = {"experiment": name, "title": exp.title, "partition": exp.partition,
            "method": method.name, "arch": method.arch(exp.method),
-           "rounds": sum(m.get("rounds", 0) for m in metas), **metrics, **losses,
+           "rounds": sum(m.get("rounds", 0) for m in metas), **steps, **metrics, **losses,
            "client_MB_up": round(up, 2), "client_MB_down": round(down, 2),
            "parameters": next((m["parameters"] for m in metas if "parameters" in m), "")}
     cost_file = costs_dir / "costs.json" if costs_dir else None

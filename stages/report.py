@@ -41,6 +41,10 @@ def run(argv):
             shutil.copy(Path(dag.stages[f"partition__{part}"].out) / "heatmap.png",
                         out / f"partition_{part}.png")
         sections = "".join(f"## {heading}\n\n{table}\n" for heading, table in tables.values())
+        for method in methods.values():
+            own = [r for r in rows if r["method"] == method.name]
+            for file, caption in (method.figures(own, results) if own else {}).items():
+                sections += f"## {caption}\n\n![{caption}]({file})\n\n"
         (results / "report.md").write_text(f"# Pipeline `{pipeline}`\n\n{sections}"
                                            f"Partition heat-maps: `{ctx.stage.out}/`\n")
         write_csv(rows, results / "report.csv")

@@ -69,3 +69,32 @@ def test_the_readme_matches_the_committed_reports(monkeypatch):
     text = (REPO / "README.md").read_text()
     assert "<!-- results:" in text
     assert readme_text(text) == text, "README.md is stale: run `python -m fedssl.report readme`"
+
+
+def test_a_row_holds_the_metrics_its_method_steps_wrote(tmp_path):
+    """A step may write a metrics.json into its output (split learning's misalignment and
+    traffic, an attack's error): its entries join the experiment's report row; the
+    evaluation's metrics win a name clash."""
+    import json
+    from fedssl.report import experiment_row
+    steps = []
+    for name, metrics in (("pretrain", {"mis_after_sync_mean": 0.5, "knn_top1": -1}),
+                          ("attack", {"inversion_mse": 0.02})):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "meta.json").write_text(json.dumps({"wall_seconds": 2.0, "rounds": 3}))
+        (d / "metrics.json").write_text(json.dumps(metrics))
+        steps.append(d)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "meta.json").write_text(json.dumps({"wall_seconds": 1.0}))
+    evaluation = tmp_path / "metrics.json"
+    evaluation.write_text(json.dumps({"linear_top1": 80.0, "knn_top1": 70.0}))
+    row = experiment_row("exp", mfcl_exp(), MFCL, [*steps, tmp_path / "plain"], evaluation, None)
+    assert row["mis_after_sync_mean"] == 0.5 and row["inversion_mse"] == 0.02
+    assert row["knn_top1"] == 70.0 and row["linear_top1"] == 80.0
+    assert row["train_s"] == 5.0 and row["rounds"] == 6
+
+
+def test_methods_draw_no_figures_unless_they_say_so(tmp_path):
+    assert MFCL.figures([{"method": "mfcl"}], tmp_path) == {}
+    assert list(tmp_path.iterdir()) == []

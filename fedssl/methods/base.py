@@ -76,6 +76,11 @@ class Method:
         the report rows of this method's experiments (every metric of their metrics.json)."""
         return {}
 
+    def figures(self, rows: list[dict], out_dir) -> dict[str, str]:
+        """Extra report figures drawn from the same rows into ``out_dir`` (the pipeline's
+        committed report folder): file name -> caption."""
+        return {}
+
     # ------------------------------------------------------------------ stages
     def run_step(self, step: str, ctx: "StageContext") -> None:
         """Run step ``step`` (a name in ``steps``): calls ``self.<step>(ctx)``."""

@@ -1,0 +1,250 @@
+"""MocoSFL / MonAcoSFL stages (imported when they run): the split federation (``pretrain``),
+the model-inversion attack (``inversion``) and the frozen encoder for the probes."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedssl.data.augment import BatchAugment, to_float
+from fedssl.data.partition import stratified_subset
+from fedssl.data.store import to_device
+from fedssl.fl.cohort import OptimizerConfig, vectorise_clients
+from fedssl.fl.engine import Federation, FederationConfig
+from fedssl.fl.runner import run_federation, train_data
+from fedssl.methods.mocosfl import paper_layer
+from fedssl.methods.mocosfl.comm import check_ledger
+from fedssl.methods.mocosfl.split import (KnnMonitor, SflConfig, SflSync, SplitEncoder,
+                                          SplitMocoTrainer, SplitNets, build_nets)
+from fedssl.runtime import derive_seed, torch_save, write_json, write_tsv
+
+STEP_FIELDS = ["step", "round", "loss", "sync", "misalignment_pre_sync", "misalignment",
+               "misalignment_sq"]
+
+
+def two_views(augment: BatchAugment):
+    def make(images: torch.Tensor, generator: torch.Generator):
+        return augment(images, generator), augment(images, generator)
+    return make
+
+
+def sfl_config(p) -> SflConfig:
+    t, m = p.training, p.moco
+    return SflConfig(batch_size=t.batch_size, temperature=m.temperature, momentum=m.momentum,
+                     symmetric=m.symmetric, sync_every=t.sync_every,
+                     sync_at_round_end=t.sync_at_round_end,
+                     sgd=OptimizerConfig("sgd", weight_decay=t.weight_decay,
+                                         momentum=t.momentum),
+                     seed=p.seed, log_every=t.log_every)
+
+
+def make_federation(p, nets: SplitNets, data, ckpt, fingerprint: str, monitor=None,
+                    parallel: bool | None = None) -> Federation:
+    """The split federation of MocoSFL params ``p`` over ``data`` (clients' index arrays)."""
+    t = p.training
+    cfg = FederationConfig(rounds=t.rounds, client_fraction=t.client_fraction, lr=t.lr,
+                           lr_schedule=t.lr_schedule, seed=p.seed)
+    strategy = SflSync(cfg, nets, align=p.variant == "monacosfl",
+                       queue_size=p.moco.queue_size, seed=p.seed, monitor=monitor)
+    if parallel is None:
+        parallel = vectorise_clients(p.parallel_clients, data.device)
+    trainer = SplitMocoTrainer(nets, sfl_config(p),
+                               two_views(BatchAugment(p.augment, data.images.shape[-1])),
+                               parallel=parallel)
+    return Federation(strategy, trainer, data, cfg, ckpt, fingerprint)
+
+
+def monitor_of(ctx, p, images: torch.Tensor, labels: np.ndarray) -> KnnMonitor | None:
+    """The k-NN monitor: a labelled bank from the clients' training images and queries from
+    the partition's server holdout (or the test split), both class-stratified and seeded."""
+    m = p.monitor
+    if m.every == 0:
+        return None
+    pool = np.sort(np.concatenate(ctx.clients()))
+    bank = pool[stratified_subset(labels[pool], min(m.bank_size, len(pool)),
+                                  derive_seed(p.seed, "monitor-bank"))]
+    if m.queries == "holdout":
+        held = ctx.server_indices()
+        q_idx = held[stratified_subset(labels[held], min(m.query_size, len(held)),
+                                       derive_seed(p.seed, "monitor-queries"))]
+        q_images, q_labels = images[torch.from_numpy(q_idx).to(images.device)], labels[q_idx]
+    else:
+        test_images, test_labels = ctx.split("test")
+        q_idx = stratified_subset(test_labels, min(m.query_size, len(test_labels)),
+                                  derive_seed(p.seed, "monitor-queries"))
+        q_images = to_device(test_images[q_idx], images.device)
+        q_labels = test_labels[q_idx]
+    return KnnMonitor(images[torch.from_numpy(bank).to(images.device)], labels[bank],
+                      q_images, q_labels, m.k, m.temperature, m.every)
+
+
+# ============================================================================ pretrain
+def pretrain(ctx) -> None:
+    p = ctx.exp.method
+    data = train_data(ctx)
+    _, labels = ctx.split("train")
+    nets = build_nets(p, ctx.image_shape, ctx.device)
+    monitor = monitor_of(ctx, p, data.images, labels)
+    fed = make_federation(p, nets, data, ctx.resume_path, ctx.fingerprint, monitor)
+    print(f"{p.variant}: cut {p.cut} (L{paper_layer(p)}), {len(data.clients)} clients, "
+          f"{'vectorised' if fed.trainer.parallel else 'one by one'}", flush=True)
+    state = run_federation(ctx, fed)
+    final = fed.strategy.final_model(state)
+    torch_save({"client": final["client"], "server": final["server"],
+                "image_shape": tuple(ctx.image_shape), "cut": p.cut}, ctx.out / "model.pt")
+    steps = state.memo.get("steps", [])
+    write_tsv(steps, ctx.results_dir / "steps.tsv", STEP_FIELDS)
+    plot_misalignment(steps, ctx.results_dir / "misalignment.png", ctx.exp.title)
+    summary = summarize(p, nets, ctx.image_shape, state, data.sizes())
+    write_json(ctx.out / "communication_check.json", summary.pop("_check"))
+    write_json(ctx.out / "metrics.json", summary)
+    ctx.info.update(parameters=nets.client_numel() + sum(
+        v.numel() for k, v in final["server"].items() if k.startswith("backbone.")),
+        client_parameters=nets.client_numel(), **{k: summary[k] for k in (
+            "comm_matches_formula", "mis_after_sync_mean", "mis_pre_sync_mean")})
+
+
+def summarize(p, nets: SplitNets, image_shape, state, sizes: list[int]) -> dict:
+    """The step's report metrics: misalignment around syncs, the last k-NN monitor value,
+    communication per client (measured, protocol formula, paper formula)."""
+    steps = state.memo.get("steps", [])
+    syncs = [s for s in steps if s["sync"]]
+    act = math.prod(nets.activation_shape(image_shape))
+    n = len(sizes)
+    check = check_ledger(state.ledger.summary(), state.memo.get("images", [0] * n),
+                         state.memo.get("syncs", [0] * n), state.memo.get("catch_ups", [0] * n),
+                         act, nets.client_numel(), p.moco.symmetric, p.variant == "monacosfl")
+    clients = check["per_client"]
+    knn = [r["knn_monitor"] for r in state.log if "knn_monitor" in r]
+
+    def mean(xs):
+        return float(np.mean(xs)) if xs else None
+
+    kinds: dict[str, float] = {}
+    for c in clients:
+        for direction in ("up_by_kind", "down_by_kind"):
+            for kind, b in c[direction].items():
+                key = f"MB_{direction[:-8]}_{kind}"
+                kinds[key] = kinds.get(key, 0.0) + b / 1e6 / n
+    return {
+        "variant": p.variant, "clients": n, "cut": p.cut, "cut_layer": paper_layer(p) or "",
+        "seed": p.seed, "steps": state.memo.get("step", 0), "syncs": len(syncs),
+        "knn_monitor_last": knn[-1] if knn else "",
+        "mis_pre_sync_mean": mean([s["misalignment_pre_sync"] for s in syncs]),
+        "mis_after_sync_mean": mean([s["misalignment"] for s in syncs]),
+        "mis_final": steps[-1]["misalignment"] if steps else None,
+        "loss_final": state.log[-1]["loss"] if state.log else None,
+        "client_MB_total": round(float(np.mean([c["bytes_total"] for c in clients])) / 1e6, 4),
+        "client_MB_paper_formula": round(float(np.mean([c["paper_formula_bytes"]
+                                                        for c in clients])) / 1e6, 4),
+        **{k: round(v, 4) for k, v in sorted(kinds.items())},
+        "act_numel": act, "client_params": nets.client_numel(),
+        "comm_matches_formula": check["exact"], "_check": check}
+
+
+def plot_misalignment(steps: list[dict], path: Path, title: str) -> None:
+    """Eq. 2 misalignment per step (log scale), syncs marked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(6, 3.2))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    if steps:
+        ax.plot([s["step"] for s in steps], [s["misalignment"] for s in steps], lw=1)
+        for s in steps:
+            if s["sync"]:
+                ax.axvline(s["step"], color="tab:blue", alpha=0.2, lw=0.8)
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("misalignment (Eq. 2)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ============================================================================ encoder
+def load_final(ctx, step_dir: Path | None = None):
+    p = ctx.exp.method
+    ckpt = torch.load((step_dir or ctx.input("pretrain")) / "model.pt", map_location=ctx.device,
+                      weights_only=True)
+    return p, ckpt
+
+
+def encoder(ctx) -> SplitEncoder:
+    """The frozen deployed model: the final synced client part + the server's backbone part
+    (pooled features; ``features.layer: projection`` adds the projector)."""
+    from fedssl.models.encoders import frozen
+    p, ckpt = load_final(ctx)
+    nets = build_nets(p, ckpt["image_shape"], ctx.device)
+    return frozen(SplitEncoder(nets, ckpt["client"], ckpt["server"],
+                               ctx.exp.features.layer == "projection"))
+
+
+# ============================================================================ inversion
+def inversion(ctx) -> None:
+    """§5.3: the attacker holds ``aux_fraction`` of the clients' training images, runs them
+    through the final client model, trains a decoder from activations to images (MSE, Adam),
+    and is scored on test images by MSE (higher = more private) and SSIM."""
+    from fedssl.attacks.inversion import (InversionDecoder, invert, reconstruction_mse, ssim,
+                                          train_decoder)
+    p, ckpt = load_final(ctx)
+    inv = p.inversion
+    nets = build_nets(p, ckpt["image_shape"], ctx.device)
+    nets.client.load_state_dict(ckpt["client"])
+    nets.client.eval()
+    train_images, train_labels = ctx.split("train")
+    pool = np.sort(np.concatenate(ctx.clients()))
+    aux = pool[stratified_subset(train_labels[pool], max(1, round(inv.aux_fraction * len(pool))),
+                                 derive_seed(p.seed, "inversion-aux"))]
+    test_images, test_labels = ctx.split("test")
+    ev = stratified_subset(test_labels, min(inv.eval_images, len(test_labels)),
+                           derive_seed(p.seed, "inversion-eval"))
+
+    @torch.no_grad()
+    def encode(images: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        x = to_float(to_device(images, ctx.device))
+        return torch.cat([nets.client(c) for c in x.split(256)]), x
+
+    h_aux, x_aux = encode(train_images[aux])
+    c, hh, _ = h_aux.shape[1:]
+    torch.manual_seed(derive_seed(p.seed, "inversion-decoder"))
+    decoder = InversionDecoder(c, x_aux.shape[1], hh, x_aux.shape[-1], inv.width).to(ctx.device)
+    history = train_decoder(decoder, h_aux, x_aux, inv.epochs, inv.batch_size, inv.lr,
+                            derive_seed(p.seed, "inversion-train"))
+    h_ev, x_ev = encode(test_images[ev])
+    recon = invert(decoder, h_ev)
+    mse = reconstruction_mse(recon, x_ev)
+    score = ssim(recon, x_ev)
+    # a reference: the decoder-free guess of the mean auxiliary image
+    mean_mse = reconstruction_mse(x_aux.mean(0, keepdim=True).expand_as(x_ev), x_ev)
+    metrics = {"inversion_mse": round(float(mse.mean()), 5),
+               "inversion_ssim": round(float(score.mean()), 4),
+               "inversion_mse_mean_image": round(float(mean_mse.mean()), 5),
+               "inversion_aux_images": int(len(aux)),
+               "inversion_train_mse_last": round(history[-1], 5)}
+    write_json(ctx.out / "metrics.json", metrics)
+    plot_reconstructions(x_ev[:inv.show].cpu(), recon[:inv.show].cpu(),
+                         ctx.results_dir / "inversion.png",
+                         f"{ctx.exp.title}: MSE {metrics['inversion_mse']:.4f}, "
+                         f"SSIM {metrics['inversion_ssim']:.3f}")
+    ctx.info.update(metrics, activation_shape=[c, hh, hh])
+
+
+def plot_reconstructions(originals: torch.Tensor, recon: torch.Tensor, path: Path,
+                         title: str) -> None:
+    """Two rows: test images, and the attacker's reconstructions from their activations."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    n = originals.shape[0]
+    fig = Figure(figsize=(1.1 * n, 2.6))
+    FigureCanvasAgg(fig)
+    for row, images in enumerate((originals, recon)):
+        for i in range(n):
+            ax = fig.add_subplot(2, n, row * n + i + 1)
+            img = images[i].permute(1, 2, 0).clamp(0, 1).numpy()
+            ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray", vmin=0, vmax=1)
+            ax.set_axis_off()
+    fig.suptitle(title, fontsize=8)
+    fig.savefig(path, dpi=100)

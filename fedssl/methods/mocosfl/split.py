@@ -1,0 +1,454 @@
+"""Split federated MoCo v2 behind the engine's trainer interface (MocoSFL / MonAcoSFL).
+
+* :class:`SplitNets`: the backbone cut into the client part and the server's top (remaining
+  units, pooling, projector); the modules are templates, weights live in dicts of tensors.
+* :class:`SflSync` (the strategy): the server's state at round 0, each client's starting state
+  (its kept online / momentum / SGD state, or the latest synced models it has missed), the
+  synchronisation (data-size-weighted FedAvg of the participating clients' online models, and
+  for MonAcoSFL of their momentum models, broadcast to every client) and the k-NN monitor.
+* :class:`SplitMocoTrainer`: one round = one pass over the sampled clients' data in steps of
+  ``B_c`` images per client. All clients of a step go through as one batched operation: their
+  weights are stacked along a leading client axis and run with ``torch.func.vmap`` (GN + WS has
+  no running statistics), or one after another with ``parallel=False`` (same numbers).
+
+Where things live (all in :class:`~fedssl.fl.engine.FedState`, so the checkpoint is exact):
+``state.server``: ``server`` / ``server_momentum`` / ``server_opt`` (top + projector, its EMA,
+its SGD momentum), ``queue`` (keys and write pointer), ``sync`` (the latest synced client
+models and how many syncs happened), ``client_init`` (the common initial client model);
+``state.clients[c]``: client c's online and momentum models, SGD momentum and the sync it last
+saw; ``state.memo``: the global step and the per-step log (loss, Eq. 2 misalignment before and
+after syncs). Every random draw comes from (seed, round): client batches, augmentations; the
+queue starts from a seeded generator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from fedssl.fl.cohort import StackedOptimizer, OptimizerConfig, client_batches, gather, scatter, \
+    stack
+from fedssl.fl.engine import FedState, RoundUpdates, Strategy, fedavg
+from fedssl.fl.momentum import FeatureQueue, ema_update, misalignment
+from fedssl.losses import moco_queue_loss
+from fedssl.models.heads import ProjectionHead
+from fedssl.models.split import ServerPart, SplitMobileNetV2, SplittableNet, split_resnet18
+from fedssl.runtime import derive_seed, torch_generator
+
+Tensors = dict[str, torch.Tensor]
+
+# Ledger kinds (bytes per client and direction, from the tensors exchanged)
+ACT_QUERY, ACT_KEY, GRADIENTS = "activations_query", "activations_key", "gradients"
+SYNC_ONLINE, SYNC_MOMENTUM = "sync_online", "sync_momentum"
+
+
+# ============================================================================ networks
+class ServerTop(nn.Module):
+    """The server's side: the remaining units + pooling (``backbone``), then the projector."""
+
+    def __init__(self, backbone: ServerPart, proj_hidden: int, proj_dim: int):
+        super().__init__()
+        self.backbone = backbone
+        self.projector = ProjectionHead(backbone.out_dim, proj_hidden, proj_dim)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.projector(self.backbone(h))
+
+
+def build_backbone(b, in_channels: int) -> SplittableNet:
+    """The GN + WS network of params ``b`` (:class:`SflBackbone`)."""
+    if b.arch == "resnet18":
+        return split_resnet18(b.width or 64, in_channels=in_channels,
+                              channels_per_group=b.channels_per_group, stem=b.stem)
+    return SplitMobileNetV2(b.width_mult or 1.0, in_channels=in_channels,
+                            channels_per_group=b.channels_per_group, stem=b.stem)
+
+
+@dataclass
+class SplitNets:
+    """Template modules for functional calls, and the seeded initial weights."""
+    net: SplittableNet
+    client: nn.Sequential
+    top: ServerTop
+    cut: int
+
+    def client_state(self) -> Tensors:
+        return {k: v.detach().clone() for k, v in self.client.named_parameters()}
+
+    def top_state(self) -> Tensors:
+        return {k: v.detach().clone() for k, v in self.top.named_parameters()}
+
+    def activation_shape(self, image_shape) -> tuple[int, int, int]:
+        return self.net.cut_activation_shape(self.cut, image_shape)
+
+    def client_numel(self) -> int:
+        return sum(p.numel() for p in self.client.parameters())
+
+    @torch.no_grad()
+    def features(self, client: Tensors, server: Tensors, x: torch.Tensor,
+                 projection: bool = False) -> torch.Tensor:
+        """Pooled backbone features (or projections) of float images ``x``."""
+        h = functional_call(self.client, client, (x,))
+        if projection:
+            return functional_call(self.top, server, (h,))
+        backbone = {k[len("backbone."):]: v for k, v in server.items()
+                    if k.startswith("backbone.")}
+        return functional_call(self.top.backbone, backbone, (h,))
+
+
+def build_nets(p, image_shape, device) -> SplitNets:
+    """The seeded initial network of MocoSFL params ``p``, cut at ``p.cut``."""
+    torch.manual_seed(derive_seed(p.seed, "init", "mocosfl"))
+    net = build_backbone(p.backbone, image_shape[0])
+    client, server = net.split(p.cut)
+    top = ServerTop(server, p.backbone.proj_hidden, p.backbone.proj_dim)
+    for module in (client, top):
+        module.to(device)
+        if any(True for _ in module.buffers()):
+            raise ValueError("split learning here needs models without buffers (GN + WS)")
+    return SplitNets(net, client, top, p.cut)
+
+
+class SplitEncoder(nn.Module):
+    """The deployed model for the probes: client part + server backbone (+ projector)."""
+
+    def __init__(self, nets: SplitNets, client: Tensors, server: Tensors,
+                 projection: bool = False):
+        super().__init__()
+        nets.client.load_state_dict(client)
+        nets.top.load_state_dict(server)
+        self.client, self.top, self.projection = nets.client, nets.top, projection
+
+    def forward(self, x):
+        h = self.top.backbone(self.client(x))
+        return self.top.projector(h) if self.projection else h
+
+
+# ============================================================================ strategy
+def prefixed(tensors: Tensors, prefix: str) -> Tensors:
+    return {f"{prefix}.{k}": v for k, v in tensors.items()}
+
+
+def unprefixed(tensors: Tensors, prefix: str) -> Tensors:
+    n = len(prefix) + 1
+    return {k[n:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+
+
+def _count(state: FedState, what: str, client: int) -> None:
+    """Per-client event counters in the memo (for the analytic communication check)."""
+    counts = state.memo.setdefault(what, [0] * len(state.ledger.samples))
+    counts[client] += 1
+
+
+class SflSync(Strategy):
+    """Client starts, synchronisation and the k-NN monitor of MocoSFL (``align=False``) and
+    MonAcoSFL (``align=True``: the clients' momentum models are averaged too)."""
+
+    def __init__(self, cfg, nets: SplitNets, align: bool, queue_size: int, seed: int,
+                 monitor=None):
+        super().__init__(cfg)
+        self.nets, self.align, self.queue_size, self.seed = nets, align, queue_size, seed
+        self.monitor = monitor
+
+    def init_server(self, model=None) -> dict:
+        client, top = self.nets.client_state(), self.nets.top_state()
+        queue = FeatureQueue(self.queue_size, self.nets.top.projector.out_dim,
+                             derive_seed(self.seed, "queue"), next(iter(top.values())).device)
+        sync = {**prefixed(client, "online"), "count": torch.zeros((), dtype=torch.int64)}
+        if self.align:
+            sync.update(prefixed(client, "momentum"))
+        return {"client_init": client, "server": top,
+                "server_momentum": {k: v.clone() for k, v in top.items()},
+                "server_opt": {k: torch.zeros_like(v) for k, v in top.items()},
+                "queue": {"keys": queue.keys, "ptr": torch.zeros((), dtype=torch.int64)},
+                "sync": sync}
+
+    def client_start(self, state: FedState, client: int) -> dict[str, Tensors]:
+        """Client ``client``'s online, momentum and SGD state at the start of its round. A sync
+        reaches every client: one that missed syncs downloads the latest synced model(s) now
+        (counted once, however many it missed); a client that never trained starts from the
+        common initialisation (and, for MocoSFL, a momentum model that is that initialisation)."""
+        sync, kept = state.server["sync"], state.clients.get(client)
+        count = int(sync["count"])
+        init = state.server["client_init"]
+        if kept is not None:
+            online, momentum = unprefixed(kept, "online"), unprefixed(kept, "momentum")
+            opt = unprefixed(kept, "opt")
+            missed = int(kept["sync_id"]) < count
+        else:
+            online, momentum = init, init
+            opt = {k: torch.zeros_like(v) for k, v in init.items()}
+            missed = count > 0
+        if missed:
+            _count(state, "catch_ups", client)
+            online = unprefixed(sync, "online")
+            state.ledger.received(client, online, SYNC_ONLINE)
+            if self.align:
+                momentum = unprefixed(sync, "momentum")
+                state.ledger.received(client, momentum, SYNC_MOMENTUM)
+        return {"online": online, "momentum": momentum, "opt": opt}
+
+    def keep(self, state: FedState, client: int, online: Tensors, momentum: Tensors,
+             opt: Tensors) -> None:
+        state.clients[client] = {**prefixed(online, "online"), **prefixed(momentum, "momentum"),
+                                 **prefixed(opt, "opt"),
+                                 "sync_id": state.server["sync"]["count"].clone()}
+
+    @torch.no_grad()
+    def sync(self, state: FedState, clients: list[int], online: Tensors, momentum: Tensors,
+             weights: torch.Tensor) -> None:
+        """Data-size-weighted FedAvg of the participating clients' (client-stacked) online
+        models, written back into every row; MonAcoSFL does the same with the momentum models.
+        Each participant uploads its model(s) and downloads the average(s)."""
+        ledger = state.ledger
+        mean = fedavg(online, weights)
+        for i, c in enumerate(clients):
+            _count(state, "syncs", c)
+            ledger.sent(c, {k: v[i] for k, v in online.items()}, SYNC_ONLINE)
+            ledger.received(c, mean, SYNC_ONLINE)
+        for k, v in online.items():
+            v.copy_(mean[k].expand_as(v))
+        sync = state.server["sync"]
+        sync.update(prefixed({k: v.clone() for k, v in mean.items()}, "online"))
+        if self.align:
+            mean_m = fedavg(momentum, weights)
+            for i, c in enumerate(clients):
+                ledger.sent(c, {k: v[i] for k, v in momentum.items()}, SYNC_MOMENTUM)
+                ledger.received(c, mean_m, SYNC_MOMENTUM)
+            for k, v in momentum.items():
+                v.copy_(mean_m[k].expand_as(v))
+            sync.update(prefixed({k: v.clone() for k, v in mean_m.items()}, "momentum"))
+        sync["count"] += 1
+
+    def aggregate(self, state, updates) -> None:
+        pass  # the trainer synchronises during the round
+
+    def evaluate(self, state: FedState, round_: int) -> dict | None:
+        out = {}
+        steps = state.memo.get("steps") or []
+        if steps:
+            out["misalignment"] = steps[-1]["misalignment"]
+        if self.monitor is not None and self.monitor.due(round_, self.cfg.rounds):
+            out["knn_monitor"] = self.monitor(self.nets, unprefixed(state.server["sync"],
+                                                                    "online"),
+                                              state.server["server"])
+        return out
+
+    def final_model(self, state: FedState) -> dict:
+        return {"client": unprefixed(state.server["sync"], "online"),
+                "server": state.server["server"]}
+
+
+# ============================================================================ k-NN monitor
+class KnnMonitor:
+    """Weighted k-NN accuracy of the current model (latest synced client part + server
+    backbone) on fixed query images, against a fixed labelled bank; logged, never selected on."""
+
+    def __init__(self, bank: torch.Tensor, bank_labels: np.ndarray, queries: torch.Tensor,
+                 query_labels: np.ndarray, k: int, temperature: float, every: int,
+                 batch_size: int = 512):
+        self.bank, self.bank_labels = bank, np.asarray(bank_labels)
+        self.queries, self.query_labels = queries, np.asarray(query_labels)
+        self.k, self.temperature, self.every, self.batch_size = k, temperature, every, batch_size
+
+    def due(self, round_: int, rounds: int) -> bool:
+        return self.every > 0 and ((round_ + 1) % self.every == 0 or round_ + 1 == rounds)
+
+    def _features(self, nets, client, server, images) -> np.ndarray:
+        from fedssl.data.augment import to_float
+        out = [nets.features(client, server, to_float(images[i:i + self.batch_size]))
+               for i in range(0, len(images), self.batch_size)]
+        return torch.cat(out).float().cpu().numpy()
+
+    def __call__(self, nets: SplitNets, client: Tensors, server: Tensors) -> float:
+        from fedssl.eval.probes import knn_accuracy
+        from fedssl.params import KnnParams
+        bank = self._features(nets, client, server, self.bank)
+        queries = self._features(nets, client, server, self.queries)
+        acc = knn_accuracy(bank, self.bank_labels, queries, self.query_labels,
+                           KnnParams(k=self.k, temperature=self.temperature),
+                           self.bank.device)
+        return round(acc["knn_top1"], 2)
+
+
+# ============================================================================ trainer
+@dataclass(frozen=True)
+class SflConfig:
+    batch_size: int
+    temperature: float
+    momentum: float
+    symmetric: bool
+    sync_every: int
+    sync_at_round_end: bool
+    sgd: OptimizerConfig
+    seed: int
+    log_every: int = 1
+
+
+def padded_batch(batches: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of indices [a, width] (short batches padded with their first index) and the
+    valid mask."""
+    idx = np.zeros((len(batches), width), dtype=np.int64)
+    valid = np.zeros((len(batches), width), dtype=bool)
+    for r, b in enumerate(batches):
+        idx[r, :len(b)], idx[r, len(b):], valid[r, :len(b)] = b, b[0], True
+    return idx, valid
+
+
+class SplitMocoTrainer:
+    """One round of split federated MoCo (see the module docstring); the engine's trainer."""
+    local_epochs = 1
+
+    def __init__(self, nets: SplitNets, cfg: SflConfig, make_views, parallel: bool = True):
+        self.nets, self.cfg, self.make_views = nets, cfg, make_views
+        self.parallel = parallel
+        self.optimizer = StackedOptimizer(cfg.sgd)
+        self._vclient = vmap(self._client_one)
+
+    # ------------------------------------------------------------------ client forward
+    def _client_one(self, params: Tensors, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.nets.client, params, (x,))
+
+    def client_forward(self, params: Tensors, x: torch.Tensor) -> torch.Tensor:
+        """Client-stacked params [a, ...] on client-stacked images [a, R, C, H, W] ->
+        activations [a, R, c, h, w]: one vmapped call, or one client after another."""
+        if self.parallel and x.shape[0] > 1:
+            return self._vclient(params, x)
+        return torch.stack([self._client_one({k: v[i] for k, v in params.items()}, x[i])
+                            for i in range(x.shape[0])])
+
+    # ------------------------------------------------------------------ a round
+    def train_round(self, fed, state: FedState, chosen: list[int], round_: int,
+                    lr: float) -> RoundUpdates:
+        cfg, strategy, data = self.cfg, fed.strategy, fed.data
+        device = data.device
+        starts = [strategy.client_start(state, c) for c in chosen]
+        online = stack([s["online"] for s in starts])
+        momentum = stack([s["momentum"] for s in starts])
+        opt = {"step": torch.zeros(len(chosen), device=device),
+               "m": stack([s["opt"] for s in starts])}
+        server = {k: v.unsqueeze(0).clone() for k, v in state.server["server"].items()}
+        server_m = {k: v.clone() for k, v in state.server["server_momentum"].items()}
+        server_opt = {"step": torch.zeros(1, device=device),
+                      "m": {k: v.unsqueeze(0).clone()
+                            for k, v in state.server["server_opt"].items()}}
+        keys = state.server["queue"]["keys"]
+        queue = FeatureQueue(keys.shape[0], keys.shape[1], 0, device)
+        queue.load_state_dict({"keys": keys, "ptr": int(state.server["queue"]["ptr"])})
+        sizes = torch.tensor([len(data.clients[c]) for c in chosen], dtype=torch.float64,
+                             device=device)
+        schedules = [client_batches(data.clients[c], cfg.batch_size, 1, cfg.seed, "sfl",
+                                    round_, c) for c in chosen]
+        gen = torch_generator(device, cfg.seed, "sfl-augment", round_)
+        n_steps = max(len(s) for s in schedules)
+        loss_sum = torch.zeros(len(chosen), dtype=torch.float64)
+        steps_taken = torch.zeros(len(chosen), dtype=torch.float64)
+        log = state.memo.setdefault("steps", [])
+        images = 0
+        for t in range(n_steps):
+            rows = [i for i, s in enumerate(schedules) if t < len(s)]
+            idx, valid = padded_batch([schedules[i][t] for i in rows], cfg.batch_size)
+            clients = [chosen[i] for i in rows]
+            loss = self.step(state, clients, rows, idx, valid, data, online, momentum, opt,
+                             server, server_m, server_opt, queue, gen, lr)
+            images += int(valid.sum())
+            counters = state.memo.setdefault("images", [0] * len(data.clients))
+            for i, b in zip(rows, valid.sum(1).tolist()):
+                counters[chosen[i]] += int(b)
+            loss_sum[rows] += loss
+            steps_taken[rows] += 1
+            step = state.memo.get("step", 0) + 1
+            state.memo["step"] = step
+            since = state.memo.get("steps_since_sync", 0) + 1
+            due = since >= cfg.sync_every or (cfg.sync_at_round_end and t + 1 == n_steps)
+            state.memo["steps_since_sync"] = 0 if due else since
+            entry = None
+            if due or step % cfg.log_every == 0:
+                entry = {"step": step, "round": round_ + 1, "loss": round(loss, 5),
+                         "sync": int(due), "misalignment_pre_sync": ""}
+                if due:
+                    entry["misalignment_pre_sync"] = float(misalignment([online], [momentum]))
+            if due:
+                strategy.sync(state, chosen, online, momentum, sizes)
+            if entry is not None:
+                entry["misalignment"] = float(misalignment([online], [momentum]))
+                entry["misalignment_sq"] = float(misalignment([online], [momentum],
+                                                              squared=True))
+                log.append(entry)
+        for i, c in enumerate(chosen):
+            strategy.keep(state, c, {k: v[i].clone() for k, v in online.items()},
+                          {k: v[i].clone() for k, v in momentum.items()},
+                          {k: v[i].clone() for k, v in opt["m"].items()})
+        state.server["server"] = {k: v[0].clone() for k, v in server.items()}
+        state.server["server_momentum"] = server_m
+        state.server["server_opt"] = {k: v[0].clone() for k, v in server_opt["m"].items()}
+        state.server["queue"] = {"keys": queue.keys.clone(),
+                                 "ptr": torch.tensor(queue.ptr, dtype=torch.int64)}
+        losses = (loss_sum / steps_taken.clamp(min=1)).float()
+        return RoundUpdates(chosen, [{} for _ in chosen], sizes, [0] * len(chosen), losses,
+                            images)
+
+    # ------------------------------------------------------------------ a step
+    def step(self, state, clients: list[int], rows: list[int], idx: np.ndarray,
+             valid: np.ndarray, data, online: Tensors, momentum: Tensors, opt: dict,
+             server: Tensors, server_m: Tensors, server_opt: dict, queue: FeatureQueue,
+             gen: torch.Generator, lr: float) -> float:
+        """One split-learning step of the clients ``rows`` (rows of the stacked states):
+        uploads, the server's MoCo step, the gradients down, the clients' SGD. Returns the
+        server's loss."""
+        cfg, ledger, device = self.cfg, state.ledger, data.device
+        a, width = idx.shape
+        subset = len(rows) < next(iter(online.values())).shape[0]
+        sel = torch.tensor(rows, device=device)
+        on, mom, op = ((gather(x, sel) if subset else x) for x in (online, momentum, opt))
+
+        flat = torch.from_numpy(idx).to(device).flatten()
+        v1, v2 = self.make_views(data.images[flat], gen)
+        v1, v2 = (v.view(a, width, *v.shape[1:]) for v in (v1, v2))
+        valid_t = torch.from_numpy(valid).to(device)
+        if cfg.symmetric:  # queries [x'; x''], keys [x''; x']
+            xq, xk = torch.cat([v1, v2], 1), torch.cat([v2, v1], 1)
+            valid_t = torch.cat([valid_t, valid_t], 1)
+        else:
+            xq, xk = v1, v2
+        counts = valid_t.sum(1).tolist()
+
+        # clients: online forward (kept for the backward), EMA, momentum forward
+        params = {k: v.detach().requires_grad_(True) for k, v in on.items()}
+        h_q = self.client_forward(params, xq)
+        ema_update(mom, on, cfg.momentum)
+        with torch.no_grad():
+            h_k = self.client_forward(mom, xk)
+        for j, c in enumerate(clients):  # what each client uploads (its real rows)
+            ledger.sent(c, {"h": h_q[j, :counts[j]]}, ACT_QUERY)
+            ledger.sent(c, {"h": h_k[j, :counts[j]]}, ACT_KEY)
+
+        # server: MoCo v2 on the concatenated uploads
+        rows_valid = valid_t.flatten()
+        hq = h_q.detach().flatten(0, 1).requires_grad_(True)
+        hk = h_k.flatten(0, 1)
+        sp = {k: v[0].detach().requires_grad_(True) for k, v in server.items()}
+        ema_update(server_m, {k: v[0] for k, v in server.items()}, cfg.momentum)
+        q = functional_call(self.nets.top, sp, (hq,))
+        with torch.no_grad():
+            k = functional_call(self.nets.top, server_m, (hk,))
+        loss = moco_queue_loss(q, k, queue.keys, cfg.temperature, rows_valid)
+        grads = torch.autograd.grad(loss, [*sp.values(), hq])
+        self.optimizer.step(server, {n: g.unsqueeze(0) for n, g in zip(sp, grads[:-1])},
+                            server_opt, lr)
+        queue.push(k, rows_valid)
+        g_act = grads[-1].view_as(h_q)
+        for j, c in enumerate(clients):
+            ledger.received(c, {"g": g_act[j, :counts[j]]}, GRADIENTS)
+
+        # clients: backward of the returned activation gradients, SGD
+        client_grads = torch.autograd.grad(h_q, list(params.values()), g_act)
+        self.optimizer.step(on, dict(zip(params, client_grads)), op, lr)
+        if subset:
+            scatter(online, sel, on)
+            scatter(momentum, sel, mom)
+            scatter(opt, sel, op)
+        return float(loss.detach())
