@@ -92,7 +92,7 @@ def test_a_row_holds_the_metrics_its_method_steps_wrote(tmp_path):
     row = experiment_row("exp", mfcl_exp(), MFCL, [*steps, tmp_path / "plain"], evaluation, None)
     assert row["mis_after_sync_mean"] == 0.5 and row["inversion_mse"] == 0.02
     assert row["knn_top1"] == 70.0 and row["linear_top1"] == 80.0
-    assert row["train_s"] == 5.0 and row["rounds"] == 6
+    assert row["rounds"] == 6 and "train_s" not in row  # wall times stay in run records
 
 
 def test_methods_draw_no_figures_unless_they_say_so(tmp_path):
