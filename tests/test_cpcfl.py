@@ -44,14 +44,13 @@ method:
               blur_p: 0.0, blur_sigma: [0.1, 2.0], solarize_p: 0.0}}
     linear_eval: {{proxy: public, train_size: null, test_size: null,
                   probe: {{epochs: 5, lr: 0.01, batch_size: 64}}}}
-  cfl: {{clusters: {clusters}, rounds: 4, explore_rounds: {explore}, local_epochs: 1,
+  cfl: {{clusters: {clusters}, rounds: 3, explore_rounds: {explore}, local_epochs: 1,
          batch_size: 8, lr: 0.001, restarts: 0}}
   relevance_samples: 20
 personal: {{last_rounds: 2, checkpoints: [0.25, 0.5, 0.75, 1.0]}}
 """
 TINY_ROWS = {  # name: (title, pretrain, clusters, T_c, projector widths)
     "tiny_cpcfl": ("CP-CFL (SimCLR)", "simclr", 2, 2, "[16]"),
-    "tiny_byol": ("CP-CFL (BYOL)", "byol", 2, 2, "[16]"),
     "tiny_simsiam": ("CP-CFL (SimSiam)", "simsiam", 2, 2, "[16, 32]"),
     "tiny_fedavg": ("FedAvg (None)", "none", 1, 0, "null"),
     "tiny_ifca_fedavg": ("IFCA (FedAvg)", "fedavg", 2, 2, "null"),
@@ -447,7 +446,7 @@ def test_the_cpcfl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch
     s = nbytes(pool["pool0"])
     comm = json.loads((exp / "tiny_cpcfl" / "cfl" / "communication.json").read_text())
     for c in comm["per_client"]:
-        assert c["up_by_kind"]["model"] + c["down_by_kind"]["model"] == 4 * (2 + 1) * s
+        assert c["up_by_kind"]["model"] + c["down_by_kind"]["model"] == 3 * (2 + 1) * s
     # IFCA (FedAvg)'s encoder is the FedAvg (None) experiment's model, bit for bit
     warm = torch.load(exp / "tiny_ifca_fedavg" / "cfl" / "warmup_encoder.pt", weights_only=True)
     fedavg_model = torch.load(exp / "tiny_fedavg" / "cfl" / "pool.pt", weights_only=True)["pool0"]
@@ -463,7 +462,7 @@ def test_the_cpcfl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch
     assert np.array_equal(public, np.load(root / "artifacts/partitions/tiny_groups/server.npy"))
     trace = (root / "results/experiments/tiny_cpcfl/choices.tsv").read_text().splitlines()
     assert trace[0].split("\t") == ["round"] + [f"client_{c}" for c in range(4)]
-    assert len(trace) == 5 and (root / "results/experiments/tiny_cpcfl/choice_trace.png").exists()
+    assert len(trace) == 4 and (root / "results/experiments/tiny_cpcfl/choice_trace.png").exists()
     report = (root / "results/reports/cpcfl/report.md").read_text()
     assert "cpcfl_tab3" in report and "| CP-CFL (SimCLR) |" in report
     assert "IFCA (FedAvg), no restarts" in report
