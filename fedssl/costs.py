@@ -279,10 +279,12 @@ def e2e_client_costs(model: nn.Module, probe: Sequence[Tensor], loss_fn, batch_p
 
 
 def summarize_client_costs(rows: list[dict]) -> dict:
-    """Mean over clients of every per-client number (the report's cost columns)."""
+    """Mean over clients of every per-client number (the report's cost columns); a method
+    leaves out what does not apply to it (e.g. Eq. 6, which is MFCL's memory formula)."""
     keys = ["alpha_bits_paper", "bytes_actual", "beta_flops", "gamma_eq6_bytes",
             "peak_step_bytes"]
-    return {f"mean_{k}": sum(r[k] for r in rows) / len(rows) for k in keys}
+    return {f"mean_{k}": sum(r[k] for r in rows) / len(rows) for k in keys
+            if rows and all(k in r for r in rows)}
 
 
 # ------------------------------------------------------------------ inputs of the recipes

@@ -99,6 +99,9 @@ class PartitionParams(Strict):
     server_holdout: PositiveInt | None = Field(
         None, description="keep a class-stratified slice of this many training samples out of "
         "the clients' data, for the server (public pretraining data, a calibration set)")
+    server_holdout_seed: int | None = Field(
+        None, description="seed of the server's slice; None = seed + 1. Fix it to keep one "
+        "server slice (and what the server computed from it) across client resamplings")
     seed: int = 0
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from fedssl.data.client_tests import class_group_of_client, matching_test_split
-from fedssl.data.partition import class_counts, plot_heatmap, split_clients, stratified_subset
+from fedssl.data.partition import (class_counts, plot_heatmap, server_seed, split_clients,
+                                   stratified_subset)
 from fedssl.data.store import load_split, save_clients
 from fedssl.pipeline import data_dir
 from fedssl.runtime import write_json
@@ -19,7 +20,7 @@ def run(argv):
     num_classes = int(labels.max()) + 1
     server = np.empty(0, dtype=np.int64)
     if p.server_holdout:  # the server's slice first; the clients split what is left
-        server = np.sort(stratified_subset(labels, p.server_holdout, p.seed + 1))
+        server = np.sort(stratified_subset(labels, p.server_holdout, server_seed(p)))
     rest = np.setdiff1d(np.arange(len(labels)), server)
     pool = (rest[stratified_subset(labels[rest], p.subset, p.seed)] if p.subset
             else rest)

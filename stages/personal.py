@@ -1,11 +1,17 @@
 """Stage: personalised evaluation of an experiment (each client's model on its own test split,
-every round), summarised from the ``personal.npz`` its method's step wrote."""
+every round), summarised from the ``personal.npz`` its method's step wrote. Numbers the step
+measured itself (restarts, a relevance score, ...) come along when it also wrote
+``extra_metrics.json`` (a flat mapping) beside that file."""
 from __future__ import annotations
+
+import json
 
 from fedssl.eval.personal import summarize
 from fedssl.runtime import write_json
 from fedssl.stage import main_guard
 from stages.common import context
+
+EXTRA = "extra_metrics.json"
 
 
 def run(argv):
@@ -13,6 +19,9 @@ def run(argv):
     source = next(ctx.input(step) for step in ctx.method.personal_inputs)
     with ctx.run():
         metrics = summarize(source / "personal.npz", ctx.exp.personal, ctx.true_groups())
+        if (source / EXTRA).exists():
+            extra = json.loads((source / EXTRA).read_text())
+            metrics.update({k: v for k, v in extra.items() if k not in metrics})
         write_json(ctx.results_dir / "metrics.json", metrics)
         ctx.info["metrics"] = metrics
 

@@ -175,3 +175,14 @@ def test_projected_paper_scale_client_costs_from_the_shipped_presets(monkeypatch
     # MFCL sends 5,000 samples x 8 pairs x 2 views of 64x16x16 fp16 once, plus 15 rounds of
     # the autoencoder (77,853 fp32 values) both ways
     assert m["mean_bytes_actual"] == 5000 * 8 * 2 * 64 * 16 * 16 * 2 + 15 * 2 * 77_853 * 4
+
+
+def test_cost_summaries_leave_out_what_a_method_does_not_measure():
+    """Eq. 6 is MFCL's memory formula: a method without it still gets the other means."""
+    from fedssl.costs import summarize_client_costs
+    rows = [{"alpha_bits_paper": 8.0, "bytes_actual": 1, "beta_flops": 10.0,
+             "peak_step_bytes": 4}, {"alpha_bits_paper": 16.0, "bytes_actual": 3,
+                                     "beta_flops": 30.0, "peak_step_bytes": 6}]
+    assert summarize_client_costs(rows) == {
+        "mean_alpha_bits_paper": 12.0, "mean_bytes_actual": 2.0, "mean_beta_flops": 20.0,
+        "mean_peak_step_bytes": 5.0}

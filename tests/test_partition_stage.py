@@ -54,3 +54,20 @@ def test_too_few_test_images_for_disjoint_client_tests_is_a_clear_error(tiny):
     proc = run(["python", "-m", "stages.partition", "p"], tiny, check=False)
     assert proc.returncode == 2 and "client_tests" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_fixed_server_holdout_seed_keeps_one_server_slice_across_client_resamplings(tiny):
+    """server_holdout_seed pins the server's slice while the partition seed resamples the
+    clients (CP-CFL: one pretrained encoder for every trial); unset, it follows seed + 1."""
+    from fedssl.data.partition import server_seed
+    from fedssl.params import PartitionParams
+    body = ("dataset: tiny\nnum_clients: 3\nscheme: {kind: iid}\nserver_holdout: 40\n"
+            "server_holdout_seed: 7\nseed: ")
+    first = partition(tiny, body + "0\n")
+    server0, clients0 = np.load(first / "server.npy"), load_clients(first)
+    second = partition(tiny, body + "1\n")
+    assert np.array_equal(np.load(second / "server.npy"), server0)
+    assert any(not np.array_equal(a, b) for a, b in zip(load_clients(second), clients0))
+    part = PartitionParams(dataset="tiny", num_clients=3, scheme={"kind": "iid"}, seed=4)
+    assert server_seed(part) == 5
+    assert server_seed(part.model_copy(update={"server_holdout_seed": 7})) == 7

@@ -48,7 +48,7 @@ import numpy as np
 MAX_REDRAWS = 100  # fresh Dirichlet draws tried before repairing the min-size guard
 
 __all__ = ["split_clients", "iid", "dirichlet", "shards", "class_groups", "class_counts",
-           "stratified_subset", "plot_heatmap", "MAX_REDRAWS"]
+           "stratified_subset", "server_seed", "plot_heatmap", "MAX_REDRAWS"]
 
 
 # --------------------------------------------------------------------------- validation
@@ -336,6 +336,13 @@ def stratified_subset(labels, size: int, seed: int) -> np.ndarray:
     picked = [rng.choice(np.flatnonzero(labels == c), size=int(q), replace=False)
               for c, q in zip(classes, quota) if q]
     return np.sort(np.concatenate(picked)) if picked else np.empty(0, dtype=np.int64)
+
+
+def server_seed(partition) -> int:
+    """The seed of a partition's server slice (``server_holdout``): its own
+    ``server_holdout_seed`` when set, else the partition seed + 1."""
+    own = getattr(partition, "server_holdout_seed", None)
+    return partition.seed + 1 if own is None else own
 
 
 def plot_heatmap(counts: np.ndarray, path, title: str) -> None:
