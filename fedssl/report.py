@@ -45,15 +45,17 @@ def experiment_row(name: str, exp, method, step_dirs: list[Path], metrics_file: 
     metrics = json.loads(metrics_file.read_text())
     metas = [json.loads((d / "meta.json").read_text()) for d in step_dirs]
     up = down = 0.0
+    per_round: dict[str, float] = {}  # one client's traffic in one round it took part in
     for d in step_dirs:
         if (d / "communication.json").exists():
             per_client = json.loads((d / "communication.json").read_text())["per_client"]
             up += sum(c["bytes_up"] for c in per_client) / len(per_client) / 1e6
             down += sum(c["bytes_down"] for c in per_client) / len(per_client) / 1e6
+            per_round.update(_per_round_traffic(per_client))
     row = {"experiment": name, "title": exp.title, "partition": exp.partition,
            "method": method.name, "arch": method.arch(exp.method),
            "rounds": sum(m.get("rounds", 0) for m in metas), **metrics,
-           "client_MB_up": round(up, 2), "client_MB_down": round(down, 2),
+           "client_MB_up": round(up, 2), "client_MB_down": round(down, 2), **per_round,
            "train_s": round(sum(m["wall_seconds"] for m in metas), 2),
            "parameters": next((m["parameters"] for m in metas if "parameters" in m), "")}
     cost_file = costs_dir / "costs.json" if costs_dir else None
@@ -61,6 +63,25 @@ def experiment_row(name: str, exp, method, step_dirs: list[Path], metrics_file: 
     for col, (key, scale) in COST_COLUMNS.items():
         row[col] = f"{cost[key] * scale:.3g}" if key in cost else ""
     return row
+
+
+def _per_round_traffic(per_client: list[dict]) -> dict[str, float]:
+    """MB one client sends / receives in a round it takes part in (the papers' "traffic per
+    transfer"), in total and, when a method exchanges several kinds of tensors, per kind."""
+    rounds = sum(c["rounds"] for c in per_client)
+    if not rounds:
+        return {}
+    out = {}
+    for way in ("up", "down"):
+        kinds: dict[str, int] = {}
+        for c in per_client:
+            for kind, size in c[f"{way}_by_kind"].items():
+                kinds[kind] = kinds.get(kind, 0) + size
+        out[f"round_MB_{way}"] = round(sum(kinds.values()) / rounds / 1e6, 4)
+        if len(kinds) > 1:
+            out.update({f"round_MB_{way}_{k}": round(v / rounds / 1e6, 6)
+                        for k, v in kinds.items()})
+    return out
 
 
 def table_cell(exp, method, partition, dataset_name: str, row: str = "method",
