@@ -52,7 +52,7 @@ import numpy as np
 MAX_REDRAWS = 100  # fresh Dirichlet draws tried before repairing the min-size guard
 
 __all__ = ["split_clients", "iid", "dirichlet", "shards", "class_groups", "cyclic_lognormal",
-           "class_counts", "stratified_subset", "plot_heatmap", "MAX_REDRAWS"]
+           "deal", "class_counts", "stratified_subset", "plot_heatmap", "MAX_REDRAWS"]
 
 
 # --------------------------------------------------------------------------- validation
@@ -276,12 +276,30 @@ def shards(labels, num_clients: int, classes_per_client: int,
 
 
 # --------------------------------------------------------------------------- FedRep's FEMNIST
+def deal(pool: np.ndarray, cursor: int, n: int, rng: np.random.Generator
+         ) -> tuple[np.ndarray, np.ndarray, int]:
+    """The next ``n`` items of a shuffled pool from ``cursor``; when the pool runs out it is
+    reshuffled with the items already dealt in this call moved to its end, so one call repeats
+    an item only when ``n`` exceeds the pool. Returns (items, the pool, the new cursor)."""
+    picked: list[np.ndarray] = []
+    while n:
+        if cursor == pool.size:
+            fresh = rng.permutation(pool)
+            taken = np.isin(fresh, np.concatenate(picked)) if picked else \
+                np.zeros(fresh.size, dtype=bool)
+            pool, cursor = np.concatenate([fresh[~taken], fresh[taken]]), 0
+        step = min(n, pool.size - cursor)
+        picked.append(pool[cursor:cursor + step])
+        cursor, n = cursor + step, n - step
+    return np.concatenate(picked), pool, cursor
+
+
 def cyclic_lognormal(labels, num_clients: int, classes_per_client: int, mean: float,
                      sigma: float, offset: float, rng: np.random.Generator) -> list[np.ndarray]:
     """Client ``i`` gets the classes ``(i + j) mod K`` (``j < classes_per_client``, ``K`` classes
     present, in ascending order) and ``floor(size_i / classes_per_client)`` samples of each
     (at least 1), ``size_i ~ lognormal(mean, sigma) + offset``; each class deals its samples in a
-    shuffled order and reshuffles when it runs out. NOT disjoint once a class is exhausted."""
+    shuffled order (:func:`deal`). NOT disjoint once a class is exhausted."""
     labels = _as_labels(labels)
     _check_clients(labels, num_clients)
     classes = np.unique(labels)
@@ -297,15 +315,8 @@ def cyclic_lognormal(labels, num_clients: int, classes_per_client: int, mean: fl
         mine = []
         for j in range(classes_per_client):
             c = (client + j) % len(classes)
-            taken, need = [], per_class
-            while need:
-                if cursors[c] == len(pools[c]):
-                    pools[c], cursors[c] = rng.permutation(pools[c]), 0
-                step = min(need, len(pools[c]) - cursors[c])
-                taken.append(pools[c][cursors[c]:cursors[c] + step])
-                cursors[c] += step
-                need -= step
-            mine.append(np.concatenate(taken))
+            taken, pools[c], cursors[c] = deal(pools[c], cursors[c], per_class, rng)
+            mine.append(taken)
         parts.append(np.concatenate(mine))
     return _finish(parts)
 
