@@ -36,7 +36,8 @@ class ParamsError(ValueError):
 
 
 # --------------------------------------------------------------------------- data sets
-DatasetName = Literal["fashion_mnist", "cifar10", "cifar100", "stl10", "tiny_imagenet"]
+DatasetName = Literal["fashion_mnist", "cifar10", "cifar100", "stl10", "tiny_imagenet",
+                      "femnist"]
 
 
 class DatasetParams(Strict):
@@ -76,8 +77,20 @@ class ClassGroupsScheme(Strict):
     minor_count: NonNegativeInt = 5
 
 
-PartitionScheme = Annotated[Union[IIDScheme, DirichletScheme, ShardsScheme, ClassGroupsScheme],
-                            Field(discriminator="kind")]
+class CyclicLognormalScheme(Strict):
+    """FedRep's FEMNIST sampler (MpFedcon's (150, 3)): client ``i`` holds the classes
+    ``(i + j) mod C`` for ``j < classes_per_client``, ``lognormal(mean, sigma) + offset`` samples
+    split evenly over them, dealt from each class's shuffled samples (reshuffled when a class
+    runs out, so clients share samples only then)."""
+    kind: Literal["cyclic_lognormal"] = "cyclic_lognormal"
+    classes_per_client: PositiveInt
+    lognormal_mean: float = 4.0
+    lognormal_sigma: NonNegativeFloat = 1.0
+    size_offset: NonNegativeFloat = 100.0
+
+
+PartitionScheme = Annotated[Union[IIDScheme, DirichletScheme, ShardsScheme, ClassGroupsScheme,
+                                  CyclicLognormalScheme], Field(discriminator="kind")]
 
 
 class ClientTestSplit(Strict):
@@ -85,7 +98,16 @@ class ClientTestSplit(Strict):
     per_client: PositiveInt | None = Field(
         None, description="test images per client, spread over its classes in proportion to "
         "its training data; None = exactly its training counts per class")
+    fraction: PositiveFloat | None = Field(
+        None, description="test images per client = this fraction of its training images "
+        "(e.g. 1/9 for a 90/10 split), spread like per_client; exclusive with per_client")
     disjoint: bool = Field(False, description="no test image goes to two clients")
+
+    @model_validator(mode="after")
+    def _one_size(self):
+        if self.per_client is not None and self.fraction is not None:
+            raise ValueError("set per_client or fraction, not both")
+        return self
 
 
 class PartitionParams(Strict):
@@ -175,6 +197,13 @@ class PersonalEvalParams(Strict):
         (0.25, 0.5, 0.75, 1.0), description="fractions of the rounds to report accuracy at")
     target: Annotated[float, Field(gt=0, le=100)] | None = Field(
         None, description="a mean accuracy (%): report the first round that reaches it")
+
+
+class NoiseParams(Strict):
+    """I.i.d. zero-mean noise of a given variance on every value a party shares (the classic
+    gradient-leakage defence, e.g. MpFedcon Tab. 4)."""
+    kind: Literal["gaussian", "laplace"]
+    variance: NonNegativeFloat
 
 
 # --------------------------------------------------------------------------- experiments

@@ -236,6 +236,8 @@ class Dag:
             stage = add(step.name, _entry("method"), step.reads, step.inputs,
                         [_entry("method"), module], step.gpu)
             stage.plots = [f"{results_dir(stage.out.split('/')[-2])}/{p}" for p in step.plots]
+            stage.metrics = [f"{results_dir(stage.out.split('/')[-2])}/{m}"
+                             for m in step.metrics]
         if "personal" in method.evaluation_sections:
             personal = add("personal", _entry("personal"), PERSONAL_READS,
                            (PARTITION, *method.personal_inputs), [_entry("personal")], False)
@@ -273,16 +275,22 @@ class Dag:
         steps, its costs, and the partitions' heat-maps."""
         deps, upstream, params, modules = [], [], {}, {_entry("report")}
         for exp in self.experiments:
+            steps = {st.name for st in registry.get(
+                self.presets.load("experiment", exp).method.name).steps}
             for name in self.of_experiment[exp]:
                 s = self.stages[name]
                 if s.kind != "features":
                     upstream.append(name)
-                    deps += s.metrics or [s.out]
+                    # a method step's meta and traffic are read, besides any metrics it wrote
+                    deps += [*s.metrics, s.out] if s.kind in steps else (s.metrics or [s.out])
             for file, keys in self.presets.tracked("experiment", exp, REPORT_READS).items():
                 merged = params.get(file, [])
                 params[file] = None if keys is None or merged is None else \
                     merged + [k for k in keys if k not in merged]
-            modules.add(registry.module_of(self.presets.load("experiment", exp).method.name))
+            method = registry.get(self.presets.load("experiment", exp).method.name)
+            modules.add(registry.module_of(method.name))
+            if method.report_tables:
+                modules.add(method.report_tables.partition(":")[0])
         parts = [s for s in self.stages.values() if s.kind == "partition"]
         deps += [s.out for s in parts]
         upstream += [s.name for s in parts]

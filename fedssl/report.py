@@ -40,17 +40,19 @@ COST_COLUMNS = {"alpha_bits": ("mean_alpha_bits_paper", 1.0),
 
 def experiment_row(name: str, exp, method, step_dirs: list[Path], metrics_file: Path,
                    costs_dir: Path | None) -> dict:
-    """One experiment's row: its probe metrics, rounds, parameters and wall time of its
-    method's steps, the metrics the steps wrote (a ``metrics.json`` in a step's output), the
+    """One experiment's row: its probe metrics, rounds, parameters and final losses of
+    its method's steps, the metrics the steps wrote (a ``metrics.json`` in a step's output), the
     per-client traffic they logged, and its per-client costs."""
     metrics = json.loads(metrics_file.read_text())
     metas = [json.loads((d / "meta.json").read_text()) for d in step_dirs]
     up = down = 0.0
+    per_round: dict[str, float] = {}  # one client's traffic in one round it took part in
     for d in step_dirs:
         if (d / "communication.json").exists():
             per_client = json.loads((d / "communication.json").read_text())["per_client"]
             up += sum(c["bytes_up"] for c in per_client) / len(per_client) / 1e6
             down += sum(c["bytes_down"] for c in per_client) / len(per_client) / 1e6
+            per_round.update(_per_round_traffic(per_client))
     losses = {f"{d.name}_final_loss": _final_loss(m) for d, m in zip(step_dirs, metas)
               if _final_loss(m) is not None}
     steps = {}  # metrics a method's steps report themselves (their metrics.json)
@@ -60,7 +62,7 @@ def experiment_row(name: str, exp, method, step_dirs: list[Path], metrics_file: 
     row = {"experiment": name, "title": exp.title, "partition": exp.partition,
            "method": method.name, "arch": method.arch(exp.method),
            "rounds": sum(m.get("rounds", 0) for m in metas), **steps, **metrics, **losses,
-           "client_MB_up": round(up, 2), "client_MB_down": round(down, 2),
+           "client_MB_up": round(up, 2), "client_MB_down": round(down, 2), **per_round,
            "parameters": next((m["parameters"] for m in metas if "parameters" in m), "")}
     cost_file = costs_dir / "costs.json" if costs_dir else None
     cost = json.loads(cost_file.read_text()) if cost_file and cost_file.exists() else {}
@@ -75,6 +77,25 @@ def _final_loss(meta: dict) -> float | None:
     if isinstance(loss, list):
         loss = loss[-1] if loss else None
     return round(float(loss), 4) if loss is not None else None
+
+
+def _per_round_traffic(per_client: list[dict]) -> dict[str, float]:
+    """MB one client sends / receives in a round it takes part in (the papers' "traffic per
+    transfer"), in total and, when a method exchanges several kinds of tensors, per kind."""
+    rounds = sum(c["rounds"] for c in per_client)
+    if not rounds:
+        return {}
+    out = {}
+    for way in ("up", "down"):
+        kinds: dict[str, int] = {}
+        for c in per_client:
+            for kind, size in c[f"{way}_by_kind"].items():
+                kinds[kind] = kinds.get(kind, 0) + size
+        out[f"round_MB_{way}"] = round(sum(kinds.values()) / rounds / 1e6, 4)
+        if len(kinds) > 1:
+            out.update({f"round_MB_{way}_{k}": round(v / rounds / 1e6, 6)
+                        for k, v in kinds.items()})
+    return out
 
 
 def table_cell(exp, method, partition, dataset_name: str, row: str = "method",

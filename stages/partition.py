@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedssl.data.client_tests import class_group_of_client, matching_test_split
+from fedssl.data.client_tests import (class_group_of_client, matching_test_split,
+                                      proportional_counts)
 from fedssl.data.partition import (class_counts, plot_heatmap, server_seed, split_clients,
                                    stratified_subset)
 from fedssl.data.store import load_split, save_clients
@@ -33,8 +34,12 @@ def run(argv):
     tests = None
     if p.client_tests:
         _, test_labels = load_split(data_dir(p.dataset), "test")
+        wanted, per_client = counts, p.client_tests.per_client
+        if p.client_tests.fraction is not None:  # a share of each client's training size
+            wanted = np.stack([proportional_counts(c, round(p.client_tests.fraction * c.sum()))
+                               for c in counts])
         try:
-            tests = matching_test_split(counts, test_labels, p.client_tests.per_client, p.seed,
+            tests = matching_test_split(wanted, test_labels, per_client, p.seed,
                                         replace_across_clients=not p.client_tests.disjoint)
         except ValueError as e:
             raise StageFailed(f"{ctx.name}: client_tests: {e}") from None

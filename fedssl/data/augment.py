@@ -36,7 +36,8 @@ import torch.nn.functional as F
 
 from fedssl.params import AugmentParams
 
-__all__ = ["BatchAugment", "AugmentDraw", "to_float", "sample_crop_boxes", "blur_kernel_size"]
+__all__ = ["BatchAugment", "AugmentDraw", "to_float", "sample_crop_boxes", "blur_kernel_size",
+           "pad_crop_flip"]
 
 _LUMA = (0.2989, 0.587, 0.114)  # the luma weights torchvision uses (ITU-R 601)
 _CROP_TRIES = 10
@@ -51,6 +52,29 @@ def to_float(images: torch.Tensor) -> torch.Tensor:
     if images.is_floating_point():
         return images.to(torch.float32)
     raise TypeError(f"expected uint8 or floating point images, got {images.dtype}")
+
+
+def pad_crop_flip(images: torch.Tensor, padding: int, generator: torch.Generator | None,
+                  flip: bool = True) -> torch.Tensor:
+    """The supervised CIFAR augmentation (torchvision's ``RandomCrop(size, padding)`` with zero
+    fill, then ``RandomHorizontalFlip``), with its own offsets and flip per sample: float
+    [B, C, H, W] in, same shape out. One gather on the images' device."""
+    b, _, h, w = images.shape
+    device = images.device
+    x = F.pad(images, (padding, padding, padding, padding))
+    span = 2 * padding + 1  # offsets 0 .. 2 * padding
+
+    def offsets() -> torch.Tensor:
+        return (_rand((b,), generator, device) * span).long().clamp_(max=span - 1)
+
+    oy, ox = offsets(), offsets()
+    rows = (oy[:, None] + torch.arange(h, device=device))[:, :, None]   # [B, H, 1]
+    cols = (ox[:, None] + torch.arange(w, device=device))[:, None, :]   # [B, 1, W]
+    if flip:
+        mirrored = _rand((b,), generator, device) < 0.5
+        cols = torch.where(mirrored[:, None, None], cols.flip(-1), cols)
+    batch = torch.arange(b, device=device)[:, None, None]
+    return x.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
 
 
 def blur_kernel_size(size: int) -> int:

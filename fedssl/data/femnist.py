@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fedssl.data.partition import deal
 from fedssl.data.sources import DataNotFound
 
 DEFAULT_ROOT = "data/femnist"
@@ -129,19 +130,6 @@ def _party_sizes(num_parties: int, mean: float, sigma: float, offset: float,
     return rng.lognormal(mean, sigma, size=num_parties) + offset
 
 
-def _take(pool: np.ndarray, cursor: int, n: int, rng: np.random.Generator
-          ) -> tuple[np.ndarray, np.ndarray, int]:
-    """The next ``n`` indices of a class pool; when it runs out, reshuffle it and start over."""
-    picked = []
-    while n:
-        if cursor == pool.size:
-            pool, cursor = rng.permutation(pool), 0
-        step = min(n, pool.size - cursor)
-        picked.append(pool[cursor:cursor + step])
-        cursor, n = cursor + step, n - step
-    return np.concatenate(picked), pool, cursor
-
-
 def femnist_parties(data: dict[str, FemnistSplit], num_parties: int = 150,
                     classes_per_party: int = 3, letters: str = "abcdefghij",
                     lognormal_mean: float = 4.0, lognormal_sigma: float = 1.0,
@@ -172,7 +160,7 @@ def femnist_parties(data: dict[str, FemnistSplit], num_parties: int = 150,
         per_class = max(min_per_class, int(size // classes_per_party))
         rows = []
         for c in mine:
-            taken, pools[c], cursors[c] = _take(pools[c], cursors[c], per_class, rng)
+            taken, pools[c], cursors[c] = deal(pools[c], cursors[c], per_class, rng)
             rows.append(taken)
         rows = rng.permutation(np.concatenate(rows))
         cut = int(np.floor((1 - test_fraction) * rows.size + 1e-9))  # 0.9 * 70 is 63.000...01

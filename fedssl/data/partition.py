@@ -37,6 +37,10 @@ Schemes
     random to receive ``major_count`` samples each, the rest ``minor_count`` each (all of a class
     when it has fewer). Samples are drawn without replacement within a client but independently
     across clients, so **clients may share samples and the union need not cover the data**.
+``cyclic_lognormal`` (FedRep's FEMNIST sampler, MpFedcon (150, 3))
+    Client ``i`` holds the classes ``(i + j) mod K``, ``j < k``, a log-normal number of samples
+    split evenly over them; each class deals its shuffled samples in turn and reshuffles when
+    it runs out, so **clients share samples only once a class is exhausted**.
 """
 from __future__ import annotations
 
@@ -47,8 +51,9 @@ import numpy as np
 
 MAX_REDRAWS = 100  # fresh Dirichlet draws tried before repairing the min-size guard
 
-__all__ = ["split_clients", "iid", "dirichlet", "shards", "class_groups", "class_counts",
-           "stratified_subset", "server_seed", "plot_heatmap", "MAX_REDRAWS"]
+__all__ = ["split_clients", "iid", "dirichlet", "shards", "class_groups", "cyclic_lognormal",
+           "deal", "class_counts", "stratified_subset", "server_seed", "plot_heatmap",
+           "MAX_REDRAWS"]
 
 
 # --------------------------------------------------------------------------- validation
@@ -122,6 +127,10 @@ def split_clients(labels: np.ndarray, num_clients: int, scheme, seed: int,
                                  f"{num_classes}")
         return class_groups(labels, num_clients, scheme.groups, scheme.major_classes,
                             scheme.major_count, scheme.minor_count, rng)
+    if kind == "cyclic_lognormal":
+        return cyclic_lognormal(labels, num_clients, scheme.classes_per_client,
+                                scheme.lognormal_mean, scheme.lognormal_sigma, scheme.size_offset,
+                                rng)
     raise ValueError(f"unknown partition scheme kind: {kind!r}")
 
 
@@ -265,6 +274,52 @@ def shards(labels, num_clients: int, classes_per_client: int,
     for pos, piece in enumerate(shard_list):
         parts[client_of[pos % num_clients]].append(piece)
     return _finish([np.concatenate(p) for p in parts])
+
+
+# --------------------------------------------------------------------------- FedRep's FEMNIST
+def deal(pool: np.ndarray, cursor: int, n: int, rng: np.random.Generator
+         ) -> tuple[np.ndarray, np.ndarray, int]:
+    """The next ``n`` items of a shuffled pool from ``cursor``; when the pool runs out it is
+    reshuffled with the items already dealt in this call moved to its end, so one call repeats
+    an item only when ``n`` exceeds the pool. Returns (items, the pool, the new cursor)."""
+    picked: list[np.ndarray] = []
+    while n:
+        if cursor == pool.size:
+            fresh = rng.permutation(pool)
+            taken = np.isin(fresh, np.concatenate(picked)) if picked else \
+                np.zeros(fresh.size, dtype=bool)
+            pool, cursor = np.concatenate([fresh[~taken], fresh[taken]]), 0
+        step = min(n, pool.size - cursor)
+        picked.append(pool[cursor:cursor + step])
+        cursor, n = cursor + step, n - step
+    return np.concatenate(picked), pool, cursor
+
+
+def cyclic_lognormal(labels, num_clients: int, classes_per_client: int, mean: float,
+                     sigma: float, offset: float, rng: np.random.Generator) -> list[np.ndarray]:
+    """Client ``i`` gets the classes ``(i + j) mod K`` (``j < classes_per_client``, ``K`` classes
+    present, in ascending order) and ``floor(size_i / classes_per_client)`` samples of each
+    (at least 1), ``size_i ~ lognormal(mean, sigma) + offset``; each class deals its samples in a
+    shuffled order (:func:`deal`). NOT disjoint once a class is exhausted."""
+    labels = _as_labels(labels)
+    _check_clients(labels, num_clients)
+    classes = np.unique(labels)
+    if not 1 <= classes_per_client <= len(classes):
+        raise ValueError(f"classes_per_client={classes_per_client} must lie in [1, "
+                         f"{len(classes)}] (the classes present)")
+    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
+    cursors = [0] * len(classes)
+    sizes = rng.lognormal(mean, sigma, size=num_clients) + offset
+    parts = []
+    for client, size in enumerate(sizes):
+        per_class = max(1, int(size // classes_per_client))
+        mine = []
+        for j in range(classes_per_client):
+            c = (client + j) % len(classes)
+            taken, pools[c], cursors[c] = deal(pools[c], cursors[c], per_class, rng)
+            mine.append(taken)
+        parts.append(np.concatenate(mine))
+    return _finish(parts)
 
 
 # --------------------------------------------------------------------------- CP-CFL groups

@@ -1,7 +1,8 @@
 """Read image data sets from their usual on-disk layouts into uint8 NCHW numpy arrays.
 
 Supported: Fashion-MNIST (idx files), CIFAR-10/100 and STL-10 (torchvision layouts),
-Tiny-ImageNet (the official ``tiny-imagenet-200`` folder tree).  Everything is loaded
+Tiny-ImageNet (the official ``tiny-imagenet-200`` folder tree), FEMNIST's letters a-j (LEAF's
+json files).  Everything is loaded
 into memory at once; callers cache or partition the arrays themselves.
 """
 
@@ -224,12 +225,30 @@ def _load_tiny_imagenet(root: str, download: bool) -> dict[str, Split]:
     }
 
 
+# --------------------------------------------------------------------------- FEMNIST
+
+
+def _load_femnist(root: str, download: bool) -> dict[str, Split]:
+    """LEAF's FEMNIST reduced to the lower-case letters a-j (MpFedcon / FedRep), labels 0-9,
+    LEAF's own train / test splits; the writers are dropped (a partition deals the images)."""
+    from fedssl.data.femnist import LOWERCASE_OFFSET, load_femnist
+    if download:
+        raise DataNotFound("femnist cannot be downloaded by the pipeline: build LEAF's json "
+                           "files (see fedssl/data/femnist.py) and set download: false")
+    out = {}
+    for split, data in load_femnist(root).items():
+        keep = (data.labels >= LOWERCASE_OFFSET) & (data.labels < LOWERCASE_OFFSET + 10)
+        out[split] = Split(data.images[keep], data.labels[keep] - LOWERCASE_OFFSET)
+    return out
+
+
 _LOADERS = {
     "fashion_mnist": _load_fashion_mnist,
     "cifar10": _load_cifar10,
     "cifar100": _load_cifar100,
     "stl10": _load_stl10,
     "tiny_imagenet": _load_tiny_imagenet,
+    "femnist": _load_femnist,
 }
 
 

@@ -36,9 +36,10 @@ class PersonalLog:
 
     def save(self, path: Path, labels: list[np.ndarray], probs: list[np.ndarray]) -> None:
         """Write the record with the final models' outputs (one array per client)."""
+        choice = np.asarray(self.memo["choice"], dtype=np.int64)
         np.savez(path, accuracy=np.asarray(self.memo["accuracy"], dtype=np.float64),
-                 choice=np.asarray(self.memo["choice"], dtype=np.int64).reshape(
-                     len(self.memo["choice"]), -1),
+                 choice=choice.reshape(len(self.memo["choice"]), -1) if choice.size
+                 else np.zeros((0, 0), dtype=np.int64),  # no model choices recorded
                  labels=np.concatenate(labels), probs=np.concatenate(probs),
                  client=np.concatenate([np.full(len(y), i) for i, y in enumerate(labels)]))
 
@@ -76,6 +77,9 @@ def summarize(npz_path: Path, p, true_groups: list[int] | None = None) -> dict:
     for f in p.checkpoints:
         r = max(1, round(f * rounds))
         out[f"personal_at_{r}"] = round(float(mean[r - 1]), 2)
+        # as if the run had stopped at round r (a paper's column of a shorter run)
+        out[f"personal_last{p.last_rounds}_at_{r}"] = round(
+            float(mean[max(0, r - p.last_rounds):r].mean()), 2)
     if p.target is not None:
         hit = np.flatnonzero(mean >= p.target)
         out["rounds_to_target"] = int(hit[0]) + 1 if hit.size else None

@@ -11,11 +11,14 @@ trainer run the round, then asks the strategy to aggregate and to take a server 
 * ``trainable``     which parameters train this round (layer-wise training, frozen encoders);
 * ``upload``        what a client sends back (a subset, plus extras such as class centres);
 * ``keep``          what a client keeps for later rounds (``FedState.clients``);
+* ``traffic_kind``  how the ledger files each exchanged tensor (model, class centres, ...);
 * ``aggregate``     the server's new state from the uploads, grouped by cluster;
 * ``server_step``   work with server-side data after aggregation (calibration, pretraining).
 
 The defaults are FedAvg of the whole model, weighted by client data size. The trainer is
-:class:`LocalTraining` (clients train locally, then upload) or any object with the same
+:class:`LocalTraining` (clients train locally, then upload; optionally in :class:`Phase` s, e.g.
+FedRep's head epochs, then body epochs, each with its own loss and trainable subset) or any
+object with the same
 ``train_round`` method, e.g. a split-learning trainer where clients and the server step together
 on every batch. :class:`FedState` holds everything that persists (server tensors, per-client
 state, the byte ledger, the log); the checkpoint is that state, saved after every round as plain
@@ -27,6 +30,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -187,6 +191,10 @@ class Strategy:
     def keep(self, state: FedState, client: int, trained: Tensors) -> Tensors | None:
         return None  # nothing persists on the client
 
+    def traffic_kind(self, key: str) -> str:
+        """The ledger's kind for an exchanged tensor (its bytes are counted per kind)."""
+        return "model"
+
     def aggregate(self, state: FedState, updates: RoundUpdates) -> None:
         state.server["global"] = fedavg(stacked(updates.uploads), updates.weights)
 
@@ -203,16 +211,30 @@ class Strategy:
         return state.server["global"]
 
 
+@dataclass
+class Phase:
+    """One stage of a client's local schedule: a cohort trainer (its loss, epochs, optimizer)
+    and which parameters it trains, ``trainable(state)`` (None: the strategy's ``trainable``).
+    A phase of 0 epochs is skipped."""
+    cohort: CohortTrainer
+    trainable: Callable[[FedState], set[str] | None] | None = None
+
+
 class LocalTraining:
     """The usual round: each sampled client downloads, trains locally (a cohort, vectorised
-    where the model allows), and uploads what the strategy says."""
+    where the model allows), and uploads what the strategy says. With ``phases`` the local
+    schedule is several passes, each from where the previous one ended (FedRep, MpFedcon: the
+    personal head first, then the shared body); the round's loss is the last phase's."""
 
-    def __init__(self, cohort: CohortTrainer):
-        self.cohort = cohort
+    def __init__(self, cohort: CohortTrainer | None = None, phases: list[Phase] | None = None):
+        if (cohort is None) == (phases is None):
+            raise ValueError("give either one cohort or a list of phases")
+        self.phases = phases if phases is not None else [Phase(cohort)]
+        self.cohort = self.phases[0].cohort
 
     @property
     def local_epochs(self) -> int:
-        return self.cohort.local_epochs
+        return sum(ph.cohort.local_epochs for ph in self.phases)
 
     def train_round(self, fed: "Federation", state: FedState, chosen: list[int],
                     round_: int, lr: float) -> RoundUpdates:
@@ -220,24 +242,43 @@ class LocalTraining:
         starts, groups = [], []
         for c in chosen:
             received = s.download(state, c)
-            ledger.received(c, received)
+            record(ledger.received, c, received, s.traffic_kind)
             starts.append(s.local_start(state, c, received))
             groups.append(s.group(state, c))
         gen = torch_generator(fed.data.device, fed.cfg.seed, "augment", round_)
-        trained, losses = self.cohort.train(starts, fed.data, chosen, lr,
-                                            (fed.cfg.seed, "local", round_), gen,
-                                            s.trainable(state))
+        trained, losses = None, torch.zeros(len(chosen), device=fed.data.device)
+        for i, phase in enumerate(p for p in self.phases if p.cohort.local_epochs > 0):
+            if trained is not None:
+                starts = [{k: v[j] for k, v in trained.items()} for j in range(len(chosen))]
+            # phase 0 keeps the single-cohort seeds, later phases draw their own batches
+            seed_parts = (fed.cfg.seed, "local", round_) + ((i,) if i else ())
+            names = phase.trainable(state) if phase.trainable else s.trainable(state)
+            trained, losses = phase.cohort.train(starts, fed.data, chosen, lr, seed_parts, gen,
+                                                 names)
+        if trained is None:  # no phase trains: the clients send back what they started from
+            trained = {k: torch.stack([st[k] for st in starts]) for k in starts[0]}
         uploads = []
         for i, c in enumerate(chosen):
             row = {k: v[i] for k, v in trained.items()}
             uploads.append(s.upload(state, c, row))
-            ledger.sent(c, uploads[-1])
+            record(ledger.sent, c, uploads[-1], s.traffic_kind)
             kept = s.keep(state, c, row)
             if kept is not None:
                 state.clients[c] = {k: v.clone() for k, v in kept.items()}
         sizes = torch.tensor([len(fed.data.clients[c]) for c in chosen], dtype=torch.float64)
         return RoundUpdates(chosen, uploads, sizes.to(fed.data.device), groups, losses,
                             self.local_epochs * int(sizes.sum()))
+
+
+def record(count, client: int, tensors: Tensors, kind_of) -> None:
+    """Count ``tensors`` on the ledger (``count`` = its ``sent`` or ``received``), per kind."""
+    kinds: dict[str, Tensors] = {}
+    for k, v in tensors.items():
+        kinds.setdefault(kind_of(k), {})[k] = v
+    for kind, part in kinds.items():
+        count(client, part, kind)
+    if not tensors:
+        count(client, {}, "model")
 
 
 class Federation:

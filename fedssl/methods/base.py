@@ -37,12 +37,15 @@ class Step:
     ``reads``: the experiment params it reads, as dotted keys (``method.phase1``, ``partition``);
     both front ends rerun it when one of them changes, and only then. ``inputs``: ``data``,
     ``partition`` and/or earlier steps of the same method whose outputs it reads. ``plots``:
-    per-round or per-epoch logs it writes (TSV, committed under ``results/``)."""
+    per-round or per-epoch logs it writes (TSV, committed under ``results/``). ``metrics``:
+    metric files it writes there (JSON, DVC metrics; the report reads the first one), for a
+    method that evaluates itself (``evaluation_sections = ()``, e.g. an attack study)."""
     name: str
     reads: tuple[str, ...]
     inputs: tuple[str, ...] = (DATA, PARTITION)
     gpu: bool = True
     plots: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ()
 
 
 class Method:
@@ -62,6 +65,10 @@ class Method:
     # Client costs (a `costs` stage) when set: the steps whose outputs the costs read.
     costs_inputs: ClassVar[tuple[str, ...] | None] = None
     costs_reads: ClassVar[tuple[str, ...]] = ("method", "partition")
+    # Report tables in the paper's layout: "module:function" taking the report rows. Named by a
+    # string so that the layout code is a dependency of the report only, not of the training
+    # stages (whose code is everything the method's module imports).
+    report_tables: ClassVar[str | None] = None
 
     # ------------------------------------------------------------------ report
     def row_label(self, params: MethodParams) -> str:
@@ -73,8 +80,13 @@ class Method:
 
     def tables(self, rows: list[dict]) -> dict[str, str]:
         """Extra report tables in the layout of the method's paper (name -> Markdown), from
-        the report rows of this method's experiments (every metric of their metrics.json)."""
-        return {}
+        the report rows of this method's experiments (every metric of their metrics.json).
+        By default the function ``report_tables`` names, if any."""
+        if self.report_tables is None:
+            return {}
+        import importlib
+        module, _, function = self.report_tables.partition(":")
+        return getattr(importlib.import_module(module), function)(rows)
 
     def figures(self, rows: list[dict], out_dir) -> dict[str, str]:
         """Extra report figures drawn from the same rows into ``out_dir`` (the pipeline's

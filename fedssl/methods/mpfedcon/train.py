@@ -1,0 +1,329 @@
+"""MpFedcon and its baselines on the engine's hooks (imported when the ``train`` step runs).
+
+:class:`SplitStrategy` is the layered network's protocol: the server holds the shared layers
+(and, for MpFedcon, the global class centres); a sampled party downloads them, starts from them
+and the layers it kept (its personal head), trains in one or two phases (head first, then body:
+:class:`~fedssl.fl.engine.Phase`), uploads its shared layers (and its class centres with their
+counts) and keeps the rest. Every round the strategy's ``evaluate`` hook scores every party's
+own model on its own test split (:mod:`fedssl.eval.personal`). Per-party state lives in
+``FedState.clients``, so the engine's checkpoint resumes a run exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from fedssl.attacks.leakage import add_gradient_noise
+from fedssl.data.augment import pad_crop_flip, to_float
+from fedssl.data.store import to_device
+from fedssl.eval.personal import PersonalLog, client_outputs
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
+from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, Phase,
+                              RoundUpdates, Strategy, fedavg, nbytes, stacked)
+from fedssl.fl.runner import run_federation, train_data
+from fedssl.losses import model_contrastive_loss
+from fedssl.methods.mpfedcon import HEAD_FIRST
+from fedssl.methods.mpfedcon.nets import Anchored, build_net, layer_of, net_keys
+from fedssl.runtime import derive_seed, torch_generator, torch_save
+
+CENTRE_KEYS = ("centres", "has_centre")  # what the server sends: the bank and which rows hold
+
+
+# ------------------------------------------------------------------ losses
+def _masked_ce(logits: torch.Tensor, batch) -> torch.Tensor:
+    per = F.cross_entropy(logits.float(), batch.labels.clamp(min=0), reduction="none")
+    return torch.where(batch.valid, per, 0.0).sum() / batch.valid.sum().clamp(min=1)
+
+
+def ce_loss():
+    """Cross-entropy of the party's network (the head phase, and most baselines)."""
+    def loss(model, params, buffers, batch):
+        logits, _, _ = functional_call(model, (params, buffers), (batch.views[0],))
+        return _masked_ce(logits, batch)
+    return loss
+
+
+def prox_loss(model: Anchored, mu: float):
+    """FedProx: CE + (mu / 2) ||w - w_g||^2, w_g = the round-start model (the anchor)."""
+    pairs = [(k, "anchor." + k[len("net."):]) for k, _ in model.named_parameters()
+             if k.startswith("net.")]
+
+    def loss(model, params, buffers, batch):
+        logits, _, _ = functional_call(model, (params, buffers), (batch.views[0],))
+        prox = sum(((params[k] - params[a].detach()) ** 2).sum() for k, a in pairs)
+        return _masked_ce(logits, batch) + 0.5 * mu * prox
+    return loss
+
+
+def contrast_loss(mu: float, temperature: float):
+    """MpFedcon's body phase (Eq. 6): CE + mu * l_con(z, c[y], z_con) (Eq. 5), where z = P(D(x))
+    of the party's live network, c[y] the global centre of the sample's class and z_con the
+    anchor's projection. Rows whose class has no centre yet are left out of l_con (A4)."""
+    def loss(model, params, buffers, batch):
+        logits, z, z_con = functional_call(model, (params, buffers), (batch.views[0], True))
+        y = batch.labels.clamp(min=0)
+        has = buffers["has_centre"][y] > 0
+        l_con = model_contrastive_loss(z, buffers["centres"][y], z_con, temperature,
+                                       batch.valid & has)
+        return _masked_ce(logits, batch) + mu * l_con
+    return loss
+
+
+def views_of(p):
+    """The training view of a batch: the image, or its padded random crop + flip."""
+    if p.augment == "crop_flip":
+        return lambda batch, gen: (pad_crop_flip(to_float(batch), p.crop_padding, gen),)
+    return lambda batch, gen: (to_float(batch),)
+
+
+# ------------------------------------------------------------------ evaluation data
+@dataclass
+class TestData:
+    """The test split on the device and each party's test indices into it."""
+    images: torch.Tensor
+    labels: torch.Tensor
+    clients: list[np.ndarray]
+
+
+def test_data(ctx) -> TestData:
+    images, labels = ctx.split("test")
+    return TestData(to_device(images, ctx.device),
+                    torch.as_tensor(np.asarray(labels), dtype=torch.int64).to(ctx.device),
+                    ctx.client_tests())
+
+
+# ------------------------------------------------------------------ the protocol
+class SplitStrategy(Strategy):
+    """Shared layers averaged, personal layers kept; optional class centres (MpFedcon)."""
+
+    def __init__(self, cfg: FederationConfig, p, model: Anchored, tests: TestData):
+        super().__init__(cfg)
+        self.p, self.model, self.tests = p, model, tests
+        self.keys = net_keys(model)
+        self.shared = [k for k in self.keys if layer_of(k) in p.shared_layers]
+        self.personal = [k for k in self.keys if k not in self.shared]
+        names = {k for k, _ in model.named_parameters()}
+        self.shared_params = {k for k in self.shared if k in names}
+        self.personal_params = {k for k in self.personal if k in names}
+        self.net_params = self.shared_params | self.personal_params
+        self.centres = p.variant == "mpfedcon"
+        self.prev = self.centres and p.neg_source == "prev_local"
+
+    # -------------------------------------------------------------- server side
+    def init_server(self, model: Anchored) -> dict:
+        state = model.state_dict()
+        return {"global": {k: state[k].detach().clone() for k in self.keys},
+                "centres": {k: state[k].detach().clone() for k in CENTRE_KEYS}}
+
+    def download(self, state: FedState, client: int) -> dict:
+        sent = {k: state.server["global"][k] for k in self.shared}
+        if self.centres:
+            sent.update(state.server["centres"])
+        return sent
+
+    def traffic_kind(self, key: str) -> str:
+        return "centres" if key.startswith("centre") or key == "has_centre" else "model"
+
+    def local_start(self, state: FedState, client: int, received: dict) -> dict:
+        kept, glob = state.clients.get(client, {}), state.server["global"]
+        net = {k: received[k] if k in self.shared else kept.get(k, glob[k]) for k in self.keys}
+        # the anchor: the model this round starts from (A2), or the party's previous model
+        anchor = {k: kept.get("prev." + k, v) if self.prev else v for k, v in net.items()}
+        bank = received if self.centres else state.server["centres"]
+        return {**net, **{"anchor." + k[len("net."):]: v for k, v in anchor.items()},
+                **{k: bank[k] for k in CENTRE_KEYS}}
+
+    def upload(self, state: FedState, client: int, trained: dict) -> dict:
+        out = {k: trained[k] for k in self.shared}
+        noise = self.p.upload_noise
+        if noise is not None and out:
+            out = add_gradient_noise(out, noise.kind, noise.variance,
+                                     derive_seed(self.p.seed, "upload-noise", state.round, client))
+        if self.centres:
+            out.update(self.local_centres(client, trained))
+        return out
+
+    def keep(self, state: FedState, client: int, trained: dict) -> dict | None:
+        kept = {k: trained[k] for k in self.personal}
+        if self.prev:
+            kept.update({"prev." + k: trained[k] for k in self.shared})
+        return kept or None
+
+    def aggregate(self, state: FedState, updates: RoundUpdates) -> None:
+        if self.shared:
+            avg = fedavg(stacked(updates.uploads, self.shared), updates.weights)
+            state.server["global"] = {**state.server["global"], **avg}
+        if self.centres:
+            self.aggregate_centres(state, updates.uploads)
+
+    # -------------------------------------------------------------- class centres
+    @torch.no_grad()
+    def local_centres(self, client: int, trained: dict) -> dict:
+        """Eq. 3 after local training: the mean projection P(D(x)) of each class the party
+        holds (no augmentation), with the class ids and sample counts m_k (SUG, for A5)."""
+        data = self.fed.data
+        idx = torch.as_tensor(data.clients[client], device=data.device)
+        _, z, _ = functional_call(self.model, trained, (to_float(data.images[idx]),))
+        y = data.labels[idx]
+        classes, counts = torch.unique(y, return_counts=True)
+        sums = torch.zeros(len(classes), z.shape[1], device=z.device).index_add_(
+            0, torch.searchsorted(classes, y), z.float())
+        return {"centres": sums / counts[:, None], "centre_classes": classes,
+                "centre_counts": counts}
+
+    def aggregate_centres(self, state: FedState, uploads: list[dict]) -> None:
+        """Eq. 4 per class over the parties of the round that hold it, weighted by their m_k
+        (A5); classes no party of the round holds keep their last centre (A4)."""
+        bank = state.server["centres"]
+        sums = torch.zeros_like(bank["centres"], dtype=torch.float64)
+        mass = torch.zeros(len(sums), dtype=torch.float64, device=sums.device)
+        for u in uploads:
+            m = u["centre_counts"].double()
+            sums.index_add_(0, u["centre_classes"], u["centres"].double() * m[:, None])
+            mass.index_add_(0, u["centre_classes"], m)
+        held = mass > 0
+        centres = bank["centres"].clone()
+        centres[held] = (sums[held] / mass[held, None]).to(centres.dtype)
+        state.server["centres"] = {"centres": centres,
+                                   "has_centre": torch.maximum(bank["has_centre"],
+                                                               held.to(centres.dtype))}
+
+    # -------------------------------------------------------------- personalised evaluation
+    def party_state(self, state: FedState, client: int) -> dict:
+        """A party's network now: the server's shared layers, its own (or the initial) rest."""
+        kept, glob = state.clients.get(client, {}), state.server["global"]
+        return {k[len("net."):]: kept.get(k, glob[k]) if k in self.personal else glob[k]
+                for k in self.keys}
+
+    def outputs(self, state: FedState, round_: int):
+        """Every party's accuracy (%), labels and softmax outputs on its own test split."""
+        t = self.tests
+        if self.p.variant == "fedavg_ft":
+            heads, features = self.finetuned_heads(state, round_)
+            return client_outputs(lambda c, x: functional_call(
+                heads.model, {k: v[c] for k, v in heads.states.items()}, (features(x),)),
+                t.images, t.labels, t.clients)
+        parties = [self.party_state(state, c) for c in range(len(t.clients))]
+        net = self.model.net
+        return client_outputs(lambda c, x: functional_call(net, parties[c], (x,)),
+                              t.images, t.labels, t.clients)
+
+    def final_model(self, state: FedState) -> dict:
+        """A complete state of the wrapper: the global network (anchor = it, the centres)."""
+        glob = state.server["global"]
+        return {**glob, **{"anchor." + k[len("net."):]: v for k, v in glob.items()},
+                **state.server["centres"]}
+
+    def evaluate(self, state: FedState, round_: int) -> dict:
+        accs, _, _ = self.outputs(state, round_)
+        return PersonalLog(state.memo).record(accs)
+
+    def finetuned_heads(self, state: FedState, round_: int):
+        """FedAvg+FT: every party fine-tunes the global model's head (P+O, or O) on its own
+        training data (no augmentation) for ``finetune_epochs``, from the same start; the layers
+        below stay frozen, so their features are computed once."""
+        p, glob, net = self.p, state.server["global"], self.model.net
+        top = ["projector", "output"] if p.finetune_layers == "head" else ["output"]
+        head = nn.Sequential(*[getattr(net, name) for name in top])
+        below = [name for name in ("base", "projector", "output") if name not in top]
+        params = {k[len("net."):]: v for k, v in glob.items()}
+
+        @torch.no_grad()
+        def features(x: torch.Tensor) -> torch.Tensor:
+            for name in below:
+                module = getattr(net, name)
+                x = functional_call(module, {k[len(name) + 1:]: v for k, v in params.items()
+                                             if k.startswith(name + ".")}, (x,))
+            return x
+
+        data = self.fed.data
+        sizes = [len(c) for c in data.clients]
+        order = torch.as_tensor(np.concatenate(data.clients), device=data.device)
+        feats = torch.cat([features(to_float(data.images[order[s:s + 1024]]))
+                           for s in range(0, len(order), 1024)])
+        bounds = np.cumsum([0, *sizes])
+        local = LocalData(feats, data.labels[order],
+                          [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])])
+        start = {f"{i}.{k[len(name) + 1:]}": v for i, name in enumerate(top)
+                 for k, v in params.items() if k.startswith(name + ".")}
+        trainer = CohortTrainer(head, lambda b, g: (b,), _head_ce, OptimizerConfig(
+            "sgd", p.weight_decay, p.momentum), p.batch_size, p.finetune_epochs, parallel=True)
+        n = len(sizes)
+        trained, _ = trainer.train([start] * n, local, list(range(n)), p.lr,
+                                   (p.seed, "finetune", round_),
+                                   torch_generator(data.device, p.seed, "finetune", round_))
+        return _Heads(head, trained), features
+
+
+@dataclass
+class _Heads:
+    model: nn.Module
+    states: dict
+
+
+def _head_ce(model, params, buffers, batch):
+    return _masked_ce(functional_call(model, (params, buffers), (batch.views[0],)), batch)
+
+
+# ------------------------------------------------------------------ wiring
+def seeded_model(p, image_shape, num_classes: int, device) -> Anchored:
+    torch.manual_seed(derive_seed(p.seed, "init", "mpfedcon-net"))
+    return Anchored(build_net(p, image_shape, num_classes), num_classes).to(device)
+
+
+def make_federation(p, model: Anchored, data: LocalData, tests: TestData, ckpt,
+                    fingerprint: str) -> Federation:
+    """The variant's strategy and local schedule: head epochs (CE) then body epochs (CE, or
+    CE + mu l_con for MpFedcon), or the whole network together (CE, or FedProx's objective)."""
+    cfg = FederationConfig(rounds=p.rounds, client_fraction=p.client_fraction, lr=p.lr,
+                           seed=p.seed)
+    strategy = SplitStrategy(cfg, p, model, tests)
+    opt = OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum)
+    parallel = vectorise_clients(p.parallel_clients, data.device)
+
+    def cohort(loss, epochs: int) -> CohortTrainer:
+        return CohortTrainer(model, views_of(p), loss, opt, p.batch_size, epochs, parallel)
+
+    if p.variant in HEAD_FIRST:
+        body = contrast_loss(p.mu, p.temperature) if p.variant == "mpfedcon" else ce_loss()
+        phases = [Phase(cohort(ce_loss(), p.head_epochs), lambda s: strategy.personal_params),
+                  Phase(cohort(body, p.body_epochs), lambda s: strategy.shared_params)]
+    else:
+        loss = prox_loss(model, p.prox_mu) if p.variant == "fedprox" else ce_loss()
+        phases = [Phase(cohort(loss, p.body_epochs), lambda s: strategy.net_params)]
+    return Federation(strategy, LocalTraining(phases=phases), data, cfg, ckpt, fingerprint)
+
+
+def num_classes_of(ctx) -> int:
+    _, train_labels = ctx.split("train")
+    _, test_labels = ctx.split("test")
+    return int(max(train_labels.max(), test_labels.max())) + 1
+
+
+def train(ctx) -> None:
+    """The ``train`` step: run the federation (resumable), then save every party's final
+    model and the personalised-evaluation record (``personal.npz``)."""
+    p = ctx.exp.method
+    classes = num_classes_of(ctx)
+    model = seeded_model(p, ctx.image_shape, classes, ctx.device)
+    tests = test_data(ctx)
+    fed = make_federation(p, model, train_data(ctx), tests, ctx.resume_path, ctx.fingerprint)
+    state = run_federation(ctx, fed, model)
+    strategy: SplitStrategy = fed.strategy
+    accs, labels, probs = strategy.outputs(state, state.round - 1)
+    PersonalLog(state.memo).save(ctx.out / "personal.npz", labels, probs)
+    torch_save({"global": state.server["global"], "centres": state.server["centres"],
+                "clients": state.clients, "final_accuracy": accs}, ctx.out / "models.pt")
+    glob = state.server["global"]
+    ctx.info.update(
+        variant=p.variant, shared_layers=list(p.shared_layers), classes=classes,
+        parameters=sum(v.numel() for v in glob.values()),
+        shared_parameters=sum(glob[k].numel() for k in strategy.shared),
+        personal_parameters=sum(glob[k].numel() for k in strategy.personal),
+        shared_bytes=nbytes({k: glob[k] for k in strategy.shared}),
+        centre_bank_bytes=nbytes(state.server["centres"]) if strategy.centres else 0)
