@@ -10,6 +10,7 @@ trainer run the round, then asks the strategy to aggregate and to take a server 
                     across rounds (a personal head); may choose a model of a pool (``group``);
 * ``trainable``     which parameters train this round (layer-wise training, frozen encoders);
 * ``upload``        what a client sends back (a subset, plus extras such as class centres);
+* ``traffic``       what kind each sent tensor is, for the ledger (encoder blocks, heads, ...);
 * ``keep``          what a client keeps for later rounds (``FedState.clients``);
 * ``aggregate``     the server's new state from the uploads, grouped by cluster;
 * ``server_step``   work with server-side data after aggregation (calibration, pretraining).
@@ -184,6 +185,11 @@ class Strategy:
     def upload(self, state: FedState, client: int, trained: Tensors) -> Tensors:
         return trained
 
+    def traffic(self, tensors: Tensors) -> dict[str, Tensors]:
+        """What a download or upload holds, by kind: the ledger counts each kind apart (e.g.
+        encoder blocks and heads). Default: one kind, ``model``."""
+        return {"model": tensors}
+
     def keep(self, state: FedState, client: int, trained: Tensors) -> Tensors | None:
         return None  # nothing persists on the client
 
@@ -220,7 +226,8 @@ class LocalTraining:
         starts, groups = [], []
         for c in chosen:
             received = s.download(state, c)
-            ledger.received(c, received)
+            for kind, part in s.traffic(received).items():
+                ledger.received(c, part, kind)
             starts.append(s.local_start(state, c, received))
             groups.append(s.group(state, c))
         gen = torch_generator(fed.data.device, fed.cfg.seed, "augment", round_)
@@ -231,7 +238,8 @@ class LocalTraining:
         for i, c in enumerate(chosen):
             row = {k: v[i] for k, v in trained.items()}
             uploads.append(s.upload(state, c, row))
-            ledger.sent(c, uploads[-1])
+            for kind, part in s.traffic(uploads[-1]).items():
+                ledger.sent(c, part, kind)
             kept = s.keep(state, c, row)
             if kept is not None:
                 state.clients[c] = {k: v.clone() for k, v in kept.items()}
