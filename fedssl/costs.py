@@ -132,6 +132,27 @@ def conv_feature_map_numels(module: nn.Module, example: Tensor,
     return sizes
 
 
+def _register_cpu_attention_flops() -> None:
+    """FlopCounterMode knows the CUDA attention kernels but not the CPU one that
+    ``scaled_dot_product_attention`` dispatches to on the CPU, whose two matmuls it would
+    silently skip: give it (and its backward) the formulas of the CUDA flash kernel."""
+    from torch.utils import flop_counter as fc
+    aten = torch.ops.aten
+    forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if forward is not None and forward not in fc.flop_registry:
+        @fc.register_flop_formula(forward)
+        def _forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+            return fc.sdpa_flop_count(query, key, value)
+    if backward is not None and backward not in fc.flop_registry:
+        @fc.register_flop_formula(backward)
+        def _backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+            return fc.sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+_register_cpu_attention_flops()
+
+
 def _default_loss(output, _inputs) -> Tensor:
     out = output if isinstance(output, Tensor) else output[0]
     return out.float().mean()
@@ -427,8 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fedssl.costs", description=main.__doc__)
     ap.add_argument("experiments", nargs="+", help="params/experiments/<name>.yaml presets")
     names = ap.parse_args(argv).experiments
-    print("| experiment | α bits (Eqs. 4-5) | MB sent | β FLOPs | γ Eq. 6 MB | step peak MB |")
-    print("|---|---|---|---|---|---|")
+    print("| experiment | α bits (Eqs. 4-5) | MB sent | β FLOPs | γ Eq. 6 MB | step peak MB "
+          "| other (method's own) |")
+    print("|---|---|---|---|---|---|---|")
     from fedssl.methods import registry
     from fedssl.presets import Presets
     presets = Presets()
@@ -441,10 +463,19 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)
             return 2
         c = registry.get(exp.method.name).projected_costs(exp, part, dataset)
-        print(f"| {name} | {table_format(c['mean_alpha_bits_paper'])} "
-              f"| {c['mean_bytes_actual'] / 1e6:.4g} | {table_format(c['mean_beta_flops'])} "
-              f"| {c['mean_gamma_eq6_bytes'] / 1e6:.3g} "
-              f"| {c['mean_peak_step_bytes'] / 1e6:.3g} |", flush=True)
+
+        def cell(key, fmt):
+            return fmt(c[key]) if key in c else ""
+        shown = {"mean_alpha_bits_paper", "mean_bytes_actual", "mean_beta_flops",
+                 "mean_gamma_eq6_bytes", "mean_peak_step_bytes"}
+        other = ", ".join(f"{k.removeprefix('mean_')}={v:.4g}" for k, v in c.items()
+                          if k not in shown)
+        print(f"| {name} | {cell('mean_alpha_bits_paper', table_format)} "
+              f"| {cell('mean_bytes_actual', lambda v: f'{v / 1e6:.4g}')} "
+              f"| {cell('mean_beta_flops', table_format)} "
+              f"| {cell('mean_gamma_eq6_bytes', lambda v: f'{v / 1e6:.3g}')} "
+              f"| {cell('mean_peak_step_bytes', lambda v: f'{v / 1e6:.3g}')} | {other} |",
+              flush=True)
     return 0
 
 
