@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Sequence
 
@@ -129,6 +130,27 @@ def conv_feature_map_numels(module: nn.Module, example: Tensor,
         for h in handles:
             h.remove()
     return sizes
+
+
+def _register_cpu_attention_flops() -> None:
+    """FlopCounterMode knows the CUDA attention kernels but not the CPU one that
+    ``scaled_dot_product_attention`` dispatches to on the CPU, whose two matmuls it would
+    silently skip: give it (and its backward) the formulas of the CUDA flash kernel."""
+    from torch.utils import flop_counter as fc
+    aten = torch.ops.aten
+    forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if forward is not None and forward not in fc.flop_registry:
+        @fc.register_flop_formula(forward)
+        def _forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+            return fc.sdpa_flop_count(query, key, value)
+    if backward is not None and backward not in fc.flop_registry:
+        @fc.register_flop_formula(backward)
+        def _backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+            return fc.sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+_register_cpu_attention_flops()
 
 
 def _default_loss(output, _inputs) -> Tensor:
@@ -278,13 +300,14 @@ def e2e_client_costs(model: nn.Module, probe: Sequence[Tensor], loss_fn, batch_p
     return rows
 
 
-def summarize_client_costs(rows: list[dict]) -> dict:
-    """Mean over clients of every per-client number (the report's cost columns); a method
-    leaves out what does not apply to it (e.g. Eq. 6, which is MFCL's memory formula)."""
+def summarize_client_costs(rows: list[dict], extra: tuple[str, ...] = ()) -> dict:
+    """Mean over clients of every per-client number of the report's cost columns (those of
+    Tab. 3 the rows have) and of the ``extra`` keys a method adds (``Method.cost_columns``)."""
     keys = ["alpha_bits_paper", "bytes_actual", "beta_flops", "gamma_eq6_bytes",
             "peak_step_bytes"]
+    keys = [k for k in keys if all(k in r for r in rows)] + [k for k in extra if k not in keys]
     return {f"mean_{k}": sum(r[k] for r in rows) / len(rows) for k in keys
-            if rows and all(k in r for r in rows)}
+            if rows}
 
 
 # ------------------------------------------------------------------ inputs of the recipes
@@ -318,14 +341,117 @@ def average_client_samples(part, dataset: str) -> int:
     return min(part.subset or TRAIN_SIZES[dataset], TRAIN_SIZES[dataset]) // part.num_clients
 
 
+# ------------------------------------------------------------------ LW-FedSSL (App. A, §5.2)
+# The paper's cost conventions for layer-wise, progressive and end-to-end training of a ViT with
+# MoCo v3 heads (spec methods/lw-fedssl.md §5):
+# * FLOPs: the forward pass of ONE sample counted as fvcore does (a multiply-add is one "FLOP";
+#   LayerNorm 5 per element; GELU, softmax, BatchNorm and additions not counted); trained parts
+#   count 3x (backward = 2x forward), frozen ones 1x. Per round: the online branch (F, H, P) with
+#   twice more for its trained part, the momentum branch (F_k, H_k), and the received global
+#   encoder F where the alignment term needs it; one view per branch; summed over the rounds.
+# * Communication: the encoder's tensors (patch embedding + blocks) down and up, fp32 (the
+#   paper's "MB" are MiB); heads (and the final LayerNorm sent with them) excluded.
+@dataclass(frozen=True)
+class VitCostParts:
+    """Per-sample forward counts (fvcore convention) and parameter counts of the parts of a
+    ViT with MoCo v3 heads."""
+    embed: int          # patch projection
+    block: int          # one Transformer block
+    norm: int           # the final LayerNorm
+    projector: int      # H
+    predictor: int      # P
+    embed_params: int
+    block_params: int
+
+    def encoder(self, blocks: int) -> int:
+        return self.embed + blocks * self.block + self.norm
+
+
+def vit_cost_parts(image_size: int = 32, patch_size: int = 4, in_channels: int = 3,
+                   width: int = 192, mlp_hidden: int = 768, cls_token: bool = False,
+                   head_hidden: int = 4096, head_out: int = 256) -> VitCostParts:
+    """ViT parts counted the way fvcore counts one sample: Linear in·out per token, the two
+    attention matmuls T²·width each, LayerNorm 5·numel, the patch conv patches·C·p²·width."""
+    patches = (image_size // patch_size) ** 2
+    tokens = patches + int(cls_token)
+    block = (tokens * width * 3 * width + 2 * tokens * tokens * width + tokens * width * width
+             + 2 * tokens * width * mlp_hidden + 2 * 5 * tokens * width)
+    block_params = (2 * 2 * width + width * 3 * width + 3 * width + width * width + width
+                    + width * mlp_hidden + mlp_hidden + mlp_hidden * width + width)
+    patch_pixels = in_channels * patch_size * patch_size
+    return VitCostParts(
+        embed=patches * patch_pixels * width, block=block, norm=5 * tokens * width,
+        projector=width * head_hidden + head_hidden * head_hidden + head_hidden * head_out,
+        predictor=head_out * head_hidden + head_hidden * head_out,
+        embed_params=patch_pixels * width + width + width * int(cls_token),
+        block_params=block_params)
+
+
+@dataclass(frozen=True)
+class GrowthPlan:
+    """What a client of a layer-wise family method trains and exchanges at stage s (Tab. 2):
+    ``grows`` (False: all S blocks from the first round, end-to-end), which blocks it
+    ``trains`` / ``downloads`` / ``uploads`` ("all" existing blocks, or the newest "last"),
+    and whether it runs the received encoder for an alignment term (``global_forward``). The
+    patch embedding trains with the first block (and with every block when ``trains`` is all)."""
+    grows: bool
+    trains: str
+    downloads: str
+    uploads: str
+    global_forward: bool = False
+
+    def blocks(self, which: str, s: int, depth: int) -> int:
+        """How many blocks ``which`` ("all" / "last") covers at stage s."""
+        present = s if self.grows else depth
+        return present if which == "all" else 1
+
+    def embedding_moves(self, which: str, s: int) -> bool:
+        return which == "all" or (self.grows and s == 1)
+
+
+def growth_round_flops(plan: GrowthPlan, parts: VitCostParts, s: int, depth: int) -> int:
+    """App. A: one client round at stage s, for one sample, in the paper's convention."""
+    present = plan.blocks("all", s, depth)
+    heads = parts.projector + parts.predictor
+    online = parts.encoder(present) + heads
+    trained = plan.blocks(plan.trains, s, depth) * parts.block + parts.norm + heads
+    trained += parts.embed if plan.embedding_moves(plan.trains, s) else 0
+    target = parts.encoder(present) + parts.projector
+    aligned = parts.encoder(present) if plan.global_forward else 0
+    return online + 2 * trained + target + aligned
+
+
+def growth_round_params(plan: GrowthPlan, parts: VitCostParts, s: int, depth: int
+                        ) -> tuple[int, int]:
+    """Encoder parameters a client downloads and uploads in one round at stage s."""
+    def moved(which):
+        return (plan.blocks(which, s, depth) * parts.block_params
+                + (parts.embed_params if plan.embedding_moves(which, s) else 0))
+    return moved(plan.downloads), moved(plan.uploads)
+
+
+def growth_schedule_costs(plan: GrowthPlan, parts: VitCostParts, rounds: Sequence[int],
+                          bytes_per_value: int = 4) -> dict:
+    """A client's totals over a schedule (``rounds[s-1]`` rounds at stage s; S = len(rounds)):
+    FLOPs in the paper's convention and encoder bytes down / up."""
+    depth = len(rounds)
+    flops = down = up = 0
+    for s, r in enumerate(rounds, start=1):
+        flops += r * growth_round_flops(plan, parts, s, depth)
+        d, u = growth_round_params(plan, parts, s, depth)
+        down, up = down + r * d * bytes_per_value, up + r * u * bytes_per_value
+    return {"flops": flops, "bytes_down": down, "bytes_up": up, "bytes": down + up}
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m fedssl.costs EXPERIMENT...``: the average client's projected full-scale
     costs of each experiment preset, as a Markdown table (nothing is run or written)."""
     ap = argparse.ArgumentParser(prog="python -m fedssl.costs", description=main.__doc__)
     ap.add_argument("experiments", nargs="+", help="params/experiments/<name>.yaml presets")
     names = ap.parse_args(argv).experiments
-    print("| experiment | α bits (Eqs. 4-5) | MB sent | β FLOPs | γ Eq. 6 MB | step peak MB |")
-    print("|---|---|---|---|---|---|")
+    print("| experiment | α bits (Eqs. 4-5) | MB sent | β FLOPs | γ Eq. 6 MB | step peak MB "
+          "| other (method's own) |")
+    print("|---|---|---|---|---|---|---|")
     from fedssl.methods import registry
     from fedssl.presets import Presets
     presets = Presets()
@@ -338,10 +464,19 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)
             return 2
         c = registry.get(exp.method.name).projected_costs(exp, part, dataset)
-        print(f"| {name} | {table_format(c['mean_alpha_bits_paper'])} "
-              f"| {c['mean_bytes_actual'] / 1e6:.4g} | {table_format(c['mean_beta_flops'])} "
-              f"| {c['mean_gamma_eq6_bytes'] / 1e6:.3g} "
-              f"| {c['mean_peak_step_bytes'] / 1e6:.3g} |", flush=True)
+
+        def cell(key, fmt):
+            return fmt(c[key]) if key in c else ""
+        shown = {"mean_alpha_bits_paper", "mean_bytes_actual", "mean_beta_flops",
+                 "mean_gamma_eq6_bytes", "mean_peak_step_bytes"}
+        other = ", ".join(f"{k.removeprefix('mean_')}={v:.4g}" for k, v in c.items()
+                          if k not in shown)
+        print(f"| {name} | {cell('mean_alpha_bits_paper', table_format)} "
+              f"| {cell('mean_bytes_actual', lambda v: f'{v / 1e6:.4g}')} "
+              f"| {cell('mean_beta_flops', table_format)} "
+              f"| {cell('mean_gamma_eq6_bytes', lambda v: f'{v / 1e6:.3g}')} "
+              f"| {cell('mean_peak_step_bytes', lambda v: f'{v / 1e6:.3g}')} | {other} |",
+              flush=True)
     return 0
 
 

@@ -190,6 +190,33 @@ class KnnParams(Strict):
     temperature: PositiveFloat = Field(0.07, description="weights votes by exp(cos / T)")
 
 
+def _light_augment() -> "AugmentParams":
+    return AugmentParams(crop_scale=(0.6, 1.0), jitter_p=0.0, grayscale_p=0.0)
+
+
+class FinetuneParams(Strict):
+    """Fine-tuning: the pretrained encoder and a new linear head trained end to end on the
+    labelled training split (AdamW, linear warmup then cosine decay per step), top-1 on the
+    test split. LW-FedSSL §5.1: lr 1e-3, 40 epochs with 10 of warmup, batch 256, weight decay
+    1e-5; the paper's RandAugment is replaced by ``augment`` (crops and flips by default)."""
+    epochs: PositiveInt = 40
+    warmup_epochs: NonNegativeInt = 10
+    lr: PositiveFloat = 1e-3
+    weight_decay: NonNegativeFloat = 1e-5
+    batch_size: PositiveInt = 256
+    train_size: PositiveInt | None = Field(
+        None, description="labelled training images (class-stratified); None = all")
+    augment: AugmentParams = Field(default_factory=_light_augment)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _warmup_fits(self):
+        if self.warmup_epochs >= self.epochs:
+            raise ValueError(f"warmup_epochs ({self.warmup_epochs}) must be below epochs "
+                             f"({self.epochs})")
+        return self
+
+
 class PersonalEvalParams(Strict):
     """Personalised evaluation: every client's model on its own test split, every round."""
     last_rounds: PositiveInt = Field(10, description="accuracy averaged over the last rounds")
@@ -215,6 +242,9 @@ class ExperimentBase(Strict):
     linear_probe: LinearProbeParams | None = None
     knn: KnnParams | None = None
     personal: PersonalEvalParams | None = Field(None, description="for personalised methods")
+    finetune: FinetuneParams | None = Field(
+        None, description="also fine-tune the encoder end to end (methods whose encoder "
+        "can be trained: `finetunable`)")
 
     @model_validator(mode="after")
     def _evaluation_sections(self):
@@ -228,6 +258,9 @@ class ExperimentBase(Strict):
             if section not in wanted and getattr(self, section) is not None:
                 raise ValueError(f"method '{self.method.name}' does not read `{section}`: "
                                  f"remove it")
+        if self.finetune is not None and not registry.get(self.method.name).finetunable:
+            raise ValueError(f"method '{self.method.name}' has no encoder to fine-tune: "
+                             f"remove `finetune`")
         return self
 
 

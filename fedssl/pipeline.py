@@ -51,6 +51,7 @@ EXTRA_PIPELINES_DIR = Path("pipelines")
 # What the shared per-experiment stages read of an experiment (the method adds its own keys).
 FEATURE_READS = ("features",)
 EVALUATE_READS = ("linear_probe", "knn")
+FINETUNE_READS = ("finetune",)
 PERSONAL_READS = ("personal",)
 REPORT_READS = ("title", "partition", "method")
 
@@ -232,24 +233,31 @@ class Dag:
             sources[kind] = stage.name
             return stage
 
-        for step in method.steps:
+        for step in method.steps_for(exp.method):
             stage = add(step.name, _entry("method"), step.reads, step.inputs,
                         [_entry("method"), module], step.gpu)
             stage.plots = [f"{results_dir(stage.out.split('/')[-2])}/{p}" for p in step.plots]
             stage.metrics = [f"{results_dir(stage.out.split('/')[-2])}/{m}"
                              for m in step.metrics]
+        encoder_inputs = method.encoder_inputs_for(exp.method)
         if "personal" in method.evaluation_sections:
             personal = add("personal", _entry("personal"), PERSONAL_READS,
                            (PARTITION, *method.personal_inputs), [_entry("personal")], False)
             personal.metrics = [f"{results_dir(personal.out.split('/')[-2])}/metrics.json"]
         if "features" in method.evaluation_sections:
             add("features", _entry("features"), FEATURE_READS + method.encoder_reads,
-                (DATA, *method.encoder_inputs), [_entry("features"), module], True)
+                (DATA, *encoder_inputs), [_entry("features"), module], True)
             evaluate = add("evaluate", _entry("evaluate"), EVALUATE_READS, ("features",),
                            [_entry("evaluate")], True)
             evaluate.metrics = [f"{results_dir(evaluate.out.split('/')[-2])}/metrics.json"]
-        if method.costs_inputs is not None:
-            add("costs", _entry("costs"), method.costs_reads, (PARTITION, *method.costs_inputs),
+        if exp.finetune is not None:
+            finetune = add("finetune", _entry("finetune"), FINETUNE_READS + method.encoder_reads,
+                           (DATA, *encoder_inputs), [_entry("finetune"), module], True)
+            finetune.metrics = [f"{results_dir(finetune.out.split('/')[-2])}/finetune.json"]
+            finetune.plots = [f"{results_dir(finetune.out.split('/')[-2])}/finetune_epochs.tsv"]
+        costs_inputs = method.costs_inputs_for(exp.method)
+        if costs_inputs is not None:
+            add("costs", _entry("costs"), method.costs_reads, (PARTITION, *costs_inputs),
                 [_entry("costs"), module], False)
 
     def owners(self) -> dict[tuple[str, str], str]:
@@ -275,8 +283,9 @@ class Dag:
         steps, its costs, and the partitions' heat-maps."""
         deps, upstream, params, modules = [], [], {}, {_entry("report")}
         for exp in self.experiments:
-            steps = {st.name for st in registry.get(
-                self.presets.load("experiment", exp).method.name).steps}
+            exp_params = self.presets.load("experiment", exp)
+            method = registry.get(exp_params.method.name)
+            steps = {st.name for st in method.steps_for(exp_params.method)}
             for name in self.of_experiment[exp]:
                 s = self.stages[name]
                 if s.kind != "features":
@@ -287,7 +296,6 @@ class Dag:
                 merged = params.get(file, [])
                 params[file] = None if keys is None or merged is None else \
                     merged + [k for k in keys if k not in merged]
-            method = registry.get(self.presets.load("experiment", exp).method.name)
             modules.add(registry.module_of(method.name))
             if method.report_tables:
                 modules.add(method.report_tables.partition(":")[0])

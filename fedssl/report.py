@@ -38,12 +38,16 @@ COST_COLUMNS = {"alpha_bits": ("mean_alpha_bits_paper", 1.0),
                 "peak_step_MB": ("mean_peak_step_bytes", 1e-6)}
 
 
-def experiment_row(name: str, exp, method, step_dirs: list[Path], metrics_file: Path,
-                   costs_dir: Path | None) -> dict:
-    """One experiment's row: its probe metrics, rounds, parameters and final losses of
-    its method's steps, the metrics the steps wrote (a ``metrics.json`` in a step's output), the
-    per-client traffic they logged, and its per-client costs."""
-    metrics = json.loads(metrics_file.read_text())
+def experiment_row(name: str, exp, method, step_dirs: list[Path],
+                   metrics_files: Path | list[Path], costs_dir: Path | None) -> dict:
+    """One experiment's row: its evaluation metrics (every metrics file of its stages: probes,
+    fine-tuning, ...), rounds, parameters and final losses of its method's steps,
+    the metrics the steps wrote (a ``metrics.json`` in a step's output), the per-client
+    traffic they logged, and its per-client costs (the Tab. 3 columns, then any other mean a
+    method's costs stage reports, under its own name without ``mean_``)."""
+    metrics = {}
+    for f in [metrics_files] if isinstance(metrics_files, Path) else metrics_files:
+        metrics.update(json.loads(Path(f).read_text()))
     metas = [json.loads((d / "meta.json").read_text()) for d in step_dirs]
     up = down = 0.0
     per_round: dict[str, float] = {}  # one client's traffic in one round it took part in
@@ -68,6 +72,11 @@ def experiment_row(name: str, exp, method, step_dirs: list[Path], metrics_file: 
     cost = json.loads(cost_file.read_text()) if cost_file and cost_file.exists() else {}
     for col, (key, scale) in COST_COLUMNS.items():
         row[col] = f"{cost[key] * scale:.3g}" if key in cost else ""
+    known = {key for key, _ in COST_COLUMNS.values()}
+    for key, value in cost.items():
+        column = key.removeprefix("mean_")
+        if key.startswith("mean_") and key not in known and column not in row:
+            row[column] = float(f"{value:.4g}")
     return row
 
 
@@ -180,9 +189,8 @@ def report_tables(rows: list[dict], methods) -> dict[str, tuple[str, str]]:
         mine = [r for r in rows if r.get(metric) not in (None, "")]
         if mine:
             tables[name] = (heading, pivot_markdown(mine, metric, costs))
-    for method in methods:
-        own = [r for r in rows if r["method"] == method.name]
-        for name, table in method.tables(own).items():
+    for method in methods:  # each sees every row (a paper's table may span its methods)
+        for name, table in method.tables(rows).items():
             tables[name] = (name, table)
     tables["runs"] = ("All runs", to_markdown(rows))
     return tables

@@ -15,7 +15,7 @@ def run(argv):
     ctx = context("costs", argv, "a params/experiments/<name>.yaml preset")
     with ctx.run() as out:
         rows = ctx.method.client_costs(ctx)
-        summary = summarize_client_costs(rows)
+        summary = summarize_client_costs(rows, ctx.method.cost_columns)
         write_json(out / "costs.json", {"per_client": rows, **summary})
         ctx.info.update(summary)
 

@@ -25,9 +25,10 @@ def run(argv):
         method = methods.setdefault(exp.method.name, registry.get(exp.method.name))
         part = presets.load("partition", exp.partition)
         stages = [dag.stages[s] for s in dag.of_experiment[name]]
-        steps = [Path(s.out) for s in stages if s.kind in {st.name for st in method.steps}]
+        steps = [Path(s.out) for s in stages
+                 if s.kind in {st.name for st in method.steps_for(exp.method)}]
         costs = next((Path(s.out) for s in stages if s.kind == "costs"), None)
-        metrics = next(Path(s.metrics[0]) for s in stages if s.metrics)
+        metrics = [Path(m) for s in stages for m in s.metrics]  # probes, fine-tuning, ...
         row, column = table_cell(exp, method, part, presets.load("dataset", part.dataset).name,
                                  dag.row, dag.column)
         rows.append({**experiment_row(name, exp, method, steps, metrics, costs),

@@ -6,6 +6,8 @@ the model keeps no BatchNorm running statistics; BN models run one client at a t
 very same code (a cohort of one). Nothing is deep-copied or re-created per client or per round.
 Only the ``trainable`` parameters get gradients and optimizer state; the others stay frozen
 (no autograd graph is built through frozen leading layers). Losses see the batch's labels.
+An ``after_step`` callback sees the client-stacked tensors after every optimizer step (a
+momentum encoder's EMA update of frozen target weights, MoCo / BYOL).
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ LossFn = Callable[[nn.Module, Tensors, Tensors, Batch], torch.Tensor]
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    kind: str = "adam"           # adam | sgd
+    kind: str = "adam"           # adam | adamw (decoupled weight decay) | sgd
     weight_decay: float = 0.0
     momentum: float = 0.9        # sgd
     betas: tuple[float, float] = (0.9, 0.999)
@@ -47,7 +49,7 @@ class OptimizerConfig:
 
 
 class StackedOptimizer:
-    """Adam / SGD-momentum over dicts of client-stacked tensors; state starts fresh each round
+    """Adam / AdamW / SGD-momentum over dicts of client-stacked tensors; state starts fresh each round
     (each client begins its local training with an empty optimizer state)."""
 
     def __init__(self, cfg: OptimizerConfig):
@@ -58,7 +60,7 @@ class StackedOptimizer:
         device = next(iter(params.values())).device
         state = {"step": torch.zeros(n, device=device)}
         state["m"] = {k: torch.zeros_like(v) for k, v in params.items()}
-        if self.cfg.kind == "adam":
+        if self.cfg.kind in ("adam", "adamw"):
             state["v"] = {k: torch.zeros_like(v) for k, v in params.items()}
         return state
 
@@ -68,8 +70,10 @@ class StackedOptimizer:
         state["step"] += 1
         for k, p in params.items():
             g = grads[k]
-            if c.weight_decay:
+            if c.weight_decay and c.kind != "adamw":  # L2 added to the gradient
                 g = g + c.weight_decay * p
+            elif c.weight_decay:  # AdamW: decay the weights themselves, before the Adam step
+                p.mul_(1 - lr * c.weight_decay)
             m = state["m"][k]
             if c.kind == "sgd":
                 m.mul_(c.momentum).add_(g)
@@ -131,8 +135,12 @@ class CohortTrainer:
     """Runs the local epochs of several clients, each from its own starting state."""
 
     def __init__(self, model: nn.Module, make_views: ViewFn, loss_fn: LossFn,
-                 opt: OptimizerConfig, batch_size: int, local_epochs: int, parallel: bool = True):
+                 opt: OptimizerConfig, batch_size: int, local_epochs: int, parallel: bool = True,
+                 after_step: Callable[[Tensors, Tensors, Tensors], None] | None = None):
+        """``after_step(trained, frozen, buffers)``: called after every optimizer step with the
+        client-stacked tensors of the clients that stepped; changes it makes in place persist."""
         self.model, self.make_views, self.loss_fn = model, make_views, loss_fn
+        self.after_step = after_step
         self.optimizer = StackedOptimizer(opt)
         self.batch_size, self.local_epochs = batch_size, local_epochs
         self.parallel = parallel and not has_running_stats(model)
@@ -199,15 +207,22 @@ class CohortTrainer:
             grads = torch.autograd.grad(loss, list(p.values()))
             self.optimizer.step(trained, {k: g.unsqueeze(0) for k, g in zip(p, grads)},
                                 opt_state, lr)
+            if self.after_step:
+                self.after_step(trained, frozen, buffers)
             return loss.detach().unsqueeze(0)
         if len(rows) == n:
             grads, loss = self._vgrad(trained, frozen, buffers, batch)
             self.optimizer.step(trained, grads, opt_state, lr)
+            if self.after_step:
+                self.after_step(trained, frozen, buffers)
             return loss
         sel = torch.tensor(rows, device=batch.valid.device)  # clients with batches left
         t, f, b, s = (gather(x, sel) for x in (trained, frozen, buffers, opt_state))
         grads, loss = self._vgrad(t, f, b, batch)
         self.optimizer.step(t, grads, s, lr)
+        if self.after_step:
+            self.after_step(t, f, b)
+            scatter(frozen, sel, f)
         scatter(trained, sel, t)
         scatter(opt_state, sel, s)
         return loss

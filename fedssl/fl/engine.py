@@ -10,8 +10,8 @@ trainer run the round, then asks the strategy to aggregate and to take a server 
                     across rounds (a personal head); may choose a model of a pool (``group``);
 * ``trainable``     which parameters train this round (layer-wise training, frozen encoders);
 * ``upload``        what a client sends back (a subset, plus extras such as class centres);
+* ``traffic``       what kind each sent tensor is, for the ledger (encoder blocks, heads, ...);
 * ``keep``          what a client keeps for later rounds (``FedState.clients``);
-* ``traffic_kind``  how the ledger files each exchanged tensor (model, class centres, ...);
 * ``aggregate``     the server's new state from the uploads, grouped by cluster;
 * ``server_step``   work with server-side data after aggregation (calibration, pretraining).
 
@@ -188,12 +188,13 @@ class Strategy:
     def upload(self, state: FedState, client: int, trained: Tensors) -> Tensors:
         return trained
 
+    def traffic(self, tensors: Tensors) -> dict[str, Tensors]:
+        """What a download or upload holds, by kind: the ledger counts each kind apart (e.g.
+        encoder blocks and heads). Default: one kind, ``model``."""
+        return {"model": tensors}
+
     def keep(self, state: FedState, client: int, trained: Tensors) -> Tensors | None:
         return None  # nothing persists on the client
-
-    def traffic_kind(self, key: str) -> str:
-        """The ledger's kind for an exchanged tensor (its bytes are counted per kind)."""
-        return "model"
 
     def aggregate(self, state: FedState, updates: RoundUpdates) -> None:
         state.server["global"] = fedavg(stacked(updates.uploads), updates.weights)
@@ -242,7 +243,7 @@ class LocalTraining:
         starts, groups = [], []
         for c in chosen:
             received = s.download(state, c)
-            record(ledger.received, c, received, s.traffic_kind)
+            record(ledger.received, c, received, s.traffic)
             starts.append(s.local_start(state, c, received))
             groups.append(s.group(state, c))
         gen = torch_generator(fed.data.device, fed.cfg.seed, "augment", round_)
@@ -261,7 +262,7 @@ class LocalTraining:
         for i, c in enumerate(chosen):
             row = {k: v[i] for k, v in trained.items()}
             uploads.append(s.upload(state, c, row))
-            record(ledger.sent, c, uploads[-1], s.traffic_kind)
+            record(ledger.sent, c, uploads[-1], s.traffic)
             kept = s.keep(state, c, row)
             if kept is not None:
                 state.clients[c] = {k: v.clone() for k, v in kept.items()}
@@ -270,15 +271,11 @@ class LocalTraining:
                             self.local_epochs * int(sizes.sum()))
 
 
-def record(count, client: int, tensors: Tensors, kind_of) -> None:
-    """Count ``tensors`` on the ledger (``count`` = its ``sent`` or ``received``), per kind."""
-    kinds: dict[str, Tensors] = {}
-    for k, v in tensors.items():
-        kinds.setdefault(kind_of(k), {})[k] = v
-    for kind, part in kinds.items():
+def record(count, client: int, tensors: Tensors, traffic) -> None:
+    """Count ``tensors`` on the ledger (``count`` = its ``sent`` or ``received``) per kind, as
+    the strategy's ``traffic`` splits them; an empty exchange still counts as a transfer."""
+    for kind, part in (traffic(tensors) if tensors else {"model": {}}).items():
         count(client, part, kind)
-    if not tensors:
-        count(client, {}, "model")
 
 
 class Federation:

@@ -4,7 +4,9 @@ A method is one module (or package) under :mod:`fedssl.methods` that defines a
 :class:`Method` subclass and decorates it with :func:`fedssl.methods.registry.register`. It owns:
 
 * ``params``: its member of the experiment's ``method`` union (only the fields it reads);
-* ``steps``: the stages it adds to each of its experiments (what each reads and runs);
+* ``steps``: the stages it adds to each of its experiments (what each reads and runs); a method
+  whose stages depend on its params (one per growth stage of a layer-wise schedule) overrides
+  :meth:`Method.steps_for` (and ``encoder_inputs_for`` / ``costs_inputs_for``) instead;
 * the hooks the shared stages call: the frozen ``encoder`` for the probes, ``client_costs``,
   and the report's ``row_label`` / ``arch``.
 
@@ -62,6 +64,9 @@ class Method:
     encoder_reads: ClassVar[tuple[str, ...]] = ("method",)
     evaluation_sections: ClassVar[tuple[str, ...]] = ("features", "linear_probe", "knn")
     personal_inputs: ClassVar[tuple[str, ...]] = ()
+    # Fine-tuning (an experiment's optional `finetune` section): the encoder hook's module can
+    # be unfrozen and trained end to end.
+    finetunable: ClassVar[bool] = False
     # Client costs (a `costs` stage) when set: the steps whose outputs the costs read.
     costs_inputs: ClassVar[tuple[str, ...] | None] = None
     costs_reads: ClassVar[tuple[str, ...]] = ("method", "partition")
@@ -69,6 +74,9 @@ class Method:
     # string so that the layout code is a dependency of the report only, not of the training
     # stages (whose code is everything the method's module imports).
     report_tables: ClassVar[str | None] = None
+    # Per-client numbers of `client_costs` besides Tab. 3's that the report averages (columns
+    # named without the `mean_` prefix).
+    cost_columns: ClassVar[tuple[str, ...]] = ()
 
     # ------------------------------------------------------------------ report
     def row_label(self, params: MethodParams) -> str:
@@ -80,7 +88,8 @@ class Method:
 
     def tables(self, rows: list[dict]) -> dict[str, str]:
         """Extra report tables in the layout of the method's paper (name -> Markdown), from
-        the report rows of this method's experiments (every metric of their metrics.json).
+        the pipeline's report rows (every metric of their metrics files; ``row["method"]``
+        says whose they are: a paper's table may lay out several of its methods).
         By default the function ``report_tables`` names, if any."""
         if self.report_tables is None:
             return {}
@@ -94,8 +103,23 @@ class Method:
         return {}
 
     # ------------------------------------------------------------------ stages
+    # The DAG's shape may depend on the method's params (LW-FedSSL: one cached stage per
+    # growth stage, S of them). The front ends ask these hooks, not the class attributes.
+    def steps_for(self, params: MethodParams) -> tuple[Step, ...]:
+        """The steps of an experiment with these method params (default: ``steps``)."""
+        return self.steps
+
+    def encoder_inputs_for(self, params: MethodParams) -> tuple[str, ...]:
+        """The steps the frozen encoder is built from (default: ``encoder_inputs``)."""
+        return self.encoder_inputs
+
+    def costs_inputs_for(self, params: MethodParams) -> tuple[str, ...] | None:
+        """The steps the client costs read, or None for no costs stage (default:
+        ``costs_inputs``)."""
+        return self.costs_inputs
+
     def run_step(self, step: str, ctx: "StageContext") -> None:
-        """Run step ``step`` (a name in ``steps``): calls ``self.<step>(ctx)``."""
+        """Run step ``step`` (a name in ``steps_for``): calls ``self.<step>(ctx)``."""
         getattr(self, step)(ctx)
 
     def encoder(self, ctx: "StageContext"):

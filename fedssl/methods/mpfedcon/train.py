@@ -126,8 +126,12 @@ class SplitStrategy(Strategy):
             sent.update(state.server["centres"])
         return sent
 
-    def traffic_kind(self, key: str) -> str:
-        return "centres" if key.startswith("centre") or key == "has_centre" else "model"
+    def traffic(self, tensors: dict) -> dict[str, dict]:
+        kinds: dict[str, dict] = {}
+        for k, v in tensors.items():
+            centre = k.startswith("centre") or k == "has_centre"
+            kinds.setdefault("centres" if centre else "model", {})[k] = v
+        return kinds
 
     def local_start(self, state: FedState, client: int, received: dict) -> dict:
         kept, glob = state.clients.get(client, {}), state.server["global"]

@@ -1,0 +1,89 @@
+"""Fine-tuning a pretrained encoder end to end with a new linear head (the shared `finetune`
+stage): AdamW, linear warmup then cosine decay per step, augmented training views, top-1 on the
+untouched test split. Resumable per epoch."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedssl.data.augment import BatchAugment, to_float
+from fedssl.optim import warmup_cosine
+from fedssl.params import FinetuneParams
+from fedssl.runtime import derive_seed, torch_generator, torch_save
+
+
+class Classifier(nn.Module):
+    def __init__(self, encoder: nn.Module, dim: int, classes: int):
+        super().__init__()
+        self.encoder, self.head = encoder, nn.Linear(dim, classes)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch: int) -> float:
+    model.eval()
+    correct = 0
+    for start in range(0, len(images), batch):
+        x = to_float(images[start:start + batch])
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=x.device.type == "cuda"):
+            correct += (model(x).argmax(1) == labels[start:start + batch]).sum().item()
+    return 100.0 * correct / len(images)
+
+
+def finetune(encoder: nn.Module, train: tuple[np.ndarray, np.ndarray],
+             test: tuple[np.ndarray, np.ndarray], p: FinetuneParams, device: torch.device,
+             resume: Path | None = None, fingerprint: str = "", on_epoch=None) -> dict:
+    """Train ``encoder`` (unfrozen here) and a linear head on ``train`` (uint8 images, labels);
+    returns the test top-1 (``finetune_top1``), the last epoch's training loss and the per-epoch
+    log."""
+    xtr = torch.from_numpy(np.array(train[0])).to(device)
+    ytr = torch.from_numpy(np.array(train[1])).long().to(device)
+    xte = torch.from_numpy(np.array(test[0])).to(device)
+    yte = torch.from_numpy(np.array(test[1])).long().to(device)
+    encoder.requires_grad_(True)
+    with torch.no_grad():
+        dim = encoder.eval()(to_float(xtr[:2])).shape[1]
+    torch.manual_seed(derive_seed(p.seed, "finetune-head"))
+    model = Classifier(encoder, dim, int(ytr.max()) + 1).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
+    steps = -(-len(xtr) // p.batch_size)
+    total, warmup = steps * p.epochs, steps * p.warmup_epochs
+    augment = BatchAugment(p.augment, xtr.shape[-1])
+    log, first = [], 0
+    if resume is not None and resume.exists():
+        ck = torch.load(resume, map_location=device, weights_only=False)
+        if ck.get("fingerprint") == fingerprint:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["opt"])
+            log, first = ck["log"], ck["epoch"]
+    for epoch in range(first, p.epochs):
+        model.train()
+        gen = torch_generator(device, p.seed, "finetune", epoch)
+        order = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(
+            derive_seed(p.seed, "finetune-order", epoch))).to(device)
+        loss_sum = 0.0
+        for i, idx in enumerate(order.split(p.batch_size)):
+            for group in opt.param_groups:
+                group["lr"] = warmup_cosine(epoch * steps + i, total, warmup, p.lr)
+            x = augment(xtr[idx], gen)
+            with torch.autocast(x.device.type, torch.bfloat16, enabled=x.device.type == "cuda"):
+                loss = F.cross_entropy(model(x).float(), ytr[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.item()
+        log.append({"epoch": epoch + 1, "loss": round(loss_sum / steps, 5)})
+        if resume is not None:
+            torch_save({"fingerprint": fingerprint, "epoch": epoch + 1, "log": log,
+                        "model": model.state_dict(), "opt": opt.state_dict()}, resume)
+        if on_epoch:
+            on_epoch(log)
+    return {"finetune_top1": accuracy(model, xte, yte, 4 * p.batch_size),
+            "finetune_train_top1": accuracy(model, xtr, ytr, 4 * p.batch_size),
+            "finetune_loss": log[-1]["loss"] if log else None, "log": log}

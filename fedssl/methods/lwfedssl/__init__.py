@@ -1,0 +1,325 @@
+"""LW-FedSSL, Prog-FedSSL, FedMoCo and FedMoCo-LW (Tun et al., spec methods/lw-fedssl.md):
+federated MoCo v3 on a ViT, end to end or grown block by block.
+
+The layer-wise family grows the encoder over S = ``vit.depth`` stages; growth stage s is its own
+cached step ``grow_s`` (its output, the encoder with s blocks and the heads, is where ``grow_{s+1}``
+starts), so the DAG's shape follows the params (:meth:`Method.steps_for`) and editing the
+settings of stage s reruns stages s..S only. Per method (Tab. 2), at stage s:
+
+============  ===================  ==============  ===========  ===========  ======  =====
+method        clients train        download        upload       calibration  align  grows
+============  ===================  ==============  ===========  ===========  ======  =====
+FedMoCo       L1..LS               L1..LS          L1..LS       -            -       no
+FedMoCo-LW    L_s                  L_s             L_s          -            -       yes
+LW-FedSSL     L_s                  L1..L_s         L_s          server       alpha   yes
+Prog-FedSSL   L1..L_s              L1..L_s         L1..L_s      -            -       yes
+============  ===================  ==============  ===========  ===========  ======  =====
+
+The heads (H, P and the final LayerNorm) always train and travel; the patch embedding trains
+with L_1 (and with every block where all blocks train). ``vit_scratch`` is the reference row:
+the seeded initial encoder, never trained (the paper's "Scratch").
+
+Per-stage settings: ``schedule`` holds what every stage uses and ``stages`` overrides it for
+single stages, keyed ``s1``..``sS`` (``stages: {s7: {rounds: 30}}``). A mapping keyed by stage
+reads better than a list of S entries (DVC and the presets address mapping keys by name, not
+list items) and a uniform schedule stays one line. Stage s reads the schedule, its own override
+and, with the global cosine learning rate, the round counts of the other stages (its position
+in the schedule depends on them).
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, \
+    model_validator
+
+from fedssl.methods.base import DATA, PARTITION, Method, MethodParams, Step
+from fedssl.methods.registry import register
+from fedssl.params import PARALLEL_CLIENTS_HELP, AugmentParams, Fraction, ParallelClients, Strict
+
+
+class VitParams(Strict):
+    """The encoder (ViT-Tiny by default, spec §2) and the MoCo v3 heads."""
+    width: PositiveInt = 192
+    depth: PositiveInt = Field(12, description="blocks S; the layer-wise methods grow one per stage")
+    heads: PositiveInt = 3
+    mlp_ratio: PositiveFloat = 4.0
+    patch_size: PositiveInt = 4
+    pool: Literal["cls", "mean"] = Field(
+        "cls", description="representation: the CLS token (MoCo v3) or the mean patch token")
+    input_size: PositiveInt | None = Field(
+        None, description="images are resized to this side (views and evaluation); None = as "
+        "stored (STL-10 and Tiny-ImageNet: 32 in the paper)")
+    head_hidden: PositiveInt = Field(4096, description="hidden width of H and P")
+    head_out: PositiveInt = Field(256, description="output of H and P")
+
+    @model_validator(mode="after")
+    def _shapes(self):
+        if self.width % self.heads:
+            raise ValueError(f"width {self.width} is not divisible by {self.heads} heads")
+        if self.width % 4:
+            raise ValueError(f"width {self.width}: 2-D sin-cos position embeddings need a "
+                             f"multiple of 4")
+        if self.input_size and self.input_size % self.patch_size:
+            raise ValueError(f"input_size {self.input_size} does not split into "
+                             f"{self.patch_size}-pixel patches")
+        return self
+
+
+class Schedule(Strict):
+    """What every stage uses unless ``stages`` overrides it (spec §3)."""
+    rounds: NonNegativeInt = Field(15, description="R_s: rounds per stage")
+    local_epochs: PositiveInt = 3
+    batch_size: PositiveInt = 1024
+    lr: PositiveFloat = Field(6e-4, description="AdamW peak lr (1.5e-4 x batch / 256)")
+    lr_schedule: Literal["cosine", "cyclic", "constant"] = Field(
+        "cosine", description="cosine: decays over all rounds of all stages; cyclic: restarts "
+        "every stage (§5.9); constant")
+    weight_decay: NonNegativeFloat = 1e-5
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
+        0.99, description="mu of the momentum branch (constant)")
+    temperature: PositiveFloat = 0.2
+    client_fraction: Fraction = 1.0
+
+
+class StageOverride(Strict):
+    """Settings of one stage that differ from the schedule."""
+    rounds: NonNegativeInt | None = None
+    local_epochs: PositiveInt | None = None
+    batch_size: PositiveInt | None = None
+    lr: PositiveFloat | None = None
+
+
+class LwStageOverride(StageOverride):
+    alpha: NonNegativeFloat | None = None
+
+
+class Calibration(Strict):
+    """LW-FedSSL's server-side calibration: end-to-end MoCo v3 on the partition's
+    ``server_holdout`` (unlabelled use) with the clients' settings, once per round."""
+    enabled: bool = True
+    timing: Literal["round_start", "round_end"] = Field(
+        "round_start", description="round_start: before every round's local training (Alg. 1, "
+        "the first round of each stage included, none after the last aggregation); round_end: "
+        "after every aggregation (the prose of §4.2)")
+    local_epochs: PositiveInt | None = Field(None, description="None = the stage's")
+    batch_size: PositiveInt | None = Field(None, description="None = the stage's")
+
+
+STAGE_KEY = re.compile(r"^s([1-9][0-9]*)$")
+
+
+class MocoFamilyParams(MethodParams):
+    """What all four methods read."""
+    vit: VitParams = VitParams()
+    schedule: Schedule = Schedule()
+    augment: AugmentParams = Field(description="view 1 (MoCo v3: blur always, no solarize)")
+    augment_2: AugmentParams | None = Field(
+        None, description="view 2 (MoCo v3: blur p=0.1, solarize p=0.2); None = as view 1")
+    parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
+
+    def stage_count(self) -> int:
+        return self.vit.depth
+
+
+class GrowingParams(MocoFamilyParams):
+    """The methods that grow the encoder one block per stage."""
+    weight_transfer: bool = Field(
+        True, description="a new block starts as a copy of the previous one (§5.1, App. B.2)")
+    stages: dict[str, StageOverride] = Field(
+        default_factory=dict, description="per-stage overrides, keyed s1..sS")
+
+    @model_validator(mode="after")
+    def _stage_keys(self):
+        for key in self.stages:
+            m = STAGE_KEY.match(key)
+            if not m or int(m.group(1)) > self.vit.depth:
+                raise ValueError(f"stages: '{key}' is not a stage (expected s1..s{self.vit.depth})")
+        return self
+
+    def stage(self, s: int):
+        """The settings of stage s (1-based): the schedule with the stage's overrides."""
+        over = self.stages.get(f"s{s}")
+        values = self.schedule.model_dump()
+        if over is not None:
+            values.update({k: v for k, v in over.model_dump().items()
+                           if v is not None and k in values})
+        return self.schedule.model_copy(update=values)
+
+    def stage_rounds(self) -> list[int]:
+        return [self.stage(s).rounds for s in range(1, self.vit.depth + 1)]
+
+
+class FedMoCoParams(MocoFamilyParams):
+    """End-to-end FedAvg of MoCo v3: ``vit.depth`` x ``schedule.rounds`` rounds (the same R as
+    the layer-wise schedule)."""
+    name: Literal["fedmoco"] = "fedmoco"
+
+
+class FedMoCoLWParams(GrowingParams):
+    name: Literal["fedmoco_lw"] = "fedmoco_lw"
+
+
+class ProgFedSSLParams(GrowingParams):
+    name: Literal["prog_fedssl"] = "prog_fedssl"
+
+
+class LwFedSSLParams(GrowingParams):
+    name: Literal["lw_fedssl"] = "lw_fedssl"
+    stages: dict[str, LwStageOverride] = Field(
+        default_factory=dict, description="per-stage overrides, keyed s1..sS")
+    alpha: NonNegativeFloat = Field(0.01, description="weight of the alignment term (Eq. 3)")
+    calibration: Calibration = Calibration()
+
+    def stage_alpha(self, s: int) -> float:
+        over = self.stages.get(f"s{s}")
+        return self.alpha if over is None or over.alpha is None else over.alpha
+
+
+class VitScratchParams(MethodParams):
+    """The seeded initial encoder (the first model FedMoCo trains), never trained."""
+    name: Literal["vit_scratch"] = "vit_scratch"
+    vit: VitParams = VitParams()
+
+
+# --------------------------------------------------------------------------- plugins
+SHARED_READS = ("partition", "method.seed", "method.vit", "method.schedule", "method.augment",
+                "method.augment_2", "method.parallel_clients")
+COST_COLUMNS = ("paper_flops", "encoder_bytes", "encoder_bytes_down", "encoder_bytes_up",
+                "block_bytes", "rounds_taken")
+
+
+class _Family(Method):
+    """What the four methods share: evaluation, costs, labels, the Tab. 3 table."""
+    encoder_reads = ("method.vit",)
+    costs_reads = ("method", "partition")
+    cost_columns = COST_COLUMNS
+    finetunable = True
+
+    def arch(self, params) -> str:
+        v = params.vit
+        return f"vit-w{v.width}-d{v.depth}"
+
+    def encoder(self, ctx):
+        from fedssl.methods.lwfedssl import run
+        return run.deployed_encoder(ctx, self.encoder_inputs_for(ctx.exp.method)[-1])
+
+    def client_costs(self, ctx) -> list[dict]:
+        from fedssl.methods.lwfedssl import run
+        return run.client_costs(ctx)
+
+    def projected_costs(self, exp, partition, dataset: str) -> dict:
+        from fedssl.methods.lwfedssl import run
+        return run.projected_costs(exp, partition, dataset)
+
+    def tables(self, rows: list[dict]) -> dict[str, str]:
+        from fedssl.methods.lwfedssl import tables
+        return tables.tab3(rows)
+
+
+class _Growing(_Family):
+    """Steps grow_1..grow_S, one per growth stage."""
+
+    def extra_reads(self, params) -> tuple[str, ...]:
+        return ("method.weight_transfer",)
+
+    def steps_for(self, params) -> tuple[Step, ...]:
+        steps = []
+        for s in range(1, params.vit.depth + 1):
+            own = (f"method.stages.s{s}",) if f"s{s}" in params.stages else ()
+            others = ()
+            if params.schedule.lr_schedule == "cosine":  # the position in the whole schedule
+                others = tuple(f"method.stages.s{t}.rounds" for t in range(1, params.vit.depth + 1)
+                               if t != s and f"s{t}" in params.stages)
+            inputs = (DATA, PARTITION) + ((f"grow_{s - 1}",) if s > 1 else ())
+            steps.append(Step(f"grow_{s}", reads=SHARED_READS + self.extra_reads(params) + own
+                              + others, inputs=inputs, plots=(f"grow_{s}.tsv",)))
+        return tuple(steps)
+
+    def encoder_inputs_for(self, params) -> tuple[str, ...]:
+        return (f"grow_{params.vit.depth}",)
+
+    def costs_inputs_for(self, params) -> tuple[str, ...]:
+        return tuple(f"grow_{s}" for s in range(1, params.vit.depth + 1))
+
+    def run_step(self, step: str, ctx) -> None:
+        from fedssl.methods.lwfedssl import run
+        m = re.fullmatch(r"grow_([1-9][0-9]*)", step)
+        if not m:
+            raise KeyError(f"method '{self.name}' has no step '{step}'")
+        run.grow(ctx, int(m.group(1)))
+
+
+@register
+class FedMoCo(_Family):
+    name = "fedmoco"
+    label = "FedMoCo"
+    params = FedMoCoParams
+    steps = (Step("pretrain", reads=SHARED_READS, plots=("rounds.tsv",)),)
+    encoder_inputs = ("pretrain",)
+    costs_inputs = ("pretrain",)
+
+    def pretrain(self, ctx) -> None:
+        from fedssl.methods.lwfedssl import run
+        run.grow(ctx, None)
+
+
+@register
+class FedMoCoLW(_Growing):
+    name = "fedmoco_lw"
+    label = "FedMoCo-LW"
+    params = FedMoCoLWParams
+
+    def row_label(self, params) -> str:
+        return self.label + ("" if params.weight_transfer else " w/o WT")
+
+
+@register
+class ProgFedSSL(_Growing):
+    name = "prog_fedssl"
+    label = "Prog-FedSSL"
+    params = ProgFedSSLParams
+
+    def row_label(self, params) -> str:
+        return self.label + ("" if params.weight_transfer else " w/o WT")
+
+
+@register
+class LwFedSSL(_Growing):
+    name = "lw_fedssl"
+    label = "LW-FedSSL"
+    params = LwFedSSLParams
+
+    def extra_reads(self, params) -> tuple[str, ...]:
+        return ("method.weight_transfer", "method.alpha", "method.calibration")
+
+    def row_label(self, params) -> str:
+        calibrated = params.calibration.enabled
+        aligned = params.alpha > 0 or any(o.alpha for o in params.stages.values())
+        label = self.label + {(True, True): "", (True, False): " (calibration only)",
+                              (False, True): " (alignment only)",
+                              (False, False): " (neither)"}[(calibrated, aligned)]
+        return label + ("" if params.weight_transfer else " w/o WT")
+
+
+@register
+class VitScratch(Method):
+    name = "vit_scratch"
+    label = "Scratch"
+    params = VitScratchParams
+    steps = (Step("init", reads=("method.seed", "method.vit"), inputs=(DATA,)),)
+    encoder_inputs = ("init",)
+    encoder_reads = ("method.vit",)
+    finetunable = True
+
+    def arch(self, params) -> str:
+        return f"vit-w{params.vit.width}-d{params.vit.depth}"
+
+    def init(self, ctx) -> None:
+        from fedssl.methods.lwfedssl import run
+        run.scratch(ctx)
+
+    def encoder(self, ctx):
+        from fedssl.methods.lwfedssl import run
+        return run.deployed_encoder(ctx, "init")

@@ -1,0 +1,494 @@
+"""Training, evaluation encoder and client costs of the LW-FedSSL family (imported when its
+stages run). One code path for the four methods: a :class:`GrowthPlan` (Tab. 2) says what a
+client trains, downloads and uploads at stage s; :class:`GrowthStrategy` turns it into the
+engine's hooks, with LW-FedSSL's calibration as the server step."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from fedssl import costs
+from fedssl.data.augment import BatchAugment
+from fedssl.data.catalog import IMAGE_SHAPES
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
+from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, RoundUpdates,
+                              Strategy, cosine_lr, fedavg, sample_clients, stacked)
+from fedssl.fl.momentum import ema_update
+from fedssl.fl.runner import run_federation, train_data
+from fedssl.models.encoders import frozen
+from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
+from fedssl.models.mocov3 import (MocoV3Learner, ema_pairs, online_state, round_start_state)
+from fedssl.models.vit import VisionTransformer
+from fedssl.runtime import derive_seed, torch_generator, torch_save, write_json
+
+Tensors = dict[str, torch.Tensor]
+
+
+# ============================================================================ plans
+def plan_of(p, s: int | None = None) -> costs.GrowthPlan:
+    """Tab. 2 for method params ``p`` (at stage s, for the alignment weight)."""
+    if p.name == "fedmoco":
+        return costs.GrowthPlan(False, "all", "all", "all")
+    if p.name == "prog_fedssl":
+        return costs.GrowthPlan(True, "all", "all", "all")
+    if p.name == "fedmoco_lw":
+        return costs.GrowthPlan(True, "last", "last", "last")
+    # LW-FedSSL: calibration changes every block on the server, so clients download them all
+    # (without it the frozen blocks never change and the newest one is enough)
+    alpha = p.stage_alpha(s or 1)
+    return costs.GrowthPlan(True, "last", "all" if p.calibration.enabled else "last", "last",
+                            global_forward=alpha > 0)
+
+
+def stages_of(p) -> list[int | None]:
+    """The steps' stages: 1..S, or [None] for FedMoCo's single end-to-end step."""
+    return [None] if p.name == "fedmoco" else list(range(1, p.vit.depth + 1))
+
+
+def settings_of(p, s: int | None):
+    """The schedule stage s runs with (FedMoCo: S x R_s rounds of the schedule)."""
+    if s is None:
+        return p.schedule.model_copy(update={"rounds": p.schedule.rounds * p.vit.depth})
+    return p.stage(s)
+
+
+def all_rounds(p) -> list[int]:
+    return [settings_of(p, s).rounds for s in stages_of(p)]
+
+
+# ============================================================================ models
+def input_size(p, image_shape) -> int:
+    return p.vit.input_size or int(image_shape[-1])
+
+
+def build_vit(p, image_shape, depth: int) -> VisionTransformer:
+    v = p.vit
+    return VisionTransformer(image_size=input_size(p, image_shape), patch_size=v.patch_size,
+                             in_channels=int(image_shape[0]), width=v.width, depth=depth,
+                             heads=v.heads, mlp_ratio=v.mlp_ratio, pool=v.pool)
+
+
+def initial_online(p, image_shape, depth: int) -> nn.Module:
+    """The seeded initial F (``depth`` blocks), H and P; FedMoCo and Scratch start from the
+    full-depth one, the growing methods from one block."""
+    torch.manual_seed(derive_seed(p.seed, "init", "vit"))
+    return nn.ModuleDict({"encoder": build_vit(p, image_shape, depth),
+                          "projector": moco_v3_projector(p.vit.width, p.vit.head_hidden,
+                                                         p.vit.head_out),
+                          "predictor": moco_v3_predictor(p.vit.head_out, p.vit.head_hidden,
+                                                         p.vit.head_out)})
+
+
+def load_online(p, image_shape, path: Path, device) -> nn.Module:
+    saved = torch.load(path, map_location=device, weights_only=True)
+    model = initial_online(p, image_shape, saved["depth"]).to(device)
+    model.load_state_dict(saved["online"])
+    return model
+
+
+def save_online(model_state: Tensors, depth: int, image_shape, path: Path) -> None:
+    torch_save({"online": {k: v.detach().cpu() for k, v in model_state.items()},
+                "depth": depth, "image_shape": tuple(image_shape)}, path)
+
+
+def grown(p, model: nn.Module, s: int) -> nn.Module:
+    """Stage s's model from stage s-1's: block s appended, a copy of block s-1 (weight
+    transfer) or freshly initialised from a seed of its own."""
+    torch.manual_seed(derive_seed(p.seed, "block", s))
+    vit = model["encoder"]
+    if p.weight_transfer:
+        vit.add_block()
+    else:
+        last = vit.blocks[-1]
+        vit.blocks.append(vit._new_block().to(last.norm1.weight.device))
+        vit.depth = len(vit.blocks)
+    return model
+
+
+def learner_of(p, model: nn.Module, s: int | None, plan: costs.GrowthPlan,
+               server: bool = False) -> MocoV3Learner:
+    """The MoCo v3 learner at stage s: frozen prefix = the blocks a layer-wise client does not
+    train; the server's calibration trains everything, without alignment."""
+    alpha = 0.0 if server or p.name != "lw_fedssl" else p.stage_alpha(s)
+    prefix = (s - 1) if (plan.trains == "last" and plan.grows and not server) else 0
+    return MocoV3Learner(model["encoder"], model["projector"], model["predictor"],
+                         settings_of(p, s).temperature, alpha, prefix)
+
+
+# ============================================================================ training
+def two_views(first: BatchAugment, second: BatchAugment):
+    def make(batch: torch.Tensor, generator: torch.Generator):
+        return first(batch, generator), second(batch, generator)
+    return make
+
+
+def learner_loss(model, params, buffers, batch):
+    v1, v2 = batch.views
+    with torch.autocast(v1.device.type, torch.bfloat16, enabled=v1.device.type == "cuda"):
+        return functional_call(model, (params, buffers), (v1, v2, batch.valid)).float()
+
+
+def momentum_hook(pairs: dict[str, str], mu: float):
+    """After every step: the momentum branch's twins of the trained weights move by EMA."""
+    def after_step(trained, frozen_, buffers):
+        ema_update({t: frozen_[t] for t in pairs}, {t: trained[o] for t, o in pairs.items()}, mu)
+    return after_step
+
+
+def kind_of(key: str) -> str:
+    """Traffic kind of an online tensor: encoder ``blocks``, the input ``embedding`` (patch
+    projection, CLS token) or ``heads`` (H, P and the final LayerNorm sent with them)."""
+    if key.startswith("encoder.blocks."):
+        return "blocks"
+    if key.startswith(("encoder.patch_embed.", "encoder.cls_token")):
+        return "embedding"
+    return "heads"
+
+
+def block_of(key: str) -> int | None:
+    return int(key.split(".")[2]) if key.startswith("encoder.blocks.") else None
+
+
+def select(keys, which: str, s: int | None, plan: costs.GrowthPlan) -> list[str]:
+    """The online tensors ``which`` ("all" / "last") covers at stage s: the newest block and
+    the heads, with the embedding in stage 1; or everything present."""
+    if which == "all" or not plan.grows:
+        return list(keys)
+    return [k for k in keys if kind_of(k) == "heads" or block_of(k) == s - 1
+            or (s == 1 and kind_of(k) == "embedding")]
+
+
+def trained_names(learner: nn.Module, plan: costs.GrowthPlan, s: int | None) -> set[str]:
+    """The parameters a client trains at stage s (Tab. 2's active layers and the heads)."""
+    params = {k for k, _ in learner.named_parameters()}
+    return {k for k in select(online_state(learner.state_dict()), plan.trains, s, plan)
+            if k in params}
+
+
+class Calibrator:
+    """LW-FedSSL's server-side calibration (Alg. 3): end-to-end MoCo v3 on the server's
+    unlabelled data, with the same trainer settings as the clients (a cohort of one)."""
+
+    def __init__(self, cohort: CohortTrainer, data: LocalData, seed: int, stage: int):
+        self.cohort, self.data, self.seed, self.stage = cohort, data, seed, stage
+        self.trainable = {k for k, _ in cohort.model.named_parameters()
+                          if k.startswith(("encoder.", "projector.", "predictor."))}
+
+    def __call__(self, online: Tensors, round_: int, lr: float) -> tuple[Tensors, float]:
+        start = round_start_state(online, alpha=False)
+        gen = torch_generator(self.data.device, self.seed, "calibrate", self.stage, round_)
+        trained, losses = self.cohort.train([start], self.data, [0], lr,
+                                            (self.seed, "calibrate", self.stage, round_), gen,
+                                            self.trainable)
+        return online_state({k: v[0] for k, v in trained.items()}), float(losses[0])
+
+
+class GrowthStrategy(Strategy):
+    """The hooks of one stage of a plan: which tensors train and travel, FedAvg of what came
+    back, the learning rate at the stage's place in the whole schedule, and calibration."""
+
+    def __init__(self, cfg: FederationConfig, plan: costs.GrowthPlan, stage: int | None,
+                 learner: MocoV3Learner, weight_transfer: bool, offset: int, horizon: int,
+                 lr_schedule: str, calibrate: Calibrator | None = None,
+                 timing: str = "round_start"):
+        super().__init__(cfg)
+        self.plan, self.stage = plan, stage
+        self.alpha = learner.global_encoder is not None
+        online_keys = list(online_state(learner.state_dict()))
+        s = stage
+        self.down = select(online_keys, plan.downloads, s, plan)
+        self.up = select(online_keys, plan.uploads, s, plan)
+        self.train = trained_names(learner, plan, s)
+        # What froze at the end of the previous stage and a client does not hold yet: the
+        # embedding's last aggregate (after stage 1), and without weight transfer the previous
+        # block's (with it, the new block arrives as that very copy).
+        self.catch_up: list[str] = []
+        if plan.grows and plan.downloads == "last" and s and s > 1:
+            self.catch_up = [k for k in online_keys if (s == 2 and kind_of(k) == "embedding")
+                             or (not weight_transfer and block_of(k) == s - 2)]
+        self.offset, self.horizon, self.lr_schedule = offset, horizon, lr_schedule
+        self.calibrate, self.timing = calibrate, timing
+
+    # ------------------------------------------------------------------ schedule
+    def lr(self, round_: int) -> float:
+        if self.lr_schedule == "cosine":
+            return cosine_lr(self.cfg.lr, self.offset + round_, self.horizon)
+        if self.lr_schedule == "cyclic":
+            return cosine_lr(self.cfg.lr, round_, self.cfg.rounds)
+        return self.cfg.lr
+
+    def sample(self, state: FedState, round_: int) -> list[int]:
+        return sample_clients(len(self.fed.data.clients), self.cfg.client_fraction,
+                              self.cfg.seed, self.offset + round_)
+
+    # ------------------------------------------------------------------ server
+    def init_server(self, model: nn.Module) -> dict[str, Tensors]:
+        """``model`` is the learner: the server keeps its online part."""
+        server = {"global": online_state(model.state_dict())}
+        if self.calibrate and self.timing == "round_start":  # before the stage's first round
+            self._calibrate(server, 0, self.lr(0), None)
+        return server
+
+    def _calibrate(self, server: dict, round_: int, lr: float, state: FedState | None):
+        server["global"], loss = self.calibrate(server["global"], round_, lr)
+        self._last_calibration = loss
+
+    def server_step(self, state: FedState, round_: int) -> None:
+        self._last_calibration = None
+        if not self.calibrate:
+            return
+        if self.timing == "round_end":
+            self._calibrate(state.server, round_, self.lr(round_), state)
+        elif round_ + 1 < self.cfg.rounds:  # before the next round of this stage
+            self._calibrate(state.server, round_ + 1, self.lr(round_ + 1), state)
+
+    def final_model(self, state: FedState) -> Tensors:
+        """The learner's whole state (its online part the global model)."""
+        return round_start_state(state.server["global"], self.alpha)
+
+    def evaluate(self, state: FedState, round_: int) -> dict | None:
+        loss = getattr(self, "_last_calibration", None)
+        return None if loss is None else {"calibration_loss": round(loss, 5)}
+
+    # ------------------------------------------------------------------ clients
+    def download(self, state: FedState, client: int) -> Tensors:
+        g = state.server["global"]
+        keys = self.down + (self.catch_up if state.round == 0 else [])
+        return {k: g[k] for k in keys}
+
+    def local_start(self, state: FedState, client: int, received: Tensors) -> Tensors:
+        # What a client did not receive it holds already: the frozen blocks it got (or grew)
+        # in earlier stages, which the server has not changed since (no calibration).
+        return round_start_state({**state.server["global"], **received}, self.alpha)
+
+    def trainable(self, state: FedState) -> set[str]:
+        return self.train
+
+    def upload(self, state: FedState, client: int, trained: Tensors) -> Tensors:
+        return {k: trained[k] for k in self.up}
+
+    def traffic(self, tensors: Tensors) -> dict[str, Tensors]:
+        kinds: dict[str, Tensors] = {}
+        for k, v in tensors.items():
+            kinds.setdefault(kind_of(k), {})[k] = v
+        return kinds
+
+    def aggregate(self, state: FedState, updates: RoundUpdates) -> None:
+        state.server["global"] = {**state.server["global"],
+                                  **fedavg(stacked(updates.uploads), updates.weights)}
+
+
+def server_data(ctx, clients: LocalData) -> LocalData:
+    """The calibration set: the partition's server holdout, on the clients' image tensor."""
+    return LocalData(clients.images, clients.labels, [ctx.server_indices()])
+
+
+def make_federation(p, model: nn.Module, s: int | None, data: LocalData, ckpt, fingerprint,
+                    server: LocalData | None = None) -> tuple[Federation, MocoV3Learner]:
+    """Stage s of method params ``p``, starting from ``model`` (F with its blocks, H, P)."""
+    plan, st = plan_of(p, s), settings_of(p, s)
+    learner = learner_of(p, model, s, plan)
+    size = input_size(p, data.images.shape[1:])
+    views = two_views(BatchAugment(p.augment, size), BatchAugment(p.augment_2 or p.augment, size))
+    opt = OptimizerConfig(kind="adamw", weight_decay=st.weight_decay)
+    parallel = vectorise_clients(p.parallel_clients, data.device)
+    cohort = CohortTrainer(learner, views, learner_loss, opt, st.batch_size, st.local_epochs,
+                           parallel, momentum_hook(ema_pairs(trained_names(learner, plan, s)),
+                                                   st.momentum))
+    calibrate, timing = None, "round_start"
+    if p.name == "lw_fedssl" and p.calibration.enabled:
+        if server is None:
+            raise ValueError("LW-FedSSL's calibration needs the server's data")
+        c = p.calibration
+        server_learner = learner_of(p, model, s, plan, server=True)
+        server_cohort = CohortTrainer(
+            server_learner, views, learner_loss, opt, c.batch_size or st.batch_size,
+            c.local_epochs or st.local_epochs, False,
+            momentum_hook(ema_pairs(n for n, _ in server_learner.named_parameters()
+                                    if n.startswith(("encoder.", "projector."))), st.momentum))
+        calibrate, timing = Calibrator(server_cohort, server, p.seed, s or 0), c.timing
+    rounds = all_rounds(p)
+    index = stages_of(p).index(s)
+    cfg = FederationConfig(rounds=st.rounds, client_fraction=st.client_fraction, lr=st.lr,
+                           seed=derive_seed(p.seed, "stage", s or 0) % 2**31)
+    strategy = GrowthStrategy(cfg, plan, s, learner, getattr(p, "weight_transfer", True),
+                              offset=sum(rounds[:index]), horizon=sum(rounds),
+                              lr_schedule=st.lr_schedule, calibrate=calibrate, timing=timing)
+    fed = Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint, server)
+    return fed, learner
+
+
+def grow(ctx, s: int | None) -> None:
+    """Step ``grow_s`` (or FedMoCo's ``pretrain`` with s = None): build stage s's model from
+    the previous stage's output, run its rounds, save F (s blocks), H and P."""
+    p, shape = ctx.exp.method, ctx.image_shape
+    if s is None or s == 1:
+        model = initial_online(p, shape, p.vit.depth if s is None else 1).to(ctx.device)
+    else:
+        model = grown(p, load_online(p, shape, ctx.input(f"grow_{s - 1}") / "model.pt",
+                                     ctx.device), s)
+    data = train_data(ctx)
+    server = (server_data(ctx, data) if p.name == "lw_fedssl" and p.calibration.enabled
+              else None)
+    fed, learner = make_federation(p, model, s, data, ctx.resume_path, ctx.fingerprint, server)
+    log = "rounds.tsv" if s is None else f"grow_{s}.tsv"
+    state = run_federation(ctx, fed, learner, log_name=log)
+    depth = model["encoder"].depth
+    save_online(state.server["global"], depth, shape, ctx.out / "model.pt")
+    strategy = fed.strategy
+    if s is None or s == p.vit.depth:  # the report's parameter count: the whole model
+        ctx.info["parameters"] = sum(q.numel() for q in model.parameters())
+    ctx.info.update(stage=s, blocks=depth,
+                    trained_parameters=sum(q.numel() for n, q in learner.named_parameters()
+                                           if n in strategy.train),
+                    downloads=sorted({kind_of(k) for k in strategy.down}),
+                    calibration=bool(strategy.calibrate), server_samples=(
+                        len(server.clients[0]) if server else 0))
+    write_json(ctx.out / "stage.json", {
+        "stage": s, "blocks": depth, "rounds": len(state.log),
+        "lr": [r["lr"] for r in state.log], "loss": [r["loss"] for r in state.log],
+        "calibration_loss": [r.get("calibration_loss") for r in state.log]})
+
+
+def scratch(ctx) -> None:
+    """The reference row: the seeded initial full-depth encoder, untrained."""
+    p = ctx.exp.method
+    model = initial_online(p, ctx.image_shape, p.vit.depth)
+    save_online(model.state_dict(), p.vit.depth, ctx.image_shape, ctx.out / "model.pt")
+    ctx.info.update(rounds=0, parameters=sum(q.numel() for q in model.parameters()))
+
+
+# ============================================================================ evaluation
+class DeployedVit(nn.Module):
+    """The trained encoder F for the probes: images resized to its input side when they differ
+    (bilinear, antialiased), then the pooled representation."""
+
+    def __init__(self, vit: VisionTransformer, size: int):
+        super().__init__()
+        self.vit, self.size, self.out_dim = vit, size, vit.out_dim
+
+    def forward(self, x):
+        if x.shape[-1] != self.size or x.shape[-2] != self.size:
+            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear",
+                              align_corners=False, antialias=True)
+        return self.vit(x)
+
+
+def deployed_encoder(ctx, step: str) -> nn.Module:
+    p = ctx.exp.method
+    model = load_online(p, ctx.image_shape, ctx.input(step) / "model.pt", ctx.device)
+    return frozen(DeployedVit(model["encoder"], input_size(p, ctx.image_shape)))
+
+
+# ============================================================================ costs
+class _TwoViews(nn.Module):
+    """A learner as a one-input module (the shared meters' interface): the input holds view 1
+    then view 2."""
+
+    def __init__(self, learner: MocoV3Learner):
+        super().__init__()
+        self.learner = learner
+
+    def forward(self, x):
+        return self.learner(*x.chunk(2))
+
+
+def measure_stage(p, image_shape, s: int | None, model: nn.Module | None = None) -> dict:
+    """One local step at stage s, measured on the CPU on a probe batch: FLOPs per sample
+    (FlopCounterMode, forward + backward, frozen prefix under no_grad), and the step's memory
+    at the real batch size: the activations autograd keeps (scaled from the probe) + every
+    tensor of the learner (online, momentum and global copies) + gradient and two AdamW slots
+    per trained weight."""
+    plan, st = plan_of(p, s), settings_of(p, s)
+    depth = p.vit.depth if (s is None) else s
+    model = model or initial_online(p, image_shape, depth)
+    learner = learner_of(p, model, s, plan).train()
+    train = trained_names(learner, plan, s)
+    for name, q in learner.named_parameters():
+        q.requires_grad_(name in train)
+    size = input_size(p, image_shape)
+    pairs = costs.PROBE_PAIRS
+    x = torch.rand((2 * pairs, int(image_shape[0]), size, size),
+                   generator=torch.Generator().manual_seed(0))
+    wrapped = _TwoViews(learner)
+    flops = costs.train_step_flops(wrapped, x, lambda out, _x: out) / pairs
+    acts = costs.saved_activation_bytes(wrapped, x, lambda out, _x: out)
+    tensors = sum(t.numel() * t.element_size() for t in learner.state_dict().values())
+    trained = sum(q.numel() * q.element_size() for n, q in learner.named_parameters()
+                  if n in train)
+    return {"flops_per_sample": flops,
+            "peak_bytes": int(acts * st.batch_size / pairs + tensors + 3 * trained),
+            "paper_flops_per_round": costs.growth_round_flops(
+                plan, cost_parts(p, image_shape), s or 1, p.vit.depth)}
+
+
+def cost_parts(p, image_shape) -> costs.VitCostParts:
+    v = p.vit
+    return costs.vit_cost_parts(input_size(p, image_shape), v.patch_size, int(image_shape[0]),
+                                v.width, int(round(v.width * v.mlp_ratio)), v.pool == "cls",
+                                v.head_hidden, v.head_out)
+
+
+def _client_rows(p, image_shape, samples: list[int], ledgers: list[list[dict]]) -> list[dict]:
+    """Per-client costs from each stage's ledger rows (``ledgers[stage][client]``: rounds and
+    bytes by kind, as the engine's Ledger.summary writes them)."""
+    measured = [measure_stage(p, image_shape, s) for s in stages_of(p)]
+    rows = []
+    for c, n in enumerate(samples):
+        row = {"client": c, "samples": n, "rounds_taken": 0, "bytes_actual": 0,
+               "beta_flops": 0.0, "paper_flops": 0.0, "peak_step_bytes": 0,
+               "encoder_bytes": 0, "encoder_bytes_down": 0, "encoder_bytes_up": 0,
+               "block_bytes": 0}
+        for s, m, ledger in zip(stages_of(p), measured, ledgers):
+            entry = ledger[c]
+            r = entry["rounds"]
+            down, up = entry["down_by_kind"], entry["up_by_kind"]
+            row["rounds_taken"] += r
+            row["bytes_actual"] += entry["bytes_up"] + entry["bytes_down"]
+            row["beta_flops"] += m["flops_per_sample"] * n * settings_of(p, s).local_epochs * r
+            row["paper_flops"] += m["paper_flops_per_round"] * r
+            if r:
+                row["peak_step_bytes"] = max(row["peak_step_bytes"], m["peak_bytes"])
+            enc_down = down.get("blocks", 0) + down.get("embedding", 0)
+            enc_up = up.get("blocks", 0) + up.get("embedding", 0)
+            row["encoder_bytes_down"] += enc_down
+            row["encoder_bytes_up"] += enc_up
+            row["encoder_bytes"] += enc_down + enc_up
+            row["block_bytes"] += down.get("blocks", 0) + up.get("blocks", 0)
+        rows.append(row)
+    return rows
+
+
+def client_costs(ctx) -> list[dict]:
+    p = ctx.exp.method
+    steps = ["pretrain"] if p.name == "fedmoco" else [f"grow_{s}" for s in stages_of(p)]
+    ledgers = [json.loads((ctx.input(step) / "communication.json").read_text())["per_client"]
+               for step in steps]
+    return _client_rows(p, ctx.image_shape, [len(c) for c in ctx.clients()], ledgers)
+
+
+def projected_costs(exp, part, dataset: str) -> dict:
+    """The average client at full scale, every client in every round (bytes from the plan,
+    FLOPs and memory measured on one probe step per stage)."""
+    p = exp.method
+    shape = IMAGE_SHAPES[dataset]
+    n = costs.average_client_samples(part, dataset)
+    parts = cost_parts(p, shape)
+    ledgers = []
+    for s in stages_of(p):
+        plan, r = plan_of(p, s), settings_of(p, s).rounds
+        down, up = costs.growth_round_params(plan, parts, s or 1, p.vit.depth)
+        fraction = settings_of(p, s).client_fraction
+        taken = math.floor(fraction * r + 0.5)
+        ledgers.append([{"rounds": taken, "bytes_up": 4 * up * taken,
+                         "bytes_down": 4 * down * taken,
+                         "up_by_kind": {"blocks": 4 * up * taken},
+                         "down_by_kind": {"blocks": 4 * down * taken}}])
+    return costs.summarize_client_costs(_client_rows(p, shape, [n], ledgers),
+                                        ("paper_flops", "encoder_bytes"))
