@@ -198,7 +198,8 @@ def report_tables(rows: list[dict], methods) -> dict[str, tuple[str, str]]:
 
 # ------------------------------------------------------------------ README tables
 README = Path("README.md")
-_BLOCK = re.compile(r"(<!-- results: (\w+) (\w+) -->\n)(.*?)(<!-- /results -->)", re.S)
+# TABLE: a key of the report's tables (a method's own tables may have spaces in their names)
+_BLOCK = re.compile(r"(<!-- results: (\w+) (.+?) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 
 def readme_text(text: str, results_root: Path = Path("results/reports")) -> str:
