@@ -146,3 +146,11 @@ def test_attack_inputs_are_validated():
         add_gradient_noise({"w": torch.zeros(3)}, "uniform", 1.0)
     with pytest.raises(TypeError):
         client_gradients(nn.ModuleList([nn.Linear(2, 2)]), torch.zeros(1, 2), 0)
+
+
+def test_laplace_noise_stays_finite_when_the_uniform_draw_hits_zero(monkeypatch):
+    # torch.rand draws from [0, 1): a draw of exactly 0 once made an infinite Laplace sample
+    # (and a NaN model in a long FedAvg run with noisy uploads)
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.zeros(shape, dtype=kw["dtype"]))
+    noisy = add_gradient_noise({"w": torch.zeros(4)}, "laplace", 1e-4, seed=0)["w"]
+    assert torch.isfinite(noisy).all() and (noisy != 0).all()

@@ -108,7 +108,9 @@ def _noise(like: torch.Tensor, kind: str, variance: float, gen: torch.Generator)
         # inverse CDF of Laplace(0, b) with variance 2 b^2
         b = math.sqrt(variance / 2)
         u = torch.rand(like.shape, generator=gen, dtype=like.dtype) - 0.5
-        draw = -b * torch.sign(u) * torch.log1p(-2 * u.abs())
+        # rand can return exactly 0 (u = -0.5, log1p(-1) = -inf): keep |u| inside (0, 0.5)
+        edge = 0.5 - torch.finfo(like.dtype).eps
+        draw = -b * torch.sign(u) * torch.log1p(-2 * u.abs().clamp_max(edge))
     else:
         raise ValueError(f"unknown noise kind {kind!r}; use 'gaussian' or 'laplace'")
     return draw.to(like.device)
