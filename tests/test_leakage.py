@@ -20,13 +20,7 @@ from fedssl.attacks.leakage import (
 SIZE, CLASSES = 16, 10
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The double backward of a tiny conv net is ~20x slower when 2 threads fight other jobs.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def lenet(fc_widths: tuple[int, ...] = (CLASSES,), seed: int = 1) -> nn.Sequential:

@@ -23,12 +23,7 @@ NET = {"base": "cnn", "conv_channels": [4, 8], "kernel_size": 5, "hidden": [16],
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def params(variant: str = "mpfedcon", **kw) -> MpFedconParams:
@@ -331,3 +326,15 @@ def test_personal_summary_has_the_last_rounds_mean_at_each_checkpoint(tmp_path):
     assert out["personal_last4_at_10"] == pytest.approx(np.mean([7, 8, 9, 10]))
     assert out["personal_at_10"] == 10.0 and out["rounds_to_target"] == 11
     assert out["pooled_top1"] == 1.0
+
+
+def test_the_leakage_table_lays_out_only_the_attack_rows():
+    from fedssl.methods.gradient_leakage.tables import leakage_tables
+    attack = {"experiment": "leak", "title": "DLG / iDLG", "idlg_label_hit_full": 1.0,
+              "idlg_label_hit_cl1_at1": 0.09, "about_full": "all gradients",
+              "chance_label_hit": 0.1, "images_label": 100}
+    fedavg = {"experiment": "fedavg_s5", "title": "FedAvg", "personal_top1": 51.8}
+    tables = leakage_tables([fedavg, attack])
+    assert list(tables) == ["leakage_leak"]
+    body = tables["leakage_leak"]
+    assert "| full | all gradients | 100% |" in body and "| cl1_at1 |  | 9% |" in body

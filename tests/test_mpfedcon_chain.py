@@ -67,12 +67,7 @@ def run_in_process(dag) -> None:
         importlib.import_module(module).run(args)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_mpfedcon_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):

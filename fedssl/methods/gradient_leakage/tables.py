@@ -19,8 +19,10 @@ def _markdown(header: list[str], lines: list[list[str]], caption: str) -> str:
 def leakage_tables(rows: list[dict]) -> dict[str, str]:
     """Per attack setting: label hit rates, final reconstruction MSE, share recovered."""
     tables = {}
-    for r in rows:
+    for r in rows:  # the pipeline's rows: only the attack's own have its settings
         settings = [m.group(1) for k in r if (m := re.fullmatch(r"idlg_label_hit_(\w+)", k))]
+        if not settings:
+            continue
         header = ["setting", "what the attacker gets", "iDLG label hit", "DLG label hit",
                   "iDLG final MSE", "DLG final MSE", "iDLG recovered", "DLG recovered",
                   "iDLG iterations to recover", "DLG iterations to recover"]
