@@ -72,29 +72,29 @@ def run_setting(p, setting, x: torch.Tensor, y: np.ndarray, num_classes: int) ->
     shape = tuple(x.shape[1:])
     out = {"idlg_label_hits": [], "blind_guess": False, "dlg_label_hits": [],
            "recon": {"idlg": [], "dlg": []}}
-    for i in range(p.label_images):
+    def victim(i: int):  # image i's seeded LeNet and the gradients its party shares
         seed = derive_seed(p.seed, "lenet", i)
         model = lenet(p, num_classes, shape, seed)
-        grads = shared_gradients(model, x[i:i + 1], int(y[i]), setting, seed)
+        return seed, model, shared_gradients(model, x[i:i + 1], int(y[i]), setting, seed)
+
+    def surrogate_of(model, seed: int):  # the attacker's copy (hidden layers guessed)
+        return attacker_model(model, setting.hidden_fc, setting.assumed_fc, num_classes,
+                              seed=seed + 1, init_bound=p.init_range)
+
+    for i in range(p.label_images):
+        seed, model, grads = victim(i)
         label, blind = idlg_label(model, grads, num_classes, seed)
         out["idlg_label_hits"].append(int(label == y[i]))
         out["blind_guess"] |= blind
     for i in range(p.recon_label_images):
-        seed = derive_seed(p.seed, "lenet", i)
-        model = lenet(p, num_classes, shape, seed)
-        grads = shared_gradients(model, x[i:i + 1], int(y[i]), setting, seed)
-        surrogate = attacker_model(model, setting.hidden_fc, setting.assumed_fc, num_classes,
-                                   seed=seed + 1, init_bound=p.init_range)
-        r = gradient_attack(surrogate, grads, shape, num_classes, "dlg",
+        seed, model, grads = victim(i)
+        r = gradient_attack(surrogate_of(model, seed), grads, shape, num_classes, "dlg",
                             iterations=p.dlg_label_iterations, lbfgs_max_iter=p.lbfgs_max_iter,
                             seed=seed)
         out["dlg_label_hits"].append(int(r.label == y[i]))
     for i in range(p.recon_images):
-        seed = derive_seed(p.seed, "lenet", i)
-        model = lenet(p, num_classes, shape, seed)
-        grads = shared_gradients(model, x[i:i + 1], int(y[i]), setting, seed)
-        surrogate = attacker_model(model, setting.hidden_fc, setting.assumed_fc, num_classes,
-                                   seed=seed + 1, init_bound=p.init_range)
+        seed, model, grads = victim(i)
+        surrogate = surrogate_of(model, seed)
         for attack in p.attacks:
             label = idlg_label(model, grads, num_classes, seed)[0] if attack == "idlg" else None
             r = gradient_attack(surrogate, grads, shape, num_classes, attack, label=label,
