@@ -134,7 +134,8 @@ def make_tiny_project(root: Path, git: bool = True) -> Path:
             tiny_experiment(title, arch, method, rounds))
     (params / "pipelines.yaml").write_text(
         "pipelines:\n  default: [tiny_simclr, tiny_random, tiny_pixels]\n")
-    (root / ".gitignore").write_text("/artifacts/\n.snakemake/\n")
+    # the project's own ignore rules: DVC refuses a pipeline file that git ignores
+    shutil.copy(REPO / ".gitignore", root / ".gitignore")
     run(["python", "-m", "fedssl.pipeline", "write"], root)
     if git:
         run(["git", "init", "-q"], root)
