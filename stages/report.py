@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+from fedssl.params import setting
 from fedssl.pipeline import report_dir
 from fedssl.report import experiment_row, plot_curves, report_tables, table_cell, write_csv
 from fedssl.stage import StageContext, main_guard
@@ -19,7 +20,7 @@ def run(argv):
     ctx = StageContext("report", pipeline)
     dag, presets = ctx.dag, ctx.presets
     from fedssl.methods import registry
-    rows, partitions, methods = [], [], {}
+    rows, partitions, methods, swept = [], [], {}, []
     for name in dag.experiments:
         exp = presets.load("experiment", name)
         method = methods.setdefault(exp.method.name, registry.get(exp.method.name))
@@ -34,6 +35,8 @@ def run(argv):
         rows.append({**experiment_row(name, exp, method, steps, metrics, costs),
                      "row": row, "column": column})
         partitions += [exp.partition] if exp.partition not in partitions else []
+        swept.append(setting(exp, dag.column) if dag.column != "partition" else None)
+    rows = in_column_order(rows, swept)
     results = Path(report_dir(pipeline))
     with ctx.run() as out:
         tables = report_tables(rows, methods.values())
@@ -59,6 +62,14 @@ def run(argv):
             indent=1, ensure_ascii=False) + "\n")
         ctx.info["rows"] = len(rows)
     print(f"wrote {results}/report.md, report.csv, report.json and curves.png")
+
+
+def in_column_order(rows: list[dict], values: list) -> list[dict]:
+    """The rows, stably sorted by the swept setting when every value is a number, so a sweep
+    reads N = 1, 2, 3, 5 whatever order the pipeline lists its experiments in."""
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return rows
+    return [rows[i] for i in sorted(range(len(rows)), key=values.__getitem__)]
 
 
 if __name__ == "__main__":

@@ -98,3 +98,14 @@ def test_a_row_holds_the_metrics_its_method_steps_wrote(tmp_path):
 def test_methods_draw_no_figures_unless_they_say_so(tmp_path):
     assert MFCL.figures([{"method": "mfcl"}], tmp_path) == {}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_numeric_sweep_reads_in_value_order_whatever_the_listing_order():
+    from stages.report import in_column_order
+    rows = [{"e": "fedavg"}, {"e": "n2"}, {"e": "n5"}, {"e": "n3"}]
+    assert [r["e"] for r in in_column_order(rows, [1, 2, 5, 3])] == ["fedavg", "n2", "n3", "n5"]
+    # ties keep the listing order; a value that is not a number (None = "all epochs", or a
+    # flag) leaves the listing order alone
+    assert [r["e"] for r in in_column_order(rows, [8, 4, 8, 4])] == ["n2", "n3", "fedavg", "n5"]
+    assert in_column_order(rows, [None, 0, 0, None]) == rows
+    assert in_column_order(rows, [True, False, True, False]) == rows

@@ -104,7 +104,7 @@ def paper_tables(rows: list[dict]) -> dict[str, str]:
     if not rows:
         return {}
     return {"cpcfl_tab3": "CP-CFL, layout of Tab. 3: mean client test accuracy (%) at T/4, "
-                          "T/2, 3T/4, T and best (mean±SD over runs); cluster recovery at T; "
-                          "per-client costs.\n\n" + tab3(rows),
-            "cpcfl_tab4": "CP-CFL, layout of Tab. 4: pooled F1 and AUROC at T (mean±SD over "
-                          "runs).\n\n" + tab4(rows)}
+                          "T/2, 3T/4, T and best (mean ± population SD over trials, as the paper); "
+                          "cluster recovery at T; per-client costs.\n\n" + tab3(rows),
+            "cpcfl_tab4": "CP-CFL, layout of Tab. 4: pooled F1 and AUROC at T (mean ± population "
+                          "SD over trials).\n\n" + tab4(rows)}
