@@ -1,36 +1,48 @@
-"""The report: the accuracy tables in the layout of MFCL Tab. 2 (methods down, data set and
-partition across, repeated runs as mean ± std) with the per-client costs of Tab. 3 beside them,
-and one row per experiment with every metric, as Markdown, CSV and JSON (``report.json`` holds
-the tables by name, which ``python -m fedssl.report readme`` copies into the README)."""
+"""A pipeline's report, the same for every method: the probe metrics as pivots (method down,
+setting across, repeated runs as mean ± SD), each method's own tables (its plugin's tables
+module, in its paper's terms), a short table of the runs, and figures. ``report.md`` is for
+reading; ``report.csv`` and ``report.json`` hold every column of every run, and
+``report.json`` also the tables by name (the README's result blocks copy them).
+
+The report stage builds the rows and calls :func:`write_report`; ``python -m fedssl.report
+render`` loads the committed rows and calls the same function, so a change of wording reaches
+the committed reports without rerunning anything."""
 from __future__ import annotations
 
 import argparse
 import csv
 import json
 import re
-import statistics
 import sys
 from pathlib import Path
 
 from fedssl.params import setting
+from fedssl.report_format import markdown_table, number, pivot_markdown, save_figure
 
 DATASET_LABELS = {"fashion_mnist": "F-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
                   "stl10": "STL-10", "tiny_imagenet": "Tiny"}
-# Tab. 3's per-client cost columns beside the pivot: header -> the row's column (its units).
-PIVOT_COSTS = {"α (bits)": "alpha_bits", "β (GFLOPs)": "beta_GFLOPs",
-               "γ Eq. 6 (MB)": "gamma_eq6_MB", "sent (MB)": "client_MB_sent"}
 
 COLUMNS = ["experiment", "title", "partition", "method", "arch", "rounds", "linear_top1",
            "knn_top1", "client_MB_up", "client_MB_down", "parameters",
            "alpha_bits", "client_MB_sent", "beta_GFLOPs", "gamma_eq6_MB", "peak_step_MB",
            "row", "column"]
-# The pivots the report opens with, for the metrics its experiments have (title, costs beside).
-PIVOTS = {"linear": ("linear_top1", "Linear probe top-1 % (layout of MFCL Tab. 2; per-client "
-                                    "costs as Tab. 3)", True),
+# The pivots the report opens with, for the metrics its runs have: name -> (metric, title,
+# whether the mean per-client costs stand beside it).
+PIVOTS = {"linear": ("linear_top1", "Linear probe top-1 %", True),
           "knn": ("knn_top1", "k-NN top-1 %", False),
-          "personal": ("personal_top1", "Personalised accuracy % (each client's model on its "
-                                        "own test split, final round)", True)}
-# Mean per-client costs (the `costs` stage; blank for methods without one), as in Tab. 3.
+          "personal": ("personal_top1", "Personalised top-1 % (each client's model on its own "
+                                        "test split, final round)", True)}
+# The costs beside a pivot (blank for methods without a costs stage): header -> column.
+PIVOT_COSTS = {"MB sent / client": "client_MB_sent", "GFLOPs / client": "beta_GFLOPs",
+               "peak step MB": "peak_step_MB"}
+# The short table of runs: column -> its header (a column shows when some run has it).
+RUN_COLUMNS = {"experiment": "experiment", "row": "method", "column": "setting",
+               "linear_top1": "linear", "knn_top1": "k-NN", "personal_top1": "personal",
+               "finetune_top1": "fine-tune", "client_MB_up": "MB up / client",
+               "client_MB_down": "MB down / client", "rounds": "rounds"}
+TEXT_COLUMNS = ("experiment", "row", "column")
+# Mean per-client costs (the `costs` stage; blank for methods without one): column -> (the
+# costs file's key, scale to the column's unit).
 COST_COLUMNS = {"alpha_bits": ("mean_alpha_bits_paper", 1.0),
                 "client_MB_sent": ("mean_bytes_actual", 1e-6),
                 "beta_GFLOPs": ("mean_beta_flops", 1e-9),
@@ -43,7 +55,7 @@ def experiment_row(name: str, exp, method, step_dirs: list[Path],
     """One experiment's row: its evaluation metrics (every metrics file of its stages: probes,
     fine-tuning, ...), rounds, parameters and final losses of its method's steps,
     the metrics the steps wrote (a ``metrics.json`` in a step's output), the per-client
-    traffic they logged, and its per-client costs (the Tab. 3 columns, then any other mean a
+    traffic they logged, and its per-client costs (:data:`COST_COLUMNS`, then any other mean a
     method's costs stage reports, under its own name without ``mean_``)."""
     metrics = {}
     for f in [metrics_files] if isinstance(metrics_files, Path) else metrics_files:
@@ -123,55 +135,37 @@ def table_cell(exp, method, partition, dataset_name: str, row: str = "method",
     return row, f"{DATASET_LABELS.get(dataset_name, dataset_name)} {split}"
 
 
-def _mean_std(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f}±{statistics.stdev(values):.2f}"
+def table_cell(exp, method, partition, dataset_name: str, row: str = "method",
+               column: str = "partition") -> tuple[str, str]:
+    """(row, column) of an experiment in the pivot: the method's label (the title for
+    reference rows) or the title, and the data set with its partition or ``leaf=value`` of a
+    swept setting."""
+    label = method.row_label(exp.method)
+    row = exp.title if row == "title" or not label else label
+    if column != "partition":
+        return row, f"{column.rsplit('.', 1)[-1]}={setting(exp, column)}"
+    scheme = partition.scheme
+    split = {"dirichlet": lambda: f"ξ={scheme.alpha:g}", "iid": lambda: "IID",
+             "shards": lambda: f"{scheme.classes_per_client} classes/client",
+             "class_groups": lambda: "class groups"}[scheme.kind]()
+    return row, f"{DATASET_LABELS.get(dataset_name, dataset_name)} {split}"
 
 
-def _first_seen(items) -> list:
-    return list(dict.fromkeys(items))
-
-
-def pivot_markdown(rows: list[dict], metric: str, costs: bool = True) -> str:
-    """``metric`` per (row, column) cell, mean ± sample std over the runs sharing a cell; with
-    ``costs``, then the row's mean per-client costs (Tab. 3; blank for methods without a costs
-    stage)."""
-    row_labels = _first_seen(r["row"] for r in rows)
-    col_labels = _first_seen(r["column"] for r in rows)
-    cells: dict[tuple[str, str], list[float]] = {}
-    for r in rows:
-        cells.setdefault((r["row"], r["column"]), []).append(float(r[metric]))
-    cost_keys = PIVOT_COSTS if costs else {}
-    header = ["method", *col_labels, *cost_keys]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for label in row_labels:
-        mine = [r for r in rows if r["row"] == label]
-        cost_cells = []
-        for key in cost_keys.values():
-            values = [float(r[key]) for r in mine if r[key] != ""]
-            cost_cells.append(f"{statistics.mean(values):.3g}" if values else "")
-        accs = [_mean_std(cells[(label, c)]) if (label, c) in cells else "" for c in col_labels]
-        lines.append("| " + " | ".join([label, *accs, *cost_cells]) + " |")
-    return "\n".join(lines) + "\n"
+def runs_markdown(rows: list[dict]) -> str:
+    """One line per run with the columns a reader scans (:data:`RUN_COLUMNS`)."""
+    columns = [c for c in RUN_COLUMNS if any(r.get(c) not in (None, "") for r in rows)]
+    lines = [[str(r.get(c, "")) if c in TEXT_COLUMNS else number(r.get(c), "g")
+              for c in columns] for r in rows]
+    return markdown_table([RUN_COLUMNS[c] for c in columns], lines,
+                          "One line per run; every column of every run is in report.csv "
+                          "and report.json")
 
 
 def columns_of(rows: list[dict]) -> list[str]:
-    """The report's columns: the fixed ones (those some row has), then every other metric."""
+    """The full table's columns: the fixed ones (those some row has), then every other."""
     present = {k for r in rows for k in r}
     extra = [k for r in rows for k in r if k not in COLUMNS]
     return [c for c in COLUMNS if c in present] + list(dict.fromkeys(extra))
-
-
-def to_markdown(rows: list[dict], columns=None) -> str:
-    columns = columns or columns_of(rows)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r.get(c, "")) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def _cell(value) -> str:
-    return "" if value is None else str(value)
 
 
 def write_csv(rows: list[dict], path: Path, columns=None) -> None:
@@ -181,28 +175,71 @@ def write_csv(rows: list[dict], path: Path, columns=None) -> None:
         w.writerows(rows)
 
 
-def report_tables(rows: list[dict], methods) -> dict[str, tuple[str, str]]:
-    """Name -> (heading, Markdown): the pivots of the metrics present, each method's own
-    paper-layout tables, and every run."""
+def report_tables(rows: list[dict]) -> dict[str, tuple[str, str]]:
+    """Name -> (heading, Markdown): the pivots of the metrics present, the tables of each
+    method the rows name (its plugin's, in its paper's layout), and the short table of runs."""
+    from fedssl.methods import registry
     tables = {}
-    for name, (metric, heading, costs) in PIVOTS.items():
+    for name, (metric, title, costs) in PIVOTS.items():
         mine = [r for r in rows if r.get(metric) not in (None, "")]
         if mine:
-            tables[name] = (heading, pivot_markdown(mine, metric, costs))
-    for method in methods:  # each sees every row (a paper's table may span its methods)
-        for name, table in method.tables(rows).items():
+            caption = f"{title}, method × setting" + (", then mean per-client costs" if costs
+                                                       else "")
+            tables[name] = (title, pivot_markdown(mine, metric, caption,
+                                                  means=PIVOT_COSTS if costs else None))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        # each sees every row (a paper's table may span its methods)
+        for name, table in registry.get(method).tables(rows).items():
             tables[name] = (name, table)
-    tables["runs"] = ("All runs", to_markdown(rows))
+    tables["runs"] = ("Runs", runs_markdown(rows))
     return tables
+
+
+def render(pipeline: str, rows: list[dict], figures: dict[str, str],
+           heatmaps: str) -> tuple[str, dict[str, str]]:
+    """``report.md``'s text and the tables by name, from the rows, the figures already drawn
+    into the report's folder (file -> caption) and the folder of the partition heat-maps."""
+    tables = report_tables(rows)
+    sections = "".join(f"## {heading}\n\n{table}\n" for heading, table in tables.values())
+    sections += "".join(f"## {caption}\n\n![{caption}]({file})\n\n"
+                        for file, caption in figures.items())
+    text = f"# Pipeline `{pipeline}`\n\n{sections}Partition heat-maps: `{heatmaps}/`\n"
+    return text, {name: table for name, (_, table) in tables.items()}
+
+
+def write_report(folder: Path, pipeline: str, rows: list[dict], figures: dict[str, str],
+                 heatmaps: str) -> None:
+    """``report.md``, ``report.csv`` (every column) and ``report.json`` (the rows, the tables
+    by name, and what :func:`rerender` needs besides) in ``folder``."""
+    text, tables = render(pipeline, rows, figures, heatmaps)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.md").write_text(text)
+    write_csv(rows, folder / "report.csv")
+    (folder / "report.json").write_text(json.dumps(
+        {"pipeline": pipeline, "rows": rows, "tables": tables, "figures": figures,
+         "heatmaps": heatmaps}, indent=1, ensure_ascii=False) + "\n")
+
+
+def rerender(folder: Path) -> None:
+    """Rewrite a committed report from its ``report.json`` (figures stay as they are)."""
+    path = folder / "report.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no committed report here")
+    saved = json.loads(path.read_text())
+    missing = [k for k in ("pipeline", "rows", "figures", "heatmaps") if k not in saved]
+    if missing:
+        raise KeyError(f"{path}: lacks {', '.join(missing)} (rerun its report stage)")
+    write_report(folder, saved["pipeline"], saved["rows"], saved["figures"], saved["heatmaps"])
 
 
 # ------------------------------------------------------------------ README tables
 README = Path("README.md")
+REPORTS = Path("results/reports")
 # TABLE: a key of the report's tables (a method's own tables may have spaces in their names)
 _BLOCK = re.compile(r"(<!-- results: (\w+) (.+?) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 
-def readme_text(text: str, results_root: Path = Path("results/reports")) -> str:
+def readme_text(text: str, results_root: Path = REPORTS) -> str:
     """``text`` with every block ``<!-- results: PIPELINE TABLE -->...<!-- /results -->``
     refilled from ``results/reports/PIPELINE/report.json`` (a table the report stage wrote)."""
     def fill(m: re.Match) -> str:
@@ -218,10 +255,23 @@ def readme_text(text: str, results_root: Path = Path("results/reports")) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fedssl.report")
-    ap.add_argument("command", choices=["readme"], help="readme: refill the README's result "
-                    "tables from the committed reports (results/reports/*/report.json)")
-    ap.add_argument("--check", action="store_true", help="only say whether it is up to date")
+    sub = ap.add_subparsers(dest="command", required=True)
+    readme = sub.add_parser("readme", help="refill the README's result tables from the "
+                            "committed reports (results/reports/*/report.json)")
+    readme.add_argument("--check", action="store_true", help="only say whether it is current")
+    again = sub.add_parser("render", help="rewrite committed reports (report.md, .csv, .json) "
+                           "from their report.json rows with the current report code")
+    which = again.add_mutually_exclusive_group(required=True)
+    which.add_argument("pipelines", nargs="*", default=[], help="pipelines to rewrite")
+    which.add_argument("--all", action="store_true", help="every pipeline under results/reports")
     args = ap.parse_args(argv)
+    if args.command == "render":
+        names = sorted(p.parent.name for p in REPORTS.glob("*/report.json")) if args.all \
+            else args.pipelines
+        for name in names:
+            rerender(REPORTS / name)
+        print(f"{REPORTS}: {len(names)} reports rewritten ({', '.join(names)})")
+        return 0
     old = README.read_text()
     new = readme_text(old)
     if args.check:
@@ -233,10 +283,6 @@ def main(argv: list[str] | None = None) -> int:
     README.write_text(new)
     print(f"{README}: {len(_BLOCK.findall(new))} result tables refilled")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 # ------------------------------------------------------------------ curves
@@ -265,5 +311,9 @@ def plot_curves(logs: dict[str, Path], path: Path) -> None:
     else:
         axes[0][0].text(0.5, 0.5, "no federated rounds in this pipeline", ha="center")
     fig.tight_layout()
-    fig.savefig(path, dpi=90, metadata={"Software": None})
+    save_figure(fig, path, dpi=90)
     plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

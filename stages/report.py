@@ -1,15 +1,15 @@
-"""Stage: the tables across a pipeline's experiments, plus the partition heat-maps; written to
-``results/reports/<pipeline>/`` (committed) as Markdown, CSV and JSON."""
+"""Stage: the report across a pipeline's experiments (one row per experiment, rendered by
+:func:`fedssl.report.write_report` into ``results/reports/<pipeline>/``, committed: Markdown,
+CSV and JSON), its methods' figures and the round curves, plus the partition heat-maps."""
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 
 from fedssl.params import setting
 from fedssl.pipeline import report_dir
-from fedssl.report import experiment_row, plot_curves, report_tables, table_cell, write_csv
+from fedssl.report import experiment_row, plot_curves, table_cell, write_report
 from fedssl.stage import StageContext, main_guard
 
 
@@ -39,27 +39,19 @@ def run(argv):
     rows = in_column_order(rows, swept)
     results = Path(report_dir(pipeline))
     with ctx.run() as out:
-        tables = report_tables(rows, methods.values())
         results.mkdir(parents=True, exist_ok=True)
         for part in sorted(partitions):
             shutil.copy(Path(dag.stages[f"partition__{part}"].out) / "heatmap.png",
                         out / f"partition_{part}.png")
-        sections = "".join(f"## {heading}\n\n{table}\n" for heading, table in tables.values())
+        figures = {}  # file in `results` -> caption
         for method in methods.values():
             own = [r for r in rows if r["method"] == method.name]
-            for file, caption in (method.figures(own, results) if own else {}).items():
-                sections += f"## {caption}\n\n![{caption}]({file})\n\n"
-        (results / "report.md").write_text(f"# Pipeline `{pipeline}`\n\n{sections}"
-                                           f"Partition heat-maps: `{ctx.stage.out}/`\n")
-        write_csv(rows, results / "report.csv")
+            figures.update(method.figures(own, results) if own else {})
+        write_report(results, pipeline, rows, figures, str(ctx.stage.out))
         logs = {name: Path(p) for name in dag.experiments
                 for s in dag.of_experiment[name] for p in dag.stages[s].plots
                 if p.endswith("rounds.tsv")}
         plot_curves(logs, results / "curves.png")
-        (results / "report.json").write_text(json.dumps(
-            {"pipeline": pipeline, "rows": rows,
-             "tables": {name: table for name, (_, table) in tables.items()}},
-            indent=1, ensure_ascii=False) + "\n")
         ctx.info["rows"] = len(rows)
     print(f"wrote {results}/report.md, report.csv, report.json and curves.png")
 

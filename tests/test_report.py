@@ -1,12 +1,21 @@
-"""The report's pivot table (MFCL Tab. 2 layout, Tab. 3 cost columns)."""
+"""The generic report: pivot cells, the rows, the short Markdown table beside the full CSV,
+rendering the committed reports again, the README blocks, and its vocabulary."""
 from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 
 from fedssl import params as P
 from fedssl.methods import registry
-from fedssl.report import pivot_markdown, readme_text, table_cell
-from tests.fixtures import TINY_MFCL_EXPERIMENT
+from fedssl.report import (columns_of, readme_text, render, report_tables, rerender,
+                           runs_markdown, table_cell, write_report)
+from tests.fixtures import REPO, TINY_MFCL_EXPERIMENT
+
+REPORTS = sorted(p.parent for p in (REPO / "results/reports").glob("*/report.json"))
 
 PART = P.PartitionParams.model_validate(
     {"dataset": "c10", "num_clients": 10, "scheme": {"kind": "dirichlet", "alpha": 0.01}})
@@ -33,21 +42,99 @@ def test_cells_are_method_by_partition_or_by_the_swept_setting():
     assert table_cell(reference, registry.get("none"), PART, "cifar10")[0] == "Raw pixels"
 
 
-def row(method, column, acc, alpha=""):
-    return {"row": method, "column": column, "linear_top1": acc, "alpha_bits": alpha,
-            "beta_GFLOPs": "", "gamma_eq6_MB": "", "client_MB_sent": ""}
+def row(method, column, acc, sent=""):
+    return {"row": method, "column": column, "method": "fedsimclr", "linear_top1": acc,
+            "client_MB_sent": sent, "beta_GFLOPs": "", "peak_step_MB": ""}
 
 
-def test_pivot_puts_methods_down_partitions_across_and_averages_repeats():
-    rows = [row("MFCL(TN)", "ξ=0.01", 84.0, "2.5e+11"), row("MFCL(TN)", "ξ=0.01", 85.0, "2.5e+11"),
-            row("MFCL(TN)", "ξ=200", 85.3, "2.5e+11"), row("FedSimCLR", "ξ=200", 81.9)]
-    lines = pivot_markdown(rows, "linear_top1").splitlines()
-    assert lines[0].split(" | ")[:3] == ["| method", "ξ=0.01", "ξ=200"]
-    tn = [c.strip() for c in lines[2].split("|")[1:-1]]
-    assert tn[:4] == ["MFCL(TN)", "84.50±0.71", "85.30", "2.5e+11"]
-    fed = [c.strip() for c in lines[3].split("|")[1:-1]]
-    assert fed[:4] == ["FedSimCLR", "", "81.90", ""]  # no run, no costs stage: blank cells
-    assert "α (bits)" not in pivot_markdown(rows, "linear_top1", costs=False)
+def test_the_pivot_puts_methods_down_settings_across_and_costs_beside():
+    rows = [row("MFCL(TN)", "ξ=0.01", 84.0, "50.3"), row("MFCL(TN)", "ξ=0.01", 85.0, "50.3"),
+            row("MFCL(TN)", "ξ=200", 85.3, "50.3"), row("FedSimCLR", "ξ=200", 81.9)]
+    heading, table = report_tables(rows)["linear"]
+    lines = table.splitlines()
+    assert heading == "Linear probe top-1 %" and "mean ± sample SD over runs" in lines[0]
+    assert lines[2] == ("| method | ξ=0.01 | ξ=200 | MB sent / client | GFLOPs / client "
+                        "| peak step MB |")
+    assert lines[4] == "| MFCL(TN) | 84.50±0.71 | 85.30 | 50.3 |  |  |"
+    assert lines[5] == "| FedSimCLR |  | 81.90 |  |  |  |"  # no run, no costs: blank cells
+
+
+def test_every_committed_table_with_sd_cells_names_its_convention():
+    conventions = {}
+    for folder in REPORTS:
+        for name, table in json.loads((folder / "report.json").read_text())["tables"].items():
+            cells = [line for line in table.splitlines() if line.startswith("|")]
+            if any(re.search(r"\d±\d", line) for line in cells):
+                found = re.findall(r"mean ± (sample|population) SD over", table)
+                assert len(found) == 1, f"{folder.name}: table {name} does not state its SD"
+                conventions[name] = found[0]
+    assert conventions["cpcfl_tab3"] == "population" and conventions["linear"] == "sample"
+
+
+def test_the_markdown_lists_runs_in_a_few_columns_and_the_csv_holds_every_column(tmp_path):
+    rows = json.loads((REPO / "results/reports/lw_smoke/report.json").read_text())["rows"]
+    write_report(tmp_path, "lw_smoke", rows, {}, "artifacts/reports/lw_smoke")
+    header = runs_markdown(rows).splitlines()[2]
+    assert header == ("| experiment | method | setting | linear | k-NN | fine-tune | "
+                      "MB up / client | MB down / client | rounds |")
+    text = (tmp_path / "report.md").read_text()
+    assert "round_MB_up" not in text and "finetune_loss" not in text
+    csv_header = (tmp_path / "report.csv").read_text().splitlines()[0].split(",")
+    assert csv_header == columns_of(rows) and len(csv_header) > 40
+    assert {"round_MB_up", "finetune_loss", "linear_top1"} <= set(csv_header)
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["rows"] == rows and "runs" in saved["tables"]
+
+
+@pytest.mark.parametrize("folder", REPORTS, ids=[f.name for f in REPORTS])
+def test_rendering_the_committed_rows_gives_the_committed_report(folder, monkeypatch):
+    """The report stage and `python -m fedssl.report render` share one renderer: the rows of
+    each committed report.json render to its committed report.md and tables."""
+    monkeypatch.chdir(REPO)  # a method's tables may read its committed step results
+    saved = json.loads((folder / "report.json").read_text())
+    text, tables = render(saved["pipeline"], saved["rows"], saved["figures"], saved["heatmaps"])
+    assert text == (folder / "report.md").read_text(), \
+        f"{folder.name}: stale, run `python -m fedssl.report render {folder.name}`"
+    assert tables == saved["tables"]
+
+
+def test_rerendering_a_report_rewrites_the_same_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    source = REPO / "results/reports/mpfedcon_smoke"
+    shutil.copytree(source, tmp_path / "mpfedcon_smoke")
+    rerender(tmp_path / "mpfedcon_smoke")
+    for name in ("report.md", "report.csv", "report.json"):
+        assert (tmp_path / "mpfedcon_smoke" / name).read_bytes() == (source / name).read_bytes()
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "report.json").write_text('{"pipeline": "old", "rows": []}')
+    with pytest.raises(KeyError, match="lacks figures, heatmaps"):
+        rerender(tmp_path / "old")
+
+
+def test_the_generic_report_speaks_no_papers_vocabulary():
+    """A paper's terms (its table and equation numbers, its α / β / γ, its method names) live
+    in its plugin; the generic report and its helpers name none."""
+    papers = ("Tab.", "Eq.", "Fig.", "α", "β", "γ", "MFCL", "CP-CFL", "LW-FedSSL", "MocoSFL",
+              "MpFedcon", "FedSimCLR")
+    for module in ("fedssl/report.py", "fedssl/report_format.py"):
+        text = (REPO / module).read_text()
+        assert [w for w in papers if w in text] == [], module
+
+
+def test_mfcl_lays_out_its_costs_and_rserver_loss_in_its_own_tables():
+    rows = [{"method": "mfcl", "row": "MFCL(TN)", "column": "c", "alpha_bits": "4.82e+09",
+             "beta_GFLOPs": "305", "gamma_eq6_MB": "7.73", "client_MB_sent": "50.3",
+             "rserver_final_loss": 4.5},
+            {"method": "fedsimclr", "row": "FedSimCLR", "column": "c", "alpha_bits": "1.26e+08",
+             "beta_GFLOPs": "718", "gamma_eq6_MB": "197", "client_MB_sent": "5.28"},
+            {"method": "none", "row": "Raw pixels", "column": "c"}]
+    tables = MFCL.tables(rows)
+    assert list(tables) == ["mfcl_tab3", "mfcl_rserver_loss"]
+    assert tables["mfcl_tab3"].splitlines()[2:] == [
+        "| method | α (bits) | β (GFLOPs) | γ Eq. 6 (MB) | sent (MB) |", "|---|---|---|---|---|",
+        "| MFCL(TN) | 4.82e+09 | 305 | 7.73 | 50.3 |", "| FedSimCLR | 1.26e+08 | 718 | 197 | 5.28 |"]
+    assert "| MFCL(TN) | 4.50 |" in tables["mfcl_rserver_loss"]
+    assert MFCL.tables(rows[1:]) == {}  # no MFCL run: no MFCL table
 
 
 def test_readme_tables_are_refilled_from_the_committed_reports(tmp_path):
@@ -64,7 +151,6 @@ def test_readme_tables_are_refilled_from_the_committed_reports(tmp_path):
 
 
 def test_the_readme_matches_the_committed_reports(monkeypatch):
-    from tests.fixtures import REPO
     monkeypatch.chdir(REPO)
     text = (REPO / "README.md").read_text()
     assert "<!-- results:" in text
@@ -75,7 +161,6 @@ def test_a_row_holds_the_metrics_its_method_steps_wrote(tmp_path):
     """A step may write a metrics.json into its output (split learning's misalignment and
     traffic, an attack's error): its entries join the experiment's report row; the
     evaluation's metrics win a name clash."""
-    import json
     from fedssl.report import experiment_row
     steps = []
     for name, metrics in (("pretrain", {"mis_after_sync_mean": 0.5, "knn_top1": -1}),

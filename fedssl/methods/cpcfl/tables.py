@@ -6,36 +6,19 @@ from __future__ import annotations
 import re
 import statistics
 
+from fedssl.report_format import markdown_table, mean_sd, number, numbers, sd_note, to_float
+
 AT = re.compile(r"^personal_at_(\d+)$")
+SD = "population"  # the paper's convention
+OVER_TRIALS = sd_note(SD, "trials")
 
 
-def _num(value) -> float | None:
-    if value in (None, ""):
-        return None
-    if isinstance(value, str):
-        if value.lower() in ("true", "false"):
-            return float(value.lower() == "true")
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return float(value)
+def _sd(values: list[float], spec: str = ".2f") -> str:
+    return mean_sd(values, SD, spec)
 
 
-def _values(runs: list[dict], key: str) -> list[float]:
-    return [v for v in (_num(r.get(key)) for r in runs) if v is not None]
-
-
-def mean_sd(values: list[float], digits: int = 2) -> str:
-    if not values:
-        return ""
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.mean(values):.{digits}f}±{statistics.pstdev(values):.{digits}f}"
-
-
-def _mean(values: list[float], fmt: str = ".3g") -> str:
-    return format(statistics.mean(values), fmt) if values else ""
+def _mean(values: list[float], spec: str = ".3g") -> str:
+    return number(statistics.mean(values), spec) if values else ""
 
 
 def groups(rows: list[dict]) -> list[tuple[str, list[dict]]]:
@@ -52,8 +35,8 @@ def groups(rows: list[dict]) -> list[tuple[str, list[dict]]]:
 def found_after_tc(runs: list[dict]) -> str:
     """Rounds after T_c until the choices match the true groups for good (ARI = 1 to the end):
     mean over the runs that got there, and how many did."""
-    got = [_num(r.get("groups_found_at")) - (_num(r.get("explore_rounds")) or 0)
-           for r in runs if _num(r.get("groups_found_at")) is not None]
+    got = [to_float(r.get("groups_found_at")) - (to_float(r.get("explore_rounds")) or 0)
+           for r in runs if to_float(r.get("groups_found_at")) is not None]
     if not got:
         return f"never (0/{len(runs)})"
     text = f"{statistics.mean(got):.1f}"
@@ -61,7 +44,7 @@ def found_after_tc(runs: list[dict]) -> str:
 
 
 def rate(runs: list[dict], key: str) -> str:
-    flags = _values(runs, key)
+    flags = numbers(runs, key)
     return f"{int(sum(flags))}/{len(flags)}" if flags else ""
 
 
@@ -72,18 +55,20 @@ def tab3(rows: list[dict]) -> str:
               + ["best", "ARI", "purity", "clusters used", "collapsed at T",
                  "1st attempt failed", "groups found (rounds after T_c)", "restarts",
                  "relevance", "MB sent / client", "GFLOPs / client", "step peak MB"])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = []
     for label, runs in groups(rows):
-        cells = [label] + [mean_sd(_values(runs, f"personal_at_{t}")) for t in checkpoints]
-        cells += [mean_sd(_values(runs, "personal_best")), mean_sd(_values(runs, "ari"), 3),
-                  mean_sd(_values(runs, "purity"), 3), _mean(_values(runs, "clusters_used"), ".2g"),
+        cells = [label] + [_sd(numbers(runs, f"personal_at_{t}")) for t in checkpoints]
+        cells += [_sd(numbers(runs, "personal_best")), _sd(numbers(runs, "ari"), ".3f"),
+                  _sd(numbers(runs, "purity"), ".3f"), _mean(numbers(runs, "clusters_used"), ".2g"),
                   rate(runs, "collapsed"), rate(runs, "first_attempt_failed"),
-                  found_after_tc(runs), _mean(_values(runs, "restarts"), ".2g"),
-                  _mean(_values(runs, "relevance"), ".4f"),
-                  _mean(_values(runs, "client_MB_sent")), _mean(_values(runs, "beta_GFLOPs")),
-                  _mean(_values(runs, "peak_step_MB"))]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+                  found_after_tc(runs), _mean(numbers(runs, "restarts"), ".2g"),
+                  _mean(numbers(runs, "relevance"), ".4f"),
+                  _mean(numbers(runs, "client_MB_sent")), _mean(numbers(runs, "beta_GFLOPs")),
+                  _mean(numbers(runs, "peak_step_MB"))]
+        lines.append(cells)
+    return markdown_table(header, lines, "CP-CFL, layout of Tab. 3: mean client test accuracy "
+                          f"(%) at T/4, T/2, 3T/4, T and best ({OVER_TRIALS}, as the paper); "
+                          "cluster recovery at T; per-client costs.")
 
 
 TAB4 = {"F1-M": "f1_macro", "F1-W": "f1_weighted", "OvR-M": "auroc_ovr_macro",
@@ -91,20 +76,14 @@ TAB4 = {"F1-M": "f1_macro", "F1-W": "f1_weighted", "OvR-M": "auroc_ovr_macro",
 
 
 def tab4(rows: list[dict]) -> str:
-    header = ["method (pretraining)", *TAB4]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for label, runs in groups(rows):
-        lines.append("| " + " | ".join([label] + [mean_sd(_values(runs, k), 4)
-                                                  for k in TAB4.values()]) + " |")
-    return "\n".join(lines) + "\n"
+    lines = [[label, *(_sd(numbers(runs, k), ".4f") for k in TAB4.values())]
+             for label, runs in groups(rows)]
+    return markdown_table(["method (pretraining)", *TAB4], lines, "CP-CFL, layout of Tab. 4: "
+                          f"pooled F1 and AUROC at T ({OVER_TRIALS}).")
 
 
 def paper_tables(rows: list[dict]) -> dict[str, str]:
     """``cpcfl_tab3`` and ``cpcfl_tab4`` (names a README results block can refer to)."""
     if not rows:
         return {}
-    return {"cpcfl_tab3": "CP-CFL, layout of Tab. 3: mean client test accuracy (%) at T/4, "
-                          "T/2, 3T/4, T and best (mean ± population SD over trials, as the paper); "
-                          "cluster recovery at T; per-client costs.\n\n" + tab3(rows),
-            "cpcfl_tab4": "CP-CFL, layout of Tab. 4: pooled F1 and AUROC at T (mean ± population "
-                          "SD over trials).\n\n" + tab4(rows)}
+    return {"cpcfl_tab3": tab3(rows), "cpcfl_tab4": tab4(rows)}

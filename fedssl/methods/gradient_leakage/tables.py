@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import re
 
-
-
-def _num(value) -> float | None:
-    return None if value in (None, "", "None") else float(value)
-
-
-def _markdown(header: list[str], lines: list[list[str]], caption: str) -> str:
-    out = [f"*{caption}*", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(line) + " |" for line in lines]
-    return "\n".join(out) + "\n"
+from fedssl.report_format import markdown_table, number
 
 
 def leakage_tables(rows: list[dict]) -> dict[str, str]:
@@ -37,7 +28,7 @@ def leakage_tables(rows: list[dict]) -> dict[str, str]:
                           _plain(r.get(f"idlg_iters_to_recover_{s}")),
                           _plain(r.get(f"dlg_iters_to_recover_{s}"))])
         chance = _pct(r.get("chance_label_hit"))
-        tables[f"leakage_{r['experiment']}"] = _markdown(
+        tables[f"leakage_{r['experiment']}"] = markdown_table(
             header, lines, f"Layout of MpFedcon Fig. 10 / Tab. 4 (defence side), "
             f"{r['title']}: label hit rate of the iDLG rule over {r.get('images_label')} "
             f"images and of DLG over {r.get('images_dlg_label')} (chance {chance}); "
@@ -47,15 +38,12 @@ def leakage_tables(rows: list[dict]) -> dict[str, str]:
 
 
 def _pct(value) -> str:
-    v = _num(value)
-    return "" if v is None else f"{100 * v:.0f}%"
+    return number(value, ".0%")
 
 
 def _sci(value) -> str:
-    v = _num(value)
-    return "" if v is None else f"{v:.2g}"
+    return number(value, ".2g")
 
 
 def _plain(value) -> str:
-    v = _num(value)
-    return "–" if v is None else f"{v:g}"
+    return number(value, "g", blank="–")

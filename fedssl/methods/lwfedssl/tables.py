@@ -4,25 +4,18 @@ from __future__ import annotations
 
 import statistics
 
+from fedssl.report_format import markdown_table, mean_sd, number, numbers, sd_note
+
 FAMILY = ("fedmoco", "fedmoco_lw", "lw_fedssl", "prog_fedssl", "vit_scratch")
 TITLE = "LW-FedSSL Tab. 3 layout (per-client costs as ratios to FedMoCo)"
 
 
-def _numbers(rows, key) -> list[float]:
-    return [float(r[key]) for r in rows if r.get(key) not in (None, "")]
-
-
 def _acc(rows, key) -> str:
-    values = _numbers(rows, key)
-    if not values:
-        return ""
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f}±{statistics.stdev(values):.2f}"
+    return mean_sd(numbers(rows, key), "sample")
 
 
 def _mean(rows, key) -> float | None:
-    values = _numbers(rows, key)
+    values = numbers(rows, key)
     return statistics.mean(values) if values else None
 
 
@@ -38,21 +31,20 @@ def tab3(rows: list[dict]) -> dict[str, str]:
 
     def ratio(group, key) -> str:
         value, ref = _mean(group, key), _mean(base, key) if base else None
-        return "" if value is None or not ref else f"{value / ref:.3f}"
+        return "" if value is None or not ref else number(value / ref, ".3f")
 
     header = ["Method", "runs", *costs, "Linear top-1", "Fine-tune top-1", "k-NN top-1",
               "peak MB", "FLOPs (paper conv.)", "encoder MiB"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = []
     for label, group in groups.items():
         absolute = [_mean(group, "peak_step_MB"), _mean(group, "paper_flops"),
                     _mean(group, "encoder_bytes")]
         cells = [label, str(len(group)), *(ratio(group, key) for key in costs.values()),
                  _acc(group, "linear_top1"), _acc(group, "finetune_top1"),
                  _acc(group, "knn_top1"),
-                 "" if absolute[0] is None else f"{absolute[0]:.3g}",
-                 "" if absolute[1] is None else f"{absolute[1]:.3e}",
-                 "" if absolute[2] is None else f"{absolute[2] / 2**20:.3g}"]
-        lines.append("| " + " | ".join(cells) + " |")
+                 number(absolute[0], ".3g"), number(absolute[1], ".3e"),
+                 number(None if absolute[2] is None else absolute[2] / 2**20, ".3g")]
+        lines.append(cells)
     note = ("\nMem: the client's peak step memory (measured: saved activations at the batch "
             "size + every tensor of the learner + gradients and AdamW state of what trains). "
             "FLOPs: App. A's convention (one sample, forward counted as fvcore does, trained "
@@ -60,4 +52,6 @@ def tab3(rows: list[dict]) -> dict[str, str]:
             "x samples x epochs x rounds. Comm: encoder tensors (patch embedding + blocks) "
             "down and up, from the tensors exchanged; heads excluded; (blocks): the "
             "Transformer blocks alone.\n")
-    return {TITLE: "\n".join(lines) + "\n" + note}
+    caption = ("Accuracy as " + sd_note("sample") + "; Mem, FLOPs and Comm as ratios of the "
+               "per-client means to FedMoCo's; then the absolute means")
+    return {TITLE: markdown_table(header, lines, caption) + note}

@@ -136,22 +136,13 @@ class Mfcl(Method):
     encoder_inputs = ("pretrain", "rserver")
     encoder_reads = ("method.client_module", "method.rserver")
     costs_inputs = ("pretrain", "export")
+    report_tables = "fedssl.methods.mfcl.tables:tables"
 
     def row_label(self, params) -> str:
         return f"MFCL({params.client_module.norm.upper()})"
 
     def arch(self, params) -> str:
         return f"{params.client_module.arch}-{params.client_module.norm}"
-
-    def tables(self, rows: list[dict]) -> dict[str, str]:
-        """The rServer's final NT-Xent loss beside the accuracy: a loss far below chance,
-        ln(2N - 1) for N pairs per batch, with poor features marks a shortcut."""
-        from fedssl.report import pivot_markdown
-        mine = [r for r in rows if r.get("rserver_final_loss") is not None]
-        if not mine:
-            return {}
-        return {"rServer's final NT-Xent loss (mean ± std over runs)":
-                pivot_markdown(mine, "rserver_final_loss", costs=False)}
 
     def pretrain(self, ctx) -> None:
         from fedssl.methods.mfcl import run

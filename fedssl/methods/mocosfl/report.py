@@ -4,7 +4,8 @@ communication per cut for both variants (Figs. 1, 4, 6), misalignment around the
 
 Rows are the report's rows of this method's experiments (every metric of the steps' and the
 evaluation's metrics.json). Repeats (seeds) of a (clients, cut, variant) cell are shown as
-mean ± std; MocoSFL / MonAcoSFL ratios pair the runs of one seed."""
+mean ± sample SD (each caption says so); MocoSFL / MonAcoSFL ratios pair the runs of one
+seed."""
 from __future__ import annotations
 
 import csv
@@ -12,24 +13,15 @@ import statistics
 from pathlib import Path
 
 from fedssl.pipeline import results_dir
+from fedssl.report_format import markdown_table, mean_sd, number, save_figure, sd_note, to_float
 
 VARIANTS = (("mocosfl", "MocoSFL"), ("monacosfl", "MonAcoSFL"))
+SD = "sample"
+OVER_SEEDS = sd_note(SD, "seeds")
 
 
-def _num(x):
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return None
-
-
-def _cell(values, fmt="{:.2f}") -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return ""
-    if len(values) == 1:
-        return fmt.format(values[0])
-    return f"{fmt.format(statistics.mean(values))}±{fmt.format(statistics.stdev(values))}"
+def _cell(values, spec=".2f") -> str:
+    return mean_sd(values, SD, spec)
 
 
 def _groups(rows):
@@ -48,12 +40,6 @@ def _where(key, rows) -> list[str]:
     clients, arch, cut = key
     layer = next((r.get("cut_layer") for r in rows if r.get("cut_layer") not in (None, "")), "")
     return [str(clients), arch, f"{cut}" + (f" (L{int(float(layer))})" if layer != "" else "")]
-
-
-def _table(header: list[str], lines: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(line) + " |" for line in lines]
-    return "\n".join(out) + "\n"
 
 
 def step_results(rows: list[dict]) -> dict[tuple[str, str], Path]:
@@ -81,8 +67,8 @@ def steps_of(where: dict, experiment: str) -> list[dict]:
 
 def sync_ratios(where: dict, moco: str, monaco: str) -> list[float]:
     """MocoSFL / MonAcoSFL misalignment right after each sync, for two paired runs."""
-    a = [_num(s["misalignment"]) for s in steps_of(where, moco) if s["sync"] == "1"]
-    b = [_num(s["misalignment"]) for s in steps_of(where, monaco) if s["sync"] == "1"]
+    a = [to_float(s["misalignment"]) for s in steps_of(where, moco) if s["sync"] == "1"]
+    b = [to_float(s["misalignment"]) for s in steps_of(where, monaco) if s["sync"] == "1"]
     return [x / y for x, y in zip(a, b) if x is not None and y]
 
 
@@ -96,14 +82,14 @@ def tables(rows: list[dict]) -> dict[str, str]:
         both = [r for v in by_variant.values() for r in v]
         cell = _where(key, both)
 
-        def col(metric, fmt="{:.2f}", scale=1.0):
-            return [_cell([_num(r.get(metric)) * scale if _num(r.get(metric)) is not None
-                           else None for r in by_variant.get(v, [])], fmt) for v, _ in VARIANTS]
+        def col(metric, spec=".2f"):
+            return [_cell([to_float(r.get(metric)) for r in by_variant.get(v, [])], spec)
+                    for v, _ in VARIANTS]
 
         acc.append(cell + col("linear_top1") + col("knn_top1") + col("knn_monitor_last")
-                   + col("client_MB_total", "{:.3g}")
-                   + [_cell([_num(r.get("client_MB_paper_formula")) for r in
-                             by_variant.get("mocosfl", both)], "{:.3g}"),
+                   + col("client_MB_total", ".3g")
+                   + [_cell([to_float(r.get("client_MB_paper_formula")) for r in
+                             by_variant.get("mocosfl", both)], ".3g"),
                       "yes" if all(str(r.get("comm_matches_formula")) == "True" for r in both)
                       else "no"])
         ratios, per_sync = [], []
@@ -112,32 +98,35 @@ def tables(rows: list[dict]) -> dict[str, str]:
             m = moco.get(r.get("seed"))
             if m is None:
                 continue
-            a, b = _num(m.get("mis_after_sync_mean")), _num(r.get("mis_after_sync_mean"))
+            a, b = to_float(m.get("mis_after_sync_mean")), to_float(r.get("mis_after_sync_mean"))
             if a is not None and b:
                 ratios.append(a / b)
             per_sync += sync_ratios(where, m["experiment"], r["experiment"])
-        mis.append(cell + col("mis_pre_sync_mean", "{:.2e}") + col("mis_after_sync_mean",
-                                                                     "{:.2e}")
-                   + [_cell(ratios, "{:.1f}"),
-                      f"{min(per_sync):.1f} / {statistics.median(per_sync):.1f}"
-                      if per_sync else ""])
-        inv.append(cell + col("inversion_mse", "{:.4f}") + col("inversion_ssim", "{:.3f}")
-                   + [_cell([_num(r.get("inversion_mse_mean_image")) for r in
-                             by_variant.get("mocosfl") or both], "{:.4f}")])
+        mis.append(cell + col("mis_pre_sync_mean", ".2e") + col("mis_after_sync_mean", ".2e")
+                   + [_cell(ratios, ".1f"),
+                      f"{number(min(per_sync), '.1f')} / "
+                      f"{number(statistics.median(per_sync), '.1f')}" if per_sync else ""])
+        inv.append(cell + col("inversion_mse", ".4f") + col("inversion_ssim", ".3f")
+                   + [_cell([to_float(r.get("inversion_mse_mean_image")) for r in
+                             by_variant.get("mocosfl") or both], ".4f")])
     names = [n for _, n in VARIANTS]
     head = ["clients", "arch", "cut (L)"]
     out = {
-        "MocoSFL / MonAcoSFL: accuracy and communication per cut": _table(
+        "MocoSFL / MonAcoSFL: accuracy and communication per cut": markdown_table(
             head + [f"linear {n}" for n in names] + [f"k-NN {n}" for n in names]
             + [f"k-NN monitor {n}" for n in names] + [f"MB/client {n}" for n in names]
-            + ["MB/client paper formula", "bytes = protocol formula"], acc),
-        "MocoSFL / MonAcoSFL: misalignment (Eq. 2) around the syncs": _table(
+            + ["MB/client paper formula", "bytes = protocol formula"], acc,
+            f"Top-1 % and MB per client, {OVER_SEEDS}"),
+        "MocoSFL / MonAcoSFL: misalignment (Eq. 2) around the syncs": markdown_table(
             head + [f"before sync {n}" for n in names] + [f"after sync {n}" for n in names]
             + ["after-sync ratio Moco/Monaco (mean over syncs)",
-               "per-sync ratio min / median"], mis),
-        "MocoSFL / MonAcoSFL: model inversion per cut (MSE higher = more private)": _table(
-            head + [f"MSE {n}" for n in names] + [f"SSIM {n}" for n in names]
-            + ["MSE of the mean image"], inv),
+               "per-sync ratio min / median"], mis,
+            f"Mean misalignment before and after the syncs, {OVER_SEEDS}; ratios pair the "
+            "runs of one seed"),
+        "MocoSFL / MonAcoSFL: model inversion per cut (MSE higher = more private)":
+            markdown_table(head + [f"MSE {n}" for n in names] + [f"SSIM {n}" for n in names]
+                           + ["MSE of the mean image"], inv,
+                           f"Reconstruction error of the attacker, {OVER_SEEDS}"),
     }
     out["Fig. 3 (analytic): communication per client and epoch, 224 px, 250 images, "
         "10 syncs"] = fig3_table()
@@ -151,10 +140,10 @@ def fig3_table() -> str:
     for arch in ("resnet18", "mobilenetv2"):
         for r in comm_curve(SflBackbone(arch=arch, stem="imagenet"), (3, 224, 224), 250, 10):
             lines.append([arch, f"{r['cut']}" + (f" (L{r['layer']})" if r["layer"] else ""),
-                          f"{r['optimisation_MiB']:.1f}", f"{r['sync_MiB']:.1f}",
-                          f"{r['total_MiB']:.1f}"])
-    return _table(["arch", "cut", "activations + gradients MiB", "sync MiB", "total MiB"],
-                  lines)
+                          *(number(r[k], ".1f")
+                            for k in ("optimisation_MiB", "sync_MiB", "total_MiB"))])
+    return markdown_table(["arch", "cut", "activations + gradients MiB", "sync MiB",
+                           "total MiB"], lines)
 
 
 # ------------------------------------------------------------------ figures
@@ -188,7 +177,7 @@ def figures(rows: list[dict], out_dir: Path) -> dict[str, str]:
         ax.set_ylabel("misalignment (Eq. 2)", fontsize=8)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out_dir / "misalignment.png", dpi=110)
+    save_figure(fig, out_dir / "misalignment.png", dpi=110)
     out = {"misalignment.png": "Misalignment (Eq. 2) of the participating clients' online and "
                                "momentum models per step (grey: syncs), first seed"}
     pictures = [(key, variant,
@@ -206,7 +195,7 @@ def figures(rows: list[dict], out_dir: Path) -> dict[str, str]:
             ax.imshow(imread(path))
             ax.set_axis_off()
         fig.tight_layout()
-        fig.savefig(out_dir / "inversion.png", dpi=110)
+        save_figure(fig, out_dir / "inversion.png", dpi=110)
         out["inversion.png"] = ("Model inversion: test images (top) and the attacker's "
                                 "reconstructions (bottom) per clients / cut / variant, "
                                 "first seed")

@@ -1,14 +1,18 @@
 """The report's tables in the layout of MpFedcon's Tabs. 1-4 and Fig. 10, from the report rows
 (every metric of each experiment's metrics.json, its traffic, its pivot row and column).
 
-Repeated runs of one cell (seeds) are shown as mean ± sample standard deviation; each table's
-caption says how many runs a cell averages. Table names are identifiers (the README's result
+Repeated runs of one cell (seeds) are shown as mean ± sample SD; each table's caption says so
+and how many runs a cell averages. Table names are identifiers (the README's result
 blocks name them).
 """
 from __future__ import annotations
 
 import re
 import statistics
+
+from fedssl.report_format import markdown_table, mean_sd, number, sd_note, to_float
+
+SD = "sample"
 
 # Tab. 1's row order (the variants' labels; noise and split ablations follow their base)
 ORDER = ("SOLO", "FedAvg", "FedAvg+FT", "FedProx", "FedPer", "LG-FedAvg", "FedRep", "MpFedcon")
@@ -20,18 +24,8 @@ def _rank(label: str) -> tuple:
     return (ORDER.index(base) if base in ORDER else len(ORDER), bool(NOISY.search(label)), label)
 
 
-def _num(value) -> float | None:
-    if value in (None, "", "None"):
-        return None
-    return float(value)
-
-
-def mean_std(values: list[float], digits: int = 2) -> str:
-    if not values:
-        return ""
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+def _sd(values: list[float], spec: str = ".2f") -> str:
+    return mean_sd(values, SD, spec)
 
 
 def _last_key(rows: list[dict]) -> str | None:
@@ -54,22 +48,16 @@ def _grid(rows: list[dict], value) -> tuple[list[str], list[str], dict]:
     return labels, columns, cells
 
 
-def _markdown(header: list[str], lines: list[list[str]], caption: str) -> str:
-    out = [f"*{caption}*", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(line) + " |" for line in lines]
-    return "\n".join(out) + "\n"
-
-
 def tab1(rows: list[dict], key: str) -> str:
-    labels, columns, cells = _grid(rows, lambda r: _num(r.get(key)))
+    labels, columns, cells = _grid(rows, lambda r: to_float(r.get(key)))
     runs = {len(v) for v in cells.values()}
-    lines = [[label, *[mean_std(cells.get((label, c), [])) for c in columns]]
+    lines = [[label, *[_sd(cells.get((label, c), [])) for c in columns]]
              for label in labels]
-    n = f"{runs.pop()} seeds" if len(runs) == 1 else "seeds per cell vary"
-    return _markdown(["Method", *columns], lines,
-                     f"Layout of MpFedcon Tab. 1: personalised top-1 % (each party's model on "
-                     f"its own test split), mean over parties and the last "
-                     f"{key.removeprefix('personal_last')} rounds; mean ± std over {n}")
+    n = f"{runs.pop()} seeds" if len(runs) == 1 else "the seeds of each cell (their number varies)"
+    return markdown_table(["Method", *columns], lines,
+                          f"Layout of MpFedcon Tab. 1: personalised top-1 % (each party's model "
+                          f"on its own test split), mean over parties and the last "
+                          f"{key.removeprefix('personal_last')} rounds; {sd_note(SD, n)}")
 
 
 def tab2(rows: list[dict], key: str) -> str:
@@ -87,12 +75,13 @@ def tab2(rows: list[dict], key: str) -> str:
     for label in labels:
         line = [label]
         for c, r_at in picks:
-            vals = [_num(r.get(f"{key}_at_{r_at}")) for r in rows
+            vals = [to_float(r.get(f"{key}_at_{r_at}")) for r in rows
                     if r["row"] == label and r["column"] == c]
-            line.append(mean_std([v for v in vals if v is not None]))
+            line.append(_sd([v for v in vals if v is not None]))
         lines.append(line)
-    return _markdown(header, lines, "Layout of MpFedcon Tab. 2: accuracy after T rounds (mean of "
-                     f"rounds T-{key.removeprefix('personal_last')}+1..T of one run), mean ± std")
+    return markdown_table(header, lines, "Layout of MpFedcon Tab. 2: accuracy after T rounds "
+                          f"(mean of rounds T-{key.removeprefix('personal_last')}+1..T of one "
+                          f"run), {sd_note(SD, 'seeds')}")
 
 
 def tab3(rows: list[dict]) -> str | None:
@@ -113,24 +102,26 @@ def tab3(rows: list[dict]) -> str | None:
         for c in columns:
             mine = [r for r in rows if r["row"] == label and r["column"] == c]
             fedavg = [r for r in rows if r["row"] == "FedAvg" and r["column"] == c]
-            reached = [_num(r["rounds_to_target"]) for r in mine]
+            reached = [to_float(r["rounds_to_target"]) for r in mine]
             hit = [v for v in reached if v is not None]
-            mb = [_num(r.get("round_MB_up")) or 0.0 for r in mine]
-            total = [(_num(r.get("client_MB_up")) or 0) + (_num(r.get("client_MB_down")) or 0)
-                     for r in mine]
-            base = [v for v in (_num(r["rounds_to_target"]) for r in fedavg) if v is not None]
-            rounds = mean_std(hit, 1) + ("" if len(hit) == len(reached) else
-                                         f" ({len(hit)}/{len(reached)} reached)")
-            speed = f"{statistics.mean(base) / statistics.mean(hit):.2f}" if hit and base else ""
+            mb = [to_float(r.get("round_MB_up")) or 0.0 for r in mine]
+            total = [(to_float(r.get("client_MB_up")) or 0)
+                     + (to_float(r.get("client_MB_down")) or 0) for r in mine]
+            base = [v for v in (to_float(r["rounds_to_target"]) for r in fedavg) if v is not None]
+            rounds = _sd(hit, ".1f") + ("" if len(hit) == len(reached) else
+                                     f" ({len(hit)}/{len(reached)} reached)")
+            speed = number(statistics.mean(base) / statistics.mean(hit), ".2f") \
+                if hit and base else ""
             per = statistics.mean(mb) if mb else 0.0
-            traffic = f"{statistics.mean(hit) * per:.3g}" if hit else ""
-            line += [rounds or "not reached", speed, f"{per:.3g}", traffic,
-                     f"{statistics.mean(total):.3g}" if total else ""]
+            traffic = number(statistics.mean(hit) * per) if hit else ""
+            line += [rounds or "not reached", speed, number(per), traffic,
+                     number(statistics.mean(total)) if total else ""]
         lines.append(line)
-    return _markdown(header, lines, "Layout of MpFedcon Tab. 3: rounds until the mean "
-                     "personalised accuracy first reaches the target (`personal.target`), "
-                     "speedup = FedAvg's rounds / the method's, MB one party uploads per round "
-                     "it takes part in (measured), Eq. 10 traffic = rounds × that")
+    return markdown_table(header, lines, "Layout of MpFedcon Tab. 3: rounds until the mean "
+                          "personalised accuracy first reaches the target (`personal.target`, "
+                          f"{sd_note(SD, 'the seeds that reach it')}), speedup = FedAvg's "
+                          "rounds / the method's, MB one party uploads per round it takes part "
+                          "in (measured), Eq. 10 traffic = rounds × that")
 
 
 def tab4(rows: list[dict], key: str) -> str | None:
@@ -142,21 +133,22 @@ def tab4(rows: list[dict], key: str) -> str | None:
     keep = [r for r in rows if r["row"] in bases or NOISY.search(r["row"])
             or r["row"].startswith("MpFedcon")]
     keep = [r for r in keep if r["column"] in {n["column"] for n in noisy}]
-    labels, columns, cells = _grid(keep, lambda r: _num(r.get(key)))
-    lines = [[label, *[mean_std(cells.get((label, c), [])) for c in columns]]
+    labels, columns, cells = _grid(keep, lambda r: to_float(r.get(key)))
+    lines = [[label, *[_sd(cells.get((label, c), [])) for c in columns]]
              for label in labels]
-    return _markdown(["Method", *columns], lines,
-                     "Layout of MpFedcon Tab. 4 (accuracy side): Gaussian (G) / Laplace (L) "
-                     "noise of the given variance on every uploaded value, against no noise "
-                     "and MpFedcon's hidden head; whether each defence stops the attacks is "
-                     "in the leakage table")
+    return markdown_table(["Method", *columns], lines,
+                          "Layout of MpFedcon Tab. 4 (accuracy side): Gaussian (G) / Laplace "
+                          "(L) noise of the given variance on every uploaded value, against no "
+                          "noise and MpFedcon's hidden head, same accuracy as Tab. 1, "
+                          f"{sd_note(SD, 'seeds')}; whether each defence stops the attacks is "
+                          "in the leakage table")
 
 
 def paper_tables(rows: list[dict]) -> dict[str, str]:
     key = _last_key(rows)
     if key is None:
         return {}
-    rows = [r for r in rows if _num(r.get(key)) is not None]
+    rows = [r for r in rows if to_float(r.get(key)) is not None]
     tables = {"mpfedcon_tab1": tab1(rows, key), "mpfedcon_tab2": tab2(rows, key)}
     for name, table in (("mpfedcon_tab3", tab3(rows)), ("mpfedcon_tab4", tab4(rows, key))):
         if table:
