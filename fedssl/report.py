@@ -83,7 +83,7 @@ def experiment_row(name: str, exp, method, step_dirs: list[Path],
     cost_file = costs_dir / "costs.json" if costs_dir else None
     cost = json.loads(cost_file.read_text()) if cost_file and cost_file.exists() else {}
     for col, (key, scale) in COST_COLUMNS.items():
-        row[col] = f"{cost[key] * scale:.3g}" if key in cost else ""
+        row[col] = number(cost[key] * scale) if key in cost else ""
     known = {key for key, _ in COST_COLUMNS.values()}
     for key, value in cost.items():
         column = key.removeprefix("mean_")
@@ -117,22 +117,6 @@ def _per_round_traffic(per_client: list[dict]) -> dict[str, float]:
             out.update({f"round_MB_{way}_{k}": round(v / rounds / 1e6, 6)
                         for k, v in kinds.items()})
     return out
-
-
-def table_cell(exp, method, partition, dataset_name: str, row: str = "method",
-               column: str = "partition") -> tuple[str, str]:
-    """(row, column) of an experiment in the pivot: the method's label (the title for
-    reference rows) or the title, and the data set with its partition or ``leaf=value`` of a
-    swept setting."""
-    label = method.row_label(exp.method)
-    row = exp.title if row == "title" or not label else label
-    if column != "partition":
-        return row, f"{column.rsplit('.', 1)[-1]}={setting(exp, column)}"
-    scheme = partition.scheme
-    split = {"dirichlet": lambda: f"ξ={scheme.alpha:g}", "iid": lambda: "IID",
-             "shards": lambda: f"{scheme.classes_per_client} classes/client",
-             "class_groups": lambda: "class groups"}[scheme.kind]()
-    return row, f"{DATASET_LABELS.get(dataset_name, dataset_name)} {split}"
 
 
 def table_cell(exp, method, partition, dataset_name: str, row: str = "method",
@@ -268,8 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render":
         names = sorted(p.parent.name for p in REPORTS.glob("*/report.json")) if args.all \
             else args.pipelines
-        for name in names:
-            rerender(REPORTS / name)
+        try:
+            for name in names:
+                rerender(REPORTS / name)
+        except (FileNotFoundError, KeyError) as e:
+            print(f"error: {e.args[0]}", file=sys.stderr)
+            return 1
         print(f"{REPORTS}: {len(names)} reports rewritten ({', '.join(names)})")
         return 0
     old = README.read_text()

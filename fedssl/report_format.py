@@ -1,6 +1,7 @@
 """The pieces every report table and figure is made of, in one place: a Markdown table, a
 mean ± SD cell whose SD convention is explicit (and stated in the caption of every table that
-uses it), a number, and figure saving that writes the same PNG bytes on a rerun.
+uses it), a number, a pivot of runs, and figure saving that writes the same PNG bytes on a
+rerun.
 
 Pure Python, and it imports nothing of the project: a method's table module may use it
 without pulling the planning or training code into the report's dependencies."""
@@ -14,6 +15,12 @@ Sd = Literal["sample", "population"]
 # How each convention is computed and how a caption names it.
 _SD = {"sample": (statistics.stdev, "sample SD"),
        "population": (statistics.pstdev, "population SD")}
+
+
+def _convention(sd: Sd) -> tuple:
+    if sd not in _SD:
+        raise ValueError(f"sd: expected one of {', '.join(_SD)}, got {sd!r}")
+    return _SD[sd]
 
 
 def to_float(value) -> float | None:
@@ -48,20 +55,17 @@ def number(value, spec: str = ".3g", blank: str = "") -> str:
 def mean_sd(values: list[float], sd: Sd, spec: str = ".2f") -> str:
     """``mean±SD`` over repeated runs with the given SD convention, both formatted by
     ``spec``; one run shows its value alone and no run a blank cell."""
-    if sd not in _SD:
-        raise ValueError(f"sd: expected one of {', '.join(_SD)}, got {sd!r}")
+    spread = _convention(sd)[0]
     values = [v for v in values if v is not None]
     if len(values) < 2:
         return format(values[0], spec) if values else ""
-    return f"{format(statistics.mean(values), spec)}±{format(_SD[sd][0](values), spec)}"
+    return f"{format(statistics.mean(values), spec)}±{format(spread(values), spec)}"
 
 
 def sd_note(sd: Sd, over: str = "runs") -> str:
     """The caption's words for :func:`mean_sd` cells, e.g. "mean ± sample SD over runs" (a
     table that shows such cells says so in its caption)."""
-    if sd not in _SD:
-        raise ValueError(f"sd: expected one of {', '.join(_SD)}, got {sd!r}")
-    return f"mean ± {_SD[sd][1]} over {over}"
+    return f"mean ± {_convention(sd)[1]} over {over}"
 
 
 def markdown_table(header: list[str], lines: list[list[str]], caption: str = "") -> str:

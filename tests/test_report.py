@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -132,7 +131,8 @@ def test_mfcl_lays_out_its_costs_and_rserver_loss_in_its_own_tables():
     assert list(tables) == ["mfcl_tab3", "mfcl_rserver_loss"]
     assert tables["mfcl_tab3"].splitlines()[2:] == [
         "| method | α (bits) | β (GFLOPs) | γ Eq. 6 (MB) | sent (MB) |", "|---|---|---|---|---|",
-        "| MFCL(TN) | 4.82e+09 | 305 | 7.73 | 50.3 |", "| FedSimCLR | 1.26e+08 | 718 | 197 | 5.28 |"]
+        "| MFCL(TN) | 4.82e+09 | 305 | 7.73 | 50.3 |",
+        "| FedSimCLR | 1.26e+08 | 718 | 197 | 5.28 |"]
     assert "| MFCL(TN) | 4.50 |" in tables["mfcl_rserver_loss"]
     assert MFCL.tables(rows[1:]) == {}  # no MFCL run: no MFCL table
 
