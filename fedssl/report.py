@@ -88,7 +88,7 @@ def experiment_row(name: str, exp, method, step_dirs: list[Path],
     for key, value in cost.items():
         column = key.removeprefix("mean_")
         if key.startswith("mean_") and key not in known and column not in row:
-            row[column] = float(f"{value:.4g}")
+            row[column] = float(number(value, ".4g"))
     return row
 
 

@@ -194,3 +194,14 @@ def test_a_numeric_sweep_reads_in_value_order_whatever_the_listing_order():
     assert [r["e"] for r in in_column_order(rows, [8, 4, 8, 4])] == ["n2", "n3", "fedavg", "n5"]
     assert in_column_order(rows, [None, 0, 0, None]) == rows
     assert in_column_order(rows, [True, False, True, False]) == rows
+
+
+def test_cpcfl_tables_use_the_population_sd_as_its_paper_and_say_so():
+    from fedssl.methods.cpcfl.tables import paper_tables
+    rows = [{"method": "cpcfl", "row": "CP-CFL", "column": "c", "personal_at_10": acc,
+             "f1_macro": f1} for acc, f1 in ((60.0, 0.5), (70.0, 0.7))]
+    tables = paper_tables(rows)
+    # two trials 10 apart: population SD 5 (a sample SD would be 7.07)
+    assert "| CP-CFL | 65.00±5.00 |" in tables["cpcfl_tab3"]
+    assert "| CP-CFL | 0.6000±0.1000 |" in tables["cpcfl_tab4"]
+    assert all("mean ± population SD over trials" in t for t in tables.values())

@@ -39,7 +39,7 @@ def found_after_tc(runs: list[dict]) -> str:
            for r in runs if to_float(r.get("groups_found_at")) is not None]
     if not got:
         return f"never (0/{len(runs)})"
-    text = f"{statistics.mean(got):.1f}"
+    text = number(statistics.mean(got), ".1f")
     return text if len(got) == len(runs) else f"{text} ({len(got)}/{len(runs)})"
 
 
