@@ -237,7 +237,11 @@ def test_each_cluster_model_is_the_size_weighted_mean_of_its_clients(tmp_path):
         expect = fedavg(stacked([u.uploads[i] for i in rows]), w)
         for k, v in expect.items():
             assert torch.equal(state.server[f"pool{n}"][k], v), k
-    assert set(u.groups) <= {0, 1} and start  # noqa: the pool started from `start`
+    assert set(u.groups) <= {0, 1}
+    for n in (0, 1):  # a cluster's model moves exactly when some client chose it
+        moved = not torch.equal(state.server[f"pool{n}"]["head.0.weight"],
+                                start[f"pool{n}"]["head.0.weight"])
+        assert moved == (n in u.groups), (n, u.groups)
 
 
 def test_a_global_encoder_is_shared_by_every_cluster_and_heads_stay_apart(tmp_path):
