@@ -1,0 +1,100 @@
+"""MocoSFL / MonAcoSFL rules no other test pins (spec methods/monacosfl.md): when the
+misalignment log reads the models (every logged step after it, and around every sync, over the
+clients of the round), and the k-NN monitor (which model, which rounds, which number)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedssl.data.augment import to_float
+from fedssl.fl.momentum import misalignment
+from fedssl.methods.mocosfl.split import KnnMonitor, SplitEncoder, unprefixed
+from tests.test_mocosfl import federation, params, toy_data
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def spy_misalignment(fed):
+    """Eq. 2 (absolute and squared) of the round's stacked clients right after every step, and
+    right after every sync, read from the trainer's own tensors."""
+    after_step, after_sync = [], []
+    step, sync = fed.trainer.step, fed.strategy.sync
+
+    def reads(online, momentum):
+        return (float(misalignment([online], [momentum])),
+                float(misalignment([online], [momentum], squared=True)))
+
+    def spy_step(state, clients, rows, idx, valid, data, online, momentum, *rest):
+        loss = step(state, clients, rows, idx, valid, data, online, momentum, *rest)
+        after_step.append(reads(online, momentum))
+        return loss
+
+    def spy_sync(state, clients, online, momentum, weights):
+        sync(state, clients, online, momentum, weights)
+        after_sync.append(reads(online, momentum))
+
+    fed.trainer.step, fed.strategy.sync = spy_step, spy_sync
+    return after_step, after_sync
+
+
+@pytest.mark.parametrize("variant", ["mocosfl", "monacosfl"])
+def test_the_misalignment_log_reads_the_models_before_and_after_each_sync(tmp_path, variant):
+    """Sync every 2 steps, a row every 3rd step and at every sync: the pre-sync value is the
+    models after the step, before the sync; the logged value (and its square) after the sync,
+    or after the step where none happened; with 2 of 3 clients a round, only theirs count."""
+    p = params(variant, training=dict(rounds=2, sync_every=2, log_every=3,
+                                      client_fraction=0.67))
+    fed = federation(p, tmp_path)
+    after_step, after_sync = spy_misalignment(fed)
+    state = fed.run(fed.start(None))
+    log = state.memo["steps"]
+    syncs = iter(after_sync)
+    expected = []
+    for step, (mis, sq) in enumerate(after_step, 1):
+        synced = any(e["step"] == step and e["sync"] for e in log)
+        if synced:
+            post, post_sq = next(syncs)
+            expected.append((step, 1, mis, post, post_sq))
+        elif step % 3 == 0:
+            expected.append((step, 0, "", mis, sq))
+    assert next(syncs, None) is None and len(after_sync) >= 3
+    assert [(e["step"], e["sync"], e["misalignment_pre_sync"], e["misalignment"],
+             e["misalignment_sq"]) for e in log] == expected
+    assert all(e["misalignment_pre_sync"] != e["misalignment"] for e in log if e["sync"])
+
+
+def test_the_knn_monitor_scores_the_latest_synced_model_on_schedule(tmp_path):
+    """Every 2nd round and the last (rounds 2, 3): weighted k-NN (k = 3, votes exp(s / T))
+    of the queries among the bank, on the backbone features of the latest synced client part
+    and the server's backbone: computed here by hand with the deployed encoder."""
+    data = toy_data()
+    labels = data.labels.numpy()
+    bank, queries = np.arange(40), np.arange(40, 60)
+    # a third of the bank mislabelled: which neighbours come first decides the score
+    bank_labels = (labels[bank] + (bank % 3 == 0)) % 4
+    monitor = KnnMonitor(data.images[bank], bank_labels, data.images[queries], labels[queries],
+                         k=3, temperature=0.1, every=2)
+    p = params("mocosfl", training=dict(rounds=3, sync_every=2))
+    fed = federation(p, tmp_path)
+    fed.strategy.monitor = monitor
+    state = fed.start(None)
+    seen = []
+    while state.round < 3:
+        fed.run_round(state)
+        seen.append({k: v.clone() for k, v in state.server["sync"].items()})
+    assert [r["round"] for r in state.log if "knn_monitor" in r] == [2, 3]
+
+    deployed = SplitEncoder(fed.strategy.nets, unprefixed(seen[-1], "online"),
+                            state.server["server"]).eval()
+    with torch.no_grad():
+        f_bank = F.normalize(deployed(to_float(data.images[bank])), dim=1)
+        f_query = F.normalize(deployed(to_float(data.images[queries])), dim=1)
+    hits = 0
+    for q, y in zip(f_query, labels[queries]):
+        sim, idx = (f_bank @ q).topk(3)
+        votes = np.zeros(4)
+        np.add.at(votes, bank_labels[idx.numpy()], np.exp(sim.numpy() / 0.1))
+        hits += int(votes.argmax() == y)
+    assert state.log[-1]["knn_monitor"] == pytest.approx(round(100 * hits / len(queries), 2))
