@@ -1,6 +1,7 @@
-"""MocoSFL / MonAcoSFL rules no other test pins (spec methods/monacosfl.md): when the
+"""MocoSFL / MonAcoSFL rules no other test pins (spec methods/monacosfl.md): every step moves
+the momentum models by EMA of the online ones as they were before the step; when the
 misalignment log reads the models (every logged step after it, and around every sync, over the
-clients of the round), and the k-NN monitor (which model, which rounds, which number)."""
+clients of the round); the k-NN monitor (which model, which rounds, which number)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,11 +10,44 @@ import torch
 import torch.nn.functional as F
 
 from fedssl.data.augment import to_float
-from fedssl.fl.momentum import misalignment
+from fedssl.fl.cohort import stack
+from fedssl.fl.momentum import FeatureQueue, misalignment
 from fedssl.methods.mocosfl.split import KnnMonitor, SplitEncoder, unprefixed
 from tests.test_mocosfl import federation, params, toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_each_step_moves_every_momentum_model_by_ema_of_its_pre_step_online_model(tmp_path):
+    """Clients and server: xi <- m xi + (1 - m) phi with phi the online weights before this
+    step's SGD update (m = 0.9 here), while the online weights themselves move."""
+    p = params("mocosfl", moco=dict(queue_size=32, symmetric=False, momentum=0.9))
+    data = toy_data()
+    fed = federation(p, tmp_path, data, parallel=False)
+    state = fed.start(None)
+    g = torch.Generator().manual_seed(0)
+
+    def moved(tensors):
+        return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in tensors.items()}
+
+    init = state.server["client_init"]
+    online, momentum = stack([moved(init), moved(init)]), stack([init, init])
+    server = {k: v.unsqueeze(0) for k, v in moved(state.server["server"]).items()}
+    server_m = {k: v.clone() for k, v in state.server["server_momentum"].items()}
+    before = [{k: v.clone() for k, v in d.items()} for d in (online, momentum, server, server_m)]
+    opt = {"step": torch.zeros(2), "m": {k: torch.zeros_like(v) for k, v in online.items()}}
+    server_opt = {"step": torch.zeros(1), "m": {k: torch.zeros_like(v)
+                                                for k, v in server.items()}}
+    idx = np.stack([data.clients[0][:6], data.clients[1][:6]])
+    fed.trainer.step(state, [0, 1], [0, 1], idx, np.ones_like(idx, dtype=bool), data, online,
+                     momentum, opt, server, server_m, server_opt, FeatureQueue(32, 8, 1),
+                     torch.Generator().manual_seed(1), 0.1)
+    on0, mom0, top0, top_m0 = before
+    for k in online:
+        assert torch.allclose(momentum[k], 0.9 * mom0[k] + 0.1 * on0[k], atol=1e-6), k
+    for k in server:
+        assert torch.allclose(server_m[k], 0.9 * top_m0[k] + 0.1 * top0[k][0], atol=1e-6), k
+    assert not torch.equal(online["0.0.weight"], on0["0.0.weight"])
 
 
 def spy_misalignment(fed):
