@@ -119,3 +119,20 @@ def test_alignment_is_lw_fedssls_and_calibration_trains_end_to_end(method, alpha
     assert (client.global_encoder is not None) == (alpha > 0)
     server = run.learner_of(p, model, 3, plan, server=True)
     assert (server.alpha, server.frozen_prefix, server.global_encoder) == (0.0, 0, None)
+
+
+def test_scratch_is_fedmocos_untrained_starting_encoder(tmp_path):
+    """The reference row: the seeded full-depth initial encoder FedMoCo starts from, untrained."""
+    from types import SimpleNamespace
+    import yaml
+    from fedssl import params as P
+    from tests.lwfedssl_fixtures import TINY_SCRATCH
+    scratch = P.experiment_model().model_validate(yaml.safe_load(TINY_SCRATCH)).method
+    ctx = SimpleNamespace(exp=SimpleNamespace(method=scratch), image_shape=(1, 28, 28),
+                          out=tmp_path, info={})
+    run.scratch(ctx)
+    saved = run.load_online(scratch, (1, 28, 28), tmp_path / "model.pt", torch.device("cpu"))
+    fedmoco = run.initial_online(tiny_exp("fedmoco").method, (1, 28, 28), 3)
+    assert saved["encoder"].depth == 3
+    for k, v in fedmoco.state_dict().items():
+        assert torch.equal(saved.state_dict()[k], v), k
