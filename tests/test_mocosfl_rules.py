@@ -132,3 +132,23 @@ def test_the_knn_monitor_scores_the_latest_synced_model_on_schedule(tmp_path):
         np.add.at(votes, bank_labels[idx.numpy()], np.exp(sim.numpy() / 0.1))
         hits += int(votes.argmax() == y)
     assert state.log[-1]["knn_monitor"] == pytest.approx(round(100 * hits / len(queries), 2))
+
+
+def test_the_symmetric_loss_queries_both_views_against_the_other_one(tmp_path):
+    """V2's symmetric loss: the online models see [x'; x''], the momentum models [x''; x'],
+    so each query's positive key is the other view of its image; without it, x' against x''."""
+    for symmetric in (True, False):
+        p = params("mocosfl", moco=dict(queue_size=32, symmetric=symmetric))
+        fed = federation(p, tmp_path, name=f"{symmetric}.pt")
+        seen = []
+        forward = fed.trainer.client_forward
+        fed.trainer.client_forward = lambda w, x: seen.append(x.clone()) or forward(w, x)
+        fed.trainer.make_views = lambda x, g: (to_float(x), 1 - to_float(x))
+        fed.run_round(fed.start(None))
+        queries, keys = seen[0], seen[1]  # the first step: online, then momentum forward
+        v1 = queries[:, :6]
+        assert torch.equal(keys[:, :6], 1 - v1)
+        if symmetric:
+            assert torch.equal(queries[:, 6:], 1 - v1) and torch.equal(keys[:, 6:], v1)
+        else:
+            assert queries.shape[1] == keys.shape[1] == 6
