@@ -121,3 +121,26 @@ def test_fedper_trains_base_and_head_together_in_one_pass(tmp_path):
                                     torch.Generator().manual_seed(0), phase.trainable(state))
     for k in (s.shared[0], s.personal[0]):
         assert not torch.equal(trained[k][0], start[k]), k
+
+
+def test_uploaded_centres_are_class_means_of_the_trained_network(tmp_path):
+    """Eq. 3 after training: c_i[k] = mean of P(D(x)) over the party's class-k images (no
+    augmentation), through the network the party just trained, not the one it started with."""
+    fed, model = toy_federation(tmp_path, params("mpfedcon", rounds=1))
+    s, seen = fed.strategy, {}
+    upload = s.upload
+
+    def spy_upload(state, c, trained):
+        seen[c] = trained, upload(state, c, trained)
+        return seen[c][1]
+
+    s.upload = spy_upload
+    fed.run(fed.start(model))
+    for c, (trained, sent) in seen.items():
+        net = copy_of(fed.strategy.p, trained, "net.")
+        idx = torch.as_tensor(fed.data.clients[c])
+        with torch.no_grad():
+            z = net.project(fed.data.images[idx].float() / 255)
+        y = fed.data.labels[idx]
+        for row, k in enumerate(sent["centre_classes"].tolist()):
+            assert torch.allclose(sent["centres"][row], z[y == k].mean(0), atol=1e-5), (c, k)
