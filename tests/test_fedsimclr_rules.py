@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.func import functional_call
 
 from fedssl import params as P
 from fedssl.data.augment import BatchAugment

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from fedssl.methods.lwfedssl import run
-from tests.test_lwfedssl import run_stage, stage_model, tiny_exp, toy_data
+from tests.test_lwfedssl import stage_model, tiny_exp, toy_data
 
-ONLINE = ("encoder.", "projector.", "predictor.")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def spy_local_rounds(fed):
@@ -124,7 +124,9 @@ def test_alignment_is_lw_fedssls_and_calibration_trains_end_to_end(method, alpha
 def test_scratch_is_fedmocos_untrained_starting_encoder(tmp_path):
     """The reference row: the seeded full-depth initial encoder FedMoCo starts from, untrained."""
     from types import SimpleNamespace
+
     import yaml
+
     from fedssl import params as P
     from tests.lwfedssl_fixtures import TINY_SCRATCH
     scratch = P.experiment_model().model_validate(yaml.safe_load(TINY_SCRATCH)).method

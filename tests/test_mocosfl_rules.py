@@ -134,6 +134,14 @@ def test_the_knn_monitor_scores_the_latest_synced_model_on_schedule(tmp_path):
     assert state.log[-1]["knn_monitor"] == pytest.approx(round(100 * hits / len(queries), 2))
 
 
+def recording(forward, seen: list):
+    """``forward`` (the clients' forward pass) keeping a copy of every input in ``seen``."""
+    def call(weights, x):
+        seen.append(x.clone())
+        return forward(weights, x)
+    return call
+
+
 def test_the_symmetric_loss_queries_both_views_against_the_other_one(tmp_path):
     """V2's symmetric loss: the online models see [x'; x''], the momentum models [x''; x'],
     so each query's positive key is the other view of its image; without it, x' against x''."""
@@ -141,8 +149,7 @@ def test_the_symmetric_loss_queries_both_views_against_the_other_one(tmp_path):
         p = params("mocosfl", moco=dict(queue_size=32, symmetric=symmetric))
         fed = federation(p, tmp_path, name=f"{symmetric}.pt")
         seen = []
-        forward = fed.trainer.client_forward
-        fed.trainer.client_forward = lambda w, x: seen.append(x.clone()) or forward(w, x)
+        fed.trainer.client_forward = recording(fed.trainer.client_forward, seen)
         fed.trainer.make_views = lambda x, g: (to_float(x), 1 - to_float(x))
         fed.run_round(fed.start(None))
         queries, keys = seen[0], seen[1]  # the first step: online, then momentum forward

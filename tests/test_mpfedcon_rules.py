@@ -3,11 +3,10 @@ rule changes by one line: z_con comes from the frozen round-start network, whose
 party's own; FedPer trains all its layers together."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
-
-import pytest
 
 from fedssl.fl.cohort import Batch
 from fedssl.methods.mpfedcon import train as T
@@ -33,9 +32,9 @@ def test_z_con_is_the_projection_of_the_frozen_round_start_network():
     model = T.seeded_model(p, SHAPE, 4, CPU)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(1)
-    for k in state:  # the live network has moved away from its round-start copy
+    for k, v in state.items():  # the live network has moved away from its round-start copy
         if k.startswith("net."):
-            state[k] = state[k] + 0.2 * torch.randn(state[k].shape, generator=g)
+            state[k] = v + 0.2 * torch.randn(v.shape, generator=g)
     buffers = {"centres": torch.randn(4, 8, generator=g), "has_centre": torch.ones(4)}
     weights = {k: v for k, v in state.items() if k not in buffers}
     images, labels = toy_images(8, 0)
