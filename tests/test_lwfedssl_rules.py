@@ -138,3 +138,24 @@ def test_scratch_is_fedmocos_untrained_starting_encoder(tmp_path):
     assert saved["encoder"].depth == 3
     for k, v in fedmoco.state_dict().items():
         assert torch.equal(saved.state_dict()[k], v), k
+
+
+def test_the_server_averages_what_came_back_weighted_by_client_data_size(tmp_path):
+    """Alg. 1: L_s, H, P <- sum_i |D_i| / sum_j |D_j| (.)^i over the clients of the round
+    (toy clients hold 40, 30 and 30 images)."""
+    from fedssl.fl.engine import fedavg, stacked
+    p = tiny_exp("fedmoco_lw").method
+    data, _ = toy_data()
+    fed, learner = run.make_federation(p, stage_model(p, 2), 2, data, tmp_path / "ck.pt", "fp")
+    sent = []
+    upload = fed.strategy.upload
+    fed.strategy.upload = lambda state, c, trained: sent.append(upload(state, c, trained)) \
+        or sent[-1]
+    state = fed.run(fed.start(learner))
+    sizes = torch.tensor([40.0, 30.0, 30.0], dtype=torch.float64)
+    expected = fedavg(stacked(sent), sizes)
+    uniform = fedavg(stacked(sent), torch.ones(3, dtype=torch.float64))
+    for k, v in expected.items():
+        assert torch.allclose(state.server["global"][k], v, atol=1e-7), k
+    assert not torch.allclose(expected["encoder.blocks.1.mlp.0.weight"],
+                              uniform["encoder.blocks.1.mlp.0.weight"], atol=1e-7)

@@ -159,3 +159,38 @@ def test_the_symmetric_loss_queries_both_views_against_the_other_one(tmp_path):
             assert torch.equal(queries[:, 6:], 1 - v1) and torch.equal(keys[:, 6:], v1)
         else:
             assert queries.shape[1] == keys.shape[1] == 6
+
+
+@pytest.mark.parametrize("variant", ["mocosfl", "monacosfl"])
+def test_a_client_that_missed_syncs_starts_from_the_latest_synced_model(tmp_path, variant):
+    """A sync reaches every client: one that sat out syncs (or never trained) starts its next
+    round from the latest average (MonAcoSFL: also the averaged momentum model), not from what
+    it holds; MocoSFL keeps its own momentum model."""
+    p = params(variant, training=dict(rounds=3, client_fraction=0.34))
+    fed = federation(p, tmp_path)
+    state = fed.start(None)
+    starts = []
+    client_start = fed.strategy.client_start
+
+    def spy(state_, c):
+        kept = state_.clients.get(c)
+        init = state_.server["client_init"]
+        seen_sync = int(kept["sync_id"]) if kept is not None else 0
+        start = client_start(state_, c)
+        if seen_sync < int(state_.server["sync"]["count"]):
+            held = (init, init) if kept is None else (unprefixed(kept, "online"),
+                                                      unprefixed(kept, "momentum"))
+            starts.append((*held, {k: v.clone() for k, v in state_.server["sync"].items()},
+                           start))
+        return start
+
+    fed.strategy.client_start = spy
+    fed.run(state)
+    assert starts, "no client came back after missing a sync"
+    for kept_online, kept_momentum, sync, start in starts:
+        for k, v in unprefixed(sync, "online").items():
+            assert torch.equal(start["online"][k], v), k
+        assert not torch.equal(kept_online["0.0.weight"], start["online"]["0.0.weight"])
+        momentum = unprefixed(sync, "momentum") if variant == "monacosfl" else kept_momentum
+        for k, v in momentum.items():
+            assert torch.equal(start["momentum"][k], v), k
