@@ -57,3 +57,16 @@ def test_a_collapsed_pool_stops_the_run_and_a_restart_draws_a_new_pool(tmp_path)
     for a, b in zip(first, again):
         assert not torch.equal(a["encoder.net.features.0.weight"],
                                b["encoder.net.features.0.weight"])
+
+
+def test_public_pretraining_images_must_not_be_client_data():
+    """Server-side SSL uses a public slice of the training split that no client holds: any
+    overlap stops the stage, naming the partition fields that fix it."""
+    from types import SimpleNamespace
+
+    from fedssl.stage import StageFailed
+    ctx = SimpleNamespace(name="cfl__x", exp=SimpleNamespace(partition="groups"))
+    clients = [np.arange(0, 10), np.arange(10, 20)]
+    cfl.check_disjoint(ctx, np.arange(20, 30), clients)  # disjoint: fine
+    with pytest.raises(StageFailed, match="1 images .* server_holdout = ssl.public.size"):
+        cfl.check_disjoint(ctx, np.arange(19, 29), clients)
