@@ -237,7 +237,15 @@ def test_each_cluster_model_is_the_size_weighted_mean_of_its_clients(tmp_path):
         expect = fedavg(stacked([u.uploads[i] for i in rows]), w)
         for k, v in expect.items():
             assert torch.equal(state.server[f"pool{n}"][k], v), k
-    assert set(u.groups) <= {0, 1} and start  # noqa: the pool started from `start`
+    assert set(u.groups) <= {0, 1}
+    # the sizes matter: client 0's cluster is not the plain mean of its clients
+    n = u.groups[u.clients.index(0)]
+    rows = [i for i, g in enumerate(u.groups) if g == n]
+    plain = fedavg(stacked([u.uploads[i] for i in rows]), torch.ones(len(rows),
+                                                                     dtype=torch.float64))
+    assert not torch.allclose(plain["head.0.weight"], state.server[f"pool{n}"]["head.0.weight"])
+    assert not torch.equal(start[f"pool{n}"]["head.0.weight"],
+                           state.server[f"pool{n}"]["head.0.weight"])
 
 
 def test_a_global_encoder_is_shared_by_every_cluster_and_heads_stay_apart(tmp_path):
