@@ -6,7 +6,8 @@ Each test runs the stage uninterrupted, then again in a child process that is SI
 as its first checkpoint is on disk, then once more: the third run must say it resumes and leave
 every output file (the stage's artifact folder and the experiment's results) byte-identical to
 the uninterrupted run's, with its checkpoint gone. The uninterrupted and resumed runs happen in
-this process (one torch import), the killed one in a child; all on one thread."""
+this process (one torch import), the killed one in a child; all on one thread. The MpFedcon
+variant runs only with `-m slow`: FedRep covers its stage kind in the default suite."""
 from __future__ import annotations
 
 import signal
@@ -28,6 +29,8 @@ pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 LW_GROW_S2_LONG = lw_text("lw_fedssl").replace(
     "  calibration: {enabled: true, timing: round_start}\n",
     "  calibration: {enabled: true, timing: round_start}\n  stages: {s2: {rounds: 3}}\n")
+LEAKAGE_SMALL = (LEAKAGE.replace("label_images: 6", "label_images: 2")
+                 .replace("recon_label_images: 2", "recon_label_images: 1"))
 SCRATCH_FINETUNE_LONG = TINY_SCRATCH.replace("finetune: {epochs: 2,", "finetune: {epochs: 3,")
 
 
@@ -42,7 +45,7 @@ def project(tmp_path_factory):
     for variant in ("fedrep", "mpfedcon"):
         (params / "experiments" / f"tiny_{variant}.yaml").write_text(
             MPF_EXPERIMENT.format(variant=variant, seed=0))
-    (params / "experiments" / "tiny_leakage.yaml").write_text(LEAKAGE)
+    (params / "experiments" / "tiny_leakage.yaml").write_text(LEAKAGE_SMALL)
     (params / "experiments" / "tiny_scratch_ft.yaml").write_text(SCRATCH_FINETUNE_LONG)
     return root
 
@@ -53,7 +56,8 @@ def project(tmp_path_factory):
     pytest.param("cfl", "tiny_cpcfl", "cfl round 1/", id="cpcfl-cfl"),
     pytest.param("grow_2", "tiny_lw_long", "round 1/", id="lwfedssl-growth-stage"),
     pytest.param("train", "tiny_fedrep", "round 1/", id="personal-fedrep"),
-    pytest.param("train", "tiny_mpfedcon", "round 1/", id="personal-mpfedcon"),
+    pytest.param("train", "tiny_mpfedcon", "round 1/", id="personal-mpfedcon",
+                 marks=pytest.mark.slow),  # the stage kind of the one above
     pytest.param("finetune", "tiny_scratch_ft", "epoch 1/", id="finetune"),
     pytest.param("attack", "tiny_leakage", "setting full: cl=", id="gradient-leakage"),
 ])
