@@ -36,7 +36,7 @@ SAFE_BY_ARGUMENT = {"torch.load": ("weights_only", True), "torch.serialization.l
 NEVER = {"pickle.load", "pickle.loads", "pickle.Unpickler", "torch.jit.load", "joblib.load",
          "dill.load", "dill.loads", "cloudpickle.load", "cloudpickle.loads", "pandas.read_pickle",
          "shelve.open", "marshal.load", "marshal.loads", "yaml.load", "yaml.unsafe_load",
-         "yaml.full_load", "numpy.fromfile"}
+         "yaml.full_load"}
 
 
 class Site(NamedTuple):
