@@ -7,7 +7,8 @@ as its first checkpoint is on disk, then once more: the third run must say it re
 every output file (the stage's artifact folder and the experiment's results) byte-identical to
 the uninterrupted run's, with its checkpoint gone. The uninterrupted and resumed runs happen in
 this process (one torch import), the killed one in a child; all on one thread. The MpFedcon
-variant runs only with `-m slow`: FedRep covers its stage kind in the default suite."""
+variant and IFCA's warm-up run only with `-m slow`: FedRep and CP-CFL's pool cover their stage
+kinds in the default suite."""
 from __future__ import annotations
 
 import signal
@@ -54,6 +55,8 @@ def project(tmp_path_factory):
     # what the uninterrupted run prints first and a resumed one must not redo
     pytest.param("pretrain", "tiny_cpcfl", "width 16 epoch 1/", id="cpcfl-server-pretrain"),
     pytest.param("cfl", "tiny_cpcfl", "cfl round 1/", id="cpcfl-cfl"),
+    pytest.param("cfl", "tiny_ifca_fedavg", "FedAvg warm-up round 1/", id="cpcfl-cfl-warmup",
+                 marks=pytest.mark.slow),  # killed in IFCA's FedAvg warm-up, before the pool
     pytest.param("grow_2", "tiny_lw_long", "round 1/", id="lwfedssl-growth-stage"),
     pytest.param("train", "tiny_fedrep", "round 1/", id="personal-fedrep"),
     pytest.param("train", "tiny_mpfedcon", "round 1/", id="personal-mpfedcon",
