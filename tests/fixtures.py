@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 import struct
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -150,3 +153,78 @@ def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedPr
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
                              f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+# ------------------------------------------------------------------ running stages of a project
+@contextmanager
+def in_project(root: Path):
+    """Work inside a tiny project (its params, its artifacts): yields ``planned(kind,
+    experiment)``, which finds that stage in the project's DAG."""
+    from fedssl.pipeline import Dag
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        yield lambda kind, experiment: PlannedStage(*Dag.for_stage(kind, experiment))
+    finally:
+        os.chdir(cwd)
+
+
+class PlannedStage(NamedTuple):
+    dag: object
+    name: str
+
+    @property
+    def spec(self):
+        return self.dag.stages[self.name]
+
+    @property
+    def argv(self) -> list[str]:
+        """``python -m MODULE ARGS...`` as [MODULE, *ARGS]."""
+        return self.spec.cmd.split()[2:]
+
+
+def run_stage(planned: PlannedStage, upstream: bool = False) -> None:
+    """Run a stage in this process (inside :func:`in_project`); with ``upstream``, first every
+    stage it reads whose output is missing."""
+    import importlib
+    if upstream:
+        for name in planned.spec.upstream:
+            if not (Path(planned.dag.stages[name].out) / "meta.json").exists():
+                run_stage(PlannedStage(planned.dag, name), upstream=True)
+    module, *args = planned.argv
+    importlib.import_module(module).run(args)
+
+
+def output_files(planned: PlannedStage) -> dict[str, bytes]:
+    """Every file the stage wrote: its artifact folder and its experiment's results, by path."""
+    from fedssl.pipeline import results_dir
+    experiment = planned.name.split("__", 1)[1]
+    folders = [Path(planned.spec.out), Path(results_dir(experiment))]
+    return {str(p): p.read_bytes() for d in folders if d.exists()
+            for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def kill_after_checkpoint(root: Path, planned: PlannedStage, timeout: float = 300):
+    """Run the stage in a child process (one thread, CPU) and SIGKILL it the moment its first
+    resume checkpoint is on disk: (its exit code, that checkpoint's path)."""
+    import signal
+    import sys
+    import time
+    from fedssl.stage import RESUME_DIR
+    folder = root / RESUME_DIR
+    proc = subprocess.Popen([sys.executable, "-m", *planned.argv], cwd=root,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "FEDSSL_THREADS": "1", "FEDSSL_DEVICE": "cpu"})
+    deadline = time.time() + timeout
+    found: list[Path] = []
+    while not found and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+        # `<stage>.pt`, or a method's own `<stage>.<part>.pt`; never the `.tmp` being written
+        found = sorted(folder.glob(f"{planned.name}.*pt")) if folder.exists() else []
+    if proc.poll() is not None:
+        raise AssertionError(f"{planned.name} ended ({proc.returncode}) before it could be "
+                             f"killed:\n{proc.stderr.read()[-3000:]}")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert found, f"{planned.name} wrote no checkpoint in {timeout} s"
+    return proc.returncode, found[0]

@@ -101,6 +101,26 @@ def _load_fashion_mnist(root: str, download: bool) -> dict[str, Split]:
 # --------------------------------------------------------------------------- CIFAR / STL-10
 
 
+class ArraysOnlyUnpickler(pickle.Unpickler):
+    """CIFAR's files are pickled dicts of numpy arrays, lists and strings: build those and
+    refuse every other global, so a crafted file cannot run code."""
+
+    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"),
+               *((m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray")
+                 for n in ("_reconstruct", "scalar"))}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name}: a CIFAR file "
+                                         f"holds only numpy arrays, lists and strings")
+        return super().find_class(module, name)
+
+
+def read_cifar_pickle(path: str) -> dict:
+    with open(path, "rb") as f:
+        return ArraysOnlyUnpickler(f, encoding="latin1").load()
+
+
 def _required(ds_cls: type) -> list[str]:
     names = [fname for fname, _md5 in ds_cls.train_list + ds_cls.test_list]
     meta = getattr(ds_cls, "meta", None)
@@ -125,10 +145,28 @@ def _torchvision_classes() -> dict[str, type]:
             return not _missing(type(self), self.root)
 
     class CIFAR10(PresenceCheck, tvd.CIFAR10):
+        def __init__(self, root: str, train: bool = True, download: bool = False) -> None:
+            # upstream's reading, with CIFAR's pickles read by an unpickler that builds only
+            # numpy arrays (upstream unpickles anything)
+            tvd.VisionDataset.__init__(self, root)
+            self.train = train
+            if download:
+                self.download()
+            if not self._check_integrity():
+                raise RuntimeError("Dataset not found or corrupted. You can use download=True")
+            batches = [self._read(name) for name, _md5 in
+                       (self.train_list if train else self.test_list)]
+            self.data = np.vstack([b["data"] for b in batches]).reshape(-1, 3, 32, 32)
+            self.data = self.data.transpose((0, 2, 3, 1))  # HWC, as upstream keeps it
+            self.targets = [y for b in batches for y in b.get("labels", b.get("fine_labels"))]
+            self._load_meta()
+
+        def _read(self, name: str) -> dict:
+            return read_cifar_pickle(os.path.join(self.root, self.base_folder, name))
+
         def _load_meta(self) -> None:
             # Upstream re-checks the md5 of the meta file here; read the class names without it.
-            with open(os.path.join(self.root, self.base_folder, self.meta["filename"]), "rb") as f:
-                self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
+            self.classes = self._read(self.meta["filename"])[self.meta["key"]]
             self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
 
     class CIFAR100(CIFAR10, tvd.CIFAR100):

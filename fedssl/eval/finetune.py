@@ -57,7 +57,7 @@ def finetune(encoder: nn.Module, train: tuple[np.ndarray, np.ndarray],
     augment = BatchAugment(p.augment, xtr.shape[-1])
     log, first = [], 0
     if resume is not None and resume.exists():
-        ck = torch.load(resume, map_location=device, weights_only=False)
+        ck = torch.load(resume, map_location=device, weights_only=True)
         if ck.get("fingerprint") == fingerprint:
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["opt"])

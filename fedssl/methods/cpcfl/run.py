@@ -287,6 +287,8 @@ def make_federation(p, data: LocalData, image_shape, num_classes, pool, ckpt, fi
 def run_rounds(fed: Federation, log_path: Path | None, name: str) -> FedState:
     """Run ``fed`` from its checkpoint; raises ClusteringFailed when the failure rule fires."""
     state = fed.start(None)
+    if state.round:
+        print(f"{name}: resuming from round {state.round}", flush=True)
     if state.memo.get("failed_at") is not None:
         raise ClusteringFailed(state)
 

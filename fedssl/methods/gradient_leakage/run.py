@@ -28,7 +28,7 @@ from torch import nn
 from fedssl.attacks.leakage import (add_gradient_noise, attacker_model, client_gradients,
                                     gradient_attack, infer_label_from_gradients)
 from fedssl.models.cnn import LeNet
-from fedssl.runtime import derive_seed, numpy_rng, write_json, write_tsv
+from fedssl.runtime import derive_seed, numpy_rng, torch_save, write_json, write_tsv
 
 
 def lenet(p, num_classes: int, shape: tuple[int, int, int], seed: int) -> nn.Sequential:
@@ -189,17 +189,31 @@ def plot_reconstructions(p, results: dict, x: torch.Tensor, path) -> None:
     plt.close(fig)
 
 
+def finished_settings(ctx) -> dict:
+    """The settings a killed run of this very stage (same fingerprint) had finished."""
+    if not ctx.resume_path.exists():
+        return {}
+    saved = torch.load(ctx.resume_path, weights_only=True)
+    return saved["results"] if saved.get("fingerprint") == ctx.fingerprint else {}
+
+
 def attack(ctx) -> None:
     p = ctx.exp.method
     torch.set_num_threads(1)  # the double backward of a tiny net: one thread is fastest
     x, y = attack_images(ctx, p)
     _, train_labels = ctx.split("train")
     classes = int(max(train_labels.max(), y.max())) + 1
-    results: dict = {"_classes": classes}
+    results: dict = {"_classes": classes, **finished_settings(ctx)}
     for s in p.settings:
+        if s.label in results:
+            print(f"setting {s.label}: resuming, finished before the stop", flush=True)
+            continue
         print(f"setting {s.label}: cl={s.hidden_fc} at={s.assumed_fc} noise={s.noise}",
               flush=True)
         results[s.label] = run_setting(p, s, x, y, classes)
+        # each setting seeds every draw from its images' seeds: a resumed run redoes only the
+        # settings after this checkpoint and gets the same numbers
+        torch_save({"fingerprint": ctx.fingerprint, "results": results}, ctx.resume_path)
     metrics, rows = summarize(p, results)
     write_json(ctx.results_dir / "metrics.json", metrics)
     write_tsv(rows, ctx.results_dir / "mse_curves.tsv", list(rows[0]) if rows else ["iteration"])
