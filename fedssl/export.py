@@ -62,10 +62,13 @@ def encoder_context(experiment: str) -> StageContext:
     """The context of the experiment's features stage, once its method is known to export an
     encoder and every input of that stage has been produced."""
     method = registry.get(Presets().load("experiment", experiment).method.name)
-    if method.encoder_builder is None or "features" not in method.evaluation_sections:
+    if "features" not in method.evaluation_sections:
         raise StageFailed(f"experiment '{experiment}': method '{method.name}' has no frozen "
                           f"encoder to export (it is evaluated by "
-                          f"{', '.join(method.evaluation_sections) or 'itself'})")
+                          f"{', '.join(method.evaluation_sections) or 'its own steps'})")
+    if method.encoder_builder is None:
+        raise StageFailed(f"experiment '{experiment}': method '{method.name}' declares no "
+                          f"`encoder_builder`, so its encoder cannot be rebuilt from a card")
     ctx = StageContext("features", experiment)
     for name in ctx.stage.upstream:
         stage = ctx.dag.stages[name]

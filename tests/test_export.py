@@ -101,6 +101,28 @@ def test_an_exported_encoder_gives_the_probes_features(project, monkeypatch, exp
     assert all(v["fingerprint"] for v in card["trained_by"].values())
 
 
+def test_every_method_evaluated_by_the_probes_can_export_its_encoder():
+    from fedssl.methods import registry
+    probed = [m for m in registry.all() if "features" in m.evaluation_sections]
+    assert {m.name for m in probed} >= {"none", "fedsimclr", "mfcl", "mocosfl", "lw_fedssl",
+                                        "vit_scratch"}
+    for m in probed:
+        module, _, function = m.encoder_builder.partition(":")
+        assert callable(getattr(importlib.import_module(module), function)), m.name
+
+
+def test_a_method_without_a_frozen_encoder_says_so(project, monkeypatch):
+    from fedssl.export import export
+    from fedssl.runtime import StageFailed
+    monkeypatch.chdir(project)
+    (project / "params" / "experiments" / "tiny_leak.yaml").write_text(
+        "title: leak\npartition: tiny_dir05_m3\n"
+        "method: {name: gradient_leakage, settings: [{label: full, hidden_fc: 0}]}\n")
+    with pytest.raises(StageFailed, match="method 'gradient_leakage' has no frozen encoder to "
+                                          "export .it is evaluated by its own steps"):
+        export("tiny_leak")
+
+
 def test_the_card_records_metrics_and_versions(project, monkeypatch):
     from fedssl.export import export
     monkeypatch.chdir(project)
