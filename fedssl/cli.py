@@ -14,7 +14,7 @@ import sys
 
 import yaml
 
-from fedssl import export as export_
+from fedssl.export import run as export_command
 from fedssl.methods import registry
 # planning and the stage runtime, in one place (their modules are being reorganised)
 from fedssl.pipeline import Dag
@@ -45,9 +45,9 @@ def list_methods() -> list[str]:
     for m in registry.all():
         steps = ", ".join(s.name for s in m.steps) or "(steps depend on its params)"
         evaluation = ", ".join(m.evaluation_sections) or "its own steps"
-        export = "exports its encoder" if m.encoder_builder else "no encoder to export"
+        exportable = "exports its encoder" if m.encoder_builder else "no encoder to export"
         lines.append(f"{m.name}: {m.label or '(reference rows)'}; steps: {steps}; "
-                     f"evaluated by: {evaluation}; {export}")
+                     f"evaluated by: {evaluation}; {exportable}")
     return lines
 
 
@@ -139,7 +139,7 @@ def run(argv: list[str]) -> None:
         print(show_params(presets, args.experiment), end="", flush=True)
         print(show_stages(presets, args.experiment), end="")  # planning takes a while
     else:
-        export_.run([args.experiment, *(["--out", args.out] if args.out else [])])
+        export_command([args.experiment, *(["--out", args.out] if args.out else [])])
 
 
 def main() -> None:
