@@ -103,9 +103,18 @@ def _version(package: str) -> str:
 
 
 def environment(device: "torch.device | None") -> dict:
+    """What a run's numbers depend on besides its inputs: versions, device and, on the CPU,
+    the thread count (results reproduce to the digit only on the same hardware and threads)."""
+    import sys
     env = {"python": platform.python_version(), "torch": _version("torch"),
            "numpy": np.__version__, "pydantic": _version("pydantic"),
-           "device": str(device or "cpu"), "host": platform.node()}
+           "device": str(device or "cpu"), "host": platform.node(),
+           "cpu_count": os.cpu_count()}
+    if "torch" in sys.modules:  # light stages never load it
+        env["torch_threads"] = sys.modules["torch"].get_num_threads()
+    for var in ("FEDSSL_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if os.environ.get(var):
+            env[var] = os.environ[var]
     if device is not None and device.type == "cuda":
         import torch
         env["gpu"] = torch.cuda.get_device_name(device)

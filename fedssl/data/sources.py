@@ -48,6 +48,21 @@ def _not_found(name: str, looked_at: str, howto: str) -> DataNotFound:
     return DataNotFound(f"{name} not found at {os.path.abspath(looked_at)}. To get it: {howto}.")
 
 
+def _downloaded(name: str, target: str, fetch: Callable[[], object], howto: str):
+    """``fetch()``, the download of data set ``name`` into ``target``; when it fails (no
+    internet, a server down: a URLError or OSError, or torchvision's RuntimeError once every
+    mirror failed) a :class:`DataNotFound` saying how to get the files instead."""
+    try:
+        return fetch()
+    except DataNotFound:
+        raise
+    except (OSError, RuntimeError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        raise DataNotFound(
+            f"{name} is not at {os.path.abspath(target)} and could not be downloaded ({reason}); "
+            f"is this machine offline? To get it: {howto}, then set `download: false`.") from None
+
+
 # --------------------------------------------------------------------------- Fashion-MNIST
 
 
@@ -88,7 +103,11 @@ def _load_fashion_mnist(root: str, download: bool) -> dict[str, Split]:
         # The default root is a read-only system folder, so download next to the other data sets.
         target = "data/fashion_mnist" if root == DEFAULT_ROOTS["fashion_mnist"] else root
         import torchvision.datasets as tvd
-        tvd.FashionMNIST(target, train=True, download=True)  # fetches both splits' raw files
+        _downloaded("fashion_mnist", target,  # fetches both splits' raw files
+                    lambda: tvd.FashionMNIST(target, train=True, download=True),
+                    f"`apt-get install dataset-fashion-mnist` and set data_root to "
+                    f"{DEFAULT_ROOTS['fashion_mnist']}, or copy the four idx files from a "
+                    f"machine with internet access into {os.path.abspath(target)}")
         return _load_fashion_mnist(target, download=False)
     raise _not_found(
         "fashion_mnist",
@@ -186,6 +205,11 @@ def _via_torchvision(
     if missing and not download:
         howto = _TORCHVISION_HOWTO.format(name=name, folder=ds_cls.base_folder)
         raise _not_found(name, os.path.join(root, ds_cls.base_folder), f"{howto} (missing: {', '.join(missing)})")
+    if missing:  # fetch the archive first, so that a failed download says what to do
+        howto = (f"run once with `download: true` on a machine with internet access and copy "
+                 f"{ds_cls.base_folder}/ from its data_root into {os.path.abspath(root)}")
+        first = next(iter(splits.values()))
+        _downloaded(name, root, lambda: ds_cls(root, download=True, **first), howto)
     out = {}
     for split, kwargs in splits.items():
         ds = ds_cls(root, download=download, **kwargs)

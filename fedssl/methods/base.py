@@ -67,6 +67,10 @@ class Method:
     # Fine-tuning (an experiment's optional `finetune` section): the encoder hook's module can
     # be unfrozen and trained end to end.
     finetunable: ClassVar[bool] = False
+    # Taking the encoder away (fedssl.export): "module:function" building the untrained module
+    # the ``encoder`` hook returns, from (method params, image shape, projection); the exported
+    # weights load into it. None: the method's encoder cannot be exported.
+    encoder_builder: ClassVar[str | None] = None
     # Client costs (a `costs` stage) when set: the steps whose outputs the costs read.
     costs_inputs: ClassVar[tuple[str, ...] | None] = None
     costs_reads: ClassVar[tuple[str, ...]] = ("method", "partition")

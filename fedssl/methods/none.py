@@ -22,6 +22,7 @@ class NoPretraining(Method):
     steps = (Step("pretrain", reads=("method.model", "method.seed"), inputs=(DATA,)),)
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.model",)
+    encoder_builder = "fedssl.models.encoders:contrastive_encoder"
 
     def arch(self, params) -> str:
         return params.model.arch

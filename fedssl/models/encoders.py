@@ -118,6 +118,13 @@ def save_contrastive_model(model: ContrastiveModel, path, image_shape) -> None:
     torch_save({"model": model.state_dict(), "image_shape": tuple(image_shape)}, path)
 
 
+def contrastive_encoder(method, image_shape, projection: bool = False) -> nn.Module:
+    """The untrained module :func:`load_encoder` returns, for method params holding ``model``
+    (what :mod:`fedssl.export` loads exported weights into)."""
+    model = ContrastiveModel(method.model, tuple(image_shape))
+    return frozen(model if projection else model.backbone)
+
+
 def load_encoder(params: ModelParams, path, device: torch.device,
                  projection: bool = False) -> nn.Module:
     """The frozen encoder of a saved ContrastiveModel: its backbone, or with ``projection``

@@ -44,6 +44,7 @@ class FedSimCLR(Method):
     steps = (Step("pretrain", reads=("partition", "method"), plots=("rounds.tsv",)),)
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.model",)
+    encoder_builder = "fedssl.models.encoders:contrastive_encoder"
     costs_inputs = ("pretrain",)
 
     def arch(self, params) -> str:

@@ -193,6 +193,7 @@ COST_COLUMNS = ("paper_flops", "encoder_bytes", "encoder_bytes_down", "encoder_b
 class _Family(Method):
     """What the four methods share: evaluation, costs, labels, the Tab. 3 table."""
     encoder_reads = ("method.vit",)
+    encoder_builder = "fedssl.methods.lwfedssl.run:encoder_skeleton"
     costs_reads = ("method", "partition")
     cost_columns = COST_COLUMNS
     finetunable = True
@@ -311,6 +312,7 @@ class VitScratch(Method):
     steps = (Step("init", reads=("method.seed", "method.vit"), inputs=(DATA,)),)
     encoder_inputs = ("init",)
     encoder_reads = ("method.vit",)
+    encoder_builder = "fedssl.methods.lwfedssl.run:encoder_skeleton"
     finetunable = True
 
     def arch(self, params) -> str:

@@ -380,6 +380,12 @@ class DeployedVit(nn.Module):
         return self.vit(x)
 
 
+def encoder_skeleton(p, image_shape, projection: bool = False) -> DeployedVit:
+    """The untrained module :func:`deployed_encoder` returns (for :mod:`fedssl.export`); the
+    probes read F's pooled output, whatever ``features.layer`` says."""
+    return frozen(DeployedVit(build_vit(p, image_shape, p.vit.depth), input_size(p, image_shape)))
+
+
 def deployed_encoder(ctx, step: str) -> nn.Module:
     p = ctx.exp.method
     model = load_online(p, ctx.image_shape, ctx.input(step) / "model.pt", ctx.device)

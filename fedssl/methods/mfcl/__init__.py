@@ -135,6 +135,7 @@ class Mfcl(Method):
     )
     encoder_inputs = ("pretrain", "rserver")
     encoder_reads = ("method.client_module", "method.rserver")
+    encoder_builder = "fedssl.methods.mfcl.run:encoder_skeleton"
     costs_inputs = ("pretrain", "export")
     report_tables = "fedssl.methods.mfcl.tables:tables"
 

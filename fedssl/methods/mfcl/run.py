@@ -307,6 +307,14 @@ def frozen_encoder(p, client_state: dict, rserver_state: dict, image_shape, devi
                               tn_eval_pair=p.client_module.tn_eval_pair))
 
 
+def encoder_skeleton(p, image_shape, projection: bool = False) -> MfclEncoder:
+    """The untrained module :func:`frozen_encoder` returns (for :mod:`fedssl.export`)."""
+    client = build_client_module(p, image_shape, torch.device("cpu"))
+    rs = build_rserver(p, client.rep_channels, torch.device("cpu"))
+    return frozen(MfclEncoder(client, rs, projection=projection,
+                              tn_eval_pair=p.client_module.tn_eval_pair))
+
+
 def deployed_encoder(ctx) -> MfclEncoder:
     """The frozen encoder from the phase-1 and rServer steps' outputs."""
     def load(step):

@@ -157,6 +157,7 @@ class MocoSfl(Method):
     )
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.backbone", "method.cut")
+    encoder_builder = "fedssl.methods.mocosfl.run:encoder_skeleton"
 
     def row_label(self, params) -> str:
         layer = paper_layer(params)

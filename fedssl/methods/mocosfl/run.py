@@ -172,6 +172,14 @@ def load_final(ctx, step_dir: Path | None = None):
     return p, ckpt
 
 
+def encoder_skeleton(p, image_shape, projection: bool = False) -> SplitEncoder:
+    """The untrained module :func:`encoder` returns (for :mod:`fedssl.export`)."""
+    from fedssl.models.encoders import frozen
+    nets = build_nets(p, image_shape, torch.device("cpu"))
+    return frozen(SplitEncoder(nets, nets.client.state_dict(), nets.top.state_dict(),
+                               projection))
+
+
 def encoder(ctx) -> SplitEncoder:
     """The frozen deployed model: the final synced client part + the server's backbone part
     (pooled features; ``features.layer: projection`` adds the projector)."""
