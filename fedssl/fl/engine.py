@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from fedssl.fl.cohort import CohortTrainer, LocalData, Tensors
-from fedssl.runtime import check_finite, numpy_rng, torch_generator, torch_save, write_tsv
+from fedssl.runtime import (check_finite, load_checkpoint, numpy_rng, torch_generator,
+                            torch_save, write_tsv)
 
 LOG_FIELDS = ["round", "clients", "loss", "lr", "bytes_up", "bytes_down"]
 TIMING_FIELDS = ("seconds", "images_per_s")  # in the log's rows, kept out of the committed TSV
@@ -291,10 +292,9 @@ class Federation:
 
     def start(self, model: nn.Module) -> FedState:
         """The last checkpoint of this very configuration, or round 0 from ``model``."""
-        if self.ckpt_path.exists():
-            ck = torch.load(self.ckpt_path, map_location=self.data.device, weights_only=True)
-            if ck.get("fingerprint") == self.fingerprint:
-                return FedState.from_checkpoint(ck["state"])
+        ck = load_checkpoint(self.ckpt_path, self.fingerprint, self.data.device)
+        if ck is not None:
+            return FedState.from_checkpoint(ck["state"])
         return FedState(0, self.strategy.init_server(model), {},
                         Ledger.empty(self.data.sizes()))
 

@@ -35,9 +35,11 @@ from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectoris
 from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, Strategy,
                               fedavg, model_state, nbytes, stacked, write_round_log)
 from fedssl.fl.runner import train_data
+from fedssl.losses import masked_cross_entropy
 from fedssl.methods.cpcfl import SSL_KINDS
 from fedssl.methods.cpcfl.models import PoolModel, encoder_keys, head_keys, seeded
 from fedssl.methods.cpcfl.pretrain import ENCODER_FILE, PUBLIC_FILE
+from fedssl.precision import autocast
 from fedssl.runtime import numpy_rng, write_json, write_tsv
 from fedssl.stage import StageFailed
 
@@ -48,10 +50,9 @@ Tensors = dict[str, torch.Tensor]
 def cross_entropy(model, params, buffers, batch):
     """Mean CE over the real rows of a (padded) batch; views[0] are the plain images."""
     x = batch.views[0]
-    with torch.autocast(x.device.type, torch.bfloat16, enabled=x.device.type == "cuda"):
+    with autocast(x):
         logits = functional_call(model, (params, buffers), (x,))
-    per = F.cross_entropy(logits.float(), batch.labels.clamp(min=0), reduction="none")
-    return (per * batch.valid).sum() / batch.valid.sum().clamp(min=1)
+    return masked_cross_entropy(logits, batch.labels, batch.valid)
 
 
 def plain_views(batch: torch.Tensor, generator: torch.Generator):

@@ -14,7 +14,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedssl import costs
-from fedssl.data.augment import BatchAugment
+from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.catalog import IMAGE_SHAPES
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, RoundUpdates,
@@ -25,6 +25,7 @@ from fedssl.models.encoders import frozen
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.mocov3 import (MocoV3Learner, ema_pairs, online_state, round_start_state)
 from fedssl.models.vit import VisionTransformer
+from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_generator, torch_save, write_json
 
 Tensors = dict[str, torch.Tensor]
@@ -122,15 +123,9 @@ def learner_of(p, model: nn.Module, s: int | None, plan: costs.GrowthPlan,
 
 
 # ============================================================================ training
-def two_views(first: BatchAugment, second: BatchAugment):
-    def make(batch: torch.Tensor, generator: torch.Generator):
-        return first(batch, generator), second(batch, generator)
-    return make
-
-
 def learner_loss(model, params, buffers, batch):
     v1, v2 = batch.views
-    with torch.autocast(v1.device.type, torch.bfloat16, enabled=v1.device.type == "cuda"):
+    with autocast(v1):
         return functional_call(model, (params, buffers), (v1, v2, batch.valid)).float()
 
 
@@ -295,7 +290,8 @@ def make_federation(p, model: nn.Module, s: int | None, data: LocalData, ckpt, f
     plan, st = plan_of(p, s), settings_of(p, s)
     learner = learner_of(p, model, s, plan)
     size = input_size(p, data.images.shape[1:])
-    views = two_views(BatchAugment(p.augment, size), BatchAugment(p.augment_2 or p.augment, size))
+    views = multi_view(BatchAugment(p.augment, size),
+                       BatchAugment(p.augment_2 or p.augment, size))
     opt = OptimizerConfig(kind="adamw", weight_decay=st.weight_decay)
     parallel = vectorise_clients(p.parallel_clients, data.device)
     cohort = CohortTrainer(learner, views, learner_loss, opt, st.batch_size, st.local_epochs,

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedssl.data.augment import BatchAugment, to_float
+from fedssl.data.augment import BatchAugment, multi_view, to_float
 from fedssl.data.partition import stratified_subset
 from fedssl.data.store import to_device
 from fedssl.fl.cohort import OptimizerConfig, vectorise_clients
@@ -22,12 +22,6 @@ from fedssl.runtime import derive_seed, torch_save, write_json, write_tsv
 
 STEP_FIELDS = ["step", "round", "loss", "sync", "misalignment_pre_sync", "misalignment",
                "misalignment_sq"]
-
-
-def two_views(augment: BatchAugment):
-    def make(images: torch.Tensor, generator: torch.Generator):
-        return augment(images, generator), augment(images, generator)
-    return make
 
 
 def sfl_config(p) -> SflConfig:
@@ -51,7 +45,7 @@ def make_federation(p, nets: SplitNets, data, ckpt, fingerprint: str, monitor=No
     if parallel is None:
         parallel = vectorise_clients(p.parallel_clients, data.device)
     trainer = SplitMocoTrainer(nets, sfl_config(p),
-                               two_views(BatchAugment(p.augment, data.images.shape[-1])),
+                               multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=2),
                                parallel=parallel)
     return Federation(strategy, trainer, data, cfg, ckpt, fingerprint)
 
