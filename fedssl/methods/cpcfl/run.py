@@ -31,6 +31,7 @@ from fedssl.data.catalog import IMAGE_SHAPES, NUM_CLASSES
 from fedssl.data.store import to_device
 from fedssl.eval.metrics import adjusted_rand_index, relevance_score
 from fedssl.eval.personal import PersonalLog, client_outputs
+from fedssl.fl import runner
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, Strategy,
                               fedavg, model_state, nbytes, stacked, write_round_log)
@@ -291,18 +292,11 @@ def run_rounds(fed: Federation, log_path: Path | None, name: str) -> FedState:
     if state.memo.get("failed_at") is not None:
         raise ClusteringFailed(state)
 
-    def on_round(s: FedState):
-        if log_path is not None:
-            write_round_log(s.log, log_path)
-        r = s.log[-1]
-        extra = "".join(f", {k} {r[k]}" for k in ("personal_acc", "clusters_used", "ari")
-                        if k in r)
-        print(f"{name} round {r['round']}/{fed.cfg.rounds}: loss {r['loss']:.4f}{extra}",
-              flush=True)
+    def stop_on_failure(s: FedState):
         if s.memo.get("failed_at") is not None:
             raise ClusteringFailed(s)
 
-    return fed.run(state, on_round=on_round)
+    return runner.run_rounds(fed, state, log_path, name, stop_on_failure)
 
 
 def warmup_params(p):
