@@ -187,3 +187,39 @@ def test_the_finetune_resumes_exactly_and_refuses_a_crafted_checkpoint(tmp_path)
     with pytest.raises(StageFailed, match="finetune.pt"):
         tiny_finetune(ckpt)
     assert not (tmp_path / "x").exists()
+
+
+# ------------------------------------------------------------------ momentum pairs
+def test_momentum_pairs_name_the_twins_and_move_them_by_ema():
+    from fedssl.fl.momentum import ema_update_pairs, momentum_pairs
+    state = {"encoder.w": torch.ones(3), "predictor.w": torch.ones(2),
+             "target.encoder.w": torch.zeros(3)}
+    pairs = momentum_pairs([k for k in state if not k.startswith("target.")], "target.",
+                           ("encoder.",))
+    assert pairs == {"target.encoder.w": "encoder.w"}
+    ema_update_pairs(state, state, pairs, 0.9)  # one state dict holds both branches
+    assert torch.allclose(state["target.encoder.w"], torch.full((3,), 0.1))
+    assert torch.equal(state["encoder.w"], torch.ones(3))
+
+
+# ------------------------------------------------------------------ federation settings
+def test_every_federation_block_is_one_settings_class_and_builds_one_config():
+    from fedssl.fl.engine import federation_config
+    from fedssl.methods.cpcfl import CflParams
+    from fedssl.methods.fedsimclr import FedSimCLRParams
+    from fedssl.methods.lwfedssl import Schedule
+    from fedssl.methods.mfcl import MfclPhase1
+    from fedssl.methods.mocosfl import SflTraining
+    from fedssl.methods.mpfedcon import MpFedconParams
+    from fedssl.params import FederationSettings
+    for block in (CflParams, FedSimCLRParams, Schedule, MfclPhase1, SflTraining, MpFedconParams):
+        assert issubclass(block, FederationSettings), block
+        assert {"rounds", "client_fraction", "lr"} <= set(block.model_fields)
+    s = Schedule(rounds=4, lr=0.5, client_fraction=0.25)
+    cfg = federation_config(s, seed=9, lr_schedule="cosine")
+    assert (cfg.rounds, cfg.client_fraction, cfg.lr, cfg.lr_schedule, cfg.seed) == (
+        4, 0.25, 0.5, "cosine", 9)
+    # a method may restate a field with its paper's bound: CP-CFL's T is positive
+    with pytest.raises(ValueError, match="rounds"):
+        CflParams(rounds=0)
+    assert FederationSettings(rounds=0, lr=1.0).client_fraction == 1.0

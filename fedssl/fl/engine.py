@@ -30,7 +30,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from torch import nn
 from fedssl.fl.cohort import CohortTrainer, LocalData, Tensors
 from fedssl.runtime import (check_finite, load_checkpoint, numpy_rng, torch_generator,
                             torch_save, write_tsv)
+
+if TYPE_CHECKING:
+    from fedssl.params import FederationSettings
 
 LOG_FIELDS = ["round", "clients", "loss", "lr", "bytes_up", "bytes_down"]
 TIMING_FIELDS = ("seconds", "images_per_s")  # in the log's rows, kept out of the committed TSV
@@ -51,6 +54,14 @@ class FederationConfig:
     lr: float
     lr_schedule: str = "constant"  # constant | cosine (over rounds)
     seed: int = 0
+
+
+def federation_config(settings: "FederationSettings", seed: int,
+                      lr_schedule: str = "constant") -> FederationConfig:
+    """The engine's configuration from a method's federation settings (any block that
+    inherits :class:`fedssl.params.FederationSettings`)."""
+    return FederationConfig(rounds=settings.rounds, client_fraction=settings.client_fraction,
+                            lr=settings.lr, lr_schedule=lr_schedule, seed=seed)
 
 
 def nbytes(tensors: Tensors) -> int:

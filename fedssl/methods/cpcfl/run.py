@@ -34,7 +34,8 @@ from fedssl.eval.personal import PersonalLog, client_outputs
 from fedssl.fl import runner
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, Strategy,
-                              fedavg, model_state, nbytes, stacked, write_round_log)
+                              federation_config, fedavg, model_state, nbytes, stacked,
+                              write_round_log)
 from fedssl.fl.runner import train_data
 from fedssl.losses import masked_cross_entropy
 from fedssl.methods.cpcfl import SSL_KINDS
@@ -280,8 +281,7 @@ def make_federation(p, data: LocalData, image_shape, num_classes, pool, ckpt, fi
                              parallel=vectorise_clients(p.parallel_clients, device))
 
     trainer = PhasedEpochs(cohort, c.local_epochs, c.encoder_epochs, heads)
-    cfg = FederationConfig(rounds=c.rounds, client_fraction=c.client_fraction, lr=c.lr,
-                           seed=p.seed)
+    cfg = federation_config(c, p.seed)
     strategy = PoolStrategy(cfg, c, pool, eval_net, attempt, tests, true_groups)
     return Federation(strategy, LocalTraining(trainer), data, cfg, ckpt, fingerprint)
 

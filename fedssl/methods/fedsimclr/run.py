@@ -8,7 +8,7 @@ from fedssl import costs
 from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.catalog import IMAGE_SHAPES
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy, nbytes
+from fedssl.fl.engine import Federation, LocalTraining, Strategy, federation_config, nbytes
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import nt_xent
 from fedssl.models.encoders import (ContrastiveModel, save_contrastive_model,
@@ -35,8 +35,7 @@ def make_federation(p, model: ContrastiveModel, data: LocalData, ckpt, fingerpri
         OptimizerConfig(kind=p.optimizer, weight_decay=p.weight_decay, momentum=p.momentum),
         batch_size=p.batch_size, local_epochs=p.local_epochs,
         parallel=vectorise_clients(p.parallel_clients, data.device))
-    cfg = FederationConfig(rounds=p.rounds, client_fraction=p.client_fraction, lr=p.lr,
-                           lr_schedule=p.lr_schedule, seed=p.seed)
+    cfg = federation_config(p, p.seed, p.lr_schedule)
     return Federation(Strategy(cfg), LocalTraining(cohort), data, cfg, ckpt, fingerprint)
 
 

@@ -17,7 +17,7 @@ from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.catalog import IMAGE_SHAPES
 from fedssl.epochs import run_epochs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import (Federation, FederationConfig, LocalTraining, Strategy, nbytes,
+from fedssl.fl.engine import (Federation, LocalTraining, Strategy, federation_config, nbytes,
                               write_round_log)
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.fl.secure_agg import SecureAggregation
@@ -97,8 +97,7 @@ def make_phase1_federation(p, model: ClientAutoencoder, data: LocalData, ckpt: P
         autoencoder_loss(p1.loss), OptimizerConfig(kind="adam", eps=p1.adam_eps),
         batch_size=p1.batch_pairs, local_epochs=p1.local_epochs,
         parallel=vectorise_clients(p.parallel_clients, data.device))
-    cfg = FederationConfig(rounds=p1.rounds, client_fraction=p1.client_fraction, lr=p1.lr,
-                           seed=p.seed)
+    cfg = federation_config(p1, p.seed)
     strategy = (SecureFedAvg if p1.secure_aggregation else Strategy)(cfg)
     return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
 

@@ -12,7 +12,7 @@ from fedssl.data.augment import BatchAugment, multi_view, to_float
 from fedssl.data.partition import stratified_subset
 from fedssl.data.store import to_device
 from fedssl.fl.cohort import OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import Federation, FederationConfig
+from fedssl.fl.engine import Federation, federation_config
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.methods.mocosfl import paper_layer
 from fedssl.methods.mocosfl.comm import check_ledger
@@ -38,8 +38,7 @@ def make_federation(p, nets: SplitNets, data, ckpt, fingerprint: str, monitor=No
                     parallel: bool | None = None) -> Federation:
     """The split federation of MocoSFL params ``p`` over ``data`` (clients' index arrays)."""
     t = p.training
-    cfg = FederationConfig(rounds=t.rounds, client_fraction=t.client_fraction, lr=t.lr,
-                           lr_schedule=t.lr_schedule, seed=p.seed)
+    cfg = federation_config(t, p.seed, t.lr_schedule)
     strategy = SflSync(cfg, nets, align=p.variant == "monacosfl",
                        queue_size=p.moco.queue_size, seed=p.seed, monitor=monitor)
     if parallel is None:

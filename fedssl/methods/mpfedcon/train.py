@@ -23,7 +23,7 @@ from fedssl.data.store import to_device
 from fedssl.eval.personal import PersonalLog, client_outputs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, Phase,
-                              RoundUpdates, Strategy, fedavg, nbytes, stacked)
+                              RoundUpdates, Strategy, federation_config, fedavg, nbytes, stacked)
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import masked_cross_entropy, model_contrastive_loss
 from fedssl.methods.mpfedcon import HEAD_FIRST
@@ -290,8 +290,7 @@ def make_federation(p, model: Anchored, data: LocalData, tests: TestData, ckpt,
                     fingerprint: str) -> Federation:
     """The variant's strategy and local schedule: head epochs (CE) then body epochs (CE, or
     CE + mu l_con for MpFedcon), or the whole network together (CE, or FedProx's objective)."""
-    cfg = FederationConfig(rounds=p.rounds, client_fraction=p.client_fraction, lr=p.lr,
-                           seed=p.seed)
+    cfg = federation_config(p, p.seed)
     strategy = SplitStrategy(cfg, p, model, tests)
     opt = OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum)
     parallel = vectorise_clients(p.parallel_clients, data.device)
