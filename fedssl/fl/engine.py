@@ -251,7 +251,9 @@ class LocalTraining:
         if (cohort is None) == (phases is None):
             raise ValueError("give either one cohort or a list of phases")
         self.schedule = phases if callable(phases) else None
-        self.phases = [Phase(cohort)] if phases is None else [] if callable(phases) else phases
+        if phases is None:
+            phases = [Phase(cohort)]
+        self.phases = [] if self.schedule else phases  # a fixed schedule
         self.cohort = self.phases[0].cohort if self.phases else None
 
     def phases_of(self, state: FedState) -> list[Phase]:
@@ -261,6 +263,7 @@ class LocalTraining:
 
     @property
     def local_epochs(self) -> int:
+        """The epochs of a fixed schedule's round."""
         return sum(ph.cohort.local_epochs for ph in self.phases)
 
     def train_round(self, fed: "Federation", state: FedState, chosen: list[int],

@@ -102,8 +102,9 @@ class SSLNet(nn.Module):
                                          "projector": copy.deepcopy(self.projector)})
             for q in self.target.parameters():
                 q.requires_grad_(False)
-        self.pairs = momentum_pairs(self.state_dict() if self.target is not None else (),
-                                    "target.", ("encoder.", "projector."))
+        # BYOL's EMA twins: target.encoder.* / target.projector.* of the online branch
+        self.pairs = {} if self.target is None else momentum_pairs(
+            self.state_dict(), "target.", ("encoder.", "projector."))
 
     def online(self):
         """The modules the optimiser trains."""

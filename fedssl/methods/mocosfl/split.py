@@ -311,7 +311,8 @@ class SplitMocoTrainer:
 
     # ------------------------------------------------------------------ client forward
     def _client_one(self, params: Tensors, x: torch.Tensor) -> torch.Tensor:
-        # the activations travel in float32 whatever the compute precision (the byte formula)
+        # activations travel in float32 whatever the compute precision (the ledger checks their
+        # bytes against the protocol formula)
         with autocast(x):
             return functional_call(self.nets.client, params, (x,)).float()
 
