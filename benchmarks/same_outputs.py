@@ -37,7 +37,8 @@ def outputs(root: Path) -> dict[str, Path]:
     """Every stage output and committed result of the tiny projects under ``root``, but the
     run records (meta.json, artifacts/.runs), which hold timings and code hashes."""
     return {str(p.relative_to(root)): p for p in sorted(root.glob("*/*/**/*"))
-            if p.is_file() and p.relative_to(root).parts[1] in ("artifacts", "results")
+            if p.is_file() and not (root / p.relative_to(root).parts[0]).is_symlink()
+            and p.relative_to(root).parts[1] in ("artifacts", "results")
             and p.name != "meta.json" and ".runs" not in p.parts and ".dvc" not in p.parts}
 
 
