@@ -223,3 +223,30 @@ def test_every_federation_block_is_one_settings_class_and_builds_one_config():
     with pytest.raises(ValueError, match="rounds"):
         CflParams(rounds=0)
     assert FederationSettings(rounds=0, lr=1.0).client_fraction == 1.0
+
+
+# ------------------------------------------------------------------ the round runner
+def test_the_round_runner_logs_every_round_resumes_and_stops_on_its_hook(tmp_path, capsys):
+    from fedssl.fl.runner import run_rounds
+    from tests.test_engine import make_fed, tiny_model, toy_data
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_round_2(state):
+        if state.round == 2:
+            raise Stop
+
+    fed = make_fed(tiny_model(), toy_data(), tmp_path, rounds=3)
+    with pytest.raises(Stop):
+        run_rounds(fed, fed.start(tiny_model()), tmp_path / "rounds.tsv", "toy",
+                   stop_after_round_2)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["toy round 1/3", "toy round 2/3"]
+    assert len((tmp_path / "rounds.tsv").read_text().splitlines()) == 3  # header + 2 rounds
+    state = run_rounds(fed, fed.start(tiny_model()), tmp_path / "rounds.tsv", "toy")
+    assert state.round == 3 and "toy resuming from round 2" in capsys.readouterr().out
+    torch.save({"fingerprint": "fp", "state": Payload(tmp_path / "ran")}, tmp_path / "ckpt.pt")
+    with pytest.raises(StageFailed, match="ckpt.pt"):  # the engine's checkpoint, crafted
+        fed.start(tiny_model())
+    assert not (tmp_path / "ran").exists()
