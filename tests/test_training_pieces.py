@@ -250,3 +250,73 @@ def test_the_round_runner_logs_every_round_resumes_and_stops_on_its_hook(tmp_pat
     with pytest.raises(StageFailed, match="ckpt.pt"):  # the engine's checkpoint, crafted
         fed.start(tiny_model())
     assert not (tmp_path / "ran").exists()
+
+
+# ------------------------------------------------------------------ CP-CFL's server pretraining
+def test_server_pretraining_killed_after_an_epoch_resumes_to_the_same_encoder(tmp_path,
+                                                                              monkeypatch):
+    from fedssl.methods.cpcfl import pretrain
+    from tests.fixtures import toy_images
+    from tests.test_cpcfl import SHAPE, tiny_exp
+    p = tiny_exp(pretrain="byol", ssl={"epochs": 3, "batch_size": 16})
+    images = torch.from_numpy(toy_images(48, 0)[0][:, None])
+    cpu = torch.device("cpu")
+    whole_log: list[dict] = []
+    whole = pretrain.train_candidate(p, 16, images, SHAPE, cpu, tmp_path / "a.pt", "fp",
+                                     whole_log)
+    run_epochs_ = pretrain.run_epochs
+
+    def killed_after_epoch_1(*args):
+        def stop(log):
+            if len(log) == 1:
+                raise KeyboardInterrupt
+        return run_epochs_(*args[:-1], stop)  # in place of the progress line
+    monkeypatch.setattr(pretrain, "run_epochs", killed_after_epoch_1)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain.train_candidate(p, 16, images, SHAPE, cpu, tmp_path / "b.pt", "fp", [])
+    monkeypatch.undo()
+    log: list[dict] = []
+    resumed = pretrain.train_candidate(p, 16, images, SHAPE, cpu, tmp_path / "b.pt", "fp", log)
+    assert same_weights(resumed, whole)  # online, predictor and BYOL's EMA target
+    assert [r["loss"] for r in log] == [r["loss"] for r in whole_log] and len(log) == 3
+
+
+# ------------------------------------------------------------------ CP-CFL's E_l,f phases
+def test_cpcfl_encoder_epochs_are_two_passes_with_their_own_seeds_and_an_epoch_mean_loss(
+        tmp_path):
+    """E_l = 3, E_l,f = 1 on a pool of one: the round equals, bit for bit, one epoch of the
+    whole model (batches seeded (seed, local, round, phase, 0)) then two of the heads (phase 1,
+    a fresh Adam), FedAvg by size, and a loss that is the epoch-weighted mean of the passes."""
+    from fedssl.fl.cohort import CohortTrainer, OptimizerConfig, vectorise_clients
+    from fedssl.fl.engine import fedavg, stacked
+    from fedssl.methods.cpcfl import run as cfl
+    from fedssl.methods.cpcfl.models import PoolModel
+    from fedssl.runtime import torch_generator
+    from tests.test_cpcfl import SHAPE, grouped_data, pool_fed, pretrained_encoder, tiny_exp
+    p = tiny_exp(cfl={"clusters": 1, "rounds": 1, "explore_rounds": 0, "local_epochs": 3,
+                      "encoder_epochs": 1})
+    data, cpu = grouped_data(), torch.device("cpu")
+    enc = pretrained_encoder(p)
+    fed = pool_fed(tmp_path, p, data=data, encoder=enc)
+    state = fed.run(fed.start(None))
+
+    start = cfl.initial_pool(p, SHAPE, 4, cpu, 0, enc)[0]
+    model = PoolModel(p.encoder, "c", SHAPE, 4).train()
+    heads = {k for k, _ in model.named_parameters() if k.startswith("head.")}
+
+    def cohort(epochs):
+        return CohortTrainer(model, cfl.plain_views, cfl.cross_entropy,
+                             OptimizerConfig("adam", eps=p.cfl.adam_eps), p.cfl.batch_size,
+                             epochs, parallel=vectorise_clients(p.parallel_clients, cpu))
+    clients = list(range(len(data.clients)))
+    gen = torch_generator(cpu, p.seed, "augment", 0)
+    body, l0 = cohort(1).train([start] * len(clients), data, clients, p.cfl.lr,
+                               (p.seed, "local", 0, "phase", 0), gen, None)
+    starts = [{k: v[j] for k, v in body.items()} for j in clients]
+    trained, l1 = cohort(2).train(starts, data, clients, p.cfl.lr,
+                                  (p.seed, "local", 0, "phase", 1), gen, heads)
+    sizes = torch.tensor(data.sizes(), dtype=torch.float64)
+    expected = fedavg(stacked([{k: v[j] for k, v in trained.items()} for j in clients]), sizes)
+    assert all(torch.equal(state.server["pool0"][k], v) for k, v in expected.items())
+    losses = (0.0 + l0 * 1 + l1 * 2) / 3
+    assert state.log[0]["loss"] == float((losses.double() * sizes).sum() / sizes.sum())
