@@ -35,6 +35,14 @@ def _masked_mean(per_row: torch.Tensor, valid: torch.Tensor | None) -> torch.Ten
     return kept.sum() / valid.sum().clamp(min=1)
 
 
+def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
+                         valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Classification cross-entropy (in float32) averaged over the real rows of a padded batch;
+    padded rows may carry any label (e.g. -1), they are clamped to a valid class and dropped."""
+    per_row = F.cross_entropy(logits.float(), labels.clamp(min=0), reduction="none")
+    return _masked_mean(per_row, valid)
+
+
 def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Row-wise cosine similarity in float32 (bf16 cosines are too coarse for a loss)."""
     return (F.normalize(a.float(), dim=-1) * F.normalize(b.float(), dim=-1)).sum(-1)

@@ -31,6 +31,16 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class FederationSettings(Strict):
+    """The settings every federation runs with. A method's block of them (its top level or a
+    section such as ``cfl`` or ``training``) inherits this class and may restate a field to
+    give it the paper's name, default or bound; :func:`fedssl.fl.engine.federation_config`
+    turns any of them into the engine's configuration."""
+    rounds: NonNegativeInt = Field(description="communication rounds")
+    client_fraction: Fraction = Field(1.0, description="clients sampled each round")
+    lr: PositiveFloat = Field(description="the clients' (peak) learning rate")
+
+
 class ParamsError(ValueError):
     """A params file that cannot be used; the message names the file and the field."""
 

@@ -80,6 +80,29 @@ def torch_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def load_checkpoint(path: Path, fingerprint: str, device: "torch.device | str" = "cpu"
+                    ) -> dict | None:
+    """The resume checkpoint at ``path`` if it was written by this very configuration, else
+    None (absent, or from other params: a ``fingerprint`` that differs). Loaded with
+    ``weights_only=True``: a file holding anything but tensors, numbers, strings and
+    containers is refused with a message naming it, and no code in it runs."""
+    import pickle
+
+    import torch
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        ck = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise StageFailed(f"{path}: not a checkpoint of plain tensors and numbers, refused "
+                          f"unread (delete it to start afresh): {err}") from None
+    if not isinstance(ck, dict) or ck.get("fingerprint") != fingerprint:
+        print(f"{path.name}: a checkpoint of other params, ignored", flush=True)
+        return None
+    return ck
+
+
 @contextmanager
 def atomic_dir(final: Path):
     """Yield a scratch directory that replaces ``final`` only if the block succeeds, so a killed

@@ -219,6 +219,23 @@ class BatchAugment:
         return x.clamp_(0.0, 1.0)
 
 
+
+def multi_view(*augments: BatchAugment, views: int | None = None):
+    """A view builder for the cohort and split trainers: ``make(batch, generator)`` returns one
+    view of ``batch`` per augmentation, drawn in order from the one generator (so view 1's
+    draws come first). ``multi_view(aug, views=2)`` gives two views of the same augmentation
+    (SimCLR, MoCo); ``multi_view(aug_1, aug_2)`` one from each (LW-FedSSL's asymmetric pair)."""
+    if views is not None:
+        if len(augments) != 1:
+            raise ValueError("views= repeats a single augmentation")
+        augments = augments * views
+    if not augments:
+        raise ValueError("multi_view needs at least one augmentation")
+
+    def make(batch: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        return tuple(augment(batch, generator) for augment in augments)
+    return make
+
 # ---------------------------------------------------------------------- batched ops
 def _crop_flip(x: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor,
                out_size: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Fine-tuning a pretrained encoder end to end with a new linear head (the shared `finetune`
 stage): AdamW, linear warmup then cosine decay per step, augmented training views, top-1 on the
-untouched test split. Resumable per epoch."""
+untouched test split. Resumable per epoch (:func:`fedssl.epochs.run_epochs`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,9 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedssl.data.augment import BatchAugment, to_float
+from fedssl.epochs import run_epochs
 from fedssl.optim import warmup_cosine
 from fedssl.params import FinetuneParams
-from fedssl.runtime import derive_seed, torch_generator, torch_save
+from fedssl.precision import autocast
+from fedssl.runtime import derive_seed, torch_generator
 
 
 class Classifier(nn.Module):
@@ -31,7 +33,7 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch
     correct = 0
     for start in range(0, len(images), batch):
         x = to_float(images[start:start + batch])
-        with torch.autocast(x.device.type, torch.bfloat16, enabled=x.device.type == "cuda"):
+        with autocast(x):
             correct += (model(x).argmax(1) == labels[start:start + batch]).sum().item()
     return 100.0 * correct / len(images)
 
@@ -55,14 +57,8 @@ def finetune(encoder: nn.Module, train: tuple[np.ndarray, np.ndarray],
     steps = -(-len(xtr) // p.batch_size)
     total, warmup = steps * p.epochs, steps * p.warmup_epochs
     augment = BatchAugment(p.augment, xtr.shape[-1])
-    log, first = [], 0
-    if resume is not None and resume.exists():
-        ck = torch.load(resume, map_location=device, weights_only=True)
-        if ck.get("fingerprint") == fingerprint:
-            model.load_state_dict(ck["model"])
-            opt.load_state_dict(ck["opt"])
-            log, first = ck["log"], ck["epoch"]
-    for epoch in range(first, p.epochs):
+
+    def one_epoch(epoch: int) -> dict:
         model.train()
         gen = torch_generator(device, p.seed, "finetune", epoch)
         order = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(
@@ -72,18 +68,16 @@ def finetune(encoder: nn.Module, train: tuple[np.ndarray, np.ndarray],
             for group in opt.param_groups:
                 group["lr"] = warmup_cosine(epoch * steps + i, total, warmup, p.lr)
             x = augment(xtr[idx], gen)
-            with torch.autocast(x.device.type, torch.bfloat16, enabled=x.device.type == "cuda"):
+            with autocast(x):
                 loss = F.cross_entropy(model(x).float(), ytr[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             loss_sum += loss.item()
-        log.append({"epoch": epoch + 1, "loss": round(loss_sum / steps, 5)})
-        if resume is not None:
-            torch_save({"fingerprint": fingerprint, "epoch": epoch + 1, "log": log,
-                        "model": model.state_dict(), "opt": opt.state_dict()}, resume)
-        if on_epoch:
-            on_epoch(log)
+        return {"epoch": epoch + 1, "loss": round(loss_sum / steps, 5)}
+
+    log = run_epochs(p.epochs, one_epoch, {"model": model, "opt": opt}, resume, fingerprint,
+                     device, "fine-tune", on_epoch)
     return {"finetune_top1": accuracy(model, xte, yte, 4 * p.batch_size),
             "finetune_train_top1": accuracy(model, xtr, ytr, 4 * p.batch_size),
             "finetune_loss": log[-1]["loss"] if log else None, "log": log}

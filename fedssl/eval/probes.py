@@ -8,6 +8,7 @@ from torch import nn
 
 from fedssl.data.augment import to_float
 from fedssl.params import KnnParams, LinearProbeParams
+from fedssl.precision import autocast
 from fedssl.runtime import derive_seed
 
 
@@ -19,7 +20,7 @@ def extract_features(encoder: nn.Module, images: np.ndarray, batch_size: int,
     out = []
     for start in range(0, len(images), batch_size):
         x = to_float(torch.from_numpy(np.array(images[start:start + batch_size])).to(device))
-        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+        with autocast(device):
             out.append(encoder(x).float().cpu())
     return torch.cat(out).numpy()
 

@@ -30,14 +30,18 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from fedssl.fl.cohort import CohortTrainer, LocalData, Tensors
-from fedssl.runtime import check_finite, numpy_rng, torch_generator, torch_save, write_tsv
+from fedssl.runtime import (check_finite, load_checkpoint, numpy_rng, torch_generator,
+                            torch_save, write_tsv)
+
+if TYPE_CHECKING:
+    from fedssl.params import FederationSettings
 
 LOG_FIELDS = ["round", "clients", "loss", "lr", "bytes_up", "bytes_down"]
 TIMING_FIELDS = ("seconds", "images_per_s")  # in the log's rows, kept out of the committed TSV
@@ -50,6 +54,14 @@ class FederationConfig:
     lr: float
     lr_schedule: str = "constant"  # constant | cosine (over rounds)
     seed: int = 0
+
+
+def federation_config(settings: "FederationSettings", seed: int,
+                      lr_schedule: str = "constant") -> FederationConfig:
+    """The engine's configuration from a method's federation settings (any block that
+    inherits :class:`fedssl.params.FederationSettings`)."""
+    return FederationConfig(rounds=settings.rounds, client_fraction=settings.client_fraction,
+                            lr=settings.lr, lr_schedule=lr_schedule, seed=seed)
 
 
 def nbytes(tensors: Tensors) -> int:
@@ -216,25 +228,42 @@ class Strategy:
 class Phase:
     """One stage of a client's local schedule: a cohort trainer (its loss, epochs, optimizer)
     and which parameters it trains, ``trainable(state)`` (None: the strategy's ``trainable``).
-    A phase of 0 epochs is skipped."""
+    A phase of 0 epochs is skipped. ``seed_tag`` names its batch draws after (seed, "local",
+    round) (None: its position, nothing for the first phase, then 1, 2, ...). With a
+    ``loss_weight`` on its phases the round's loss is their weighted mean (e.g. by epochs),
+    otherwise the last phase's."""
     cohort: CohortTrainer
     trainable: Callable[[FedState], set[str] | None] | None = None
+    seed_tag: tuple | None = None
+    loss_weight: int | None = None
 
 
 class LocalTraining:
     """The usual round: each sampled client downloads, trains locally (a cohort, vectorised
     where the model allows), and uploads what the strategy says. With ``phases`` the local
     schedule is several passes, each from where the previous one ended (FedRep, MpFedcon: the
-    personal head first, then the shared body); the round's loss is the last phase's."""
+    personal head first, then the shared body). ``phases`` may also be a function of the
+    federation's state that picks the round's schedule (CP-CFL: one pass while the strategy
+    restricts training, else encoder epochs then head epochs)."""
 
-    def __init__(self, cohort: CohortTrainer | None = None, phases: list[Phase] | None = None):
+    def __init__(self, cohort: CohortTrainer | None = None,
+                 phases: list[Phase] | Callable[[FedState], list[Phase]] | None = None):
         if (cohort is None) == (phases is None):
             raise ValueError("give either one cohort or a list of phases")
-        self.phases = phases if phases is not None else [Phase(cohort)]
-        self.cohort = self.phases[0].cohort
+        self.schedule = phases if callable(phases) else None
+        if phases is None:
+            phases = [Phase(cohort)]
+        self.phases = [] if self.schedule else phases  # a fixed schedule
+        self.cohort = self.phases[0].cohort if self.phases else None
+
+    def phases_of(self, state: FedState) -> list[Phase]:
+        """This round's phases that train (a phase of 0 epochs is skipped)."""
+        phases = self.schedule(state) if self.schedule else self.phases
+        return [p for p in phases if p.cohort.local_epochs > 0]
 
     @property
     def local_epochs(self) -> int:
+        """The epochs of a fixed schedule's round."""
         return sum(ph.cohort.local_epochs for ph in self.phases)
 
     def train_round(self, fed: "Federation", state: FedState, chosen: list[int],
@@ -248,14 +277,21 @@ class LocalTraining:
             groups.append(s.group(state, c))
         gen = torch_generator(fed.data.device, fed.cfg.seed, "augment", round_)
         trained, losses = None, torch.zeros(len(chosen), device=fed.data.device)
-        for i, phase in enumerate(p for p in self.phases if p.cohort.local_epochs > 0):
+        phases, weighted = self.phases_of(state), 0.0
+        for i, phase in enumerate(phases):
             if trained is not None:
                 starts = [{k: v[j] for k, v in trained.items()} for j in range(len(chosen))]
             # phase 0 keeps the single-cohort seeds, later phases draw their own batches
-            seed_parts = (fed.cfg.seed, "local", round_) + ((i,) if i else ())
+            tag = phase.seed_tag if phase.seed_tag is not None else ((i,) if i else ())
             names = phase.trainable(state) if phase.trainable else s.trainable(state)
-            trained, losses = phase.cohort.train(starts, fed.data, chosen, lr, seed_parts, gen,
+            trained, losses = phase.cohort.train(starts, fed.data, chosen, lr,
+                                                 (fed.cfg.seed, "local", round_, *tag), gen,
                                                  names)
+            if phase.loss_weight is not None:
+                weighted = weighted + losses * phase.loss_weight
+        if phases and phases[-1].loss_weight is not None:
+            losses = weighted / sum(p.loss_weight for p in phases)
+        epochs = sum(p.cohort.local_epochs for p in phases)
         if trained is None:  # no phase trains: the clients send back what they started from
             trained = {k: torch.stack([st[k] for st in starts]) for k in starts[0]}
         uploads = []
@@ -268,7 +304,7 @@ class LocalTraining:
                 state.clients[c] = {k: v.clone() for k, v in kept.items()}
         sizes = torch.tensor([len(fed.data.clients[c]) for c in chosen], dtype=torch.float64)
         return RoundUpdates(chosen, uploads, sizes.to(fed.data.device), groups, losses,
-                            self.local_epochs * int(sizes.sum()))
+                            epochs * int(sizes.sum()))
 
 
 def record(count, client: int, tensors: Tensors, traffic) -> None:
@@ -291,10 +327,9 @@ class Federation:
 
     def start(self, model: nn.Module) -> FedState:
         """The last checkpoint of this very configuration, or round 0 from ``model``."""
-        if self.ckpt_path.exists():
-            ck = torch.load(self.ckpt_path, map_location=self.data.device, weights_only=True)
-            if ck.get("fingerprint") == self.fingerprint:
-                return FedState.from_checkpoint(ck["state"])
+        ck = load_checkpoint(self.ckpt_path, self.fingerprint, self.data.device)
+        if ck is not None:
+            return FedState.from_checkpoint(ck["state"])
         return FedState(0, self.strategy.init_server(model), {},
                         Ledger.empty(self.data.sizes()))
 

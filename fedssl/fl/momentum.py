@@ -30,6 +30,29 @@ def ema_update(target: Tensors, online: Tensors, momentum: float | torch.Tensor)
         t.lerp_(o.to(t.dtype), weight)
 
 
+def momentum_pairs(names, prefix: str, parts: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Which tensors have a momentum twin, as twin name -> online name: ``prefix + name`` for
+    each online ``name`` (those starting with one of ``parts``, when given). The one way a
+    method declares its pairs (BYOL's ``target.``, MoCo v3's ``target_`` branch)."""
+    return {prefix + k: k for k in names if parts is None or k.startswith(parts)}
+
+
+@torch.no_grad()
+def ema_update_pairs(momentum: Tensors, online: Tensors, pairs: dict[str, str],
+                     m: float | torch.Tensor) -> None:
+    """:func:`ema_update` of each twin in ``momentum`` toward its online tensor in ``online``
+    (``pairs`` as :func:`momentum_pairs` gives them); both may be one model's state dict."""
+    ema_update({t: momentum[t] for t in pairs}, {t: online[o] for t, o in pairs.items()}, m)
+
+
+def ema_after_step(pairs: dict[str, str], m: float):
+    """A cohort trainer's ``after_step`` hook: after every optimiser step the momentum twins
+    (held with the frozen tensors) move by EMA toward the weights just trained."""
+    def after_step(trained: Tensors, frozen: Tensors, buffers: Tensors) -> None:
+        ema_update_pairs(frozen, trained, pairs, m)
+    return after_step
+
+
 def moco_momentum(step: int, total_steps: int, base: float, cosine: bool = True) -> float:
     """MoCo v3's momentum schedule: rises from ``base`` at step 0 to 1 at ``total_steps`` along
     half a cosine, so the key encoder freezes as training ends. ``cosine=False`` keeps ``base``

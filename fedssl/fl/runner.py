@@ -1,12 +1,17 @@
 """Running a federation inside a stage: resume from its checkpoint, log every round (a progress
-line and the per-round TSV that `dvc plots` reads), save the byte ledger, record the outcome."""
+line and the per-round TSV that `dvc plots` reads), save the byte ledger, record the outcome.
+:func:`run_rounds` is the round loop every federation runs through, with an ``on_round`` hook."""
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
 
 from torch import nn
 
 from fedssl.data.store import to_device
 from fedssl.fl.cohort import LocalData
-from fedssl.fl.engine import Federation, FedState, client_data, write_round_log
+from fedssl.fl.engine import (LOG_FIELDS, TIMING_FIELDS, Federation, FedState, client_data,
+                              write_round_log)
 from fedssl.runtime import write_json
 
 
@@ -14,6 +19,34 @@ def train_data(ctx) -> LocalData:
     """A stage's training split on its device, with the clients' index arrays."""
     images, labels = ctx.split("train")
     return client_data(to_device(images, ctx.device), labels, ctx.clients())
+
+
+def progress_line(row: dict, rounds: int, label: str = "") -> str:
+    """One round's progress line: the loss, the clients, the throughput, then every metric a
+    strategy added to the round log (accuracies, cluster use, ...)."""
+    extra = "".join(f", {k} {v}" for k, v in row.items()
+                    if k not in LOG_FIELDS and k not in TIMING_FIELDS)
+    return (f"{label}round {row['round']}/{rounds}: loss {row['loss']:.4f}, {row['clients']} "
+            f"clients, {row['images_per_s']:.0f} img/s{extra}")
+
+
+def run_rounds(fed: Federation, state: FedState, log_path: Path | None = None,
+               label: str = "", on_round: Callable[[FedState], None] | None = None) -> FedState:
+    """Run ``fed`` from ``state`` to its last round. After every round (and its checkpoint):
+    the round log to ``log_path``, a progress line, then ``on_round(state)``, which may end the
+    run early by raising (CP-CFL's clustering failure)."""
+    label = f"{label} " if label else ""
+    if state.round:
+        print(f"{label}resuming from round {state.round}", flush=True)
+
+    def after_round(s: FedState) -> None:
+        if log_path is not None:
+            write_round_log(s.log, log_path)
+        print(progress_line(s.log[-1], fed.cfg.rounds, label), flush=True)
+        if on_round is not None:
+            on_round(s)
+
+    return fed.run(state, on_round=after_round)
 
 
 def run_federation(ctx, fed: Federation, model: nn.Module | None = None,
@@ -24,16 +57,7 @@ def run_federation(ctx, fed: Federation, model: nn.Module | None = None,
     log_path = ctx.results_dir / log_name
     state = fed.start(model)
     ctx.run_info["resumed_from_round"] = state.round
-    if state.round:
-        print(f"resuming from round {state.round}", flush=True)
-
-    def on_round(s: FedState):
-        write_round_log(s.log, log_path)
-        r = s.log[-1]
-        print(f"round {r['round']}/{fed.cfg.rounds}: loss {r['loss']:.4f}, {r['clients']} "
-              f"clients, {r['images_per_s']:.0f} img/s", flush=True)
-
-    state = fed.run(state, on_round=on_round)
+    state = run_rounds(fed, state, log_path)
     write_round_log(state.log, log_path)
     ctx.run_info["rounds"] = [{k: r[k] for k in ("round", "seconds", "images_per_s")}
                               for r in state.log]

@@ -8,6 +8,7 @@ from torch import nn
 from fedssl.models.heads import ProjectionHead
 from fedssl.models.norms import make_norm
 from fedssl.params import ModelParams
+from fedssl.precision import channels_last
 from fedssl.runtime import derive_seed
 
 
@@ -100,7 +101,7 @@ def seeded_contrastive_model(params: ModelParams, image_shape, seed: int,
     from the same weights."""
     torch.manual_seed(derive_seed(seed, "init"))
     model = ContrastiveModel(params, tuple(image_shape)).to(device)
-    if device.type == "cuda":
+    if channels_last(device):
         model = model.to(memory_format=torch.channels_last)
     return model
 

@@ -24,6 +24,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from fedssl.fl.momentum import momentum_pairs
 from fedssl.losses import moco_v3_loss
 from fedssl.models.vit import VisionTransformer
 
@@ -117,4 +118,4 @@ def round_start_state(online: dict[str, Tensor], alpha: bool) -> dict[str, Tenso
 def ema_pairs(names) -> dict[str, str]:
     """Momentum-branch name -> online name, for the given online parameter names of F and H
     (P has no momentum twin)."""
-    return {"target_" + k: k for k in names if k.startswith(("encoder.", "projector."))}
+    return momentum_pairs(names, "target_", ("encoder.", "projector."))

@@ -25,8 +25,8 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from fedssl.methods.base import DATA, PARTITION, Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, Fraction, LinearProbeParams,
-                           ParallelClients, Strict)
+from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, FederationSettings,
+                           LinearProbeParams, ParallelClients, Strict)
 
 SSL_KINDS = ("simclr", "byol", "simsiam")
 PRETRAIN_LABELS = {"none": "None", "simclr": "SimCLR", "byol": "BYOL", "simsiam": "SimSiam",
@@ -107,7 +107,7 @@ class SSLParams(Strict):
         return self
 
 
-class CflParams(Strict):
+class CflParams(FederationSettings):
     """Clustered FL with a pool of models (Alg. 2)."""
     clusters: PositiveInt = Field(3, description="N (1 = FedAvg)")
     rounds: PositiveInt = Field(description="T")
@@ -125,7 +125,6 @@ class CflParams(Strict):
     global_encoder: bool = Field(
         False, description="Tab. 7: average the encoder over all clients (one for every "
         "cluster); heads stay per cluster")
-    client_fraction: Fraction = 1.0
     restarts: NonNegativeInt = Field(
         0, description="IFCA's clustering-failure rule (spec §8.8): restart from new random "
         "models at most this often")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedssl.fl.momentum import ema_update
+from fedssl.fl.momentum import ema_update_pairs, momentum_pairs
 from fedssl.losses import byol_loss, nt_xent, simsiam_loss
 from fedssl.models.cnn import CPCFLEncoder
 from fedssl.models.encoders import CifarResNet18
@@ -102,6 +102,9 @@ class SSLNet(nn.Module):
                                          "projector": copy.deepcopy(self.projector)})
             for q in self.target.parameters():
                 q.requires_grad_(False)
+        # BYOL's EMA twins: target.encoder.* / target.projector.* of the online branch
+        self.pairs = {} if self.target is None else momentum_pairs(
+            self.state_dict(), "target.", ("encoder.", "projector."))
 
     def online(self):
         """The modules the optimiser trains."""
@@ -123,8 +126,5 @@ class SSLNet(nn.Module):
 
     @torch.no_grad()
     def after_step(self) -> None:
-        if self.target is None:
-            return
-        for name in ("encoder", "projector"):
-            online = dict(getattr(self, name).state_dict())
-            ema_update(dict(self.target[name].state_dict()), online, self.ema)
+        state = self.state_dict()
+        ema_update_pairs(state, state, self.pairs, self.ema)

@@ -8,13 +8,15 @@ import time
 import numpy as np
 import torch
 
-from fedssl.data.augment import BatchAugment
+from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.partition import stratified_subset
 from fedssl.data.store import to_device
+from fedssl.epochs import run_epochs
 from fedssl.eval.probes import extract_features, linear_probe
 from fedssl.fl.engine import TIMING_FIELDS
 from fedssl.methods.cpcfl import PAPER_PROJ_WIDTH, SSL_KINDS
 from fedssl.methods.cpcfl.models import Encoder, SSLNet, seeded
+from fedssl.precision import autocast
 from fedssl.runtime import numpy_rng, torch_generator, torch_save, write_json, write_tsv
 
 ENCODER_FILE, PUBLIC_FILE = "encoder.pt", "public.npy"
@@ -51,29 +53,20 @@ def train_candidate(p, width: int, images: torch.Tensor, image_shape, device, ck
     s = p.ssl
     net = build_ssl_net(p, width, image_shape, device)
     opt = torch.optim.Adam([q for m in net.online() for q in m.parameters()], lr=s.lr)
-    start = 0
-    if ckpt.exists():
-        ck = torch.load(ckpt, map_location=device, weights_only=True)
-        if ck["fingerprint"] == fingerprint:
-            net.load_state_dict(ck["net"])
-            opt.load_state_dict(ck["opt"])
-            start = ck["epoch"]
-            log += ck["log"]
-            print(f"width {width}: resuming from epoch {start}", flush=True)
-    augment = BatchAugment(s.augment, image_shape[-1])
+    two_views = multi_view(BatchAugment(s.augment, image_shape[-1]), views=2)
     n = len(images)
     batch = min(s.batch_size, n)
-    mine = [row for row in log if row["width"] == width]
     net.train()
-    for epoch in range(start, s.epochs):
+
+    def one_epoch(epoch: int) -> dict:
         t0 = time.perf_counter()
         order = torch.from_numpy(numpy_rng(s.seed, "ssl-order", width, epoch).permutation(n))
         gen = torch_generator(device, s.seed, "ssl-augment", width, epoch)
         total, steps = 0.0, n // batch
         for b in range(steps):
             x = images[order[b * batch:(b + 1) * batch].to(device)]
-            v1, v2 = augment(x, gen), augment(x, gen)
-            with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+            v1, v2 = two_views(x, gen)
+            with autocast(device):
                 loss = net.loss(v1, v2)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -81,14 +74,16 @@ def train_candidate(p, width: int, images: torch.Tensor, image_shape, device, ck
             net.after_step()
             total += loss.item()
         seconds = time.perf_counter() - t0
-        row = {"width": width, "epoch": epoch + 1, "loss": round(total / steps, 5),
-               "seconds": round(seconds, 2), "images_per_s": round(steps * batch / seconds, 1)}
-        log.append(row)
-        mine.append(row)
-        torch_save({"fingerprint": fingerprint, "net": net.state_dict(),
-                    "opt": opt.state_dict(), "epoch": epoch + 1, "log": mine}, ckpt)
-        print(f"{p.pretrain} width {width} epoch {epoch + 1}/{s.epochs}: loss {row['loss']:.4f}"
-              f" ({row['images_per_s']:.0f} img/s)", flush=True)
+        return {"width": width, "epoch": epoch + 1, "loss": round(total / steps, 5),
+                "seconds": round(seconds, 2), "images_per_s": round(steps * batch / seconds, 1)}
+
+    def progress(rows: list[dict]) -> None:
+        row = rows[-1]
+        print(f"{p.pretrain} width {width} epoch {row['epoch']}/{s.epochs}: loss "
+              f"{row['loss']:.4f} ({row['images_per_s']:.0f} img/s)", flush=True)
+
+    log += run_epochs(s.epochs, one_epoch, {"net": net, "opt": opt}, ckpt, fingerprint, device,
+                      f"width {width}", progress)
     return net
 
 

@@ -31,13 +31,17 @@ from fedssl.data.catalog import IMAGE_SHAPES, NUM_CLASSES
 from fedssl.data.store import to_device
 from fedssl.eval.metrics import adjusted_rand_index, relevance_score
 from fedssl.eval.personal import PersonalLog, client_outputs
+from fedssl.fl import runner
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, Strategy,
-                              fedavg, model_state, nbytes, stacked, write_round_log)
+from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, Phase,
+                              Strategy, federation_config, fedavg, model_state, nbytes, stacked,
+                              write_round_log)
 from fedssl.fl.runner import train_data
+from fedssl.losses import masked_cross_entropy
 from fedssl.methods.cpcfl import SSL_KINDS
 from fedssl.methods.cpcfl.models import PoolModel, encoder_keys, head_keys, seeded
 from fedssl.methods.cpcfl.pretrain import ENCODER_FILE, PUBLIC_FILE
+from fedssl.precision import autocast
 from fedssl.runtime import numpy_rng, write_json, write_tsv
 from fedssl.stage import StageFailed
 
@@ -48,51 +52,14 @@ Tensors = dict[str, torch.Tensor]
 def cross_entropy(model, params, buffers, batch):
     """Mean CE over the real rows of a (padded) batch; views[0] are the plain images."""
     x = batch.views[0]
-    with torch.autocast(x.device.type, torch.bfloat16, enabled=x.device.type == "cuda"):
+    with autocast(x):
         logits = functional_call(model, (params, buffers), (x,))
-    per = F.cross_entropy(logits.float(), batch.labels.clamp(min=0), reduction="none")
-    return (per * batch.valid).sum() / batch.valid.sum().clamp(min=1)
+    return masked_cross_entropy(logits, batch.labels, batch.valid)
 
 
 def plain_views(batch: torch.Tensor, generator: torch.Generator):
     """No augmentation in the CFL stage (spec §3)."""
     return (to_float(batch),)
-
-
-class PhasedEpochs:
-    """The local epochs of a round, with E_l,f (Tab. 7): the first ``encoder_epochs`` epochs
-    train the whole model, the others the head only (a fresh Adam state for the second phase).
-    When the strategy already restricts training (t < T_c), every epoch trains that subset."""
-
-    def __init__(self, make, local_epochs: int, encoder_epochs: int | None, heads: list[str]):
-        self.local_epochs = local_epochs
-        self.encoder_epochs = local_epochs if encoder_epochs is None else encoder_epochs
-        self.heads = heads
-        self._make, self._cohorts = make, {}
-
-    def cohort(self, epochs: int) -> CohortTrainer:
-        if epochs not in self._cohorts:
-            self._cohorts[epochs] = self._make(epochs)
-        return self._cohorts[epochs]
-
-    @property
-    def param_names(self) -> list[str]:
-        return self.cohort(self.local_epochs).param_names
-
-    def train(self, starts, data, client_ids, lr, seed_parts, generator, trainable=None):
-        e, ef = self.local_epochs, self.encoder_epochs
-        if trainable is not None or ef == e:
-            return self.cohort(e).train(starts, data, client_ids, lr, seed_parts, generator,
-                                        trainable)
-        phases = [(n, names) for n, names in ((ef, None), (e - ef, set(self.heads))) if n]
-        loss_sum = 0.0
-        for i, (epochs, names) in enumerate(phases):
-            trained, losses = self.cohort(epochs).train(starts, data, client_ids, lr,
-                                                        (*seed_parts, "phase", i), generator,
-                                                        names)
-            starts = [{k: v[j] for k, v in trained.items()} for j in range(len(client_ids))]
-            loss_sum = loss_sum + losses * epochs
-        return trained, loss_sum / e
 
 
 # ============================================================================ the pool
@@ -277,11 +244,24 @@ def make_federation(p, data: LocalData, image_shape, num_classes, pool, ckpt, fi
                              local_epochs=epochs,
                              parallel=vectorise_clients(p.parallel_clients, device))
 
-    trainer = PhasedEpochs(cohort, c.local_epochs, c.encoder_epochs, heads)
-    cfg = FederationConfig(rounds=c.rounds, client_fraction=c.client_fraction, lr=c.lr,
-                           seed=p.seed)
+    # E_l,f (Tab. 7): the first E_l,f local epochs train the whole model, the others the heads
+    # only (a fresh Adam state); the round's loss is the mean over all E_l epochs. While the
+    # strategy restricts training (t < T_c), every epoch trains that subset in one pass.
+    e = c.local_epochs
+    ef = e if c.encoder_epochs is None else c.encoder_epochs
+    whole = [Phase(cohort(e))]
+    split = []
+    for n, names in ((ef, None), (e - ef, set(heads))):
+        if n:
+            only = None if names is None else (lambda s, names=names: names)
+            split.append(Phase(cohort(n), only, seed_tag=("phase", len(split)), loss_weight=n))
+    cfg = federation_config(c, p.seed)
     strategy = PoolStrategy(cfg, c, pool, eval_net, attempt, tests, true_groups)
-    return Federation(strategy, LocalTraining(trainer), data, cfg, ckpt, fingerprint)
+
+    def schedule(state: FedState) -> list[Phase]:
+        return whole if ef == e or strategy.trainable(state) is not None else split
+
+    return Federation(strategy, LocalTraining(phases=schedule), data, cfg, ckpt, fingerprint)
 
 
 def run_rounds(fed: Federation, log_path: Path | None, name: str) -> FedState:
@@ -292,18 +272,11 @@ def run_rounds(fed: Federation, log_path: Path | None, name: str) -> FedState:
     if state.memo.get("failed_at") is not None:
         raise ClusteringFailed(state)
 
-    def on_round(s: FedState):
-        if log_path is not None:
-            write_round_log(s.log, log_path)
-        r = s.log[-1]
-        extra = "".join(f", {k} {r[k]}" for k in ("personal_acc", "clusters_used", "ari")
-                        if k in r)
-        print(f"{name} round {r['round']}/{fed.cfg.rounds}: loss {r['loss']:.4f}{extra}",
-              flush=True)
+    def stop_on_failure(s: FedState):
         if s.memo.get("failed_at") is not None:
             raise ClusteringFailed(s)
 
-    return fed.run(state, on_round=on_round)
+    return runner.run_rounds(fed, state, log_path, name, stop_on_failure)
 
 
 def warmup_params(p):

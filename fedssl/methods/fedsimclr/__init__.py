@@ -4,21 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, \
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, \
     model_validator
 
 from fedssl.methods.base import Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, Fraction, ModelParams,
-                           ParallelClients)
+from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, FederationSettings,
+                           ModelParams, ParallelClients)
 
 
-class FedSimCLRParams(MethodParams):
+class FedSimCLRParams(MethodParams, FederationSettings):
     name: Literal["fedsimclr"] = "fedsimclr"
     model: ModelParams
-    rounds: NonNegativeInt
     local_epochs: PositiveInt = 1
-    client_fraction: Fraction = 1.0
     batch_size: PositiveInt = 256
     optimizer: Literal["adam", "sgd"] = "adam"
     lr: PositiveFloat = 1e-3

@@ -5,43 +5,37 @@ import torch
 from torch.func import functional_call
 
 from fedssl import costs
-from fedssl.data.augment import BatchAugment
+from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.catalog import IMAGE_SHAPES
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy, nbytes
+from fedssl.fl.engine import Federation, LocalTraining, Strategy, federation_config, nbytes
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import nt_xent
 from fedssl.models.encoders import (ContrastiveModel, save_contrastive_model,
                                     seeded_contrastive_model)
+from fedssl.precision import autocast
 
 
 def simclr_loss(temperature: float):
     def loss(model, params, buffers, batch):
         x = torch.cat(batch.views)
-        with torch.autocast(x.device.type, torch.bfloat16, enabled=x.device.type == "cuda"):
+        with autocast(x):
             z = functional_call(model, (params, buffers), (x,))
         z1, z2 = z.float().chunk(2)
         return nt_xent(z1, z2, temperature, batch.valid)
     return loss
 
 
-def two_views(augment: BatchAugment):
-    def make(batch: torch.Tensor, generator: torch.Generator):
-        return augment(batch, generator), augment(batch, generator)
-    return make
-
-
 def make_federation(p, model: ContrastiveModel, data: LocalData, ckpt, fingerprint: str
                     ) -> Federation:
     """SimCLR on every client, FedAvg of the whole model weighted by data size."""
     cohort = CohortTrainer(
-        model, two_views(BatchAugment(p.augment, data.images.shape[-1])),
+        model, multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=2),
         simclr_loss(p.temperature),
         OptimizerConfig(kind=p.optimizer, weight_decay=p.weight_decay, momentum=p.momentum),
         batch_size=p.batch_size, local_epochs=p.local_epochs,
         parallel=vectorise_clients(p.parallel_clients, data.device))
-    cfg = FederationConfig(rounds=p.rounds, client_fraction=p.client_fraction, lr=p.lr,
-                           lr_schedule=p.lr_schedule, seed=p.seed)
+    cfg = federation_config(p, p.seed, p.lr_schedule)
     return Federation(Strategy(cfg), LocalTraining(cohort), data, cfg, ckpt, fingerprint)
 
 

@@ -36,7 +36,8 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Pos
 
 from fedssl.methods.base import DATA, PARTITION, Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import PARALLEL_CLIENTS_HELP, AugmentParams, Fraction, ParallelClients, Strict
+from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, FederationSettings,
+                           ParallelClients, Strict)
 
 
 class VitParams(Strict):
@@ -67,7 +68,7 @@ class VitParams(Strict):
         return self
 
 
-class Schedule(Strict):
+class Schedule(FederationSettings):
     """What every stage uses unless ``stages`` overrides it (spec §3)."""
     rounds: NonNegativeInt = Field(15, description="R_s: rounds per stage")
     local_epochs: PositiveInt = 3
@@ -80,7 +81,6 @@ class Schedule(Strict):
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
         0.99, description="mu of the momentum branch (constant)")
     temperature: PositiveFloat = 0.2
-    client_fraction: Fraction = 1.0
 
 
 class StageOverride(Strict):

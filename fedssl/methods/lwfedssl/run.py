@@ -14,17 +14,19 @@ from torch import nn
 from torch.func import functional_call
 
 from fedssl import costs
-from fedssl.data.augment import BatchAugment
+from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.catalog import IMAGE_SHAPES
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, RoundUpdates,
-                              Strategy, cosine_lr, fedavg, sample_clients, stacked)
-from fedssl.fl.momentum import ema_update
+                              Strategy, cosine_lr, federation_config, fedavg, sample_clients,
+                              stacked)
+from fedssl.fl.momentum import ema_after_step
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.models.encoders import frozen
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.mocov3 import (MocoV3Learner, ema_pairs, online_state, round_start_state)
 from fedssl.models.vit import VisionTransformer
+from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_generator, torch_save, write_json
 
 Tensors = dict[str, torch.Tensor]
@@ -122,23 +124,10 @@ def learner_of(p, model: nn.Module, s: int | None, plan: costs.GrowthPlan,
 
 
 # ============================================================================ training
-def two_views(first: BatchAugment, second: BatchAugment):
-    def make(batch: torch.Tensor, generator: torch.Generator):
-        return first(batch, generator), second(batch, generator)
-    return make
-
-
 def learner_loss(model, params, buffers, batch):
     v1, v2 = batch.views
-    with torch.autocast(v1.device.type, torch.bfloat16, enabled=v1.device.type == "cuda"):
+    with autocast(v1):
         return functional_call(model, (params, buffers), (v1, v2, batch.valid)).float()
-
-
-def momentum_hook(pairs: dict[str, str], mu: float):
-    """After every step: the momentum branch's twins of the trained weights move by EMA."""
-    def after_step(trained, frozen_, buffers):
-        ema_update({t: frozen_[t] for t in pairs}, {t: trained[o] for t, o in pairs.items()}, mu)
-    return after_step
 
 
 def kind_of(key: str) -> str:
@@ -295,11 +284,12 @@ def make_federation(p, model: nn.Module, s: int | None, data: LocalData, ckpt, f
     plan, st = plan_of(p, s), settings_of(p, s)
     learner = learner_of(p, model, s, plan)
     size = input_size(p, data.images.shape[1:])
-    views = two_views(BatchAugment(p.augment, size), BatchAugment(p.augment_2 or p.augment, size))
+    views = multi_view(BatchAugment(p.augment, size),
+                       BatchAugment(p.augment_2 or p.augment, size))
     opt = OptimizerConfig(kind="adamw", weight_decay=st.weight_decay)
     parallel = vectorise_clients(p.parallel_clients, data.device)
     cohort = CohortTrainer(learner, views, learner_loss, opt, st.batch_size, st.local_epochs,
-                           parallel, momentum_hook(ema_pairs(trained_names(learner, plan, s)),
+                           parallel, ema_after_step(ema_pairs(trained_names(learner, plan, s)),
                                                    st.momentum))
     calibrate, timing = None, "round_start"
     if p.name == "lw_fedssl" and p.calibration.enabled:
@@ -310,13 +300,12 @@ def make_federation(p, model: nn.Module, s: int | None, data: LocalData, ckpt, f
         server_cohort = CohortTrainer(
             server_learner, views, learner_loss, opt, c.batch_size or st.batch_size,
             c.local_epochs or st.local_epochs, False,
-            momentum_hook(ema_pairs(n for n, _ in server_learner.named_parameters()
+            ema_after_step(ema_pairs(n for n, _ in server_learner.named_parameters()
                                     if n.startswith(("encoder.", "projector."))), st.momentum))
         calibrate, timing = Calibrator(server_cohort, server, p.seed, s or 0), c.timing
     rounds = all_rounds(p)
     index = stages_of(p).index(s)
-    cfg = FederationConfig(rounds=st.rounds, client_fraction=st.client_fraction, lr=st.lr,
-                           seed=derive_seed(p.seed, "stage", s or 0) % 2**31)
+    cfg = federation_config(st, derive_seed(p.seed, "stage", s or 0) % 2**31)
     strategy = GrowthStrategy(cfg, plan, s, learner, getattr(p, "weight_transfer", True),
                               offset=sum(rounds[:index]), horizon=sum(rounds),
                               lr_schedule=st.lr_schedule, calibrate=calibrate, timing=timing)

@@ -15,8 +15,8 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Pos
 
 from fedssl.methods.base import DATA, PARTITION, Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, Fraction, ParallelClients,
-                           Strict)
+from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, FederationSettings,
+                           ParallelClients, Strict)
 
 
 class MfclClientModule(Strict):
@@ -46,7 +46,7 @@ class MfclClientModule(Strict):
         return self
 
 
-class MfclPhase1(Strict):
+class MfclPhase1(FederationSettings):
     """Phase 1: FedAvg of the client autoencoder at the gServer (Alg. 1, Tab. 12)."""
     rounds: NonNegativeInt = Field(description="T (15 in the paper); 0 = random client module")
     local_epochs: PositiveInt = 1
@@ -54,7 +54,6 @@ class MfclPhase1(Strict):
     lr: PositiveFloat = Field(description="Adam learning rate (0.05 C10 / 0.001 Tiny)")
     adam_eps: PositiveFloat = 1e-7
     loss: Literal["bce", "mse"] = "bce"
-    client_fraction: Fraction = 1.0
     secure_aggregation: bool = Field(
         False, description="pairwise masks: the gServer only sees the sum of the updates")
 

@@ -13,10 +13,11 @@ import torch
 from torch.func import functional_call
 
 from fedssl import costs
-from fedssl.data.augment import BatchAugment
+from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.catalog import IMAGE_SHAPES
+from fedssl.epochs import run_epochs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import (Federation, FederationConfig, LocalTraining, Strategy, nbytes,
+from fedssl.fl.engine import (Federation, LocalTraining, Strategy, federation_config, nbytes,
                               write_round_log)
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.fl.secure_agg import SecureAggregation
@@ -26,16 +27,15 @@ from fedssl.models.autoencoder import (ClientAutoencoder, reconstruction_loss,
 from fedssl.models.encoders import frozen
 from fedssl.models.rserver import MfclEncoder, RServerModel
 from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
-from fedssl.runtime import (check_finite, derive_seed, numpy_rng, torch_generator, torch_save,
-                            write_json, write_tsv)
+from fedssl.precision import autocast
+from fedssl.runtime import (derive_seed, numpy_rng, torch_generator, torch_save, write_json,
+                            write_tsv)
 
 
-def twin_batch(augment):
-    """Two independent views of every sample, as one batch ordered [all view-1; all view-2]
-    (rows k and k+K are twins, the layout Twin Norm expects)."""
-    def make(batch: torch.Tensor, generator: torch.Generator):
-        return augment(batch, generator), augment(batch, generator)
-    return make
+def twin_batch(augment: BatchAugment):
+    """Two independent views of every sample; the loss and the export stack them as one batch
+    ordered [all view-1; all view-2] (rows k and k+K are twins, the layout Twin Norm expects)."""
+    return multi_view(augment, views=2)
 
 
 def autoencoder_loss(kind: str = "bce"):
@@ -45,7 +45,7 @@ def autoencoder_loss(kind: str = "bce"):
         v1, v2 = batch.views
         valid = batch.valid
         x = torch.cat([v1, v2])
-        with torch.autocast(x.device.type, torch.bfloat16, enabled=x.device.type == "cuda"):
+        with autocast(x):
             logits = functional_call(model, (params, buffers), (x,))
         per_pixel = reconstruction_loss(logits.float(), model.reconstruction_target(x), kind,
                                         reduction="none")
@@ -97,8 +97,7 @@ def make_phase1_federation(p, model: ClientAutoencoder, data: LocalData, ckpt: P
         autoencoder_loss(p1.loss), OptimizerConfig(kind="adam", eps=p1.adam_eps),
         batch_size=p1.batch_pairs, local_epochs=p1.local_epochs,
         parallel=vectorise_clients(p.parallel_clients, data.device))
-    cfg = FederationConfig(rounds=p1.rounds, client_fraction=p1.client_fraction, lr=p1.lr,
-                           seed=p.seed)
+    cfg = federation_config(p1, p.seed)
     strategy = (SecureFedAvg if p1.secure_aggregation else Strategy)(cfg)
     return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
 
@@ -162,7 +161,7 @@ def export_client(model: ClientAutoencoder, images: torch.Tensor, indices: np.nd
             v1, v2 = twin_batch(augment)(x, gen)
             if tn_pairing == "pseudo":  # the "positive" is another image (the next one)
                 v2 = v2.roll(-1, 0)
-            with torch.autocast(x.device.type, torch.bfloat16, enabled=x.device.type == "cuda"):
+            with autocast(x):
                 z = encode_pair(model, v1, v2, tn_pairing).to(torch.float16)
             if out is None:
                 out = torch.empty((len(indices), pairs, 2, *z.shape[1:]), dtype=torch.float16,
@@ -229,16 +228,9 @@ def train_rserver(model: RServerModel, reps: torch.Tensor, p, resume: Path | Non
     peak = scaled_peak_lr(p.lr, p.batch_pairs, p.lr_scaling)
     opt = LARS(lars_param_groups(model, p.weight_decay), lr=peak, momentum=p.momentum,
                trust_coefficient=p.trust_coefficient)
-    log, first = [], 0
-    if resume is not None and resume.exists():
-        ck = torch.load(resume, map_location=device, weights_only=True)
-        if ck.get("fingerprint") == fingerprint:
-            model.load_state_dict(ck["model"])
-            opt.load_state_dict(ck["opt"])
-            log, first = ck["log"], ck["epoch"]
-            print(f"resuming from epoch {first}", flush=True)
     model.train()
-    for epoch in range(first, p.epochs):
+
+    def one_epoch(epoch: int) -> dict:
         gen = torch_generator(torch.device("cpu"), p.seed, "rserver", epoch)
         order = torch.randperm(n, generator=gen)
         pick = torch.randint(rho, (n,), generator=gen)
@@ -247,24 +239,19 @@ def train_rserver(model: RServerModel, reps: torch.Tensor, p, resume: Path | Non
             idx = order[s * p.batch_pairs:(s + 1) * p.batch_pairs]
             pair = reps[idx.to(device), pick[idx].to(device)].float()  # [B, 2, C, H, W]
             set_lr(opt, warmup_cosine(epoch * steps + s, total, warmup, peak))
-            with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+            with autocast(device):
                 proj = model(torch.cat([pair[:, 0], pair[:, 1]]))
             loss = nt_xent(*proj.float().chunk(2), p.temperature)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             loss_sum += loss.item()
-        check_finite(loss_sum / steps, f"rServer epoch {epoch + 1}",
-                     "the checkpoint of the last finished epoch is kept")
-        log.append({"epoch": epoch + 1, "loss": loss_sum / steps,
-                    "lr": warmup_cosine((epoch + 1) * steps - 1, total, warmup, peak),
-                    "seconds": round(time.perf_counter() - t0, 3)})
-        if resume is not None:
-            torch_save({"fingerprint": fingerprint, "epoch": epoch + 1, "log": log,
-                        "model": model.state_dict(), "opt": opt.state_dict()}, resume)
-        if on_epoch:
-            on_epoch(log)
-    return log
+        return {"epoch": epoch + 1, "loss": loss_sum / steps,
+                "lr": warmup_cosine((epoch + 1) * steps - 1, total, warmup, peak),
+                "seconds": round(time.perf_counter() - t0, 3)}
+
+    return run_epochs(p.epochs, one_epoch, {"model": model, "opt": opt}, resume, fingerprint,
+                      device, "rServer", on_epoch)
 
 
 EPOCH_FIELDS = ["epoch", "loss", "lr"]  # timings go to the run record

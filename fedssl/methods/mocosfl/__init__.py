@@ -27,8 +27,8 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Pos
 
 from fedssl.methods.base import DATA, PARTITION, Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, Fraction, ParallelClients,
-                           Strict)
+from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, FederationSettings, Fraction,
+                           ParallelClients, Strict)
 
 VARIANT_LABELS = {"mocosfl": "MocoSFL", "monacosfl": "MonAcoSFL"}
 NUM_UNITS = 9  # both backbones: stem + 8 BasicBlocks / stem + 7 stages + final 1x1 conv
@@ -68,7 +68,7 @@ class SflMoco(Strict):
         "2 B_c rows each way); false = query x', key x''")
 
 
-class SflTraining(Strict):
+class SflTraining(FederationSettings):
     """Rounds (= epochs over the sampled clients' data), SGD on both sides, synchronisation."""
     rounds: NonNegativeInt = Field(description="200 in the paper ([code] 200/rho when sampling)")
     client_fraction: Fraction = Field(1.0, description="clients drawn each round (rho)")

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedssl.data.augment import BatchAugment, to_float
+from fedssl.data.augment import BatchAugment, multi_view, to_float
 from fedssl.data.partition import stratified_subset
 from fedssl.data.store import to_device
 from fedssl.fl.cohort import OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import Federation, FederationConfig
+from fedssl.fl.engine import Federation, federation_config
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.methods.mocosfl import paper_layer
 from fedssl.methods.mocosfl.comm import check_ledger
@@ -22,12 +22,6 @@ from fedssl.runtime import derive_seed, torch_save, write_json, write_tsv
 
 STEP_FIELDS = ["step", "round", "loss", "sync", "misalignment_pre_sync", "misalignment",
                "misalignment_sq"]
-
-
-def two_views(augment: BatchAugment):
-    def make(images: torch.Tensor, generator: torch.Generator):
-        return augment(images, generator), augment(images, generator)
-    return make
 
 
 def sfl_config(p) -> SflConfig:
@@ -44,14 +38,13 @@ def make_federation(p, nets: SplitNets, data, ckpt, fingerprint: str, monitor=No
                     parallel: bool | None = None) -> Federation:
     """The split federation of MocoSFL params ``p`` over ``data`` (clients' index arrays)."""
     t = p.training
-    cfg = FederationConfig(rounds=t.rounds, client_fraction=t.client_fraction, lr=t.lr,
-                           lr_schedule=t.lr_schedule, seed=p.seed)
+    cfg = federation_config(t, p.seed, t.lr_schedule)
     strategy = SflSync(cfg, nets, align=p.variant == "monacosfl",
                        queue_size=p.moco.queue_size, seed=p.seed, monitor=monitor)
     if parallel is None:
         parallel = vectorise_clients(p.parallel_clients, data.device)
     trainer = SplitMocoTrainer(nets, sfl_config(p),
-                               two_views(BatchAugment(p.augment, data.images.shape[-1])),
+                               multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=2),
                                parallel=parallel)
     return Federation(strategy, trainer, data, cfg, ckpt, fingerprint)
 

@@ -36,6 +36,7 @@ from fedssl.fl.momentum import FeatureQueue, ema_update, misalignment
 from fedssl.losses import moco_queue_loss
 from fedssl.models.heads import ProjectionHead
 from fedssl.models.split import ServerPart, SplitMobileNetV2, SplittableNet, split_resnet18
+from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_generator
 
 Tensors = dict[str, torch.Tensor]
@@ -310,7 +311,10 @@ class SplitMocoTrainer:
 
     # ------------------------------------------------------------------ client forward
     def _client_one(self, params: Tensors, x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.nets.client, params, (x,))
+        # activations travel in float32 whatever the compute precision (the ledger checks their
+        # bytes against the protocol formula)
+        with autocast(x):
+            return functional_call(self.nets.client, params, (x,)).float()
 
     def client_forward(self, params: Tensors, x: torch.Tensor) -> torch.Tensor:
         """Client-stacked params [a, ...] on client-stacked images [a, R, C, H, W] ->
@@ -432,9 +436,10 @@ class SplitMocoTrainer:
         hk = h_k.flatten(0, 1)
         sp = {k: v[0].detach().requires_grad_(True) for k, v in server.items()}
         ema_update(server_m, {k: v[0] for k, v in server.items()}, cfg.momentum)
-        q = functional_call(self.nets.top, sp, (hq,))
-        with torch.no_grad():
-            k = functional_call(self.nets.top, server_m, (hk,))
+        with autocast(hq):
+            q = functional_call(self.nets.top, sp, (hq,))
+            with torch.no_grad():
+                k = functional_call(self.nets.top, server_m, (hk,)).float()
         loss = moco_queue_loss(q, k, queue.keys, cfg.temperature, rows_valid)
         grads = torch.autograd.grad(loss, [*sp.values(), hq])
         self.optimizer.step(server, {n: g.unsqueeze(0) for n, g in zip(sp, grads[:-1])},

@@ -28,8 +28,8 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Pos
 
 from fedssl.methods.base import Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import (PARALLEL_CLIENTS_HELP, Fraction, NoiseParams, ParallelClients,
-                           Strict)
+from fedssl.params import (PARALLEL_CLIENTS_HELP, FederationSettings, Fraction, NoiseParams,
+                           ParallelClients, Strict)
 
 Variant = Literal["mpfedcon", "fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "fedprox",
                   "solo"]
@@ -57,7 +57,7 @@ class NetParams(Strict):
     projection: tuple[PositiveInt, PositiveInt] | None = (128, 128)
 
 
-class MpFedconParams(MethodParams):
+class MpFedconParams(MethodParams, FederationSettings):
     """One personalised-FL run: the variant, its network and split, and Alg. 1's settings."""
     name: Literal["mpfedcon"] = "mpfedcon"
     variant: Variant

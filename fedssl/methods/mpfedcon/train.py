@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
@@ -25,11 +24,12 @@ from fedssl.data.store import to_device
 from fedssl.eval.personal import PersonalLog, client_outputs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, Phase,
-                              RoundUpdates, Strategy, fedavg, nbytes, stacked)
+                              RoundUpdates, Strategy, federation_config, fedavg, nbytes, stacked)
 from fedssl.fl.runner import run_federation, train_data
-from fedssl.losses import model_contrastive_loss
+from fedssl.losses import masked_cross_entropy, model_contrastive_loss
 from fedssl.methods.mpfedcon import HEAD_FIRST
 from fedssl.methods.mpfedcon.nets import Anchored, build_net, layer_of, net_keys
+from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_generator, torch_save
 
 CENTRE_KEYS = ("centres", "has_centre")  # what the server sends: the bank and which rows hold
@@ -37,14 +37,20 @@ CENTRE_KEYS = ("centres", "has_centre")  # what the server sends: the bank and w
 
 # ------------------------------------------------------------------ losses
 def _masked_ce(logits: torch.Tensor, batch) -> torch.Tensor:
-    per = F.cross_entropy(logits.float(), batch.labels.clamp(min=0), reduction="none")
-    return torch.where(batch.valid, per, 0.0).sum() / batch.valid.sum().clamp(min=1)
+    return masked_cross_entropy(logits, batch.labels, batch.valid)
+
+
+def _forward(model, params, buffers, batch, *args):
+    """The party's network on the batch's training view, under the precision policy."""
+    x = batch.views[0]
+    with autocast(x):
+        return functional_call(model, (params, buffers), (x, *args))
 
 
 def ce_loss():
     """Cross-entropy of the party's network (the head phase, and most baselines)."""
     def loss(model, params, buffers, batch):
-        logits, _, _ = functional_call(model, (params, buffers), (batch.views[0],))
+        logits, _, _ = _forward(model, params, buffers, batch)
         return _masked_ce(logits, batch)
     return loss
 
@@ -55,7 +61,7 @@ def prox_loss(model: Anchored, mu: float):
              if k.startswith("net.")]
 
     def loss(model, params, buffers, batch):
-        logits, _, _ = functional_call(model, (params, buffers), (batch.views[0],))
+        logits, _, _ = _forward(model, params, buffers, batch)
         prox = sum(((params[k] - params[a].detach()) ** 2).sum() for k, a in pairs)
         return _masked_ce(logits, batch) + 0.5 * mu * prox
     return loss
@@ -66,7 +72,7 @@ def contrast_loss(mu: float, temperature: float):
     of the party's live network, c[y] the global centre of the sample's class and z_con the
     anchor's projection. Rows whose class has no centre yet are left out of l_con (A4)."""
     def loss(model, params, buffers, batch):
-        logits, z, z_con = functional_call(model, (params, buffers), (batch.views[0], True))
+        logits, z, z_con = _forward(model, params, buffers, batch, True)
         y = batch.labels.clamp(min=0)
         has = buffers["has_centre"][y] > 0
         l_con = model_contrastive_loss(z, buffers["centres"][y], z_con, temperature,
@@ -272,7 +278,7 @@ class _Heads:
 
 
 def _head_ce(model, params, buffers, batch):
-    return _masked_ce(functional_call(model, (params, buffers), (batch.views[0],)), batch)
+    return _masked_ce(_forward(model, params, buffers, batch), batch)
 
 
 # ------------------------------------------------------------------ wiring
@@ -285,8 +291,7 @@ def make_federation(p, model: Anchored, data: LocalData, tests: TestData, ckpt,
                     fingerprint: str) -> Federation:
     """The variant's strategy and local schedule: head epochs (CE) then body epochs (CE, or
     CE + mu l_con for MpFedcon), or the whole network together (CE, or FedProx's objective)."""
-    cfg = FederationConfig(rounds=p.rounds, client_fraction=p.client_fraction, lr=p.lr,
-                           seed=p.seed)
+    cfg = federation_config(p, p.seed)
     strategy = SplitStrategy(cfg, p, model, tests)
     opt = OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum)
     parallel = vectorise_clients(p.parallel_clients, data.device)
