@@ -2,7 +2,8 @@
 output directory atomically, record what ran (meta.json with the DAG fingerprint).
 
 A stage script builds a :class:`StageContext` for its stage (the smallest DAG holding it, so a
-job plans only its own experiment) and runs its body inside :meth:`StageContext.run`. The
+job plans only its own experiment; the runtime imports the DAG and the path layout, never the
+freshness rules or the ``dvc.yaml`` writer, so editing those reruns no stage) and runs its body inside :meth:`StageContext.run`. The
 context gives the body its validated params, where its inputs are, a scratch output folder, the
 device, and the ``info`` dict that ends up in meta.json. torch is imported only by stages that
 compute with it.
@@ -17,8 +18,9 @@ from functools import cached_property
 from pathlib import Path
 
 from fedssl.params import ParamsError
-from fedssl.pipeline import (Dag, data_dir, experiment_dir, output_digest, partition_dir,
-                             results_dir)
+from fedssl.plan.dag import Dag
+from fedssl.plan.fingerprint import output_digest
+from fedssl.plan.layout import data_dir, experiment_dir, partition_dir, results_dir
 from fedssl.runtime import (PeakMemory, StageFailed, atomic_dir, environment, pick_device,
                             write_json)
 

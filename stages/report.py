@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from fedssl.params import setting
-from fedssl.pipeline import report_dir
+from fedssl.plan.layout import report_dir
 from fedssl.report import experiment_row, plot_curves, report_tables, table_cell, write_csv
 from fedssl.stage import StageContext, main_guard
 

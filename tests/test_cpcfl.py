@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from fedssl import params as P
+from fedssl.experiment import experiment_model
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
 from fedssl.fl.engine import (Federation, FederationConfig, LocalTraining, Strategy, fedavg,
                               model_state, nbytes, stacked)
@@ -70,7 +70,7 @@ def tiny_exp(**method):
             raw["method"][key] = {**raw["method"].get(key, {}), **value}
         else:
             raw["method"][key] = value
-    return P.experiment_model().model_validate(raw).method
+    return experiment_model().model_validate(raw).method
 
 
 # ============================================================================ networks
@@ -418,7 +418,7 @@ def add_tiny_cpcfl(root) -> list[str]:
 
 
 def test_the_cpcfl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
-    from fedssl.pipeline import Dag
+    from fedssl.plan.dag import Dag
     from tests.test_mfcl import run_in_process
     root = make_tiny_project(tmp_path, git=False)
     names = add_tiny_cpcfl(root)

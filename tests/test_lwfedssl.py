@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from fedssl import params as P
+from fedssl.experiment import experiment_model
 from fedssl.fl.cohort import LocalData
 from fedssl.losses import moco_v3_loss
 from fedssl.methods import registry
@@ -35,7 +36,7 @@ def one_thread():
 
 
 def tiny_exp(method: str, extra: str = ""):
-    return P.experiment_model().model_validate(yaml.safe_load(tiny_text(method, extra)))
+    return experiment_model().model_validate(yaml.safe_load(tiny_text(method, extra)))
 
 
 def toy_data():
@@ -266,12 +267,12 @@ def test_steps_for_defaults_to_the_class_attribute():
 
 def test_finetune_is_only_for_methods_that_can_train_their_encoder():
     raw = yaml.safe_load(tiny_text("fedmoco"))
-    assert P.experiment_model().model_validate(raw).finetune.epochs == 2
+    assert experiment_model().model_validate(raw).finetune.epochs == 2
     from tests.fixtures import tiny_experiment
     other = yaml.safe_load(tiny_experiment("x", "small_cnn", "none"))
     other["finetune"] = raw["finetune"]
     with pytest.raises(ValueError, match="no encoder to fine-tune"):
-        P.experiment_model().model_validate(other)
+        experiment_model().model_validate(other)
     with pytest.raises(ValueError, match="warmup_epochs"):
         P.FinetuneParams(epochs=2, warmup_epochs=2)
 
@@ -289,7 +290,7 @@ def run_in_process(dag, only=None) -> list[str]:
 
 
 def test_the_family_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
-    from fedssl.pipeline import Dag
+    from fedssl.plan.dag import Dag
     root = make_tiny_project(tmp_path, git=False)
     names = add_tiny_lw(root)
     monkeypatch.chdir(root)

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from fedssl import costs
-from fedssl import params as P
+from fedssl.experiment import experiment_model
 from fedssl.methods.lwfedssl import run
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.vit import TransformerBlock, vit_tiny
@@ -146,4 +146,4 @@ def test_projected_costs_follow_the_formulas():
     assert c["mean_paper_flops"] == formula["flops"]
     assert yaml.safe_load((REPO / "params/experiments/paper_fedmoco.yaml").read_text())[
         "method"]["schedule"]["lr"] == pytest.approx(1.5e-4 * 1024 / 256)
-    assert P.experiment_model()  # the presets validate with every method registered
+    assert experiment_model()  # the presets validate with every method registered

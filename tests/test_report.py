@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from fedssl import params as P
+from fedssl.experiment import experiment_model
 from fedssl.methods import registry
 from fedssl.report import pivot_markdown, readme_text, table_cell
 from tests.fixtures import TINY_MFCL_EXPERIMENT
@@ -15,7 +16,7 @@ PART = P.PartitionParams.model_validate(
 def mfcl_exp():
     import yaml
     raw = yaml.safe_load(TINY_MFCL_EXPERIMENT.format(norm="gn", secure="false"))
-    return P.experiment_model().model_validate(raw)
+    return experiment_model().model_validate(raw)
 
 
 MFCL = registry.get("mfcl")
