@@ -17,6 +17,7 @@ from fedssl.experiment import experiment_model
 from fedssl.fl.cohort import LocalData
 from fedssl.losses import moco_v3_loss
 from fedssl.methods import registry
+from fedssl.methods.lwfedssl import costs as lw_costs
 from fedssl.methods.lwfedssl import run
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.mocov3 import MocoV3Learner, round_start_state
@@ -180,8 +181,8 @@ def test_the_frozen_prefix_runs_once_for_all_branches_and_keeps_no_activations()
         for name, q in m.named_parameters():
             q.requires_grad_(name.startswith(("encoder.blocks.2.", "encoder.norm.",
                                               "projector.", "predictor.")))
-        flops[prefix] = costs.forward_flops(run._TwoViews(m), x)
-        saved[prefix] = costs.saved_activation_bytes(run._TwoViews(m), x,
+        flops[prefix] = costs.forward_flops(lw_costs._TwoViews(m), x)
+        saved[prefix] = costs.saved_activation_bytes(lw_costs._TwoViews(m), x,
                                                      lambda out, _x: out)
     with torch.no_grad():
         embed_and_two = costs.forward_flops(lambda v: m.encoder.blocks[1](m.encoder.blocks[0](
@@ -189,7 +190,7 @@ def test_the_frozen_prefix_runs_once_for_all_branches_and_keeps_no_activations()
     assert flops[0] - flops[2] == 2 * embed_and_two
     assert saved[2] == saved[0]  # autograd keeps nothing of frozen layers either way
     everything = learner(0)
-    all_saved = costs.saved_activation_bytes(run._TwoViews(everything), x, lambda o, _x: o)
+    all_saved = costs.saved_activation_bytes(lw_costs._TwoViews(everything), x, lambda o, _x: o)
     assert saved[2] < 0.6 * all_saved
 
 

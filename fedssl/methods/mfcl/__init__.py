@@ -127,52 +127,22 @@ class Mfcl(Method):
     params = MfclParams
     steps = (
         Step("pretrain", reads=("partition", *VIEWS, "method.parallel_clients", "method.phase1"),
-             plots=("rounds.tsv",)),
+             plots=("rounds.tsv",), runner="fedssl.methods.mfcl.run:phase1"),
         Step("export", reads=("partition", *VIEWS, "method.export"),
-             inputs=(DATA, PARTITION, "pretrain")),
+             inputs=(DATA, PARTITION, "pretrain"), runner="fedssl.methods.mfcl.run:export"),
         Step("rserver", reads=("method.client_module", "method.rserver"), inputs=("export",),
-             plots=("rserver_epochs.tsv",)),
+             plots=("rserver_epochs.tsv",), runner="fedssl.methods.mfcl.run:rserver"),
     )
     encoder_inputs = ("pretrain", "rserver")
     encoder_reads = ("method.client_module", "method.rserver")
+    encoder_hook = "fedssl.methods.mfcl.run:deployed_encoder"
     costs_inputs = ("pretrain", "export")
+    client_costs_hook = "fedssl.methods.mfcl.costs:client_costs"
+    projected_costs_hook = "fedssl.methods.mfcl.costs:projected_costs"
+    report_tables = "fedssl.methods.mfcl.tables:rserver_loss_table"
 
     def row_label(self, params) -> str:
         return f"MFCL({params.client_module.norm.upper()})"
 
     def arch(self, params) -> str:
         return f"{params.client_module.arch}-{params.client_module.norm}"
-
-    def tables(self, rows: list[dict]) -> dict[str, str]:
-        """The rServer's final NT-Xent loss beside the accuracy: a loss far below chance,
-        ln(2N - 1) for N pairs per batch, with poor features marks a shortcut."""
-        from fedssl.report import pivot_markdown
-        mine = [r for r in rows if r.get("rserver_final_loss") is not None]
-        if not mine:
-            return {}
-        return {"rServer's final NT-Xent loss (mean ± std over runs)":
-                pivot_markdown(mine, "rserver_final_loss", costs=False)}
-
-    def pretrain(self, ctx) -> None:
-        from fedssl.methods.mfcl import run
-        run.phase1(ctx)
-
-    def export(self, ctx) -> None:
-        from fedssl.methods.mfcl import run
-        run.export(ctx)
-
-    def rserver(self, ctx) -> None:
-        from fedssl.methods.mfcl import run
-        run.rserver(ctx)
-
-    def encoder(self, ctx):
-        from fedssl.methods.mfcl import run
-        return run.deployed_encoder(ctx)
-
-    def client_costs(self, ctx) -> list[dict]:
-        from fedssl.methods.mfcl import run
-        return run.client_costs(ctx)
-
-    def projected_costs(self, exp, partition, dataset: str) -> dict:
-        from fedssl.methods.mfcl import run
-        return run.projected_costs(exp, partition, dataset)

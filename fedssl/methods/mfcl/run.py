@@ -1,6 +1,6 @@
-"""MFCL's stages (imported when they run): phase 1, export, rServer, the deployed encoder and
-the per-client costs. Composes the shared augmentation, cohort trainer, engine, secure
-aggregation, losses, LARS and cost meters."""
+"""MFCL's stages (imported when they run): phase 1, export, rServer and the deployed encoder
+(its per-client costs: :mod:`fedssl.methods.mfcl.costs`). Composes the shared augmentation,
+cohort trainer, engine, secure aggregation, losses and LARS."""
 from __future__ import annotations
 
 import json
@@ -12,15 +12,14 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from fedssl import costs
 from fedssl.data.augment import BatchAugment
-from fedssl.data.catalog import IMAGE_SHAPES
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import (Federation, FederationConfig, LocalTraining, Strategy, nbytes,
+from fedssl.fl.engine import (Federation, FederationConfig, LocalTraining, Strategy,
                               write_round_log)
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.fl.secure_agg import SecureAggregation
 from fedssl.losses import nt_xent
+from fedssl.methods.mfcl.paper_costs import phase2_bits
 from fedssl.models.autoencoder import (ClientAutoencoder, reconstruction_loss,
                                       resnet18_blocks_on_client)
 from fedssl.models.encoders import frozen
@@ -58,8 +57,6 @@ def autoencoder_loss(kind: str = "bce"):
 # ============================================================================ pipeline pieces
 # Everything below composes the shared library (augmentation, CohortTrainer/Federation, secure
 # aggregation masks, LARS, NT-Xent) into the stages of MFCL: phase 1, export, rServer, encoder.
-
-
 
 
 def build_client_module(p, image_shape, device) -> ClientAutoencoder:
@@ -196,8 +193,8 @@ def export(ctx) -> None:
             np.save(ctx.out / f"client_{m}_index.npy", np.asarray(idx))
             row.update(bytes_sent=reps.numel() * reps.element_size(), numel_sent=reps.numel(),
                        shape=list(reps.shape),
-                       bits_paper=costs.phase2_bits(pre_pool_numel(model, ctx.image_shape),
-                                                    len(idx), ex.pairs))
+                       bits_paper=phase2_bits(pre_pool_numel(model, ctx.image_shape),
+                                              len(idx), ex.pairs))
         per_client.append(row)
         print(f"client {m}: " + ("dropped, sends nothing" if m in dropped
                                  else f"{row['bytes_sent']} bytes"), flush=True)
@@ -323,34 +320,3 @@ def pre_pool_numel(model: ClientAutoencoder, image_shape) -> int:
     return math.prod(model.prepool_shape(*image_shape[1:]))
 
 
-# ---------------------------------------------------------------------------- costs
-def _client_costs(p, shape, samples, rounds, sent, export: list[dict]) -> list[dict]:
-    """Per-client MFCL costs: phase-1 training and traffic, plus the one-shot export."""
-    ae = build_client_module(p, shape, torch.device("cpu")).train()
-    kind = p.phase1.loss
-    return costs.mfcl_client_costs(
-        ae, costs.probe_batch(shape), lambda logits, x: reconstruction_loss(logits, x, kind),
-        p.phase1.batch_pairs, samples, rounds, p.phase1.local_epochs, p.export.pairs,
-        [c["dropped"] for c in export], [b + c["bytes_sent"] for b, c in zip(sent, export)],
-        pre_pool_numel(ae, shape))
-
-
-def client_costs(ctx) -> list[dict]:
-    traffic = costs.ledger_of(ctx.input("pretrain"), [len(c) for c in ctx.clients()])
-    export = json.loads((ctx.input("export") / "manifest.json").read_text())["per_client"]
-    return _client_costs(ctx.exp.method, ctx.image_shape, traffic.samples, traffic.rounds,
-                         traffic.sent, export)
-
-
-def projected_costs(exp, part, dataset: str) -> dict:
-    """The average client at full scale (Tab. 3's setting): the autoencoder down and up in each
-    of its rounds and the fp16 export of rho twin pairs per sample."""
-    p, shape = exp.method, IMAGE_SHAPES[dataset]
-    n = costs.average_client_samples(part, dataset)
-    model = build_client_module(p, shape, torch.device("cpu"))
-    with torch.no_grad():
-        view = model.eval().encode(torch.zeros(2, *shape))[0]
-    rounds = round(p.phase1.client_fraction * p.phase1.rounds)
-    sent = 2 * nbytes(model.state_dict()) * rounds
-    export = [{"dropped": False, "bytes_sent": n * p.export.pairs * 2 * view.numel() * 2}]
-    return costs.summarize_client_costs(_client_costs(p, shape, [n], [rounds], [sent], export))

@@ -11,8 +11,6 @@ import csv
 import statistics
 from pathlib import Path
 
-from fedssl.pipeline import results_dir
-
 VARIANTS = (("mocosfl", "MocoSFL"), ("monacosfl", "MonAcoSFL"))
 
 
@@ -59,16 +57,10 @@ def _table(header: list[str], lines: list[list[str]]) -> str:
 def step_results(rows: list[dict]) -> dict[tuple[str, str], Path]:
     """(experiment, step) -> the folder of committed results its step wrote. A step shared by
     experiments of the same content is named after (and writes under) its owner, which may be
-    another experiment than the row's."""
-    from fedssl.pipeline import Dag
-    names = list(dict.fromkeys(r["experiment"] for r in rows))
-    dag = Dag(None, experiments=names)
-    out = {}
-    for name in names:
-        for stage in dag.of_experiment[name]:
-            kind, owner = stage.split("__", 1)
-            out[(name, kind)] = Path(results_dir(owner))
-    return out
+    another experiment than the row's: the report's rows say which
+    (:class:`fedssl.plan.layout.ReportRow`)."""
+    return {(r["experiment"], kind): Path(folder) for r in rows
+            for kind, folder in r.step_results.items()}
 
 
 def steps_of(where: dict, experiment: str) -> list[dict]:
