@@ -45,14 +45,10 @@ class FedSimCLR(Method):
                   runner="fedssl.methods.fedsimclr.run:pretrain"),)
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.model",)
+    encoder_hook = "fedssl.methods.fedsimclr.run:encoder"
     costs_inputs = ("pretrain",)
     client_costs_hook = "fedssl.methods.fedsimclr.costs:client_costs"
     projected_costs_hook = "fedssl.methods.fedsimclr.costs:projected_costs"
 
     def arch(self, params) -> str:
         return params.model.arch
-
-    def encoder(self, ctx):
-        from fedssl.models.encoders import load_encoder
-        return load_encoder(ctx.exp.method.model, ctx.input("pretrain") / "model.pt",
-                            ctx.device, ctx.exp.features.layer == "projection")

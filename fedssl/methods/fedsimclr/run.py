@@ -9,7 +9,7 @@ from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectoris
 from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import nt_xent
-from fedssl.models.encoders import (ContrastiveModel, save_contrastive_model,
+from fedssl.models.encoders import (ContrastiveModel, load_encoder, save_contrastive_model,
                                     seeded_contrastive_model)
 
 
@@ -52,3 +52,7 @@ def pretrain(ctx) -> None:
     ctx.info["parameters"] = sum(q.numel() for q in model.parameters())
 
 
+def encoder(ctx):
+    """The frozen encoder the probes read: the pretrained backbone (or its projection)."""
+    return load_encoder(ctx.exp.method.model, ctx.input("pretrain") / "model.pt",
+                        ctx.device, ctx.exp.features.layer == "projection")

@@ -129,7 +129,7 @@ class Mfcl(Method):
         Step("pretrain", reads=("partition", *VIEWS, "method.parallel_clients", "method.phase1"),
              plots=("rounds.tsv",), runner="fedssl.methods.mfcl.run:phase1"),
         Step("export", reads=("partition", *VIEWS, "method.export"),
-             inputs=(DATA, PARTITION, "pretrain"), runner="fedssl.methods.mfcl.run:export"),
+             inputs=(DATA, PARTITION, "pretrain"), runner="fedssl.methods.mfcl.export:export"),
         Step("rserver", reads=("method.client_module", "method.rserver"), inputs=("export",),
              plots=("rserver_epochs.tsv",), runner="fedssl.methods.mfcl.run:rserver"),
     )

@@ -1,5 +1,6 @@
-"""MFCL's stages (imported when they run): phase 1, export, rServer and the deployed encoder
-(its per-client costs: :mod:`fedssl.methods.mfcl.costs`). Composes the shared augmentation,
+"""MFCL's stages (imported when they run): phase 1, rServer and the deployed encoder, and the
+clients' export (the export step itself: :mod:`fedssl.methods.mfcl.export`; the per-client
+costs: :mod:`fedssl.methods.mfcl.costs`). Composes the shared augmentation,
 cohort trainer, engine, secure aggregation, losses and LARS."""
 from __future__ import annotations
 
@@ -19,14 +20,13 @@ from fedssl.fl.engine import (Federation, FederationConfig, LocalTraining, Strat
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.fl.secure_agg import SecureAggregation
 from fedssl.losses import nt_xent
-from fedssl.methods.mfcl.paper_costs import phase2_bits
 from fedssl.models.autoencoder import (ClientAutoencoder, reconstruction_loss,
                                       resnet18_blocks_on_client)
 from fedssl.models.encoders import frozen
 from fedssl.models.rserver import MfclEncoder, RServerModel
 from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
 from fedssl.runtime import (check_finite, derive_seed, numpy_rng, torch_generator, torch_save,
-                            write_json, write_tsv)
+                            write_tsv)
 
 
 def twin_batch(augment):
@@ -167,43 +167,6 @@ def export_client(model: ClientAutoencoder, images: torch.Tensor, indices: np.nd
             out[start:start + len(x), r] = torch.stack(z.chunk(2), 1).cpu()
     model.eval()
     return out
-
-
-def export(ctx) -> None:
-    """Phase-2 upload: every client that does not drop out sends rho pairs of twin views per
-    local sample through the frozen client module + MaxPool, once; stored as fp16 arrays (one
-    per client) with the bytes each client sent and the paper-convention bits."""
-    p, ex = ctx.exp.method, ctx.exp.method.export
-    model = build_client_module(p, ctx.image_shape, ctx.device)
-    ckpt = torch.load(ctx.input("pretrain") / "model.pt", map_location=ctx.device,
-                      weights_only=True)
-    model.load_state_dict(ckpt["model"])
-    images = train_data(ctx).images
-    clients = ctx.clients()
-    dropped = dropped_clients(len(clients), ex.client_dropout, p.seed)
-    augment = BatchAugment(p.augment, ctx.image_shape[-1])
-    per_client = []
-    for m, idx in enumerate(clients):
-        row = {"client": m, "samples": len(idx), "dropped": m in dropped, "bytes_sent": 0,
-               "numel_sent": 0, "bits_paper": 0.0}
-        if m not in dropped:
-            reps = export_client(model, images, idx, augment, ex.pairs, ex.batch_pairs, p.seed,
-                                 m, ex.bn_export_mode, ex.tn_pairing)
-            np.save(ctx.out / f"client_{m}.npy", reps.numpy())
-            np.save(ctx.out / f"client_{m}_index.npy", np.asarray(idx))
-            row.update(bytes_sent=reps.numel() * reps.element_size(), numel_sent=reps.numel(),
-                       shape=list(reps.shape),
-                       bits_paper=phase2_bits(pre_pool_numel(model, ctx.image_shape),
-                                              len(idx), ex.pairs))
-        per_client.append(row)
-        print(f"client {m}: " + ("dropped, sends nothing" if m in dropped
-                                 else f"{row['bytes_sent']} bytes"), flush=True)
-    manifest = {"pairs": ex.pairs, "dtype": "float16", "dropped_clients": dropped,
-                "bn_export_mode": ex.bn_export_mode, "tn_pairing": ex.tn_pairing,
-                "per_client": per_client,
-                "total_bytes_sent": sum(r["bytes_sent"] for r in per_client)}
-    write_json(ctx.out / "manifest.json", manifest)
-    ctx.info.update(dropped_clients=dropped, total_bytes_sent=manifest["total_bytes_sent"])
 
 
 # ---------------------------------------------------------------------------- rServer
