@@ -2,11 +2,11 @@
 output directory atomically, record what ran (meta.json with the DAG fingerprint).
 
 A stage script builds a :class:`StageContext` for its stage (the smallest DAG holding it, so a
-job plans only its own experiment; the runtime imports the DAG and the path layout, never the
-freshness rules or the ``dvc.yaml`` writer, so editing those reruns no stage) and runs its body inside :meth:`StageContext.run`. The
+job plans only its own experiment) and runs its body inside :meth:`StageContext.run`. The
 context gives the body its validated params, where its inputs are, a scratch output folder, the
 device, and the ``info`` dict that ends up in meta.json. torch is imported only by stages that
-compute with it.
+compute with it. The runtime imports the DAG and the path layout, never the freshness rules or
+the ``dvc.yaml`` writer, so editing those reruns no stage.
 """
 from __future__ import annotations
 
