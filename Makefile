@@ -45,7 +45,7 @@ bench: install
 
 # Regenerate the checked-in derived files (a test fails when they are stale).
 generate: $(INSTALLED)
-	$(PY) -m fedssl.params
+	$(PY) -m fedssl.experiment
 	$(PY) -m fedssl.pipeline write
 
 # Copy the committed reports' tables into the README (a test fails when they differ).

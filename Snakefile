@@ -1,19 +1,22 @@
-# The workflow: every rule comes from the DAG in fedssl/pipeline.py (the same source that
+# The workflow: every rule comes from the DAG in fedssl/plan/dag.py (the same source that
 # generates dvc.yaml). Pick a pipeline of params/pipelines.yaml with `--config pipeline=NAME`.
 #
 # Snakemake sees each stage through a receipt file (artifacts/.receipts/<stage>.done), not
 # through the stage's outputs: Snakemake deletes a job's outputs before running it, and a stage
 # replaces its own outputs atomically only when it succeeds, so a failed or interrupted run
-# loses nothing. Receipts say what is up to date (fedssl.pipeline.sync_receipts).
+# loses nothing. Receipts say what is up to date (fedssl.plan.freshness.sync_receipts).
 import sys
 
 sys.path.insert(0, workflow.basedir)
-from fedssl.pipeline import LOGS, RAN_LOG, Dag, commit_ran, receipt, sync_receipts
+from fedssl.plan.dag import Dag
+from fedssl.plan.dvcfile import commit_ran
+from fedssl.plan.freshness import RAN_LOG, check_data, receipt, sync_receipts
+from fedssl.plan.layout import LOGS
 
 PIPELINE = config.get("pipeline", "default")
 GPUS = int(config.get("gpus", 1))  # 0: run the training stages without asking for a GPU
 STAGES_DAG = Dag(PIPELINE)            # validates every params file first: errors stop here
-STAGES_DAG.check_data()               # and says how to get a missing data set
+check_data(STAGES_DAG)                # and says how to get a missing data set
 STALE = sync_receipts(STAGES_DAG)     # what changed since each stage last ran
 for name, reasons in STALE.items():
     print(f"{name} will run: {'; '.join(reasons[:4])}" + (" ..." if len(reasons) > 4 else ""),

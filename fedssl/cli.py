@@ -16,8 +16,7 @@ import yaml
 
 from fedssl.export import run as export_command
 from fedssl.methods import registry
-# planning and the stage runtime, in one place (their modules are being reorganised)
-from fedssl.pipeline import Dag
+from fedssl.plan.dag import Dag
 from fedssl.presets import Presets
 from fedssl.stage import main_guard
 

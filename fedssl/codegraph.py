@@ -1,15 +1,21 @@
 """The project's own import graph, read from the source (nothing is imported or run).
 
-A stage depends on every project file its entry module imports, directly or through other
-project modules, including imports inside functions (the method plugins import their heavy code
-lazily) and the packages' ``__init__`` files that such imports run. Both front ends take each
-stage's code dependencies from here, so an edit anywhere a stage's code reaches reruns it in
-DVC and Snakemake alike. Modules found dynamically (the method registry's discovery) are named
-by the caller: a stage of an experiment also depends on its method's module.
+A stage depends on every project file its entry modules import, directly or through other
+project modules, including imports inside functions (a hook may import its code lazily) and the
+packages' ``__init__`` files that such imports run. Imports under ``if TYPE_CHECKING:`` are
+annotations only and never run, so they are not followed. Both front ends take each stage's code
+dependencies from here, so an edit anywhere a stage's code reaches reruns it in DVC and
+Snakemake alike. Modules found dynamically (the method registry's discovery, the
+``"module:function"`` hooks a method declares) are named by the caller.
+
+``python -m fedssl.codegraph cycles`` prints the import cycles of the library (every import,
+lazy ones included; ``--top-level`` counts only the imports that run when a module is loaded).
 """
 from __future__ import annotations
 
+import argparse
 import ast
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -27,15 +33,38 @@ def module_file(module: str, root: Path = Path(".")) -> Path | None:
     return None
 
 
-def _imported(path: Path, module: str, is_package: bool) -> set[str]:
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _import_nodes(tree: ast.AST, top_level: bool):
+    """The import statements that can run: not those under ``if TYPE_CHECKING:``, and with
+    ``top_level`` not those inside functions either (they run only when called)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+            continue
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            todo += node.orelse
+            continue
+        if top_level and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        todo += ast.iter_child_nodes(node)
+
+
+def _imported(path: Path, module: str, is_package: bool, top_level: bool = False) -> set[str]:
     """Modules an import statement of ``path`` names (``from a import b`` also names ``a.b``,
     which is a module when such a file exists)."""
     package = module if is_package else module.rpartition(".")[0]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _import_nodes(ast.parse(path.read_text(), str(path)), top_level):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
+        else:
             base = node.module or ""
             if node.level:  # relative import
                 parent = package.split(".")
@@ -76,3 +105,98 @@ def code_files(*modules: str, root: Path = Path(".")) -> list[str]:
 def clear_cache() -> None:
     """Forget the graph (after code edits within one process, e.g. in tests)."""
     _closure.cache_clear()
+
+
+# ---------------------------------------------------------------------- cycles
+def import_graph(root: Path = Path("."), top_level: bool = False,
+                 packages: tuple[str, ...] = ("fedssl",)) -> dict[str, set[str]]:
+    """Module -> the project modules its import statements name (the parent packages that
+    Python runs first are not edges: a submodule always runs its package's ``__init__``)."""
+    graph: dict[str, set[str]] = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            named = _imported(path, module, path.name == "__init__.py", top_level)
+            graph[module] = {n for n in named if n != module and module_file(n, root)}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of modules (each a set of modules that import each other
+    in a circle), sorted; Tarjan's algorithm."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph) + 100))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def circle(graph: dict[str, set[str]], group: list[str]) -> list[str]:
+    """One closed path through a cycle group, from its first module back to it (shortest)."""
+    start, members = group[0], set(group)
+    paths = {start: [start]}
+    todo = [start]
+    while todo:
+        v = todo.pop(0)
+        for w in sorted(graph[v] & members):
+            if w == start:
+                return paths[v] + [start]
+            if w not in paths:
+                paths[w] = paths[v] + [w]
+                todo.append(w)
+    return group
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fedssl.codegraph",
+                                 description="the project's import graph")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    cyc = sub.add_parser("cycles", help="print the library's import cycles (exit 1 if any)")
+    cyc.add_argument("--top-level", action="store_true",
+                     help="count only imports that run at module load (not those in functions)")
+    deps = sub.add_parser("deps", help="the project files the given modules import")
+    deps.add_argument("modules", nargs="+")
+    args = ap.parse_args(argv)
+    if args.cmd == "deps":
+        print("\n".join(code_files(*args.modules)))
+        return 0
+    graph = import_graph(top_level=args.top_level)
+    found = cycles(graph)
+    for group in found:
+        print(f"{len(group)} modules: {' '.join(group)}")
+        print(f"  e.g. {' -> '.join(circle(graph, group))}")
+    kind = "module-level imports" if args.top_level else "all imports, lazy ones included"
+    print(f"{len(found)} import cycle(s) ({kind})", file=sys.stderr)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,10 +23,9 @@ import subprocess
 from pathlib import Path
 
 from fedssl.methods import registry
-from fedssl.runtime import StageFailed, write_json
-# planning and the stage runtime, in one place (their modules are being reorganised)
-from fedssl.pipeline import ARTIFACTS
+from fedssl.plan.layout import ARTIFACTS
 from fedssl.presets import Presets
+from fedssl.runtime import StageFailed, write_json
 from fedssl.stage import StageContext, main_guard
 
 CARD, WEIGHTS = "encoder.json", "encoder.safetensors"

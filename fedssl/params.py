@@ -5,13 +5,14 @@ Files under ``params/`` (read by :mod:`fedssl.presets`):
 * ``datasets/<name>.yaml``    -> :class:`DatasetParams`   (one prepared data set)
 * ``partitions/<name>.yaml``  -> :class:`PartitionParams` (one client split of a data set)
 * ``experiments/<name>.yaml`` -> the experiment model (title, partition, the method's section,
-  evaluation): see :func:`experiment_model`
+  evaluation): :func:`fedssl.experiment.experiment_model`, built from the sections here
 * ``grids.yaml``              -> :class:`GridsParams` (paper grids: axes expanded into presets)
 * ``pipelines.yaml``          -> :class:`PipelinesParams` (the experiments each pipeline runs)
 
 The experiment's ``method`` section is a discriminated union (on ``name``) of the params models
 that the registered methods (:mod:`fedssl.methods`) declare, so each method validates only the
-fields it reads. Shared building blocks (the encoder, augmentation, probes) live here.
+fields it reads; that union sits above the registry, in :mod:`fedssl.experiment`. Shared
+building blocks (the encoder, augmentation, probes) live here, below every method.
 This module imports no torch: the front ends validate everything before any compute.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt,
-                      PositiveFloat, PositiveInt, create_model, model_validator)
+                      PositiveFloat, PositiveInt, model_validator)
 
 NAME_PATTERN = r"^[a-z0-9_]+$"  # preset names become stage names in Snakemake and DVC
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -243,53 +244,6 @@ class NoiseParams(Strict):
     variance: NonNegativeFloat
 
 
-# --------------------------------------------------------------------------- experiments
-class ExperimentBase(Strict):
-    """What every experiment has; :func:`experiment_model` adds the ``method`` union."""
-    title: str = Field(description="row label in the report")
-    partition: Name = Field(description="name of a params/partitions preset")
-    features: FeatureParams | None = Field(None, description="for methods evaluated by probes")
-    linear_probe: LinearProbeParams | None = None
-    knn: KnnParams | None = None
-    personal: PersonalEvalParams | None = Field(None, description="for personalised methods")
-    finetune: FinetuneParams | None = Field(
-        None, description="also fine-tune the encoder end to end (methods whose encoder "
-        "can be trained: `finetunable`)")
-
-    @model_validator(mode="after")
-    def _evaluation_sections(self):
-        """The sections the method's evaluation reads must be there (and only those)."""
-        from fedssl.methods import registry
-        wanted = registry.get(self.method.name).evaluation_sections
-        for section in ("features", "linear_probe", "knn", "personal"):
-            if section in wanted and getattr(self, section) is None:
-                raise ValueError(f"method '{self.method.name}' is evaluated with `{section}`: "
-                                 f"add that section")
-            if section not in wanted and getattr(self, section) is not None:
-                raise ValueError(f"method '{self.method.name}' does not read `{section}`: "
-                                 f"remove it")
-        if self.finetune is not None and not registry.get(self.method.name).finetunable:
-            raise ValueError(f"method '{self.method.name}' has no encoder to fine-tune: "
-                             f"remove `finetune`")
-        return self
-
-
-_EXPERIMENT_MODEL: dict[tuple, type] = {}
-
-
-def experiment_model() -> type[ExperimentBase]:
-    """The experiment model for the methods registered now (rebuilt when one is added)."""
-    from fedssl.methods import registry
-    members = tuple(m.params for m in registry.all())
-    if members not in _EXPERIMENT_MODEL:
-        union = members[0] if len(members) == 1 else Annotated[
-            Union[members], Field(discriminator="name")]
-        _EXPERIMENT_MODEL[members] = create_model(
-            "ExperimentParams", __base__=ExperimentBase,
-            method=(union, Field(description="the method and everything it reads")))
-    return _EXPERIMENT_MODEL[members]
-
-
 # --------------------------------------------------------------------------- grids
 AxisValues = Union[list[Any], dict[str, Any]]
 
@@ -397,23 +351,3 @@ def preset_schema(model: type[BaseModel]) -> dict:
             "if": {"required": ["extends"]},
             "then": {"$ref": f"#/$defs/{root}Partial"},
             "else": {"$ref": f"#/$defs/{root}"}}
-
-
-def json_schemas() -> dict[str, str]:
-    """File name -> JSON Schema text, generated from the models above (for editors and tests)."""
-    import json
-    schemas = {"dataset": preset_schema(DatasetParams),
-               "partition": preset_schema(PartitionParams),
-               "experiment": preset_schema(experiment_model()),
-               "grids": GridsParams.model_json_schema(),
-               "pipelines": PipelinesParams.model_json_schema()}
-    return {f"{kind}.schema.json": json.dumps(s, indent=2, ensure_ascii=False) + "\n"
-            for kind, s in schemas.items()}
-
-
-if __name__ == "__main__":
-    from pathlib import Path
-    Path(SCHEMA_DIR).mkdir(exist_ok=True)
-    for name, text in json_schemas().items():
-        (Path(SCHEMA_DIR) / name).write_text(text)
-        print(f"wrote {SCHEMA_DIR}/{name}")

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from fedssl import params as P
 from fedssl.data.catalog import TRAIN_SIZES
+from fedssl.experiment import experiment_model
 
 PARAMS_DIR = Path("params")
 EXTENDS = "extends"
@@ -37,7 +38,7 @@ ParamsError = P.ParamsError
 
 def model_of(kind: str) -> type[BaseModel]:
     return {"dataset": P.DatasetParams, "partition": P.PartitionParams}.get(kind) or \
-        P.experiment_model()
+        experiment_model()
 
 
 # ---------------------------------------------------------------------------- YAML

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from fedssl.params import setting
+from fedssl.plan.layout import ReportRow
 from fedssl.report_format import markdown_table, number, pivot_markdown, save_figure
 
 DATASET_LABELS = {"fashion_mnist": "F-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
@@ -194,14 +195,17 @@ def render(pipeline: str, rows: list[dict], figures: dict[str, str],
 def write_report(folder: Path, pipeline: str, rows: list[dict], figures: dict[str, str],
                  heatmaps: str) -> None:
     """``report.md``, ``report.csv`` (every column) and ``report.json`` (the rows, the tables
-    by name, and what :func:`rerender` needs besides) in ``folder``."""
+    by name, and what :func:`rerender` needs besides: the figures, the heat-maps' folder and
+    where each row's steps wrote their committed results) in ``folder``."""
     text, tables = render(pipeline, rows, figures, heatmaps)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(text)
     write_csv(rows, folder / "report.csv")
+    steps = {r["experiment"]: {k: str(v) for k, v in r.step_results.items()}
+             for r in rows if getattr(r, "step_results", None)}
     (folder / "report.json").write_text(json.dumps(
         {"pipeline": pipeline, "rows": rows, "tables": tables, "figures": figures,
-         "heatmaps": heatmaps}, indent=1, ensure_ascii=False) + "\n")
+         "heatmaps": heatmaps, "step_results": steps}, indent=1, ensure_ascii=False) + "\n")
 
 
 def rerender(folder: Path) -> None:
@@ -213,7 +217,9 @@ def rerender(folder: Path) -> None:
     missing = [k for k in ("pipeline", "rows", "figures", "heatmaps") if k not in saved]
     if missing:
         raise KeyError(f"{path}: lacks {', '.join(missing)} (rerun its report stage)")
-    write_report(folder, saved["pipeline"], saved["rows"], saved["figures"], saved["heatmaps"])
+    steps = saved.get("step_results", {})
+    rows = [ReportRow(r, steps.get(r["experiment"], {})) for r in saved["rows"]]
+    write_report(folder, saved["pipeline"], rows, saved["figures"], saved["heatmaps"])
 
 
 # ------------------------------------------------------------------ README tables

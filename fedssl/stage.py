@@ -5,7 +5,8 @@ A stage script builds a :class:`StageContext` for its stage (the smallest DAG ho
 job plans only its own experiment) and runs its body inside :meth:`StageContext.run`. The
 context gives the body its validated params, where its inputs are, a scratch output folder, the
 device, and the ``info`` dict that ends up in meta.json. torch is imported only by stages that
-compute with it.
+compute with it. The runtime imports the DAG and the path layout, never the freshness rules or
+the ``dvc.yaml`` writer, so editing those reruns no stage.
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from functools import cached_property
 from pathlib import Path
 
 from fedssl.params import ParamsError
-from fedssl.pipeline import (Dag, data_dir, experiment_dir, output_digest, partition_dir,
-                             results_dir)
+from fedssl.plan.dag import Dag
+from fedssl.plan.fingerprint import output_digest
+from fedssl.plan.layout import data_dir, experiment_dir, partition_dir, results_dir
 from fedssl.runtime import (PeakMemory, StageFailed, atomic_dir, environment, pick_device,
                             write_json)
 

@@ -8,7 +8,7 @@ from fedssl.data.client_tests import (class_group_of_client, matching_test_split
 from fedssl.data.partition import (class_counts, plot_heatmap, server_seed, split_clients,
                                    stratified_subset)
 from fedssl.data.store import load_split, save_clients
-from fedssl.pipeline import data_dir
+from fedssl.plan.layout import data_dir
 from fedssl.runtime import write_json
 from fedssl.stage import StageFailed, main_guard
 from stages.common import context

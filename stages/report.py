@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from fedssl.params import setting
-from fedssl.pipeline import report_dir
+from fedssl.plan.layout import ReportRow, owner_of, report_dir, results_dir
 from fedssl.report import experiment_row, plot_curves, table_cell, write_report
 from fedssl.stage import StageContext, main_guard
 
@@ -32,8 +32,9 @@ def run(argv):
         metrics = [Path(m) for s in stages for m in s.metrics]  # probes, fine-tuning, ...
         row, column = table_cell(exp, method, part, presets.load("dataset", part.dataset).name,
                                  dag.row, dag.column)
-        rows.append({**experiment_row(name, exp, method, steps, metrics, costs),
-                     "row": row, "column": column})
+        rows.append(ReportRow({**experiment_row(name, exp, method, steps, metrics, costs),
+                               "row": row, "column": column},
+                              {s.kind: results_dir(owner_of(s.out)) for s in stages}))
         partitions += [exp.partition] if exp.partition not in partitions else []
         swept.append(setting(exp, dag.column) if dag.column != "partition" else None)
     rows = in_column_order(rows, swept)

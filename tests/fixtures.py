@@ -160,7 +160,7 @@ def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedPr
 def in_project(root: Path):
     """Work inside a tiny project (its params, its artifacts): yields ``planned(kind,
     experiment)``, which finds that stage in the project's DAG."""
-    from fedssl.pipeline import Dag
+    from fedssl.plan.dag import Dag
     cwd = os.getcwd()
     os.chdir(root)
     try:
@@ -197,7 +197,7 @@ def run_stage(planned: PlannedStage, upstream: bool = False) -> None:
 
 def output_files(planned: PlannedStage) -> dict[str, bytes]:
     """Every file the stage wrote: its artifact folder and its experiment's results, by path."""
-    from fedssl.pipeline import results_dir
+    from fedssl.plan.layout import results_dir
     experiment = planned.name.split("__", 1)[1]
     folders = [Path(planned.spec.out), Path(results_dir(experiment))]
     return {str(p): p.read_bytes() for d in folders if d.exists()

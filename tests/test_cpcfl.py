@@ -13,10 +13,11 @@ import pytest
 import torch
 import yaml
 
-from fedssl import params as P
+from fedssl.experiment import experiment_model
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
 from fedssl.fl.engine import (Federation, FederationConfig, LocalTraining, Strategy, fedavg,
                               model_state, nbytes, stacked)
+from fedssl.methods.cpcfl import costs as cfl_costs
 from fedssl.methods.cpcfl import run as cfl
 from fedssl.methods.cpcfl.models import Encoder, PoolModel, SSLNet, seeded
 from fedssl.models.cnn import CPCFLEncoder
@@ -70,7 +71,7 @@ def tiny_exp(**method):
             raw["method"][key] = {**raw["method"].get(key, {}), **value}
         else:
             raw["method"][key] = value
-    return P.experiment_model().model_validate(raw).method
+    return experiment_model().model_validate(raw).method
 
 
 # ============================================================================ networks
@@ -397,16 +398,16 @@ def test_row_labels_name_the_papers_rows():
 # ============================================================================ costs
 def test_costs_count_eq15_bits_and_cheaper_head_only_rounds():
     p = tiny_exp(cfl={"clusters": 3, "rounds": 4, "explore_rounds": 2})
-    full, head, fwd, peak, n_params, model_bytes = cfl._step_costs(p, SHAPE, 4)
+    full, head, fwd, peak, n_params, model_bytes = cfl_costs._step_costs(p, SHAPE, 4)
     assert head < full / 2 and 0 < fwd < full  # no encoder backward while frozen
     feds = [{"name": "final", "clusters": 3, "explore_rounds": [2], "exploit_rounds": [2]}]
-    row = cfl._rows(p, SHAPE, 4, [50], feds, [123])[0]
+    row = cfl_costs._rows(p, SHAPE, 4, [50], feds, [123])[0]
     assert row["alpha_bits_paper"] == 4 * (3 + 1) * n_params * 32
     assert row["beta_flops"] == pytest.approx(50 * (2 * head + 2 * full + 2 * 3 * fwd))
     assert row["peak_step_bytes"] == peak + 2 * model_bytes and row["bytes_actual"] == 123
     one = tiny_exp(cfl={"clusters": 1, "rounds": 4, "explore_rounds": 0})
     feds1 = [{"name": "final", "clusters": 1, "explore_rounds": [0], "exploit_rounds": [4]}]
-    assert cfl._rows(one, SHAPE, 4, [50], feds1, [0])[0]["alpha_bits_paper"] == \
+    assert cfl_costs._rows(one, SHAPE, 4, [50], feds1, [0])[0]["alpha_bits_paper"] == \
         2 * 4 * n_params * 32  # FedAvg: 2 S T (Eq. 14)
 
 
@@ -426,7 +427,7 @@ def add_tiny_cpcfl(root) -> list[str]:
 
 
 def test_the_cpcfl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
-    from fedssl.pipeline import Dag
+    from fedssl.plan.dag import Dag
     from tests.test_mfcl import run_in_process
     root = make_tiny_project(tmp_path, git=False)
     names = add_tiny_cpcfl(root)

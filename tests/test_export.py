@@ -43,7 +43,7 @@ def upstream_of(dag, name: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    from fedssl.pipeline import Dag
+    from fedssl.plan.dag import Dag
     root = make_tiny_project(tmp_path_factory.mktemp("export"), git=False)
     add_tiny_mfcl(root)
     params = root / "params"

@@ -145,7 +145,7 @@ def downstream(project: Path, names: set[str]) -> set[str]:
     """``names`` and every stage after them in the default pipeline's DAG."""
     import sys
     sys.path.insert(0, str(project))
-    out = run(["python", "-c", "from fedssl.pipeline import Dag; import json; d = Dag('default');"
+    out = run(["python", "-c", "from fedssl.plan.dag import Dag; import json; d = Dag('default');"
                " print(json.dumps({n: s.upstream for n, s in d.stages.items()}))"], project)
     upstream = json.loads(out.stdout)
     result = set(names)
@@ -186,7 +186,7 @@ def test_any_edit_reruns_the_same_stages_in_both_front_ends(project, file, old, 
 def test_code_dependencies_follow_the_import_graph(project):
     """What each front end tracks comes from the imports: training stages depend on the losses
     their method uses, the probe stage does not; a stage depends on its method's module."""
-    out = run(["python", "-c", "from fedssl.pipeline import Dag; import json; d = Dag('default');"
+    out = run(["python", "-c", "from fedssl.plan.dag import Dag; import json; d = Dag('default');"
                " print(json.dumps({n: s.code for n, s in d.stages.items()}))"], project)
     code = json.loads(out.stdout)
     assert "fedssl/losses.py" in code["pretrain__tiny_simclr"]

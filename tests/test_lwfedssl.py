@@ -13,9 +13,11 @@ import torch
 import yaml
 
 from fedssl import params as P
+from fedssl.experiment import experiment_model
 from fedssl.fl.cohort import LocalData
 from fedssl.losses import moco_v3_loss
 from fedssl.methods import registry
+from fedssl.methods.lwfedssl import costs as lw_costs
 from fedssl.methods.lwfedssl import run
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.mocov3 import MocoV3Learner, round_start_state
@@ -35,7 +37,7 @@ def one_thread():
 
 
 def tiny_exp(method: str, extra: str = ""):
-    return P.experiment_model().model_validate(yaml.safe_load(tiny_text(method, extra)))
+    return experiment_model().model_validate(yaml.safe_load(tiny_text(method, extra)))
 
 
 def toy_data():
@@ -179,8 +181,8 @@ def test_the_frozen_prefix_runs_once_for_all_branches_and_keeps_no_activations()
         for name, q in m.named_parameters():
             q.requires_grad_(name.startswith(("encoder.blocks.2.", "encoder.norm.",
                                               "projector.", "predictor.")))
-        flops[prefix] = costs.forward_flops(run._TwoViews(m), x)
-        saved[prefix] = costs.saved_activation_bytes(run._TwoViews(m), x,
+        flops[prefix] = costs.forward_flops(lw_costs._TwoViews(m), x)
+        saved[prefix] = costs.saved_activation_bytes(lw_costs._TwoViews(m), x,
                                                      lambda out, _x: out)
     with torch.no_grad():
         embed_and_two = costs.forward_flops(lambda v: m.encoder.blocks[1](m.encoder.blocks[0](
@@ -188,7 +190,7 @@ def test_the_frozen_prefix_runs_once_for_all_branches_and_keeps_no_activations()
     assert flops[0] - flops[2] == 2 * embed_and_two
     assert saved[2] == saved[0]  # autograd keeps nothing of frozen layers either way
     everything = learner(0)
-    all_saved = costs.saved_activation_bytes(run._TwoViews(everything), x, lambda o, _x: o)
+    all_saved = costs.saved_activation_bytes(lw_costs._TwoViews(everything), x, lambda o, _x: o)
     assert saved[2] < 0.6 * all_saved
 
 
@@ -266,12 +268,12 @@ def test_steps_for_defaults_to_the_class_attribute():
 
 def test_finetune_is_only_for_methods_that_can_train_their_encoder():
     raw = yaml.safe_load(tiny_text("fedmoco"))
-    assert P.experiment_model().model_validate(raw).finetune.epochs == 2
+    assert experiment_model().model_validate(raw).finetune.epochs == 2
     from tests.fixtures import tiny_experiment
     other = yaml.safe_load(tiny_experiment("x", "small_cnn", "none"))
     other["finetune"] = raw["finetune"]
     with pytest.raises(ValueError, match="no encoder to fine-tune"):
-        P.experiment_model().model_validate(other)
+        experiment_model().model_validate(other)
     with pytest.raises(ValueError, match="warmup_epochs"):
         P.FinetuneParams(epochs=2, warmup_epochs=2)
 
@@ -289,7 +291,7 @@ def run_in_process(dag, only=None) -> list[str]:
 
 
 def test_the_family_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
-    from fedssl.pipeline import Dag
+    from fedssl.plan.dag import Dag
     root = make_tiny_project(tmp_path, git=False)
     names = add_tiny_lw(root)
     monkeypatch.chdir(root)

@@ -9,15 +9,17 @@ import torch
 import yaml
 
 from fedssl import costs
-from fedssl import params as P
-from fedssl.methods.lwfedssl import run
+from fedssl.experiment import experiment_model
+from fedssl.methods.lwfedssl import costs as lw_costs
+from fedssl.methods.lwfedssl import paper_costs
+from fedssl.methods.lwfedssl.growth import GrowthPlan
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.vit import TransformerBlock, vit_tiny
 
-PLANS = {"FedMoCo": costs.GrowthPlan(False, "all", "all", "all"),
-         "FedMoCo-LW": costs.GrowthPlan(True, "last", "last", "last"),
-         "LW-FedSSL": costs.GrowthPlan(True, "last", "all", "last", global_forward=True),
-         "Prog-FedSSL": costs.GrowthPlan(True, "all", "all", "all")}
+PLANS = {"FedMoCo": GrowthPlan(False, "all", "all", "all"),
+         "FedMoCo-LW": GrowthPlan(True, "last", "last", "last"),
+         "LW-FedSSL": GrowthPlan(True, "last", "all", "last", global_forward=True),
+         "Prog-FedSSL": GrowthPlan(True, "all", "all", "all")}
 MIB = 2 ** 20
 
 
@@ -30,7 +32,7 @@ def one_thread():
 
 
 def schedule(parts, rounds=(15,) * 12):
-    return {name: costs.growth_schedule_costs(plan, parts, list(rounds))
+    return {name: paper_costs.growth_schedule_costs(plan, parts, list(rounds))
             for name, plan in PLANS.items()}
 
 
@@ -39,7 +41,7 @@ def test_app_a_reproduces_tab1_and_tab3_for_vit_tiny():
     12 stages x 15 rounds. Tab. 1: FedMoCo 27.42e10 FLOPs and 7352 MB, FedMoCo-LW 9.58e10 and
     613 MB; Tab. 3 ratios: FLOPs 0.35 / 0.48 / 0.57, Comm 0.08 / 0.31 / 0.54; §5.2: LW-FedSSL
     downloads 1.8x and uploads 12x less than FedMoCo, 3.2x less in total."""
-    c = schedule(costs.vit_cost_parts())
+    c = schedule(paper_costs.vit_cost_parts())
     assert c["FedMoCo"]["flops"] / 1e10 == pytest.approx(27.43, abs=0.01)
     assert c["FedMoCo-LW"]["flops"] / 1e10 == pytest.approx(9.58, abs=0.01)
     ratio = {k: v["flops"] / c["FedMoCo"]["flops"] for k, v in c.items()}
@@ -59,14 +61,14 @@ def test_app_a_reproduces_tab1_and_tab3_for_vit_tiny():
     assert e2e["bytes_down"] / lw["bytes_down"] == pytest.approx(1.8, abs=0.05)
     assert e2e["bytes_up"] / lw["bytes_up"] == pytest.approx(12, abs=0.05)
     # with a CLS token (65 tokens) FedMoCo comes out at 27.85e10 (spec §5)
-    with_cls = schedule(costs.vit_cost_parts(cls_token=True))["FedMoCo"]["flops"]
+    with_cls = schedule(paper_costs.vit_cost_parts(cls_token=True))["FedMoCo"]["flops"]
     assert with_cls / 1e10 == pytest.approx(27.85, abs=0.01)
 
 
 def test_spec_smoke_ratios_hold_exactly_for_s_6():
     """Counting blocks only (every other part 0): FLOPs per sample in block-forwards averaged
     over the stages, 9 < 12.5 < 14 < 24; communication over blocks 27/72, 1/6, 42/72."""
-    blocks_only = costs.VitCostParts(embed=0, block=1, norm=0, projector=0, predictor=0,
+    blocks_only = paper_costs.VitCostParts(embed=0, block=1, norm=0, projector=0, predictor=0,
                                      embed_params=0, block_params=1)
     c = schedule(blocks_only, rounds=(1,) * 6)
     assert {k: v["flops"] / 6 for k, v in c.items()} == {
@@ -78,7 +80,7 @@ def test_spec_smoke_ratios_hold_exactly_for_s_6():
 
 
 def test_formula_parts_are_the_real_model_and_flop_counter_counts():
-    parts = costs.vit_cost_parts()
+    parts = paper_costs.vit_cost_parts()
     block = TransformerBlock(192, 3, 4.0)
     assert parts.block_params == sum(q.numel() for q in block.parameters()) == 444_864
     with torch.device("meta"):
@@ -115,8 +117,8 @@ def smoke_method(name):
 
 def test_measured_stage_costs_order_the_methods_like_the_paper():
     shape = (1, 28, 28)
-    e2e = run.measure_stage(smoke_method("fedmoco"), shape, None)
-    last = {name: run.measure_stage(smoke_method(name), shape, 6)
+    e2e = lw_costs.measure_stage(smoke_method("fedmoco"), shape, None)
+    last = {name: lw_costs.measure_stage(smoke_method(name), shape, 6)
             for name in ("fedmoco_lw", "lw_fedssl", "prog_fedssl")}
     # Prog-FedSSL's last stage is FedMoCo's step; layer-wise steps need far less memory
     assert last["prog_fedssl"]["peak_bytes"] == e2e["peak_bytes"]
@@ -139,11 +141,11 @@ def test_projected_costs_follow_the_formulas():
     presets = Presets(REPO / "params")
     exp = presets.load("experiment", "smoke_fedmoco_lw")
     part = presets.load("partition", exp.partition)
-    c = run.projected_costs(exp, part, "fashion_mnist")
-    parts = run.cost_parts(exp.method, (1, 28, 28))
-    formula = costs.growth_schedule_costs(PLANS["FedMoCo-LW"], parts, [2] * 6)
+    c = lw_costs.projected_costs(exp, part, "fashion_mnist")
+    parts = lw_costs.cost_parts(exp.method, (1, 28, 28))
+    formula = paper_costs.growth_schedule_costs(PLANS["FedMoCo-LW"], parts, [2] * 6)
     assert c["mean_encoder_bytes"] == formula["bytes"]
     assert c["mean_paper_flops"] == formula["flops"]
     assert yaml.safe_load((REPO / "params/experiments/paper_fedmoco.yaml").read_text())[
         "method"]["schedule"]["lr"] == pytest.approx(1.5e-4 * 1024 / 256)
-    assert P.experiment_model()  # the presets validate with every method registered
+    assert experiment_model()  # the presets validate with every method registered

@@ -55,7 +55,7 @@ def project(tmp_path_factory):
     os.chdir(root)
     sys.path.insert(0, str(root))
     try:
-        from fedssl.pipeline import Dag
+        from fedssl.plan.dag import Dag
         for stage in Dag("lwfe").stages.values():
             _, _, module, *args = stage.cmd.split()
             importlib.import_module(module).run(args)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fedssl import params as P
+from fedssl.experiment import experiment_model
 from fedssl.data.augment import BatchAugment
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
 from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
@@ -27,7 +28,7 @@ def tiny_exp(norm: str = "tn", secure: bool = False, client_module: dict | None 
     raw = yaml.safe_load(TINY_MFCL_EXPERIMENT.format(norm=norm, secure=str(secure).lower()))
     raw["method"]["phase1"].update(phase1)
     raw["method"]["client_module"].update(client_module or {})
-    return P.experiment_model().model_validate(raw)
+    return experiment_model().model_validate(raw)
 
 
 def toy_clients(n: int = 96):
@@ -195,11 +196,11 @@ def test_mfcl_params_are_checked():
     raw = tiny_exp().model_dump()
     raw["method"]["name"] = "fedsimclr"
     with pytest.raises(ValueError, match="method.fedsimclr.client_module"):
-        P.experiment_model().model_validate(raw)
+        experiment_model().model_validate(raw)
     raw = tiny_exp().model_dump()
     raw["method"]["rserver"]["warmup_epochs"] = 99
     with pytest.raises(ValueError, match="warmup_epochs"):
-        P.experiment_model().model_validate(raw)
+        experiment_model().model_validate(raw)
     assert tiny_exp().method.client_module.cut == 2
     with pytest.raises(ValueError, match="cut"):
         tiny_exp(client_module={"cut": 8})
@@ -220,7 +221,7 @@ def run_in_process(dag) -> None:
 
 
 def test_mfcl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
-    from fedssl.pipeline import Dag
+    from fedssl.plan.dag import Dag
     root = make_tiny_project(tmp_path, git=False)
     names = add_tiny_mfcl(root)
     monkeypatch.chdir(root)

@@ -334,7 +334,7 @@ knn: {{k: 5, temperature: 0.1}}
 
 
 def test_the_chain_runs_on_a_tiny_project(tmp_path, monkeypatch):
-    from fedssl.pipeline import Dag
+    from fedssl.plan.dag import Dag
     from tests.fixtures import make_tiny_project
     from tests.test_mfcl import run_in_process
     root = make_tiny_project(tmp_path, git=False)

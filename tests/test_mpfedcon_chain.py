@@ -71,7 +71,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_mpfedcon_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
-    from fedssl.pipeline import Dag
+    from fedssl.plan.dag import Dag
     root = make_tiny_project(tmp_path, git=False)
     params = root / "params"
     (params / "partitions" / "tiny_shards.yaml").write_text(PARTITION)

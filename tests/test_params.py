@@ -9,13 +9,15 @@ import pytest
 import yaml
 
 from fedssl import params as P
-from fedssl.pipeline import Dag, generated_files
+from fedssl.experiment import json_schemas
+from fedssl.plan.dag import Dag
+from fedssl.plan.dvcfile import generated_files
 from fedssl.presets import Presets, deep_merge
 from tests.fixtures import REPO, make_tiny_project, run
 
 
 def test_json_schemas_are_up_to_date():
-    for name, text in P.json_schemas().items():
+    for name, text in json_schemas().items():
         path = REPO / "schemas" / name
         assert path.exists() and path.read_text() == text, \
             f"{path} is stale: run `make generate`"

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from fedssl import params as P
+from fedssl.experiment import experiment_model
 from fedssl.methods import registry
 from fedssl.report import (columns_of, readme_text, render, report_tables, rerender,
                            runs_markdown, table_cell, write_report)
@@ -23,7 +24,7 @@ PART = P.PartitionParams.model_validate(
 def mfcl_exp():
     import yaml
     raw = yaml.safe_load(TINY_MFCL_EXPERIMENT.format(norm="gn", secure="false"))
-    return P.experiment_model().model_validate(raw)
+    return experiment_model().model_validate(raw)
 
 
 MFCL = registry.get("mfcl")

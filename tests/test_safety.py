@@ -84,7 +84,7 @@ def broken(draw, base: dict, file: str):
 
 def rejected(root: Path, file: str, doc: dict) -> str:
     """Write ``doc`` over ``file``, validate the default pipeline, restore: the error text."""
-    from fedssl.pipeline import Dag
+    from fedssl.plan.dag import Dag
     path = root / file
     good = path.read_text()
     cwd = os.getcwd()

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fedssl.data.partition import deal
-from fedssl.data.sources import DataNotFound
+from fedssl.data.errors import DataNotFound
 
 DEFAULT_ROOT = "data/femnist"
 LOWERCASE_OFFSET = 36  # LEAF label of 'a'

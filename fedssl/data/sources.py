@@ -18,10 +18,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from fedssl.data.catalog import DEFAULT_ROOTS, IMAGE_SHAPES, NUM_CLASSES, TRAIN_SIZES  # noqa: F401
-
-
-class DataNotFound(FileNotFoundError):
-    """A data set is not on disk; the message says where we looked and how to get it."""
+from fedssl.data.errors import DataNotFound  # noqa: F401  (re-exported: readers catch it here)
 
 
 class Split(NamedTuple):

@@ -4,19 +4,24 @@ A method is one module (or package) under :mod:`fedssl.methods` that defines a
 :class:`Method` subclass and decorates it with :func:`fedssl.methods.registry.register`. It owns:
 
 * ``params``: its member of the experiment's ``method`` union (only the fields it reads);
-* ``steps``: the stages it adds to each of its experiments (what each reads and runs); a method
-  whose stages depend on its params (one per growth stage of a layer-wise schedule) overrides
-  :meth:`Method.steps_for` (and ``encoder_inputs_for`` / ``costs_inputs_for``) instead;
-* the hooks the shared stages call: the frozen ``encoder`` for the probes, ``client_costs``,
-  and the report's ``row_label`` / ``arch``.
+* ``steps``: the stages it adds to each of its experiments (what each reads and which function
+  runs it); a method whose stages depend on its params (one per growth stage of a layer-wise
+  schedule) overrides :meth:`Method.steps_for` (and ``encoder_inputs_for`` /
+  ``costs_inputs_for``) instead;
+* the hooks the shared stages call: the frozen encoder for the probes, the client costs and
+  their projection, the report's tables and figures, and its ``row_label`` / ``arch``.
 
-This module is light (no torch): the front ends import every method's declaration to validate
-params and build the DAG; the heavy code is imported inside the hooks, when a stage runs.
+Code that does the work is named, not imported: a step's ``runner`` and the hooks are
+``"module:function"`` strings (:func:`call_hook` imports them when a stage runs). So the
+declaration stays light (no torch: the front ends import every method's declaration to validate
+params and build the DAG), and each stage depends only on the code it runs: a method's report
+tables are not in its training's code, nor its cost formulas.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fedssl.params import Strict
 
@@ -24,6 +29,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from fedssl.stage import StageContext
 
 DATA, PARTITION = "data", "partition"  # step inputs besides the outputs of earlier steps
+
+
+def hook_module(hook: str) -> str:
+    """The module of a ``"module:function"`` hook (its code is a dependency of the stage that
+    calls it)."""
+    return hook.partition(":")[0]
+
+
+def call_hook(hook: str, *args):
+    """Import the function a ``"module:function"`` hook names and call it."""
+    module, _, function = hook.partition(":")
+    return getattr(importlib.import_module(module), function)(*args)
 
 
 class MethodParams(Strict):
@@ -41,13 +58,18 @@ class Step:
     ``partition`` and/or earlier steps of the same method whose outputs it reads. ``plots``:
     per-round or per-epoch logs it writes (TSV, committed under ``results/``). ``metrics``:
     metric files it writes there (JSON, DVC metrics; the report reads the first one), for a
-    method that evaluates itself (``evaluation_sections = ()``, e.g. an attack study)."""
+    method that evaluates itself (``evaluation_sections = ()``, e.g. an attack study).
+    ``runner``: the ``"module:function"`` that runs it, called with the stage context and then
+    ``args``; the stage depends on that module's code only (None: the method's own
+    ``<name>(ctx)``, for code that lives in the declaration itself)."""
     name: str
     reads: tuple[str, ...]
     inputs: tuple[str, ...] = (DATA, PARTITION)
     gpu: bool = True
     plots: tuple[str, ...] = ()
     metrics: tuple[str, ...] = ()
+    runner: str | None = None
+    args: tuple[Any, ...] = ()
 
 
 class Method:
@@ -71,13 +93,20 @@ class Method:
     # the ``encoder`` hook returns, from (method params, image shape, projection); the exported
     # weights load into it. None: the method's encoder cannot be exported.
     encoder_builder: ClassVar[str | None] = None
-    # Client costs (a `costs` stage) when set: the steps whose outputs the costs read.
+    # The hooks, as "module:function" (see the module doc). The frozen encoder: function(ctx)
+    # -> nn.Module.
+    encoder_hook: ClassVar[str | None] = None
+    # Client costs (a `costs` stage) when set: the steps whose outputs the costs read, and
+    # function(ctx) -> per-client rows; the projection at full scale: function(exp, partition,
+    # dataset) -> the average client's costs (for `python -m fedssl.costs`).
     costs_inputs: ClassVar[tuple[str, ...] | None] = None
     costs_reads: ClassVar[tuple[str, ...]] = ("method", "partition")
-    # Report tables in the paper's layout: "module:function" taking the report rows. Named by a
-    # string so that the layout code is a dependency of the report only, not of the training
-    # stages (whose code is everything the method's module imports).
+    client_costs_hook: ClassVar[str | None] = None
+    projected_costs_hook: ClassVar[str | None] = None
+    # Report tables in the paper's layout: function(rows) -> {name: Markdown}; figures:
+    # function(rows, out_dir) -> {file: caption}.
     report_tables: ClassVar[str | None] = None
+    report_figures: ClassVar[str | None] = None
     # Per-client numbers of `client_costs` besides Tab. 3's that the report averages (columns
     # named without the `mean_` prefix).
     cost_columns: ClassVar[tuple[str, ...]] = ()
@@ -94,17 +123,24 @@ class Method:
         """Extra report tables in the layout of the method's paper (name -> Markdown), from
         the pipeline's report rows (every metric of their metrics files; ``row["method"]``
         says whose they are: a paper's table may lay out several of its methods).
-        By default the function ``report_tables`` names, if any."""
-        if self.report_tables is None:
-            return {}
-        import importlib
-        module, _, function = self.report_tables.partition(":")
-        return getattr(importlib.import_module(module), function)(rows)
+        Each row's ``step_results`` (:class:`fedssl.plan.layout.ReportRow`) says where its
+        steps wrote their committed results. By default the function ``report_tables`` names."""
+        return call_hook(self.report_tables, rows) if self.report_tables else {}
 
     def figures(self, rows: list[dict], out_dir) -> dict[str, str]:
         """Extra report figures drawn from the same rows into ``out_dir`` (the pipeline's
-        committed report folder): file name -> caption."""
-        return {}
+        committed report folder): file name -> caption. By default ``report_figures``'."""
+        return call_hook(self.report_figures, rows, out_dir) if self.report_figures else {}
+
+    def hook_modules(self, params: MethodParams, kind: str) -> list[str]:
+        """The modules a stage of kind ``kind`` (a step, or a shared stage that calls a hook)
+        runs of this method, besides its declaration: the stage's code dependencies."""
+        hooks = {"features": [self.encoder_hook], "finetune": [self.encoder_hook],
+                 "costs": [self.client_costs_hook],
+                 "report": [self.report_tables, self.report_figures]}.get(kind)
+        if hooks is None:
+            hooks = [s.runner for s in self.steps_for(params) if s.name == kind]
+        return [hook_module(h) for h in hooks if h]
 
     # ------------------------------------------------------------------ stages
     # The DAG's shape may depend on the method's params (LW-FedSSL: one cached stage per
@@ -123,19 +159,33 @@ class Method:
         return self.costs_inputs
 
     def run_step(self, step: str, ctx: "StageContext") -> None:
-        """Run step ``step`` (a name in ``steps_for``): calls ``self.<step>(ctx)``."""
-        getattr(self, step)(ctx)
+        """Run step ``step`` (a name in ``steps_for``): its ``runner``, or ``self.<step>(ctx)``."""
+        declared = {s.name: s for s in self.steps_for(ctx.exp.method)}
+        if step not in declared:
+            raise KeyError(f"method '{self.name}' has no step '{step}' (its steps: "
+                           f"{', '.join(declared)})")
+        s = declared[step]
+        if s.runner:
+            call_hook(s.runner, ctx, *s.args)
+        else:
+            getattr(self, step)(ctx)
 
     def encoder(self, ctx: "StageContext"):
         """The frozen encoder the probes read (an ``nn.Module`` mapping float images in [0, 1]
-        to features), built from the outputs of ``encoder_inputs``."""
-        raise NotImplementedError(f"method '{self.name}' has no frozen encoder for the probes")
+        to features), built from the outputs of ``encoder_inputs``: ``encoder_hook``'s."""
+        if self.encoder_hook is None:
+            raise NotImplementedError(f"method '{self.name}' has no frozen encoder for the probes")
+        return call_hook(self.encoder_hook, ctx)
 
     def client_costs(self, ctx: "StageContext") -> list[dict]:
         """Per-client costs (rows of :func:`fedssl.costs.summarize_client_costs`' input)."""
-        raise NotImplementedError(f"method '{self.name}' declares no client costs")
+        if self.client_costs_hook is None:
+            raise NotImplementedError(f"method '{self.name}' declares no client costs")
+        return call_hook(self.client_costs_hook, ctx)
 
     def projected_costs(self, exp, partition, dataset: str) -> dict:
         """The average client's costs at full scale without data or training (for
         ``python -m fedssl.costs``)."""
-        raise NotImplementedError(f"method '{self.name}' has no cost projection")
+        if self.projected_costs_hook is None:
+            raise NotImplementedError(f"method '{self.name}' has no cost projection")
+        return call_hook(self.projected_costs_hook, exp, partition, dataset)

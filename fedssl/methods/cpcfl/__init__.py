@@ -181,13 +181,18 @@ class Cpcfl(Method):
     params = CpcflParams
     steps = (
         Step("pretrain", reads=("method.encoder", "method.pretrain", "method.ssl"),
-             inputs=(DATA,), plots=("ssl_epochs.tsv",)),
+             inputs=(DATA,), plots=("ssl_epochs.tsv",),
+             runner="fedssl.methods.cpcfl.pretrain:run"),
         Step("cfl", reads=("partition", "method"), inputs=(DATA, PARTITION, "pretrain"),
-             plots=("rounds.tsv", "choices.tsv", "choice_trace.png")),
+             plots=("rounds.tsv", "choices.tsv", "choice_trace.png"),
+             runner="fedssl.methods.cpcfl.run:run"),
     )
     evaluation_sections = ("personal",)
     personal_inputs = ("cfl",)
     costs_inputs = ("cfl",)
+    client_costs_hook = "fedssl.methods.cpcfl.costs:client_costs"
+    projected_costs_hook = "fedssl.methods.cpcfl.costs:projected_costs"
+    report_tables = "fedssl.methods.cpcfl.tables:paper_tables"
 
     def row_label(self, params) -> str:
         label = f"{algorithm(params)} ({PRETRAIN_LABELS[params.pretrain]})"
@@ -199,23 +204,3 @@ class Cpcfl(Method):
         e = params.encoder
         arch = f"cnn4-{e.padding}" if e.arch == "cnn4" else f"resnet18-{e.norm}"
         return f"{arch}+head-{params.cfl.head}"
-
-    def tables(self, rows: list[dict]) -> dict[str, str]:
-        from fedssl.methods.cpcfl.tables import paper_tables
-        return paper_tables(rows)
-
-    def pretrain(self, ctx) -> None:
-        from fedssl.methods.cpcfl import pretrain
-        pretrain.run(ctx)
-
-    def cfl(self, ctx) -> None:
-        from fedssl.methods.cpcfl import run
-        run.run(ctx)
-
-    def client_costs(self, ctx) -> list[dict]:
-        from fedssl.methods.cpcfl import run
-        return run.client_costs(ctx)
-
-    def projected_costs(self, exp, partition, dataset: str) -> dict:
-        from fedssl.methods.cpcfl import run
-        return run.projected_costs(exp, partition, dataset)

@@ -39,28 +39,15 @@ class FedSimCLR(Method):
     name = "fedsimclr"
     label = "FedSimCLR"
     params = FedSimCLRParams
-    steps = (Step("pretrain", reads=("partition", "method"), plots=("rounds.tsv",)),)
+    steps = (Step("pretrain", reads=("partition", "method"), plots=("rounds.tsv",),
+                  runner="fedssl.methods.fedsimclr.run:pretrain"),)
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.model",)
     encoder_builder = "fedssl.models.encoders:contrastive_encoder"
+    encoder_hook = "fedssl.methods.fedsimclr.run:encoder"
     costs_inputs = ("pretrain",)
+    client_costs_hook = "fedssl.methods.fedsimclr.costs:client_costs"
+    projected_costs_hook = "fedssl.methods.fedsimclr.costs:projected_costs"
 
     def arch(self, params) -> str:
         return params.model.arch
-
-    def pretrain(self, ctx) -> None:
-        from fedssl.methods.fedsimclr import run
-        run.pretrain(ctx)
-
-    def encoder(self, ctx):
-        from fedssl.models.encoders import load_encoder
-        return load_encoder(ctx.exp.method.model, ctx.input("pretrain") / "model.pt",
-                            ctx.device, ctx.exp.features.layer == "projection")
-
-    def client_costs(self, ctx) -> list[dict]:
-        from fedssl.methods.fedsimclr import run
-        return run.client_costs(ctx)
-
-    def projected_costs(self, exp, partition, dataset: str) -> dict:
-        from fedssl.methods.fedsimclr import run
-        return run.projected_costs(exp, partition, dataset)

@@ -1,17 +1,15 @@
-"""FedSimCLR's training and costs (imported when its stages run)."""
+"""FedSimCLR's training (imported when its step runs; its costs: :mod:`.costs`)."""
 from __future__ import annotations
 
 import torch
 from torch.func import functional_call
 
-from fedssl import costs
 from fedssl.data.augment import BatchAugment, multi_view
-from fedssl.data.catalog import IMAGE_SHAPES
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import Federation, LocalTraining, Strategy, federation_config, nbytes
+from fedssl.fl.engine import Federation, LocalTraining, Strategy, federation_config
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import nt_xent
-from fedssl.models.encoders import (ContrastiveModel, save_contrastive_model,
+from fedssl.models.encoders import (ContrastiveModel, load_encoder, save_contrastive_model,
                                     seeded_contrastive_model)
 from fedssl.precision import autocast
 
@@ -48,28 +46,7 @@ def pretrain(ctx) -> None:
     ctx.info["parameters"] = sum(q.numel() for q in model.parameters())
 
 
-# ------------------------------------------------------------------ costs
-def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[int]):
-    """Per-client costs of end-to-end FedSimCLR: the whole model both ways every round."""
-    model = seeded_contrastive_model(p.model, shape, p.seed, torch.device("cpu")).train()
-    probe = costs.probe_batch(shape)
-    return costs.e2e_client_costs(
-        model, probe.chunk(2), lambda z, _x: nt_xent(*z.chunk(2), p.temperature),
-        p.batch_size, samples, rounds, p.local_epochs, sent,
-        optimizer_slots=2 if p.optimizer == "adam" else 1)
-
-
-def client_costs(ctx) -> list[dict]:
-    ledger = costs.ledger_of(ctx.input("pretrain"), [len(c) for c in ctx.clients()])
-    return _client_costs(ctx.exp.method, ctx.image_shape, ledger.samples, ledger.rounds,
-                         ledger.sent)
-
-
-def projected_costs(exp, part, dataset: str) -> dict:
-    """The average client at full scale: the model state down and up in each of its rounds."""
-    p, shape = exp.method, IMAGE_SHAPES[dataset]
-    n = costs.average_client_samples(part, dataset)
-    rounds = round(p.client_fraction * p.rounds)
-    state = seeded_contrastive_model(p.model, shape, p.seed, torch.device("cpu")).state_dict()
-    rows = _client_costs(p, shape, [n], [rounds], [2 * nbytes(state) * rounds])
-    return costs.summarize_client_costs(rows)
+def encoder(ctx):
+    """The frozen encoder the probes read: the pretrained backbone (or its projection)."""
+    return load_encoder(ctx.exp.method.model, ctx.input("pretrain") / "model.pt",
+                        ctx.device, ctx.exp.features.layer == "projection")

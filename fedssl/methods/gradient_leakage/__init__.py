@@ -77,13 +77,10 @@ class GradientLeakage(Method):
     label = "Gradient leakage"
     params = LeakageParams
     steps = (Step("attack", reads=("method",), inputs=(DATA,), gpu=False,
-                  metrics=("metrics.json",), plots=("mse_curves.tsv", "reconstructions.png")),)
+                  metrics=("metrics.json",), plots=("mse_curves.tsv", "reconstructions.png"),
+                  runner="fedssl.methods.gradient_leakage.run:attack"),)
     evaluation_sections = ()
     report_tables = "fedssl.methods.gradient_leakage.tables:leakage_tables"
 
     def arch(self, params) -> str:
         return "lenet" + "".join(f"-fc{w}" for w in params.fc_hidden)
-
-    def attack(self, ctx) -> None:
-        from fedssl.methods.gradient_leakage import run
-        run.attack(ctx)

@@ -184,6 +184,7 @@ class VitScratchParams(MethodParams):
 
 
 # --------------------------------------------------------------------------- plugins
+RUN = "fedssl.methods.lwfedssl.run"  # the module that trains (the runners and the encoder)
 SHARED_READS = ("partition", "method.seed", "method.vit", "method.schedule", "method.augment",
                 "method.augment_2", "method.parallel_clients")
 COST_COLUMNS = ("paper_flops", "encoder_bytes", "encoder_bytes_down", "encoder_bytes_up",
@@ -197,26 +198,15 @@ class _Family(Method):
     costs_reads = ("method", "partition")
     cost_columns = COST_COLUMNS
     finetunable = True
+    encoder_hook = f"{RUN}:encoder"
+    client_costs_hook = "fedssl.methods.lwfedssl.costs:client_costs"
+    projected_costs_hook = "fedssl.methods.lwfedssl.costs:projected_costs"
+    report_tables = "fedssl.methods.lwfedssl.tables:tab3"
 
     def arch(self, params) -> str:
         v = params.vit
         return f"vit-w{v.width}-d{v.depth}"
 
-    def encoder(self, ctx):
-        from fedssl.methods.lwfedssl import run
-        return run.deployed_encoder(ctx, self.encoder_inputs_for(ctx.exp.method)[-1])
-
-    def client_costs(self, ctx) -> list[dict]:
-        from fedssl.methods.lwfedssl import run
-        return run.client_costs(ctx)
-
-    def projected_costs(self, exp, partition, dataset: str) -> dict:
-        from fedssl.methods.lwfedssl import run
-        return run.projected_costs(exp, partition, dataset)
-
-    def tables(self, rows: list[dict]) -> dict[str, str]:
-        from fedssl.methods.lwfedssl import tables
-        return tables.tab3(rows)
 
 
 class _Growing(_Family):
@@ -235,7 +225,8 @@ class _Growing(_Family):
                                if t != s and f"s{t}" in params.stages)
             inputs = (DATA, PARTITION) + ((f"grow_{s - 1}",) if s > 1 else ())
             steps.append(Step(f"grow_{s}", reads=SHARED_READS + self.extra_reads(params) + own
-                              + others, inputs=inputs, plots=(f"grow_{s}.tsv",)))
+                              + others, inputs=inputs, plots=(f"grow_{s}.tsv",),
+                              runner=f"{RUN}:grow", args=(s,)))
         return tuple(steps)
 
     def encoder_inputs_for(self, params) -> tuple[str, ...]:
@@ -244,12 +235,6 @@ class _Growing(_Family):
     def costs_inputs_for(self, params) -> tuple[str, ...]:
         return tuple(f"grow_{s}" for s in range(1, params.vit.depth + 1))
 
-    def run_step(self, step: str, ctx) -> None:
-        from fedssl.methods.lwfedssl import run
-        m = re.fullmatch(r"grow_([1-9][0-9]*)", step)
-        if not m:
-            raise KeyError(f"method '{self.name}' has no step '{step}'")
-        run.grow(ctx, int(m.group(1)))
 
 
 @register
@@ -257,13 +242,10 @@ class FedMoCo(_Family):
     name = "fedmoco"
     label = "FedMoCo"
     params = FedMoCoParams
-    steps = (Step("pretrain", reads=SHARED_READS, plots=("rounds.tsv",)),)
+    steps = (Step("pretrain", reads=SHARED_READS, plots=("rounds.tsv",), runner=f"{RUN}:grow",
+                  args=(None,)),)  # end to end: no growth stage
     encoder_inputs = ("pretrain",)
     costs_inputs = ("pretrain",)
-
-    def pretrain(self, ctx) -> None:
-        from fedssl.methods.lwfedssl import run
-        run.grow(ctx, None)
 
 
 @register
@@ -309,19 +291,13 @@ class VitScratch(Method):
     name = "vit_scratch"
     label = "Scratch"
     params = VitScratchParams
-    steps = (Step("init", reads=("method.seed", "method.vit"), inputs=(DATA,)),)
+    steps = (Step("init", reads=("method.seed", "method.vit"), inputs=(DATA,),
+                  runner=f"{RUN}:scratch"),)
     encoder_inputs = ("init",)
     encoder_reads = ("method.vit",)
     encoder_builder = "fedssl.methods.lwfedssl.run:encoder_skeleton"
+    encoder_hook = f"{RUN}:encoder"
     finetunable = True
 
     def arch(self, params) -> str:
         return f"vit-w{params.vit.width}-d{params.vit.depth}"
-
-    def init(self, ctx) -> None:
-        from fedssl.methods.lwfedssl import run
-        run.scratch(ctx)
-
-    def encoder(self, ctx):
-        from fedssl.methods.lwfedssl import run
-        return run.deployed_encoder(ctx, "init")

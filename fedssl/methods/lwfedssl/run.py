@@ -1,11 +1,9 @@
-"""Training, evaluation encoder and client costs of the LW-FedSSL family (imported when its
-stages run). One code path for the four methods: a :class:`GrowthPlan` (Tab. 2) says what a
+"""Training and evaluation encoder of the LW-FedSSL family (imported when its stages run;
+client costs: :mod:`fedssl.methods.lwfedssl.costs`). One code path for the four methods: a :class:`GrowthPlan` (Tab. 2) says what a
 client trains, downloads and uploads at stage s; :class:`GrowthStrategy` turns it into the
 engine's hooks, with LW-FedSSL's calibration as the server step."""
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
 import torch
@@ -13,15 +11,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from fedssl import costs
 from fedssl.data.augment import BatchAugment, multi_view
-from fedssl.data.catalog import IMAGE_SHAPES
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, RoundUpdates,
                               Strategy, cosine_lr, federation_config, fedavg, sample_clients,
                               stacked)
 from fedssl.fl.momentum import ema_after_step
 from fedssl.fl.runner import run_federation, train_data
+from fedssl.methods.lwfedssl.growth import GrowthPlan
 from fedssl.models.encoders import frozen
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.mocov3 import (MocoV3Learner, ema_pairs, online_state, round_start_state)
@@ -33,18 +30,18 @@ Tensors = dict[str, torch.Tensor]
 
 
 # ============================================================================ plans
-def plan_of(p, s: int | None = None) -> costs.GrowthPlan:
+def plan_of(p, s: int | None = None) -> GrowthPlan:
     """Tab. 2 for method params ``p`` (at stage s, for the alignment weight)."""
     if p.name == "fedmoco":
-        return costs.GrowthPlan(False, "all", "all", "all")
+        return GrowthPlan(False, "all", "all", "all")
     if p.name == "prog_fedssl":
-        return costs.GrowthPlan(True, "all", "all", "all")
+        return GrowthPlan(True, "all", "all", "all")
     if p.name == "fedmoco_lw":
-        return costs.GrowthPlan(True, "last", "last", "last")
+        return GrowthPlan(True, "last", "last", "last")
     # LW-FedSSL: calibration changes every block on the server, so clients download them all
     # (without it the frozen blocks never change and the newest one is enough)
     alpha = p.stage_alpha(s or 1)
-    return costs.GrowthPlan(True, "last", "all" if p.calibration.enabled else "last", "last",
+    return GrowthPlan(True, "last", "all" if p.calibration.enabled else "last", "last",
                             global_forward=alpha > 0)
 
 
@@ -113,7 +110,7 @@ def grown(p, model: nn.Module, s: int) -> nn.Module:
     return model
 
 
-def learner_of(p, model: nn.Module, s: int | None, plan: costs.GrowthPlan,
+def learner_of(p, model: nn.Module, s: int | None, plan: GrowthPlan,
                server: bool = False) -> MocoV3Learner:
     """The MoCo v3 learner at stage s: frozen prefix = the blocks a layer-wise client does not
     train; the server's calibration trains everything, without alignment."""
@@ -144,7 +141,7 @@ def block_of(key: str) -> int | None:
     return int(key.split(".")[2]) if key.startswith("encoder.blocks.") else None
 
 
-def select(keys, which: str, s: int | None, plan: costs.GrowthPlan) -> list[str]:
+def select(keys, which: str, s: int | None, plan: GrowthPlan) -> list[str]:
     """The online tensors ``which`` ("all" / "last") covers at stage s: the newest block and
     the heads, with the embedding in stage 1; or everything present."""
     if which == "all" or not plan.grows:
@@ -153,7 +150,7 @@ def select(keys, which: str, s: int | None, plan: costs.GrowthPlan) -> list[str]
             or (s == 1 and kind_of(k) == "embedding")]
 
 
-def trained_names(learner: nn.Module, plan: costs.GrowthPlan, s: int | None) -> set[str]:
+def trained_names(learner: nn.Module, plan: GrowthPlan, s: int | None) -> set[str]:
     """The parameters a client trains at stage s (Tab. 2's active layers and the heads)."""
     params = {k for k, _ in learner.named_parameters()}
     return {k for k in select(online_state(learner.state_dict()), plan.trains, s, plan)
@@ -182,7 +179,7 @@ class GrowthStrategy(Strategy):
     """The hooks of one stage of a plan: which tensors train and travel, FedAvg of what came
     back, the learning rate at the stage's place in the whole schedule, and calibration."""
 
-    def __init__(self, cfg: FederationConfig, plan: costs.GrowthPlan, stage: int | None,
+    def __init__(self, cfg: FederationConfig, plan: GrowthPlan, stage: int | None,
                  learner: MocoV3Learner, weight_transfer: bool, offset: int, horizon: int,
                  lr_schedule: str, calibrate: Calibrator | None = None,
                  timing: str = "round_start"):
@@ -381,109 +378,8 @@ def deployed_encoder(ctx, step: str) -> nn.Module:
     return frozen(DeployedVit(model["encoder"], input_size(p, ctx.image_shape)))
 
 
-# ============================================================================ costs
-class _TwoViews(nn.Module):
-    """A learner as a one-input module (the shared meters' interface): the input holds view 1
-    then view 2."""
-
-    def __init__(self, learner: MocoV3Learner):
-        super().__init__()
-        self.learner = learner
-
-    def forward(self, x):
-        return self.learner(*x.chunk(2))
+def encoder(ctx) -> nn.Module:
+    """The encoder hook: the deployed encoder of the step the method builds it from."""
+    return deployed_encoder(ctx, ctx.method.encoder_inputs_for(ctx.exp.method)[-1])
 
 
-def measure_stage(p, image_shape, s: int | None, model: nn.Module | None = None) -> dict:
-    """One local step at stage s, measured on the CPU on a probe batch: FLOPs per sample
-    (FlopCounterMode, forward + backward, frozen prefix under no_grad), and the step's memory
-    at the real batch size: the activations autograd keeps (scaled from the probe) + every
-    tensor of the learner (online, momentum and global copies) + gradient and two AdamW slots
-    per trained weight."""
-    plan, st = plan_of(p, s), settings_of(p, s)
-    depth = p.vit.depth if (s is None) else s
-    model = model or initial_online(p, image_shape, depth)
-    learner = learner_of(p, model, s, plan).train()
-    train = trained_names(learner, plan, s)
-    for name, q in learner.named_parameters():
-        q.requires_grad_(name in train)
-    size = input_size(p, image_shape)
-    pairs = costs.PROBE_PAIRS
-    x = torch.rand((2 * pairs, int(image_shape[0]), size, size),
-                   generator=torch.Generator().manual_seed(0))
-    wrapped = _TwoViews(learner)
-    flops = costs.train_step_flops(wrapped, x, lambda out, _x: out) / pairs
-    acts = costs.saved_activation_bytes(wrapped, x, lambda out, _x: out)
-    tensors = sum(t.numel() * t.element_size() for t in learner.state_dict().values())
-    trained = sum(q.numel() * q.element_size() for n, q in learner.named_parameters()
-                  if n in train)
-    return {"flops_per_sample": flops,
-            "peak_bytes": int(acts * st.batch_size / pairs + tensors + 3 * trained),
-            "paper_flops_per_round": costs.growth_round_flops(
-                plan, cost_parts(p, image_shape), s or 1, p.vit.depth)}
-
-
-def cost_parts(p, image_shape) -> costs.VitCostParts:
-    v = p.vit
-    return costs.vit_cost_parts(input_size(p, image_shape), v.patch_size, int(image_shape[0]),
-                                v.width, int(round(v.width * v.mlp_ratio)), v.pool == "cls",
-                                v.head_hidden, v.head_out)
-
-
-def _client_rows(p, image_shape, samples: list[int], ledgers: list[list[dict]]) -> list[dict]:
-    """Per-client costs from each stage's ledger rows (``ledgers[stage][client]``: rounds and
-    bytes by kind, as the engine's Ledger.summary writes them)."""
-    measured = [measure_stage(p, image_shape, s) for s in stages_of(p)]
-    rows = []
-    for c, n in enumerate(samples):
-        row = {"client": c, "samples": n, "rounds_taken": 0, "bytes_actual": 0,
-               "beta_flops": 0.0, "paper_flops": 0.0, "peak_step_bytes": 0,
-               "encoder_bytes": 0, "encoder_bytes_down": 0, "encoder_bytes_up": 0,
-               "block_bytes": 0}
-        for s, m, ledger in zip(stages_of(p), measured, ledgers):
-            entry = ledger[c]
-            r = entry["rounds"]
-            down, up = entry["down_by_kind"], entry["up_by_kind"]
-            row["rounds_taken"] += r
-            row["bytes_actual"] += entry["bytes_up"] + entry["bytes_down"]
-            row["beta_flops"] += m["flops_per_sample"] * n * settings_of(p, s).local_epochs * r
-            row["paper_flops"] += m["paper_flops_per_round"] * r
-            if r:
-                row["peak_step_bytes"] = max(row["peak_step_bytes"], m["peak_bytes"])
-            enc_down = down.get("blocks", 0) + down.get("embedding", 0)
-            enc_up = up.get("blocks", 0) + up.get("embedding", 0)
-            row["encoder_bytes_down"] += enc_down
-            row["encoder_bytes_up"] += enc_up
-            row["encoder_bytes"] += enc_down + enc_up
-            row["block_bytes"] += down.get("blocks", 0) + up.get("blocks", 0)
-        rows.append(row)
-    return rows
-
-
-def client_costs(ctx) -> list[dict]:
-    p = ctx.exp.method
-    steps = ["pretrain"] if p.name == "fedmoco" else [f"grow_{s}" for s in stages_of(p)]
-    ledgers = [json.loads((ctx.input(step) / "communication.json").read_text())["per_client"]
-               for step in steps]
-    return _client_rows(p, ctx.image_shape, [len(c) for c in ctx.clients()], ledgers)
-
-
-def projected_costs(exp, part, dataset: str) -> dict:
-    """The average client at full scale, every client in every round (bytes from the plan,
-    FLOPs and memory measured on one probe step per stage)."""
-    p = exp.method
-    shape = IMAGE_SHAPES[dataset]
-    n = costs.average_client_samples(part, dataset)
-    parts = cost_parts(p, shape)
-    ledgers = []
-    for s in stages_of(p):
-        plan, r = plan_of(p, s), settings_of(p, s).rounds
-        down, up = costs.growth_round_params(plan, parts, s or 1, p.vit.depth)
-        fraction = settings_of(p, s).client_fraction
-        taken = math.floor(fraction * r + 0.5)
-        ledgers.append([{"rounds": taken, "bytes_up": 4 * up * taken,
-                         "bytes_down": 4 * down * taken,
-                         "up_by_kind": {"blocks": 4 * up * taken},
-                         "down_by_kind": {"blocks": 4 * down * taken}}])
-    return costs.summarize_client_costs(_client_rows(p, shape, [n], ledgers),
-                                        ("paper_flops", "encoder_bytes"))

@@ -126,16 +126,19 @@ class Mfcl(Method):
     params = MfclParams
     steps = (
         Step("pretrain", reads=("partition", *VIEWS, "method.parallel_clients", "method.phase1"),
-             plots=("rounds.tsv",)),
+             plots=("rounds.tsv",), runner="fedssl.methods.mfcl.run:phase1"),
         Step("export", reads=("partition", *VIEWS, "method.export"),
-             inputs=(DATA, PARTITION, "pretrain")),
+             inputs=(DATA, PARTITION, "pretrain"), runner="fedssl.methods.mfcl.export:export"),
         Step("rserver", reads=("method.client_module", "method.rserver"), inputs=("export",),
-             plots=("rserver_epochs.tsv",)),
+             plots=("rserver_epochs.tsv",), runner="fedssl.methods.mfcl.run:rserver"),
     )
     encoder_inputs = ("pretrain", "rserver")
     encoder_reads = ("method.client_module", "method.rserver")
     encoder_builder = "fedssl.methods.mfcl.run:encoder_skeleton"
+    encoder_hook = "fedssl.methods.mfcl.run:deployed_encoder"
     costs_inputs = ("pretrain", "export")
+    client_costs_hook = "fedssl.methods.mfcl.costs:client_costs"
+    projected_costs_hook = "fedssl.methods.mfcl.costs:projected_costs"
     report_tables = "fedssl.methods.mfcl.tables:tables"
 
     def row_label(self, params) -> str:
@@ -143,27 +146,3 @@ class Mfcl(Method):
 
     def arch(self, params) -> str:
         return f"{params.client_module.arch}-{params.client_module.norm}"
-
-    def pretrain(self, ctx) -> None:
-        from fedssl.methods.mfcl import run
-        run.phase1(ctx)
-
-    def export(self, ctx) -> None:
-        from fedssl.methods.mfcl import run
-        run.export(ctx)
-
-    def rserver(self, ctx) -> None:
-        from fedssl.methods.mfcl import run
-        run.rserver(ctx)
-
-    def encoder(self, ctx):
-        from fedssl.methods.mfcl import run
-        return run.deployed_encoder(ctx)
-
-    def client_costs(self, ctx) -> list[dict]:
-        from fedssl.methods.mfcl import run
-        return run.client_costs(ctx)
-
-    def projected_costs(self, exp, partition, dataset: str) -> dict:
-        from fedssl.methods.mfcl import run
-        return run.projected_costs(exp, partition, dataset)

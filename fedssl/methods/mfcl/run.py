@@ -1,6 +1,7 @@
-"""MFCL's stages (imported when they run): phase 1, export, rServer, the deployed encoder and
-the per-client costs. Composes the shared augmentation, cohort trainer, engine, secure
-aggregation, losses, LARS and cost meters."""
+"""MFCL's stages (imported when they run): phase 1, rServer and the deployed encoder, and the
+clients' export (the export step itself: :mod:`fedssl.methods.mfcl.export`; the per-client
+costs: :mod:`fedssl.methods.mfcl.costs`). Composes the shared augmentation,
+cohort trainer, engine, secure aggregation, losses and LARS."""
 from __future__ import annotations
 
 import json
@@ -12,12 +13,10 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from fedssl import costs
 from fedssl.data.augment import BatchAugment, multi_view
-from fedssl.data.catalog import IMAGE_SHAPES
 from fedssl.epochs import run_epochs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import (Federation, LocalTraining, Strategy, federation_config, nbytes,
+from fedssl.fl.engine import (Federation, LocalTraining, Strategy, federation_config,
                               write_round_log)
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.fl.secure_agg import SecureAggregation
@@ -28,7 +27,7 @@ from fedssl.models.encoders import frozen
 from fedssl.models.rserver import MfclEncoder, RServerModel
 from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
 from fedssl.precision import autocast
-from fedssl.runtime import (derive_seed, numpy_rng, torch_generator, torch_save, write_json,
+from fedssl.runtime import (derive_seed, numpy_rng, torch_generator, torch_save,
                             write_tsv)
 
 
@@ -58,8 +57,6 @@ def autoencoder_loss(kind: str = "bce"):
 # ============================================================================ pipeline pieces
 # Everything below composes the shared library (augmentation, CohortTrainer/Federation, secure
 # aggregation masks, LARS, NT-Xent) into the stages of MFCL: phase 1, export, rServer, encoder.
-
-
 
 
 def build_client_module(p, image_shape, device) -> ClientAutoencoder:
@@ -169,43 +166,6 @@ def export_client(model: ClientAutoencoder, images: torch.Tensor, indices: np.nd
             out[start:start + len(x), r] = torch.stack(z.chunk(2), 1).cpu()
     model.eval()
     return out
-
-
-def export(ctx) -> None:
-    """Phase-2 upload: every client that does not drop out sends rho pairs of twin views per
-    local sample through the frozen client module + MaxPool, once; stored as fp16 arrays (one
-    per client) with the bytes each client sent and the paper-convention bits."""
-    p, ex = ctx.exp.method, ctx.exp.method.export
-    model = build_client_module(p, ctx.image_shape, ctx.device)
-    ckpt = torch.load(ctx.input("pretrain") / "model.pt", map_location=ctx.device,
-                      weights_only=True)
-    model.load_state_dict(ckpt["model"])
-    images = train_data(ctx).images
-    clients = ctx.clients()
-    dropped = dropped_clients(len(clients), ex.client_dropout, p.seed)
-    augment = BatchAugment(p.augment, ctx.image_shape[-1])
-    per_client = []
-    for m, idx in enumerate(clients):
-        row = {"client": m, "samples": len(idx), "dropped": m in dropped, "bytes_sent": 0,
-               "numel_sent": 0, "bits_paper": 0.0}
-        if m not in dropped:
-            reps = export_client(model, images, idx, augment, ex.pairs, ex.batch_pairs, p.seed,
-                                 m, ex.bn_export_mode, ex.tn_pairing)
-            np.save(ctx.out / f"client_{m}.npy", reps.numpy())
-            np.save(ctx.out / f"client_{m}_index.npy", np.asarray(idx))
-            row.update(bytes_sent=reps.numel() * reps.element_size(), numel_sent=reps.numel(),
-                       shape=list(reps.shape),
-                       bits_paper=costs.phase2_bits(pre_pool_numel(model, ctx.image_shape),
-                                                    len(idx), ex.pairs))
-        per_client.append(row)
-        print(f"client {m}: " + ("dropped, sends nothing" if m in dropped
-                                 else f"{row['bytes_sent']} bytes"), flush=True)
-    manifest = {"pairs": ex.pairs, "dtype": "float16", "dropped_clients": dropped,
-                "bn_export_mode": ex.bn_export_mode, "tn_pairing": ex.tn_pairing,
-                "per_client": per_client,
-                "total_bytes_sent": sum(r["bytes_sent"] for r in per_client)}
-    write_json(ctx.out / "manifest.json", manifest)
-    ctx.info.update(dropped_clients=dropped, total_bytes_sent=manifest["total_bytes_sent"])
 
 
 # ---------------------------------------------------------------------------- rServer
@@ -318,34 +278,3 @@ def pre_pool_numel(model: ClientAutoencoder, image_shape) -> int:
     return math.prod(model.prepool_shape(*image_shape[1:]))
 
 
-# ---------------------------------------------------------------------------- costs
-def _client_costs(p, shape, samples, rounds, sent, export: list[dict]) -> list[dict]:
-    """Per-client MFCL costs: phase-1 training and traffic, plus the one-shot export."""
-    ae = build_client_module(p, shape, torch.device("cpu")).train()
-    kind = p.phase1.loss
-    return costs.mfcl_client_costs(
-        ae, costs.probe_batch(shape), lambda logits, x: reconstruction_loss(logits, x, kind),
-        p.phase1.batch_pairs, samples, rounds, p.phase1.local_epochs, p.export.pairs,
-        [c["dropped"] for c in export], [b + c["bytes_sent"] for b, c in zip(sent, export)],
-        pre_pool_numel(ae, shape))
-
-
-def client_costs(ctx) -> list[dict]:
-    traffic = costs.ledger_of(ctx.input("pretrain"), [len(c) for c in ctx.clients()])
-    export = json.loads((ctx.input("export") / "manifest.json").read_text())["per_client"]
-    return _client_costs(ctx.exp.method, ctx.image_shape, traffic.samples, traffic.rounds,
-                         traffic.sent, export)
-
-
-def projected_costs(exp, part, dataset: str) -> dict:
-    """The average client at full scale (Tab. 3's setting): the autoencoder down and up in each
-    of its rounds and the fp16 export of rho twin pairs per sample."""
-    p, shape = exp.method, IMAGE_SHAPES[dataset]
-    n = costs.average_client_samples(part, dataset)
-    model = build_client_module(p, shape, torch.device("cpu"))
-    with torch.no_grad():
-        view = model.eval().encode(torch.zeros(2, *shape))[0]
-    rounds = round(p.phase1.client_fraction * p.phase1.rounds)
-    sent = 2 * nbytes(model.state_dict()) * rounds
-    export = [{"dropped": False, "bytes_sent": n * p.export.pairs * 2 * view.numel() * 2}]
-    return costs.summarize_client_costs(_client_costs(p, shape, [n], [rounds], [sent], export))

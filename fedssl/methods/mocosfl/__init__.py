@@ -150,14 +150,19 @@ class MocoSfl(Method):
     params = MocoSflParams
     steps = (
         Step("pretrain", reads=TRAINING,
-             plots=("rounds.tsv", "steps.tsv", "misalignment.png")),
+             plots=("rounds.tsv", "steps.tsv", "misalignment.png"),
+             runner="fedssl.methods.mocosfl.run:pretrain"),
         Step("inversion", reads=("partition", "method.seed", "method.backbone", "method.cut",
                                  "method.inversion"),
-             inputs=(DATA, PARTITION, "pretrain"), plots=("inversion.png",)),
+             inputs=(DATA, PARTITION, "pretrain"), plots=("inversion.png",),
+             runner="fedssl.methods.mocosfl.run:inversion"),
     )
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.backbone", "method.cut")
     encoder_builder = "fedssl.methods.mocosfl.run:encoder_skeleton"
+    encoder_hook = "fedssl.methods.mocosfl.run:encoder"
+    report_tables = "fedssl.methods.mocosfl.report:tables"
+    report_figures = "fedssl.methods.mocosfl.report:figures"
 
     def row_label(self, params) -> str:
         layer = paper_layer(params)
@@ -166,23 +171,3 @@ class MocoSfl(Method):
 
     def arch(self, params) -> str:
         return f"{params.backbone.arch}-gnws"
-
-    def pretrain(self, ctx) -> None:
-        from fedssl.methods.mocosfl import run
-        run.pretrain(ctx)
-
-    def inversion(self, ctx) -> None:
-        from fedssl.methods.mocosfl import run
-        run.inversion(ctx)
-
-    def encoder(self, ctx):
-        from fedssl.methods.mocosfl import run
-        return run.encoder(ctx)
-
-    def tables(self, rows: list[dict]) -> dict[str, str]:
-        from fedssl.methods.mocosfl import report
-        return report.tables(rows)
-
-    def figures(self, rows: list[dict], out_dir) -> dict[str, str]:
-        from fedssl.methods.mocosfl import report
-        return report.figures(rows, out_dir)

@@ -12,7 +12,6 @@ import csv
 import statistics
 from pathlib import Path
 
-from fedssl.pipeline import results_dir
 from fedssl.report_format import markdown_table, mean_sd, number, save_figure, sd_note, to_float
 
 VARIANTS = (("mocosfl", "MocoSFL"), ("monacosfl", "MonAcoSFL"))
@@ -45,16 +44,10 @@ def _where(key, rows) -> list[str]:
 def step_results(rows: list[dict]) -> dict[tuple[str, str], Path]:
     """(experiment, step) -> the folder of committed results its step wrote. A step shared by
     experiments of the same content is named after (and writes under) its owner, which may be
-    another experiment than the row's."""
-    from fedssl.pipeline import Dag
-    names = list(dict.fromkeys(r["experiment"] for r in rows))
-    dag = Dag(None, experiments=names)
-    out = {}
-    for name in names:
-        for stage in dag.of_experiment[name]:
-            kind, owner = stage.split("__", 1)
-            out[(name, kind)] = Path(results_dir(owner))
-    return out
+    another experiment than the row's: the report's rows say which
+    (:class:`fedssl.plan.layout.ReportRow`)."""
+    return {(r["experiment"], kind): Path(folder) for r in rows
+            for kind, folder in getattr(r, "step_results", {}).items()}
 
 
 def steps_of(where: dict, experiment: str) -> list[dict]:

@@ -125,7 +125,8 @@ class MpFedcon(Method):
     name = "mpfedcon"
     label = "MpFedcon"
     params = MpFedconParams
-    steps = (Step("train", reads=("partition", "method"), plots=("rounds.tsv",)),)
+    steps = (Step("train", reads=("partition", "method"), plots=("rounds.tsv",),
+                  runner="fedssl.methods.mpfedcon.train:train"),)
     evaluation_sections = ("personal",)
     personal_inputs = ("train",)
     report_tables = "fedssl.methods.mpfedcon.tables:paper_tables"
@@ -147,8 +148,3 @@ class MpFedcon(Method):
             f"-fc{'-'.join(map(str, n.hidden))}"
         proj = f"P{n.projection[0]}-{n.projection[1]}" if n.projection else "noP"
         return f"{base}/{proj}/O"
-
-    def train(self, ctx) -> None:
-        from fedssl.methods.mpfedcon import train
-        train.train(ctx)
-

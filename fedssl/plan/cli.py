@@ -1,0 +1,53 @@
+"""The planning command line: ``python -m fedssl.pipeline write | check | commit | accept |
+show`` (see ``--help``)."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from fedssl import params as P
+from fedssl.plan.dag import Dag
+from fedssl.plan.dvcfile import check, commit_ran, dvc_file, owners, write_all
+from fedssl.plan.freshness import accept
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fedssl.pipeline",
+                                 description="the pipelines' DAG: generate, check and record")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    write = sub.add_parser("write", help="regenerate dvc.yaml and pipelines/*/dvc.yaml of the "
+                           "pipelines run so far (and of those named)")
+    write.add_argument("pipelines", nargs="*", help="also write these pipelines' dvc.yaml")
+    sub.add_parser("check", help="validate and regenerate; fail when the shape changed")
+    sub.add_parser("commit", help="dvc-commit the stages Snakemake ran")
+    acc = sub.add_parser("accept", help="declare stages up to date without running them "
+                         "(after an edit that cannot change their outputs)")
+    acc.add_argument("pipeline")
+    acc.add_argument("stages", nargs="*", help="only these (default: every stale stage)")
+    show = sub.add_parser("show", help="list a pipeline's stages")
+    show.add_argument("pipeline", nargs="?", default="default")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "write":
+            for p in write_all(also=tuple(args.pipelines)):
+                print(f"wrote {p}")
+        elif args.cmd == "check":
+            return check()
+        elif args.cmd == "commit":
+            commit_ran()
+        elif args.cmd == "accept":
+            names = accept(Dag(args.pipeline), args.stages or None)
+            print("accepted: " + (", ".join(names) or "nothing was stale"))
+            if names and Path(".dvc").is_dir():
+                owner = owners()
+                subprocess.run(["dvc", "commit", "--force", "--quiet",
+                                *[f"{dvc_file(owner[n][0])}:{n}" for n in names if n in owner]])
+        else:
+            for name in Dag(args.pipeline).stages:
+                print(name)
+    except P.ParamsError as e:
+        print(e, file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,300 @@
+"""The DAG: the one place that says which stages exist, what each runs, reads and writes.
+
+The Snakefile builds its rules from :class:`Dag`; ``dvc.yaml`` (and one file per other pipeline
+that was run, under ``pipelines/``) is generated from it (:mod:`fedssl.plan.dvcfile`) and a test
+fails when the checked-in files drift from it. Stages come from the experiments' methods (the
+registry in :mod:`fedssl.methods`) plus the shared ones: prepare data, partition, features,
+evaluate, personal, costs, report. A per-experiment stage is named after the experiment that
+owns its content (:meth:`Dag.owners`), so experiments that differ only downstream share it.
+
+What decides a rerun is the same for both front ends: a stage's command, the raw params keys it
+reads in every layer of its presets (:meth:`fedssl.presets.Presets.tracked`), the code it runs
+and its inputs. A stage's code is what its entry modules import (:mod:`fedssl.codegraph`): its
+stage script, the method's declaration and, by name, only the module of the hook it runs (a
+step's ``runner``, the ``encoder``, ``client_costs`` or report functions), so a method's report
+code is not a dependency of its training and the reverse. DVC compares these itself; for
+Snakemake every stage has a *fingerprint* of the same things (:meth:`Dag.fingerprint`, checked
+by :mod:`fedssl.plan.freshness`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedssl import params as P
+from fedssl.codegraph import code_files
+from fedssl.methods import registry
+from fedssl.methods.base import DATA, PARTITION
+from fedssl.plan.fingerprint import hash_file, recorded
+from fedssl.plan.layout import (data_dir, experiment_dir, owner_of, partition_dir,
+                                report_artifacts_dir, report_dir, results_dir)
+from fedssl.presets import (PARAMS_DIR, PIPELINES_FILE, Presets, check_partition_fits, lookup,
+                            raw_values)
+
+# What the shared per-experiment stages read of an experiment (the method adds its own keys).
+FEATURE_READS = ("features",)
+EVALUATE_READS = ("linear_probe", "knn")
+FINETUNE_READS = ("finetune",)
+PERSONAL_READS = ("personal",)
+REPORT_READS = ("title", "partition", "method")
+
+
+@dataclass
+class Stage:
+    name: str
+    kind: str
+    cmd: str
+    out: str                                   # the stage's output directory (holds meta.json)
+    deps: list[str] = field(default_factory=list)      # artifacts of upstream stages
+    upstream: list[str] = field(default_factory=list)  # names of those stages
+    params: dict[str, list[str] | None] = field(default_factory=dict)  # file -> keys (None=all)
+    code: list[str] = field(default_factory=list)      # project files its code imports
+    gpu: bool = False
+    # Small result files committed with the code (DVC outs with cache: false)
+    results: list[str] = field(default_factory=list)
+    metrics: list[str] = field(default_factory=list)
+    plots: list[str] = field(default_factory=list)
+
+    @property
+    def committed(self) -> list[str]:
+        return self.results + self.metrics + self.plots
+
+
+def _entry(kind: str) -> str:
+    return f"stages.{kind}"
+
+
+class Dag:
+    """The stages of one pipeline (or of some experiments), upstream first, validated against
+    their params files."""
+
+    def __init__(self, pipeline: str | None = None, root: Path = PARAMS_DIR,
+                 experiments: list[str] | None = None, presets: Presets | None = None):
+        """The stages of ``pipeline`` (from pipelines.yaml) with its report, or, with
+        ``experiments``, just those experiments' stages (all a stage script needs)."""
+        self.pipeline, self.root = pipeline, Path(root)
+        self.presets = presets or Presets(self.root)
+        self.row, self.column = "method", "partition"  # the report's pivot
+        if experiments is None:
+            pipelines = self.presets.pipelines()
+            if pipeline not in pipelines.pipelines:
+                raise P.ParamsError(f"{self.root / PIPELINES_FILE}: no pipeline '{pipeline}' "
+                                    f"(known: {', '.join(pipelines.pipelines)})")
+            spec = pipelines.spec(pipeline)
+            self.row, self.column = spec.row, spec.column
+            experiments = self.presets.pipeline_experiments(pipeline)
+        self.experiments = experiments
+        self.stages: dict[str, Stage] = {}
+        self.of_experiment: dict[str, list[str]] = {}  # experiment -> its stages (shared too)
+        self.content: dict[str, str] = {}  # per-experiment stage -> the key of its content
+        self._owners: dict[tuple[str, str], str] | None = None
+        for exp in self.experiments:
+            self._add_experiment(exp)
+        if pipeline is not None and not self.stages.get(f"report__{pipeline}"):
+            self._add_report()
+
+    # ------------------------------------------------------------------ stage scripts
+    @classmethod
+    def for_stage(cls, kind: str, name: str, root: Path = PARAMS_DIR) -> tuple["Dag", str]:
+        """The smallest DAG that holds stage ``<kind>__<name>``: a data set's or a partition's
+        own stages, an experiment's stage of that kind (maybe shared, named after the
+        experiment that owns its content), or a pipeline's report. Returns (dag, stage name)."""
+        presets = Presets(root)
+        if kind == "report":
+            return cls(name, root, presets=presets), f"report__{name}"
+        dag = cls(None, root, experiments=[], presets=presets)
+        if kind in ("prepare_data", "partition"):
+            {"prepare_data": dag._add_dataset, "partition": dag._add_partition}[kind](name)
+            return dag, f"{kind}__{name}"
+        dag._add_experiment(name)
+        mine = [s for s in dag.of_experiment[name] if dag.stages[s].kind == kind]
+        if not mine:
+            raise P.ParamsError(f"experiment '{name}' has no stage '{kind}' (its stages: "
+                                f"{', '.join(dag.of_experiment[name])})")
+        return dag, mine[0]
+
+    # ------------------------------------------------------------------ building
+    def _add(self, stage: Stage) -> None:
+        self.stages.setdefault(stage.name, stage)
+
+    def _add_dataset(self, name: str) -> str:
+        self.presets.load("dataset", name)  # validates it first
+        stage = f"prepare_data__{name}"
+        if stage in self.stages:
+            return stage
+        self._add(Stage(stage, "prepare_data", f"python -m stages.prepare_data {name}",
+                        data_dir(name), params=self.presets.tracked("dataset", name, None),
+                        code=code_files(_entry("prepare_data"))))
+        return stage
+
+    def _add_partition(self, name: str) -> str:
+        part = self.presets.load("partition", name)
+        dataset = self.presets.load("dataset", part.dataset)
+        check_partition_fits(part, self.presets.resolve("partition", name).where, dataset.name)
+        up = self._add_dataset(part.dataset)
+        stage = f"partition__{name}"
+        self._add(Stage(stage, "partition", f"python -m stages.partition {name}",
+                        partition_dir(name), deps=[data_dir(part.dataset)], upstream=[up],
+                        params=self.presets.tracked("partition", name, None),
+                        code=code_files(_entry("partition"))))
+        return stage
+
+    def _exp_stage(self, kind: str, exp_name: str, entry: str, reads: tuple[str, ...],
+                   inputs: list[str], modules: list[str], gpu: bool) -> Stage:
+        """A per-experiment stage reading ``inputs`` (names of upstream stages). It is named
+        after the experiment that owns its content (:meth:`owner`), so experiments that differ
+        only downstream of it share it."""
+        reads = _with_name(reads)
+        key = content_key(kind, self._values(exp_name, reads),
+                          [self.content.get(u, u) for u in inputs])
+        owner = self.owners().get((kind, key), exp_name)
+        name = f"{kind}__{owner}"
+        if name not in self.stages:
+            self.content[name] = key
+            cmd = f"python -m {entry} {owner}".replace("stages.method ",
+                                                       f"stages.method {kind} ")
+            self._add(Stage(name, kind, cmd, f"{experiment_dir(owner)}/{kind}",
+                            deps=[self.stages[u].out for u in inputs], upstream=list(inputs),
+                            params=self.presets.tracked("experiment", owner, reads),
+                            code=code_files(*modules), gpu=gpu))
+        self.of_experiment.setdefault(exp_name, []).append(name)
+        return self.stages[name]
+
+    def _values(self, exp_name: str, reads: tuple[str, ...]) -> dict:
+        dump = self.presets.load("experiment", exp_name).model_dump(mode="json")
+        return {r: lookup(dump, r) for r in reads}
+
+    def _add_experiment(self, exp_name: str) -> None:
+        exp = self.presets.load("experiment", exp_name)
+        if self.column != "partition":
+            try:
+                P.setting(exp, self.column)
+            except P.ParamsError as e:
+                raise P.ParamsError(f"{self.root / PIPELINES_FILE}: pipelines.{self.pipeline}"
+                                    f".column: {e} of '{exp_name}'") from None
+        part = self.presets.load("partition", exp.partition)
+        method = registry.get(exp.method.name)
+        declaration = registry.module_of(method.name)
+        sources = {DATA: f"prepare_data__{part.dataset}",
+                   PARTITION: self._add_partition(exp.partition)}
+
+        def add(kind, reads, inputs, gpu, entry=None, calls_method=True) -> Stage:
+            """The stage runs its script and, when it calls the method, the method's declaration
+            and the module of the hook it calls."""
+            entry = _entry(entry or kind)
+            modules = [entry, *([declaration, *method.hook_modules(exp.method, kind)]
+                                if calls_method else [])]
+            stage = self._exp_stage(kind, exp_name, entry, reads,
+                                    [sources[i] for i in inputs], modules, gpu)
+            sources[kind] = stage.name
+            return stage
+
+        for step in method.steps_for(exp.method):
+            stage = add(step.name, step.reads, step.inputs, step.gpu, entry="method")
+            results = results_dir(owner_of(stage.out))
+            stage.plots = [f"{results}/{p}" for p in step.plots]
+            stage.metrics = [f"{results}/{m}" for m in step.metrics]
+        encoder_inputs = method.encoder_inputs_for(exp.method)
+        if "personal" in method.evaluation_sections:
+            personal = add("personal", PERSONAL_READS, (PARTITION, *method.personal_inputs),
+                           False, calls_method=False)
+            personal.metrics = [f"{results_dir(owner_of(personal.out))}/metrics.json"]
+        if "features" in method.evaluation_sections:
+            add("features", FEATURE_READS + method.encoder_reads, (DATA, *encoder_inputs), True)
+            evaluate = add("evaluate", EVALUATE_READS, ("features",), True, calls_method=False)
+            evaluate.metrics = [f"{results_dir(owner_of(evaluate.out))}/metrics.json"]
+        if exp.finetune is not None:
+            finetune = add("finetune", FINETUNE_READS + method.encoder_reads,
+                           (DATA, *encoder_inputs), True)
+            results = results_dir(owner_of(finetune.out))
+            finetune.metrics = [f"{results}/finetune.json"]
+            finetune.plots = [f"{results}/finetune_epochs.tsv"]
+        costs_inputs = method.costs_inputs_for(exp.method)
+        if costs_inputs is not None:
+            add("costs", method.costs_reads, (PARTITION, *costs_inputs), False)
+
+    def owners(self) -> dict[tuple[str, str], str]:
+        """(stage kind, content key) -> the first experiment, by name, among every preset
+        (files and grid members) whose stage of that kind has that content: the stage's owner,
+        whichever pipeline runs it. Presets that do not validate own nothing."""
+        if self._owners is None:
+            self._owners = {}
+            scout = Dag(None, self.root, experiments=[], presets=self.presets)
+            scout._owners = {}
+            for name in sorted(self.presets.names("experiment")):
+                try:
+                    scout._add_experiment(name)
+                except P.ParamsError:
+                    continue
+            for name, key in scout.content.items():
+                kind, owner = name.split("__", 1)
+                self._owners.setdefault((kind, key), owner)
+        return self._owners
+
+    def _add_report(self) -> None:
+        """The report reads every experiment's metrics, the meta and traffic of its method's
+        steps, its costs, and the partitions' heat-maps."""
+        deps, upstream, params, modules = [], [], {}, {_entry("report")}
+        for exp in self.experiments:
+            exp_params = self.presets.load("experiment", exp)
+            method = registry.get(exp_params.method.name)
+            steps = {st.name for st in method.steps_for(exp_params.method)}
+            for name in self.of_experiment[exp]:
+                s = self.stages[name]
+                if s.kind != "features":
+                    upstream.append(name)
+                    # a method step's meta and traffic are read, besides any metrics it wrote
+                    deps += [*s.metrics, s.out] if s.kind in steps else (s.metrics or [s.out])
+            for file, keys in self.presets.tracked("experiment", exp, REPORT_READS).items():
+                merged = params.get(file, [])
+                params[file] = None if keys is None or merged is None else \
+                    merged + [k for k in keys if k not in merged]
+            modules.add(registry.module_of(method.name))
+            modules.update(method.hook_modules(exp_params.method, "report"))
+        parts = [s for s in self.stages.values() if s.kind == "partition"]
+        deps += [s.out for s in parts]
+        upstream += [s.name for s in parts]
+        params[str(self.root / PIPELINES_FILE)] = [f"pipelines.{self.pipeline}"]
+        out = report_dir(self.pipeline)
+        self._add(Stage(f"report__{self.pipeline}", "report",
+                        f"python -m stages.report {self.pipeline}",
+                        report_artifacts_dir(self.pipeline), deps=deps, upstream=upstream,
+                        params=params, code=code_files(*sorted(modules)),
+                        results=[f"{out}/report.md", f"{out}/report.csv", f"{out}/report.json"],
+                        plots=[f"{out}/curves.png"]))
+
+    # ------------------------------------------------------------------ fingerprints
+    def fingerprint_inputs(self, name: str) -> dict:
+        """What a stage's output depends on, as both front ends see it: its command, the raw
+        params values it reads, the hashes of the code it imports, and the output digests
+        its upstream stages recorded."""
+        s = self.stages[name]
+        return {"cmd": s.cmd, "params": raw_values(s.params),
+                "code": {c: hash_file(Path(c)) for c in s.code},
+                "upstream": {u: recorded(self.stages[u], "output_digest") for u in s.upstream}}
+
+    def fingerprint(self, name: str) -> str:
+        payload = json.dumps(self.fingerprint_inputs(name), sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    def param_values(self, s: Stage) -> dict:
+        """What the stage ran with, for its meta.json: the raw values it reads."""
+        return raw_values(s.params)
+
+
+def content_key(kind: str, values: dict, inputs: list[str]) -> str:
+    """What determines a stage's output: its kind, the resolved params it reads (defaults
+    included) and what determines its inputs."""
+    payload = json.dumps([kind, values, inputs], sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _with_name(reads: tuple[str, ...]) -> tuple[str, ...]:
+    """A stage reading anything of the method section also reads which method it is."""
+    if any(r.startswith("method.") for r in reads) and "method" not in reads:
+        return ("method.name", *reads)
+    return reads
+
+

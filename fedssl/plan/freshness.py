@@ -1,0 +1,111 @@
+"""When a stage must run, the same for both front ends, and Snakemake's view of it.
+
+DVC compares each stage's command, params, code and inputs itself. For Snakemake every stage
+has a *fingerprint* (:meth:`fedssl.plan.dag.Dag.fingerprint`): a hash of the same command,
+params values and code, and of the *output digests* its upstream stages recorded in their
+``meta.json``; a stage records the fingerprint it ran with (and what went into it) in its own
+``meta.json``. Before Snakemake plans, :func:`sync_receipts` compares them, says why each stale
+stage must run, and gives Snakemake its view of the DAG: each rule's output is a receipt file
+that exists, dated 1970, when the stage is up to date, and is removed when it must run.
+Snakemake never sees the real outputs, so it cannot delete them before a job (stages replace
+their outputs atomically, on success only), file times restored by ``dvc checkout`` do not
+matter, and after one front end ran the other sees nothing to do.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from fedssl.data.sources import missing_data
+from fedssl.params import ParamsError
+from fedssl.plan.dag import Dag
+from fedssl.plan.layout import ARTIFACTS
+
+STAMPS = ARTIFACTS / ".receipts"
+RAN_LOG = STAMPS / "ran-by-snakemake"
+
+
+def why_stale(dag: Dag, name: str) -> list[str]:
+    """Why a stage must run, by what changed since its last run (empty: up to date)."""
+    stage = dag.stages[name]
+    try:
+        meta = json.loads((Path(stage.out) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return ["not run yet"]
+    if meta.get("fingerprint") == dag.fingerprint(name):
+        return []
+    old, new = meta.get("inputs", {}), dag.fingerprint_inputs(name)
+    reasons = ["command changed"] if old.get("cmd") != new["cmd"] else []
+    for file, values in new["params"].items():
+        before = old.get("params", {}).get(file, {})
+        keys = values if isinstance(values, dict) and isinstance(before, dict) else {}
+        changed = [k for k in keys if before.get(k) != values[k]] if keys else (
+            [] if before == values else ["(whole file)"])
+        reasons += [f"params {file}: {k}" for k in changed]
+    code = [f for f in new["code"] if old.get("code", {}).get(f) != new["code"][f]]
+    reasons += [f"code {f}" for f in code]
+    reasons += [f"input of {u} changed" for u, d in new["upstream"].items()
+                if old.get("upstream", {}).get(u) != d]
+    return reasons or ["its recorded fingerprint differs"]
+
+
+def stale_stages(dag: Dag) -> dict[str, list[str]]:
+    """Stages that must run, with why: what changed, or an upstream stage that must run."""
+    stale: dict[str, list[str]] = {}
+    for name, stage in dag.stages.items():  # upstream first
+        reasons = why_stale(dag, name)
+        reasons += [f"{u} will run" for u in stage.upstream if u in stale]
+        if reasons:
+            stale[name] = reasons
+    return stale
+
+
+def receipt(name: str) -> Path:
+    return STAMPS / f"{name}.done"
+
+
+def sync_receipts(dag: Dag) -> dict[str, list[str]]:
+    """Snakemake's view of the DAG (see module doc): each stage's receipt exists, dated 1970,
+    when the stage is up to date, and is removed when it must run (so Snakemake runs it and
+    everything after it). Returns the stages that must run, with why."""
+    STAMPS.mkdir(parents=True, exist_ok=True)
+    stale = stale_stages(dag)
+    for name in dag.stages:
+        path = receipt(name)
+        if name in stale:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text("up to date\n")
+            os.utime(path, (0, 0))
+    return stale
+
+
+def check_data(dag: Dag) -> None:
+    """Before running: every data set a stale prepare stage will read must be there (the
+    message says how to get it), so a missing one stops a front end before any stage."""
+    for stage in dag.stages.values():
+        if stage.kind == "prepare_data" and why_stale(dag, stage.name):
+            name = stage.name.split("__", 1)[1]
+            params = dag.presets.load("dataset", name)
+            problem = missing_data(params.name, params.data_root, params.download)
+            if problem:
+                where = dag.presets.resolve("dataset", name).where
+                raise ParamsError(f"{where}: data set not available: {problem}")
+
+
+def accept(dag: Dag, names: list[str] | None = None) -> list[str]:
+    """Declare stages up to date without running them: their recorded fingerprint becomes the
+    current one (e.g. after an edit of code or params that cannot change their outputs, such
+    as a comment). Only stages whose outputs exist; upstream first. Returns the stages accepted
+    (then `dvc commit` them for DVC). The outputs are not checked: use with care."""
+    accepted = []
+    for name, stage in dag.stages.items():
+        meta_path = Path(stage.out) / "meta.json"
+        if (names and name not in names) or not meta_path.exists() or not why_stale(dag, name):
+            continue
+        meta = json.loads(meta_path.read_text())
+        meta.update(fingerprint=dag.fingerprint(name), inputs=dag.fingerprint_inputs(name))
+        meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True, default=float) + "\n")
+        accepted.append(name)
+    return accepted

@@ -1,0 +1,110 @@
+"""Each stage depends on the code it runs, in both front ends: editing a method's report table
+module reruns only report stages, editing one paper's cost formulas reruns only the cost stages
+that use them (and the reports), and editing the freshness rules or the dvc.yaml writer reruns
+nothing. On a tiny project with FedSimCLR (costed in MFCL's Tab. 3 conventions) and FedMoCo (an
+LW-FedSSL-family method: LW-FedSSL's App. A formulas and Tab. 3 layout)."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures import make_tiny_project, run
+from tests.lwfedssl_fixtures import TINY_PARTITION, tiny_text
+
+pytestmark = pytest.mark.timeout(900)
+PIPELINES = ("default", "deps")
+
+
+def planned(project: Path) -> set[str]:
+    """Jobs Snakemake dry runs of both pipelines would execute."""
+    jobs = set()
+    for pipeline in PIPELINES:
+        out = run(["snakemake", "-n", "--cores", "1", "--config", f"pipeline={pipeline}"],
+                  project).stdout
+        jobs |= {m.group(1) for m in re.finditer(r"^(\w+__\w+)\s+\d+$", out, re.M)}
+    return jobs
+
+
+def dvc_stale(project: Path) -> set[str]:
+    """Stages of every dvc.yaml that DVC sees changed, but its `dag` check."""
+    out = run(["dvc", "status", "--json"], project).stdout
+    return {k.split(":")[-1] for k in json.loads(out or "{}")} - {"dag"}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """Both pipelines computed in this process (one torch import), then recorded for DVC as
+    the front ends leave it."""
+    import importlib
+    import os
+    import sys
+    root = make_tiny_project(tmp_path_factory.mktemp("deps"))
+    params = root / "params"
+    (params / "partitions" / "tiny_iid_m3_srv.yaml").write_text(TINY_PARTITION)
+    (params / "experiments" / "tiny_fedmoco.yaml").write_text(tiny_text("fedmoco"))
+    with open(params / "pipelines.yaml", "a") as f:
+        f.write("  deps: [tiny_simclr, tiny_fedmoco]\n")
+    run(["python", "-m", "fedssl.pipeline", "write", "deps"], root)
+    cwd, path = os.getcwd(), list(sys.path)
+    os.chdir(root)
+    sys.path.insert(0, str(root))
+    try:
+        from fedssl.plan.dag import Dag
+        from fedssl.plan.freshness import why_stale
+        for pipeline in PIPELINES:
+            dag = Dag(pipeline)
+            for name, stage in dag.stages.items():
+                if why_stale(dag, name):
+                    _, _, module, *args = stage.cmd.split()
+                    importlib.import_module(module).run(args)
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = path
+    run(["python", "-m", "fedssl.pipeline", "write"], root)  # the new results' metrics join
+    run(["python", "-m", "fedssl.pipeline", "check"], root)  # the DAG check every stage reads
+    run(["dvc", "commit", "--force", "--quiet"], root)
+    return root
+
+
+def edited(project: Path, file: str) -> tuple[set[str], set[str]]:
+    """(Snakemake's jobs, DVC's stale stages) after appending a comment to ``file``; the file
+    is restored after, and both front ends then see nothing to do again."""
+    path = project / file
+    good = path.read_text()
+    try:
+        path.write_text(good + "# an edit\n")
+        return planned(project), dvc_stale(project)
+    finally:
+        path.write_text(good)
+        assert planned(project) == set() and dvc_stale(project) == set()
+
+
+def test_both_front_ends_start_with_nothing_to_do(project):
+    assert planned(project) == set() and dvc_stale(project) == set()
+
+
+def test_editing_a_table_module_reruns_only_the_reports(project):
+    jobs, stale = edited(project, "fedssl/methods/lwfedssl/tables.py")
+    assert jobs == stale == {"report__deps"}
+
+
+@pytest.mark.parametrize("formulas, costs", [
+    ("fedssl/methods/lwfedssl/paper_costs.py", "costs__tiny_fedmoco"),
+    ("fedssl/methods/mfcl/paper_costs.py", "costs__tiny_simclr"),
+], ids=["LW-FedSSL App. A", "MFCL Tab. 3"])
+def test_editing_a_papers_cost_formulas_reruns_only_its_costs_and_reports(project, formulas,
+                                                                         costs):
+    jobs, stale = edited(project, formulas)
+    reports = {"report__default", "report__deps"} if costs == "costs__tiny_simclr" else \
+        {"report__deps"}
+    assert stale == {costs}  # DVC learns about the reports when it has run the costs
+    assert jobs == {costs} | reports
+
+
+@pytest.mark.parametrize("file", ["fedssl/plan/dvcfile.py", "fedssl/plan/freshness.py",
+                                  "fedssl/plan/cli.py", "fedssl/pipeline.py"])
+def test_editing_the_dvc_writer_or_the_freshness_rules_reruns_nothing(project, file):
+    assert edited(project, file) == (set(), set())

@@ -1,0 +1,113 @@
+"""The library's import graph: no cycles, method packages that only declare, a stage runtime
+that does not reach the freshness rules or the dvc.yaml writer, and every hook a method names
+resolves to a function."""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from fedssl import codegraph
+from fedssl.methods import registry
+from fedssl.methods.base import Method
+from tests.fixtures import REPO
+
+# Planning and stage-runtime modules a method must not import (types under TYPE_CHECKING and
+# the exception in fedssl.runtime excepted).
+ABOVE_THE_METHODS = ("fedssl.plan", "fedssl.pipeline", "fedssl.stage", "fedssl.presets",
+                     "fedssl.experiment", "fedssl.costs.__main__", "stages")
+
+
+@pytest.fixture(autouse=True)
+def _at_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+    codegraph.clear_cache()
+
+
+@pytest.mark.parametrize("top_level", [False, True], ids=["all imports", "module level"])
+def test_the_library_has_no_import_cycle(top_level):
+    graph = codegraph.import_graph(top_level=top_level)
+    assert "fedssl.plan.dag" in graph and "fedssl.methods.base" in graph
+    assert codegraph.cycles(graph) == []
+
+
+def test_the_cycles_command_finds_a_cycle_and_ignores_type_only_imports(tmp_path, monkeypatch,
+                                                                       capsys):
+    pkg = tmp_path / "fedssl"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from fedssl import b\n")
+    (pkg / "b.py").write_text("def f():\n    from fedssl.c import g\n")
+    (pkg / "c.py").write_text("from fedssl.a import x\n")
+    (pkg / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from fedssl.e import T\n")
+    (pkg / "e.py").write_text("import fedssl.d\n")
+    graph = codegraph.import_graph(tmp_path)
+    assert codegraph.cycles(graph) == [["fedssl.a", "fedssl.b", "fedssl.c"]]
+    assert codegraph.circle(graph, ["fedssl.a", "fedssl.b", "fedssl.c"]) == [
+        "fedssl.a", "fedssl.b", "fedssl.c", "fedssl.a"]
+    assert codegraph.cycles(codegraph.import_graph(tmp_path, top_level=True)) == []
+    monkeypatch.chdir(tmp_path)
+    assert codegraph.main(["cycles"]) == 1
+    assert "fedssl.a -> fedssl.b -> fedssl.c -> fedssl.a" in capsys.readouterr().out
+    assert codegraph.main(["cycles", "--top-level"]) == 0
+
+
+def test_nothing_under_methods_imports_planning_or_the_stage_runtime():
+    graph = codegraph.import_graph()
+    upward = {(m, i) for m, imported in graph.items() if m.startswith("fedssl.methods")
+              for i in imported if i.startswith(ABOVE_THE_METHODS)}
+    assert upward == set()
+
+
+def method_packages() -> list[Path]:
+    return sorted(p.parent for p in (REPO / "fedssl" / "methods").glob("*/__init__.py"))
+
+
+@pytest.mark.parametrize("package", method_packages(), ids=lambda p: p.name)
+def test_a_method_package_init_only_declares(package):
+    """Its declaration reaches the shared declarations only: its training, report and cost
+    code are named by "module:function" strings, so no stage depends on them by accident."""
+    module = f"fedssl.methods.{package.name}"
+    shared = {"fedssl/__init__.py", "fedssl/params.py", "fedssl/methods/__init__.py",
+              "fedssl/methods/base.py", "fedssl/methods/registry.py",
+              f"fedssl/methods/{package.name}/__init__.py"}
+    assert set(codegraph.code_files(module)) == shared
+
+
+def test_the_stage_runtime_does_not_reach_freshness_or_the_dvc_writer():
+    runtime = set(codegraph.code_files("stages.method", "stages.report", "stages.costs"))
+    assert "fedssl/plan/dag.py" in runtime and "fedssl/plan/layout.py" in runtime
+    for module in ("freshness", "dvcfile", "cli"):
+        assert f"fedssl/plan/{module}.py" not in runtime
+    assert "fedssl/pipeline.py" not in runtime
+
+
+def declared_hooks(method: Method) -> list[str]:
+    hooks = [s.runner for s in method.steps if s.runner]
+    hooks += [h for h in (method.encoder_hook, method.client_costs_hook,
+                          method.projected_costs_hook, method.report_tables,
+                          method.report_figures) if h]
+    return hooks
+
+
+@pytest.mark.parametrize("method", registry.all(), ids=lambda m: m.name)
+def test_every_declared_hook_is_a_function(method):
+    for hook in declared_hooks(method):
+        module, _, function = hook.partition(":")
+        assert callable(getattr(importlib.import_module(module), function)), hook
+    assert all(s.runner or callable(getattr(method, s.name, None)) for s in method.steps)
+
+
+def test_the_growing_methods_run_each_growth_stage_through_one_runner():
+    from fedssl.presets import Presets
+    method = registry.get("lw_fedssl")
+    exp = Presets(REPO / "params").load("experiment", "smoke_lw_fedssl")
+    steps = method.steps_for(exp.method)
+    assert [(s.name, s.runner, s.args) for s in steps] == [
+        (f"grow_{s}", "fedssl.methods.lwfedssl.run:grow", (s,))
+        for s in range(1, exp.method.vit.depth + 1)]
+    assert method.hook_modules(exp.method, "grow_2") == ["fedssl.methods.lwfedssl.run"]
+    assert method.hook_modules(exp.method, "costs") == ["fedssl.methods.lwfedssl.costs"]
+    assert method.hook_modules(exp.method, "report") == ["fedssl.methods.lwfedssl.tables"]
