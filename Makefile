@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test test-slurm bench generate readme clean
+.PHONY: install data run test lint format test-slurm bench generate readme clean
 
 install: $(INSTALLED) data
 
@@ -29,8 +29,17 @@ run: install
 	@echo; cat results/reports/default/report.md
 	@echo "Results: results/reports/default/ (report.md, .csv, .json) and results/experiments/*/metrics.json; artifacts in artifacts/"
 
-test: install
+test: install lint
 	pytest -q
+
+# Lint and format check (ruff); `make format` rewrites the files.
+lint: $(INSTALLED)
+	ruff check fedssl stages tests benchmarks
+	ruff format --check fedssl stages tests benchmarks
+
+format: $(INSTALLED)
+	ruff format fedssl stages tests benchmarks
+	ruff check --fix fedssl stages tests benchmarks
 
 # Opt-in: the pipeline through a real one-node SLURM cluster on localhost (root, Debian).
 test-slurm: install

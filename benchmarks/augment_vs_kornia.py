@@ -6,6 +6,7 @@ conversion inside its timing too). kornia is not a dependency of fedssl: ``pip i
 
     python benchmarks/augment_vs_kornia.py [--batch 512] [--repeats 20] [--threads N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,21 +21,26 @@ from fedssl.params import AugmentParams
 
 def kornia_pipeline(p: AugmentParams, size: int):
     import kornia.augmentation as K
+
     return K.AugmentationSequential(
-        K.RandomResizedCrop((size, size), scale=p.crop_scale, ratio=p.crop_ratio,
-                            same_on_batch=False),
+        K.RandomResizedCrop(
+            (size, size), scale=p.crop_scale, ratio=p.crop_ratio, same_on_batch=False
+        ),
         K.RandomHorizontalFlip(p=p.flip_p, same_on_batch=False),
-        K.ColorJitter(p.brightness, p.contrast, p.saturation, p.hue, p=p.jitter_p,
-                      same_on_batch=False),
+        K.ColorJitter(
+            p.brightness, p.contrast, p.saturation, p.hue, p=p.jitter_p, same_on_batch=False
+        ),
         K.RandomGrayscale(p=p.grayscale_p, same_on_batch=False),
     )
 
 
 def time_it(fn, device: torch.device, repeats: int, warmup: int = 3) -> float:
     """Median seconds per call."""
+
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+
     for _ in range(warmup):
         fn()
     sync()
@@ -64,11 +70,14 @@ def main() -> None:
 
     params = AugmentParams()  # SimCLR defaults; blur and solarize are off, as in kornia's list
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
-    print(f"torch {torch.__version__}, kornia {getattr(kornia, '__version__', '-')}, "
-          f"{torch.get_num_threads()} CPU threads, batch {args.batch} x 3 x {args.size}^2 uint8")
+    print(
+        f"torch {torch.__version__}, kornia {getattr(kornia, '__version__', '-')}, "
+        f"{torch.get_num_threads()} CPU threads, batch {args.batch} x 3 x {args.size}^2 uint8"
+    )
     for device in devices:
-        images = torch.randint(0, 256, (args.batch, 3, args.size, args.size), dtype=torch.uint8,
-                               device=device)
+        images = torch.randint(
+            0, 256, (args.batch, 3, args.size, args.size), dtype=torch.uint8, device=device
+        )
         gen = torch.Generator(device).manual_seed(0)
         ours = BatchAugment(params, args.size)
         t_ours = time_it(lambda: ours(images, gen), device, args.repeats)
@@ -76,8 +85,7 @@ def main() -> None:
         if kornia is not None:
             pipe = kornia_pipeline(params, args.size).to(device)
             t_k = time_it(lambda: pipe(to_float(images)), device, args.repeats)
-            line += (f" | kornia: {args.batch / t_k:12,.0f} images/s"
-                     f" | speed-up x{t_k / t_ours:.2f}")
+            line += f" | kornia: {args.batch / t_k:12,.0f} images/s | speed-up x{t_k / t_ours:.2f}"
         print(line, flush=True)
 
 

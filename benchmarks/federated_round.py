@@ -12,6 +12,7 @@ FedAvg.
 prints one line per scenario:
     <scenario>: conventional <N> img/s, ours <M> img/s, ratio <R>
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,11 +43,21 @@ from fedssl.presets import Presets
 
 # ----------------------------------------------------------------------------- conventional
 def pil_transform(a: AugmentParams, size: int, channels: int):
-    ops = [T.RandomResizedCrop(size, scale=a.crop_scale, ratio=a.crop_ratio),
-           T.RandomHorizontalFlip(a.flip_p),
-           T.RandomApply([T.ColorJitter(a.brightness, a.contrast,
-                                        a.saturation if channels == 3 else 0,
-                                        a.hue if channels == 3 else 0)], p=a.jitter_p)]
+    ops = [
+        T.RandomResizedCrop(size, scale=a.crop_scale, ratio=a.crop_ratio),
+        T.RandomHorizontalFlip(a.flip_p),
+        T.RandomApply(
+            [
+                T.ColorJitter(
+                    a.brightness,
+                    a.contrast,
+                    a.saturation if channels == 3 else 0,
+                    a.hue if channels == 3 else 0,
+                )
+            ],
+            p=a.jitter_p,
+        ),
+    ]
     if channels == 3:
         ops.append(T.RandomGrayscale(a.grayscale_p))
     return T.Compose(ops + [T.ToTensor()])
@@ -65,14 +76,19 @@ class TwoViews(Dataset):
         return self.transform(pil), self.transform(pil)
 
 
-def conventional_round(global_model, clients, images, transform, batch_size, lr, loss_fn,
-                       device, workers):
+def conventional_round(
+    global_model, clients, images, transform, batch_size, lr, loss_fn, device, workers
+):
     states, sizes = [], []
     for idx in clients:
         local = copy.deepcopy(global_model).to(device)
         opt = torch.optim.Adam(local.parameters(), lr=lr)
-        loader = DataLoader(TwoViews(images[idx], transform), batch_size=batch_size,
-                            shuffle=True, num_workers=workers)
+        loader = DataLoader(
+            TwoViews(images[idx], transform),
+            batch_size=batch_size,
+            shuffle=True,
+            num_workers=workers,
+        )
         for v1, v2 in loader:
             loss = loss_fn(local, v1.to(device), v2.to(device))
             opt.zero_grad()
@@ -81,8 +97,10 @@ def conventional_round(global_model, clients, images, transform, batch_size, lr,
         states.append({k: v.detach().clone() for k, v in local.state_dict().items()})
         sizes.append(len(idx))
     w = torch.tensor(sizes, dtype=torch.float32) / sum(sizes)
-    avg = {k: sum(wi * s[k].float() for wi, s in zip(w, states)).to(states[0][k].dtype)
-           for k in states[0]}
+    avg = {
+        k: sum(wi * s[k].float() for wi, s in zip(w, states)).to(states[0][k].dtype)
+        for k in states[0]
+    }
     global_model.load_state_dict(avg)
 
 
@@ -91,9 +109,14 @@ def our_round(model, clients, images_dev, trainer, lr):
     with tempfile.TemporaryDirectory() as tmp:
         cfg = FederationConfig(rounds=1, client_fraction=1.0, lr=lr)
         labels = torch.zeros(len(images_dev), dtype=torch.int64, device=images_dev.device)
-        fed = Federation(Strategy(cfg), LocalTraining(trainer),
-                         LocalData(images_dev, labels, clients), cfg, Path(tmp) / "ckpt.pt",
-                         "bench")
+        fed = Federation(
+            Strategy(cfg),
+            LocalTraining(trainer),
+            LocalData(images_dev, labels, clients),
+            cfg,
+            Path(tmp) / "ckpt.pt",
+            "bench",
+        )
         state = fed.start(model)
         fed.run_round(state)
     model.load_state_dict(state.server["global"])
@@ -113,6 +136,7 @@ def simclr_loss_eager(temperature):
     def loss(model, v1, v2):
         z = model(torch.cat([v1, v2]))
         return nt_xent(*z.chunk(2), temperature)
+
     return loss
 
 
@@ -125,8 +149,9 @@ def ae_loss_eager(model, v1, v2):
 def fmnist(max_per_client: int, num_clients: int, subset: int, seed: int = 0):
     split = load_dataset("fashion_mnist")["train"]
     pool = stratified_subset(split.labels, subset, seed)
-    local = split_clients(split.labels[pool], num_clients,
-                          DirichletScheme(alpha=0.1, min_per_client=10), seed)
+    local = split_clients(
+        split.labels[pool], num_clients, DirichletScheme(alpha=0.1, min_per_client=10), seed
+    )
     clients = [pool[ix][:max_per_client] for ix in local]
     return split.images, clients
 
@@ -146,83 +171,162 @@ def model_steps_alone(make_model, loss_eager, clients, batch_size, lr, image_sha
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+
     loss_eager(model, views, views).backward()  # warm-up
     return timed(run, device)
 
 
-def compare(name, make_model, make_trainer, loss_eager, augment, batch_size, lr, images,
-            clients, device, workers):
+def compare(
+    name,
+    make_model,
+    make_trainer,
+    loss_eager,
+    augment,
+    batch_size,
+    lr,
+    images,
+    clients,
+    device,
+    workers,
+):
     n_images = sum(len(c) for c in clients)
     transform = pil_transform(augment, images.shape[-1], images.shape[1])
     images_dev = torch.from_numpy(np.array(images)).to(device)
     # warm up both paths on one small client (allocations, vmap tracing, kernel selection)
     warm = [clients[0][:batch_size]]
-    conventional_round(make_model(), warm, images, transform, batch_size, lr, loss_eager,
-                       device, workers)
+    conventional_round(
+        make_model(), warm, images, transform, batch_size, lr, loss_eager, device, workers
+    )
     model = make_model()
     our_round(model, warm, images_dev, make_trainer(model), lr)
-    conv = timed(lambda: conventional_round(make_model(), clients, images, transform,
-                                            batch_size, lr, loss_eager, device, workers), device)
+    conv = timed(
+        lambda: conventional_round(
+            make_model(), clients, images, transform, batch_size, lr, loss_eager, device, workers
+        ),
+        device,
+    )
     model = make_model()
     trainer = make_trainer(model)
     ours = timed(lambda: our_round(model, clients, images_dev, trainer, lr), device)
-    alone = model_steps_alone(make_model, loss_eager, clients, batch_size, lr,
-                              images.shape[1:], device)
-    print(f"{name}: conventional {n_images / conv:.0f} img/s, ours {n_images / ours:.0f} img/s, "
-          f"ratio {conv / ours:.2f}", flush=True)
-    print(f"  (model steps alone on ready-made views: {n_images / alone:.0f} img/s, so a faster "
-          f"input pipeline alone could reach at most ratio {conv / alone:.2f})", flush=True)
+    alone = model_steps_alone(
+        make_model, loss_eager, clients, batch_size, lr, images.shape[1:], device
+    )
+    print(
+        f"{name}: conventional {n_images / conv:.0f} img/s, ours {n_images / ours:.0f} img/s, "
+        f"ratio {conv / ours:.2f}",
+        flush=True,
+    )
+    print(
+        f"  (model steps alone on ready-made views: {n_images / alone:.0f} img/s, so a faster "
+        f"input pipeline alone could reach at most ratio {conv / alone:.2f})",
+        flush=True,
+    )
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--max-per-client", type=int, default=None,
-                    help="cap each client's samples (default: 400 on CPU, all on CUDA)")
-    ap.add_argument("--workers", type=int, default=None,
-                    help="DataLoader workers of the conventional loop (default 0 CPU, 4 CUDA)")
+    ap.add_argument(
+        "--max-per-client",
+        type=int,
+        default=None,
+        help="cap each client's samples (default: 400 on CPU, all on CUDA)",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="DataLoader workers of the conventional loop (default 0 CPU, 4 CUDA)",
+    )
     ap.add_argument("--only", nargs="*", default=None, help="scenario names to run")
-    ap.add_argument("--parallel", choices=["auto", "on", "off"], default="auto",
-                    help="vectorise clients (models without BN stats): auto = on CUDA only, "
-                         "as in the pipeline")
+    ap.add_argument(
+        "--parallel",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="vectorise clients (models without BN stats): auto = on CUDA only, as in the pipeline",
+    )
     args = ap.parse_args()
     device = torch.device(args.device)
     vmap_clients = args.parallel == "on" or (args.parallel == "auto" and device.type == "cuda")
-    cap = args.max_per_client or (400 if device.type == "cpu" else 10 ** 9)
+    cap = args.max_per_client or (400 if device.type == "cpu" else 10**9)
     workers = args.workers if args.workers is not None else (0 if device.type == "cpu" else 4)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"device {device} ({name}), {torch.get_num_threads()} threads, at most {cap} images "
-          f"per client, clients vectorised: {vmap_clients}", flush=True)
+    print(
+        f"device {device} ({name}), {torch.get_num_threads()} threads, at most {cap} images "
+        f"per client, clients vectorised: {vmap_clients}",
+        flush=True,
+    )
 
     p = Presets().load("experiment", "fmnist_fedsimclr").method
     scenarios = {}
 
     def simclr():
         images, clients = fmnist(cap, 10, 20000)
-        make_model = lambda: seeded_contrastive_model(  # noqa: E731
-            p.model, images.shape[1:], p.seed, device)
+        make_model = (
+            lambda: seeded_contrastive_model(  # noqa: E731
+                p.model, images.shape[1:], p.seed, device
+            )
+        )
         make_trainer = lambda m: CohortTrainer(  # noqa: E731
-            m, fedsimclr.two_views(BatchAugment(p.augment, images.shape[-1])),
-            fedsimclr.simclr_loss(p.temperature), OptimizerConfig("adam"), p.batch_size, 1,
-            parallel=vmap_clients)
-        compare("fedsimclr_round_smoke", make_model, make_trainer,
-                simclr_loss_eager(p.temperature), p.augment, p.batch_size, p.lr, images,
-                clients, device, workers)
+            m,
+            fedsimclr.two_views(BatchAugment(p.augment, images.shape[-1])),
+            fedsimclr.simclr_loss(p.temperature),
+            OptimizerConfig("adam"),
+            p.batch_size,
+            1,
+            parallel=vmap_clients,
+        )
+        compare(
+            "fedsimclr_round_smoke",
+            make_model,
+            make_trainer,
+            simclr_loss_eager(p.temperature),
+            p.augment,
+            p.batch_size,
+            p.lr,
+            images,
+            clients,
+            device,
+            workers,
+        )
+
     scenarios["fedsimclr_round_smoke"] = simclr
 
     def mfcl_round(num_clients):
         def run():
             images, clients = fmnist(cap, num_clients, 20000)
+
             def make_model():
                 torch.manual_seed(0)
-                return ClientAutoencoder("resnet18", in_channels=1, width=32, norm="tn",
-                                         channels_per_group=8).to(device)
+                return ClientAutoencoder(
+                    "resnet18", in_channels=1, width=32, norm="tn", channels_per_group=8
+                ).to(device)
+
             make_trainer = lambda m: CohortTrainer(  # noqa: E731
-                m, mfcl.twin_batch(BatchAugment(p.augment, images.shape[-1])),
-                mfcl.autoencoder_loss(), OptimizerConfig("adam"), 32, 1, parallel=vmap_clients)
-            compare(f"mfcl_phase1_round_{num_clients}_clients", make_model, make_trainer,
-                    ae_loss_eager, p.augment, 32, 1e-3, images, clients, device, workers)
+                m,
+                mfcl.twin_batch(BatchAugment(p.augment, images.shape[-1])),
+                mfcl.autoencoder_loss(),
+                OptimizerConfig("adam"),
+                32,
+                1,
+                parallel=vmap_clients,
+            )
+            compare(
+                f"mfcl_phase1_round_{num_clients}_clients",
+                make_model,
+                make_trainer,
+                ae_loss_eager,
+                p.augment,
+                32,
+                1e-3,
+                images,
+                clients,
+                device,
+                workers,
+            )
+
         return run
+
     scenarios["mfcl_phase1_round_10_clients"] = mfcl_round(10)
     scenarios["mfcl_phase1_round_100_clients"] = mfcl_round(100)
 

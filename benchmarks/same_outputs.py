@@ -9,6 +9,7 @@ projects; then compares the two runs' stage outputs and committed results file b
 A refactor that keeps training numerically identical leaves every file the same: byte for
 byte, or as tensors for checkpoints; timings (meta.json, run records, timing columns of epoch
 logs) are left out."""
+
 from __future__ import annotations
 
 import os
@@ -16,18 +17,33 @@ import subprocess
 import sys
 from pathlib import Path
 
-CHAINS = ("tests/test_cpcfl.py::test_the_cpcfl_chain_runs_end_to_end_on_a_tiny_project",
-          "tests/test_mfcl.py::test_mfcl_chain_runs_end_to_end_on_a_tiny_project",
-          "tests/test_mocosfl.py::test_the_chain_runs_on_a_tiny_project",
-          "tests/test_mpfedcon_chain.py::test_mpfedcon_chain_runs_end_to_end_on_a_tiny_project",
-          "tests/test_lwfedssl.py::test_the_family_runs_end_to_end_on_a_tiny_project")
+CHAINS = (
+    "tests/test_cpcfl.py::test_the_cpcfl_chain_runs_end_to_end_on_a_tiny_project",
+    "tests/test_mfcl.py::test_mfcl_chain_runs_end_to_end_on_a_tiny_project",
+    "tests/test_mocosfl.py::test_the_chain_runs_on_a_tiny_project",
+    "tests/test_mpfedcon_chain.py::test_mpfedcon_chain_runs_end_to_end_on_a_tiny_project",
+    "tests/test_lwfedssl.py::test_the_family_runs_end_to_end_on_a_tiny_project",
+)
 
 
 def run(checkout: Path, out: Path) -> None:
     checkout = checkout.resolve()
     env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                    f"--basetemp={out.resolve()}", *CHAINS], cwd=checkout, env=env, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--basetemp={out.resolve()}",
+            *CHAINS,
+        ],
+        cwd=checkout,
+        env=env,
+        check=True,
+    )
 
 
 TIMINGS = {"seconds", "images_per_s"}  # columns some epoch logs keep beside the losses
@@ -36,19 +52,29 @@ TIMINGS = {"seconds", "images_per_s"}  # columns some epoch logs keep beside the
 def outputs(root: Path) -> dict[str, Path]:
     """Every stage output and committed result of the tiny projects under ``root``, but the
     run records (meta.json, artifacts/.runs), which hold timings and code hashes."""
-    return {str(p.relative_to(root)): p for p in sorted(root.glob("*/*/**/*"))
-            if p.is_file() and not (root / p.relative_to(root).parts[0]).is_symlink()
-            and p.relative_to(root).parts[1] in ("artifacts", "results")
-            and p.name != "meta.json" and ".runs" not in p.parts and ".dvc" not in p.parts}
+    return {
+        str(p.relative_to(root)): p
+        for p in sorted(root.glob("*/*/**/*"))
+        if p.is_file()
+        and not (root / p.relative_to(root).parts[0]).is_symlink()
+        and p.relative_to(root).parts[1] in ("artifacts", "results")
+        and p.name != "meta.json"
+        and ".runs" not in p.parts
+        and ".dvc" not in p.parts
+    }
 
 
 def same_tensors(x, y) -> bool:
     import torch
+
     if isinstance(x, torch.Tensor):
         return isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
     if isinstance(x, dict):
-        return isinstance(y, dict) and x.keys() == y.keys() and all(
-            same_tensors(x[k], y[k]) for k in x)
+        return (
+            isinstance(y, dict)
+            and x.keys() == y.keys()
+            and all(same_tensors(x[k], y[k]) for k in x)
+        )
     if isinstance(x, (list, tuple)):
         return len(x) == len(y) and all(same_tensors(a, b) for a, b in zip(x, y))
     return x == y
@@ -66,6 +92,7 @@ def same(a: Path, b: Path) -> bool:
         return True
     if a.suffix == ".pt":
         import torch
+
         return same_tensors(torch.load(a, weights_only=True), torch.load(b, weights_only=True))
     return a.suffix == ".tsv" and without_timings(a) == without_timings(b)
 
@@ -81,8 +108,10 @@ def compare(a: Path, b: Path) -> int:
         print("differs:", k)
     for k in missing:
         print("only in one run:", k)
-    print(f"{len(old.keys() & new.keys()) - len(differ)} files identical, {len(differ)} "
-          f"differ, {len(missing)} unmatched")
+    print(
+        f"{len(old.keys() & new.keys()) - len(differ)} files identical, {len(differ)} "
+        f"differ, {len(missing)} unmatched"
+    )
     return 1 if differ or missing else 0
 
 

@@ -16,6 +16,7 @@ as one ``torch.func.vmap`` call (``vmap``), and the same trainer with its per-cl
 prints one line per scenario:
     <scenario>: conventional <N> clients/s, ours (vmap) <M> clients/s, ratio <R>; ours (loop) ...
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,12 +38,23 @@ from fedssl.methods.mocosfl.split import build_nets
 
 
 def params(clients_batch: int, cut: int, width: int) -> MocoSflParams:
-    return MocoSflParams.model_validate(dict(
-        name="mocosfl", variant="monacosfl", cut=cut,
-        backbone=dict(arch="resnet18", width=width, proj_hidden=256, proj_dim=128),
-        moco=dict(queue_size=1024, symmetric=False),
-        training=dict(rounds=1, batch_size=clients_batch, sync_every=10 ** 6,
-                      sync_at_round_end=False, momentum=0.9, weight_decay=5e-4)))
+    return MocoSflParams.model_validate(
+        dict(
+            name="mocosfl",
+            variant="monacosfl",
+            cut=cut,
+            backbone=dict(arch="resnet18", width=width, proj_hidden=256, proj_dim=128),
+            moco=dict(queue_size=1024, symmetric=False),
+            training=dict(
+                rounds=1,
+                batch_size=clients_batch,
+                sync_every=10**6,
+                sync_at_round_end=False,
+                momentum=0.9,
+                weight_decay=5e-4,
+            ),
+        )
+    )
 
 
 def views(images: torch.Tensor, generator):
@@ -65,12 +77,17 @@ class Conventional:
         for m in self.momentum:
             m.requires_grad_(False)
         t = p.training
-        self.opts = [torch.optim.SGD(c.parameters(), lr=t.lr, momentum=t.momentum,
-                                     weight_decay=t.weight_decay) for c in self.clients]
+        self.opts = [
+            torch.optim.SGD(
+                c.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay
+            )
+            for c in self.clients
+        ]
         self.top = copy.deepcopy(nets.top)
         self.top_m = copy.deepcopy(nets.top).requires_grad_(False)
-        self.top_opt = torch.optim.SGD(self.top.parameters(), lr=t.lr, momentum=t.momentum,
-                                       weight_decay=t.weight_decay)
+        self.top_opt = torch.optim.SGD(
+            self.top.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay
+        )
         self.queue = FeatureQueue(p.moco.queue_size, p.backbone.proj_dim, 0, device)
         self.m, self.tau = p.moco.momentum, p.moco.temperature
 
@@ -110,21 +127,42 @@ def ours(nets, p, data, parallel: bool):
     state = fed.start(None)
     n = len(data.clients)
     from fedssl.fl.cohort import stack
+
     init = state.server["client_init"]
     online, momentum = stack([init] * n), stack([init] * n)
-    opt = {"step": torch.zeros(n, device=data.device),
-           "m": {k: torch.zeros_like(v) for k, v in online.items()}}
+    opt = {
+        "step": torch.zeros(n, device=data.device),
+        "m": {k: torch.zeros_like(v) for k, v in online.items()},
+    }
     server = {k: v.unsqueeze(0).clone() for k, v in state.server["server"].items()}
     server_m = {k: v.clone() for k, v in state.server["server_momentum"].items()}
-    server_opt = {"step": torch.zeros(1, device=data.device),
-                  "m": {k: torch.zeros_like(v) for k, v in server.items()}}
+    server_opt = {
+        "step": torch.zeros(1, device=data.device),
+        "m": {k: torch.zeros_like(v) for k, v in server.items()},
+    }
     queue = FeatureQueue(p.moco.queue_size, p.backbone.proj_dim, 0, data.device)
     idx = np.stack([c for c in data.clients])
     valid = np.ones_like(idx, dtype=bool)
 
     def step():
-        fed.trainer.step(state, list(range(n)), list(range(n)), idx, valid, data, online,
-                         momentum, opt, server, server_m, server_opt, queue, None, 0.06)
+        fed.trainer.step(
+            state,
+            list(range(n)),
+            list(range(n)),
+            idx,
+            valid,
+            data,
+            online,
+            momentum,
+            opt,
+            server,
+            server_m,
+            server_opt,
+            queue,
+            None,
+            0.06,
+        )
+
     return step
 
 
@@ -150,40 +188,67 @@ def scenario(name, n, batch, cut, width, steps, device):
     shape = (1, 28, 28)
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (n * batch, *shape), dtype=torch.uint8, generator=g)
-    data = LocalData(images.to(device), torch.zeros(n * batch, dtype=torch.int64, device=device),
-                     [np.arange(i * batch, (i + 1) * batch) for i in range(n)])
+    data = LocalData(
+        images.to(device),
+        torch.zeros(n * batch, dtype=torch.int64, device=device),
+        [np.arange(i * batch, (i + 1) * batch) for i in range(n)],
+    )
     x = to_float(data.images)
     x1 = list(x.split(batch))
     x2 = [v.flip(-1) for v in x1]
     conv = Conventional(build_nets(p, shape, device), n, p, device)
-    t = timed({"conv": lambda: conv.step(x1, x2),
-               "vmap": ours(build_nets(p, shape, device), p, data, True),
-               "loop": ours(build_nets(p, shape, device), p, data, False)}, steps, device)
+    t = timed(
+        {
+            "conv": lambda: conv.step(x1, x2),
+            "vmap": ours(build_nets(p, shape, device), p, data, True),
+            "loop": ours(build_nets(p, shape, device), p, data, False),
+        },
+        steps,
+        device,
+    )
     t_conv, t_vmap, t_loop = t["conv"], t["vmap"], t["loop"]
-    print(f"{name}: conventional {n / t_conv:.0f} clients/s, ours (vmap) {n / t_vmap:.0f} "
-          f"clients/s, ratio {t_conv / t_vmap:.2f}; ours (loop) {n / t_loop:.0f} clients/s, "
-          f"ratio {t_conv / t_loop:.2f}", flush=True)
+    print(
+        f"{name}: conventional {n / t_conv:.0f} clients/s, ours (vmap) {n / t_vmap:.0f} "
+        f"clients/s, ratio {t_conv / t_vmap:.2f}; ours (loop) {n / t_loop:.0f} clients/s, "
+        f"ratio {t_conv / t_loop:.2f}",
+        flush=True,
+    )
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--steps", type=int, default=None,
-                    help="timed turns (default 3 on CPU, 20 on CUDA); the fastest is kept")
-    ap.add_argument("--width", type=int, default=None,
-                    help="ResNet-18 width (default 8 on CPU, 64 on CUDA)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="timed turns (default 3 on CPU, 20 on CUDA); the fastest is kept",
+    )
+    ap.add_argument(
+        "--width", type=int, default=None, help="ResNet-18 width (default 8 on CPU, 64 on CUDA)"
+    )
     args = ap.parse_args()
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     steps = args.steps or (20 if cuda else 3)
     width = args.width or (64 if cuda else 8)
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
-    print(f"device {device} ({name}), {torch.get_num_threads()} threads, GN+WS ResNet-18 width "
-          f"{width}, 28x28 images, server batch 100, best of {steps} timed steps each", flush=True)
+    print(
+        f"device {device} ({name}), {torch.get_num_threads()} threads, GN+WS ResNet-18 width "
+        f"{width}, 28x28 images, server batch 100, best of {steps} timed steps each",
+        flush=True,
+    )
     for n, batch in ((5, 20), (20, 5), (100, 1)):
         for cut in (1, 4, 7):
-            scenario(f"{n} clients x B_c={batch}, cut {cut} (L{2 * cut - 1})", n, batch, cut,
-                     width, steps, device)
+            scenario(
+                f"{n} clients x B_c={batch}, cut {cut} (L{2 * cut - 1})",
+                n,
+                batch,
+                cut,
+                width,
+                steps,
+                device,
+            )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ GroupNorm kernel), side by side in one process on the same input.
 prints one line per shape:
     twin_norm <shape>: direct <N> ms, library <M> ms, ratio <R>
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,17 +45,20 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(ap.parse_args().device)
     # MFCL client-module shapes: smoke (F-MNIST, width 16/32, K=32) and paper (CIFAR, 64, K=64)
-    for shape, per_group in [((64, 16, 28, 28), 8), ((64, 32, 28, 28), 8),
-                             ((128, 64, 32, 32), 16)]:
+    for shape, per_group in [((64, 16, 28, 28), 8), ((64, 32, 28, 28), 8), ((128, 64, 32, 32), 16)]:
         layer = TwinNorm(shape[1], per_group).to(device)
         x = torch.randn(shape, device=device, requires_grad=True)
         grad = torch.randn(shape, device=device)
         groups = layer.num_groups
-        direct = step_ms(lambda v: direct_twin_norm(v, groups, layer.weight, layer.bias), x,
-                         grad, device)
+        direct = step_ms(
+            lambda v: direct_twin_norm(v, groups, layer.weight, layer.bias), x, grad, device
+        )
         ours = step_ms(layer, x, grad, device)
-        print(f"twin_norm {'x'.join(map(str, shape))}: direct {direct:.2f} ms, library "
-              f"{ours:.2f} ms, ratio {direct / ours:.2f}", flush=True)
+        print(
+            f"twin_norm {'x'.join(map(str, shape))}: direct {direct:.2f} ms, library "
+            f"{ours:.2f} ms, ratio {direct / ours:.2f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """The ``fedssl`` command: a front door to the existing front ends (it replaces none of them).
 
-    fedssl list pipelines|experiments|methods
-    fedssl show EXPERIMENT            # resolved params (extends, grid axes and overlays,
-                                      # defaults) as YAML, and the stages it runs
-    fedssl run [PIPELINE] [SNAKEMAKE ARGS...]   # snakemake ... --config pipeline=PIPELINE
-    fedssl export EXPERIMENT [--out DIR]        # python -m fedssl.export
+fedssl list pipelines|experiments|methods
+fedssl show EXPERIMENT            # resolved params (extends, grid axes and overlays,
+                                  # defaults) as YAML, and the stages it runs
+fedssl run [PIPELINE] [SNAKEMAKE ARGS...]   # snakemake ... --config pipeline=PIPELINE
+fedssl export EXPERIMENT [--out DIR]        # python -m fedssl.export
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,15 +29,18 @@ PARALLELISM = ("--cores", "-c", "--jobs", "-j", "--profile", "--workflow-profile
 # ---------------------------------------------------------------------------- list
 def list_pipelines(presets: Presets) -> list[str]:
     pipelines = presets.pipelines()
-    return [f"{name}: {', '.join(pipelines.spec(name).experiments)}"
-            for name in pipelines.pipelines]
+    return [
+        f"{name}: {', '.join(pipelines.spec(name).experiments)}" for name in pipelines.pipelines
+    ]
 
 
 def list_experiments(presets: Presets) -> list[str]:
     """Every experiment preset: its files, then the grid members (with their grid)."""
     members = presets.grid_members("experiment")
-    return [f"{name}  (grid {members[name][0]})" if name in members else name
-            for name in presets.names("experiment")]
+    return [
+        f"{name}  (grid {members[name][0]})" if name in members else name
+        for name in presets.names("experiment")
+    ]
 
 
 def list_methods() -> list[str]:
@@ -45,8 +49,10 @@ def list_methods() -> list[str]:
         steps = ", ".join(s.name for s in m.steps) or "(steps depend on its params)"
         evaluation = ", ".join(m.evaluation_sections) or "its own steps"
         exportable = "exports its encoder" if m.encoder_builder else "no encoder to export"
-        lines.append(f"{m.name}: {m.label or '(reference rows)'}; steps: {steps}; "
-                     f"evaluated by: {evaluation}; {exportable}")
+        lines.append(
+            f"{m.name}: {m.label or '(reference rows)'}; steps: {steps}; "
+            f"evaluated by: {evaluation}; {exportable}"
+        )
     return lines
 
 
@@ -54,8 +60,10 @@ def list_methods() -> list[str]:
 def show_params(presets: Presets, experiment: str) -> str:
     """The experiment's effective params, where they come from, and its grid axes (YAML)."""
     resolved = presets.resolve("experiment", experiment)
-    doc: dict = {"experiment": experiment,
-                 "defined_in": list(dict.fromkeys(str(layer.file) for layer in resolved.layers))}
+    doc: dict = {
+        "experiment": experiment,
+        "defined_in": list(dict.fromkeys(str(layer.file) for layer in resolved.layers)),
+    }
     members = presets.grid_members("experiment")
     if experiment in members:
         grid, axes = members[experiment]
@@ -71,8 +79,11 @@ def show_stages(presets: Presets, experiment: str) -> str:
     stages = {}
     for name in dag.of_experiment[experiment]:
         stage, owner = dag.stages[name], name.split("__", 1)[1]
-        stages[name] = {"kind": stage.kind, "out": stage.out,
-                        **({"shared_with": owner} if owner != experiment else {})}
+        stages[name] = {
+            "kind": stage.kind,
+            "out": stage.out,
+            **({"shared_with": owner} if owner != experiment else {}),
+        }
     return yaml.safe_dump({"stages": stages}, sort_keys=False, width=100)
 
 
@@ -93,7 +104,8 @@ def snakemake_command(pipeline: str, args: list[str]) -> list[str]:
     given = {a.split("=", 1)[0] for a in rest}
     defaults = []
     if not given & set(PARALLELISM) and not any(
-            a[:2] in ("-c", "-j") and a[2:].isdigit() for a in rest):
+        a[:2] in ("-c", "-j") and a[2:].isdigit() for a in rest
+    ):
         defaults += ["--cores", "all"]
     if "--resources" not in given and "--res" not in given:
         defaults += ["--resources", "gpu=1"]
@@ -118,11 +130,13 @@ def run(argv: list[str]) -> None:
     ls.add_argument("what", choices=("pipelines", "experiments", "methods"))
     sh = sub.add_parser("show", help="an experiment's effective params and its stages (YAML)")
     sh.add_argument("experiment")
-    sub.add_parser("run", help="[PIPELINE] [SNAKEMAKE ARGS...]: run a pipeline (default: "
-                   "'default') through Snakemake; the arguments after it go to snakemake "
-                   "(e.g. -n, a stage name)")
-    ex = sub.add_parser("export", help="write an experiment's trained encoder (safetensors + "
-                        "card)")
+    sub.add_parser(
+        "run",
+        help="[PIPELINE] [SNAKEMAKE ARGS...]: run a pipeline (default: "
+        "'default') through Snakemake; the arguments after it go to snakemake "
+        "(e.g. -n, a stage name)",
+    )
+    ex = sub.add_parser("export", help="write an experiment's trained encoder (safetensors + card)")
     ex.add_argument("experiment")
     ex.add_argument("--out", help="folder to write (default: artifacts/exports/<experiment>)")
     if argv[:1] == ["run"]:  # every argument after it is Snakemake's, even -h
@@ -130,9 +144,11 @@ def run(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     presets = Presets()
     if args.cmd == "list":
-        lines = {"pipelines": lambda: list_pipelines(presets),
-                 "experiments": lambda: list_experiments(presets),
-                 "methods": list_methods}[args.what]()
+        lines = {
+            "pipelines": lambda: list_pipelines(presets),
+            "experiments": lambda: list_experiments(presets),
+            "methods": list_methods,
+        }[args.what]()
         print("\n".join(lines))
     elif args.cmd == "show":
         print(show_params(presets, args.experiment), end="", flush=True)
@@ -148,4 +164,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -11,12 +11,13 @@ Snakemake alike. Modules found dynamically (the method registry's discovery, the
 ``python -m fedssl.codegraph cycles`` prints the import cycles of the library (every import,
 lazy ones included; ``--top-level`` counts only the imports that run when a module is loaded).
 """
+
 from __future__ import annotations
 
 import argparse
 import ast
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 PACKAGES = ("fedssl", "stages")  # top-level packages of the project
@@ -36,7 +37,8 @@ def module_file(module: str, root: Path = Path(".")) -> Path | None:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _import_nodes(tree: ast.AST, top_level: bool):
@@ -68,14 +70,14 @@ def _imported(path: Path, module: str, is_package: bool, top_level: bool = False
             base = node.module or ""
             if node.level:  # relative import
                 parent = package.split(".")
-                parent = parent[:len(parent) - node.level + 1]
+                parent = parent[: len(parent) - node.level + 1]
                 base = ".".join(parent + ([base] if base else []))
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
 
 
-@lru_cache(maxsize=None)
+@cache
 def _closure(module: str, root: str) -> frozenset[str]:
     seen: set[str] = set()
     todo = [module]
@@ -98,8 +100,10 @@ def code_files(*modules: str, root: Path = Path(".")) -> list[str]:
     files: set[str] = set()
     for m in modules:
         files |= _closure(m, str(root))
-    return sorted(Path(f).relative_to(root).as_posix() if Path(f).is_absolute() else
-                  Path(f).as_posix() for f in files)
+    return sorted(
+        Path(f).relative_to(root).as_posix() if Path(f).is_absolute() else Path(f).as_posix()
+        for f in files
+    )
 
 
 def clear_cache() -> None:
@@ -108,8 +112,9 @@ def clear_cache() -> None:
 
 
 # ---------------------------------------------------------------------- cycles
-def import_graph(root: Path = Path("."), top_level: bool = False,
-                 packages: tuple[str, ...] = ("fedssl",)) -> dict[str, set[str]]:
+def import_graph(
+    root: Path = Path("."), top_level: bool = False, packages: tuple[str, ...] = ("fedssl",)
+) -> dict[str, set[str]]:
     """Module -> the project modules its import statements name (the parent packages that
     Python runs first are not edges: a submodule always runs its package's ``__init__``)."""
     graph: dict[str, set[str]] = {}
@@ -176,12 +181,16 @@ def circle(graph: dict[str, set[str]], group: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fedssl.codegraph",
-                                 description="the project's import graph")
+    ap = argparse.ArgumentParser(
+        prog="python -m fedssl.codegraph", description="the project's import graph"
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     cyc = sub.add_parser("cycles", help="print the library's import cycles (exit 1 if any)")
-    cyc.add_argument("--top-level", action="store_true",
-                     help="count only imports that run at module load (not those in functions)")
+    cyc.add_argument(
+        "--top-level",
+        action="store_true",
+        help="count only imports that run at module load (not those in functions)",
+    )
     deps = sub.add_parser("deps", help="the project files the given modules import")
     deps.add_argument("modules", nargs="+")
     args = ap.parse_args(argv)

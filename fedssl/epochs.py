@@ -4,10 +4,12 @@ trained state, the epoch count and the log are saved atomically; a restart loads
 ``weights_only=True`` and only when the params fingerprint matches, then runs the remaining
 epochs. Each epoch draws its randomness from seeds named by the epoch, so a resumed run
 computes exactly what an uninterrupted one does."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -22,10 +24,16 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict, /): ...
 
 
-def run_epochs(epochs: int, one_epoch: Callable[[int], dict], state: dict[str, Stateful],
-               ckpt: Path | None = None, fingerprint: str = "",
-               device: torch.device | str = "cpu", name: str = "training",
-               on_epoch: Callable[[list[dict]], None] | None = None) -> list[dict]:
+def run_epochs(
+    epochs: int,
+    one_epoch: Callable[[int], dict],
+    state: dict[str, Stateful],
+    ckpt: Path | None = None,
+    fingerprint: str = "",
+    device: torch.device | str = "cpu",
+    name: str = "training",
+    on_epoch: Callable[[list[dict]], None] | None = None,
+) -> list[dict]:
     """Run ``one_epoch(epoch)`` for each epoch not yet done and return the log, one row per
     epoch (those of the checkpoint first). A row's ``loss`` must be finite. ``state`` names
     what the checkpoint saves and restores (e.g. ``{"model": net, "opt": opt}``); without
@@ -39,12 +47,22 @@ def run_epochs(epochs: int, one_epoch: Callable[[int], dict], state: dict[str, S
         print(f"{name}: resuming from epoch {first}", flush=True)
     for epoch in range(first, epochs):
         row = one_epoch(epoch)
-        check_finite(row["loss"], f"{name} epoch {epoch + 1}",
-                     "the checkpoint of the last finished epoch is kept")
+        check_finite(
+            row["loss"],
+            f"{name} epoch {epoch + 1}",
+            "the checkpoint of the last finished epoch is kept",
+        )
         log.append(row)
         if ckpt is not None:
-            torch_save({"fingerprint": fingerprint, "epoch": epoch + 1, "log": log,
-                        **{key: obj.state_dict() for key, obj in state.items()}}, ckpt)
+            torch_save(
+                {
+                    "fingerprint": fingerprint,
+                    "epoch": epoch + 1,
+                    "log": log,
+                    **{key: obj.state_dict() for key, obj in state.items()},
+                },
+                ckpt,
+            )
         if on_epoch:
             on_epoch(log)
     return log

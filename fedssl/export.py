@@ -12,6 +12,7 @@ well it did. Elsewhere, with fedssl installed::
 Loading unpickles nothing: the weights are safetensors, the card is JSON, and the only code it
 runs is the builder the card's method declares in this version of fedssl.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,12 +63,16 @@ def encoder_context(experiment: str) -> StageContext:
     encoder and every input of that stage has been produced."""
     method = registry.get(Presets().load("experiment", experiment).method.name)
     if "features" not in method.evaluation_sections:
-        raise StageFailed(f"experiment '{experiment}': method '{method.name}' has no frozen "
-                          f"encoder to export (it is evaluated by "
-                          f"{', '.join(method.evaluation_sections) or 'its own steps'})")
+        raise StageFailed(
+            f"experiment '{experiment}': method '{method.name}' has no frozen "
+            f"encoder to export (it is evaluated by "
+            f"{', '.join(method.evaluation_sections) or 'its own steps'})"
+        )
     if method.encoder_builder is None:
-        raise StageFailed(f"experiment '{experiment}': method '{method.name}' declares no "
-                          f"`encoder_builder`, so its encoder cannot be rebuilt from a card")
+        raise StageFailed(
+            f"experiment '{experiment}': method '{method.name}' declares no "
+            f"`encoder_builder`, so its encoder cannot be rebuilt from a card"
+        )
     ctx = StageContext("features", experiment)
     for name in ctx.stage.upstream:
         stage = ctx.dag.stages[name]
@@ -76,46 +81,67 @@ def encoder_context(experiment: str) -> StageContext:
                 f"experiment '{experiment}' has no trained '{stage.kind}' output "
                 f"({stage.out} is missing): run its stage '{name}' first, e.g. `snakemake "
                 f"--cores all {name}` (add `--config pipeline=NAME` for a pipeline other "
-                f"than default)")
+                f"than default)"
+            )
     return ctx
 
 
 def card(ctx: StageContext, experiment: str, encoder, weights: Path) -> dict:
     """What the encoder is, how to rebuild it, and what made it."""
     import torch
+
     method, params = ctx.method, ctx.presets.load("experiment", experiment)
     shape = [int(d) for d in ctx.image_shape]
     with torch.no_grad():
         dim = int(encoder(torch.zeros(1, *shape)).shape[-1])
     part = ctx.partition
-    trained = {n: json.loads((Path(ctx.dag.stages[n].out) / "meta.json").read_text())
-               for n in ctx.stage.upstream}
+    trained = {
+        n: json.loads((Path(ctx.dag.stages[n].out) / "meta.json").read_text())
+        for n in ctx.stage.upstream
+    }
     return {
         "format": FORMAT,
-        "experiment": experiment, "title": params.title, "method": method.name,
+        "experiment": experiment,
+        "title": params.title,
+        "method": method.name,
         "label": method.row_label(params.method) or params.title,
         "architecture": {
             "module": f"{type(encoder).__module__}.{type(encoder).__qualname__}",
             "input": f"float images in [0, 1], shape [N, {', '.join(map(str, shape))}]",
-            "output": f"features, shape [N, {dim}]", "feature_dim": dim,
+            "output": f"features, shape [N, {dim}]",
+            "feature_dim": dim,
             "layer": params.features.layer,
-            "parameters": sum(p.numel() for p in encoder.parameters())},
-        "builder": {"function": method.encoder_builder,
-                    "params": params.method.model_dump(mode="json"),
-                    "image_shape": shape, "projection": params.features.layer == "projection"},
-        "weights": {"file": weights.name, "sha256": _sha256(weights),
-                    "tensors": len(encoder.state_dict())},
-        "data": {"dataset": part.dataset,
-                 "dataset_params": ctx.presets.load("dataset", part.dataset).model_dump(
-                     mode="json"),
-                 "partition": params.partition, "partition_params": part.model_dump(mode="json")},
+            "parameters": sum(p.numel() for p in encoder.parameters()),
+        },
+        "builder": {
+            "function": method.encoder_builder,
+            "params": params.method.model_dump(mode="json"),
+            "image_shape": shape,
+            "projection": params.features.layer == "projection",
+        },
+        "weights": {
+            "file": weights.name,
+            "sha256": _sha256(weights),
+            "tensors": len(encoder.state_dict()),
+        },
+        "data": {
+            "dataset": part.dataset,
+            "dataset_params": ctx.presets.load("dataset", part.dataset).model_dump(mode="json"),
+            "partition": params.partition,
+            "partition_params": part.model_dump(mode="json"),
+        },
         "params": params.model_dump(mode="json"),
-        "trained_by": {n: {"fingerprint": m.get("fingerprint"),
-                           "output_digest": m.get("output_digest")} for n, m in trained.items()},
+        "trained_by": {
+            n: {"fingerprint": m.get("fingerprint"), "output_digest": m.get("output_digest")}
+            for n, m in trained.items()
+        },
         "metrics": _metrics(ctx, experiment),
-        "code": {"git": _git_version(), "torch": torch.__version__,
-                 "fedssl": _package_version("fedssl"),
-                 "safetensors": _package_version("safetensors")},
+        "code": {
+            "git": _git_version(),
+            "torch": torch.__version__,
+            "fedssl": _package_version("fedssl"),
+            "safetensors": _package_version("safetensors"),
+        },
     }
 
 
@@ -131,8 +157,12 @@ def _metrics(ctx: StageContext, experiment: str) -> dict | None:
 def _git_version() -> str | None:
     """The commit the code is at (``-dirty`` with uncommitted changes), None outside git."""
     try:
-        proc = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40"],
-                              capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=40"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if proc.returncode != 0:
@@ -142,6 +172,7 @@ def _git_version() -> str | None:
 
 def _package_version(package: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version(package)
     except PackageNotFoundError:
@@ -169,9 +200,11 @@ def load_encoder(path: Path | str):
         raise ValueError(f"{folder / CARD}: format {info.get('format')!r}, expected {FORMAT!r}")
     method, builder = registry.get(info["method"]), info["builder"]
     if builder["function"] != method.encoder_builder:
-        raise ValueError(f"{folder / CARD}: builder {builder['function']!r} is not the one "
-                         f"method '{method.name}' declares ({method.encoder_builder!r}): "
-                         f"exported by another version of fedssl?")
+        raise ValueError(
+            f"{folder / CARD}: builder {builder['function']!r} is not the one "
+            f"method '{method.name}' declares ({method.encoder_builder!r}): "
+            f"exported by another version of fedssl?"
+        )
     weights = folder / info["weights"]["file"]
     if _sha256(weights) != info["weights"]["sha256"]:
         raise ValueError(f"{weights}: its sha256 differs from the card's (a different file?)")
@@ -186,17 +219,19 @@ def load_encoder(path: Path | str):
 
 # ---------------------------------------------------------------------------- command line
 def run(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="python -m fedssl.export", description=__doc__.split(
-        "\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m fedssl.export", description=__doc__.split("\n")[0])
     ap.add_argument("experiment", help="a params/experiments preset (or grid member)")
-    ap.add_argument("--out", type=Path, help="folder to write (default: artifacts/exports/"
-                    "<experiment>)")
+    ap.add_argument(
+        "--out", type=Path, help="folder to write (default: artifacts/exports/<experiment>)"
+    )
     args = ap.parse_args(argv)
     out = export(args.experiment, args.out)
     info = json.loads((out / CARD).read_text())
     arch = info["architecture"]
-    print(f"wrote {out / WEIGHTS} and {out / CARD}: {arch['module']}, "
-          f"{arch['parameters']:,} parameters, {arch['input']} -> {arch['output']}")
+    print(
+        f"wrote {out / WEIGHTS} and {out / CARD}: {arch['module']}, "
+        f"{arch['parameters']:,} parameters, {arch['input']} -> {arch['output']}"
+    )
     print(f"load it with: fedssl.export.load_encoder({str(out)!r})")
 
 

@@ -1,12 +1,14 @@
 """Self-supervised losses, as plain functions."""
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 
-def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float,
-            valid: torch.Tensor | None = None) -> torch.Tensor:
+def nt_xent(
+    z1: torch.Tensor, z2: torch.Tensor, temperature: float, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """SimCLR's NT-Xent: for each of the 2N projections, cross-entropy of its twin against every
     other projection (self excluded), averaged over anchors. ``valid`` ([N] bool) marks real
     samples in a padded batch: padded rows are neither anchors nor negatives."""
@@ -35,8 +37,9 @@ def _masked_mean(per_row: torch.Tensor, valid: torch.Tensor | None) -> torch.Ten
     return kept.sum() / valid.sum().clamp(min=1)
 
 
-def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
-                         valid: torch.Tensor | None = None) -> torch.Tensor:
+def masked_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """Classification cross-entropy (in float32) averaged over the real rows of a padded batch;
     padded rows may carry any label (e.g. -1), they are clamped to a valid class and dropped."""
     per_row = F.cross_entropy(logits.float(), labels.clamp(min=0), reduction="none")
@@ -48,8 +51,13 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (F.normalize(a.float(), dim=-1) * F.normalize(b.float(), dim=-1)).sum(-1)
 
 
-def byol_loss(p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor,
-              valid: torch.Tensor | None = None) -> torch.Tensor:
+def byol_loss(
+    p1: torch.Tensor,
+    p2: torch.Tensor,
+    z1: torch.Tensor,
+    z2: torch.Tensor,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
     """BYOL (CP-CFL Eqs. 9-11): (2 - 2 cos(p1, sg z2)) + (2 - 2 cos(p2, sg z1)), batch mean.
     ``p`` are online predictions, ``z`` the target projections of the same views: view 1's
     prediction regresses view 2's target and vice versa. The targets are detached here so the
@@ -58,8 +66,13 @@ def byol_loss(p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Te
     return _masked_mean(per_row, valid)
 
 
-def simsiam_loss(p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor,
-                 valid: torch.Tensor | None = None) -> torch.Tensor:
+def simsiam_loss(
+    p1: torch.Tensor,
+    p2: torch.Tensor,
+    z1: torch.Tensor,
+    z2: torch.Tensor,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
     """SimSiam (CP-CFL Eq. 12 with the original paper's 1/2, so it lies in [-1, 1]):
     -(cos(p1, sg z2) + cos(p2, sg z1)) / 2, batch mean. The stop-gradient is what keeps SimSiam
     from collapsing, so it is applied here, not left to the caller."""
@@ -67,8 +80,9 @@ def simsiam_loss(p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch
     return _masked_mean(per_row, valid)
 
 
-def infonce(q: torch.Tensor, k: torch.Tensor, temperature: float,
-            valid: torch.Tensor | None = None) -> torch.Tensor:
+def infonce(
+    q: torch.Tensor, k: torch.Tensor, temperature: float, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """MoCo v3's InfoNCE with in-batch negatives (LW-FedSSL Eq. 2): row i of q/τ·kᵀ (rows
     L2-normalised) is a softmax whose target is k_i; the other keys of the batch are its K = B-1
     negatives. Batch mean, without MoCo v3's ×2τ factor (lw-fedssl spec §8.3). Keys are targets
@@ -84,15 +98,26 @@ def infonce(q: torch.Tensor, k: torch.Tensor, temperature: float,
     return _masked_mean(F.cross_entropy(logits, target, reduction="none"), valid)
 
 
-def moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
-                 temperature: float, valid: torch.Tensor | None = None) -> torch.Tensor:
+def moco_v3_loss(
+    q1: torch.Tensor,
+    q2: torch.Tensor,
+    k1: torch.Tensor,
+    k2: torch.Tensor,
+    temperature: float,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Symmetrised MoCo v3 loss (LW-FedSSL Alg. 2): each view's query against the other view's
     key. Also the form of LW-FedSSL's alignment term, with the global encoder's outputs as keys."""
     return infonce(q1, k2, temperature, valid) + infonce(q2, k1, temperature, valid)
 
 
-def moco_queue_loss(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, temperature: float,
-                    valid: torch.Tensor | None = None) -> torch.Tensor:
+def moco_queue_loss(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    queue: torch.Tensor,
+    temperature: float,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
     """MoCo v2's InfoNCE with a memory of negatives (MonAcoSFL Eq. 1): for each row the positive
     is q·k and the negatives are q·m for every m in ``queue`` [K, d]; cross-entropy with target
     0, batch mean. q and k are L2-normalised here; the queue is assumed to hold unit vectors
@@ -105,8 +130,13 @@ def moco_queue_loss(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, tempe
     return _masked_mean(F.cross_entropy(logits, target, reduction="none"), valid)
 
 
-def model_contrastive_loss(z: torch.Tensor, z_pos: torch.Tensor, z_neg: torch.Tensor,
-                           temperature: float, valid: torch.Tensor | None = None) -> torch.Tensor:
+def model_contrastive_loss(
+    z: torch.Tensor,
+    z_pos: torch.Tensor,
+    z_neg: torch.Tensor,
+    temperature: float,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
     """MpFedcon's l_con (Eq. 5): -log softmax over [cos(z, z_pos), cos(z, z_neg)] / τ at the
     positive, i.e. cross-entropy with target 0 and one negative per row. ``z_pos`` is each row's
     global class centre, ``z_neg`` the frozen round-start model's projection; both are

@@ -16,10 +16,11 @@ with ``lars_adapt=False`` and ``weight_decay=0`` therefore do plain SGD with mom
 ``v ← m·v + lr·g; w ← w − v``. :func:`lars_param_groups` puts normalisation parameters and biases
 in such a group.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -28,8 +29,13 @@ from torch.optim import Optimizer
 from fedssl.models.norms import TwinNorm
 
 #: Modules whose parameters are excluded from weight decay and LARS adaptation.
-_NORM_TYPES: tuple[type, ...] = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm,
-                                 nn.LocalResponseNorm, TwinNorm)
+_NORM_TYPES: tuple[type, ...] = (
+    nn.modules.batchnorm._NormBase,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.LocalResponseNorm,
+    TwinNorm,
+)
 
 
 class LARS(Optimizer):
@@ -45,14 +51,28 @@ class LARS(Optimizer):
         eps: guards the norm ratio against division by a tiny gradient norm.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1.0, momentum: float = 0.9,
-                 weight_decay: float = 0.0, trust_coefficient: float = 0.001,
-                 lars_adapt: bool = True, eps: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1.0,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 0.001,
+        lars_adapt: bool = True,
+        eps: float = 0.0,
+    ) -> None:
         if lr < 0 or momentum < 0 or weight_decay < 0 or trust_coefficient <= 0 or eps < 0:
-            raise ValueError("lr, momentum, weight_decay, eps must be >= 0 and "
-                             "trust_coefficient > 0")
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                        trust_coefficient=trust_coefficient, lars_adapt=lars_adapt, eps=eps)
+            raise ValueError(
+                "lr, momentum, weight_decay, eps must be >= 0 and trust_coefficient > 0"
+            )
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            trust_coefficient=trust_coefficient,
+            lars_adapt=lars_adapt,
+            eps=eps,
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -76,7 +96,8 @@ class LARS(Optimizer):
                     ratio = torch.where(
                         (w_norm > 0) & (d_norm > 0),
                         group["trust_coefficient"] * w_norm / (d_norm + group["eps"]),
-                        torch.ones_like(w_norm))
+                        torch.ones_like(w_norm),
+                    )
                     step.mul_(ratio)
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
@@ -109,8 +130,10 @@ def lars_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             plain.append(p)
         else:
             decay.append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay, "lars_adapt": True},
-              {"params": plain, "weight_decay": 0.0, "lars_adapt": False}]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay, "lars_adapt": True},
+        {"params": plain, "weight_decay": 0.0, "lars_adapt": False},
+    ]
     return [g for g in groups if g["params"]]
 
 
@@ -119,8 +142,10 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int, peak_lr: float
     ``peak_lr`` at ``step = warmup_steps``, then cosine decay to 0 at ``step = total_steps``
     (0 afterwards). ``warmup_steps = 0`` starts directly at the peak."""
     if total_steps <= 0 or warmup_steps < 0 or warmup_steps > total_steps:
-        raise ValueError(f"need 0 <= warmup_steps ({warmup_steps}) <= total_steps ({total_steps}) "
-                         "and total_steps > 0")
+        raise ValueError(
+            f"need 0 <= warmup_steps ({warmup_steps}) <= total_steps ({total_steps}) "
+            "and total_steps > 0"
+        )
     if step < warmup_steps:
         return peak_lr * step / warmup_steps
     if step >= total_steps:

@@ -15,12 +15,21 @@ fields it reads; that union sits above the registry, in :mod:`fedssl.experiment`
 building blocks (the encoder, augmentation, probes) live here, below every method.
 This module imports no torch: the front ends validate everything before any compute.
 """
+
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt,
-                      PositiveFloat, PositiveInt, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 NAME_PATTERN = r"^[a-z0-9_]+$"  # preset names become stage names in Snakemake and DVC
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -37,6 +46,7 @@ class FederationSettings(Strict):
     section such as ``cfl`` or ``training``) inherits this class and may restate a field to
     give it the paper's name, default or bound; :func:`fedssl.fl.engine.federation_config`
     turns any of them into the engine's configuration."""
+
     rounds: NonNegativeInt = Field(description="communication rounds")
     client_fraction: Fraction = Field(1.0, description="clients sampled each round")
     lr: PositiveFloat = Field(description="the clients' (peak) learning rate")
@@ -47,15 +57,18 @@ class ParamsError(ValueError):
 
 
 # --------------------------------------------------------------------------- data sets
-DatasetName = Literal["fashion_mnist", "cifar10", "cifar100", "stl10", "tiny_imagenet",
-                      "femnist"]
+DatasetName = Literal["fashion_mnist", "cifar10", "cifar100", "stl10", "tiny_imagenet", "femnist"]
 
 
 class DatasetParams(Strict):
     """Where a data set is read from; the prepare stage writes it once as a uint8 artifact."""
+
     name: DatasetName
-    data_root: str | None = Field(None, description="folder holding the data set in its usual "
-                                  "on-disk layout; None = the default place for this data set")
+    data_root: str | None = Field(
+        None,
+        description="folder holding the data set in its usual "
+        "on-disk layout; None = the default place for this data set",
+    )
     download: bool = Field(False, description="let torchvision download it (needs internet)")
 
 
@@ -66,6 +79,7 @@ class IIDScheme(Strict):
 
 class DirichletScheme(Strict):
     """Per-class Dirichlet split: each class is spread over clients by Dir(alpha)."""
+
     kind: Literal["dirichlet"] = "dirichlet"
     alpha: PositiveFloat = Field(description="concentration xi; small = skewed, large = near IID")
     min_per_client: NonNegativeInt = Field(0, description="redraw until every client has this many")
@@ -73,6 +87,7 @@ class DirichletScheme(Strict):
 
 class ShardsScheme(Strict):
     """Every client holds samples of exactly ``classes_per_client`` classes (label shards)."""
+
     kind: Literal["shards"] = "shards"
     classes_per_client: PositiveInt
 
@@ -80,9 +95,11 @@ class ShardsScheme(Strict):
 class ClassGroupsScheme(Strict):
     """CP-CFL: equal client groups with overlapping class sets; per client, ``major_classes``
     of its group's classes get ``major_count`` samples and the rest ``minor_count``."""
+
     kind: Literal["class_groups"] = "class_groups"
     groups: list[list[NonNegativeInt]] = Field(
-        default_factory=lambda: [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]])
+        default_factory=lambda: [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]]
+    )
     major_classes: PositiveInt = 2
     major_count: PositiveInt = 20
     minor_count: NonNegativeInt = 5
@@ -93,6 +110,7 @@ class CyclicLognormalScheme(Strict):
     ``(i + j) mod C`` for ``j < classes_per_client``, ``lognormal(mean, sigma) + offset`` samples
     split evenly over them, dealt from each class's shuffled samples (reshuffled when a class
     runs out, so clients share samples only then)."""
+
     kind: Literal["cyclic_lognormal"] = "cyclic_lognormal"
     classes_per_client: PositiveInt
     lognormal_mean: float = 4.0
@@ -100,18 +118,25 @@ class CyclicLognormalScheme(Strict):
     size_offset: NonNegativeFloat = 100.0
 
 
-PartitionScheme = Annotated[Union[IIDScheme, DirichletScheme, ShardsScheme, ClassGroupsScheme,
-                                  CyclicLognormalScheme], Field(discriminator="kind")]
+PartitionScheme = Annotated[
+    IIDScheme | DirichletScheme | ShardsScheme | ClassGroupsScheme | CyclicLognormalScheme,
+    Field(discriminator="kind"),
+]
 
 
 class ClientTestSplit(Strict):
     """Per-client test sets with each client's training class mix (personalised evaluation)."""
+
     per_client: PositiveInt | None = Field(
-        None, description="test images per client, spread over its classes in proportion to "
-        "its training data; None = exactly its training counts per class")
+        None,
+        description="test images per client, spread over its classes in proportion to "
+        "its training data; None = exactly its training counts per class",
+    )
     fraction: PositiveFloat | None = Field(
-        None, description="test images per client = this fraction of its training images "
-        "(e.g. 1/9 for a 90/10 split), spread like per_client; exclusive with per_client")
+        None,
+        description="test images per client = this fraction of its training images "
+        "(e.g. 1/9 for a 90/10 split), spread like per_client; exclusive with per_client",
+    )
     disjoint: bool = Field(False, description="no test image goes to two clients")
 
     @model_validator(mode="after")
@@ -126,23 +151,31 @@ class PartitionParams(Strict):
     num_clients: PositiveInt
     scheme: PartitionScheme
     subset: PositiveInt | None = Field(
-        None, description="split a class-stratified random subset of this many training samples")
+        None, description="split a class-stratified random subset of this many training samples"
+    )
     client_tests: ClientTestSplit | None = Field(
-        None, description="also give every client a test split (personalised evaluation)")
+        None, description="also give every client a test split (personalised evaluation)"
+    )
     server_holdout: PositiveInt | None = Field(
-        None, description="keep a class-stratified slice of this many training samples out of "
-        "the clients' data, for the server (public pretraining data, a calibration set)")
+        None,
+        description="keep a class-stratified slice of this many training samples out of "
+        "the clients' data, for the server (public pretraining data, a calibration set)",
+    )
     server_holdout_seed: int | None = Field(
-        None, description="seed of the server's slice; None = seed + 1. Fix it to keep one "
-        "server slice (and what the server computed from it) across client resamplings")
+        None,
+        description="seed of the server's slice; None = seed + 1. Fix it to keep one "
+        "server slice (and what the server computed from it) across client resamplings",
+    )
     seed: int = 0
 
 
 # --------------------------------------------------------------------------- shared pieces
 class ModelParams(Strict):
     """An encoder of :mod:`fedssl.models.encoders` and its SimCLR projection head."""
+
     arch: Literal["small_cnn", "resnet18", "pixels"] = Field(
-        description="pixels = no encoder: the flattened image is the representation")
+        description="pixels = no encoder: the flattened image is the representation"
+    )
     norm: Literal["bn", "gn"] = "gn"
     channels_per_group: PositiveInt = Field(16, description="GroupNorm group size (Lambda)")
     width: PositiveInt = Field(32, description="channels of the first block")
@@ -152,6 +185,7 @@ class ModelParams(Strict):
 
 class AugmentParams(Strict):
     """SimCLR view generation; every sample draws its own parameters."""
+
     crop_scale: tuple[Fraction, Fraction] = (0.2, 1.0)
     crop_ratio: tuple[PositiveFloat, PositiveFloat] = (3 / 4, 4 / 3)
     flip_p: Probability = 0.5
@@ -175,15 +209,18 @@ class AugmentParams(Strict):
 
 
 ParallelClients = Literal["auto", "on", "off"]
-PARALLEL_CLIENTS_HELP = ("train clients together with torch.func.vmap (models without BN running "
-                         "stats only); auto = on CUDA, off on CPU where grouped convolutions are "
-                         "slower")
+PARALLEL_CLIENTS_HELP = (
+    "train clients together with torch.func.vmap (models without BN running "
+    "stats only); auto = on CUDA, off on CPU where grouped convolutions are "
+    "slower"
+)
 
 
 class FeatureParams(Strict):
     layer: Literal["backbone", "projection"] = "backbone"
     train_size: PositiveInt | None = Field(
-        None, description="labelled training images for the probes (class-stratified); None = all")
+        None, description="labelled training images for the probes (class-stratified); None = all"
+    )
     batch_size: PositiveInt = 1024
 
 
@@ -201,7 +238,7 @@ class KnnParams(Strict):
     temperature: PositiveFloat = Field(0.07, description="weights votes by exp(cos / T)")
 
 
-def _light_augment() -> "AugmentParams":
+def _light_augment() -> AugmentParams:
     return AugmentParams(crop_scale=(0.6, 1.0), jitter_p=0.0, grayscale_p=0.0)
 
 
@@ -210,64 +247,79 @@ class FinetuneParams(Strict):
     labelled training split (AdamW, linear warmup then cosine decay per step), top-1 on the
     test split. LW-FedSSL §5.1: lr 1e-3, 40 epochs with 10 of warmup, batch 256, weight decay
     1e-5; the paper's RandAugment is replaced by ``augment`` (crops and flips by default)."""
+
     epochs: PositiveInt = 40
     warmup_epochs: NonNegativeInt = 10
     lr: PositiveFloat = 1e-3
     weight_decay: NonNegativeFloat = 1e-5
     batch_size: PositiveInt = 256
     train_size: PositiveInt | None = Field(
-        None, description="labelled training images (class-stratified); None = all")
+        None, description="labelled training images (class-stratified); None = all"
+    )
     augment: AugmentParams = Field(default_factory=_light_augment)
     seed: int = 0
 
     @model_validator(mode="after")
     def _warmup_fits(self):
         if self.warmup_epochs >= self.epochs:
-            raise ValueError(f"warmup_epochs ({self.warmup_epochs}) must be below epochs "
-                             f"({self.epochs})")
+            raise ValueError(
+                f"warmup_epochs ({self.warmup_epochs}) must be below epochs ({self.epochs})"
+            )
         return self
 
 
 class PersonalEvalParams(Strict):
     """Personalised evaluation: every client's model on its own test split, every round."""
+
     last_rounds: PositiveInt = Field(10, description="accuracy averaged over the last rounds")
     checkpoints: tuple[Fraction, ...] = Field(
-        (0.25, 0.5, 0.75, 1.0), description="fractions of the rounds to report accuracy at")
+        (0.25, 0.5, 0.75, 1.0), description="fractions of the rounds to report accuracy at"
+    )
     target: Annotated[float, Field(gt=0, le=100)] | None = Field(
-        None, description="a mean accuracy (%): report the first round that reaches it")
+        None, description="a mean accuracy (%): report the first round that reaches it"
+    )
 
 
 class NoiseParams(Strict):
     """I.i.d. zero-mean noise of a given variance on every value a party shares (the classic
     gradient-leakage defence, e.g. MpFedcon Tab. 4)."""
+
     kind: Literal["gaussian", "laplace"]
     variance: NonNegativeFloat
 
 
 # --------------------------------------------------------------------------- grids
-AxisValues = Union[list[Any], dict[str, Any]]
+AxisValues = list[Any] | dict[str, Any]
 
 
 class Grid(Strict):
     """Presets of one kind expanded from axes: one per combination of the axes named in
     ``name``; each is ``extends`` with ``set`` merged over it, where ``{axis}`` in a string is
     the axis label and a string that is exactly ``{axis.value}`` is the axis value."""
+
     name: str = Field(description="pattern of the expanded names, e.g. cifar10_mfcl_{norm}_{xi}")
-    extends: Name | None = Field(None, description="the preset every member starts from (none: "
-                                 "`set` is a whole preset)")
+    extends: Name | None = Field(
+        None, description="the preset every member starts from (none: `set` is a whole preset)"
+    )
     axes: dict[Name, AxisValues] = Field(
-        default_factory=dict, description="axes of this grid only (shadow the shared ones)")
-    set: dict[str, Any] = Field(default_factory=dict,
-                                description="settings merged over the base, with placeholders")
+        default_factory=dict, description="axes of this grid only (shadow the shared ones)"
+    )
+    set: dict[str, Any] = Field(
+        default_factory=dict, description="settings merged over the base, with placeholders"
+    )
     overlays: list[Name] = Field(
-        default_factory=list, description="axes whose values are partial presets, merged over "
-        "the base in this order (before `set`): an axis of variants, e.g. ablations")
+        default_factory=list,
+        description="axes whose values are partial presets, merged over "
+        "the base in this order (before `set`): an axis of variants, e.g. ablations",
+    )
 
 
 class GridsParams(Strict):
     """``params/grids.yaml``: shared axes and the grids of partitions and experiments."""
+
     axes: dict[Name, AxisValues] = Field(
-        default_factory=dict, description="axis -> labels (a list) or label -> value (a mapping)")
+        default_factory=dict, description="axis -> labels (a list) or label -> value (a mapping)"
+    )
     partitions: dict[Name, Grid] = Field(default_factory=dict)
     experiments: dict[Name, Grid] = Field(default_factory=dict)
 
@@ -275,17 +327,24 @@ class GridsParams(Strict):
 # --------------------------------------------------------------------------- pipelines
 class PipelineSpec(Strict):
     """A pipeline whose report pivots on other rows or columns than method × partition."""
+
     experiments: list[Name] = Field(description="experiments, or grids (all their members)")
     row: Literal["method", "title"] = Field(
-        "method", description="what the pivot puts down: the method (runs of one method and "
-        "column are repeats: mean ± std), or each experiment's title (ablations)")
-    column: str = Field("partition", description="what the report's pivot table puts across: "
-                        "'partition' (data set and split, as MFCL Tab. 2) or a dotted path "
-                        "into the experiment params, e.g. method.client_module.cut")
+        "method",
+        description="what the pivot puts down: the method (runs of one method and "
+        "column are repeats: mean ± std), or each experiment's title (ablations)",
+    )
+    column: str = Field(
+        "partition",
+        description="what the report's pivot table puts across: "
+        "'partition' (data set and split, as MFCL Tab. 2) or a dotted path "
+        "into the experiment params, e.g. method.client_module.cut",
+    )
 
 
 class PipelinesParams(Strict):
     """Pipeline name -> the experiments it runs (and reports in one table)."""
+
     pipelines: dict[Name, list[Name] | PipelineSpec]
 
     @model_validator(mode="after")
@@ -342,12 +401,18 @@ def preset_schema(model: type[BaseModel]) -> dict:
     defs = full.pop("$defs", {})
     partial = _partial({**full, "$defs": defs})
     partial_defs = partial.pop("$defs")
-    extends = {"type": "string", "pattern": NAME_PATTERN,
-               "description": "a preset of the same folder (or grid member) this one extends"}
+    extends = {
+        "type": "string",
+        "pattern": NAME_PATTERN,
+        "description": "a preset of the same folder (or grid member) this one extends",
+    }
     partial["properties"] = {"extends": extends, **partial["properties"]}
     root = model.__name__
-    return {"title": full.get("title", root), "description": full.get("description", ""),
-            "$defs": {**defs, **partial_defs, root: full, root + "Partial": partial},
-            "if": {"required": ["extends"]},
-            "then": {"$ref": f"#/$defs/{root}Partial"},
-            "else": {"$ref": f"#/$defs/{root}"}}
+    return {
+        "title": full.get("title", root),
+        "description": full.get("description", ""),
+        "$defs": {**defs, **partial_defs, root: full, root + "Partial": partial},
+        "if": {"required": ["extends"]},
+        "then": {"$ref": f"#/$defs/{root}Partial"},
+        "else": {"$ref": f"#/$defs/{root}"},
+    }

@@ -12,12 +12,13 @@ layer that the stage reads and the layer sets itself. Snakemake fingerprints exa
 values too, and defaults are code (the params models are among every stage's code
 dependencies), so both front ends rerun a stage on the same edits.
 """
+
 from __future__ import annotations
 
 import itertools
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -37,8 +38,9 @@ ParamsError = P.ParamsError
 
 
 def model_of(kind: str) -> type[BaseModel]:
-    return {"dataset": P.DatasetParams, "partition": P.PartitionParams}.get(kind) or \
-        experiment_model()
+    return {"dataset": P.DatasetParams, "partition": P.PartitionParams}.get(
+        kind
+    ) or experiment_model()
 
 
 # ---------------------------------------------------------------------------- YAML
@@ -50,7 +52,7 @@ def read_yaml(path: Path) -> dict:
     return _read_yaml(str(path), stat.st_mtime_ns, stat.st_size)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _read_yaml(path: str, _mtime: int, _size: int) -> dict:
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
@@ -65,8 +67,11 @@ def deep_merge(base: dict, override: dict) -> dict:
     """``override`` on top of ``base``: mappings merge key by key, anything else replaces."""
     out = dict(base)
     for key, value in override.items():
-        out[key] = (deep_merge(out[key], value) if isinstance(value, dict)
-                    and isinstance(out.get(key), dict) else value)
+        out[key] = (
+            deep_merge(out[key], value)
+            if isinstance(value, dict) and isinstance(out.get(key), dict)
+            else value
+        )
     return out
 
 
@@ -101,6 +106,7 @@ class Layer:
     """One source of a preset's settings: ``raw`` sits at ``prefix`` of ``file``; ``always``
     are keys of that file that decide the preset whatever a stage reads (``extends``, the
     values of a grid member's axes)."""
+
     file: Path
     prefix: str
     raw: dict
@@ -114,7 +120,7 @@ class Layer:
 class Resolved:
     kind: str
     name: str
-    where: str            # what an error message names: the file (and grid)
+    where: str  # what an error message names: the file (and grid)
     merged: dict
     layers: list[Layer]
 
@@ -161,8 +167,10 @@ class Presets:
         """An axis as label -> value (a list's labels are their own values)."""
         values = grid.axes.get(axis, grids.axes.get(axis))
         if values is None:
-            raise ParamsError(f"{self.grids_path}: {GRID_SECTIONS[kind]}.{gname}.name: no axis "
-                              f"'{axis}' (shared axes: {', '.join(grids.axes) or 'none'})")
+            raise ParamsError(
+                f"{self.grids_path}: {GRID_SECTIONS[kind]}.{gname}.name: no axis "
+                f"'{axis}' (shared axes: {', '.join(grids.axes) or 'none'})"
+            )
         return dict(values) if isinstance(values, dict) else {str(v): v for v in values}
 
     def names(self, kind: str) -> list[str]:
@@ -189,12 +197,12 @@ class Presets:
         elif kind in GRID_SECTIONS and name in self.grid_members(kind):
             resolved = self._resolve_member(kind, name, [*visiting, name])
         elif where:
-            raise ParamsError(f"{where}: no preset '{name}' in {path.parent} or "
-                              f"{self.grids_path}")
+            raise ParamsError(f"{where}: no preset '{name}' in {path.parent} or {self.grids_path}")
         else:
             grids = f" or {self.grids_path}" if kind in GRID_SECTIONS else ""
-            raise ParamsError(f"{path}: no such params file (no {kind} preset '{name}' in "
-                              f"{path.parent}{grids})")
+            raise ParamsError(
+                f"{path}: no such params file (no {kind} preset '{name}' in {path.parent}{grids})"
+            )
         self._resolved[key] = resolved
         return resolved
 
@@ -206,11 +214,13 @@ class Presets:
             return Resolved(kind, path.stem, str(path), own, [layer])
         base = raw[EXTENDS]
         if not isinstance(base, str) or not re.match(P.NAME_PATTERN, base):
-            raise ParamsError(f"{path}: {EXTENDS}: expected the name of a preset in "
-                              f"{path.parent}, got {base!r}")
+            raise ParamsError(
+                f"{path}: {EXTENDS}: expected the name of a preset in {path.parent}, got {base!r}"
+            )
         parent = self._resolve(kind, base, visiting, f"{path}: {EXTENDS}")
-        return Resolved(kind, path.stem, str(path), deep_merge(parent.merged, own),
-                        [layer, *parent.layers])
+        return Resolved(
+            kind, path.stem, str(path), deep_merge(parent.merged, own), [layer, *parent.layers]
+        )
 
     def _resolve_member(self, kind: str, name: str, visiting: list[str]) -> Resolved:
         gname, labels = self.grid_members(kind)[name]
@@ -222,14 +232,15 @@ class Presets:
             values[axis] = self._axis(grids, grid, gname, kind, axis)[label]
             local = axis in grid.axes
             if isinstance(grid.axes[axis] if local else grids.axes[axis], dict):
-                always.append(f"{section}.axes.{axis}.{label}" if local
-                              else f"axes.{axis}.{label}")
+                always.append(f"{section}.axes.{axis}.{label}" if local else f"axes.{axis}.{label}")
         where = f"{self.grids_path} ({section}: {name})"
         overlay: dict = {}
         for axis in grid.overlays:
             if axis not in values or not isinstance(values[axis], dict):
-                raise ParamsError(f"{self.grids_path}: {section}.overlays: '{axis}' is not an "
-                                  f"axis of the grid's name whose values are mappings")
+                raise ParamsError(
+                    f"{self.grids_path}: {section}.overlays: '{axis}' is not an "
+                    f"axis of the grid's name whose values are mappings"
+                )
             overlay = deep_merge(overlay, values[axis])
         try:
             overlay = deep_merge(overlay, _fill(grid.set, labels, values))
@@ -238,10 +249,12 @@ class Presets:
         own = Layer(self.grids_path, f"{section}.set", grid.set, always)
         if not grid.extends:
             return Resolved(kind, name, where, overlay, [own])
-        parent = self._resolve(kind, grid.extends, visiting,
-                               f"{self.grids_path}: {section}.{EXTENDS}")
-        return Resolved(kind, name, where, deep_merge(parent.merged, overlay),
-                        [own, *parent.layers])
+        parent = self._resolve(
+            kind, grid.extends, visiting, f"{self.grids_path}: {section}.{EXTENDS}"
+        )
+        return Resolved(
+            kind, name, where, deep_merge(parent.merged, overlay), [own, *parent.layers]
+        )
 
     def load(self, kind: str, name: str):
         """The validated params of a preset; any problem raises ParamsError naming the file
@@ -268,8 +281,11 @@ class Presets:
             if reads is None and not lay.prefix:
                 entries[str(lay.file)] = None
                 continue
-            keys = [lay.key(r) for r in (reads if reads is not None else ("",))
-                    if has_key(lay.raw, r) and (r or lay.prefix)]
+            keys = [
+                lay.key(r)
+                for r in (reads if reads is not None else ("",))
+                if has_key(lay.raw, r) and (r or lay.prefix)
+            ]
             keys += lay.always
             if keys and entries.get(str(lay.file), []) is not None:
                 entries.setdefault(str(lay.file), [])
@@ -285,12 +301,14 @@ class Presets:
         """The experiments a pipeline runs, its grid entries expanded (in axis order)."""
         spec = self.pipelines().spec(pipeline)
         grids = self.grids().experiments
-        members = self.grid_members("experiment") if any(e in grids for e in
-                                                         spec.experiments) else {}
+        members = (
+            self.grid_members("experiment") if any(e in grids for e in spec.experiments) else {}
+        )
         out: list[str] = []
         for entry in spec.experiments:
-            names = [m for m, (g, _) in members.items() if g == entry] if entry in grids \
-                else [entry]
+            names = (
+                [m for m, (g, _) in members.items() if g == entry] if entry in grids else [entry]
+            )
             out += [n for n in names if n not in out]
         return out
 
@@ -311,15 +329,21 @@ def check_partition_fits(part: P.PartitionParams, where: str, dataset: str) -> N
         return
     train_size = TRAIN_SIZES[dataset] - (part.server_holdout or 0)
     if train_size <= 0:
-        raise ParamsError(f"{where}: server_holdout: {part.server_holdout} leaves no training "
-                          f"samples of data set '{part.dataset}' for the clients")
+        raise ParamsError(
+            f"{where}: server_holdout: {part.server_holdout} leaves no training "
+            f"samples of data set '{part.dataset}' for the clients"
+        )
     available = min(part.subset or train_size, train_size)
     if part.subset and part.subset > train_size:
-        raise ParamsError(f"{where}: subset: {part.subset} exceeds the {train_size} "
-                          f"training samples of data set '{part.dataset}' left to the clients")
+        raise ParamsError(
+            f"{where}: subset: {part.subset} exceeds the {train_size} "
+            f"training samples of data set '{part.dataset}' left to the clients"
+        )
     if part.num_clients > available:
-        raise ParamsError(f"{where}: num_clients: {part.num_clients} clients but only "
-                          f"{available} samples to split")
+        raise ParamsError(
+            f"{where}: num_clients: {part.num_clients} clients but only "
+            f"{available} samples to split"
+        )
 
 
 # ---------------------------------------------------------------------------- placeholders
@@ -351,4 +375,5 @@ def _fill(tree, labels: dict[str, str], values: dict):
             value = values[axis]
             return f"{value:g}" if isinstance(value, float) else str(value)
         return labels[axis].upper() if what == ".upper" else labels[axis]
+
     return _PLACEHOLDER.sub(sub, tree)

@@ -7,6 +7,7 @@ reading; ``report.csv`` and ``report.json`` hold every column of every run, and
 The report stage builds the rows and calls :func:`write_report`; ``python -m fedssl.report
 render`` loads the committed rows and calls the same function, so a change of wording reaches
 the committed reports without rerunning anything."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,39 +21,84 @@ from fedssl.params import setting
 from fedssl.plan.layout import ReportRow
 from fedssl.report_format import markdown_table, number, pivot_markdown, save_figure
 
-DATASET_LABELS = {"fashion_mnist": "F-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
-                  "stl10": "STL-10", "tiny_imagenet": "Tiny"}
+DATASET_LABELS = {
+    "fashion_mnist": "F-MNIST",
+    "cifar10": "CIFAR-10",
+    "cifar100": "CIFAR-100",
+    "stl10": "STL-10",
+    "tiny_imagenet": "Tiny",
+}
 
-COLUMNS = ["experiment", "title", "partition", "method", "arch", "rounds", "linear_top1",
-           "knn_top1", "client_MB_up", "client_MB_down", "parameters",
-           "alpha_bits", "client_MB_sent", "beta_GFLOPs", "gamma_eq6_MB", "peak_step_MB",
-           "row", "column"]
+COLUMNS = [
+    "experiment",
+    "title",
+    "partition",
+    "method",
+    "arch",
+    "rounds",
+    "linear_top1",
+    "knn_top1",
+    "client_MB_up",
+    "client_MB_down",
+    "parameters",
+    "alpha_bits",
+    "client_MB_sent",
+    "beta_GFLOPs",
+    "gamma_eq6_MB",
+    "peak_step_MB",
+    "row",
+    "column",
+]
 # The pivots the report opens with, for the metrics its runs have: name -> (metric, title,
 # whether the mean per-client costs stand beside it).
-PIVOTS = {"linear": ("linear_top1", "Linear probe top-1 %", True),
-          "knn": ("knn_top1", "k-NN top-1 %", False),
-          "personal": ("personal_top1", "Personalised top-1 % (each client's model on its own "
-                                        "test split, final round)", True)}
+PIVOTS = {
+    "linear": ("linear_top1", "Linear probe top-1 %", True),
+    "knn": ("knn_top1", "k-NN top-1 %", False),
+    "personal": (
+        "personal_top1",
+        "Personalised top-1 % (each client's model on its own test split, final round)",
+        True,
+    ),
+}
 # The costs beside a pivot (blank for methods without a costs stage): header -> column.
-PIVOT_COSTS = {"MB sent / client": "client_MB_sent", "GFLOPs / client": "beta_GFLOPs",
-               "peak step MB": "peak_step_MB"}
+PIVOT_COSTS = {
+    "MB sent / client": "client_MB_sent",
+    "GFLOPs / client": "beta_GFLOPs",
+    "peak step MB": "peak_step_MB",
+}
 # The short table of runs: column -> its header (a column shows when some run has it).
-RUN_COLUMNS = {"experiment": "experiment", "row": "method", "column": "setting",
-               "linear_top1": "linear", "knn_top1": "k-NN", "personal_top1": "personal",
-               "finetune_top1": "fine-tune", "client_MB_up": "MB up / client",
-               "client_MB_down": "MB down / client", "rounds": "rounds"}
+RUN_COLUMNS = {
+    "experiment": "experiment",
+    "row": "method",
+    "column": "setting",
+    "linear_top1": "linear",
+    "knn_top1": "k-NN",
+    "personal_top1": "personal",
+    "finetune_top1": "fine-tune",
+    "client_MB_up": "MB up / client",
+    "client_MB_down": "MB down / client",
+    "rounds": "rounds",
+}
 TEXT_COLUMNS = ("experiment", "row", "column")
 # Mean per-client costs (the `costs` stage; blank for methods without one): column -> (the
 # costs file's key, scale to the column's unit).
-COST_COLUMNS = {"alpha_bits": ("mean_alpha_bits_paper", 1.0),
-                "client_MB_sent": ("mean_bytes_actual", 1e-6),
-                "beta_GFLOPs": ("mean_beta_flops", 1e-9),
-                "gamma_eq6_MB": ("mean_gamma_eq6_bytes", 1e-6),
-                "peak_step_MB": ("mean_peak_step_bytes", 1e-6)}
+COST_COLUMNS = {
+    "alpha_bits": ("mean_alpha_bits_paper", 1.0),
+    "client_MB_sent": ("mean_bytes_actual", 1e-6),
+    "beta_GFLOPs": ("mean_beta_flops", 1e-9),
+    "gamma_eq6_MB": ("mean_gamma_eq6_bytes", 1e-6),
+    "peak_step_MB": ("mean_peak_step_bytes", 1e-6),
+}
 
 
-def experiment_row(name: str, exp, method, step_dirs: list[Path],
-                   metrics_files: Path | list[Path], costs_dir: Path | None) -> dict:
+def experiment_row(
+    name: str,
+    exp,
+    method,
+    step_dirs: list[Path],
+    metrics_files: Path | list[Path],
+    costs_dir: Path | None,
+) -> dict:
     """One experiment's row: its evaluation metrics (every metrics file of its stages: probes,
     fine-tuning, ...), rounds, parameters and final losses of its method's steps,
     the metrics the steps wrote (a ``metrics.json`` in a step's output), the per-client
@@ -70,17 +116,30 @@ def experiment_row(name: str, exp, method, step_dirs: list[Path],
             up += sum(c["bytes_up"] for c in per_client) / len(per_client) / 1e6
             down += sum(c["bytes_down"] for c in per_client) / len(per_client) / 1e6
             per_round.update(_per_round_traffic(per_client))
-    losses = {f"{d.name}_final_loss": _final_loss(m) for d, m in zip(step_dirs, metas)
-              if _final_loss(m) is not None}
+    losses = {
+        f"{d.name}_final_loss": _final_loss(m)
+        for d, m in zip(step_dirs, metas)
+        if _final_loss(m) is not None
+    }
     steps = {}  # metrics a method's steps report themselves (their metrics.json)
     for d in step_dirs:
         if (d / "metrics.json").exists():
             steps.update(json.loads((d / "metrics.json").read_text()))
-    row = {"experiment": name, "title": exp.title, "partition": exp.partition,
-           "method": method.name, "arch": method.arch(exp.method),
-           "rounds": sum(m.get("rounds", 0) for m in metas), **steps, **metrics, **losses,
-           "client_MB_up": round(up, 2), "client_MB_down": round(down, 2), **per_round,
-           "parameters": next((m["parameters"] for m in metas if "parameters" in m), "")}
+    row = {
+        "experiment": name,
+        "title": exp.title,
+        "partition": exp.partition,
+        "method": method.name,
+        "arch": method.arch(exp.method),
+        "rounds": sum(m.get("rounds", 0) for m in metas),
+        **steps,
+        **metrics,
+        **losses,
+        "client_MB_up": round(up, 2),
+        "client_MB_down": round(down, 2),
+        **per_round,
+        "parameters": next((m["parameters"] for m in metas if "parameters" in m), ""),
+    }
     cost_file = costs_dir / "costs.json" if costs_dir else None
     cost = json.loads(cost_file.read_text()) if cost_file and cost_file.exists() else {}
     for col, (key, scale) in COST_COLUMNS.items():
@@ -115,13 +174,15 @@ def _per_round_traffic(per_client: list[dict]) -> dict[str, float]:
                 kinds[kind] = kinds.get(kind, 0) + size
         out[f"round_MB_{way}"] = round(sum(kinds.values()) / rounds / 1e6, 4)
         if len(kinds) > 1:
-            out.update({f"round_MB_{way}_{k}": round(v / rounds / 1e6, 6)
-                        for k, v in kinds.items()})
+            out.update(
+                {f"round_MB_{way}_{k}": round(v / rounds / 1e6, 6) for k, v in kinds.items()}
+            )
     return out
 
 
-def table_cell(exp, method, partition, dataset_name: str, row: str = "method",
-               column: str = "partition") -> tuple[str, str]:
+def table_cell(
+    exp, method, partition, dataset_name: str, row: str = "method", column: str = "partition"
+) -> tuple[str, str]:
     """(row, column) of an experiment in the pivot: the method's label (the title for
     reference rows) or the title, and the data set with its partition or ``leaf=value`` of a
     swept setting."""
@@ -130,20 +191,27 @@ def table_cell(exp, method, partition, dataset_name: str, row: str = "method",
     if column != "partition":
         return row, f"{column.rsplit('.', 1)[-1]}={setting(exp, column)}"
     scheme = partition.scheme
-    split = {"dirichlet": lambda: f"ξ={scheme.alpha:g}", "iid": lambda: "IID",
-             "shards": lambda: f"{scheme.classes_per_client} classes/client",
-             "class_groups": lambda: "class groups"}[scheme.kind]()
+    split = {
+        "dirichlet": lambda: f"ξ={scheme.alpha:g}",
+        "iid": lambda: "IID",
+        "shards": lambda: f"{scheme.classes_per_client} classes/client",
+        "class_groups": lambda: "class groups",
+    }[scheme.kind]()
     return row, f"{DATASET_LABELS.get(dataset_name, dataset_name)} {split}"
 
 
 def runs_markdown(rows: list[dict]) -> str:
     """One line per run with the columns a reader scans (:data:`RUN_COLUMNS`)."""
     columns = [c for c in RUN_COLUMNS if any(r.get(c) not in (None, "") for r in rows)]
-    lines = [[str(r.get(c, "")) if c in TEXT_COLUMNS else number(r.get(c), "g")
-              for c in columns] for r in rows]
-    return markdown_table([RUN_COLUMNS[c] for c in columns], lines,
-                          "One line per run; every column of every run is in report.csv "
-                          "and report.json")
+    lines = [
+        [str(r.get(c, "")) if c in TEXT_COLUMNS else number(r.get(c), "g") for c in columns]
+        for r in rows
+    ]
+    return markdown_table(
+        [RUN_COLUMNS[c] for c in columns],
+        lines,
+        "One line per run; every column of every run is in report.csv and report.json",
+    )
 
 
 def columns_of(rows: list[dict]) -> list[str]:
@@ -164,14 +232,18 @@ def report_tables(rows: list[dict]) -> dict[str, tuple[str, str]]:
     """Name -> (heading, Markdown): the pivots of the metrics present, the tables of each
     method the rows name (its plugin's, in its paper's layout), and the short table of runs."""
     from fedssl.methods import registry
+
     tables = {}
     for name, (metric, title, costs) in PIVOTS.items():
         mine = [r for r in rows if r.get(metric) not in (None, "")]
         if mine:
-            caption = f"{title}, method × setting" + (", then mean per-client costs" if costs
-                                                       else "")
-            tables[name] = (title, pivot_markdown(mine, metric, caption,
-                                                  means=PIVOT_COSTS if costs else None))
+            caption = f"{title}, method × setting" + (
+                ", then mean per-client costs" if costs else ""
+            )
+            tables[name] = (
+                title,
+                pivot_markdown(mine, metric, caption, means=PIVOT_COSTS if costs else None),
+            )
     for method in dict.fromkeys(r["method"] for r in rows):
         # each sees every row (a paper's table may span its methods)
         for name, table in registry.get(method).tables(rows).items():
@@ -180,20 +252,23 @@ def report_tables(rows: list[dict]) -> dict[str, tuple[str, str]]:
     return tables
 
 
-def render(pipeline: str, rows: list[dict], figures: dict[str, str],
-           heatmaps: str) -> tuple[str, dict[str, str]]:
+def render(
+    pipeline: str, rows: list[dict], figures: dict[str, str], heatmaps: str
+) -> tuple[str, dict[str, str]]:
     """``report.md``'s text and the tables by name, from the rows, the figures already drawn
     into the report's folder (file -> caption) and the folder of the partition heat-maps."""
     tables = report_tables(rows)
     sections = "".join(f"## {heading}\n\n{table}\n" for heading, table in tables.values())
-    sections += "".join(f"## {caption}\n\n![{caption}]({file})\n\n"
-                        for file, caption in figures.items())
+    sections += "".join(
+        f"## {caption}\n\n![{caption}]({file})\n\n" for file, caption in figures.items()
+    )
     text = f"# Pipeline `{pipeline}`\n\n{sections}Partition heat-maps: `{heatmaps}/`\n"
     return text, {name: table for name, (_, table) in tables.items()}
 
 
-def write_report(folder: Path, pipeline: str, rows: list[dict], figures: dict[str, str],
-                 heatmaps: str) -> None:
+def write_report(
+    folder: Path, pipeline: str, rows: list[dict], figures: dict[str, str], heatmaps: str
+) -> None:
     """``report.md``, ``report.csv`` (every column) and ``report.json`` (the rows, the tables
     by name, and what :func:`rerender` needs besides: the figures, the heat-maps' folder and
     where each row's steps wrote their committed results) in ``folder``."""
@@ -201,11 +276,26 @@ def write_report(folder: Path, pipeline: str, rows: list[dict], figures: dict[st
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(text)
     write_csv(rows, folder / "report.csv")
-    steps = {r["experiment"]: {k: str(v) for k, v in r.step_results.items()}
-             for r in rows if getattr(r, "step_results", None)}
-    (folder / "report.json").write_text(json.dumps(
-        {"pipeline": pipeline, "rows": rows, "tables": tables, "figures": figures,
-         "heatmaps": heatmaps, "step_results": steps}, indent=1, ensure_ascii=False) + "\n")
+    steps = {
+        r["experiment"]: {k: str(v) for k, v in r.step_results.items()}
+        for r in rows
+        if getattr(r, "step_results", None)
+    }
+    (folder / "report.json").write_text(
+        json.dumps(
+            {
+                "pipeline": pipeline,
+                "rows": rows,
+                "tables": tables,
+                "figures": figures,
+                "heatmaps": heatmaps,
+                "step_results": steps,
+            },
+            indent=1,
+            ensure_ascii=False,
+        )
+        + "\n"
+    )
 
 
 def rerender(folder: Path) -> None:
@@ -232,6 +322,7 @@ _BLOCK = re.compile(r"(<!-- results: (\w+) (.+?) -->\n)(.*?)(<!-- /results -->)"
 def readme_text(text: str, results_root: Path = REPORTS) -> str:
     """``text`` with every block ``<!-- results: PIPELINE TABLE -->...<!-- /results -->``
     refilled from ``results/reports/PIPELINE/report.json`` (a table the report stage wrote)."""
+
     def fill(m: re.Match) -> str:
         path = results_root / m.group(2) / "report.json"
         if not path.exists():
@@ -240,24 +331,34 @@ def readme_text(text: str, results_root: Path = REPORTS) -> str:
         if m.group(3) not in tables:
             raise KeyError(f"{path}: no table '{m.group(3)}' (has {', '.join(tables)})")
         return m.group(1) + tables[m.group(3)] + m.group(5)
+
     return _BLOCK.sub(fill, text)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fedssl.report")
     sub = ap.add_subparsers(dest="command", required=True)
-    readme = sub.add_parser("readme", help="refill the README's result tables from the "
-                            "committed reports (results/reports/*/report.json)")
+    readme = sub.add_parser(
+        "readme",
+        help="refill the README's result tables from the "
+        "committed reports (results/reports/*/report.json)",
+    )
     readme.add_argument("--check", action="store_true", help="only say whether it is current")
-    again = sub.add_parser("render", help="rewrite committed reports (report.md, .csv, .json) "
-                           "from their report.json rows with the current report code")
+    again = sub.add_parser(
+        "render",
+        help="rewrite committed reports (report.md, .csv, .json) "
+        "from their report.json rows with the current report code",
+    )
     which = again.add_mutually_exclusive_group(required=True)
     which.add_argument("pipelines", nargs="*", default=[], help="pipelines to rewrite")
     which.add_argument("--all", action="store_true", help="every pipeline under results/reports")
     args = ap.parse_args(argv)
     if args.command == "render":
-        names = sorted(p.parent.name for p in REPORTS.glob("*/report.json")) if args.all \
+        names = (
+            sorted(p.parent.name for p in REPORTS.glob("*/report.json"))
+            if args.all
             else args.pipelines
+        )
         try:
             for name in names:
                 rerender(REPORTS / name)
@@ -270,8 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     new = readme_text(old)
     if args.check:
         if new != old:
-            print("README.md: result tables differ from results/reports: run "
-                  "`python -m fedssl.report readme`", file=sys.stderr)
+            print(
+                "README.md: result tables differ from results/reports: run "
+                "`python -m fedssl.report readme`",
+                file=sys.stderr,
+            )
             return 1
         return 0
     README.write_text(new)
@@ -285,13 +389,19 @@ def plot_curves(logs: dict[str, Path], path: Path) -> None:
     the training loss, and the personalised accuracy where a method logs it. Rendered here,
     so `dvc plots show` and the Snakemake report show it offline."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    series = {name: list(csv.DictReader(open(p), delimiter="\t")) for name, p in logs.items()
-              if p.exists()}
+
+    series = {
+        name: list(csv.DictReader(open(p), delimiter="\t"))
+        for name, p in logs.items()
+        if p.exists()
+    }
     series = {n: rows for n, rows in series.items() if rows}
-    panels = ["loss"] + (["personal_acc"] if any("personal_acc" in r[0] for r in series.values())
-                         else [])
+    panels = ["loss"] + (
+        ["personal_acc"] if any("personal_acc" in r[0] for r in series.values()) else []
+    )
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
     for ax, key in zip(axes[0], panels):
         for name, rows in series.items():

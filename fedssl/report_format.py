@@ -5,6 +5,7 @@ rerun.
 
 Pure Python, and it imports nothing of the project: a method's table module may use it
 without pulling the planning or training code into the report's dependencies."""
+
 from __future__ import annotations
 
 import statistics
@@ -13,8 +14,10 @@ from typing import Literal
 
 Sd = Literal["sample", "population"]
 # How each convention is computed and how a caption names it.
-_SD = {"sample": (statistics.stdev, "sample SD"),
-       "population": (statistics.pstdev, "population SD")}
+_SD = {
+    "sample": (statistics.stdev, "sample SD"),
+    "population": (statistics.pstdev, "population SD"),
+}
 
 
 def _convention(sd: Sd) -> tuple:
@@ -78,8 +81,14 @@ def markdown_table(header: list[str], lines: list[list[str]], caption: str = "")
     return "\n".join(out) + "\n"
 
 
-def pivot_markdown(rows: list[dict], key: str, title: str, sd: Sd = "sample",
-                   spec: str = ".2f", means: dict[str, str] | None = None) -> str:
+def pivot_markdown(
+    rows: list[dict],
+    key: str,
+    title: str,
+    sd: Sd = "sample",
+    spec: str = ".2f",
+    means: dict[str, str] | None = None,
+) -> str:
     """``key`` per cell of the rows' ``row`` (down) and ``column`` (across), both in
     first-seen order, as mean ± SD over the runs sharing a cell; then, per header of
     ``means``, the mean of that column over all runs of the row (blank when none has it). The
@@ -93,9 +102,16 @@ def pivot_markdown(rows: list[dict], key: str, title: str, sd: Sd = "sample",
     lines = []
     for label in row_labels:
         runs = [r for r in rows if r["row"] == label]
-        lines.append([label, *(mean_sd(cells.get((label, c), []), sd, spec) for c in col_labels),
-                      *(number(statistics.mean(v)) if (v := numbers(runs, column)) else ""
-                        for column in means.values())])
+        lines.append(
+            [
+                label,
+                *(mean_sd(cells.get((label, c), []), sd, spec) for c in col_labels),
+                *(
+                    number(statistics.mean(v)) if (v := numbers(runs, column)) else ""
+                    for column in means.values()
+                ),
+            ]
+        )
     return markdown_table(["method", *col_labels, *means], lines, f"{title}; {sd_note(sd)}")
 
 

@@ -8,6 +8,7 @@ device, and the ``info`` dict that ends up in meta.json. torch is imported only 
 compute with it. The runtime imports the DAG and the path layout, never the freshness rules or
 the ``dvc.yaml`` writer, so editing those reruns no stage.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,7 @@ from fedssl.params import ParamsError
 from fedssl.plan.dag import Dag
 from fedssl.plan.fingerprint import output_digest
 from fedssl.plan.layout import data_dir, experiment_dir, partition_dir, results_dir
-from fedssl.runtime import (PeakMemory, StageFailed, atomic_dir, environment, pick_device,
-                            write_json)
+from fedssl.runtime import PeakMemory, StageFailed, atomic_dir, environment, pick_device, write_json
 
 RESUME_DIR = Path("artifacts/.resume")  # checkpoints of unfinished stages, outside all outputs
 # How each stage's last run went (wall time, memory, device, host): kept apart from its outputs,
@@ -41,9 +41,9 @@ class StageContext:
         # a shared stage runs with the params of the experiment that owns its content
         self.kind, self.name = kind, self.stage_name.split("__", 1)[1]
         self.presets = self.dag.presets
-        self.out: Path | None = None     # the scratch output folder, inside run()
+        self.out: Path | None = None  # the scratch output folder, inside run()
         self.device = None
-        self.info: dict = {}      # facts of the output, into meta.json
+        self.info: dict = {}  # facts of the output, into meta.json
         self.run_info: dict = {}  # facts of this run (timings, resumes), into its run record
 
     # ------------------------------------------------------------------ params
@@ -63,6 +63,7 @@ class StageContext:
     @cached_property
     def method(self):
         from fedssl.methods import registry
+
         return registry.get(self.exp.method.name)
 
     # ------------------------------------------------------------------ where things are
@@ -105,38 +106,48 @@ class StageContext:
     @cached_property
     def image_shape(self) -> tuple[int, int, int]:
         from fedssl.data.store import image_shape
+
         return image_shape(self.data_dir)
 
     def split(self, split: str = "train"):
         """(uint8 images [N, C, H, W] memory-mapped, int64 labels) of the prepared data."""
         from fedssl.data.store import load_split
+
         return load_split(self.data_dir, split)
 
     def clients(self):
         """Each client's indices into the training split."""
         from fedssl.data.store import load_clients
+
         return load_clients(self.partition_dir)
 
     def client_tests(self):
         """Each client's indices into the test split (partitions with ``client_tests``)."""
         from fedssl.data.store import load_clients
+
         if not (self.partition_dir / "test_clients.npz").exists():
-            raise StageFailed(f"partition '{self.exp.partition}' has no per-client test splits: "
-                              f"set its `client_tests`")
+            raise StageFailed(
+                f"partition '{self.exp.partition}' has no per-client test splits: "
+                f"set its `client_tests`"
+            )
         return load_clients(self.partition_dir, "test_clients.npz")
 
     def server_indices(self):
         """The partition's server-side slice of the training split (``server_holdout``)."""
         import numpy as np
+
         path = self.partition_dir / "server.npy"
         if not path.exists():
-            raise StageFailed(f"partition '{self.exp.partition}' keeps no data for the server: "
-                              f"set its `server_holdout`")
+            raise StageFailed(
+                f"partition '{self.exp.partition}' keeps no data for the server: "
+                f"set its `server_holdout`"
+            )
         return np.load(path)
 
     def true_groups(self) -> list[int] | None:
         """Each client's group when the partition has groups (class_groups), else None."""
         import json
+
         counts = json.loads((self.partition_dir / "class_counts.json").read_text())
         return counts.get("groups")
 
@@ -155,15 +166,29 @@ class StageContext:
             self.out = out
             with PeakMemory(self.device) as peak:
                 yield out
-            write_json(out / "meta.json", {
-                "stage": self.stage_name, "fingerprint": fingerprint, "inputs": inputs,
-                "output_digest": output_digest(self.stage, out), "command": self.stage.cmd,
-                **self.info})
+            write_json(
+                out / "meta.json",
+                {
+                    "stage": self.stage_name,
+                    "fingerprint": fingerprint,
+                    "inputs": inputs,
+                    "output_digest": output_digest(self.stage, out),
+                    "command": self.stage.cmd,
+                    **self.info,
+                },
+            )
         RUNS_DIR.mkdir(parents=True, exist_ok=True)
-        write_json(RUNS_DIR / f"{self.stage_name}.json", {
-            "stage": self.stage_name, "wall_seconds": round(time.time() - start, 2),
-            "environment": environment(self.device), "peak_memory_bytes": peak.bytes,
-            "peak_memory_kind": peak.kind, **self.run_info})
+        write_json(
+            RUNS_DIR / f"{self.stage_name}.json",
+            {
+                "stage": self.stage_name,
+                "wall_seconds": round(time.time() - start, 2),
+                "environment": environment(self.device),
+                "peak_memory_bytes": peak.bytes,
+                "peak_memory_kind": peak.kind,
+                **self.run_info,
+            },
+        )
 
     def done(self) -> None:
         """The stage finished: its resume checkpoint is no longer needed."""
@@ -179,25 +204,31 @@ def set_threads() -> None:
 def main_guard(body) -> None:
     """Run a stage's body; params and data problems exit 2 with a one-paragraph message."""
     import pickle
+
     try:
         body(sys.argv[1:])
     except (ParamsError, StageFailed, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except pickle.UnpicklingError as e:
-        print(f"error: refusing to load a checkpoint or artifact that holds more than plain "
-              f"tensors and values (loaded with weights_only=True): {str(e).splitlines()[0]}",
-              file=sys.stderr)
+        print(
+            f"error: refusing to load a checkpoint or artifact that holds more than plain "
+            f"tensors and values (loaded with weights_only=True): {str(e).splitlines()[0]}",
+            file=sys.stderr,
+        )
         sys.exit(2)
     except KeyboardInterrupt:
-        print("interrupted: a stage that checkpoints resumes where it stopped when run again",
-              file=sys.stderr)
+        print(
+            "interrupted: a stage that checkpoints resumes where it stopped when run again",
+            file=sys.stderr,
+        )
         sys.exit(130)
 
 
 def run_record(stage_name: str) -> dict:
     """The run record of a stage's last run ({} when there is none)."""
     import json
+
     try:
         return json.loads((RUNS_DIR / f"{stage_name}.json").read_text())
     except (OSError, ValueError):

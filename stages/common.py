@@ -1,4 +1,5 @@
 """Argument handling shared by the stage scripts."""
+
 from __future__ import annotations
 
 import argparse

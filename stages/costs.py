@@ -1,6 +1,7 @@
 """Stage: per-client costs of an experiment's federated method, from the method's hook (bits
 in the papers' convention and bytes actually sent, FLOPs counted with FlopCounterMode, memory).
 Runs on the CPU: FLOP counts do not depend on the device."""
+
 from __future__ import annotations
 
 import torch  # noqa: F401  (imported first so that FEDSSL_THREADS applies to it)

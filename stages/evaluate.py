@@ -1,4 +1,5 @@
 """Stage: linear probe and k-NN accuracy on the cached features (uniform test split)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,10 @@ def run(argv):
         f = {k: z[k] for k in z.files}
     split = (f["train_x"], f["train_y"], f["test_x"], f["test_y"])
     with ctx.run():
-        metrics = {**linear_probe(*split, ctx.exp.linear_probe, ctx.device),
-                   **knn_accuracy(*split, ctx.exp.knn, ctx.device)}
+        metrics = {
+            **linear_probe(*split, ctx.exp.linear_probe, ctx.device),
+            **knn_accuracy(*split, ctx.exp.knn, ctx.device),
+        }
         metrics = {k: round(v, 2) for k, v in metrics.items()}
         write_json(ctx.results_dir / "metrics.json", metrics)
         ctx.info["metrics"] = metrics

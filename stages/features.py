@@ -1,4 +1,5 @@
 """Stage: features of the method's frozen encoder for the labelled train and test splits."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,8 +24,11 @@ def run(argv):
             arrays[f"{split}_x"] = extract_features(encoder, images, f.batch_size, ctx.device)
             arrays[f"{split}_y"] = labels
         np.savez(out / "features.npz", **arrays)
-        ctx.info.update(dim=int(arrays["train_x"].shape[1]), train=len(arrays["train_y"]),
-                        test=len(arrays["test_y"]))
+        ctx.info.update(
+            dim=int(arrays["train_x"].shape[1]),
+            train=len(arrays["train_y"]),
+            test=len(arrays["test_y"]),
+        )
 
 
 if __name__ == "__main__":

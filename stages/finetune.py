@@ -1,5 +1,6 @@
 """Stage: fine-tune the method's pretrained encoder end to end with a linear head on the
 labelled training split (an experiment's `finetune` section), top-1 on the test split."""
+
 from __future__ import annotations
 
 import torch  # noqa: F401  (imported first so that FEDSSL_THREADS applies to it)
@@ -24,11 +25,18 @@ def run(argv):
 
         def on_epoch(rows):
             write_tsv(rows, log_path, ["epoch", "loss"])
-            print(f"epoch {rows[-1]['epoch']}/{p.epochs}: loss {rows[-1]['loss']:.4f}",
-                  flush=True)
+            print(f"epoch {rows[-1]['epoch']}/{p.epochs}: loss {rows[-1]['loss']:.4f}", flush=True)
 
-        result = finetune(encoder, (images, labels), ctx.split("test"), p, ctx.device,
-                          ctx.resume_path, ctx.fingerprint, on_epoch)
+        result = finetune(
+            encoder,
+            (images, labels),
+            ctx.split("test"),
+            p,
+            ctx.device,
+            ctx.resume_path,
+            ctx.fingerprint,
+            on_epoch,
+        )
         write_tsv(result.pop("log"), log_path, ["epoch", "loss"])
         metrics = {k: round(v, 2) for k, v in result.items() if v is not None}
         write_json(ctx.results_dir / "finetune.json", metrics)

@@ -1,6 +1,7 @@
 """Stage: one step of an experiment's method (``python -m stages.method STEP EXPERIMENT``):
 federated pretraining, MFCL's export or rServer, ... whatever the method plugin declares. The
 method's hook does the work; this script only validates, times and records it."""
+
 from __future__ import annotations
 
 import argparse

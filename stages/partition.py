@@ -1,12 +1,17 @@
 """Stage: split a prepared data set's training split over clients."""
+
 from __future__ import annotations
 
 import numpy as np
 
-from fedssl.data.client_tests import (class_group_of_client, matching_test_split,
-                                      proportional_counts)
-from fedssl.data.partition import (class_counts, plot_heatmap, server_seed, split_clients,
-                                   stratified_subset)
+from fedssl.data.client_tests import class_group_of_client, matching_test_split, proportional_counts
+from fedssl.data.partition import (
+    class_counts,
+    plot_heatmap,
+    server_seed,
+    split_clients,
+    stratified_subset,
+)
 from fedssl.data.store import load_split, save_clients
 from fedssl.plan.layout import data_dir
 from fedssl.runtime import write_json
@@ -23,8 +28,7 @@ def run(argv):
     if p.server_holdout:  # the server's slice first; the clients split what is left
         server = np.sort(stratified_subset(labels, p.server_holdout, server_seed(p)))
     rest = np.setdiff1d(np.arange(len(labels)), server)
-    pool = (rest[stratified_subset(labels[rest], p.subset, p.seed)] if p.subset
-            else rest)
+    pool = rest[stratified_subset(labels[rest], p.subset, p.seed)] if p.subset else rest
     local = split_clients(labels[pool], p.num_clients, p.scheme, p.seed, num_classes)
     clients = [pool[ix] for ix in local]  # indices into the full training split
     counts = class_counts(labels, clients, num_classes)
@@ -36,11 +40,17 @@ def run(argv):
         _, test_labels = load_split(data_dir(p.dataset), "test")
         wanted, per_client = counts, p.client_tests.per_client
         if p.client_tests.fraction is not None:  # a share of each client's training size
-            wanted = np.stack([proportional_counts(c, round(p.client_tests.fraction * c.sum()))
-                               for c in counts])
+            wanted = np.stack(
+                [proportional_counts(c, round(p.client_tests.fraction * c.sum())) for c in counts]
+            )
         try:
-            tests = matching_test_split(wanted, test_labels, per_client, p.seed,
-                                        replace_across_clients=not p.client_tests.disjoint)
+            tests = matching_test_split(
+                wanted,
+                test_labels,
+                per_client,
+                p.seed,
+                replace_across_clients=not p.client_tests.disjoint,
+            )
         except ValueError as e:
             raise StageFailed(f"{ctx.name}: client_tests: {e}") from None
         summary["test_sizes"] = [len(t) for t in tests]
@@ -52,10 +62,13 @@ def run(argv):
             save_clients(out / "test_clients.npz", tests)
         write_json(out / "class_counts.json", summary)
         plot_heatmap(counts, out / "heatmap.png", f"{ctx.name}: samples per client and class")
-        ctx.info.update(num_clients=len(clients), samples=int(counts.sum()),
-                        server_samples=int(len(server)),
-                        smallest_client=int(counts.sum(1).min()),
-                        largest_client=int(counts.sum(1).max()))
+        ctx.info.update(
+            num_clients=len(clients),
+            samples=int(counts.sum()),
+            server_samples=int(len(server)),
+            smallest_client=int(counts.sum(1).min()),
+            largest_client=int(counts.sum(1).max()),
+        )
 
 
 if __name__ == "__main__":

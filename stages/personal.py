@@ -2,6 +2,7 @@
 every round), summarised from the ``personal.npz`` its method's step wrote. Numbers the step
 measured itself (restarts, a relevance score, ...) come along when it also wrote
 ``extra_metrics.json`` (a flat mapping) beside that file."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Stage: read a data set from its usual on-disk layout once and store it as a uint8 artifact."""
+
 from __future__ import annotations
 
 from fedssl.data.sources import DataNotFound, load_dataset

@@ -1,6 +1,7 @@
 """Stage: the report across a pipeline's experiments (one row per experiment, rendered by
 :func:`fedssl.report.write_report` into ``results/reports/<pipeline>/``, committed: Markdown,
 CSV and JSON), its methods' figures and the round curves, plus the partition heat-maps."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,21 +21,33 @@ def run(argv):
     ctx = StageContext("report", pipeline)
     dag, presets = ctx.dag, ctx.presets
     from fedssl.methods import registry
+
     rows, partitions, methods, swept = [], [], {}, []
     for name in dag.experiments:
         exp = presets.load("experiment", name)
         method = methods.setdefault(exp.method.name, registry.get(exp.method.name))
         part = presets.load("partition", exp.partition)
         stages = [dag.stages[s] for s in dag.of_experiment[name]]
-        steps = [Path(s.out) for s in stages
-                 if s.kind in {st.name for st in method.steps_for(exp.method)}]
+        steps = [
+            Path(s.out)
+            for s in stages
+            if s.kind in {st.name for st in method.steps_for(exp.method)}
+        ]
         costs = next((Path(s.out) for s in stages if s.kind == "costs"), None)
         metrics = [Path(m) for s in stages for m in s.metrics]  # probes, fine-tuning, ...
-        row, column = table_cell(exp, method, part, presets.load("dataset", part.dataset).name,
-                                 dag.row, dag.column)
-        rows.append(ReportRow({**experiment_row(name, exp, method, steps, metrics, costs),
-                               "row": row, "column": column},
-                              {s.kind: results_dir(owner_of(s.out)) for s in stages}))
+        row, column = table_cell(
+            exp, method, part, presets.load("dataset", part.dataset).name, dag.row, dag.column
+        )
+        rows.append(
+            ReportRow(
+                {
+                    **experiment_row(name, exp, method, steps, metrics, costs),
+                    "row": row,
+                    "column": column,
+                },
+                {s.kind: results_dir(owner_of(s.out)) for s in stages},
+            )
+        )
         partitions += [exp.partition] if exp.partition not in partitions else []
         swept.append(setting(exp, dag.column) if dag.column != "partition" else None)
     rows = in_column_order(rows, swept)
@@ -42,16 +55,22 @@ def run(argv):
     with ctx.run() as out:
         results.mkdir(parents=True, exist_ok=True)
         for part in sorted(partitions):
-            shutil.copy(Path(dag.stages[f"partition__{part}"].out) / "heatmap.png",
-                        out / f"partition_{part}.png")
+            shutil.copy(
+                Path(dag.stages[f"partition__{part}"].out) / "heatmap.png",
+                out / f"partition_{part}.png",
+            )
         figures = {}  # file in `results` -> caption
         for method in methods.values():
             own = [r for r in rows if r["method"] == method.name]
             figures.update(method.figures(own, results) if own else {})
         write_report(results, pipeline, rows, figures, str(ctx.stage.out))
-        logs = {name: Path(p) for name in dag.experiments
-                for s in dag.of_experiment[name] for p in dag.stages[s].plots
-                if p.endswith("rounds.tsv")}
+        logs = {
+            name: Path(p)
+            for name in dag.experiments
+            for s in dag.of_experiment[name]
+            for p in dag.stages[s].plots
+            if p.endswith("rounds.tsv")
+        }
         plot_curves(logs, results / "curves.png")
         ctx.info["rows"] = len(rows)
     print(f"wrote {results}/report.md, report.csv, report.json and curves.png")

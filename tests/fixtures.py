@@ -1,4 +1,5 @@
 """Test data written in real on-disk formats, and a throw-away copy of the project."""
+
 from __future__ import annotations
 
 import gzip
@@ -40,7 +41,7 @@ def toy_images(n: int, seed: int, num_classes: int = 4) -> tuple[np.ndarray, np.
     labels = np.arange(n) % num_classes
     images = rng.integers(0, 60, size=(n, 28, 28)).astype(np.uint8)
     for c in range(num_classes):
-        images[labels == c, 4 + 5 * c: 8 + 5 * c, 4:24] = 220
+        images[labels == c, 4 + 5 * c : 8 + 5 * c, 4:24] = 220
     return images, labels
 
 
@@ -107,7 +108,8 @@ def add_tiny_mfcl(root: Path) -> list[str]:
     names = {"tiny_mfcl_tn": ("tn", "true"), "tiny_mfcl_bn": ("bn", "false")}
     for name, (norm, secure) in names.items():
         (params / "experiments" / f"{name}.yaml").write_text(
-            TINY_MFCL_EXPERIMENT.format(norm=norm, secure=secure))
+            TINY_MFCL_EXPERIMENT.format(norm=norm, secure=secure)
+        )
     with open(params / "pipelines.yaml", "a") as f:
         f.write(f"  mfcl: [{', '.join(names)}, tiny_simclr]\n")
     return list(names)
@@ -118,25 +120,34 @@ def make_tiny_project(root: Path, git: bool = True) -> Path:
     set, 3 clients, and three experiments (FedSimCLR, random init, raw pixels)."""
     for item in ("fedssl", "stages", "Snakefile", "profiles"):
         src = REPO / item
-        (shutil.copytree(src, root / item, ignore=shutil.ignore_patterns("__pycache__"))
-         if src.is_dir() else shutil.copy(src, root / item))
+        (
+            shutil.copytree(src, root / item, ignore=shutil.ignore_patterns("__pycache__"))
+            if src.is_dir()
+            else shutil.copy(src, root / item)
+        )
     write_fashion_mnist(root / "raw", {"train": toy_images(240, 0), "t10k": toy_images(80, 1)})
     params = root / "params"
     for sub in ("datasets", "partitions", "experiments"):
         (params / sub).mkdir(parents=True)
     (params / "datasets" / "tiny.yaml").write_text(
-        "name: fashion_mnist\ndata_root: raw\ndownload: false\n")
+        "name: fashion_mnist\ndata_root: raw\ndownload: false\n"
+    )
     (params / "partitions" / "tiny_dir05_m3.yaml").write_text(
         "dataset: tiny\nnum_clients: 3\nscheme: {kind: dirichlet, alpha: 0.5, "
-        "min_per_client: 20}\nsubset: null\nseed: 0\n")
-    rows = {"tiny_simclr": ("FedSimCLR", "small_cnn", "fedsimclr", 2),
-            "tiny_random": ("Random init", "small_cnn", "none", 0),
-            "tiny_pixels": ("Raw pixels", "pixels", "none", 0)}
+        "min_per_client: 20}\nsubset: null\nseed: 0\n"
+    )
+    rows = {
+        "tiny_simclr": ("FedSimCLR", "small_cnn", "fedsimclr", 2),
+        "tiny_random": ("Random init", "small_cnn", "none", 0),
+        "tiny_pixels": ("Raw pixels", "pixels", "none", 0),
+    }
     for name, (title, arch, method, rounds) in rows.items():
         (params / "experiments" / f"{name}.yaml").write_text(
-            tiny_experiment(title, arch, method, rounds))
+            tiny_experiment(title, arch, method, rounds)
+        )
     (params / "pipelines.yaml").write_text(
-        "pipelines:\n  default: [tiny_simclr, tiny_random, tiny_pixels]\n")
+        "pipelines:\n  default: [tiny_simclr, tiny_random, tiny_pixels]\n"
+    )
     # the project's own ignore rules: DVC refuses a pipeline file that git ignores
     shutil.copy(REPO / ".gitignore", root / ".gitignore")
     run(["python", "-m", "fedssl.pipeline", "write"], root)
@@ -150,8 +161,10 @@ def make_tiny_project(root: Path, git: bool = True) -> Path:
 def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
-                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
@@ -161,6 +174,7 @@ def in_project(root: Path):
     """Work inside a tiny project (its params, its artifacts): yields ``planned(kind,
     experiment)``, which finds that stage in the project's DAG."""
     from fedssl.plan.dag import Dag
+
     cwd = os.getcwd()
     os.chdir(root)
     try:
@@ -187,6 +201,7 @@ def run_stage(planned: PlannedStage, upstream: bool = False) -> None:
     """Run a stage in this process (inside :func:`in_project`); with ``upstream``, first every
     stage it reads whose output is missing."""
     import importlib
+
     if upstream:
         for name in planned.spec.upstream:
             if not (Path(planned.dag.stages[name].out) / "meta.json").exists():
@@ -198,10 +213,16 @@ def run_stage(planned: PlannedStage, upstream: bool = False) -> None:
 def output_files(planned: PlannedStage) -> dict[str, bytes]:
     """Every file the stage wrote: its artifact folder and its experiment's results, by path."""
     from fedssl.plan.layout import results_dir
+
     experiment = planned.name.split("__", 1)[1]
     folders = [Path(planned.spec.out), Path(results_dir(experiment))]
-    return {str(p): p.read_bytes() for d in folders if d.exists()
-            for p in sorted(d.rglob("*")) if p.is_file()}
+    return {
+        str(p): p.read_bytes()
+        for d in folders
+        if d.exists()
+        for p in sorted(d.rglob("*"))
+        if p.is_file()
+    }
 
 
 def kill_after_checkpoint(root: Path, planned: PlannedStage, timeout: float = 300):
@@ -210,11 +231,17 @@ def kill_after_checkpoint(root: Path, planned: PlannedStage, timeout: float = 30
     import signal
     import sys
     import time
+
     from fedssl.stage import RESUME_DIR
+
     folder = root / RESUME_DIR
-    proc = subprocess.Popen([sys.executable, "-m", *planned.argv], cwd=root,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "FEDSSL_THREADS": "1", "FEDSSL_DEVICE": "cpu"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *planned.argv],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "FEDSSL_THREADS": "1", "FEDSSL_DEVICE": "cpu"},
+    )
     deadline = time.time() + timeout
     found: list[Path] = []
     while not found and proc.poll() is None and time.time() < deadline:
@@ -222,8 +249,10 @@ def kill_after_checkpoint(root: Path, planned: PlannedStage, timeout: float = 30
         # `<stage>.pt`, or a method's own `<stage>.<part>.pt`; never the `.tmp` being written
         found = sorted(folder.glob(f"{planned.name}.*pt")) if folder.exists() else []
     if proc.poll() is not None:
-        raise AssertionError(f"{planned.name} ended ({proc.returncode}) before it could be "
-                             f"killed:\n{proc.stderr.read()[-3000:]}")
+        raise AssertionError(
+            f"{planned.name} ended ({proc.returncode}) before it could be "
+            f"killed:\n{proc.stderr.read()[-3000:]}"
+        )
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert found, f"{planned.name} wrote no checkpoint in {timeout} s"

@@ -1,5 +1,6 @@
 """Tiny LW-FedSSL-family experiments for a tiny project (tests.fixtures.make_tiny_project):
 a 3-block ViT of width 16 on 28x28 toy images, 3 clients and a 30-image server holdout."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -50,15 +51,18 @@ TINY_EXTRAS = {
     "fedmoco_lw": "  weight_transfer: true\n",
     "prog_fedssl": "  weight_transfer: true\n",
     "lw_fedssl": "  weight_transfer: true\n  alpha: 0.01\n"
-                 "  calibration: {enabled: true, timing: round_start}\n",
+    "  calibration: {enabled: true, timing: round_start}\n",
 }
-TITLES = {"fedmoco": "FedMoCo", "fedmoco_lw": "FedMoCo-LW", "prog_fedssl": "Prog-FedSSL",
-          "lw_fedssl": "LW-FedSSL"}
+TITLES = {
+    "fedmoco": "FedMoCo",
+    "fedmoco_lw": "FedMoCo-LW",
+    "prog_fedssl": "Prog-FedSSL",
+    "lw_fedssl": "LW-FedSSL",
+}
 
 
 def tiny_text(method: str, extra: str = "") -> str:
-    return TINY_BASE.format(title=TITLES[method], method=method,
-                            extra=TINY_EXTRAS[method] + extra)
+    return TINY_BASE.format(title=TITLES[method], method=method, extra=TINY_EXTRAS[method] + extra)
 
 
 def add_tiny_lw(root: Path, pipeline: str = "lw") -> list[str]:

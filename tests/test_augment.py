@@ -1,4 +1,5 @@
 """Tests of the batched, per-sample SimCLR augmentation (fedssl.data.augment)."""
+
 from __future__ import annotations
 
 import math
@@ -7,13 +8,25 @@ import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
 
-from fedssl.data.augment import (AugmentDraw, BatchAugment, blur_kernel_size, sample_crop_boxes,
-                                 to_float)
+from fedssl.data.augment import (
+    AugmentDraw,
+    BatchAugment,
+    blur_kernel_size,
+    sample_crop_boxes,
+    to_float,
+)
 from fedssl.params import AugmentParams
 
 # every op off, full-image crop: the pipeline is then the identity (for out_size = input size)
-PLAIN = dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0,
-             grayscale_p=0.0, blur_p=0.0, solarize_p=0.0)
+PLAIN = dict(
+    crop_scale=(1.0, 1.0),
+    crop_ratio=(1.0, 1.0),
+    flip_p=0.0,
+    jitter_p=0.0,
+    grayscale_p=0.0,
+    blur_p=0.0,
+    solarize_p=0.0,
+)
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -32,11 +45,15 @@ def draw_for(n: int, c: int = 3, **fields) -> AugmentDraw:
     """A hand-made draw: full-image boxes (32 x 32) and no op, with ``fields`` overriding."""
     base = dict(
         boxes=torch.tensor([[0.0, 0.0, 32.0, 32.0]]).repeat(n, 1),
-        flip=torch.zeros(n, dtype=torch.bool), jitter=torch.zeros(n, dtype=torch.bool),
+        flip=torch.zeros(n, dtype=torch.bool),
+        jitter=torch.zeros(n, dtype=torch.bool),
         jitter_factors=torch.tensor([[1.0, 1.0, 1.0, 0.0]]).repeat(n, 1),
         jitter_order=torch.arange(4 if c == 3 else 2).repeat(n, 1),
-        grayscale=torch.zeros(n, dtype=torch.bool), blur=torch.zeros(n, dtype=torch.bool),
-        blur_sigma=torch.ones(n), solarize=torch.zeros(n, dtype=torch.bool))
+        grayscale=torch.zeros(n, dtype=torch.bool),
+        blur=torch.zeros(n, dtype=torch.bool),
+        blur_sigma=torch.ones(n),
+        solarize=torch.zeros(n, dtype=torch.bool),
+    )
     base.update(fields)
     return AugmentDraw(**base)
 
@@ -161,9 +178,13 @@ def test_crop_samples_the_drawn_box():
     so every output pixel must hold the coordinate the drawn box puts it at."""
     size, out_size, n = 48, 20, 64
     coord = torch.arange(size, dtype=torch.float32)
-    img = torch.stack([coord.view(1, -1).expand(size, size),     # channel 0: x
-                       coord.view(-1, 1).expand(size, size),     # channel 1: y
-                       torch.zeros(size, size)]).unsqueeze(0) / (size - 1)
+    img = torch.stack(
+        [
+            coord.view(1, -1).expand(size, size),  # channel 0: x
+            coord.view(-1, 1).expand(size, size),  # channel 1: y
+            torch.zeros(size, size),
+        ]
+    ).unsqueeze(0) / (size - 1)
     aug = BatchAugment(AugmentParams(flip_p=0.5, jitter_p=0.0, grayscale_p=0.0), out_size)
     d = aug.draw(n, size, size, 3, "cpu", gen(5))
     out = aug.apply(img.repeat(n, 1, 1, 1), d) * (size - 1)
@@ -173,10 +194,12 @@ def test_crop_samples_the_drawn_box():
     xs = (x0.view(-1, 1) + j * (w / out_size).view(-1, 1) - 0.5).clamp(0, size - 1)
     ys = (y0.view(-1, 1) + j * (h / out_size).view(-1, 1) - 0.5).clamp(0, size - 1)
     xs = torch.where(d.flip.view(-1, 1), xs.flip(1), xs)
-    assert torch.allclose(out[:, 0], xs.view(n, 1, out_size).expand(n, out_size, out_size),
-                          atol=1e-3)
-    assert torch.allclose(out[:, 1], ys.view(n, out_size, 1).expand(n, out_size, out_size),
-                          atol=1e-3)
+    assert torch.allclose(
+        out[:, 0], xs.view(n, 1, out_size).expand(n, out_size, out_size), atol=1e-3
+    )
+    assert torch.allclose(
+        out[:, 1], ys.view(n, out_size, 1).expand(n, out_size, out_size), atol=1e-3
+    )
     assert d.flip.any() and not d.flip.all()
 
 
@@ -186,16 +209,20 @@ def test_jitter_ops_match_torchvision():
     x = to_float(imgs)
     aug = BatchAugment(plain(jitter_p=1.0), 32)
     cases = [
-        (0, 1.3, TF.adjust_brightness), (1, 0.6, TF.adjust_contrast),
-        (2, 1.5, TF.adjust_saturation), (3, 0.2, TF.adjust_hue),
-        (3, -0.45, TF.adjust_hue), (0, 0.7, TF.adjust_brightness),
+        (0, 1.3, TF.adjust_brightness),
+        (1, 0.6, TF.adjust_contrast),
+        (2, 1.5, TF.adjust_saturation),
+        (3, 0.2, TF.adjust_hue),
+        (3, -0.45, TF.adjust_hue),
+        (0, 0.7, TF.adjust_brightness),
     ]
     for op, value, fn in cases:
         factors = torch.tensor([[1.0, 1.0, 1.0, 0.0]]).repeat(4, 1)
         factors[:, op] = value
         order = torch.tensor([op] + [o for o in range(4) if o != op]).repeat(4, 1)
-        d = draw_for(4, jitter=torch.ones(4, dtype=torch.bool), jitter_factors=factors,
-                     jitter_order=order)
+        d = draw_for(
+            4, jitter=torch.ones(4, dtype=torch.bool), jitter_factors=factors, jitter_order=order
+        )
         out = aug.apply(imgs, d)
         ref = torch.stack([fn(xi, value) for xi in x])
         assert torch.allclose(out, ref, atol=1e-5), (op, value)
@@ -208,9 +235,12 @@ def test_jitter_order_is_per_sample():
     factors = torch.tensor([[1.8, 0.5, 1.0, 0.0]]).repeat(2, 1)
     order = torch.tensor([[0, 1, 2, 3], [1, 0, 2, 3]])
     aug = BatchAugment(plain(jitter_p=1.0), 32)
-    out = aug.apply(imgs[:1].repeat(2, 1, 1, 1),
-                    draw_for(2, jitter=torch.ones(2, dtype=torch.bool), jitter_factors=factors,
-                             jitter_order=order))
+    out = aug.apply(
+        imgs[:1].repeat(2, 1, 1, 1),
+        draw_for(
+            2, jitter=torch.ones(2, dtype=torch.bool), jitter_factors=factors, jitter_order=order
+        ),
+    )
     bc = TF.adjust_contrast(TF.adjust_brightness(x[0], 1.8), 0.5)
     cb = TF.adjust_brightness(TF.adjust_contrast(x[0], 0.5), 1.8)
     assert torch.allclose(out[0], bc, atol=1e-5) and torch.allclose(out[1], cb, atol=1e-5)

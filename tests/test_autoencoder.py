@@ -1,10 +1,14 @@
 """Client autoencoder (Tab. 9 / Tab. 10): sizes, shapes, pooling modes, and a short training run."""
+
 import pytest
 import torch
 from torch import nn
 
-from fedssl.models.autoencoder import (ClientAutoencoder, reconstruction_loss,
-                                      resnet18_blocks_on_client)
+from fedssl.models.autoencoder import (
+    ClientAutoencoder,
+    reconstruction_loss,
+    resnet18_blocks_on_client,
+)
 from fedssl.models.norms import TwinNorm
 
 
@@ -32,10 +36,17 @@ def test_slim_and_bn_counts():
 def test_layer_structure_follows_tab9():
     ae = ClientAutoencoder("resnet18", norm="tn")
     convs = [m for m in ae.modules() if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d))]
-    spec = [(nn.Conv2d, 3, 64), (nn.Conv2d, 64, 64), (nn.ConvTranspose2d, 64, 64),
-            (nn.ConvTranspose2d, 64, 3), (nn.Conv2d, 3, 3)]
+    spec = [
+        (nn.Conv2d, 3, 64),
+        (nn.Conv2d, 64, 64),
+        (nn.ConvTranspose2d, 64, 64),
+        (nn.ConvTranspose2d, 64, 3),
+        (nn.Conv2d, 3, 3),
+    ]
     assert [(type(m), m.in_channels, m.out_channels) for m in convs] == spec
-    assert all(m.kernel_size == (3, 3) and m.stride == (1, 1) and m.padding == (1, 1) for m in convs)
+    assert all(
+        m.kernel_size == (3, 3) and m.stride == (1, 1) and m.padding == (1, 1) for m in convs
+    )
     norms = [m for m in ae.modules() if isinstance(m, TwinNorm)]
     assert [n.channels for n in norms] == [64, 64, 64, 3]
     assert norms[-1].num_groups == 1  # the 3-channel TN uses one group
@@ -82,9 +93,15 @@ def test_pool_modes():
 
 
 # Width 64, 3×32×32 input: encoder parameters, exported representation (C, H, W) per cut.
-CUTS = {1: (1_920, (64, 16, 16)), 2: (38_976, (64, 16, 16)), 3: (76_032, (64, 16, 16)),
-        4: (113_088, (64, 16, 16)), 5: (150_144, (64, 16, 16)), 6: (224_256, (128, 8, 8)),
-        7: (372_096, (128, 8, 8))}
+CUTS = {
+    1: (1_920, (64, 16, 16)),
+    2: (38_976, (64, 16, 16)),
+    3: (76_032, (64, 16, 16)),
+    4: (113_088, (64, 16, 16)),
+    5: (150_144, (64, 16, 16)),
+    6: (224_256, (128, 8, 8)),
+    7: (372_096, (128, 8, 8)),
+}
 
 
 @pytest.mark.parametrize("cut", sorted(CUTS))
@@ -104,8 +121,9 @@ def test_cut_sizes_and_shapes(cut):
 @pytest.mark.parametrize("cut", [1, 5, 6, 7])
 @pytest.mark.parametrize("pool", ["outside", "upsample", "downsampled_target"])
 def test_cut_reconstructs_at_the_input_size(cut, pool):
-    ae = ClientAutoencoder("resnet18", in_channels=1, width=8, channels_per_group=4,
-                           ae_pool=pool, cut=cut)
+    ae = ClientAutoencoder(
+        "resnet18", in_channels=1, width=8, channels_per_group=4, ae_pool=pool, cut=cut
+    )
     for size in (28, 32):
         x = torch.rand(2, 1, size, size)
         assert ae(x).shape == ae.reconstruction_target(x).shape
@@ -119,11 +137,26 @@ def test_cut7_layer_structure_mirrors_the_encoder():
     enc = [m for m in ae.encoder if isinstance(m, nn.Conv2d)]
     dec = [m for m in ae.decoder if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d))]
     assert [(m.in_channels, m.out_channels, m.stride[0]) for m in enc] == [
-        (3, 8, 1), (8, 8, 1), (8, 8, 1), (8, 8, 1), (8, 8, 1), (8, 16, 2), (16, 16, 1)]
+        (3, 8, 1),
+        (8, 8, 1),
+        (8, 8, 1),
+        (8, 8, 1),
+        (8, 8, 1),
+        (8, 16, 2),
+        (16, 16, 1),
+    ]
     assert all(isinstance(m, nn.ConvTranspose2d) for m in dec[:-1])
-    assert [(m.in_channels, m.out_channels, m.stride[0], m.output_padding[0])
-            for m in dec[:-1]] == [(16, 16, 1, 0), (16, 8, 2, 1), (8, 8, 1, 0), (8, 8, 1, 0),
-                                   (8, 8, 1, 0), (8, 8, 1, 0), (8, 3, 1, 0)]
+    assert [
+        (m.in_channels, m.out_channels, m.stride[0], m.output_padding[0]) for m in dec[:-1]
+    ] == [
+        (16, 16, 1, 0),
+        (16, 8, 2, 1),
+        (8, 8, 1, 0),
+        (8, 8, 1, 0),
+        (8, 8, 1, 0),
+        (8, 8, 1, 0),
+        (8, 3, 1, 0),
+    ]
     assert type(dec[-1]) is nn.Conv2d and (dec[-1].in_channels, dec[-1].out_channels) == (3, 3)
 
 
@@ -145,7 +178,10 @@ def test_cut_validation_and_rserver_blocks():
     with pytest.raises(ValueError, match="cut applies to arch resnet18 only"):
         ClientAutoencoder("resnet50", cut=3)
     assert ClientAutoencoder("resnet50", width=8, channels_per_group=4).prepool_shape(64, 64) == (
-        16, 64, 64)
+        16,
+        64,
+        64,
+    )
 
 
 def test_tn_autoencoder_needs_twins():
@@ -157,8 +193,14 @@ def test_reconstruction_loss():
     logits = torch.tensor([[0.0, 2.0]])
     target = torch.tensor([[0.5, 1.0]])
     bce = reconstruction_loss(logits, target, "bce")
-    expected = -(0.5 * torch.log(torch.tensor(0.5)) + 0.5 * torch.log(torch.tensor(0.5))
-                 + torch.log(torch.sigmoid(torch.tensor(2.0)))) / 2
+    expected = (
+        -(
+            0.5 * torch.log(torch.tensor(0.5))
+            + 0.5 * torch.log(torch.tensor(0.5))
+            + torch.log(torch.sigmoid(torch.tensor(2.0)))
+        )
+        / 2
+    )
     torch.testing.assert_close(bce, expected)
     mse = reconstruction_loss(logits, target, "mse")
     torch.testing.assert_close(mse, ((torch.sigmoid(torch.tensor(2.0)) - 1) ** 2) / 2)
@@ -172,8 +214,9 @@ def test_tn_autoencoder_trains():
     torch.manual_seed(0)
     ae = ClientAutoencoder("resnet18", width=32, channels_per_group=8, norm="tn")
     # Smooth random images in [0, 1], twin-ordered: view 2 = horizontally flipped view 1.
-    base = torch.nn.functional.interpolate(torch.rand(4, 3, 4, 4), size=16, mode="bilinear",
-                                           align_corners=False)
+    base = torch.nn.functional.interpolate(
+        torch.rand(4, 3, 4, 4), size=16, mode="bilinear", align_corners=False
+    )
     x = torch.cat([base, base.flip(-1)])
     opt = torch.optim.Adam(ae.parameters(), lr=1e-3)
     losses = []

@@ -1,4 +1,5 @@
 """The `fedssl` command on a tiny project with a grid: what it lists, shows and runs."""
+
 from __future__ import annotations
 
 import re
@@ -41,13 +42,15 @@ def fedssl(project, *args, check=True) -> subprocess.CompletedProcess:
 
 def test_list_names_pipelines_experiments_with_grid_members_and_methods(project):
     assert fedssl(project, "list", "pipelines").stdout.splitlines() == [
-        "default: tiny_simclr, tiny_random, tiny_pixels"]
+        "default: tiny_simclr, tiny_random, tiny_pixels"
+    ]
     experiments = fedssl(project, "list", "experiments").stdout.splitlines()
     assert experiments[:3] == ["tiny_pixels", "tiny_random", "tiny_simclr"]
     assert "tiny_simclr_narrow_lr10  (grid tiny_sweep)" in experiments
     assert len(experiments) == 3 + 4
-    methods = {line.split(":")[0]: line for line in
-               fedssl(project, "list", "methods").stdout.splitlines()}
+    methods = {
+        line.split(":")[0]: line for line in fedssl(project, "list", "methods").stdout.splitlines()
+    }
     assert {"fedsimclr", "mfcl", "cpcfl", "none", "mocosfl"} <= set(methods)
     assert "steps: pretrain, export, rserver" in methods["mfcl"]
     assert "no encoder to export" in methods["cpcfl"]
@@ -58,24 +61,33 @@ def test_show_gives_a_grid_members_effective_params_and_its_stages(project):
     assert doc["defined_in"] == ["params/grids.yaml", "params/experiments/tiny_simclr.yaml"]
     assert doc["grid"] == {"name": "tiny_sweep", "axes": {"variant": "wide", "plr": "lr10"}}
     p = doc["params"]
-    assert p["linear_probe"]["lr"] == 0.1            # the axis value
-    assert p["method"]["model"]["width"] == 8        # the overlay
-    assert p["method"]["model"]["norm"] == "gn"      # from the preset it extends
+    assert p["linear_probe"]["lr"] == 0.1  # the axis value
+    assert p["method"]["model"]["width"] == 8  # the overlay
+    assert p["method"]["model"]["norm"] == "gn"  # from the preset it extends
     assert p["title"] == "FedSimCLR wide"
-    assert p["finetune"] is None                     # a default (no finetune section)
+    assert p["finetune"] is None  # a default (no finetune section)
     # the two probe lrs share one pretraining, named after the first member
     assert doc["stages"] == {
         "pretrain__tiny_simclr_wide_lr05": {
-            "kind": "pretrain", "out": "artifacts/experiments/tiny_simclr_wide_lr05/pretrain",
-            "shared_with": "tiny_simclr_wide_lr05"},
+            "kind": "pretrain",
+            "out": "artifacts/experiments/tiny_simclr_wide_lr05/pretrain",
+            "shared_with": "tiny_simclr_wide_lr05",
+        },
         "features__tiny_simclr_wide_lr05": {
-            "kind": "features", "out": "artifacts/experiments/tiny_simclr_wide_lr05/features",
-            "shared_with": "tiny_simclr_wide_lr05"},
+            "kind": "features",
+            "out": "artifacts/experiments/tiny_simclr_wide_lr05/features",
+            "shared_with": "tiny_simclr_wide_lr05",
+        },
         "evaluate__tiny_simclr_wide_lr10": {
-            "kind": "evaluate", "out": "artifacts/experiments/tiny_simclr_wide_lr10/evaluate"},
+            "kind": "evaluate",
+            "out": "artifacts/experiments/tiny_simclr_wide_lr10/evaluate",
+        },
         "costs__tiny_simclr_wide_lr05": {
-            "kind": "costs", "out": "artifacts/experiments/tiny_simclr_wide_lr05/costs",
-            "shared_with": "tiny_simclr_wide_lr05"}}
+            "kind": "costs",
+            "out": "artifacts/experiments/tiny_simclr_wide_lr05/costs",
+            "shared_with": "tiny_simclr_wide_lr05",
+        },
+    }
 
 
 def test_show_of_an_unknown_experiment_names_the_file(project):
@@ -95,12 +107,30 @@ def test_run_calls_snakemake_on_the_pipeline(project):
 
 def test_snakemake_command_keeps_targets_and_config_items():
     assert snakemake_command("mfcl", ["-n", "evaluate__x", "--config", "gpus=0"]) == [
-        "snakemake", "--cores", "all", "--resources", "gpu=1", "-n", "evaluate__x",
-        "--config", "pipeline=mfcl", "gpus=0"]
+        "snakemake",
+        "--cores",
+        "all",
+        "--resources",
+        "gpu=1",
+        "-n",
+        "evaluate__x",
+        "--config",
+        "pipeline=mfcl",
+        "gpus=0",
+    ]
     assert snakemake_command("default", ["-c2", "--resources", "gpu=0"]) == [
-        "snakemake", "-c2", "--resources", "gpu=0", "--config", "pipeline=default"]
+        "snakemake",
+        "-c2",
+        "--resources",
+        "gpu=0",
+        "--config",
+        "pipeline=default",
+    ]
     assert snakemake_command("default", ["--workflow-profile", "profiles/slurm"])[:3] == [
-        "snakemake", "--resources", "gpu=1"]
+        "snakemake",
+        "--resources",
+        "gpu=1",
+    ]
 
 
 def test_export_of_an_untrained_experiment_says_which_stage_to_run(project):

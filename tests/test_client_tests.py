@@ -1,4 +1,5 @@
 """Per-client test splits mirroring training class mixes, and true CP-CFL groups."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,8 +48,9 @@ def test_cpcfl_test_sets_mirror_the_20_20_5_5_training_counts():
         for client, idx in enumerate(parts):
             assert idx.dtype == np.int64 and len(idx) == 50
             assert len(np.unique(idx)) == len(idx)  # no repeats within a client
-            np.testing.assert_array_equal(np.bincount(test_labels[idx], minlength=10),
-                                          counts[client])
+            np.testing.assert_array_equal(
+                np.bincount(test_labels[idx], minlength=10), counts[client]
+            )
 
 
 def test_mpfedcon_style_rescaling_to_50_images_per_party():

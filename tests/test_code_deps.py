@@ -3,6 +3,7 @@ module reruns only report stages, editing one paper's cost formulas reruns only 
 that use them (and the reports), and editing the freshness rules or the dvc.yaml writer reruns
 nothing. On a tiny project with FedSimCLR (costed in MFCL's Tab. 3 conventions) and FedMoCo (an
 LW-FedSSL-family method: LW-FedSSL's App. A formulas and Tab. 3 layout)."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ def planned(project: Path) -> set[str]:
     """Jobs Snakemake dry runs of both pipelines would execute."""
     jobs = set()
     for pipeline in PIPELINES:
-        out = run(["snakemake", "-n", "--cores", "1", "--config", f"pipeline={pipeline}"],
-                  project).stdout
+        out = run(
+            ["snakemake", "-n", "--cores", "1", "--config", f"pipeline={pipeline}"], project
+        ).stdout
         jobs |= {m.group(1) for m in re.finditer(r"^(\w+__\w+)\s+\d+$", out, re.M)}
     return jobs
 
@@ -41,6 +43,7 @@ def project(tmp_path_factory):
     import importlib
     import os
     import sys
+
     root = make_tiny_project(tmp_path_factory.mktemp("deps"))
     params = root / "params"
     (params / "partitions" / "tiny_iid_m3_srv.yaml").write_text(TINY_PARTITION)
@@ -54,6 +57,7 @@ def project(tmp_path_factory):
     try:
         from fedssl.plan.dag import Dag
         from fedssl.plan.freshness import why_stale
+
         for pipeline in PIPELINES:
             dag = Dag(pipeline)
             for name, stage in dag.stages.items():
@@ -91,20 +95,31 @@ def test_editing_a_table_module_reruns_only_the_reports(project):
     assert jobs == stale == {"report__deps"}
 
 
-@pytest.mark.parametrize("formulas, costs", [
-    ("fedssl/methods/lwfedssl/paper_costs.py", "costs__tiny_fedmoco"),
-    ("fedssl/methods/mfcl/paper_costs.py", "costs__tiny_simclr"),
-], ids=["LW-FedSSL App. A", "MFCL Tab. 3"])
-def test_editing_a_papers_cost_formulas_reruns_only_its_costs_and_reports(project, formulas,
-                                                                         costs):
+@pytest.mark.parametrize(
+    "formulas, costs",
+    [
+        ("fedssl/methods/lwfedssl/paper_costs.py", "costs__tiny_fedmoco"),
+        ("fedssl/methods/mfcl/paper_costs.py", "costs__tiny_simclr"),
+    ],
+    ids=["LW-FedSSL App. A", "MFCL Tab. 3"],
+)
+def test_editing_a_papers_cost_formulas_reruns_only_its_costs_and_reports(project, formulas, costs):
     jobs, stale = edited(project, formulas)
-    reports = {"report__default", "report__deps"} if costs == "costs__tiny_simclr" else \
-        {"report__deps"}
+    reports = (
+        {"report__default", "report__deps"} if costs == "costs__tiny_simclr" else {"report__deps"}
+    )
     assert stale == {costs}  # DVC learns about the reports when it has run the costs
     assert jobs == {costs} | reports
 
 
-@pytest.mark.parametrize("file", ["fedssl/plan/dvcfile.py", "fedssl/plan/freshness.py",
-                                  "fedssl/plan/cli.py", "fedssl/pipeline.py"])
+@pytest.mark.parametrize(
+    "file",
+    [
+        "fedssl/plan/dvcfile.py",
+        "fedssl/plan/freshness.py",
+        "fedssl/plan/cli.py",
+        "fedssl/pipeline.py",
+    ],
+)
 def test_editing_the_dvc_writer_or_the_freshness_rules_reruns_nothing(project, file):
     assert edited(project, file) == (set(), set())

@@ -1,6 +1,7 @@
 """The library's import graph: no cycles, method packages that only declare, a stage runtime
 that does not reach the freshness rules or the dvc.yaml writer, and every hook a method names
 resolves to a function."""
+
 from __future__ import annotations
 
 import importlib
@@ -15,8 +16,15 @@ from tests.fixtures import REPO
 
 # Planning and stage-runtime modules a method must not import (types under TYPE_CHECKING and
 # the exception in fedssl.runtime excepted).
-ABOVE_THE_METHODS = ("fedssl.plan", "fedssl.pipeline", "fedssl.stage", "fedssl.presets",
-                     "fedssl.experiment", "fedssl.costs.__main__", "stages")
+ABOVE_THE_METHODS = (
+    "fedssl.plan",
+    "fedssl.pipeline",
+    "fedssl.stage",
+    "fedssl.presets",
+    "fedssl.experiment",
+    "fedssl.costs.__main__",
+    "stages",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -32,21 +40,27 @@ def test_the_library_has_no_import_cycle(top_level):
     assert codegraph.cycles(graph) == []
 
 
-def test_the_cycles_command_finds_a_cycle_and_ignores_type_only_imports(tmp_path, monkeypatch,
-                                                                       capsys):
+def test_the_cycles_command_finds_a_cycle_and_ignores_type_only_imports(
+    tmp_path, monkeypatch, capsys
+):
     pkg = tmp_path / "fedssl"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from fedssl import b\n")
     (pkg / "b.py").write_text("def f():\n    from fedssl.c import g\n")
     (pkg / "c.py").write_text("from fedssl.a import x\n")
-    (pkg / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                              "    from fedssl.e import T\n")
+    (pkg / "d.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fedssl.e import T\n"
+    )
     (pkg / "e.py").write_text("import fedssl.d\n")
     graph = codegraph.import_graph(tmp_path)
     assert codegraph.cycles(graph) == [["fedssl.a", "fedssl.b", "fedssl.c"]]
     assert codegraph.circle(graph, ["fedssl.a", "fedssl.b", "fedssl.c"]) == [
-        "fedssl.a", "fedssl.b", "fedssl.c", "fedssl.a"]
+        "fedssl.a",
+        "fedssl.b",
+        "fedssl.c",
+        "fedssl.a",
+    ]
     assert codegraph.cycles(codegraph.import_graph(tmp_path, top_level=True)) == []
     monkeypatch.chdir(tmp_path)
     assert codegraph.main(["cycles"]) == 1
@@ -56,8 +70,13 @@ def test_the_cycles_command_finds_a_cycle_and_ignores_type_only_imports(tmp_path
 
 def test_nothing_under_methods_imports_planning_or_the_stage_runtime():
     graph = codegraph.import_graph()
-    upward = {(m, i) for m, imported in graph.items() if m.startswith("fedssl.methods")
-              for i in imported if i.startswith(ABOVE_THE_METHODS)}
+    upward = {
+        (m, i)
+        for m, imported in graph.items()
+        if m.startswith("fedssl.methods")
+        for i in imported
+        if i.startswith(ABOVE_THE_METHODS)
+    }
     assert upward == set()
 
 
@@ -70,9 +89,14 @@ def test_a_method_package_init_only_declares(package):
     """Its declaration reaches the shared declarations only: its training, report and cost
     code are named by "module:function" strings, so no stage depends on them by accident."""
     module = f"fedssl.methods.{package.name}"
-    shared = {"fedssl/__init__.py", "fedssl/params.py", "fedssl/methods/__init__.py",
-              "fedssl/methods/base.py", "fedssl/methods/registry.py",
-              f"fedssl/methods/{package.name}/__init__.py"}
+    shared = {
+        "fedssl/__init__.py",
+        "fedssl/params.py",
+        "fedssl/methods/__init__.py",
+        "fedssl/methods/base.py",
+        "fedssl/methods/registry.py",
+        f"fedssl/methods/{package.name}/__init__.py",
+    }
     assert set(codegraph.code_files(module)) == shared
 
 
@@ -86,9 +110,17 @@ def test_the_stage_runtime_does_not_reach_freshness_or_the_dvc_writer():
 
 def declared_hooks(method: Method) -> list[str]:
     hooks = [s.runner for s in method.steps if s.runner]
-    hooks += [h for h in (method.encoder_hook, method.client_costs_hook,
-                          method.projected_costs_hook, method.report_tables,
-                          method.report_figures) if h]
+    hooks += [
+        h
+        for h in (
+            method.encoder_hook,
+            method.client_costs_hook,
+            method.projected_costs_hook,
+            method.report_tables,
+            method.report_figures,
+        )
+        if h
+    ]
     return hooks
 
 
@@ -102,12 +134,14 @@ def test_every_declared_hook_is_a_function(method):
 
 def test_the_growing_methods_run_each_growth_stage_through_one_runner():
     from fedssl.presets import Presets
+
     method = registry.get("lw_fedssl")
     exp = Presets(REPO / "params").load("experiment", "smoke_lw_fedssl")
     steps = method.steps_for(exp.method)
     assert [(s.name, s.runner, s.args) for s in steps] == [
         (f"grow_{s}", "fedssl.methods.lwfedssl.run:grow", (s,))
-        for s in range(1, exp.method.vit.depth + 1)]
+        for s in range(1, exp.method.vit.depth + 1)
+    ]
     assert method.hook_modules(exp.method, "grow_2") == ["fedssl.methods.lwfedssl.run"]
     assert method.hook_modules(exp.method, "costs") == ["fedssl.methods.lwfedssl.costs"]
     assert method.hook_modules(exp.method, "report") == ["fedssl.methods.lwfedssl.tables"]

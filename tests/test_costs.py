@@ -12,6 +12,7 @@ Tab. 3 ResNet-18 cells not asserted (not reproducible from the formulas, see the
 of fedssl.costs and the report): β for every method, γ for FedEMA and FedSimCLR, and MFCL's
 #bits (p1) under the Eq. 4/Alg. 1 reading (we get 15e6, the table prints 11e6).
 """
+
 import pytest
 import torch
 import torchvision
@@ -37,8 +38,12 @@ def _backbone_params(factory) -> int:
 @pytest.fixture(scope="module")
 def sizes():
     ae = ClientAutoencoder("resnet18", norm="tn")
-    return {"resnet18": _backbone_params(torchvision.models.resnet18),
-            "ae": ae.num_parameters(), "enc": ae.num_parameters("encoder"), "ae_model": ae}
+    return {
+        "resnet18": _backbone_params(torchvision.models.resnet18),
+        "ae": ae.num_parameters(),
+        "enc": ae.num_parameters("encoder"),
+        "ae_model": ae,
+    }
 
 
 def test_table_format():
@@ -72,7 +77,9 @@ def test_fedema_resnet18_row(sizes):
 
 
 def test_mfcl_resnet18_row(sizes):
-    row = paper_costs.mfcl_comm_costs(sizes["ae"], sizes["ae"], rounds=15, n_samples=N_CLIENT, rho=8)
+    row = paper_costs.mfcl_comm_costs(
+        sizes["ae"], sizes["ae"], rounds=15, n_samples=N_CLIENT, rho=8
+    )
     assert row["rounds"] == 15
     assert costs.table_format(row["rep_size"]) == "26e8"
     assert costs.table_format(row["bits_p2"]) == "25e10"
@@ -81,7 +88,9 @@ def test_mfcl_resnet18_row(sizes):
     assert costs.table_format(row["bits_p1"]) == "15e6"
     # The printed 11e6 is matched only by "download the AE, upload the encoder" (spec §5 notes
     # this may be a coincidence); alpha is 25e10 under either reading.
-    alt = paper_costs.mfcl_comm_costs(sizes["ae"], sizes["enc"], rounds=15, n_samples=N_CLIENT, rho=8)
+    alt = paper_costs.mfcl_comm_costs(
+        sizes["ae"], sizes["enc"], rounds=15, n_samples=N_CLIENT, rho=8
+    )
     assert costs.table_format(alt["bits_p1"]) == "11e6"
     assert costs.table_format(alt["alpha"]) == "25e10"
     # 16 channel uses per client (§5.4): 15 phase-1 rounds + the one-shot export upload.
@@ -132,11 +141,18 @@ def test_autoencoder_flops_match_mac_count(sizes):
     assert costs.forward_flops(ae, x) == 2 * macs_per_image * 2
     enc_macs = (3 * 64 + 64 * 64) * 9 * 32 * 32  # 39.5 M
     assert costs.forward_flops(ae.encoder, x) == 2 * enc_macs * 2
-    step = costs.train_step_flops(ae, x, lambda out, inp: nn.functional.binary_cross_entropy_with_logits(out, inp))
+    step = costs.train_step_flops(
+        ae, x, lambda out, inp: nn.functional.binary_cross_entropy_with_logits(out, inp)
+    )
     first_conv = 3 * 64 * 9 * 32 * 32  # its input gradient is never computed
     assert step == 3 * (2 * macs_per_image * 2) - 2 * first_conv * 2
-    total = paper_costs.mfcl_client_flops(step, steps_per_round=10, rounds=15,
-                                    encoder_forward_flops_per_image=2 * enc_macs, n_samples=100)
+    total = paper_costs.mfcl_client_flops(
+        step,
+        steps_per_round=10,
+        rounds=15,
+        encoder_forward_flops_per_image=2 * enc_macs,
+        n_samples=100,
+    )
     assert total == step * 150 + 2 * enc_macs * 16 * 100
 
 
@@ -160,13 +176,16 @@ def test_projected_paper_scale_client_costs_from_the_shipped_presets(monkeypatch
     from fedssl.methods import registry
     from fedssl.presets import Presets
     from tests.fixtures import REPO
+
     monkeypatch.chdir(REPO)
     presets = Presets()
 
     def project(name):
         exp = presets.load("experiment", name)
         return registry.get(exp.method.name).projected_costs(
-            exp, presets.load("partition", exp.partition), "cifar10")
+            exp, presets.load("partition", exp.partition), "cifar10"
+        )
+
     m, f = project("cifar10_mfcl_tn_dir01"), project("cifar10_fedsimclr_dir01")
     assert costs.table_format(m["mean_alpha_bits_paper"]) == "25e10"
     assert 1.7e12 <= f["mean_alpha_bits_paper"] < 1.9e12
@@ -181,9 +200,14 @@ def test_projected_paper_scale_client_costs_from_the_shipped_presets(monkeypatch
 def test_cost_summaries_leave_out_what_a_method_does_not_measure():
     """Eq. 6 is MFCL's memory formula: a method without it still gets the other means."""
     from fedssl.costs import summarize_client_costs
-    rows = [{"alpha_bits_paper": 8.0, "bytes_actual": 1, "beta_flops": 10.0,
-             "peak_step_bytes": 4}, {"alpha_bits_paper": 16.0, "bytes_actual": 3,
-                                     "beta_flops": 30.0, "peak_step_bytes": 6}]
+
+    rows = [
+        {"alpha_bits_paper": 8.0, "bytes_actual": 1, "beta_flops": 10.0, "peak_step_bytes": 4},
+        {"alpha_bits_paper": 16.0, "bytes_actual": 3, "beta_flops": 30.0, "peak_step_bytes": 6},
+    ]
     assert summarize_client_costs(rows) == {
-        "mean_alpha_bits_paper": 12.0, "mean_bytes_actual": 2.0, "mean_beta_flops": 20.0,
-        "mean_peak_step_bytes": 5.0}
+        "mean_alpha_bits_paper": 12.0,
+        "mean_bytes_actual": 2.0,
+        "mean_beta_flops": 20.0,
+        "mean_peak_step_bytes": 5.0,
+    }

@@ -2,6 +2,7 @@
 engine's hooks (selection, per-cluster FedAvg, frozen encoder until T_c, empty clusters,
 global encoder, E_l,f), N = 1 against an independent FedAvg, IFCA's failure rule and
 restarts, bytes T (N+1) S, costs, params validation, and the whole chain on a tiny project."""
+
 from __future__ import annotations
 
 import csv
@@ -15,8 +16,16 @@ import yaml
 
 from fedssl.experiment import experiment_model
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
-from fedssl.fl.engine import (Federation, FederationConfig, LocalTraining, Strategy, fedavg,
-                              model_state, nbytes, stacked)
+from fedssl.fl.engine import (
+    Federation,
+    FederationConfig,
+    LocalTraining,
+    Strategy,
+    fedavg,
+    model_state,
+    nbytes,
+    stacked,
+)
 from fedssl.methods.cpcfl import costs as cfl_costs
 from fedssl.methods.cpcfl import run as cfl
 from fedssl.methods.cpcfl.models import Encoder, PoolModel, SSLNet, seeded
@@ -58,10 +67,12 @@ TINY_ROWS = {  # name: (title, pretrain, clusters, T_c, projector widths)
 }
 
 
-def tiny_yaml(title="CP-CFL (SimCLR)", pretrain="simclr", clusters=2, explore=2,
-              widths="[16]") -> str:
-    return TINY_CPCFL.format(title=title, pretrain=pretrain, clusters=clusters,
-                             explore=explore, widths=widths)
+def tiny_yaml(
+    title="CP-CFL (SimCLR)", pretrain="simclr", clusters=2, explore=2, widths="[16]"
+) -> str:
+    return TINY_CPCFL.format(
+        title=title, pretrain=pretrain, clusters=clusters, explore=explore, widths=widths
+    )
 
 
 def tiny_exp(**method):
@@ -80,8 +91,9 @@ def test_the_papers_encoder_has_2378304_parameters_at_96px():
     enc = CPCFLEncoder((3, 96, 96))
     assert enc.flat_dim == 6400
     assert sum(q.numel() for q in enc.parameters()) == 2_378_304
-    e = tiny_exp(encoder={"feature_dim": 256, "input_size": None,
-                          "channels": (64, 128, 192, 256)}).encoder
+    e = tiny_exp(
+        encoder={"feature_dim": 256, "input_size": None, "channels": (64, 128, 192, 256)}
+    ).encoder
     assert sum(q.numel() for q in Encoder(e, (3, 96, 96)).parameters()) == 2_378_304
 
 
@@ -113,6 +125,7 @@ def test_byol_target_is_an_ema_of_the_online_branch_with_beta_09():
 @pytest.mark.parametrize("kind", ["simclr", "byol", "simsiam"])
 def test_each_ssl_loss_falls_on_toy_images(kind):
     from fedssl.data.augment import BatchAugment
+
     images, _ = toy_images(64, 0)
     x = torch.from_numpy(images[:, None])
     p = tiny_exp()
@@ -146,12 +159,22 @@ def grouped_data(n_clients: int = 6, per: int = 12, seed: int = 0) -> LocalData:
     return LocalData(torch.from_numpy(images[:, None]), torch.from_numpy(labels), clients)
 
 
-def pool_fed(tmp_path, p, data=None, encoder=None, attempt=0, tests=None, groups=None,
-             pool=None, name="ck.pt"):
+def pool_fed(
+    tmp_path,
+    p,
+    data=None,
+    encoder=None,
+    attempt=0,
+    tests=None,
+    groups=None,
+    pool=None,
+    name="ck.pt",
+):
     data = data or grouped_data()
     pool = pool or cfl.initial_pool(p, SHAPE, 4, torch.device("cpu"), attempt, encoder)
-    return cfl.make_federation(p, data, SHAPE, 4, pool, tmp_path / name, "fp", attempt, tests,
-                               groups)
+    return cfl.make_federation(
+        p, data, SHAPE, 4, pool, tmp_path / name, "fp", attempt, tests, groups
+    )
 
 
 def pretrained_encoder(p) -> dict:
@@ -162,8 +185,12 @@ def pretrained_encoder(p) -> dict:
 def snapshots(fed):
     """Run ``fed`` and keep every round's pool."""
     seen = []
-    state = fed.run(fed.start(None), on_round=lambda s: seen.append(
-        {n: {k: v.clone() for k, v in s.server[n].items()} for n in s.server}))
+    state = fed.run(
+        fed.start(None),
+        on_round=lambda s: seen.append(
+            {n: {k: v.clone() for k, v in s.server[n].items()} for n in s.server}
+        ),
+    )
     return state, seen
 
 
@@ -177,8 +204,11 @@ def test_the_encoder_is_bit_identical_to_the_pretrained_one_until_t_c(tmp_path):
             assert same == (t < 2), (t, n)  # exploring rounds 0, 1: frozen; then it trains
     heads = [seen[0][f"pool{n}"]["head.0.weight"] for n in range(3)]
     assert not torch.equal(heads[0], heads[1])  # independent random heads
-    assert all(not torch.equal(seen[1][n]["head.0.weight"], seen[0][n]["head.0.weight"])
-               for n in seen[0] if n in {f"pool{g}" for g in state.memo["last_choice"]})
+    assert all(
+        not torch.equal(seen[1][n]["head.0.weight"], seen[0][n]["head.0.weight"])
+        for n in seen[0]
+        if n in {f"pool{g}" for g in state.memo["last_choice"]}
+    )
 
 
 def test_after_t_c_each_client_takes_the_model_with_the_lowest_loss_on_its_data(tmp_path):
@@ -195,8 +225,11 @@ def test_after_t_c_each_client_takes_the_model_with_the_lowest_loss_on_its_data(
         for model in pool:
             net.load_state_dict(model)
             with torch.no_grad():
-                losses.append(torch.nn.functional.cross_entropy(
-                    net(x), fed.data.labels[torch.as_tensor(idx)]).item())
+                losses.append(
+                    torch.nn.functional.cross_entropy(
+                        net(x), fed.data.labels[torch.as_tensor(idx)]
+                    ).item()
+                )
         assert state.memo["last_choice"][c] == int(np.argmin(losses)), (c, losses)
 
 
@@ -242,11 +275,13 @@ def test_each_cluster_model_is_the_size_weighted_mean_of_its_clients(tmp_path):
     # the sizes matter: client 0's cluster is not the plain mean of its clients
     n = u.groups[u.clients.index(0)]
     rows = [i for i, g in enumerate(u.groups) if g == n]
-    plain = fedavg(stacked([u.uploads[i] for i in rows]), torch.ones(len(rows),
-                                                                     dtype=torch.float64))
+    plain = fedavg(
+        stacked([u.uploads[i] for i in rows]), torch.ones(len(rows), dtype=torch.float64)
+    )
     assert not torch.allclose(plain["head.0.weight"], state.server[f"pool{n}"]["head.0.weight"])
-    assert not torch.equal(start[f"pool{n}"]["head.0.weight"],
-                           state.server[f"pool{n}"]["head.0.weight"])
+    assert not torch.equal(
+        start[f"pool{n}"]["head.0.weight"], state.server[f"pool{n}"]["head.0.weight"]
+    )
 
 
 def test_a_global_encoder_is_shared_by_every_cluster_and_heads_stay_apart(tmp_path):
@@ -255,16 +290,24 @@ def test_a_global_encoder_is_shared_by_every_cluster_and_heads_stay_apart(tmp_pa
     for k in state.server["pool0"]:
         if k.startswith("encoder."):
             assert torch.equal(state.server["pool0"][k], state.server["pool1"][k]), k
-    assert not torch.equal(state.server["pool0"]["head.0.weight"],
-                           state.server["pool1"]["head.0.weight"])
+    assert not torch.equal(
+        state.server["pool0"]["head.0.weight"], state.server["pool1"]["head.0.weight"]
+    )
 
 
 def test_encoder_local_epochs_zero_freezes_the_encoder_one_trains_it_less(tmp_path):
     enc = None
     results = {}
     for ef in (0, 1, None):
-        p = tiny_exp(cfl={"clusters": 2, "rounds": 2, "explore_rounds": 0, "local_epochs": 2,
-                          "encoder_epochs": ef})
+        p = tiny_exp(
+            cfl={
+                "clusters": 2,
+                "rounds": 2,
+                "explore_rounds": 0,
+                "local_epochs": 2,
+                "encoder_epochs": ef,
+            }
+        )
         enc = enc or pretrained_encoder(p)
         state, _ = snapshots(pool_fed(tmp_path, p, encoder=enc, name=f"ef{ef}.pt"))
         results[ef] = state.server["pool0"]
@@ -288,8 +331,10 @@ class HeadWarmupFedAvg(Strategy):
 
     def aggregate(self, state, updates):
         keys = self.heads if state.round < self.explore else None
-        state.server["global"] = {**state.server["global"],
-                                  **fedavg(stacked(updates.uploads, keys), updates.weights)}
+        state.server["global"] = {
+            **state.server["global"],
+            **fedavg(stacked(updates.uploads, keys), updates.weights),
+        }
 
 
 def test_a_pool_of_one_is_fedavg_bit_for_bit(tmp_path):
@@ -304,18 +349,26 @@ def test_a_pool_of_one_is_fedavg_bit_for_bit(tmp_path):
     model = PoolModel(p.encoder, "c", SHAPE, 4)
     model.load_state_dict(start)
     heads = [k for k, _ in model.named_parameters() if k.startswith("head.")]
-    cohort = CohortTrainer(model.train(), cfl.plain_views, cfl.cross_entropy,
-                           OptimizerConfig("adam", eps=p.cfl.adam_eps), p.cfl.batch_size,
-                           p.cfl.local_epochs, parallel=False)
+    cohort = CohortTrainer(
+        model.train(),
+        cfl.plain_views,
+        cfl.cross_entropy,
+        OptimizerConfig("adam", eps=p.cfl.adam_eps),
+        p.cfl.batch_size,
+        p.cfl.local_epochs,
+        parallel=False,
+    )
     cfg = FederationConfig(rounds=3, client_fraction=1.0, lr=p.cfl.lr, seed=p.seed)
-    ref = Federation(HeadWarmupFedAvg(cfg, 1, heads), LocalTraining(cohort), data, cfg,
-                     tmp_path / "ref.pt", "fp")
+    ref = Federation(
+        HeadWarmupFedAvg(cfg, 1, heads), LocalTraining(cohort), data, cfg, tmp_path / "ref.pt", "fp"
+    )
     ref_state = ref.run(ref.start(model))
     for k, v in ref_state.server["global"].items():
         assert torch.equal(pool_state.server["pool0"][k], v), k
     s = nbytes(start)
-    for pool_row, ref_row in zip(pool_state.ledger.summary()["per_client"],
-                                 ref_state.ledger.summary()["per_client"]):
+    for pool_row, ref_row in zip(
+        pool_state.ledger.summary()["per_client"], ref_state.ledger.summary()["per_client"]
+    ):
         assert pool_row["down_by_kind"]["model"] == ref_row["bytes_down"] == 3 * s
         assert pool_row["up_by_kind"]["model"] == ref_row["bytes_up"] == 3 * s
 
@@ -333,8 +386,9 @@ def test_each_client_downloads_the_pool_and_uploads_one_model_and_its_choice(tmp
 
 def test_the_failure_rule_waits_patience_rounds_after_t_c_or_fires_at_the_end():
     p = tiny_exp(cfl={"clusters": 2, "rounds": 10, "explore_rounds": 2, "patience": 3})
-    strategy = cfl.PoolStrategy(FederationConfig(10, 1.0, 0.1), p.cfl, [{}, {}],
-                                PoolModel(p.encoder, "c", SHAPE, 4))
+    strategy = cfl.PoolStrategy(
+        FederationConfig(10, 1.0, 0.1), p.cfl, [{}, {}], PoolModel(p.encoder, "c", SHAPE, 4)
+    )
 
     def play(used_per_round):
         state = SimpleNamespace(round=0, memo={})
@@ -388,6 +442,7 @@ def test_params_are_checked_before_any_compute():
 
 def test_row_labels_name_the_papers_rows():
     from fedssl.methods.cpcfl import Cpcfl
+
     m = Cpcfl()
     assert m.row_label(tiny_exp()) == "CP-CFL (SimCLR)"
     assert m.row_label(tiny_exp(cfl={"clusters": 1})) == "FedAvg (SimCLR)"
@@ -407,8 +462,10 @@ def test_costs_count_eq15_bits_and_cheaper_head_only_rounds():
     assert row["peak_step_bytes"] == peak + 2 * model_bytes and row["bytes_actual"] == 123
     one = tiny_exp(cfl={"clusters": 1, "rounds": 4, "explore_rounds": 0})
     feds1 = [{"name": "final", "clusters": 1, "explore_rounds": [0], "exploit_rounds": [4]}]
-    assert cfl_costs._rows(one, SHAPE, 4, [50], feds1, [0])[0]["alpha_bits_paper"] == \
-        2 * 4 * n_params * 32  # FedAvg: 2 S T (Eq. 14)
+    assert (
+        cfl_costs._rows(one, SHAPE, 4, [50], feds1, [0])[0]["alpha_bits_paper"]
+        == 2 * 4 * n_params * 32
+    )  # FedAvg: 2 S T (Eq. 14)
 
 
 # ============================================================================ the chain
@@ -417,10 +474,12 @@ def add_tiny_cpcfl(root) -> list[str]:
     (params / "partitions" / "tiny_groups.yaml").write_text(
         "dataset: tiny\nnum_clients: 4\nseed: 0\nscheme: {kind: class_groups, groups: "
         "[[0, 1, 2], [1, 2, 3]], major_classes: 1, major_count: 8, minor_count: 2}\n"
-        "client_tests: {per_client: null}\nserver_holdout: 80\nserver_holdout_seed: 100\n")
+        "client_tests: {per_client: null}\nserver_holdout: 80\nserver_holdout_seed: 100\n"
+    )
     for name, (title, pretrain, clusters, explore, widths) in TINY_ROWS.items():
         (params / "experiments" / f"{name}.yaml").write_text(
-            tiny_yaml(title, pretrain, clusters, explore, widths))
+            tiny_yaml(title, pretrain, clusters, explore, widths)
+        )
     with open(params / "pipelines.yaml", "a") as f:
         f.write(f"  cpcfl: [{', '.join(TINY_ROWS)}]\n")
     return list(TINY_ROWS)
@@ -429,6 +488,7 @@ def add_tiny_cpcfl(root) -> list[str]:
 def test_the_cpcfl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
     from fedssl.plan.dag import Dag
     from tests.test_mfcl import run_in_process
+
     root = make_tiny_project(tmp_path, git=False)
     names = add_tiny_cpcfl(root)
     monkeypatch.chdir(root)
@@ -437,8 +497,9 @@ def test_the_cpcfl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch
     kinds = [s.kind for s in dag.stages.values() if s.name.endswith("tiny_cpcfl")]
     assert kinds == ["pretrain", "cfl", "personal", "costs"]
     # pretraining is a server stage: it does not depend on the clients
-    assert all(s.upstream == ["prepare_data__tiny"] for s in dag.stages.values()
-               if s.kind == "pretrain")
+    assert all(
+        s.upstream == ["prepare_data__tiny"] for s in dag.stages.values() if s.kind == "pretrain"
+    )
     run_in_process(dag)
     exp = root / "artifacts" / "experiments"
     with open(root / "results" / "reports" / "cpcfl" / "report.csv") as f:

@@ -1,6 +1,7 @@
 """CP-CFL's defining rules (spec methods/cp-cfl.md, Alg. 2), each in a test that fails when the
 rule changes by one line: exploration picks a model at random, whatever the models' losses;
 a collapsed pool stops the run and a restart draws new models (IFCA)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,8 +44,11 @@ def test_exploration_picks_models_at_random_not_by_their_loss(tmp_path):
 def test_a_collapsed_pool_stops_the_run_and_a_restart_draws_a_new_pool(tmp_path):
     """IFCA's restart (spec 8.8): once every client sits on one model for ``patience`` rounds
     after T_c, the run stops with its state; attempt 1 starts from other random models."""
-    p = tiny_exp(pretrain="none", ssl=None,
-                 cfl={"clusters": 2, "rounds": 4, "explore_rounds": 0, "patience": 1})
+    p = tiny_exp(
+        pretrain="none",
+        ssl=None,
+        cfl={"clusters": 2, "rounds": 4, "explore_rounds": 0, "patience": 1},
+    )
     one = cfl.initial_pool(p, SHAPE, 4, torch.device("cpu"), 0, None)[0]
     twins = [{k: v.clone() for k, v in one.items()} for _ in range(2)]  # ties: all on model 0
     fed = pool_fed(tmp_path, p, pool=twins)
@@ -55,8 +59,9 @@ def test_a_collapsed_pool_stops_the_run_and_a_restart_draws_a_new_pool(tmp_path)
     again = cfl.initial_pool(p, SHAPE, 4, torch.device("cpu"), 1, None)
     first = cfl.initial_pool(p, SHAPE, 4, torch.device("cpu"), 0, None)
     for a, b in zip(first, again):
-        assert not torch.equal(a["encoder.net.features.0.weight"],
-                               b["encoder.net.features.0.weight"])
+        assert not torch.equal(
+            a["encoder.net.features.0.weight"], b["encoder.net.features.0.weight"]
+        )
 
 
 def test_public_pretraining_images_must_not_be_client_data():
@@ -65,6 +70,7 @@ def test_public_pretraining_images_must_not_be_client_data():
     from types import SimpleNamespace
 
     from fedssl.stage import StageFailed
+
     ctx = SimpleNamespace(name="cfl__x", exp=SimpleNamespace(partition="groups"))
     clients = [np.arange(0, 10), np.arange(10, 20)]
     cfl.check_disjoint(ctx, np.arange(20, 30), clients)  # disjoint: fine

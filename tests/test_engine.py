@@ -1,6 +1,7 @@
 """The federated engine: FedAvg, byte accounting, sampling, resume, vectorised clients, and the
 hooks the coming methods build on (model pools, personal state, trainable subsets, labels in
 losses, a server step with server data, a trainer of its own such as split learning)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,9 +12,19 @@ from torch import nn
 from torch.func import functional_call
 
 from fedssl.data.augment import to_float
-from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, stack
-from fedssl.fl.engine import (Federation, FederationConfig, LocalTraining, RoundUpdates,
-                              Strategy, fedavg, model_state, nbytes, sample_clients, stacked)
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
+from fedssl.fl.engine import (
+    Federation,
+    FederationConfig,
+    LocalTraining,
+    RoundUpdates,
+    Strategy,
+    fedavg,
+    model_state,
+    nbytes,
+    sample_clients,
+    stacked,
+)
 from fedssl.methods.fedsimclr.run import simclr_loss
 from fedssl.models.encoders import ContrastiveModel
 from fedssl.params import ModelParams
@@ -23,8 +34,12 @@ SHAPE = (1, 28, 28)
 
 def tiny_model(norm: str = "gn", seed: int = 0) -> ContrastiveModel:
     torch.manual_seed(seed)
-    return ContrastiveModel(ModelParams(arch="small_cnn", norm=norm, channels_per_group=4,
-                                        width=4, proj_hidden=16, proj_dim=8), SHAPE)
+    return ContrastiveModel(
+        ModelParams(
+            arch="small_cnn", norm=norm, channels_per_group=4, width=4, proj_hidden=16, proj_dim=8
+        ),
+        SHAPE,
+    )
 
 
 def toy_data(n: int = 90, seed: int = 0) -> LocalData:
@@ -38,8 +53,10 @@ def toy_data(n: int = 90, seed: int = 0) -> LocalData:
 def noisy_views(batch, generator):
     """Two views that differ by seeded noise (cheap, deterministic given the generator)."""
     x = to_float(batch)
-    return (x + 0.05 * torch.randn(x.shape, generator=generator),
-            x + 0.05 * torch.randn(x.shape, generator=generator))
+    return (
+        x + 0.05 * torch.randn(x.shape, generator=generator),
+        x + 0.05 * torch.randn(x.shape, generator=generator),
+    )
 
 
 def identity_views(batch, generator):
@@ -47,13 +64,33 @@ def identity_views(batch, generator):
     return x, x.flip(-1)
 
 
-def make_fed(model, data, tmp_path, rounds=3, parallel=False, fraction=1.0, views=noisy_views,
-             strategy=Strategy, loss=None, server_data=None, opt="adam", lr=1e-3):
-    cohort = CohortTrainer(model, views, loss or simclr_loss(0.5), OptimizerConfig(opt),
-                           batch_size=16, local_epochs=1, parallel=parallel)
+def make_fed(
+    model,
+    data,
+    tmp_path,
+    rounds=3,
+    parallel=False,
+    fraction=1.0,
+    views=noisy_views,
+    strategy=Strategy,
+    loss=None,
+    server_data=None,
+    opt="adam",
+    lr=1e-3,
+):
+    cohort = CohortTrainer(
+        model,
+        views,
+        loss or simclr_loss(0.5),
+        OptimizerConfig(opt),
+        batch_size=16,
+        local_epochs=1,
+        parallel=parallel,
+    )
     cfg = FederationConfig(rounds=rounds, client_fraction=fraction, lr=lr, seed=0)
-    return Federation(strategy(cfg), LocalTraining(cohort), data, cfg, tmp_path / "ckpt.pt",
-                      "fp", server_data)
+    return Federation(
+        strategy(cfg), LocalTraining(cohort), data, cfg, tmp_path / "ckpt.pt", "fp", server_data
+    )
 
 
 def test_fedavg_weights_by_data_size_and_keeps_integer_buffers():
@@ -135,8 +172,15 @@ def test_checkpoints_hold_only_tensors_and_plain_values(tmp_path):
 
 
 def cohort_of(model, loss, parallel, opt="sgd", epochs=2, views=identity_views):
-    return CohortTrainer(model, views, loss, OptimizerConfig(opt), batch_size=16,
-                         local_epochs=epochs, parallel=parallel)
+    return CohortTrainer(
+        model,
+        views,
+        loss,
+        OptimizerConfig(opt),
+        batch_size=16,
+        local_epochs=epochs,
+        parallel=parallel,
+    )
 
 
 def test_vectorised_clients_match_one_by_one():
@@ -150,8 +194,9 @@ def test_vectorised_clients_match_one_by_one():
     for parallel in (True, False):
         trainer = cohort_of(model, simclr_loss(0.5), parallel)
         assert trainer.parallel == parallel
-        results[parallel] = trainer.train([start] * 3, data, [0, 1, 2], 0.05, (0, "local", 0),
-                                          torch.Generator().manual_seed(0))
+        results[parallel] = trainer.train(
+            [start] * 3, data, [0, 1, 2], 0.05, (0, "local", 0), torch.Generator().manual_seed(0)
+        )
     (p_par, loss_par), (p_seq, loss_seq) = results[True], results[False]
     assert torch.allclose(loss_par, loss_seq, atol=1e-5)
     for k in p_par:
@@ -165,8 +210,9 @@ def test_batchnorm_models_train_one_by_one_and_average_running_stats():
     model = tiny_model(norm="bn")
     trainer = cohort_of(model, simclr_loss(0.5), True, epochs=1, views=noisy_views)
     assert not trainer.parallel  # BN running statistics rule out vmap
-    b, _ = trainer.train([model_state(model)] * 3, data, [0, 1, 2], 0.1, (0,),
-                         torch.Generator().manual_seed(0))
+    b, _ = trainer.train(
+        [model_state(model)] * 3, data, [0, 1, 2], 0.1, (0,), torch.Generator().manual_seed(0)
+    )
     key = "backbone.0.1.running_mean"
     assert not torch.allclose(b[key][0], b[key][1])  # each client saw its own batches
     sizes = torch.tensor([20.0, 30.0, 40.0], dtype=torch.float64)
@@ -178,6 +224,7 @@ def test_twin_norm_autoencoder_clients_vectorise_like_one_by_one():
     """MFCL phase 1: Twin-Norm client modules train together under vmap, padded pairs and all."""
     from fedssl.methods.mfcl.run import autoencoder_loss
     from fedssl.models.autoencoder import ClientAutoencoder
+
     data = toy_data()
     torch.manual_seed(0)
     model = ClientAutoencoder("resnet18", in_channels=1, width=8, norm="tn", channels_per_group=4)
@@ -185,8 +232,9 @@ def test_twin_norm_autoencoder_clients_vectorise_like_one_by_one():
     results = {}
     for parallel in (True, False):
         trainer = cohort_of(model, autoencoder_loss(), parallel, epochs=1)
-        results[parallel] = trainer.train([start] * 3, data, [0, 1, 2], 0.1, (0,),
-                                          torch.Generator().manual_seed(0))
+        results[parallel] = trainer.train(
+            [start] * 3, data, [0, 1, 2], 0.1, (0,), torch.Generator().manual_seed(0)
+        )
     for k in start:
         assert torch.allclose(results[True][0][k], results[False][0][k], atol=2e-5), k
     assert torch.allclose(results[True][1], results[False][1], atol=1e-5)
@@ -199,13 +247,18 @@ def test_each_client_starts_from_its_own_state_under_vmap_too():
     data = toy_data()
     model = tiny_model()
     starts = [model_state(tiny_model(seed=s)) for s in (1, 2, 3)]
-    results = [cohort_of(model, simclr_loss(0.5), p).train(
-        starts, data, [0, 1, 2], 0.05, (0,), torch.Generator().manual_seed(0)) for p in (1, 0)]
+    results = [
+        cohort_of(model, simclr_loss(0.5), p).train(
+            starts, data, [0, 1, 2], 0.05, (0,), torch.Generator().manual_seed(0)
+        )
+        for p in (1, 0)
+    ]
     for k in starts[0]:
         assert torch.allclose(results[0][0][k], results[1][0][k], atol=2e-5), k
     # client 2 in the cohort trained exactly as client 2 alone from its own start
     alone, _ = cohort_of(model, simclr_loss(0.5), False).train(
-        [starts[2]], data, [2], 0.05, (0,), torch.Generator().manual_seed(0))
+        [starts[2]], data, [2], 0.05, (0,), torch.Generator().manual_seed(0)
+    )
     for k in starts[0]:
         assert torch.allclose(results[1][0][k][2], alone[k][0], atol=1e-6), k
 
@@ -216,8 +269,10 @@ class PoolStrategy(Strategy):
 
     def init_server(self, model):
         base = model_state(model)
-        return {"pool0": base, "pool1": {k: v + 1.0 if v.is_floating_point() else v
-                                         for k, v in base.items()}}
+        return {
+            "pool0": base,
+            "pool1": {k: v + 1.0 if v.is_floating_point() else v for k, v in base.items()},
+        }
 
     def download(self, state, client):
         return {f"{m}.{k}": v for m in ("pool0", "pool1") for k, v in state.server[m].items()}
@@ -227,13 +282,14 @@ class PoolStrategy(Strategy):
 
     def local_start(self, state, client, received):
         prefix = f"pool{client % 2}."
-        return {k[len(prefix):]: v for k, v in received.items() if k.startswith(prefix)}
+        return {k[len(prefix) :]: v for k, v in received.items() if k.startswith(prefix)}
 
     def aggregate(self, state, updates: RoundUpdates):
         for g in set(updates.groups):
             rows = [i for i, x in enumerate(updates.groups) if x == g]
-            state.server[f"pool{g}"] = fedavg(stacked([updates.uploads[i] for i in rows]),
-                                              updates.weights[rows])
+            state.server[f"pool{g}"] = fedavg(
+                stacked([updates.uploads[i] for i in rows]), updates.weights[rows]
+            )
 
     def final_model(self, state):
         return state.server["pool0"]
@@ -251,8 +307,9 @@ def test_a_model_pool_sends_every_model_and_averages_within_groups(tmp_path):
         assert row["bytes_down"] == 2 * one_model and row["bytes_up"] == one_model
     # pool1 is the average of client 1 alone (the only odd client), trained from pool1
     trainer = fed.trainer.cohort
-    alone, _ = trainer.train([pool1], data, [1], 1e-3, (0, "local", 0),
-                             torch.Generator().manual_seed(0))
+    alone, _ = trainer.train(
+        [pool1], data, [1], 1e-3, (0, "local", 0), torch.Generator().manual_seed(0)
+    )
     for k, v in alone.items():
         assert torch.allclose(state.server["pool1"][k], v[0].to(pool1[k].dtype), atol=1e-6), k
     key = "head.2.weight"
@@ -267,8 +324,9 @@ class PersonalHead(Strategy):
         return {k: v for k, v in state.server["global"].items() if not k.startswith("head.")}
 
     def local_start(self, state, client, received):
-        head = state.clients.get(client) or {k: v for k, v in state.server["global"].items()
-                                             if k.startswith("head.")}
+        head = state.clients.get(client) or {
+            k: v for k, v in state.server["global"].items() if k.startswith("head.")
+        }
         return {**received, **head}
 
     def upload(self, state, client, trained):
@@ -306,8 +364,10 @@ class FrozenBackbone(Strategy):
         return {k: v for k, v in trained.items() if k.startswith("head.")}
 
     def aggregate(self, state, updates):
-        state.server["global"] = {**state.server["global"],
-                                  **fedavg(stacked(updates.uploads), updates.weights)}
+        state.server["global"] = {
+            **state.server["global"],
+            **fedavg(stacked(updates.uploads), updates.weights),
+        }
 
 
 def test_only_the_trainable_subset_trains_and_travels(tmp_path):
@@ -315,7 +375,8 @@ def test_only_the_trainable_subset_trains_and_travels(tmp_path):
     model = tiny_model()
     before = model_state(model)
     state = make_fed(model, data, tmp_path, rounds=1, strategy=FrozenBackbone).run(
-        make_fed(model, data, tmp_path, rounds=1, strategy=FrozenBackbone).start(model))
+        make_fed(model, data, tmp_path, rounds=1, strategy=FrozenBackbone).start(model)
+    )
     after = state.server["global"]
     for k, v in before.items():
         if k.startswith("backbone."):
@@ -345,7 +406,7 @@ def labelled_data() -> LocalData:
     labels = torch.arange(90) % 3
     images = torch.zeros(90, *SHAPE, dtype=torch.uint8)
     for c in range(3):
-        images[labels == c, :, 8 * c:8 * c + 6] = 200
+        images[labels == c, :, 8 * c : 8 * c + 6] = 200
     return LocalData(images, labels, [np.arange(0, 30), np.arange(30, 60), np.arange(60, 90)])
 
 
@@ -359,8 +420,16 @@ def accuracy(state_dict, data: LocalData) -> float:
 def test_labels_reach_local_losses(tmp_path):
     data = labelled_data()
     model = Classifier()
-    fed = make_fed(model, data, tmp_path, rounds=3, loss=cross_entropy,
-                   views=lambda b, g: (to_float(b),), opt="sgd", lr=0.5)
+    fed = make_fed(
+        model,
+        data,
+        tmp_path,
+        rounds=3,
+        loss=cross_entropy,
+        views=lambda b, g: (to_float(b),),
+        opt="sgd",
+        lr=0.5,
+    )
     state = fed.run(fed.start(model))
     assert accuracy(state.server["global"], data) == 1.0
     assert state.log[-1]["loss"] < state.log[0]["loss"]
@@ -377,9 +446,14 @@ class Calibrated(Strategy):
 
     def server_step(self, state, round_):
         fed = self.fed
-        trained, _ = fed.trainer.cohort.train([state.server["global"]], fed.server_data, [0],
-                                              0.5, (0, "server", round_),
-                                              torch.Generator().manual_seed(round_))
+        trained, _ = fed.trainer.cohort.train(
+            [state.server["global"]],
+            fed.server_data,
+            [0],
+            0.5,
+            (0, "server", round_),
+            torch.Generator().manual_seed(round_),
+        )
         state.server["global"] = {k: v[0] for k, v in trained.items()}
         state.memo.setdefault("server_steps", []).append(round_)
 
@@ -389,9 +463,17 @@ def test_a_server_step_trains_on_server_data_after_aggregation(tmp_path):
     unlabelled = LocalData(labelled.images, torch.full((90,), -1), labelled.clients)
     server = LocalData(labelled.images, labelled.labels, [np.arange(90)])
     model = Classifier()
-    fed = make_fed(model, unlabelled, tmp_path, rounds=2, strategy=Calibrated,
-                   loss=where_labelled, views=lambda b, g: (to_float(b),),
-                   server_data=server, opt="sgd")
+    fed = make_fed(
+        model,
+        unlabelled,
+        tmp_path,
+        rounds=2,
+        strategy=Calibrated,
+        loss=where_labelled,
+        views=lambda b, g: (to_float(b),),
+        server_data=server,
+        opt="sgd",
+    )
     state = fed.run(fed.start(model))
     assert state.memo["server_steps"] == [0, 1]
     assert accuracy(state.server["global"], labelled) == 1.0  # learnt from the server's labels
@@ -403,6 +485,7 @@ class TinySplitTrainer:
     layer (its own copy, kept across rounds), the server the second; every batch the clients
     send activations, the server steps once on all of them together and returns each client's
     activation gradient. The ledger counts what crossed: activations up, gradients down."""
+
     local_epochs = 1
 
     def train_round(self, fed, state, chosen, round_, lr):
@@ -412,7 +495,7 @@ class TinySplitTrainer:
             acts, targets = [], []
             for c in chosen:
                 w = state.clients.setdefault(c, {"w": server["client_init"].clone()})["w"]
-                idx = torch.as_tensor(fed.data.clients[c][step * 8:(step + 1) * 8])
+                idx = torch.as_tensor(fed.data.clients[c][step * 8 : (step + 1) * 8])
                 x = to_float(fed.data.images[idx]).flatten(1)
                 acts.append((x @ w).detach().requires_grad_(True))
                 targets.append(fed.data.labels[idx])
@@ -423,20 +506,30 @@ class TinySplitTrainer:
             server["v"] = (v - lr * grads[0]).detach()
             for i, c in enumerate(chosen):
                 state.ledger.received(c, {"grad": grads[1 + i]}, "gradients")
-                idx = torch.as_tensor(fed.data.clients[c][step * 8:(step + 1) * 8])
+                idx = torch.as_tensor(fed.data.clients[c][step * 8 : (step + 1) * 8])
                 x = to_float(fed.data.images[idx]).flatten(1)
                 state.clients[c]["w"] -= lr * x.T @ grads[1 + i]
                 losses[i] += loss.detach() / 3
         weights = torch.tensor([len(fed.data.clients[c]) for c in chosen], dtype=torch.float64)
-        return RoundUpdates(chosen, [state.clients[c] for c in chosen], weights, [0] * len(chosen),
-                            losses, 24 * len(chosen))
+        return RoundUpdates(
+            chosen,
+            [state.clients[c] for c in chosen],
+            weights,
+            [0] * len(chosen),
+            losses,
+            24 * len(chosen),
+        )
 
 
 class SplitSync(Strategy):
     def init_server(self, model):
         g = torch.Generator().manual_seed(0)
-        return {"global": {"client_init": 0.01 * torch.randn(784, 16, generator=g),
-                           "v": 0.01 * torch.randn(16, 3, generator=g)}}
+        return {
+            "global": {
+                "client_init": 0.01 * torch.randn(784, 16, generator=g),
+                "v": 0.01 * torch.randn(16, 3, generator=g),
+            }
+        }
 
     def aggregate(self, state, updates):  # sync: every client gets the mean client layer
         mean = fedavg(stacked(updates.uploads), updates.weights)
@@ -452,8 +545,9 @@ def test_a_split_learning_trainer_plugs_in_and_resumes_exactly(tmp_path):
         cfg = FederationConfig(rounds=3, client_fraction=1.0, lr=0.5, seed=0)
 
         def fed():
-            return Federation(SplitSync(cfg), TinySplitTrainer(), data, cfg,
-                              tmp_path / name / "ck.pt", "fp")
+            return Federation(
+                SplitSync(cfg), TinySplitTrainer(), data, cfg, tmp_path / name / "ck.pt", "fp"
+            )
 
         def stop(state):
             if state.round == kill:

@@ -1,4 +1,5 @@
 """fedssl.eval.metrics against numbers worked out by hand (derivations in the comments)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,8 @@ from fedssl.eval.metrics import (
     auroc_scores,
     classification_metrics,
     cluster_metrics,
-    collapsed,
     clusters_used,
+    collapsed,
     f1_scores,
     mean_client_accuracy,
     purity,
@@ -21,13 +22,17 @@ from fedssl.eval.metrics import (
 
 # 6 pooled test samples, 3 classes with supports 3, 2, 1
 Y = np.array([0, 0, 0, 1, 1, 2])
-P = np.array([[0.60, 0.30, 0.10],   # a -> 0
-              [0.50, 0.20, 0.30],   # b -> 0
-              [0.20, 0.50, 0.30],   # c -> 1 (wrong)
-              [0.30, 0.60, 0.10],   # d -> 1
-              [0.35, 0.40, 0.25],   # e -> 1
-              [0.10, 0.30, 0.60]],  # f -> 2
-             dtype=np.float32)
+P = np.array(
+    [
+        [0.60, 0.30, 0.10],  # a -> 0
+        [0.50, 0.20, 0.30],  # b -> 0
+        [0.20, 0.50, 0.30],  # c -> 1 (wrong)
+        [0.30, 0.60, 0.10],  # d -> 1
+        [0.35, 0.40, 0.25],  # e -> 1
+        [0.10, 0.30, 0.60],
+    ],  # f -> 2
+    dtype=np.float32,
+)
 
 
 def test_accuracy_and_f1_by_hand():
@@ -54,8 +59,15 @@ def test_auroc_by_hand():
 
 def test_classification_metrics_bundle_and_float32_rows():
     got = classification_metrics(Y, P)  # float32 rows sum to 1 only approximately
-    assert set(got) == {"accuracy", "f1_macro", "f1_weighted", "auroc_ovr_macro",
-                        "auroc_ovr_weighted", "auroc_ovo_macro", "auroc_ovo_weighted"}
+    assert set(got) == {
+        "accuracy",
+        "f1_macro",
+        "f1_weighted",
+        "auroc_ovr_macro",
+        "auroc_ovr_weighted",
+        "auroc_ovo_macro",
+        "auroc_ovo_weighted",
+    }
     assert got["accuracy"] == pytest.approx(5 / 6)
     perfect = classification_metrics(Y, np.eye(3)[Y] * 0.9 + 0.1 / 3)
     assert all(v == pytest.approx(1.0) for v in perfect.values())
@@ -80,8 +92,12 @@ def test_ari_and_purity_by_hand():
 def test_cluster_metrics_for_perfect_renamed_and_collapsed_clusterings():
     truth = np.repeat([0, 1, 2], 4)
     renamed = np.repeat([2, 0, 1], 4)
-    assert cluster_metrics(renamed, truth) == {"ari": 1.0, "purity": 1.0, "clusters_used": 3,
-                                               "collapsed": False}
+    assert cluster_metrics(renamed, truth) == {
+        "ari": 1.0,
+        "purity": 1.0,
+        "clusters_used": 3,
+        "collapsed": False,
+    }
     one = np.zeros(12, dtype=int)
     got = cluster_metrics(one, truth)
     assert got["ari"] == pytest.approx(0.0) and got["purity"] == pytest.approx(1 / 3)
@@ -100,7 +116,7 @@ def test_ari_agrees_with_scikit_learn_on_random_labelings():
 
 def test_relevance_score_by_hand():
     a = np.array([[1.0, 0.0], [0.0, 1.0]])
-    assert relevance_score(a, [[1.0, 1.0]]) == pytest.approx(2 ** -0.5)
+    assert relevance_score(a, [[1.0, 1.0]]) == pytest.approx(2**-0.5)
     # scale does not matter; opposite directions cancel
     assert relevance_score([[2.0, 0.0]], [[1.0, 0.0], [-3.0, 0.0]]) == pytest.approx(0.0)
     rng = np.random.default_rng(1)

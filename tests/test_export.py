@@ -1,6 +1,7 @@
 """Encoders to take away: each method family's trained encoder on a tiny project goes out as
 safetensors + a JSON card and comes back, through `load_encoder` alone, as a module giving the
 very features the probes read."""
+
 from __future__ import annotations
 
 import importlib
@@ -19,8 +20,14 @@ pytestmark = pytest.mark.timeout(900)
 
 # one experiment per family of encoders (CNN backbone and its projection head, MFCL client
 # module + rServer, ViT, split net); all but the last two run their whole chain
-EXPERIMENTS = ["tiny_simclr", "tiny_random_proj", "tiny_mfcl_tn", "tiny_lw_fedssl",
-               "tiny_vit_scratch", "tiny_mocosfl_c2"]
+EXPERIMENTS = [
+    "tiny_simclr",
+    "tiny_random_proj",
+    "tiny_mfcl_tn",
+    "tiny_lw_fedssl",
+    "tiny_vit_scratch",
+    "tiny_mocosfl_c2",
+]
 
 
 def run_stages(dag, names) -> None:
@@ -44,19 +51,23 @@ def upstream_of(dag, name: str) -> set[str]:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     from fedssl.plan.dag import Dag
+
     root = make_tiny_project(tmp_path_factory.mktemp("export"), git=False)
     add_tiny_mfcl(root)
     params = root / "params"
     (params / "experiments" / "tiny_random_proj.yaml").write_text(
-        "extends: tiny_random\nfeatures: {layer: projection, train_size: null, batch_size: 256}\n")
+        "extends: tiny_random\nfeatures: {layer: projection, train_size: null, batch_size: 256}\n"
+    )
     (params / "partitions" / "tiny_iid_m3_srv.yaml").write_text(TINY_PARTITION)
     (params / "experiments" / "tiny_lw_fedssl.yaml").write_text(tiny_text("lw_fedssl"))
     (params / "experiments" / "tiny_vit_scratch.yaml").write_text(TINY_SCRATCH)
     (params / "partitions" / "tiny_shards_m3.yaml").write_text(
         "dataset: tiny\nnum_clients: 3\nscheme: {kind: shards, classes_per_client: 2}\n"
-        "server_holdout: 40\nseed: 0\n")
+        "server_holdout: 40\nseed: 0\n"
+    )
     (params / "experiments" / "tiny_mocosfl_c2.yaml").write_text(
-        TINY_SFL.format(title="MocoSFL", variant="mocosfl", cut=2))
+        TINY_SFL.format(title="MocoSFL", variant="mocosfl", cut=2)
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
         mp.setenv("FEDSSL_DEVICE", "cpu")
@@ -77,6 +88,7 @@ def test_an_exported_encoder_gives_the_probes_features(project, monkeypatch, exp
     from fedssl.eval.probes import extract_features
     from fedssl.export import export, load_encoder
     from fedssl.stage import StageContext
+
     monkeypatch.chdir(project)
     out = export(experiment, project / "exported" / experiment)
     ctx = StageContext("features", experiment)
@@ -103,9 +115,16 @@ def test_an_exported_encoder_gives_the_probes_features(project, monkeypatch, exp
 
 def test_every_method_evaluated_by_the_probes_can_export_its_encoder():
     from fedssl.methods import registry
+
     probed = [m for m in registry.all() if "features" in m.evaluation_sections]
-    assert {m.name for m in probed} >= {"none", "fedsimclr", "mfcl", "mocosfl", "lw_fedssl",
-                                        "vit_scratch"}
+    assert {m.name for m in probed} >= {
+        "none",
+        "fedsimclr",
+        "mfcl",
+        "mocosfl",
+        "lw_fedssl",
+        "vit_scratch",
+    }
     for m in probed:
         module, _, function = m.encoder_builder.partition(":")
         assert callable(getattr(importlib.import_module(module), function)), m.name
@@ -114,17 +133,23 @@ def test_every_method_evaluated_by_the_probes_can_export_its_encoder():
 def test_a_method_without_a_frozen_encoder_says_so(project, monkeypatch):
     from fedssl.export import export
     from fedssl.runtime import StageFailed
+
     monkeypatch.chdir(project)
     (project / "params" / "experiments" / "tiny_leak.yaml").write_text(
         "title: leak\npartition: tiny_dir05_m3\n"
-        "method: {name: gradient_leakage, settings: [{label: full, hidden_fc: 0}]}\n")
-    with pytest.raises(StageFailed, match="method 'gradient_leakage' has no frozen encoder to "
-                                          "export .it is evaluated by its own steps"):
+        "method: {name: gradient_leakage, settings: [{label: full, hidden_fc: 0}]}\n"
+    )
+    with pytest.raises(
+        StageFailed,
+        match="method 'gradient_leakage' has no frozen encoder to "
+        "export .it is evaluated by its own steps",
+    ):
         export("tiny_leak")
 
 
 def test_the_card_records_metrics_and_versions(project, monkeypatch):
     from fedssl.export import export
+
     monkeypatch.chdir(project)
     card = json.loads((export("tiny_simclr") / "encoder.json").read_text())
     assert (project / "artifacts" / "exports" / "tiny_simclr" / "encoder.safetensors").is_file()
@@ -140,6 +165,7 @@ def test_the_card_records_metrics_and_versions(project, monkeypatch):
 
 def test_a_tampered_card_or_weights_file_is_refused(project, monkeypatch, tmp_path):
     from fedssl.export import export, load_encoder
+
     monkeypatch.chdir(project)
     out = export("tiny_random", tmp_path / "enc")
     card = json.loads((out / "encoder.json").read_text())
@@ -156,9 +182,11 @@ def test_a_tampered_card_or_weights_file_is_refused(project, monkeypatch, tmp_pa
 def test_an_untrained_experiment_names_the_stage_to_run(project, monkeypatch, capsys):
     from fedssl.export import run
     from fedssl.stage import main_guard
+
     monkeypatch.chdir(project)
     (project / "params" / "experiments" / "tiny_simclr3.yaml").write_text(
-        "extends: tiny_simclr\nmethod: {rounds: 3}\n")
+        "extends: tiny_simclr\nmethod: {rounds: 3}\n"
+    )
     monkeypatch.setattr("sys.argv", ["fedssl.export", "tiny_simclr3"])
     with pytest.raises(SystemExit) as exit_:
         main_guard(run)

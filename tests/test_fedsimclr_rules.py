@@ -1,6 +1,7 @@
 """FedSimCLR's defining rules (the MFCL paper's baseline): every client minimises NT-Xent
 between the projections of two independent augmentations of its batch, and the server takes
 the size-weighted FedAvg of the whole model, which travels both ways every round."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,6 +23,7 @@ SHAPE = (1, 28, 28)
 
 def tiny_params():
     import yaml
+
     raw = yaml.safe_load(tiny_experiment("FedSimCLR", "small_cnn", "fedsimclr", rounds=1))
     return P.experiment_model().model_validate(raw).method
 
@@ -30,8 +32,7 @@ def test_the_local_loss_is_nt_xent_between_two_independent_views():
     p = tiny_params()
     model = seeded_contrastive_model(p.model, SHAPE, 0, torch.device("cpu"))
     images = toy_data().images[:8]
-    v1, v2 = simclr.two_views(BatchAugment(p.augment, 28))(images, torch.Generator()
-                                                           .manual_seed(0))
+    v1, v2 = simclr.two_views(BatchAugment(p.augment, 28))(images, torch.Generator().manual_seed(0))
     assert not torch.equal(v1, v2)
     weights = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
@@ -49,8 +50,9 @@ def test_a_round_is_the_size_weighted_fedavg_of_the_whole_model(tmp_path):
     fed = simclr.make_federation(p, model, data, tmp_path / "ck.pt", "fp")
     uploads = []
     upload = fed.strategy.upload
-    fed.strategy.upload = lambda state, c, trained: uploads.append(upload(state, c, trained)) \
-        or uploads[-1]
+    fed.strategy.upload = lambda state, c, trained: (
+        uploads.append(upload(state, c, trained)) or uploads[-1]
+    )
     state = fed.run(fed.start(model))
     sizes = torch.tensor([len(c) for c in data.clients], dtype=torch.float64)
     assert set(uploads[0]) == set(state.server["global"])  # every weight travels
@@ -58,8 +60,10 @@ def test_a_round_is_the_size_weighted_fedavg_of_the_whole_model(tmp_path):
     for k, v in expected.items():
         assert torch.allclose(state.server["global"][k].float(), v.float(), atol=1e-6), k
     plain = fedavg(stacked(uploads), torch.ones(3, dtype=torch.float64))
-    assert any(not torch.allclose(plain[k].float(), v.float(), atol=1e-6)
-               for k, v in expected.items() if v.is_floating_point())
+    assert any(
+        not torch.allclose(plain[k].float(), v.float(), atol=1e-6)
+        for k, v in expected.items()
+        if v.is_floating_point()
+    )
     s = nbytes(state.server["global"])
-    assert all(r["bytes_up"] == r["bytes_down"] == s
-               for r in state.ledger.summary()["per_client"])
+    assert all(r["bytes_up"] == r["bytes_down"] == s for r in state.ledger.summary()["per_client"])

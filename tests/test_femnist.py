@@ -1,4 +1,5 @@
 """fedssl.data.femnist against tiny data sets written in LEAF's JSON layout."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,14 @@ LETTER_A = 36  # LEAF: 0-9 digits, 10-35 upper case, 36-61 lower case
 
 def write_leaf_file(path: Path, users: dict[str, tuple[np.ndarray, list[int]]]) -> None:
     """One LEAF json: pixels as floats in [0, 1], 784 per image, row-major."""
-    blob = {"users": list(users), "num_samples": [len(y) for _, y in users.values()],
-            "user_data": {u: {"x": (x.reshape(len(y), -1) / 255).tolist(), "y": list(y)}
-                          for u, (x, y) in users.items()}}
+    blob = {
+        "users": list(users),
+        "num_samples": [len(y) for _, y in users.values()],
+        "user_data": {
+            u: {"x": (x.reshape(len(y), -1) / 255).tolist(), "y": list(y)}
+            for u, (x, y) in users.items()
+        },
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(blob))
 
@@ -31,10 +37,14 @@ def tiny_leaf(tmp_path):
     """Three writers over two train files and one test file; 'f2' appears only in test."""
     data = {
         "train/all_data_0_niid_0_keep_0_train_9.json": {
-            "f0": (pixels(3, 0), [LETTER_A, 5, LETTER_A + 9]), "f1": (pixels(2, 1), [61, 10])},
+            "f0": (pixels(3, 0), [LETTER_A, 5, LETTER_A + 9]),
+            "f1": (pixels(2, 1), [61, 10]),
+        },
         "train/all_data_1_niid_0_keep_0_train_9.json": {"f3": (pixels(1, 2), [LETTER_A + 1])},
         "test/all_data_0_niid_0_keep_0_test_9.json": {
-            "f0": (pixels(1, 3), [LETTER_A + 2]), "f2": (pixels(2, 4), [0, LETTER_A])},
+            "f0": (pixels(1, 3), [LETTER_A + 2]),
+            "f2": (pixels(2, 4), [0, LETTER_A]),
+        },
     }
     for name, users in data.items():
         write_leaf_file(tmp_path / "femnist" / "data" / name, users)
@@ -79,15 +89,17 @@ def test_missing_data_says_how_to_get_it(tmp_path):
 
 def letters_data(per_letter: int, seed: int = 0) -> dict:
     """In-memory splits with ``per_letter`` images of every letter a-j, plus digits."""
-    labels = np.concatenate([np.full(per_letter, LETTER_A + k) for k in range(10)]
-                            + [np.arange(10)])
+    labels = np.concatenate(
+        [np.full(per_letter, LETTER_A + k) for k in range(10)] + [np.arange(10)]
+    )
     images = pixels(labels.size, seed)[:, None]
     return {"train": FemnistSplit(images, labels, np.zeros(labels.size, np.int64), ["u"])}
 
 
 def test_parties_follow_the_fedrep_class_rule_and_90_10_split():
-    parties = femnist_parties(letters_data(400), num_parties=12, size_offset=0.0,
-                              lognormal_mean=3.0, seed=1)
+    parties = femnist_parties(
+        letters_data(400), num_parties=12, size_offset=0.0, lognormal_mean=3.0, seed=1
+    )
     assert parties.images.shape[0] == 4000  # digits dropped, letters relabelled 0-9
     assert set(np.unique(parties.labels)) == set(range(10))
     for i in range(12):

@@ -1,6 +1,7 @@
 """Snakemake and DVC driving the real stages on a tiny project: both front ends agree on what is
 up to date, an edited param reruns only its stage and what depends on it, and restored file
 times (as after `dvc checkout`) rerun nothing."""
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,9 @@ def test_snakemake_runs_every_stage_and_reports(project):
     assert metrics["linear_top1"] == 100.0  # the toy classes are linearly separable in pixels
     rounds = (project / "results/experiments/tiny_simclr/rounds.tsv").read_text().splitlines()
     assert len(rounds) == 3  # header + 2 rounds
-    assert (project / "artifacts/reports/default/partition_tiny_dir05_m3.png").read_bytes()[:4] == \
-        b"\x89PNG"
+    assert (project / "artifacts/reports/default/partition_tiny_dir05_m3.png").read_bytes()[
+        :4
+    ] == b"\x89PNG"
 
 
 def test_dvc_sees_nothing_to_do_after_snakemake(project):
@@ -114,7 +116,8 @@ def test_an_extending_experiment_follows_its_base_in_both_front_ends(project):
     """`extends`: a variant inherits its base's settings; editing an inherited one reruns the
     variant in Snakemake and DVC alike, and restoring it makes both see nothing to do."""
     (project / "params/experiments/tiny_random_w8.yaml").write_text(
-        "extends: tiny_random\ntitle: Random init, width 8\nmethod: {model: {width: 8}}\n")
+        "extends: tiny_random\ntitle: Random init, width 8\nmethod: {model: {width: 8}}\n"
+    )
     with open(project / "params" / "pipelines.yaml", "a") as f:
         f.write("  variants: [tiny_random_w8]\n")
     run(["python", "-m", "fedssl.pipeline", "write"], project)
@@ -133,8 +136,11 @@ def test_an_extending_experiment_follows_its_base_in_both_front_ends(project):
     try:
         base.write_text(good.replace("batch_size: 256}", "batch_size: 128}"))
         planned, dvc = stale()
-        assert planned == {"features__tiny_random_w8", "evaluate__tiny_random_w8",
-                           "report__variants"}
+        assert planned == {
+            "features__tiny_random_w8",
+            "evaluate__tiny_random_w8",
+            "report__variants",
+        }
         assert dvc == {"features__tiny_random_w8"}  # DVC reports the first stale stage
     finally:
         base.write_text(good)
@@ -144,9 +150,17 @@ def test_an_extending_experiment_follows_its_base_in_both_front_ends(project):
 def downstream(project: Path, names: set[str]) -> set[str]:
     """``names`` and every stage after them in the default pipeline's DAG."""
     import sys
+
     sys.path.insert(0, str(project))
-    out = run(["python", "-c", "from fedssl.plan.dag import Dag; import json; d = Dag('default');"
-               " print(json.dumps({n: s.upstream for n, s in d.stages.items()}))"], project)
+    out = run(
+        [
+            "python",
+            "-c",
+            "from fedssl.plan.dag import Dag; import json; d = Dag('default');"
+            " print(json.dumps({n: s.upstream for n, s in d.stages.items()}))",
+        ],
+        project,
+    )
     upstream = json.loads(out.stdout)
     result = set(names)
     for name, ups in upstream.items():  # upstream first
@@ -186,8 +200,15 @@ def test_any_edit_reruns_the_same_stages_in_both_front_ends(project, file, old, 
 def test_code_dependencies_follow_the_import_graph(project):
     """What each front end tracks comes from the imports: training stages depend on the losses
     their method uses, the probe stage does not; a stage depends on its method's module."""
-    out = run(["python", "-c", "from fedssl.plan.dag import Dag; import json; d = Dag('default');"
-               " print(json.dumps({n: s.code for n, s in d.stages.items()}))"], project)
+    out = run(
+        [
+            "python",
+            "-c",
+            "from fedssl.plan.dag import Dag; import json; d = Dag('default');"
+            " print(json.dumps({n: s.code for n, s in d.stages.items()}))",
+        ],
+        project,
+    )
     code = json.loads(out.stdout)
     assert "fedssl/losses.py" in code["pretrain__tiny_simclr"]
     assert "fedssl/methods/fedsimclr/run.py" in code["pretrain__tiny_simclr"]
@@ -203,7 +224,8 @@ def test_experiments_that_differ_downstream_share_upstream_stages(project):
     """A variant that changes only the k-NN probe reuses the base's pretraining and features
     (stages named after the experiment that owns their content), in both front ends."""
     (project / "params/experiments/tiny_simclr_k3.yaml").write_text(
-        "extends: tiny_simclr\ntitle: FedSimCLR, 3-NN\nknn: {k: 3}\n")
+        "extends: tiny_simclr\ntitle: FedSimCLR, 3-NN\nknn: {k: 3}\n"
+    )
     with open(project / "params" / "pipelines.yaml", "a") as f:
         f.write("  shared: [tiny_simclr, tiny_simclr_k3]\n")
     run(["python", "-m", "fedssl.pipeline", "write"], project)
@@ -211,10 +233,13 @@ def test_experiments_that_differ_downstream_share_upstream_stages(project):
     out = run(["snakemake", "-n", "--cores", "1", "--config", "pipeline=shared"], project).stdout
     planned = {m.group(1) for m in re.finditer(r"^(\w+__\w+)\s+\d+$", out, re.M)}
     assert planned == {"evaluate__tiny_simclr_k3", "report__shared"}
-    run(["snakemake", "--cores", "2", "--resources", "gpu=1", "--config", "pipeline=shared"],
-        project)
-    assert (project / "artifacts/experiments/tiny_simclr/pretrain/meta.json").read_text() == \
-        pretrained  # trained once
+    run(
+        ["snakemake", "--cores", "2", "--resources", "gpu=1", "--config", "pipeline=shared"],
+        project,
+    )
+    assert (
+        project / "artifacts/experiments/tiny_simclr/pretrain/meta.json"
+    ).read_text() == pretrained  # trained once
     assert not (project / "artifacts/experiments/tiny_simclr_k3/pretrain").exists()
     status = run(["dvc", "status", "--json", "pipelines/shared/dvc.yaml"], project).stdout
     assert set(json.loads(status or "{}")) <= {"dag"}

@@ -1,4 +1,5 @@
 """Model-inversion decoder and SSIM."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Gradient leakage (DLG / iDLG) against a small sigmoid LeNet on one 16x16 image."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,9 +26,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 def lenet(fc_widths: tuple[int, ...] = (CLASSES,), seed: int = 1) -> nn.Sequential:
     """iDLG-style LeNet: 3 sigmoid convs of 12 channels (strides 2, 2, 1), then FC layers."""
-    layers: list[nn.Module] = [nn.Conv2d(3, 12, 5, 2, 2), nn.Sigmoid(),
-                               nn.Conv2d(12, 12, 5, 2, 2), nn.Sigmoid(),
-                               nn.Conv2d(12, 12, 5, 1, 2), nn.Sigmoid(), nn.Flatten()]
+    layers: list[nn.Module] = [
+        nn.Conv2d(3, 12, 5, 2, 2),
+        nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, 2, 2),
+        nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, 1, 2),
+        nn.Sigmoid(),
+        nn.Flatten(),
+    ]
     width = 12 * (SIZE // 4) ** 2
     for hidden in fc_widths[:-1]:
         layers += [nn.Linear(width, hidden), nn.Sigmoid()]
@@ -78,8 +85,16 @@ def test_idlg_reconstructs_the_image_from_full_gradients():
     model, x = lenet(TWO_FC), image()
     grads = client_gradients(model, x, 7, hidden_fc=0)
     surrogate = attacker_model(model, 0, None, CLASSES)
-    result = gradient_attack(surrogate, grads, (3, SIZE, SIZE), CLASSES, attack="idlg",
-                             iterations=12, seed=0, true_image=x)
+    result = gradient_attack(
+        surrogate,
+        grads,
+        (3, SIZE, SIZE),
+        CLASSES,
+        attack="idlg",
+        iterations=12,
+        seed=0,
+        true_image=x,
+    )
     assert result.label == 7 and not result.diverged
     assert len(result.mse_curve) == 12
     assert result.mse_curve[0] > 0.01  # starts from noise ...
@@ -91,8 +106,16 @@ def test_idlg_reconstructs_the_image_from_full_gradients():
 def test_dlg_reconstructs_image_and_label_with_a_dummy_label():
     model, x = lenet((CLASSES,)), image()
     grads = client_gradients(model, x, 4, hidden_fc=0)
-    result = gradient_attack(attacker_model(model, 0, None, CLASSES), grads, (3, SIZE, SIZE),
-                             CLASSES, attack="dlg", iterations=12, seed=0, true_image=x)
+    result = gradient_attack(
+        attacker_model(model, 0, None, CLASSES),
+        grads,
+        (3, SIZE, SIZE),
+        CLASSES,
+        attack="dlg",
+        iterations=12,
+        seed=0,
+        true_image=x,
+    )
     assert result.label == 4
     assert result.mse_curve[-1] < 1e-3
 
@@ -105,8 +128,16 @@ def test_hidden_head_keeps_reconstruction_error_high(assumed_fc):
     # the attacker's prefix carries the party's true shared weights
     assert torch.equal(surrogate[7].weight, model[7].weight)
     assert not torch.equal(surrogate[-1].weight, model[-1].weight)
-    result = gradient_attack(surrogate, grads, (3, SIZE, SIZE), CLASSES, attack="idlg",
-                             iterations=12, seed=0, true_image=x)
+    result = gradient_attack(
+        surrogate,
+        grads,
+        (3, SIZE, SIZE),
+        CLASSES,
+        attack="idlg",
+        iterations=12,
+        seed=0,
+        true_image=x,
+    )
     finite = [m for m in result.mse_curve if m == m]
     assert result.diverged or min(finite) > 0.02  # never gets close to the image
 

@@ -1,4 +1,5 @@
 """NT-Xent against its definition, and the probes on features with known answers."""
+
 from __future__ import annotations
 
 import math
@@ -68,10 +69,13 @@ def test_knn_votes_by_nearest_neighbours():
     train = np.array([[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], dtype=np.float32)
     labels = np.array([0, 0, 1, 1])
     test = np.array([[1, 0.2], [0.2, 1]], dtype=np.float32)
-    assert knn_accuracy(train, labels, test, np.array([0, 1]), KnnParams(k=2), CPU)[
-        "knn_top1"] == 100.0
-    assert knn_accuracy(train, labels, test, np.array([1, 0]), KnnParams(k=2), CPU)[
-        "knn_top1"] == 0.0
+    assert (
+        knn_accuracy(train, labels, test, np.array([0, 1]), KnnParams(k=2), CPU)["knn_top1"]
+        == 100.0
+    )
+    assert (
+        knn_accuracy(train, labels, test, np.array([1, 0]), KnnParams(k=2), CPU)["knn_top1"] == 0.0
+    )
 
 
 def test_extract_features_uses_eval_mode_and_all_images():

@@ -2,6 +2,7 @@
 trains and exchanges per stage (Tab. 2), the MoCo v3 learner with its shared frozen prefix, the
 momentum branch, calibration, growth with weight transfer, the per-stage DAG, and the whole
 chain on a tiny project."""
+
 from __future__ import annotations
 
 import csv
@@ -44,8 +45,7 @@ def toy_data():
     images, labels = toy_images(120, 0)
     x, y = torch.from_numpy(images[:, None]), torch.from_numpy(labels)
     ids = np.arange(120)
-    return (LocalData(x, y, [ids[:40], ids[40:70], ids[70:100]]),
-            LocalData(x, y, [ids[100:]]))
+    return (LocalData(x, y, [ids[:40], ids[40:70], ids[70:100]]), LocalData(x, y, [ids[100:]]))
 
 
 def stage_model(p, s):
@@ -73,16 +73,21 @@ def changed(a, b, prefix) -> bool:
 
 
 # ---------------------------------------------------------------------------- Tab. 2
-@pytest.mark.parametrize("method, trains_block0, down_blocks, up_blocks", [
-    ("fedmoco_lw", False, 1, 1), ("lw_fedssl", False, 3, 1), ("prog_fedssl", True, 3, 3)])
-def test_stage_3_trains_and_exchanges_what_tab2_says(tmp_path, method, trains_block0,
-                                                     down_blocks, up_blocks):
+@pytest.mark.parametrize(
+    "method, trains_block0, down_blocks, up_blocks",
+    [("fedmoco_lw", False, 1, 1), ("lw_fedssl", False, 3, 1), ("prog_fedssl", True, 3, 3)],
+)
+def test_stage_3_trains_and_exchanges_what_tab2_says(
+    tmp_path, method, trains_block0, down_blocks, up_blocks
+):
     p = tiny_exp(method).method
     start, state, fed = run_stage(p, 3, tmp_path)
     end = state.server["global"]
     block = 2_224  # parameters of one width-16 block (MLP 32)
-    assert sum(q.numel() for q in fed.strategy.fed.trainer.cohort.model.encoder.blocks[0]
-               .parameters()) == block
+    assert (
+        sum(q.numel() for q in fed.strategy.fed.trainer.cohort.model.encoder.blocks[0].parameters())
+        == block
+    )
     per_client = state.ledger.summary()["per_client"]
     for c in per_client:
         assert c["down_by_kind"]["blocks"] == down_blocks * block * 4 * 1  # one round
@@ -90,10 +95,12 @@ def test_stage_3_trains_and_exchanges_what_tab2_says(tmp_path, method, trains_bl
     assert changed(start, end, "encoder.blocks.2.")  # the newest block always trains
     # the first block: trained by Prog-FedSSL's clients or LW-FedSSL's calibration only
     assert changed(start, end, "encoder.blocks.0.") == (trains_block0 or method == "lw_fedssl")
-    assert changed(start, end, "encoder.patch_embed.") == (trains_block0
-                                                           or method == "lw_fedssl")
-    assert set(fed.strategy.train) >= {"projector.0.weight", "predictor.3.weight",
-                                       "encoder.norm.weight"}
+    assert changed(start, end, "encoder.patch_embed.") == (trains_block0 or method == "lw_fedssl")
+    assert set(fed.strategy.train) >= {
+        "projector.0.weight",
+        "predictor.3.weight",
+        "encoder.norm.weight",
+    }
 
 
 def test_fedmoco_trains_and_sends_every_block_every_round(tmp_path):
@@ -121,7 +128,8 @@ def test_fedmoco_lw_catches_up_on_what_froze_and_weight_transfer_carries_the_blo
     assert c["down_by_kind"]["embedding"] == 4 * (16 * 49 + 16 + 16)  # conv, bias, CLS: once
     assert "embedding" not in c["up_by_kind"] and c["down_by_kind"]["blocks"] == 2_224 * 4
     no_wt = tiny_exp("fedmoco_lw", "  stages: {}\n").method.model_copy(
-        update={"weight_transfer": False})
+        update={"weight_transfer": False}
+    )
     fresh = stage_model(no_wt, 2)["encoder"]
     assert not torch.equal(fresh.blocks[0].mlp[0].weight, fresh.blocks[1].mlp[0].weight)
     _, state, _ = run_stage(no_wt, 2, tmp_path)
@@ -133,22 +141,24 @@ def test_lw_fedssl_calibrates_before_every_round_and_not_after_the_last(tmp_path
     p = tiny_exp("lw_fedssl", "  stages: {s2: {rounds: 3}}\n").method
     _, state, fed = run_stage(p, 2, tmp_path)
     assert [("calibration_loss" in r) for r in state.log] == [True, True, False]
-    end_timing = p.model_copy(update={"calibration": p.calibration.model_copy(
-        update={"timing": "round_end"})})
+    end_timing = p.model_copy(
+        update={"calibration": p.calibration.model_copy(update={"timing": "round_end"})}
+    )
     _, state, _ = run_stage(end_timing, 2, tmp_path)
     assert all("calibration_loss" in r for r in state.log)
-    off = p.model_copy(update={"calibration": p.calibration.model_copy(
-        update={"enabled": False})})
+    off = p.model_copy(update={"calibration": p.calibration.model_copy(update={"enabled": False})})
     assert run.plan_of(off, 2).downloads == "last"  # nothing else changes on the server
 
 
 # ---------------------------------------------------------------------------- the learner
 def learner(prefix: int, alpha: float = 0.0, depth: int = 3) -> MocoV3Learner:
     torch.manual_seed(0)
-    vit = VisionTransformer(image_size=28, patch_size=7, in_channels=1, width=16, depth=depth,
-                            heads=2, mlp_ratio=2.0)
-    return MocoV3Learner(vit, moco_v3_projector(16, 32, 16), moco_v3_predictor(16, 32, 16),
-                         0.2, alpha, prefix)
+    vit = VisionTransformer(
+        image_size=28, patch_size=7, in_channels=1, width=16, depth=depth, heads=2, mlp_ratio=2.0
+    )
+    return MocoV3Learner(
+        vit, moco_v3_projector(16, 32, 16), moco_v3_predictor(16, 32, 16), 0.2, alpha, prefix
+    )
 
 
 def test_shared_frozen_prefix_gives_the_loss_of_three_separate_branches():
@@ -161,11 +171,9 @@ def test_shared_frozen_prefix_gives_the_loss_of_three_separate_branches():
     with torch.no_grad():
         z1, z2 = m.encoder(x1), m.encoder(x2)
         q1, q2 = m.predictor(m.projector(z1)), m.predictor(m.projector(z2))
-        k1, k2 = m.target_projector(m.target_encoder(x1)), m.target_projector(
-            m.target_encoder(x2))
+        k1, k2 = m.target_projector(m.target_encoder(x1)), m.target_projector(m.target_encoder(x2))
         g1, g2 = m.global_encoder(x1), m.global_encoder(x2)
-        expected = (moco_v3_loss(q1, q2, k1, k2, 0.2)
-                    + 0.5 * moco_v3_loss(z1, z2, g1, g2, 0.2))
+        expected = moco_v3_loss(q1, q2, k1, k2, 0.2) + 0.5 * moco_v3_loss(z1, z2, g1, g2, 0.2)
         torch.testing.assert_close(m(x1, x2), expected)
 
 
@@ -174,19 +182,21 @@ def test_the_frozen_prefix_runs_once_for_all_branches_and_keeps_no_activations()
     once instead of three times (the paper's FLOP count runs it in every branch), and no
     activation of it is kept for the backward pass."""
     from fedssl import costs
+
     x = torch.rand(8, 1, 28, 28)
     flops, saved = {}, {}
     for prefix in (0, 2):
         m = learner(prefix, alpha=0.5)
         for name, q in m.named_parameters():
-            q.requires_grad_(name.startswith(("encoder.blocks.2.", "encoder.norm.",
-                                              "projector.", "predictor.")))
+            q.requires_grad_(
+                name.startswith(("encoder.blocks.2.", "encoder.norm.", "projector.", "predictor."))
+            )
         flops[prefix] = costs.forward_flops(lw_costs._TwoViews(m), x)
-        saved[prefix] = costs.saved_activation_bytes(lw_costs._TwoViews(m), x,
-                                                     lambda out, _x: out)
+        saved[prefix] = costs.saved_activation_bytes(lw_costs._TwoViews(m), x, lambda out, _x: out)
     with torch.no_grad():
-        embed_and_two = costs.forward_flops(lambda v: m.encoder.blocks[1](m.encoder.blocks[0](
-            m.encoder.embed(v))), x)
+        embed_and_two = costs.forward_flops(
+            lambda v: m.encoder.blocks[1](m.encoder.blocks[0](m.encoder.embed(v))), x
+        )
     assert flops[0] - flops[2] == 2 * embed_and_two
     assert saved[2] == saved[0]  # autograd keeps nothing of frozen layers either way
     everything = learner(0)
@@ -199,10 +209,12 @@ def test_momentum_branch_moves_by_ema_and_frozen_twins_stay_equal(tmp_path):
     data, _ = toy_data()
     model = stage_model(p, 2)
     fed, lrn = run.make_federation(p, model, 2, data, tmp_path / "m.pt", "fp")
-    start = round_start_state({k: v for k, v in fed.strategy.init_server(lrn)["global"].items()},
-                              False)
-    trained, _ = fed.trainer.cohort.train([start], data, [0], 1e-2, (0, "t"),
-                                          torch.Generator().manual_seed(0), fed.strategy.train)
+    start = round_start_state(
+        {k: v for k, v in fed.strategy.init_server(lrn)["global"].items()}, False
+    )
+    trained, _ = fed.trainer.cohort.train(
+        [start], data, [0], 1e-2, (0, "t"), torch.Generator().manual_seed(0), fed.strategy.train
+    )
     row = {k: v[0] for k, v in trained.items()}
     for k in row:
         if k.startswith("target_encoder.blocks.0.") or k.startswith("target_encoder.patch"):
@@ -223,8 +235,9 @@ def test_growth_copies_the_last_block_and_keeps_the_trained_ones():
     after = grown.state_dict()
     assert grown["encoder"].depth == 2
     assert all(torch.equal(before[k], after[k]) for k in before)
-    torch.testing.assert_close(after["encoder.blocks.1.mlp.0.weight"],
-                               before["encoder.blocks.0.mlp.0.weight"])
+    torch.testing.assert_close(
+        after["encoder.blocks.1.mlp.0.weight"], before["encoder.blocks.0.mlp.0.weight"]
+    )
 
 
 # ---------------------------------------------------------------------------- params and DAG
@@ -251,8 +264,9 @@ def test_steps_follow_the_schedule_and_read_only_their_own_stage():
     # with the global cosine schedule, a stage's position depends on the others' rounds
     assert "method.stages.s3.rounds" in steps[1].reads
     assert "method.stages.s2.alpha" not in steps[2].reads
-    constant = p.model_copy(update={"schedule": p.schedule.model_copy(
-        update={"lr_schedule": "constant"})})
+    constant = p.model_copy(
+        update={"schedule": p.schedule.model_copy(update={"lr_schedule": "constant"})}
+    )
     assert "method.stages.s3.rounds" not in method.steps_for(constant)[1].reads
     assert method.encoder_inputs_for(p) == ("grow_3",)
     assert method.costs_inputs_for(p) == ("grow_1", "grow_2", "grow_3")
@@ -261,6 +275,7 @@ def test_steps_follow_the_schedule_and_read_only_their_own_stage():
 
 def test_steps_for_defaults_to_the_class_attribute():
     from fedssl.methods.base import Method
+
     mfcl = registry.get("mfcl")
     assert Method.steps_for(mfcl, None) is mfcl.steps
     assert mfcl.encoder_inputs_for(None) == mfcl.encoder_inputs
@@ -270,6 +285,7 @@ def test_finetune_is_only_for_methods_that_can_train_their_encoder():
     raw = yaml.safe_load(tiny_text("fedmoco"))
     assert experiment_model().model_validate(raw).finetune.epochs == 2
     from tests.fixtures import tiny_experiment
+
     other = yaml.safe_load(tiny_experiment("x", "small_cnn", "none"))
     other["finetune"] = raw["finetune"]
     with pytest.raises(ValueError, match="no encoder to fine-tune"):
@@ -281,6 +297,7 @@ def test_finetune_is_only_for_methods_that_can_train_their_encoder():
 # ---------------------------------------------------------------------------- the chain
 def run_in_process(dag, only=None) -> list[str]:
     import importlib
+
     ran = []
     for stage in dag.stages.values():
         if only is None or stage.name in only:
@@ -292,6 +309,7 @@ def run_in_process(dag, only=None) -> list[str]:
 
 def test_the_family_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
     from fedssl.plan.dag import Dag
+
     root = make_tiny_project(tmp_path, git=False)
     names = add_tiny_lw(root)
     monkeypatch.chdir(root)
@@ -312,16 +330,19 @@ def test_the_family_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
     # the bytes in the costs are the ledger's; encoder bytes exclude the heads
     for name in ("tiny_fedmoco_lw", "tiny_lw_fedssl", "tiny_prog_fedssl"):
         cost = json.loads((art / name / "costs" / "costs.json").read_text())["per_client"][0]
-        ledgers = [json.loads((art / name / f"grow_{s}" / "communication.json").read_text())
-                   ["per_client"][0] for s in (1, 2, 3)]
+        ledgers = [
+            json.loads((art / name / f"grow_{s}" / "communication.json").read_text())["per_client"][
+                0
+            ]
+            for s in (1, 2, 3)
+        ]
         assert cost["bytes_actual"] == sum(c["bytes_up"] + c["bytes_down"] for c in ledgers)
         heads = sum(c["up_by_kind"]["heads"] + c["down_by_kind"]["heads"] for c in ledgers)
         assert cost["encoder_bytes"] == cost["bytes_actual"] - heads
     # blocks exchanged over the 3 stages (one round each), in blocks of fp32 width-16 blocks:
     # FedMoCo 3 x 3 x 2 = 18, LW 6 down + 3 up, Prog 2 x 6, FedMoCo-LW 3 x 2
     unit = 2_224 * 4
-    expect = {"tiny_fedmoco": 18, "tiny_lw_fedssl": 9, "tiny_prog_fedssl": 12,
-              "tiny_fedmoco_lw": 6}
+    expect = {"tiny_fedmoco": 18, "tiny_lw_fedssl": 9, "tiny_prog_fedssl": 12, "tiny_fedmoco_lw": 6}
     for name, blocks in expect.items():
         cost = json.loads((art / name / "costs" / "costs.json").read_text())
         assert cost["mean_block_bytes"] == blocks * unit
@@ -330,8 +351,10 @@ def test_the_family_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
     tab3 = report.split("LW-FedSSL Tab. 3 layout")[1].split("\n## ")[0]
     lw = next(line for line in tab3.splitlines() if line.startswith("| LW-FedSSL |"))
     cells = [c.strip() for c in lw.split("|")[1:-1]]
-    enc = {n: json.loads((art / n / "costs" / "costs.json").read_text())["mean_encoder_bytes"]
-           for n in ("tiny_lw_fedssl", "tiny_fedmoco")}
+    enc = {
+        n: json.loads((art / n / "costs" / "costs.json").read_text())["mean_encoder_bytes"]
+        for n in ("tiny_lw_fedssl", "tiny_fedmoco")
+    }
     assert cells[5] == f"{enc['tiny_lw_fedssl'] / enc['tiny_fedmoco']:.3f}"  # Comm / FedMoCo
     meta = json.loads((art / "tiny_lw_fedssl" / "grow_3" / "meta.json").read_text())
     assert meta["blocks"] == 3 and meta["calibration"] and meta["server_samples"] == 30

@@ -1,6 +1,7 @@
 """Growth stages as the DAG's own shape, in both front ends: editing the settings of stage 2
 of a 3-stage LW-FedSSL run reruns stages 2..3 (and what reads them), never stage 1, in
 Snakemake and in DVC alike."""
+
 from __future__ import annotations
 
 import json
@@ -44,6 +45,7 @@ def project(tmp_path_factory):
     import importlib
     import os
     import sys
+
     root = make_tiny_project(tmp_path_factory.mktemp("lwfe"))
     params = root / "params"
     (params / "partitions" / "tiny_iid_m3_srv.yaml").write_text(TINY_PARTITION)
@@ -56,6 +58,7 @@ def project(tmp_path_factory):
     sys.path.insert(0, str(root))
     try:
         from fedssl.plan.dag import Dag
+
         for stage in Dag("lwfe").stages.values():
             _, _, module, *args = stage.cmd.split()
             importlib.import_module(module).run(args)
@@ -64,8 +67,18 @@ def project(tmp_path_factory):
         sys.path[:] = path
     run(["python", "-m", "fedssl.pipeline", "write"], root)  # the new results' metrics join
     run(["python", "-m", "fedssl.pipeline", "check"], root)  # the DAG check every stage reads
-    run(["dvc", "commit", "--force", "--quiet", "pipelines/lwfe/dvc.yaml", "dvc.yaml:dag",
-         "dvc.yaml:prepare_data__tiny"], root)
+    run(
+        [
+            "dvc",
+            "commit",
+            "--force",
+            "--quiet",
+            "pipelines/lwfe/dvc.yaml",
+            "dvc.yaml:dag",
+            "dvc.yaml:prepare_data__tiny",
+        ],
+        root,
+    )
     return root
 
 
@@ -75,8 +88,10 @@ def test_editing_stage_2_reruns_stages_2_to_3_in_both_front_ends(project):
     path = project / "params/experiments/tiny_lw_fedssl.yaml"
     path.write_text(with_stages("{s2: {lr: 0.002, alpha: 0.1}}"))
     run(["python", "-m", "fedssl.pipeline", "write"], project)  # grow_2 now reads s2
-    downstream = {f"{k}__tiny_lw_fedssl" for k in ("grow_2", "grow_3", "features", "evaluate",
-                                                   "finetune", "costs")}
+    downstream = {
+        f"{k}__tiny_lw_fedssl"
+        for k in ("grow_2", "grow_3", "features", "evaluate", "finetune", "costs")
+    }
     assert planned(project) == downstream | {"report__lwfe"}
     stale = dvc_stale(project)  # DVC lists the stages whose own params changed
     assert "grow_2__tiny_lw_fedssl" in stale and "grow_1__tiny_lw_fedssl" not in stale
@@ -90,8 +105,10 @@ def test_editing_stage_2_reruns_stages_2_to_3_in_both_front_ends(project):
     run(["python", "-m", "fedssl.pipeline", "write"], project)
     assert planned(project) == downstream - {"grow_2__tiny_lw_fedssl"} | {"report__lwfe"}
     stale = dvc_stale(project)
-    assert "grow_3__tiny_lw_fedssl" in stale and not stale & {"grow_1__tiny_lw_fedssl",
-                                                             "grow_2__tiny_lw_fedssl"}
+    assert "grow_3__tiny_lw_fedssl" in stale and not stale & {
+        "grow_1__tiny_lw_fedssl",
+        "grow_2__tiny_lw_fedssl",
+    }
     # stage 1's rounds move every later stage's place in the cosine schedule: all rerun
     path.write_text(with_stages("{s1: {rounds: 2}, s2: {lr: 0.002, alpha: 0.1}}"))
     run(["python", "-m", "fedssl.pipeline", "write"], project)

@@ -2,6 +2,7 @@
 hook in the cohort trainer, traffic kinds in the engine's ledger, methods' own cost columns,
 several metrics files per report row, paper tables over every row, Method.steps_for in the
 DAG, and the shared fine-tuning."""
+
 from __future__ import annotations
 
 import json
@@ -63,37 +64,65 @@ def test_after_step_sees_every_step_of_every_client(parallel):
     """Clients with 4, 3 and 2 batches: the hook runs after each of their steps, on the rows
     that stepped (vectorised: the others wait), and what it writes into frozen tensors stays."""
     images, labels = toy_images(90, 0)
-    data = LocalData(torch.from_numpy(images[:, None]), torch.from_numpy(labels),
-                     [np.arange(40), np.arange(40, 70), np.arange(70, 90)])
+    data = LocalData(
+        torch.from_numpy(images[:, None]),
+        torch.from_numpy(labels),
+        [np.arange(40), np.arange(40, 70), np.arange(70, 90)],
+    )
 
     def advance(trained, frozen, buffers):
         frozen["steps"] += 1
 
     model = Counting()
-    cohort = CohortTrainer(model, lambda b, g: (to_float(b),), counted_loss,
-                           OptimizerConfig("adamw"), batch_size=10, local_epochs=1,
-                           parallel=parallel, after_step=advance)
+    cohort = CohortTrainer(
+        model,
+        lambda b, g: (to_float(b),),
+        counted_loss,
+        OptimizerConfig("adamw"),
+        batch_size=10,
+        local_epochs=1,
+        parallel=parallel,
+        after_step=advance,
+    )
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    trained, _ = cohort.train([start] * 3, data, [0, 1, 2], 0.01, (0,), torch.Generator(),
-                              trainable={"lin.weight", "lin.bias"})
+    trained, _ = cohort.train(
+        [start] * 3,
+        data,
+        [0, 1, 2],
+        0.01,
+        (0,),
+        torch.Generator(),
+        trainable={"lin.weight", "lin.bias"},
+    )
     assert trained["steps"].tolist() == [4.0, 3.0, 2.0]
 
 
 class Kinds(Strategy):
     def traffic(self, tensors):
-        return {"weights": {k: v for k, v in tensors.items() if k.endswith("weight")},
-                "biases": {k: v for k, v in tensors.items() if k.endswith("bias")}}
+        return {
+            "weights": {k: v for k, v in tensors.items() if k.endswith("weight")},
+            "biases": {k: v for k, v in tensors.items() if k.endswith("bias")},
+        }
 
 
 def test_the_ledger_counts_each_traffic_kind_apart(tmp_path):
     images, labels = toy_images(40, 0)
-    data = LocalData(torch.from_numpy(images[:, None]), torch.from_numpy(labels),
-                     [np.arange(20), np.arange(20, 40)])
+    data = LocalData(
+        torch.from_numpy(images[:, None]),
+        torch.from_numpy(labels),
+        [np.arange(20), np.arange(20, 40)],
+    )
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 4))
-    cohort = CohortTrainer(model, lambda b, g: (to_float(b),),
-                           lambda m, p, b, batch: nn.functional.cross_entropy(
-                               functional_call(m, (p, b), (batch.views[0],)), batch.labels),
-                           OptimizerConfig("sgd"), batch_size=10, local_epochs=1)
+    cohort = CohortTrainer(
+        model,
+        lambda b, g: (to_float(b),),
+        lambda m, p, b, batch: nn.functional.cross_entropy(
+            functional_call(m, (p, b), (batch.views[0],)), batch.labels
+        ),
+        OptimizerConfig("sgd"),
+        batch_size=10,
+        local_epochs=1,
+    )
     cfg = FederationConfig(2, 1.0, 0.1)
     fed = Federation(Kinds(cfg), LocalTraining(cohort), data, cfg, tmp_path / "k.pt", "fp")
     state = fed.run(fed.start(model))
@@ -104,58 +133,84 @@ def test_the_ledger_counts_each_traffic_kind_apart(tmp_path):
 
 
 def test_methods_add_their_own_cost_columns():
-    rows = [{"client": 0, "bytes_actual": 10, "peak_step_bytes": 4, "paper_flops": 2.0},
-            {"client": 1, "bytes_actual": 30, "peak_step_bytes": 8, "paper_flops": 4.0}]
-    assert costs.summarize_client_costs(rows) == {"mean_bytes_actual": 20.0,
-                                                  "mean_peak_step_bytes": 6.0}
+    rows = [
+        {"client": 0, "bytes_actual": 10, "peak_step_bytes": 4, "paper_flops": 2.0},
+        {"client": 1, "bytes_actual": 30, "peak_step_bytes": 8, "paper_flops": 4.0},
+    ]
+    assert costs.summarize_client_costs(rows) == {
+        "mean_bytes_actual": 20.0,
+        "mean_peak_step_bytes": 6.0,
+    }
     assert costs.summarize_client_costs(rows, ("paper_flops",))["mean_paper_flops"] == 3.0
 
 
 def test_a_report_row_merges_every_metrics_file_and_the_methods_cost_columns(tmp_path):
     from fedssl.methods import registry
+
     step = tmp_path / "grow_1"
     step.mkdir()
     (step / "meta.json").write_text(json.dumps({"wall_seconds": 2.0, "rounds": 3}))
     probe, tune = tmp_path / "metrics.json", tmp_path / "finetune.json"
     probe.write_text('{"linear_top1": 70.0}')
     tune.write_text('{"finetune_top1": 80.0}')
-    (tmp_path / "costs.json").write_text(json.dumps(
-        {"mean_bytes_actual": 2e6, "mean_paper_flops": 123456.0, "mean_rounds": 99.0}))
+    (tmp_path / "costs.json").write_text(
+        json.dumps({"mean_bytes_actual": 2e6, "mean_paper_flops": 123456.0, "mean_rounds": 99.0})
+    )
 
     class Exp:
         title, partition = "t", "p"
 
         class method:  # noqa: N801 - stands in for params
             vit = type("V", (), {"width": 8, "depth": 2})
-    row = report.experiment_row("e", Exp, registry.get("fedmoco_lw"), [step], [probe, tune],
-                                tmp_path)
+
+    row = report.experiment_row(
+        "e", Exp, registry.get("fedmoco_lw"), [step], [probe, tune], tmp_path
+    )
     assert row["linear_top1"] == 70.0 and row["finetune_top1"] == 80.0
     assert row["client_MB_sent"] == "2" and row["paper_flops"] == 123500.0
     assert row["rounds"] == 3  # a method's column never overwrites the row's own
 
 
 def test_paper_tables_see_every_row_of_the_pipeline():
-    rows = [{"method": "fedmoco", "row": "FedMoCo", "column": "c", "linear_top1": 60.0, "peak_step_MB": "10",
-             "paper_flops": 100.0, "beta_GFLOPs": "5", "encoder_bytes": 8.0,
-             "block_bytes": 8.0},
-            {"method": "lw_fedssl", "row": "LW-FedSSL", "column": "c", "linear_top1": 59.0,
-             "peak_step_MB": "3", "paper_flops": 48.0, "beta_GFLOPs": "2",
-             "encoder_bytes": 2.5, "block_bytes": 3.0},
-            {"method": "mfcl", "row": "MFCL(TN)", "column": "c", "linear_top1": 50.0}]
+    rows = [
+        {
+            "method": "fedmoco",
+            "row": "FedMoCo",
+            "column": "c",
+            "linear_top1": 60.0,
+            "peak_step_MB": "10",
+            "paper_flops": 100.0,
+            "beta_GFLOPs": "5",
+            "encoder_bytes": 8.0,
+            "block_bytes": 8.0,
+        },
+        {
+            "method": "lw_fedssl",
+            "row": "LW-FedSSL",
+            "column": "c",
+            "linear_top1": 59.0,
+            "peak_step_MB": "3",
+            "paper_flops": 48.0,
+            "beta_GFLOPs": "2",
+            "encoder_bytes": 2.5,
+            "block_bytes": 3.0,
+        },
+        {"method": "mfcl", "row": "MFCL(TN)", "column": "c", "linear_top1": 50.0},
+    ]
     blank = {"alpha_bits": "", "gamma_eq6_MB": "", "client_MB_sent": "", "beta_GFLOPs": ""}
     rows = [{**blank, **r} for r in rows]
     tables = report.report_tables(rows)  # the tables of every method the rows name
     name = next(k for k in tables if "Tab. 3" in k)
     table = tables[name][1]
     lw = next(line for line in table.splitlines() if line.startswith("| LW-FedSSL"))
-    assert [c.strip() for c in lw.split("|")[3:8]] == ["0.300", "0.480", "0.400", "0.312",
-                                                       "0.375"]
+    assert [c.strip() for c in lw.split("|")[3:8]] == ["0.300", "0.480", "0.400", "0.312", "0.375"]
     assert "MFCL" not in table
 
 
 def test_finetuning_trains_the_encoder_and_a_head(tmp_path):
     from fedssl.eval.finetune import finetune
     from fedssl.params import FinetuneParams
+
     train, test = toy_images(160, 0), toy_images(80, 1)
     train = (train[0][:, None], train[1])
     test = (test[0][:, None], test[1])
@@ -168,6 +223,13 @@ def test_finetuning_trains_the_encoder_and_a_head(tmp_path):
     assert out["finetune_top1"] > 90 and len(out["log"]) == 6
     assert not torch.equal(before, encoder[1].weight)
     # resumable: a finished run's checkpoint gives the same result without training again
-    again = finetune(nn.Sequential(nn.Flatten(), nn.Linear(784, 16)), train, test, p,
-                     torch.device("cpu"), tmp_path / "ft.pt", "fp")
+    again = finetune(
+        nn.Sequential(nn.Flatten(), nn.Linear(784, 16)),
+        train,
+        test,
+        p,
+        torch.device("cpu"),
+        tmp_path / "ft.pt",
+        "fp",
+    )
     assert again["finetune_top1"] == out["finetune_top1"] and again["log"] == out["log"]

@@ -1,6 +1,7 @@
 """MFCL wired as stages: phase 1 trains, secure aggregation equals FedAvg inside the engine,
 export bytes and client dropout, rServer training, params validation, and the whole chain on a
 tiny project."""
+
 from __future__ import annotations
 
 import csv
@@ -11,8 +12,8 @@ import pytest
 import torch
 
 from fedssl import params as P
-from fedssl.experiment import experiment_model
 from fedssl.data.augment import BatchAugment
+from fedssl.experiment import experiment_model
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
 from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
 from fedssl.methods.mfcl import run as mfcl
@@ -22,9 +23,11 @@ from fedssl.models.rserver import MfclEncoder, RServerModel, RServerModule
 from tests.fixtures import TINY_MFCL_EXPERIMENT, add_tiny_mfcl, make_tiny_project, run, toy_images
 
 
-def tiny_exp(norm: str = "tn", secure: bool = False, client_module: dict | None = None,
-             **phase1) -> P.ExperimentParams:
+def tiny_exp(
+    norm: str = "tn", secure: bool = False, client_module: dict | None = None, **phase1
+) -> P.ExperimentParams:
     import yaml
+
     raw = yaml.safe_load(TINY_MFCL_EXPERIMENT.format(norm=norm, secure=str(secure).lower()))
     raw["method"]["phase1"].update(phase1)
     raw["method"]["client_module"].update(client_module or {})
@@ -62,13 +65,20 @@ def test_secure_aggregation_equals_fedavg_inside_the_engine(tmp_path, norm):
     for secure in (False, True):
         torch.manual_seed(0)
         model = ClientAutoencoder("resnet18", 1, 4, norm, 2)
-        cohort = CohortTrainer(model, mfcl.twin_batch(augment), mfcl.autoencoder_loss(),
-                               OptimizerConfig("adam"), batch_size=16, local_epochs=1,
-                               parallel=False)
+        cohort = CohortTrainer(
+            model,
+            mfcl.twin_batch(augment),
+            mfcl.autoencoder_loss(),
+            OptimizerConfig("adam"),
+            batch_size=16,
+            local_epochs=1,
+            parallel=False,
+        )
         cfg = FederationConfig(1, 1.0, 0.01)
         strategy = mfcl.SecureFedAvg(cfg) if secure else Strategy(cfg)
-        fed = Federation(strategy, LocalTraining(cohort), toy_data(), cfg,
-                         tmp_path / f"{secure}.pt", "fp")
+        fed = Federation(
+            strategy, LocalTraining(cohort), toy_data(), cfg, tmp_path / f"{secure}.pt", "fp"
+        )
         results[secure] = fed.run(fed.start(model)).server["global"]
     plain, masked = results[False], results[True]
     for k in plain:
@@ -80,8 +90,9 @@ def test_export_bytes_are_what_is_stored_and_dropout_drops_whole_clients():
     images, clients, _ = toy_clients()
     model = mfcl.build_client_module(exp.method, (1, 28, 28), torch.device("cpu"))
     augment = BatchAugment(exp.method.augment, 28)
-    reps = mfcl.export_client(model, images, clients[0], augment, pairs=2, batch=16, seed=0,
-                              client=0)
+    reps = mfcl.export_client(
+        model, images, clients[0], augment, pairs=2, batch=16, seed=0, client=0
+    )
     assert reps.dtype == torch.float16 and reps.shape == (40, 2, 2, 4, 14, 14)
     assert reps.numel() * reps.element_size() == 40 * 2 * 2 * 4 * 14 * 14 * 2
     again = mfcl.export_client(model, images, clients[0], augment, 2, 16, 0, 0)
@@ -113,15 +124,22 @@ def test_mfcl_encoder_pairs_each_image_with_itself():
     enc = MfclEncoder(client, RServerModel("resnet18", 4, 4, 16, 8).eval(), projection=False)
     x = torch.rand(3, 1, 28, 28)
     with torch.no_grad():
-        alone = torch.cat([enc(x[i:i + 1]) for i in range(3)])
+        alone = torch.cat([enc(x[i : i + 1]) for i in range(3)])
         together = enc(x)
     assert torch.allclose(alone, together, atol=1e-5)  # no cross-image statistics
 
 
 # Width 64 (ResNet-18): (BasicBlocks kept, parameters) of the rServer module behind each cut;
 # 11,166,976 = layers 1-4 in full. From cut 6 the client's 128 channels feed the next block.
-RSERVER_CUTS = {1: (8, 11_166_976), 2: (8, 11_166_976), 3: (7, 11_092_992),
-                4: (7, 11_092_992), 5: (6, 11_019_008), 6: (6, 11_100_928), 7: (5, 10_788_864)}
+RSERVER_CUTS = {
+    1: (8, 11_166_976),
+    2: (8, 11_166_976),
+    3: (7, 11_092_992),
+    4: (7, 11_092_992),
+    5: (6, 11_019_008),
+    6: (6, 11_100_928),
+    7: (5, 10_788_864),
+}
 
 
 @pytest.mark.parametrize("cut", sorted(RSERVER_CUTS))
@@ -157,8 +175,9 @@ def test_deep_cut_exports_and_deploys():
     images, clients, _ = toy_clients()
     cpu = torch.device("cpu")
     model = mfcl.build_client_module(p, (1, 28, 28), cpu)
-    reps = mfcl.export_client(model, images, clients[0], BatchAugment(p.augment, 28),
-                              pairs=1, batch=16, seed=0, client=0)
+    reps = mfcl.export_client(
+        model, images, clients[0], BatchAugment(p.augment, 28), pairs=1, batch=16, seed=0, client=0
+    )
     assert reps.shape == (40, 1, 2, 8, 7, 7)
     assert mfcl.pre_pool_numel(model, (1, 28, 28)) == 8 * 14 * 14
     rserver = mfcl.build_rserver(p, reps.shape[3], cpu)
@@ -172,9 +191,10 @@ def test_tn_eval_pair_self_is_groupnorm_and_hflip_pairs_with_the_flip():
     gn = ClientAutoencoder("resnet18", 1, 4, "gn", 2)
     gn.load_state_dict(tn.state_dict())  # same keys: TN and GN both hold a weight and a bias
     rserver = RServerModel("resnet18", 4, 4, 16, 8).eval()
-    encoders = {name: MfclEncoder(client, rserver, projection=False, tn_eval_pair=pair).eval()
-                for name, client, pair in [("gn", gn, "self"), ("self", tn, "self"),
-                                           ("hflip", tn, "hflip")]}
+    encoders = {
+        name: MfclEncoder(client, rserver, projection=False, tn_eval_pair=pair).eval()
+        for name, client, pair in [("gn", gn, "self"), ("self", tn, "self"), ("hflip", tn, "hflip")]
+    }
     x = torch.rand(3, 1, 28, 28)
     symmetric = (x + x.flip(-1)) / 2
     with torch.no_grad():
@@ -185,8 +205,9 @@ def test_tn_eval_pair_self_is_groupnorm_and_hflip_pairs_with_the_flip():
     assert torch.equal(sym["hflip"], sym["self"])  # x.flip(-1) == x: the same twin
     assert tiny_exp().method.client_module.tn_eval_pair == "self"
     p = tiny_exp(client_module={"tn_eval_pair": "hflip"}).method
-    enc = mfcl.frozen_encoder(p, tn.state_dict(), rserver.state_dict(), (1, 28, 28),
-                              torch.device("cpu"))
+    enc = mfcl.frozen_encoder(
+        p, tn.state_dict(), rserver.state_dict(), (1, 28, 28), torch.device("cpu")
+    )
     assert enc.tn_eval_pair == "hflip"
     with pytest.raises(ValueError, match="tn_eval_pair"):
         MfclEncoder(tn, rserver, projection=False, tn_eval_pair="other")
@@ -215,6 +236,7 @@ def run_in_process(dag) -> None:
     """Run every stage of a DAG, upstream first, in this process (the same `run(argv)` the
     front ends call through `python -m`, without a torch import per stage)."""
     import importlib
+
     for stage in dag.stages.values():
         _, _, module, *args = stage.cmd.split()
         importlib.import_module(module).run(args)
@@ -222,13 +244,20 @@ def run_in_process(dag) -> None:
 
 def test_mfcl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
     from fedssl.plan.dag import Dag
+
     root = make_tiny_project(tmp_path, git=False)
     names = add_tiny_mfcl(root)
     monkeypatch.chdir(root)
     monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
     dag = Dag("mfcl")
     assert [s.kind for s in dag.stages.values() if s.name.endswith("tiny_mfcl_tn")] == [
-        "pretrain", "export", "rserver", "features", "evaluate", "costs"]
+        "pretrain",
+        "export",
+        "rserver",
+        "features",
+        "evaluate",
+        "costs",
+    ]
     run_in_process(dag)
     with open(root / "results" / "reports" / "mfcl" / "report.csv") as f:
         rows = {r["experiment"]: r for r in csv.DictReader(f)}
@@ -252,8 +281,12 @@ def test_mfcl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
     assert len(dropped) == 1 and dropped[0]["bits_p2"] == 0
     meta = json.loads((exp_dir / "pretrain" / "meta.json").read_text())
     assert meta["secure_aggregation"] and meta["rounds"] == 2
-    losses = [float(r["loss"]) for r in csv.DictReader(open(
-        root / "results" / "experiments" / "tiny_mfcl_tn" / "rounds.tsv"), delimiter="\t")]
+    losses = [
+        float(r["loss"])
+        for r in csv.DictReader(
+            open(root / "results" / "experiments" / "tiny_mfcl_tn" / "rounds.tsv"), delimiter="\t"
+        )
+    ]
     assert losses[-1] < losses[0]
     # Snakemake plans the same chain from the same DAG and sees it all done
     out = run(["snakemake", "-n", "--cores", "1", "--config", "pipeline=mfcl"], root).stdout

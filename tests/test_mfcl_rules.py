@@ -2,6 +2,7 @@
 changes by one line: phase 1 reconstructs every augmented view from itself, in twin batches
 (row k and k + K are two views of one sample); each rServer epoch takes every sample once,
 through one of its rho pairs drawn at random, and contrasts that pair's two views."""
+
 from __future__ import annotations
 
 import pytest
@@ -61,7 +62,7 @@ def test_each_rserver_epoch_takes_every_sample_once_through_one_random_pair():
     steps = mfcl.rserver_steps(n, 4)
     picked = []
     for e in range(4):
-        batches = model.seen[e * steps:(e + 1) * steps]
+        batches = model.seen[e * steps : (e + 1) * steps]
         first = torch.cat([b.chunk(2)[0] for b in batches]).flatten(1)
         second = torch.cat([b.chunk(2)[1] for b in batches]).flatten(1)
         assert sorted(first[:, 0].tolist()) == list(range(n))  # every sample, once

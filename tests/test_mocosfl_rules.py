@@ -2,6 +2,7 @@
 the momentum models by EMA of the online ones as they were before the step; when the
 misalignment log reads the models (every logged step after it, and around every sync, over the
 clients of the round); the k-NN monitor (which model, which rounds, which number)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,12 +37,25 @@ def test_each_step_moves_every_momentum_model_by_ema_of_its_pre_step_online_mode
     server_m = {k: v.clone() for k, v in state.server["server_momentum"].items()}
     before = [{k: v.clone() for k, v in d.items()} for d in (online, momentum, server, server_m)]
     opt = {"step": torch.zeros(2), "m": {k: torch.zeros_like(v) for k, v in online.items()}}
-    server_opt = {"step": torch.zeros(1), "m": {k: torch.zeros_like(v)
-                                                for k, v in server.items()}}
+    server_opt = {"step": torch.zeros(1), "m": {k: torch.zeros_like(v) for k, v in server.items()}}
     idx = np.stack([data.clients[0][:6], data.clients[1][:6]])
-    fed.trainer.step(state, [0, 1], [0, 1], idx, np.ones_like(idx, dtype=bool), data, online,
-                     momentum, opt, server, server_m, server_opt, FeatureQueue(32, 8, 1),
-                     torch.Generator().manual_seed(1), 0.1)
+    fed.trainer.step(
+        state,
+        [0, 1],
+        [0, 1],
+        idx,
+        np.ones_like(idx, dtype=bool),
+        data,
+        online,
+        momentum,
+        opt,
+        server,
+        server_m,
+        server_opt,
+        FeatureQueue(32, 8, 1),
+        torch.Generator().manual_seed(1),
+        0.1,
+    )
     on0, mom0, top0, top_m0 = before
     for k in online:
         assert torch.allclose(momentum[k], 0.9 * mom0[k] + 0.1 * on0[k], atol=1e-6), k
@@ -57,8 +71,10 @@ def spy_misalignment(fed):
     step, sync = fed.trainer.step, fed.strategy.sync
 
     def reads(online, momentum):
-        return (float(misalignment([online], [momentum])),
-                float(misalignment([online], [momentum], squared=True)))
+        return (
+            float(misalignment([online], [momentum])),
+            float(misalignment([online], [momentum], squared=True)),
+        )
 
     def spy_step(state, clients, rows, idx, valid, data, online, momentum, *rest):
         loss = step(state, clients, rows, idx, valid, data, online, momentum, *rest)
@@ -78,8 +94,7 @@ def test_the_misalignment_log_reads_the_models_before_and_after_each_sync(tmp_pa
     """Sync every 2 steps, a row every 3rd step and at every sync: the pre-sync value is the
     models after the step, before the sync; the logged value (and its square) after the sync,
     or after the step where none happened; with 2 of 3 clients a round, only theirs count."""
-    p = params(variant, training=dict(rounds=2, sync_every=2, log_every=3,
-                                      client_fraction=0.67))
+    p = params(variant, training=dict(rounds=2, sync_every=2, log_every=3, client_fraction=0.67))
     fed = federation(p, tmp_path)
     after_step, after_sync = spy_misalignment(fed)
     state = fed.run(fed.start(None))
@@ -94,8 +109,10 @@ def test_the_misalignment_log_reads_the_models_before_and_after_each_sync(tmp_pa
         elif step % 3 == 0:
             expected.append((step, 0, "", mis, sq))
     assert next(syncs, None) is None and len(after_sync) >= 3
-    assert [(e["step"], e["sync"], e["misalignment_pre_sync"], e["misalignment"],
-             e["misalignment_sq"]) for e in log] == expected
+    assert [
+        (e["step"], e["sync"], e["misalignment_pre_sync"], e["misalignment"], e["misalignment_sq"])
+        for e in log
+    ] == expected
     assert all(e["misalignment_pre_sync"] != e["misalignment"] for e in log if e["sync"])
 
 
@@ -108,8 +125,15 @@ def test_the_knn_monitor_scores_the_latest_synced_model_on_schedule(tmp_path):
     bank, queries = np.arange(40), np.arange(40, 60)
     # a third of the bank mislabelled: which neighbours come first decides the score
     bank_labels = (labels[bank] + (bank % 3 == 0)) % 4
-    monitor = KnnMonitor(data.images[bank], bank_labels, data.images[queries], labels[queries],
-                         k=3, temperature=0.1, every=2)
+    monitor = KnnMonitor(
+        data.images[bank],
+        bank_labels,
+        data.images[queries],
+        labels[queries],
+        k=3,
+        temperature=0.1,
+        every=2,
+    )
     p = params("mocosfl", training=dict(rounds=3, sync_every=2))
     fed = federation(p, tmp_path)
     fed.strategy.monitor = monitor
@@ -120,8 +144,9 @@ def test_the_knn_monitor_scores_the_latest_synced_model_on_schedule(tmp_path):
         seen.append({k: v.clone() for k, v in state.server["sync"].items()})
     assert [r["round"] for r in state.log if "knn_monitor" in r] == [2, 3]
 
-    deployed = SplitEncoder(fed.strategy.nets, unprefixed(seen[-1], "online"),
-                            state.server["server"]).eval()
+    deployed = SplitEncoder(
+        fed.strategy.nets, unprefixed(seen[-1], "online"), state.server["server"]
+    ).eval()
     with torch.no_grad():
         f_bank = F.normalize(deployed(to_float(data.images[bank])), dim=1)
         f_query = F.normalize(deployed(to_float(data.images[queries])), dim=1)
@@ -136,9 +161,11 @@ def test_the_knn_monitor_scores_the_latest_synced_model_on_schedule(tmp_path):
 
 def recording(forward, seen: list):
     """``forward`` (the clients' forward pass) keeping a copy of every input in ``seen``."""
+
     def call(weights, x):
         seen.append(x.clone())
         return forward(weights, x)
+
     return call
 
 
@@ -178,10 +205,12 @@ def test_a_client_that_missed_syncs_starts_from_the_latest_synced_model(tmp_path
         seen_sync = int(kept["sync_id"]) if kept is not None else 0
         start = client_start(state_, c)
         if seen_sync < int(state_.server["sync"]["count"]):
-            held = (init, init) if kept is None else (unprefixed(kept, "online"),
-                                                      unprefixed(kept, "momentum"))
-            starts.append((*held, {k: v.clone() for k, v in state_.server["sync"].items()},
-                           start))
+            held = (
+                (init, init)
+                if kept is None
+                else (unprefixed(kept, "online"), unprefixed(kept, "momentum"))
+            )
+            starts.append((*held, {k: v.clone() for k, v in state_.server["sync"].items()}, start))
         return start
 
     fed.strategy.client_start = spy

@@ -1,11 +1,19 @@
 """CP-CFL encoder, MpFedcon's layered networks and the iDLG LeNet: sizes, shapes, structure."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedssl.models.cnn import (CNNCifarBase, CPCFLEncoder, LeNet, MLPBase, layered_net,
-                               mpfedcon_cifar_net, mpfedcon_femnist_net)
+from fedssl.models.cnn import (
+    CNNCifarBase,
+    CPCFLEncoder,
+    LeNet,
+    MLPBase,
+    layered_net,
+    mpfedcon_cifar_net,
+    mpfedcon_femnist_net,
+)
 
 
 def n_params(module: nn.Module) -> int:
@@ -52,8 +60,11 @@ def test_cnncifar_base_and_fedrep_network_sizes():
 def test_mpfedcon_cifar_net_d_p_o_sizes_and_shapes():
     net = mpfedcon_cifar_net(10)
     sizes = {part: n_params(getattr(net, part)) for part in ("base", "projector", "output")}
-    assert sizes == {"base": 307_192, "projector": 64 * 128 + 128 + 128 * 128 + 128,
-                     "output": 128 * 10 + 10}
+    assert sizes == {
+        "base": 307_192,
+        "projector": 64 * 128 + 128 + 128 * 128 + 128,
+        "output": 128 * 10 + 10,
+    }
     assert n_params(net) == 333_314
     x = torch.rand(5, 3, 32, 32)
     assert net.project(x).shape == (5, 128)

@@ -1,4 +1,5 @@
 """Split ResNet-18 / MobileNetV2 (spec monacosfl.md §2): cuts, shapes, layer counts, WS, GN."""
+
 import copy
 
 import pytest
@@ -7,8 +8,13 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from fedssl.models.norms import has_running_stats
-from fedssl.models.split import (SplitMobileNetV2, SplitResNet, WSConv2d, round_channels,
-                                 split_resnet18)
+from fedssl.models.split import (
+    SplitMobileNetV2,
+    SplitResNet,
+    WSConv2d,
+    round_channels,
+    split_resnet18,
+)
 
 
 def n_params(module: nn.Module) -> int:
@@ -17,8 +23,9 @@ def n_params(module: nn.Module) -> int:
 
 def main_path_convs(module: nn.Module) -> int:
     """Convs that are weighted layers in the paper's count (projection shortcuts excluded)."""
-    return sum(isinstance(m, nn.Conv2d) and "shortcut" not in name
-               for name, m in module.named_modules())
+    return sum(
+        isinstance(m, nn.Conv2d) and "shortcut" not in name for name, m in module.named_modules()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +88,15 @@ def test_client_then_server_equals_full_forward(arch, resnet, mobilenet):
             torch.testing.assert_close(server(client(x)), full, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("arch,stem,image_shape", [
-    ("resnet", "cifar", (3, 16, 16)), ("resnet", "imagenet", (3, 33, 30)),
-    ("mobilenet", "cifar", (3, 16, 16)), ("mobilenet", "imagenet", (3, 35, 29))])
+@pytest.mark.parametrize(
+    "arch,stem,image_shape",
+    [
+        ("resnet", "cifar", (3, 16, 16)),
+        ("resnet", "imagenet", (3, 33, 30)),
+        ("mobilenet", "cifar", (3, 16, 16)),
+        ("mobilenet", "imagenet", (3, 35, 29)),
+    ],
+)
 def test_cut_activation_shape_matches_client_output(arch, stem, image_shape):
     torch.manual_seed(0)
     if arch == "resnet":
@@ -116,11 +129,13 @@ def test_weight_standardisation_zero_mean_unit_variance():
     for conv in (WSConv2d(16, 32, 3), WSConv2d(512, 8, 3), WSConv2d(12, 12, 3, groups=12)):
         with torch.no_grad():  # arbitrary per-channel offsets and scales on the raw weights
             conv.weight.mul_(torch.rand(conv.out_channels, 1, 1, 1) * 10).add_(
-                torch.randn(conv.out_channels, 1, 1, 1))
+                torch.randn(conv.out_channels, 1, 1, 1)
+            )
         w = conv.standardized_weight().flatten(1)
         torch.testing.assert_close(w.mean(1), torch.zeros(conv.out_channels), atol=1e-5, rtol=0)
-        torch.testing.assert_close(w.var(1, correction=0), torch.ones(conv.out_channels),
-                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            w.var(1, correction=0), torch.ones(conv.out_channels), atol=1e-4, rtol=0
+        )
 
 
 def test_ws_conv_ignores_per_channel_affine_changes_of_raw_weights():

@@ -1,4 +1,5 @@
 """ViT for LW-FedSSL (spec lw-fedssl.md §2, §5, §8.1-8.2): sizes, shapes, growth, freezing."""
+
 import copy
 
 import pytest

@@ -1,5 +1,6 @@
 """EMA updates (scalar and per client), MoCo v3's momentum schedule, the negative queue and its
 checkpoint, and MonAcoSFL's misalignment measure."""
+
 from __future__ import annotations
 
 import io
@@ -15,6 +16,7 @@ def randn(*shape, seed):
 
 
 # ---- EMA --------------------------------------------------------------------------------------
+
 
 def test_ema_update_in_place_with_a_scalar_momentum():
     target = {"w": torch.zeros(2, 3), "b": torch.full((3,), 10.0)}
@@ -41,9 +43,9 @@ def test_ema_update_with_one_momentum_per_client():
     target = {"w": torch.zeros(3, 2, 2)}
     online = {"w": torch.ones(3, 2, 2)}
     ema_update(target, online, torch.tensor([0.0, 0.75, 1.0]))
-    assert torch.allclose(target["w"][0], torch.ones(2, 2))          # m = 0: copy
+    assert torch.allclose(target["w"][0], torch.ones(2, 2))  # m = 0: copy
     assert torch.allclose(target["w"][1], torch.full((2, 2), 0.25))  # m = .75
-    assert torch.equal(target["w"][2], torch.zeros(2, 2))            # m = 1: frozen
+    assert torch.equal(target["w"][2], torch.zeros(2, 2))  # m = 1: frozen
 
 
 def test_ema_update_copies_integer_buffers():
@@ -70,13 +72,14 @@ def test_the_ema_of_the_mean_is_the_mean_of_the_emas():
 
 # ---- momentum schedule ------------------------------------------------------------------------
 
+
 def test_cosine_momentum_runs_from_base_to_one():
     assert moco_momentum(0, 100, 0.99) == pytest.approx(0.99)
     assert moco_momentum(50, 100, 0.99) == pytest.approx(0.995)
     assert moco_momentum(100, 100, 0.99) == pytest.approx(1.0)
     values = [moco_momentum(s, 100, 0.9) for s in range(101)]
     assert all(a <= b for a, b in zip(values, values[1:]))
-    assert moco_momentum(25, 100, 0.9) == pytest.approx(1 - 0.1 * (1 + 2 ** -0.5) / 2)
+    assert moco_momentum(25, 100, 0.9) == pytest.approx(1 - 0.1 * (1 + 2**-0.5) / 2)
 
 
 def test_constant_momentum_stays_at_base():
@@ -84,6 +87,7 @@ def test_constant_momentum_stays_at_base():
 
 
 # ---- negative queue ---------------------------------------------------------------------------
+
 
 def test_queue_starts_as_seeded_unit_vectors():
     q = FeatureQueue(32, 8, seed=3)
@@ -120,7 +124,7 @@ def test_queue_push_drops_padded_rows():
     keys = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
     q.push(keys, valid=torch.tensor([True, False, True]))
     assert q.ptr == 2
-    assert torch.allclose(q.keys[1], torch.tensor([1.0, 1.0]) / 2 ** 0.5)
+    assert torch.allclose(q.keys[1], torch.tensor([1.0, 1.0]) / 2**0.5)
 
 
 def test_queue_restores_exactly_from_its_state_dict():
@@ -151,6 +155,7 @@ def test_queue_refuses_a_state_of_another_shape():
 
 # ---- misalignment (MonAcoSFL Eq. 2) -----------------------------------------------------------
 
+
 def test_misalignment_of_identical_models_is_zero():
     online = [{"w": randn(3, 3, seed=s), "b": randn(3, seed=s + 10)} for s in range(3)]
     copies = [{k: v.clone() for k, v in d.items()} for d in online]
@@ -159,10 +164,14 @@ def test_misalignment_of_identical_models_is_zero():
 
 
 def test_misalignment_hand_value():
-    online = [{"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])},
-              {"w": torch.tensor([3.0, 3.0]), "b": torch.tensor([3.0])}]
-    momentum = [{"w": torch.tensor([0.0, 2.0]), "b": torch.tensor([1.0])},
-                {"w": torch.tensor([3.0, 1.0]), "b": torch.tensor([3.0])}]
+    online = [
+        {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])},
+        {"w": torch.tensor([3.0, 3.0]), "b": torch.tensor([3.0])},
+    ]
+    momentum = [
+        {"w": torch.tensor([0.0, 2.0]), "b": torch.tensor([1.0])},
+        {"w": torch.tensor([3.0, 1.0]), "b": torch.tensor([3.0])},
+    ]
     # |diffs| client 1: 1, 0, 1; client 2: 0, 2, 0 -> 4 / (N=2 * dim=3)
     assert misalignment(online, momentum).item() == pytest.approx(4 / 6)
     # squared: 1 + 0 + 1 + 0 + 4 + 0 = 6 -> 6 / 6

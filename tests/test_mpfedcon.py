@@ -2,6 +2,7 @@
 heads), the head-first schedule, class centres (Eqs. 3-4), the contrastive body loss (Eq. 5,
 A4), FedProx, fine-tuning, upload noise, exact resume, params validation; plus the shared
 pieces added for them (phases, per-kind traffic, padded crop + flip, last-N accuracy)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,13 @@ from fedssl.methods.mpfedcon import train as T
 from fedssl.methods.mpfedcon.nets import Anchored, build_net
 from tests.fixtures import toy_images
 
-NET = {"base": "cnn", "conv_channels": [4, 8], "kernel_size": 5, "hidden": [16],
-       "projection": [16, 8]}
+NET = {
+    "base": "cnn",
+    "conv_channels": [4, 8],
+    "kernel_size": 5,
+    "hidden": [16],
+    "projection": [16, 8],
+}
 CPU = torch.device("cpu")
 
 
@@ -27,8 +33,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def params(variant: str = "mpfedcon", **kw) -> MpFedconParams:
-    base = dict(variant=variant, net=NET, rounds=3, client_fraction=1.0, head_epochs=1,
-                body_epochs=1, batch_size=10, lr=0.05, momentum=0.5, mu=1.0)
+    base = dict(
+        variant=variant,
+        net=NET,
+        rounds=3,
+        client_fraction=1.0,
+        head_epochs=1,
+        body_epochs=1,
+        batch_size=10,
+        lr=0.05,
+        momentum=0.5,
+        mu=1.0,
+    )
     return MpFedconParams(**{**base, **kw})
 
 
@@ -50,15 +66,25 @@ def run(tmp_path, p, name="ck.pt"):
 
 
 def layer_bytes(model: Anchored, *layers: str) -> int:
-    return nbytes({k: v for k, v in model.state_dict().items()
-                   if k.split(".")[0] == "net" and k.split(".")[1] in layers})
+    return nbytes(
+        {
+            k: v
+            for k, v in model.state_dict().items()
+            if k.split(".")[0] == "net" and k.split(".")[1] in layers
+        }
+    )
 
 
 # ------------------------------------------------------------------ what travels
-@pytest.mark.parametrize("variant,shared", [("fedavg", ("base", "projector", "output")),
-                                            ("fedrep", ("base",)),
-                                            ("lg_fedavg", ("projector", "output")),
-                                            ("solo", ())])
+@pytest.mark.parametrize(
+    "variant,shared",
+    [
+        ("fedavg", ("base", "projector", "output")),
+        ("fedrep", ("base",)),
+        ("lg_fedavg", ("projector", "output")),
+        ("solo", ()),
+    ],
+)
 def test_only_the_shared_layers_travel_and_the_rest_stays(tmp_path, variant, shared):
     fed, state = run(tmp_path, params(variant, rounds=2))
     model = fed.strategy.model
@@ -97,8 +123,15 @@ def test_the_head_trains_first_with_the_base_frozen_then_the_base_with_the_head_
     head, body = fed.trainer.phases
     gen = torch.Generator().manual_seed(0)
     after_head, _ = head.cohort.train([start], fed.data, [0], 0.1, (0,), gen, head.trainable(state))
-    after_body, _ = body.cohort.train([{k: v[0] for k, v in after_head.items()}], fed.data, [0],
-                                      0.1, (1,), gen, body.trainable(state))
+    after_body, _ = body.cohort.train(
+        [{k: v[0] for k, v in after_head.items()}],
+        fed.data,
+        [0],
+        0.1,
+        (1,),
+        gen,
+        body.trainable(state),
+    )
     for k in s.shared:
         assert torch.equal(after_head[k][0], start[k]), k  # phase A: base untouched
         assert not torch.equal(after_body[k][0], start[k]), k
@@ -125,8 +158,12 @@ def test_the_contrastive_term_is_masked_until_a_class_has_a_centre():
         if k.startswith("anchor."):
             state[k] = state[k] + 0.1 * torch.randn_like(state[k])
     from fedssl.fl.cohort import Batch
-    batch = Batch((torch.from_numpy(images[:, None]).float() / 255,),
-                  torch.from_numpy(labels), torch.ones(8, dtype=torch.bool))
+
+    batch = Batch(
+        (torch.from_numpy(images[:, None]).float() / 255,),
+        torch.from_numpy(labels),
+        torch.ones(8, dtype=torch.bool),
+    )
     params_ = {k: v for k, v in state.items() if k not in ("centres", "has_centre")}
     buffers = {"centres": torch.randn(4, 8), "has_centre": torch.zeros(4)}
     ce = T.ce_loss()(model, params_, buffers, batch)
@@ -158,10 +195,16 @@ def test_local_centres_are_class_means_and_the_server_weights_them_by_counts(tmp
     # two parties hold class 1 with 3 and 1 samples; class 3 keeps its stale centre
     state.server["centres"]["centres"][3] = 7.0
     state.server["centres"]["has_centre"][3] = 1.0
-    a = {"centres": torch.ones(1, 8), "centre_classes": torch.tensor([1]),
-         "centre_counts": torch.tensor([3])}
-    b = {"centres": torch.full((2, 8), 5.0), "centre_classes": torch.tensor([1, 2]),
-         "centre_counts": torch.tensor([1, 4])}
+    a = {
+        "centres": torch.ones(1, 8),
+        "centre_classes": torch.tensor([1]),
+        "centre_counts": torch.tensor([3]),
+    }
+    b = {
+        "centres": torch.full((2, 8), 5.0),
+        "centre_classes": torch.tensor([1, 2]),
+        "centre_counts": torch.tensor([1, 4]),
+    }
     s.aggregate_centres(state, [a, b])
     bank = state.server["centres"]
     assert torch.allclose(bank["centres"][1], torch.full((8,), 2.0))  # (3*1 + 1*5) / 4
@@ -179,22 +222,33 @@ def test_fedprox_adds_the_proximal_term_and_pulls_towards_the_global_model(tmp_p
         state = fed.start(model)
         start = fed.strategy.local_start(state, 0, fed.strategy.download(state, 0))
         trained, _ = fed.trainer.phases[0].cohort.train(
-            [start], fed.data, [0], 0.05, (0,), torch.Generator().manual_seed(0),
-            fed.strategy.net_params)
+            [start],
+            fed.data,
+            [0],
+            0.05,
+            (0,),
+            torch.Generator().manual_seed(0),
+            fed.strategy.net_params,
+        )
         drift[mu] = sum(((trained[k][0] - start[k]) ** 2).sum() for k in fed.strategy.shared)
     assert drift[5.0] < 0.5 * drift[0.0]
     # the loss itself: CE + mu/2 ||w - anchor||^2 over the network's parameters
     from fedssl.fl.cohort import Batch
+
     images, labels = toy_images(4, 0)
-    batch = Batch((torch.from_numpy(images[:, None]).float() / 255,), torch.from_numpy(labels),
-                  torch.ones(4, dtype=torch.bool))
+    batch = Batch(
+        (torch.from_numpy(images[:, None]).float() / 255,),
+        torch.from_numpy(labels),
+        torch.ones(4, dtype=torch.bool),
+    )
     state = {k: v.clone() for k, v in model.state_dict().items()}
     buffers = {k: state.pop(k) for k in ("centres", "has_centre")}
     moved = {k: v + 0.01 if k.startswith("net.") else v for k, v in state.items()}
     sq = sum(v.numel() * 1e-4 for k, v in state.items() if k.startswith("net."))
     ce = T.ce_loss()(model, moved, buffers, batch)
-    assert torch.allclose(T.prox_loss(model, 3.0)(model, moved, buffers, batch),
-                          ce + 1.5 * sq, rtol=1e-4)
+    assert torch.allclose(
+        T.prox_loss(model, 3.0)(model, moved, buffers, batch), ce + 1.5 * sq, rtol=1e-4
+    )
 
 
 def test_fedavg_with_fine_tuning_personalises_the_head_only(tmp_path):
@@ -209,8 +263,9 @@ def test_fedavg_with_fine_tuning_personalises_the_head_only(tmp_path):
 
 
 def test_upload_noise_has_the_requested_variance(tmp_path):
-    fed, model = toy_federation(tmp_path, params("fedavg", upload_noise={"kind": "laplace",
-                                                                          "variance": 1e-2}))
+    fed, model = toy_federation(
+        tmp_path, params("fedavg", upload_noise={"kind": "laplace", "variance": 1e-2})
+    )
     state = fed.start(model)
     trained = fed.strategy.local_start(state, 0, fed.strategy.download(state, 0))
     sent = fed.strategy.upload(state, 0, trained)
@@ -270,8 +325,7 @@ def test_params_validate_the_split_and_the_attack_settings():
     with pytest.raises(ValidationError):
         params("moon")
     with pytest.raises(ValidationError, match="hidden_fc=3"):
-        LeakageParams(settings=[{"label": "cl3", "hidden_fc": 3, "assumed_fc": 1}],
-                      fc_hidden=[10])
+        LeakageParams(settings=[{"label": "cl3", "hidden_fc": 3, "assumed_fc": 1}], fc_hidden=[10])
     with pytest.raises(ValidationError, match="assumed_fc must be null or 0"):
         LeakageParams(settings=[{"label": "full", "hidden_fc": 0, "assumed_fc": 2}])
     with pytest.raises(ValidationError, match="unique"):
@@ -303,9 +357,10 @@ def test_pad_crop_flip_shifts_and_mirrors_each_sample_on_its_own():
             windows = []
             for oy in range(5):
                 for ox in range(5):
-                    w = padded[:, oy:oy + 5, ox:ox + 5]
-                    windows += [(oy, ox, f) for f, v in ((0, w), (1, w.flip(-1)))
-                                if torch.equal(y[i], v)]
+                    w = padded[:, oy : oy + 5, ox : ox + 5]
+                    windows += [
+                        (oy, ox, f) for f, v in ((0, w), (1, w.flip(-1))) if torch.equal(y[i], v)
+                    ]
             assert windows
             seen.add(windows[0])
     assert len(seen) > 20 and {f for *_, f in seen} == {0, 1}
@@ -314,14 +369,19 @@ def test_pad_crop_flip_shifts_and_mirrors_each_sample_on_its_own():
 def test_personal_summary_has_the_last_rounds_mean_at_each_checkpoint(tmp_path):
     from fedssl.eval.personal import PersonalLog, summarize
     from fedssl.params import PersonalEvalParams
+
     memo: dict = {}
     log = PersonalLog(memo)
     for r in range(20):
         log.record([r, r + 2.0])
-    log.save(tmp_path / "p.npz", [np.array([0, 1]), np.array([2])],
-             [np.array([[0.8, 0.1, 0.1], [0.2, 0.7, 0.1]]), np.array([[0.1, 0.1, 0.8]])])
-    out = summarize(tmp_path / "p.npz", PersonalEvalParams(last_rounds=4, checkpoints=(0.5, 1.0),
-                                                           target=10.5))
+    log.save(
+        tmp_path / "p.npz",
+        [np.array([0, 1]), np.array([2])],
+        [np.array([[0.8, 0.1, 0.1], [0.2, 0.7, 0.1]]), np.array([[0.1, 0.1, 0.8]])],
+    )
+    out = summarize(
+        tmp_path / "p.npz", PersonalEvalParams(last_rounds=4, checkpoints=(0.5, 1.0), target=10.5)
+    )
     assert out["personal_last4"] == pytest.approx(np.mean([17, 18, 19, 20]))
     assert out["personal_last4_at_10"] == pytest.approx(np.mean([7, 8, 9, 10]))
     assert out["personal_at_10"] == 10.0 and out["rounds_to_target"] == 11
@@ -330,9 +390,16 @@ def test_personal_summary_has_the_last_rounds_mean_at_each_checkpoint(tmp_path):
 
 def test_the_leakage_table_lays_out_only_the_attack_rows():
     from fedssl.methods.gradient_leakage.tables import leakage_tables
-    attack = {"experiment": "leak", "title": "DLG / iDLG", "idlg_label_hit_full": 1.0,
-              "idlg_label_hit_cl1_at1": 0.09, "about_full": "all gradients",
-              "chance_label_hit": 0.1, "images_label": 100}
+
+    attack = {
+        "experiment": "leak",
+        "title": "DLG / iDLG",
+        "idlg_label_hit_full": 1.0,
+        "idlg_label_hit_cl1_at1": 0.09,
+        "about_full": "all gradients",
+        "chance_label_hit": 0.1,
+        "images_label": 100,
+    }
     fedavg = {"experiment": "fedavg_s5", "title": "FedAvg", "personal_top1": 51.8}
     tables = leakage_tables([fedavg, attack])
     assert list(tables) == ["leakage_leak"]

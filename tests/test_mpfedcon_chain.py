@@ -2,6 +2,7 @@
 ``train`` step of three variants, the shared ``personal`` stage, the leakage ``attack`` step
 (metrics, MSE curves, picture) and the report with the paper-layout tables; then Snakemake plans
 the same DAG and finds nothing to do."""
+
 from __future__ import annotations
 
 import csv
@@ -62,6 +63,7 @@ method:
 
 def run_in_process(dag) -> None:
     import importlib
+
     for stage in dag.stages.values():
         _, _, module, *args = stage.cmd.split()
         importlib.import_module(module).run(args)
@@ -72,6 +74,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 def test_mpfedcon_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
     from fedssl.plan.dag import Dag
+
     root = make_tiny_project(tmp_path, git=False)
     params = root / "params"
     (params / "partitions" / "tiny_shards.yaml").write_text(PARTITION)
@@ -79,7 +82,8 @@ def test_mpfedcon_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch)
     for variant, seed in (("fedrep", 0), ("mpfedcon", 0), ("mpfedcon", 1), ("fedavg_ft", 0)):
         name = f"tiny_{variant}_{seed}"
         (params / "experiments" / f"{name}.yaml").write_text(
-            EXPERIMENT.format(variant=variant, seed=seed))
+            EXPERIMENT.format(variant=variant, seed=seed)
+        )
         names.append(name)
     (params / "experiments" / "tiny_leakage.yaml").write_text(LEAKAGE)
     with open(params / "pipelines.yaml", "a") as f:
@@ -88,9 +92,12 @@ def test_mpfedcon_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch)
     monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
     dag = Dag("mpf")
     assert [s.kind for s in dag.stages.values() if s.name.endswith("tiny_mpfedcon_0")] == [
-        "train", "personal"]
+        "train",
+        "personal",
+    ]
     assert dag.stages["attack__tiny_leakage"].metrics == [
-        "results/experiments/tiny_leakage/metrics.json"]
+        "results/experiments/tiny_leakage/metrics.json"
+    ]
     assert "fedssl/methods/mpfedcon/tables.py" not in dag.stages["train__tiny_mpfedcon_0"].code
     assert "fedssl/methods/mpfedcon/tables.py" in dag.stages["report__mpf"].code
     run_in_process(dag)
@@ -103,15 +110,17 @@ def test_mpfedcon_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch)
     assert all(set(c["up_by_kind"]) == {"model", "centres"} for c in comm["per_client"])
     models = torch.load(exp / "tiny_mpfedcon_0" / "train" / "models.pt", weights_only=True)
     assert set(models["clients"]) == {0, 1, 2}
-    assert all(k.startswith("net.projector.") or k.startswith("net.output.")
-               for k in models["clients"][0])
+    assert all(
+        k.startswith("net.projector.") or k.startswith("net.output.") for k in models["clients"][0]
+    )
     metrics = json.loads((root / "results/experiments/tiny_fedrep_0/metrics.json").read_text())
     assert {"personal_last2", "personal_last2_at_2", "rounds_to_target"} <= set(metrics)
 
     report = json.loads((root / "results/reports/mpf/report.json").read_text())
     tables = report["tables"]
-    assert {"mpfedcon_tab1", "mpfedcon_tab2", "mpfedcon_tab3", "leakage_tiny_leakage"} <= \
-        set(tables)
+    assert {"mpfedcon_tab1", "mpfedcon_tab2", "mpfedcon_tab3", "leakage_tiny_leakage"} <= set(
+        tables
+    )
     tab1 = tables["mpfedcon_tab1"]
     # rows in the paper's order; MpFedcon's two seeds share one cell (mean ± std)
     assert tab1.index("| FedAvg+FT") < tab1.index("| FedRep") < tab1.index("| MpFedcon (μ=1)")

@@ -1,6 +1,7 @@
 """MpFedcon's data: FEMNIST's letters a-j as a prepared data set (LEAF's json files), FedRep's
 cyclic log-normal partition, per-party test splits sized as a fraction of the training data,
 and the smoke partition (20 parties x 100 images of S classes, 50 test images each)."""
+
 from __future__ import annotations
 
 import json
@@ -17,18 +18,24 @@ from tests.test_femnist import LETTER_A, pixels, write_leaf_file
 
 
 def test_femnist_data_set_keeps_the_letters_a_to_j_of_leafs_splits(tmp_path):
-    write_leaf_file(tmp_path / "data/train/a.json", {
-        "w0": (pixels(5, 0), [LETTER_A, LETTER_A + 9, 3, LETTER_A + 10, 12]),
-        "w1": (pixels(2, 1), [LETTER_A + 4, 61])})
+    write_leaf_file(
+        tmp_path / "data/train/a.json",
+        {
+            "w0": (pixels(5, 0), [LETTER_A, LETTER_A + 9, 3, LETTER_A + 10, 12]),
+            "w1": (pixels(2, 1), [LETTER_A + 4, 61]),
+        },
+    )
     write_leaf_file(tmp_path / "data/test/a.json", {"w0": (pixels(2, 2), [LETTER_A + 1, 0])})
     splits = load_dataset("femnist", str(tmp_path))
     train, test = splits["train"], splits["test"]
     np.testing.assert_array_equal(train.labels, [0, 9, 4])  # digits, capitals, 'k'-'z' dropped
-    np.testing.assert_array_equal(train.images[:, 0], pixels(5, 0)[[0, 1]].tolist() +
-                                  [pixels(2, 1)[0].tolist()])
+    np.testing.assert_array_equal(
+        train.images[:, 0], pixels(5, 0)[[0, 1]].tolist() + [pixels(2, 1)[0].tolist()]
+    )
     np.testing.assert_array_equal(test.labels, [1])
     assert train.images.dtype == np.uint8 and train.images.shape == (3, 1, 28, 28)
     from fedssl.data.sources import DataNotFound
+
     with pytest.raises(DataNotFound, match="cannot be downloaded"):
         load_dataset("femnist", str(tmp_path), download=True)
 
@@ -89,7 +96,8 @@ def test_partition_stage_sizes_test_splits_as_a_fraction_of_training(tiny):
     (tiny / "params/partitions/p.yaml").write_text(
         "dataset: tiny\nnum_clients: 4\nseed: 0\nscheme: {kind: cyclic_lognormal, "
         "classes_per_client: 2, lognormal_mean: 2.5, lognormal_sigma: 0.5, size_offset: 8}\n"
-        "client_tests: {fraction: 0.5}\n")
+        "client_tests: {fraction: 0.5}\n"
+    )
     run(["python", "-m", "stages.prepare_data", "tiny"], tiny)
     run(["python", "-m", "stages.partition", "p"], tiny)
     counts = json.loads((tiny / "artifacts/partitions/p/class_counts.json").read_text())
@@ -103,6 +111,7 @@ def test_the_smoke_partitions_give_20_parties_100_images_of_s_classes(monkeypatc
     per party, as the smoke grid needs (the test split then mirrors that mix)."""
     from fedssl.data.client_tests import matching_test_split
     from fedssl.data.partition import class_counts, stratified_subset
+
     labels = np.repeat(np.arange(10), 6000)
     for s in (2, 5):
         pool = stratified_subset(labels, 2000, 0)
@@ -112,5 +121,4 @@ def test_the_smoke_partitions_give_20_parties_100_images_of_s_classes(monkeypatc
         tests = matching_test_split(counts, np.repeat(np.arange(10), 1000), 50, 0)
         for c, t in zip(counts, tests):
             assert len(t) == 50
-            assert (np.bincount(np.repeat(np.arange(10), 1000)[t], minlength=10) ==
-                    c // 2).all()
+            assert (np.bincount(np.repeat(np.arange(10), 1000)[t], minlength=10) == c // 2).all()

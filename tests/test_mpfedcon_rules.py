@@ -1,6 +1,7 @@
 """MpFedcon's defining rules (spec methods/mpfedcon.md, A2), each in a test that fails when the
 rule changes by one line: z_con comes from the frozen round-start network, whose head is the
 party's own; FedPer trains all its layers together."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,7 +22,7 @@ SHAPE = (1, 28, 28)
 def copy_of(p, state: dict, prefix: str):
     """An independent network holding the ``prefix`` weights of an Anchored state."""
     net = build_net(p, SHAPE, 4)
-    net.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+    net.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
     return net.eval()
 
 
@@ -64,19 +65,19 @@ def test_the_anchor_is_the_partys_own_round_start_network(tmp_path):
     for c in range(3):
         start = s.local_start(state, c, s.download(state, c))
         for k in s.personal:
-            anchor = start["anchor." + k[len("net."):]]
+            anchor = start["anchor." + k[len("net.") :]]
             assert torch.equal(anchor, state.clients[c][k]), (c, k)
             if k.endswith("weight"):
                 assert not torch.equal(anchor, glob[k]), (c, k)  # the initial head
         for k in s.shared:
-            assert torch.equal(start["anchor." + k[len("net."):]], glob[k]), (c, k)
+            assert torch.equal(start["anchor." + k[len("net.") :]], glob[k]), (c, k)
             assert torch.equal(start[k], glob[k]), (c, k)
 
     fed, state = run(tmp_path, params("mpfedcon", rounds=1, neg_source="prev_local"), "prev.pt")
     s, glob = fed.strategy, state.server["global"]
     start = s.local_start(state, 0, s.download(state, 0))
     for k in s.shared:
-        anchor = start["anchor." + k[len("net."):]]
+        anchor = start["anchor." + k[len("net.") :]]
         assert torch.equal(anchor, state.clients[0]["prev." + k]), k
         if k.endswith("weight"):
             assert not torch.equal(anchor, glob[k]), k  # not the new average
@@ -102,7 +103,7 @@ def test_the_anchor_stays_frozen_through_both_phases(tmp_path):
     for c in range(3):
         start, trained = seen[("start", c)], seen[("trained", c)]
         for k in s.keys:
-            a = "anchor." + k[len("net."):]
+            a = "anchor." + k[len("net.") :]
             assert torch.equal(trained[a], start[k]), (c, a)
         assert not torch.equal(trained[s.shared[0]], start[s.shared[0]])
 
@@ -116,8 +117,9 @@ def test_fedper_trains_base_and_head_together_in_one_pass(tmp_path):
     s = fed.strategy
     start = s.local_start(state, 0, s.download(state, 0))
     (phase,) = fed.trainer.phases
-    trained, _ = phase.cohort.train([start], fed.data, [0], 0.05, (0,),
-                                    torch.Generator().manual_seed(0), phase.trainable(state))
+    trained, _ = phase.cohort.train(
+        [start], fed.data, [0], 0.05, (0,), torch.Generator().manual_seed(0), phase.trainable(state)
+    )
     for k in (s.shared[0], s.personal[0]):
         assert not torch.equal(trained[k][0], start[k]), k
 

@@ -6,6 +6,7 @@ globals it builds. Then, at every
 one of those sites, a crafted pickle (one that would create a marker file when unpickled) is
 placed at the path it reads and the smallest stage (or function) that reaches it is run: it
 must refuse the file at that very site, and the marker must not appear."""
+
 from __future__ import annotations
 
 import ast
@@ -19,8 +20,7 @@ import pytest
 import torch
 
 from fedssl.runtime import StageFailed
-from tests.fixtures import (REPO, TINY_MFCL_EXPERIMENT, in_project, make_tiny_project,
-                            run_stage)
+from tests.fixtures import REPO, TINY_MFCL_EXPERIMENT, in_project, make_tiny_project, run_stage
 from tests.lwfedssl_fixtures import TINY_PARTITION as LW_PARTITION
 from tests.lwfedssl_fixtures import TINY_SCRATCH, tiny_text
 from tests.test_cpcfl import add_tiny_cpcfl
@@ -32,16 +32,33 @@ from tests.test_mpfedcon_chain import PARTITION as SHARDS
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
 # ------------------------------------------------------------------ the load sites, from the code
-SAFE_BY_ARGUMENT = {"torch.load": ("weights_only", True), "torch.serialization.load":
-                    ("weights_only", True), "numpy.load": ("allow_pickle", False)}
-NEVER = {"pickle.load", "pickle.loads", "pickle.Unpickler", "torch.jit.load", "joblib.load",
-         "dill.load", "dill.loads", "cloudpickle.load", "cloudpickle.loads", "pandas.read_pickle",
-         "shelve.open", "marshal.load", "marshal.loads", "yaml.load", "yaml.unsafe_load",
-         "yaml.full_load"}
+SAFE_BY_ARGUMENT = {
+    "torch.load": ("weights_only", True),
+    "torch.serialization.load": ("weights_only", True),
+    "numpy.load": ("allow_pickle", False),
+}
+NEVER = {
+    "pickle.load",
+    "pickle.loads",
+    "pickle.Unpickler",
+    "torch.jit.load",
+    "joblib.load",
+    "dill.load",
+    "dill.loads",
+    "cloudpickle.load",
+    "cloudpickle.loads",
+    "pandas.read_pickle",
+    "shelve.open",
+    "marshal.load",
+    "marshal.loads",
+    "yaml.load",
+    "yaml.unsafe_load",
+    "yaml.full_load",
+}
 
 
 class Site(NamedTuple):
-    key: str       # "file::function::callee", with "#n" for the n-th such call of a function
+    key: str  # "file::function::callee", with "#n" for the n-th such call of a function
     file: str
     function: str
     first_line: int
@@ -56,8 +73,9 @@ def _imports(tree: ast.Module) -> dict[str, str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
-                names[a.asname or a.name.split(".")[0]] = a.name if a.asname else \
-                    a.name.split(".")[0]
+                names[a.asname or a.name.split(".")[0]] = (
+                    a.name if a.asname else a.name.split(".")[0]
+                )
         elif isinstance(node, ast.ImportFrom) and node.module:
             for a in node.names:
                 names[a.asname or a.name] = f"{node.module}.{a.name}"
@@ -75,6 +93,7 @@ def _dotted(node: ast.AST, names: dict[str, str]) -> str | None:
 
 def _functions(tree: ast.Module):
     """(qualified name, node) of every function, innermost last."""
+
     def visit(node, prefix):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -84,6 +103,7 @@ def _functions(tree: ast.Module):
                 yield from visit(child, f"{name}.")
             else:
                 yield from visit(child, prefix)
+
     yield from visit(tree, "")
 
 
@@ -106,8 +126,17 @@ def load_sites() -> list[Site]:
             function = owner[-1] if owner else "<module>"
             counts[function, callee] = counts.get((function, callee), 0) + 1
             n = counts[function, callee]
-            sites.append(Site(f"{file}::{function}::{callee}" + (f"#{n}" if n > 1 else ""),
-                              file, function, node.lineno, node.end_lineno, node, callee))
+            sites.append(
+                Site(
+                    f"{file}::{function}::{callee}" + (f"#{n}" if n > 1 else ""),
+                    file,
+                    function,
+                    node.lineno,
+                    node.end_lineno,
+                    node,
+                    callee,
+                )
+            )
     return sites
 
 
@@ -131,16 +160,26 @@ def test_every_load_site_is_safe_by_its_arguments():
 
 def test_the_scan_flags_unsafe_loads(tmp_path, monkeypatch):
     """The scan itself: each unsafe form is flagged, each safe one passes."""
-    code = ("import torch, pickle\nimport numpy as np\nfrom torch import load as tl\n"
-            "def f(p):\n    torch.load(p)\n    torch.load(p, weights_only=False)\n"
-            "    np.load(p, allow_pickle=True)\n    pickle.load(p)\n    tl(p)\n"
-            "    torch.jit.load(p)\n    torch.load(p, weights_only=True)\n    np.load(p)\n")
+    code = (
+        "import torch, pickle\nimport numpy as np\nfrom torch import load as tl\n"
+        "def f(p):\n    torch.load(p)\n    torch.load(p, weights_only=False)\n"
+        "    np.load(p, allow_pickle=True)\n    pickle.load(p)\n    tl(p)\n"
+        "    torch.jit.load(p)\n    torch.load(p, weights_only=True)\n    np.load(p)\n"
+    )
     (tmp_path / "fedssl").mkdir()
     (tmp_path / "fedssl" / "x.py").write_text(code)
     monkeypatch.setattr("tests.test_no_pickle.REPO", tmp_path)
     verdicts = [(s.first_line, is_safe(s)) for s in load_sites()]
-    assert verdicts == [(5, False), (6, False), (7, False), (8, False), (9, False), (10, False),
-                        (11, True), (12, True)]
+    assert verdicts == [
+        (5, False),
+        (6, False),
+        (7, False),
+        (8, False),
+        (9, False),
+        (10, False),
+        (11, True),
+        (12, True),
+    ]
 
 
 def unpickler_classes() -> list[tuple[str, ast.ClassDef]]:
@@ -148,17 +187,22 @@ def unpickler_classes() -> list[tuple[str, ast.ClassDef]]:
     for path in sorted([*REPO.glob("fedssl/**/*.py"), *REPO.glob("stages/**/*.py")]):
         tree = ast.parse(path.read_text())
         names = _imports(tree)
-        out += [(str(path.relative_to(REPO)), node) for node in ast.walk(tree)
-                if isinstance(node, ast.ClassDef)
-                and any(_dotted(b, names) in ("pickle.Unpickler", "pickle._Unpickler")
-                        for b in node.bases)]
+        out += [
+            (str(path.relative_to(REPO)), node)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef)
+            and any(
+                _dotted(b, names) in ("pickle.Unpickler", "pickle._Unpickler") for b in node.bases
+            )
+        ]
     return out
 
 
 def test_every_unpickler_subclass_restricts_the_globals_it_builds():
     classes = unpickler_classes()
     assert [(file, c.name) for file, c in classes] == [
-        ("fedssl/data/sources.py", "ArraysOnlyUnpickler")]  # a new one needs a test below
+        ("fedssl/data/sources.py", "ArraysOnlyUnpickler")
+    ]  # a new one needs a test below
     for _, c in classes:
         assert "find_class" in {f.name for f in c.body if isinstance(f, ast.FunctionDef)}
 
@@ -202,6 +246,7 @@ def test_the_crafted_files_do_run_code_when_unpickled(tmp_path):
 class Exercise(NamedTuple):
     """Run stage ``kind`` of ``experiment`` with ``crafted`` (a path template) replaced by a
     crafted pickle, after writing the harmless files in ``plain`` (template -> array/object)."""
+
     kind: str
     experiment: str
     crafted: str
@@ -217,49 +262,80 @@ MANIFEST = {"per_client": [{"client": 0, "dropped": False}]}
 REPS = np.zeros((2, 1, 2, 4, 2, 2), np.float32)  # [N, rho, 2, C, H, W] pairs for the rServer
 EXERCISES = {
     "fedssl/data/store.py::load_split::numpy.load": Exercise(
-        "pretrain", "tiny_simclr", "{data}/train_images.npy"),
+        "pretrain", "tiny_simclr", "{data}/train_images.npy"
+    ),
     "fedssl/data/store.py::load_split::numpy.load#2": Exercise(
-        "pretrain", "tiny_simclr", "{data}/train_labels.npy"),
+        "pretrain", "tiny_simclr", "{data}/train_labels.npy"
+    ),
     "fedssl/data/store.py::load_clients::numpy.load": Exercise(
-        "pretrain", "tiny_simclr", "{partition}/clients.npz",
-        npz_keys=("client_0", "client_1", "client_2")),
+        "pretrain",
+        "tiny_simclr",
+        "{partition}/clients.npz",
+        npz_keys=("client_0", "client_1", "client_2"),
+    ),
     "fedssl/stage.py::StageContext.server_indices::numpy.load": Exercise(
-        "grow_1", "tiny_lw_fedssl", "{partition}/server.npy"),
+        "grow_1", "tiny_lw_fedssl", "{partition}/server.npy"
+    ),
     "fedssl/runtime.py::load_checkpoint::torch.load@engine": Exercise(
-        "pretrain", "tiny_simclr", "{resume}.pt"),
+        "pretrain", "tiny_simclr", "{resume}.pt"
+    ),
     "fedssl/models/encoders.py::load_encoder::torch.load": Exercise(
-        "features", "tiny_simclr", "{in:pretrain}/model.pt"),
+        "features", "tiny_simclr", "{in:pretrain}/model.pt"
+    ),
     "stages/evaluate.py::run::numpy.load": Exercise(
-        "evaluate", "tiny_pixels", "{in:features}/features.npz",
-        npz_keys=("train_x", "train_y", "test_x", "test_y")),
+        "evaluate",
+        "tiny_pixels",
+        "{in:features}/features.npz",
+        npz_keys=("train_x", "train_y", "test_x", "test_y"),
+    ),
     "fedssl/runtime.py::load_checkpoint::torch.load@finetune": Exercise(
-        "finetune", "tiny_vit_scratch", "{resume}.pt"),
+        "finetune", "tiny_vit_scratch", "{resume}.pt"
+    ),
     "fedssl/eval/personal.py::summarize::numpy.load": Exercise(
-        "personal", "tiny_fedrep", "{in:train}/personal.npz",
-        npz_keys=("accuracy", "choice", "labels", "probs")),
+        "personal",
+        "tiny_fedrep",
+        "{in:train}/personal.npz",
+        npz_keys=("accuracy", "choice", "labels", "probs"),
+    ),
     "fedssl/runtime.py::load_checkpoint::torch.load@cpcfl-pretrain": Exercise(
-        "pretrain", "tiny_cpcfl", "{resume}.w16.pt"),
+        "pretrain", "tiny_cpcfl", "{resume}.w16.pt"
+    ),
     "fedssl/methods/cpcfl/run.py::run::torch.load": Exercise(
-        "cfl", "tiny_cpcfl", "{in:pretrain}/encoder.pt"),
+        "cfl", "tiny_cpcfl", "{in:pretrain}/encoder.pt"
+    ),
     "fedssl/methods/cpcfl/run.py::run::numpy.load": Exercise(
-        "cfl", "tiny_cpcfl", "{in:pretrain}/public.npy",
-        plain={"{in:pretrain}/encoder.pt": {"encoder": {}}}),
+        "cfl",
+        "tiny_cpcfl",
+        "{in:pretrain}/public.npy",
+        plain={"{in:pretrain}/encoder.pt": {"encoder": {}}},
+    ),
     "fedssl/methods/gradient_leakage/run.py::finished_settings::torch.load": Exercise(
-        "attack", "tiny_leakage", "{resume}.pt"),
+        "attack", "tiny_leakage", "{resume}.pt"
+    ),
     "fedssl/methods/lwfedssl/run.py::load_online::torch.load": Exercise(
-        "grow_2", "tiny_lw_fedssl", "{in:grow_1}/model.pt"),
+        "grow_2", "tiny_lw_fedssl", "{in:grow_1}/model.pt"
+    ),
     "fedssl/methods/mfcl/run.py::export::torch.load": Exercise(
-        "export", "tiny_mfcl", "{in:pretrain}/model.pt"),
+        "export", "tiny_mfcl", "{in:pretrain}/model.pt"
+    ),
     "fedssl/methods/mfcl/run.py::rserver::numpy.load": Exercise(
-        "rserver", "tiny_mfcl", "{in:export}/client_0.npy",
-        plain={"{in:export}/manifest.json": MANIFEST}),
+        "rserver",
+        "tiny_mfcl",
+        "{in:export}/client_0.npy",
+        plain={"{in:export}/manifest.json": MANIFEST},
+    ),
     "fedssl/runtime.py::load_checkpoint::torch.load@rserver": Exercise(
-        "rserver", "tiny_mfcl", "{resume}.pt",
-        plain={"{in:export}/manifest.json": MANIFEST, "{in:export}/client_0.npy": REPS}),
+        "rserver",
+        "tiny_mfcl",
+        "{resume}.pt",
+        plain={"{in:export}/manifest.json": MANIFEST, "{in:export}/client_0.npy": REPS},
+    ),
     "fedssl/methods/mfcl/run.py::deployed_encoder.load::torch.load": Exercise(
-        "features", "tiny_mfcl", "{in:pretrain}/model.pt"),
+        "features", "tiny_mfcl", "{in:pretrain}/model.pt"
+    ),
     "fedssl/methods/mocosfl/run.py::load_final::torch.load": Exercise(
-        "features", "tiny_mocosfl", "{in:pretrain}/model.pt"),
+        "features", "tiny_mocosfl", "{in:pretrain}/model.pt"
+    ),
 }
 
 
@@ -273,15 +349,14 @@ def project(tmp_path_factory):
         "partitions/tiny_iid_m3_srv.yaml": LW_PARTITION,
         "partitions/tiny_shards.yaml": SHARDS,
         "partitions/tiny_shards_m3.yaml": "dataset: tiny\nnum_clients: 3\nscheme: {kind: "
-                                          "shards, classes_per_client: 2}\nserver_holdout: 40\n"
-                                          "seed: 0\n",
+        "shards, classes_per_client: 2}\nserver_holdout: 40\n"
+        "seed: 0\n",
         "experiments/tiny_lw_fedssl.yaml": tiny_text("lw_fedssl"),
         "experiments/tiny_vit_scratch.yaml": TINY_SCRATCH,
         "experiments/tiny_fedrep.yaml": MPF_EXPERIMENT.format(variant="fedrep", seed=0),
         "experiments/tiny_leakage.yaml": LEAKAGE,
         "experiments/tiny_mfcl.yaml": TINY_MFCL_EXPERIMENT.format(norm="gn", secure="false"),
-        "experiments/tiny_mocosfl.yaml": TINY_MOCOSFL.format(title="m", variant="mocosfl",
-                                                             cut=1),
+        "experiments/tiny_mocosfl.yaml": TINY_MOCOSFL.format(title="m", variant="mocosfl", cut=1),
     }
     for name, text in files.items():
         (params / name).write_text(text)
@@ -307,21 +382,32 @@ def refusing_site(error: BaseException, sites: list[Site]) -> str | None:
     (this checkout's or the tiny project's copy), matched to the last load call of that
     function at or above the frame's line (a `.npz` member is refused when it is read, a line
     or two below its np.load)."""
-    frames = [(f, f.filename.replace("\\", "/")) for f in
-              traceback.extract_tb(error.__traceback__)]
-    ours = [(f, name[name.rindex(part) + 1:]) for f, name in frames
-            for part in ("/fedssl/", "/stages/") if part in name
-            and not f.name.startswith("<")]  # a comprehension's frame: its function's next
+    frames = [(f, f.filename.replace("\\", "/")) for f in traceback.extract_tb(error.__traceback__)]
+    ours = [
+        (f, name[name.rindex(part) + 1 :])
+        for f, name in frames
+        for part in ("/fedssl/", "/stages/")
+        if part in name and not f.name.startswith("<")
+    ]  # a comprehension's frame: its function's next
     if not ours:
         return None
     frame, file = ours[-1]
-    here = [s for s in sites if s.file == file and s.first_line <= frame.lineno
-            and frame.name == s.function.split(".")[-1]]
+    here = [
+        s
+        for s in sites
+        if s.file == file
+        and s.first_line <= frame.lineno
+        and frame.name == s.function.split(".")[-1]
+    ]
     return max(here, key=lambda s: s.first_line).key if here else None
 
 
-REFUSALS = ("Weights only load failed", "allow_pickle", "Python objects in dtype",
-            "refusing to unpickle")
+REFUSALS = (
+    "Weights only load failed",
+    "allow_pickle",
+    "Python objects in dtype",
+    "refusing to unpickle",
+)
 
 
 def test_every_load_site_has_a_crafted_file_exercise():
@@ -339,8 +425,10 @@ def test_a_crafted_pickle_at_each_load_site_is_refused(project, key, tmp_path, m
         planned = planned_stage(ex.kind, ex.experiment)
         for name in planned.spec.upstream:  # prepared data and partitions for real
             kind = planned.dag.stages[name].kind
-            if kind in ("prepare_data", "partition", "init") and not (
-                    Path(planned.dag.stages[name].out) / "meta.json").exists():
+            if (
+                kind in ("prepare_data", "partition", "init")
+                and not (Path(planned.dag.stages[name].out) / "meta.json").exists()
+            ):
                 run_stage(type(planned)(planned.dag, name), upstream=True)
         target = resolve(ex.crafted, planned)
         written = [target, *(resolve(t, planned) for t in ex.plain)]
@@ -363,6 +451,7 @@ def test_a_crafted_pickle_at_each_load_site_is_refused(project, key, tmp_path, m
 
 def write_plain(path: Path, content) -> None:
     import json
+
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(content, np.ndarray):
         np.save(path, content)
@@ -377,11 +466,13 @@ def test_a_crafted_pickle_in_a_cifar_folder_is_refused(tmp_path, crafted):
     """CIFAR's release is pickled: its reader builds numpy arrays and refuses anything else."""
     from fedssl.data.sources import load_dataset
     from tests.test_sources import _write_cifar10
+
     _write_cifar10(tmp_path)
     assert len(load_dataset("cifar10", str(tmp_path))["test"].labels) == 2  # the real format
     marker = tmp_path / "the-pickle-ran"
     (tmp_path / "cifar-10-batches-py" / crafted).write_bytes(
-        pickle.dumps({"data": Payload(marker)}, protocol=2))
+        pickle.dumps({"data": Payload(marker)}, protocol=2)
+    )
     with pytest.raises(pickle.UnpicklingError, match="refusing to unpickle"):
         load_dataset("cifar10", str(tmp_path))
     assert not marker.exists()

@@ -1,4 +1,5 @@
 """LARS (SimCLR variant) and the warmup + cosine schedule."""
+
 import math
 
 import pytest
@@ -10,17 +11,17 @@ from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup
 
 
 def test_lars_update_matches_hand_computation():
-    w0 = torch.tensor([3.0, 4.0])           # ‖w‖ = 5
+    w0 = torch.tensor([3.0, 4.0])  # ‖w‖ = 5
     g = torch.tensor([0.5, -1.0])
     lr, wd, eta, m = 0.5, 0.1, 0.001, 0.9
     p = nn.Parameter(w0.clone())
     opt = LARS([p], lr=lr, momentum=m, weight_decay=wd, trust_coefficient=eta)
     p.grad = g.clone()
     opt.step()
-    d = g + wd * w0                          # [0.8, -0.6], ‖d‖ = 1
+    d = g + wd * w0  # [0.8, -0.6], ‖d‖ = 1
     assert torch.linalg.vector_norm(d).item() == pytest.approx(1.0)
     ratio = eta * 5.0 / 1.0
-    v1 = lr * ratio * d                      # first step: buffer = scaled step
+    v1 = lr * ratio * d  # first step: buffer = scaled step
     w1 = w0 - v1
     torch.testing.assert_close(p.detach(), w1)
     # second step with another gradient: momentum accumulates lr-scaled steps
@@ -42,16 +43,30 @@ def test_lars_zero_weight_uses_unit_ratio():
 
 
 def test_excluded_params_get_plain_sgd_momentum():
-    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 1, bias=False),
-                          TwinNorm(4, 2), nn.GroupNorm(2, 4), nn.Flatten(), nn.Linear(4, 3))
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.Conv2d(4, 4, 1, bias=False),
+        TwinNorm(4, 2),
+        nn.GroupNorm(2, 4),
+        nn.Flatten(),
+        nn.Linear(4, 3),
+    )
     groups = lars_param_groups(model, weight_decay=1e-4)
     assert len(groups) == 2
     decay = {id(p) for p in groups[0]["params"]}
     plain = {id(p) for p in groups[1]["params"]}
     assert decay == {id(model[0].weight), id(model[2].weight), id(model[6].weight)}
-    assert plain == {id(model[0].bias), id(model[1].weight), id(model[1].bias),
-                     id(model[3].weight), id(model[3].bias), id(model[4].weight),
-                     id(model[4].bias), id(model[6].bias)}
+    assert plain == {
+        id(model[0].bias),
+        id(model[1].weight),
+        id(model[1].bias),
+        id(model[3].weight),
+        id(model[3].bias),
+        id(model[4].weight),
+        id(model[4].bias),
+        id(model[6].bias),
+    }
     assert groups[0]["weight_decay"] == 1e-4 and groups[0]["lars_adapt"]
     assert groups[1]["weight_decay"] == 0.0 and not groups[1]["lars_adapt"]
 
@@ -107,7 +122,8 @@ def test_warmup_cosine_values():
     assert warmup_cosine(mid, total, warm, peak) == pytest.approx(peak / 2)
     assert warmup_cosine(total, total, warm, peak) == 0.0
     assert warmup_cosine(total - 1, total, warm, peak) == pytest.approx(
-        peak * 0.5 * (1 + math.cos(math.pi * (total - 1 - warm) / (total - warm))))
+        peak * 0.5 * (1 + math.cos(math.pi * (total - 1 - warm) / (total - warm)))
+    )
     assert warmup_cosine(total + 5, total, warm, peak) == 0.0
     assert warmup_cosine(0, total, 0, peak) == peak
     lrs = [warmup_cosine(s, total, warm, peak) for s in range(warm, total + 1)]

@@ -1,4 +1,5 @@
 """Params validation, presets and grids, generated files kept in sync, and the DAG's shape."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,7 @@ from tests.fixtures import REPO, make_tiny_project, run
 def test_json_schemas_are_up_to_date():
     for name, text in json_schemas().items():
         path = REPO / "schemas" / name
-        assert path.exists() and path.read_text() == text, \
-            f"{path} is stale: run `make generate`"
+        assert path.exists() and path.read_text() == text, f"{path} is stale: run `make generate`"
 
 
 def test_dvc_files_are_generated_from_the_dag(monkeypatch):
@@ -31,12 +31,16 @@ def test_dvc_files_are_generated_from_the_dag(monkeypatch):
 
 def schema(kind: str) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(
-        json.loads((REPO / "schemas" / f"{kind}.schema.json").read_text()))
+        json.loads((REPO / "schemas" / f"{kind}.schema.json").read_text())
+    )
 
 
 def shipped_files():
-    for kind, sub in (("dataset", "datasets"), ("partition", "partitions"),
-                      ("experiment", "experiments")):
+    for kind, sub in (
+        ("dataset", "datasets"),
+        ("partition", "partitions"),
+        ("experiment", "experiments"),
+    ):
         for path in sorted((REPO / "params" / sub).glob("*.yaml")):
             yield kind, path
     yield "grids", REPO / "params" / "grids.yaml"
@@ -51,14 +55,16 @@ def test_the_schemas_accept_every_shipped_file_as_written(kind, path):
     assert errors == []
 
 
-@pytest.mark.parametrize("kind, doc", [
-    ("experiment", {"extends": "smoke_mfcl", "method": {"client_module": {"nrom": "gn"}}}),
-    ("experiment", {"extends": "smoke_mfcl", "titel": "x"}),
-    ("experiment", {"title": "no method", "partition": "p"}),
-    ("partition", {"dataset": "fashion_mnist", "num_clients": 0,
-                   "scheme": {"kind": "iid"}}),
-    ("pipelines", {"pipelines": {"default": "not a list"}}),
-])
+@pytest.mark.parametrize(
+    "kind, doc",
+    [
+        ("experiment", {"extends": "smoke_mfcl", "method": {"client_module": {"nrom": "gn"}}}),
+        ("experiment", {"extends": "smoke_mfcl", "titel": "x"}),
+        ("experiment", {"title": "no method", "partition": "p"}),
+        ("partition", {"dataset": "fashion_mnist", "num_clients": 0, "scheme": {"kind": "iid"}}),
+        ("pipelines", {"pipelines": {"default": "not a list"}}),
+    ],
+)
 def test_the_schemas_reject_what_validation_rejects(kind, doc):
     assert list(schema(kind).iter_errors(doc)), doc
 
@@ -87,7 +93,9 @@ def test_paper_grids_expand_into_stable_names(monkeypatch):
     assert exp.title == "MFCL(GN) ResNet-18 CIFAR-100 xi=0.5"
     assert presets.load("partition", "cifar100_dir05_m100").scheme.alpha == 0.5
     assert presets.pipeline_experiments("paper_cifar10_mfcl")[:2] == [
-        "cifar10_mfcl_tn_dir001", "cifar10_mfcl_tn_dir01"]
+        "cifar10_mfcl_tn_dir001",
+        "cifar10_mfcl_tn_dir01",
+    ]
     assert len(presets.pipeline_experiments("paper_mfcl_tab2")) == 44
 
 
@@ -98,7 +106,8 @@ def test_shared_upstream_stages_exist_once(monkeypatch):
     assert kinds.count("prepare_data") == 1 and kinds.count("partition") == 1
     assert kinds.count("pretrain") == len(dag.experiments) >= 3
     assert {s.name for s in dag.stages.values() if s.gpu} == {
-        f"{k}__{e}" for k in ("pretrain", "features", "evaluate") for e in dag.experiments}
+        f"{k}__{e}" for k in ("pretrain", "features", "evaluate") for e in dag.experiments
+    }
 
 
 @pytest.fixture
@@ -114,19 +123,30 @@ def edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
-@pytest.mark.parametrize("file, old, new, field", [
-    ("experiments/tiny_simclr.yaml", "temperature: 0.5", "temperature: 0.5\n  temprature: 1",
-     "method.fedsimclr.temprature"),
-    ("experiments/tiny_simclr.yaml", "rounds: 2", "rounds: two", "method.fedsimclr.rounds"),
-    ("experiments/tiny_simclr.yaml", "name: fedsimclr", "name: fedsimclrr", "method"),
-    ("partitions/tiny_dir05_m3.yaml", "alpha: 0.5", "alpha: 0", "scheme.dirichlet.alpha"),
-    ("partitions/tiny_dir05_m3.yaml", "alpha: 0.5", "alpha: -0.1", "scheme.dirichlet.alpha"),
-    ("partitions/tiny_dir05_m3.yaml", "num_clients: 3", "num_clients: 70000", "num_clients"),
-    ("experiments/tiny_simclr.yaml", "crop_scale: [0.5, 1.0]", "crop_scale: [0.9, 0.5]",
-     "crop_scale"),
-    ("experiments/tiny_random.yaml", "knn: {k: 5, temperature: 0.1}", "", "knn"),
-    ("experiments/tiny_pixels.yaml", "name: none", "name: fedsimclr\n  rounds: 1", "pixels"),
-])
+@pytest.mark.parametrize(
+    "file, old, new, field",
+    [
+        (
+            "experiments/tiny_simclr.yaml",
+            "temperature: 0.5",
+            "temperature: 0.5\n  temprature: 1",
+            "method.fedsimclr.temprature",
+        ),
+        ("experiments/tiny_simclr.yaml", "rounds: 2", "rounds: two", "method.fedsimclr.rounds"),
+        ("experiments/tiny_simclr.yaml", "name: fedsimclr", "name: fedsimclrr", "method"),
+        ("partitions/tiny_dir05_m3.yaml", "alpha: 0.5", "alpha: 0", "scheme.dirichlet.alpha"),
+        ("partitions/tiny_dir05_m3.yaml", "alpha: 0.5", "alpha: -0.1", "scheme.dirichlet.alpha"),
+        ("partitions/tiny_dir05_m3.yaml", "num_clients: 3", "num_clients: 70000", "num_clients"),
+        (
+            "experiments/tiny_simclr.yaml",
+            "crop_scale: [0.5, 1.0]",
+            "crop_scale: [0.9, 0.5]",
+            "crop_scale",
+        ),
+        ("experiments/tiny_random.yaml", "knn: {k: 5, temperature: 0.1}", "", "knn"),
+        ("experiments/tiny_pixels.yaml", "name: none", "name: fedsimclr\n  rounds: 1", "pixels"),
+    ],
+)
 def test_bad_params_name_file_and_field(tiny, file, old, new, field):
     edit(tiny / "params" / file, old, new)
     with pytest.raises(P.ParamsError) as err:
@@ -146,7 +166,8 @@ def test_a_stage_with_bad_params_stops_before_compute(tiny):
 
 def test_missing_data_set_says_how_to_get_it(tiny):
     (tiny / "params" / "datasets" / "tiny.yaml").write_text(
-        "name: fashion_mnist\ndata_root: nowhere\ndownload: false\n")
+        "name: fashion_mnist\ndata_root: nowhere\ndownload: false\n"
+    )
     proc = run(["python", "-m", "stages.prepare_data", "tiny"], tiny, check=False)
     assert proc.returncode == 2
     assert "apt-get install dataset-fashion-mnist" in proc.stderr
@@ -165,34 +186,41 @@ def add_variant(root: Path, name: str, body: str) -> None:
 
 
 def test_extends_merges_over_the_base_and_tracks_every_file(tiny):
-    add_variant(tiny, "tiny_simclr_t01", "extends: tiny_simclr\ntitle: cooler\n"
-                "method: {temperature: 0.1}\n")
+    add_variant(
+        tiny, "tiny_simclr_t01", "extends: tiny_simclr\ntitle: cooler\nmethod: {temperature: 0.1}\n"
+    )
     presets = Presets()
     base = presets.load("experiment", "tiny_simclr")
     child = presets.load("experiment", "tiny_simclr_t01")
     assert child.method.temperature == 0.1 and child.title == "cooler"
     assert child.method.model_dump(exclude={"temperature"}) == base.method.model_dump(
-        exclude={"temperature"})  # nested mappings merge: the rest of `method` is inherited
+        exclude={"temperature"}
+    )  # nested mappings merge: the rest of `method` is inherited
     assert child.linear_probe == base.linear_probe
     stage = Dag("variants").stages["pretrain__tiny_simclr_t01"]
     assert stage.params == {  # DVC params: each file with the keys it sets itself
         "params/experiments/tiny_simclr_t01.yaml": ["method", "extends"],
-        "params/experiments/tiny_simclr.yaml": ["partition", "method"]}
+        "params/experiments/tiny_simclr.yaml": ["partition", "method"],
+    }
     assert Dag("variants").stages["evaluate__tiny_simclr_t01"].params == {
         "params/experiments/tiny_simclr_t01.yaml": ["extends"],
-        "params/experiments/tiny_simclr.yaml": ["linear_probe", "knn"]}
+        "params/experiments/tiny_simclr.yaml": ["linear_probe", "knn"],
+    }
     # an edit of the base reruns the variant (same fingerprint inputs as a plain file)
     before = Dag("variants").fingerprint("pretrain__tiny_simclr_t01")
     edit(tiny / "params/experiments/tiny_simclr.yaml", "rounds: 2", "rounds: 3")
     assert Dag("variants").fingerprint("pretrain__tiny_simclr_t01") != before
 
 
-@pytest.mark.parametrize("body, message", [
-    ("extends: nope\n", "no preset 'nope'"),
-    ("extends: tiny_loop\n", "cycle tiny_loop -> tiny_loop"),
-    ("extends: tiny_simclr\nmethod: {temperature: -1}\n", "method.fedsimclr.temperature"),
-    ("extends: [tiny_simclr]\n", "expected the name of a preset"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("extends: nope\n", "no preset 'nope'"),
+        ("extends: tiny_loop\n", "cycle tiny_loop -> tiny_loop"),
+        ("extends: tiny_simclr\nmethod: {temperature: -1}\n", "method.fedsimclr.temperature"),
+        ("extends: [tiny_simclr]\n", "expected the name of a preset"),
+    ],
+)
 def test_bad_extends_is_named(tiny, body, message):
     add_variant(tiny, "tiny_loop", body)
     with pytest.raises(P.ParamsError, match=message) as err:
@@ -201,9 +229,10 @@ def test_bad_extends_is_named(tiny, body, message):
 
 
 def test_deep_merge_replaces_lists_and_scalars():
-    assert deep_merge({"a": {"b": 1, "c": [1, 2]}, "d": 1},
-                      {"a": {"c": [3]}, "d": {"e": 2}}) == {"a": {"b": 1, "c": [3]},
-                                                             "d": {"e": 2}}
+    assert deep_merge({"a": {"b": 1, "c": [1, 2]}, "d": 1}, {"a": {"c": [3]}, "d": {"e": 2}}) == {
+        "a": {"b": 1, "c": [3]},
+        "d": {"e": 2},
+    }
 
 
 def test_a_sweep_pipeline_names_its_column_and_bad_paths_are_named(tiny):
@@ -214,8 +243,9 @@ def test_a_sweep_pipeline_names_its_column_and_bad_paths_are_named(tiny):
     assert dag.stages["report__sweep"].params["params/pipelines.yaml"] == ["pipelines.sweep"]
     assert Dag("default").column == "partition"
     edit(tiny / "params" / "pipelines.yaml", "method.temperature", "method.temprature")
-    with pytest.raises(P.ParamsError, match="pipelines.sweep.column: no setting "
-                                            "'method.temprature'"):
+    with pytest.raises(
+        P.ParamsError, match="pipelines.sweep.column: no setting 'method.temprature'"
+    ):
         Dag("sweep")
 
 
@@ -236,14 +266,21 @@ def test_a_grid_expands_its_axes_and_tracks_each_members_own_keys(tiny):
     (tiny / "params" / "grids.yaml").write_text(GRID)
     presets = Presets()
     members = [n for n in presets.names("experiment") if n.startswith("tiny_random_")]
-    assert members == ["tiny_random_fewnn_fast", "tiny_random_fewnn_slow",
-                       "tiny_random_manynn_fast", "tiny_random_manynn_slow"]
+    assert members == [
+        "tiny_random_fewnn_fast",
+        "tiny_random_fewnn_slow",
+        "tiny_random_manynn_fast",
+        "tiny_random_manynn_slow",
+    ]
     exp = presets.load("experiment", "tiny_random_manynn_slow")
     assert exp.knn.k == 7 and exp.title == "Random init, 7-NN (slow)"
     assert exp.method == presets.load("experiment", "tiny_random").method
     tracked = presets.tracked("experiment", "tiny_random_manynn_slow", ("knn",))
-    assert tracked["params/grids.yaml"] == ["experiments.knn.set.knn", "experiments.knn.extends",
-                                            "axes.k.many"]
+    assert tracked["params/grids.yaml"] == [
+        "experiments.knn.set.knn",
+        "experiments.knn.extends",
+        "axes.k.many",
+    ]
     with open(tiny / "params" / "pipelines.yaml", "a") as f:
         f.write("  knn: [knn]\n")  # a grid's name stands for all its members
     assert Dag("knn").experiments == members
@@ -251,8 +288,10 @@ def test_a_grid_expands_its_axes_and_tracks_each_members_own_keys(tiny):
 
 def test_adding_an_axis_value_is_one_line_and_leaves_the_others_untouched(tiny):
     (tiny / "params" / "grids.yaml").write_text(GRID)
-    before = {n: Presets().tracked("experiment", n, ("knn",))
-              for n in ("tiny_random_fewnn_fast", "tiny_random_manynn_slow")}
+    before = {
+        n: Presets().tracked("experiment", n, ("knn",))
+        for n in ("tiny_random_fewnn_fast", "tiny_random_manynn_slow")
+    }
     edit(tiny / "params" / "grids.yaml", "k: {few: 3, many: 7}", "k: {few: 3, many: 7, all: 9}")
     presets = Presets()
     assert presets.load("experiment", "tiny_random_allnn_fast").knn.k == 9
@@ -260,14 +299,16 @@ def test_adding_an_axis_value_is_one_line_and_leaves_the_others_untouched(tiny):
         assert presets.tracked("experiment", name, ("knn",)) == tracked
 
 
-@pytest.mark.parametrize("grid, message", [
-    (GRID.replace("{probe}", "{probes}"), "no axis 'probes'"),
-    (GRID.replace("extends: tiny_random", "extends: tiny_nope"), "no preset 'tiny_nope'"),
-    (GRID.replace("name: tiny_random_{k}nn_{probe}", "name: tiny_simclr"), "defined twice"),
-    (GRID.replace('k: "{k.value}"', 'k: "{n.value}"'), "placeholder {n.value}"),
-    (GRID.replace("{k.value}-NN", "{k.value}-NN").replace('k: "{k.value}"', "k: -1"),
-     "knn.k"),
-])
+@pytest.mark.parametrize(
+    "grid, message",
+    [
+        (GRID.replace("{probe}", "{probes}"), "no axis 'probes'"),
+        (GRID.replace("extends: tiny_random", "extends: tiny_nope"), "no preset 'tiny_nope'"),
+        (GRID.replace("name: tiny_random_{k}nn_{probe}", "name: tiny_simclr"), "defined twice"),
+        (GRID.replace('k: "{k.value}"', 'k: "{n.value}"'), "placeholder {n.value}"),
+        (GRID.replace("{k.value}-NN", "{k.value}-NN").replace('k: "{k.value}"', "k: -1"), "knn.k"),
+    ],
+)
 def test_bad_grids_are_named(tiny, grid, message):
     (tiny / "params" / "grids.yaml").write_text(grid)
     with pytest.raises(P.ParamsError, match=message) as err:

@@ -1,5 +1,6 @@
 """Tests for fedssl.data.partition: property tests on small random label vectors plus a few
 explicit checks at MNIST/CIFAR scale (60000 labels, 10 clients)."""
+
 from __future__ import annotations
 
 import time
@@ -12,8 +13,7 @@ from hypothesis import strategies as st
 from fedssl.data import partition as P
 from fedssl.params import ClassGroupsScheme, DirichletScheme, IIDScheme, ShardsScheme
 
-PROPS = settings(max_examples=40, deadline=None,
-                 suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # --------------------------------------------------------------------------- strategies
@@ -30,7 +30,7 @@ def labelled(draw, max_n=300, max_classes=12, max_clients=20):
     return labels.astype(np.int64), k, m
 
 
-alphas = st.floats(-3.0, 3.0).map(lambda e: float(10.0 ** e))
+alphas = st.floats(-3.0, 3.0).map(lambda e: float(10.0**e))
 seeds = st.integers(0, 2**31 - 1)
 
 
@@ -111,8 +111,14 @@ def test_shards_balanced_equal_sizes():
 
 # --------------------------------------------------------------------------- class groups
 @PROPS
-@given(seeds, st.integers(1, 4), st.integers(1, 5), st.integers(1, 30), st.integers(0, 10),
-       st.integers(20, 200))
+@given(
+    seeds,
+    st.integers(1, 4),
+    st.integers(1, 5),
+    st.integers(1, 30),
+    st.integers(0, 10),
+    st.integers(20, 200),
+)
 def test_class_groups_support_and_counts(seed, per_group, major, major_count, minor_count, n):
     groups = [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]]
     major = min(major, 4)
@@ -120,8 +126,9 @@ def test_class_groups_support_and_counts(seed, per_group, major, major_count, mi
     m = per_group * len(groups)
     if m > n:
         return
-    scheme = ClassGroupsScheme(groups=groups, major_classes=major, major_count=major_count,
-                               minor_count=minor_count)
+    scheme = ClassGroupsScheme(
+        groups=groups, major_classes=major, major_count=major_count, minor_count=minor_count
+    )
     parts = P.split_clients(labels, m, scheme, seed, num_classes=10)
     assert same_parts(parts, P.split_clients(labels, m, scheme, seed, num_classes=10))
     avail = np.bincount(labels, minlength=10)
@@ -191,8 +198,12 @@ def test_determinism_by_seed(data, seed_a, seed_b):
 
 def test_different_seeds_differ():
     labels = np.repeat(np.arange(10), 100)
-    for scheme in (IIDScheme(), DirichletScheme(alpha=1.0), ShardsScheme(classes_per_client=2),
-                   ClassGroupsScheme()):
+    for scheme in (
+        IIDScheme(),
+        DirichletScheme(alpha=1.0),
+        ShardsScheme(classes_per_client=2),
+        ClassGroupsScheme(),
+    ):
         a = P.split_clients(labels, 6, scheme, 0)
         b = P.split_clients(labels, 6, scheme, 1)
         assert not same_parts(a, b)
@@ -206,8 +217,9 @@ def labels60k():
 
 def _dirichlet_timed(labels, alpha, min_per_client):
     t0 = time.perf_counter()
-    parts = P.split_clients(labels, 10, DirichletScheme(alpha=alpha,
-                                                        min_per_client=min_per_client), 0)
+    parts = P.split_clients(
+        labels, 10, DirichletScheme(alpha=alpha, min_per_client=min_per_client), 0
+    )
     return parts, time.perf_counter() - t0
 
 

@@ -1,5 +1,6 @@
 """The partition stage's extras for personalised and server-side methods: per-client test
 splits with each client's class mix, the true groups of class_groups, a server holdout."""
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,12 @@ def partition(root, body: str) -> str:
 
 
 def test_client_tests_mirror_each_clients_class_mix_and_groups_are_recorded(tiny):
-    out = partition(tiny, "dataset: tiny\nnum_clients: 4\nseed: 0\nscheme: {kind: class_groups, "
-                    "groups: [[0, 1], [2, 3]], major_classes: 1, major_count: 8, "
-                    "minor_count: 2}\nclient_tests: {per_client: 10}\n")
+    out = partition(
+        tiny,
+        "dataset: tiny\nnum_clients: 4\nseed: 0\nscheme: {kind: class_groups, "
+        "groups: [[0, 1], [2, 3]], major_classes: 1, major_count: 8, "
+        "minor_count: 2}\nclient_tests: {per_client: 10}\n",
+    )
     counts = json.loads((out / "class_counts.json").read_text())
     assert counts["groups"] == [0, 0, 1, 1] and counts["test_sizes"] == [10] * 4
     _, test_labels = load_split(tiny / "artifacts/data/tiny", "test")
@@ -36,8 +40,9 @@ def test_client_tests_mirror_each_clients_class_mix_and_groups_are_recorded(tiny
 
 
 def test_a_server_holdout_is_disjoint_from_every_client(tiny):
-    out = partition(tiny, "dataset: tiny\nnum_clients: 3\nseed: 0\nscheme: {kind: iid}\n"
-                    "server_holdout: 40\n")
+    out = partition(
+        tiny, "dataset: tiny\nnum_clients: 3\nseed: 0\nscheme: {kind: iid}\nserver_holdout: 40\n"
+    )
     server = np.load(out / "server.npy")
     clients = np.concatenate(load_clients(out))
     assert len(server) == 40 and not set(server) & set(clients)
@@ -49,7 +54,8 @@ def test_a_server_holdout_is_disjoint_from_every_client(tiny):
 def test_too_few_test_images_for_disjoint_client_tests_is_a_clear_error(tiny):
     (tiny / "params/partitions/p.yaml").write_text(
         "dataset: tiny\nnum_clients: 3\nseed: 0\nscheme: {kind: iid}\n"
-        "client_tests: {per_client: 60, disjoint: true}\n")
+        "client_tests: {per_client: 60, disjoint: true}\n"
+    )
     run(["python", "-m", "stages.prepare_data", "tiny"], tiny)
     proc = run(["python", "-m", "stages.partition", "p"], tiny, check=False)
     assert proc.returncode == 2 and "client_tests" in proc.stderr
@@ -61,8 +67,11 @@ def test_a_fixed_server_holdout_seed_keeps_one_server_slice_across_client_resamp
     clients (CP-CFL: one pretrained encoder for every trial); unset, it follows seed + 1."""
     from fedssl.data.partition import server_seed
     from fedssl.params import PartitionParams
-    body = ("dataset: tiny\nnum_clients: 3\nscheme: {kind: iid}\nserver_holdout: 40\n"
-            "server_holdout_seed: 7\nseed: ")
+
+    body = (
+        "dataset: tiny\nnum_clients: 3\nscheme: {kind: iid}\nserver_holdout: 40\n"
+        "server_holdout_seed: 7\nseed: "
+    )
     first = partition(tiny, body + "0\n")
     server0, clients0 = np.load(first / "server.npy"), load_clients(first)
     second = partition(tiny, body + "1\n")

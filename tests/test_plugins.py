@@ -1,6 +1,7 @@
 """A method is a plugin: one module dropped into fedssl/methods/ (here tests/toy_method.py),
 one params entry and a pipeline line, and both front ends run it; the engine and shared
 stages take it from the registry without any other file knowing about it."""
+
 from __future__ import annotations
 
 import json
@@ -40,10 +41,11 @@ def project(tmp_path_factory):
 
 
 def test_the_toy_method_runs_through_snakemake(project):
-    run(["snakemake", "--cores", "2", "--resources", "gpu=1", "--config", "pipeline=toy"],
-        project)
+    run(["snakemake", "--cores", "2", "--resources", "gpu=1", "--config", "pipeline=toy"], project)
     rows = (project / "results/reports/toy/report.csv").read_text().splitlines()
-    toy = dict(zip(rows[0].split(","), next(r.split(",") for r in rows if r.startswith("tiny_toy"))))
+    toy = dict(
+        zip(rows[0].split(","), next(r.split(",") for r in rows if r.startswith("tiny_toy")))
+    )
     assert toy["row"] == "Toy AE" and toy["arch"] == "linear-6" and toy["rounds"] == "2"
     assert toy["parameters"] == str(784 * 6 + 6 + 6 * 784 + 784)
     log = (project / "results/experiments/tiny_toy/rounds.tsv").read_text().splitlines()
@@ -58,10 +60,11 @@ def test_the_toy_method_runs_through_snakemake(project):
 def test_the_toy_method_reruns_through_dvc_after_a_param_edit(project):
     path = project / "params/experiments/tiny_toy.yaml"
     path.write_text(path.read_text().replace("dim: 6", "dim: 5"))
-    status = json.loads(run(["dvc", "status", "--json", "pipelines/toy/dvc.yaml"],
-                            project).stdout)
-    assert set(status) - {"dag"} == {f"pipelines/toy/dvc.yaml:{s}" for s in (
-        "fit__tiny_toy", "features__tiny_toy", "report__toy")}  # each reads `method`
+    status = json.loads(run(["dvc", "status", "--json", "pipelines/toy/dvc.yaml"], project).stdout)
+    assert set(status) - {"dag"} == {
+        f"pipelines/toy/dvc.yaml:{s}"
+        for s in ("fit__tiny_toy", "features__tiny_toy", "report__toy")
+    }  # each reads `method`
     run(["dvc", "repro", "pipelines/toy/dvc.yaml"], project)
     feats = json.loads((project / "artifacts/experiments/tiny_toy/features/meta.json").read_text())
     assert feats["dim"] == 5
@@ -74,8 +77,12 @@ def test_a_bad_toy_param_is_named_with_its_method(project):
     good = path.read_text()
     try:
         path.write_text(good.replace("dim: 5", "dim: -1").replace("dim: 6", "dim: -1"))
-        proc = subprocess.run(["snakemake", "-n", "--cores", "1", "--config", "pipeline=toy"],
-                              cwd=project, capture_output=True, text=True)
+        proc = subprocess.run(
+            ["snakemake", "-n", "--cores", "1", "--config", "pipeline=toy"],
+            cwd=project,
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode != 0 and "method.toy.dim" in proc.stdout + proc.stderr
     finally:
         path.write_text(good)

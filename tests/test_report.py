@@ -1,5 +1,6 @@
 """The generic report: pivot cells, the rows, the short Markdown table beside the full CSV,
 rendering the committed reports again, the README blocks, and its vocabulary."""
+
 from __future__ import annotations
 
 import json
@@ -11,18 +12,28 @@ import pytest
 from fedssl import params as P
 from fedssl.experiment import experiment_model
 from fedssl.methods import registry
-from fedssl.report import (columns_of, readme_text, render, report_tables, rerender,
-                           runs_markdown, table_cell, write_report)
+from fedssl.report import (
+    columns_of,
+    readme_text,
+    render,
+    report_tables,
+    rerender,
+    runs_markdown,
+    table_cell,
+    write_report,
+)
 from tests.fixtures import REPO, TINY_MFCL_EXPERIMENT
 
 REPORTS = sorted(p.parent for p in (REPO / "results/reports").glob("*/report.json"))
 
 PART = P.PartitionParams.model_validate(
-    {"dataset": "c10", "num_clients": 10, "scheme": {"kind": "dirichlet", "alpha": 0.01}})
+    {"dataset": "c10", "num_clients": 10, "scheme": {"kind": "dirichlet", "alpha": 0.01}}
+)
 
 
 def mfcl_exp():
     import yaml
+
     raw = yaml.safe_load(TINY_MFCL_EXPERIMENT.format(norm="gn", secure="false"))
     return experiment_model().model_validate(raw)
 
@@ -34,27 +45,39 @@ def test_cells_are_method_by_partition_or_by_the_swept_setting():
     assert table_cell(mfcl_exp(), MFCL, PART, "cifar10") == ("MFCL(GN)", "CIFAR-10 ξ=0.01")
     iid = PART.model_copy(update={"scheme": P.IIDScheme()})
     assert table_cell(mfcl_exp(), MFCL, iid, "tiny_imagenet") == ("MFCL(GN)", "Tiny IID")
-    assert table_cell(mfcl_exp(), MFCL, PART, "cifar10", "method",
-                      "method.client_module.channels_per_group") == ("MFCL(GN)",
-                                                                     "channels_per_group=2")
+    assert table_cell(
+        mfcl_exp(), MFCL, PART, "cifar10", "method", "method.client_module.channels_per_group"
+    ) == ("MFCL(GN)", "channels_per_group=2")
     assert table_cell(mfcl_exp(), MFCL, PART, "cifar10", "title")[0] == mfcl_exp().title
     reference = mfcl_exp().model_copy(update={"title": "Raw pixels"})
     assert table_cell(reference, registry.get("none"), PART, "cifar10")[0] == "Raw pixels"
 
 
 def row(method, column, acc, sent=""):
-    return {"row": method, "column": column, "method": "fedsimclr", "linear_top1": acc,
-            "client_MB_sent": sent, "beta_GFLOPs": "", "peak_step_MB": ""}
+    return {
+        "row": method,
+        "column": column,
+        "method": "fedsimclr",
+        "linear_top1": acc,
+        "client_MB_sent": sent,
+        "beta_GFLOPs": "",
+        "peak_step_MB": "",
+    }
 
 
 def test_the_pivot_puts_methods_down_settings_across_and_costs_beside():
-    rows = [row("MFCL(TN)", "ξ=0.01", 84.0, "50.3"), row("MFCL(TN)", "ξ=0.01", 85.0, "50.3"),
-            row("MFCL(TN)", "ξ=200", 85.3, "50.3"), row("FedSimCLR", "ξ=200", 81.9)]
+    rows = [
+        row("MFCL(TN)", "ξ=0.01", 84.0, "50.3"),
+        row("MFCL(TN)", "ξ=0.01", 85.0, "50.3"),
+        row("MFCL(TN)", "ξ=200", 85.3, "50.3"),
+        row("FedSimCLR", "ξ=200", 81.9),
+    ]
     heading, table = report_tables(rows)["linear"]
     lines = table.splitlines()
     assert heading == "Linear probe top-1 %" and "mean ± sample SD over runs" in lines[0]
-    assert lines[2] == ("| method | ξ=0.01 | ξ=200 | MB sent / client | GFLOPs / client "
-                        "| peak step MB |")
+    assert lines[2] == (
+        "| method | ξ=0.01 | ξ=200 | MB sent / client | GFLOPs / client | peak step MB |"
+    )
     assert lines[4] == "| MFCL(TN) | 84.50±0.71 | 85.30 | 50.3 |  |  |"
     assert lines[5] == "| FedSimCLR |  | 81.90 |  |  |  |"  # no run, no costs: blank cells
 
@@ -75,8 +98,10 @@ def test_the_markdown_lists_runs_in_a_few_columns_and_the_csv_holds_every_column
     rows = json.loads((REPO / "results/reports/lw_smoke/report.json").read_text())["rows"]
     write_report(tmp_path, "lw_smoke", rows, {}, "artifacts/reports/lw_smoke")
     header = runs_markdown(rows).splitlines()[2]
-    assert header == ("| experiment | method | setting | linear | k-NN | fine-tune | "
-                      "MB up / client | MB down / client | rounds |")
+    assert header == (
+        "| experiment | method | setting | linear | k-NN | fine-tune | "
+        "MB up / client | MB down / client | rounds |"
+    )
     text = (tmp_path / "report.md").read_text()
     assert "round_MB_up" not in text and "finetune_loss" not in text
     csv_header = (tmp_path / "report.csv").read_text().splitlines()[0].split(",")
@@ -93,8 +118,9 @@ def test_rendering_the_committed_rows_gives_the_committed_report(folder, monkeyp
     monkeypatch.chdir(REPO)  # a method's tables may read its committed step results
     saved = json.loads((folder / "report.json").read_text())
     text, tables = render(saved["pipeline"], saved["rows"], saved["figures"], saved["heatmaps"])
-    assert text == (folder / "report.md").read_text(), \
+    assert text == (folder / "report.md").read_text(), (
         f"{folder.name}: stale, run `python -m fedssl.report render {folder.name}`"
+    )
     assert tables == saved["tables"]
 
 
@@ -114,26 +140,56 @@ def test_rerendering_a_report_rewrites_the_same_files(tmp_path, monkeypatch):
 def test_the_generic_report_speaks_no_papers_vocabulary():
     """A paper's terms (its table and equation numbers, its α / β / γ, its method names) live
     in its plugin; the generic report and its helpers name none."""
-    papers = ("Tab.", "Eq.", "Fig.", "α", "β", "γ", "MFCL", "CP-CFL", "LW-FedSSL", "MocoSFL",
-              "MpFedcon", "FedSimCLR")
+    papers = (
+        "Tab.",
+        "Eq.",
+        "Fig.",
+        "α",
+        "β",
+        "γ",
+        "MFCL",
+        "CP-CFL",
+        "LW-FedSSL",
+        "MocoSFL",
+        "MpFedcon",
+        "FedSimCLR",
+    )
     for module in ("fedssl/report.py", "fedssl/report_format.py"):
         text = (REPO / module).read_text()
         assert [w for w in papers if w in text] == [], module
 
 
 def test_mfcl_lays_out_its_costs_and_rserver_loss_in_its_own_tables():
-    rows = [{"method": "mfcl", "row": "MFCL(TN)", "column": "c", "alpha_bits": "4.82e+09",
-             "beta_GFLOPs": "305", "gamma_eq6_MB": "7.73", "client_MB_sent": "50.3",
-             "rserver_final_loss": 4.5},
-            {"method": "fedsimclr", "row": "FedSimCLR", "column": "c", "alpha_bits": "1.26e+08",
-             "beta_GFLOPs": "718", "gamma_eq6_MB": "197", "client_MB_sent": "5.28"},
-            {"method": "none", "row": "Raw pixels", "column": "c"}]
+    rows = [
+        {
+            "method": "mfcl",
+            "row": "MFCL(TN)",
+            "column": "c",
+            "alpha_bits": "4.82e+09",
+            "beta_GFLOPs": "305",
+            "gamma_eq6_MB": "7.73",
+            "client_MB_sent": "50.3",
+            "rserver_final_loss": 4.5,
+        },
+        {
+            "method": "fedsimclr",
+            "row": "FedSimCLR",
+            "column": "c",
+            "alpha_bits": "1.26e+08",
+            "beta_GFLOPs": "718",
+            "gamma_eq6_MB": "197",
+            "client_MB_sent": "5.28",
+        },
+        {"method": "none", "row": "Raw pixels", "column": "c"},
+    ]
     tables = MFCL.tables(rows)
     assert list(tables) == ["mfcl_tab3", "mfcl_rserver_loss"]
     assert tables["mfcl_tab3"].splitlines()[2:] == [
-        "| method | α (bits) | β (GFLOPs) | γ Eq. 6 (MB) | sent (MB) |", "|---|---|---|---|---|",
+        "| method | α (bits) | β (GFLOPs) | γ Eq. 6 (MB) | sent (MB) |",
+        "|---|---|---|---|---|",
         "| MFCL(TN) | 4.82e+09 | 305 | 7.73 | 50.3 |",
-        "| FedSimCLR | 1.26e+08 | 718 | 197 | 5.28 |"]
+        "| FedSimCLR | 1.26e+08 | 718 | 197 | 5.28 |",
+    ]
     assert "| MFCL(TN) | 4.50 |" in tables["mfcl_rserver_loss"]
     assert MFCL.tables(rows[1:]) == {}  # no MFCL run: no MFCL table
 
@@ -143,8 +199,9 @@ def test_readme_tables_are_refilled_from_the_committed_reports(tmp_path):
     report.parent.mkdir()
     report.write_text('{"tables": {"linear": "| a |\\n|---|\\n| 1 |\\n"}}')
     text = "intro\n<!-- results: demo linear -->\nold table\n<!-- /results -->\nend\n"
-    assert readme_text(text, tmp_path) == ("intro\n<!-- results: demo linear -->\n| a |\n|---|\n"
-                                           "| 1 |\n<!-- /results -->\nend\n")
+    assert readme_text(text, tmp_path) == (
+        "intro\n<!-- results: demo linear -->\n| a |\n|---|\n| 1 |\n<!-- /results -->\nend\n"
+    )
     with pytest.raises(KeyError, match="no table 'knn'"):
         readme_text(text.replace("linear", "knn"), tmp_path)
     with pytest.raises(FileNotFoundError, match="pipeline 'other'"):
@@ -163,9 +220,12 @@ def test_a_row_holds_the_metrics_its_method_steps_wrote(tmp_path):
     traffic, an attack's error): its entries join the experiment's report row; the
     evaluation's metrics win a name clash."""
     from fedssl.report import experiment_row
+
     steps = []
-    for name, metrics in (("pretrain", {"mis_after_sync_mean": 0.5, "knn_top1": -1}),
-                          ("attack", {"inversion_mse": 0.02})):
+    for name, metrics in (
+        ("pretrain", {"mis_after_sync_mean": 0.5, "knn_top1": -1}),
+        ("attack", {"inversion_mse": 0.02}),
+    ):
         d = tmp_path / name
         d.mkdir()
         (d / "meta.json").write_text(json.dumps({"wall_seconds": 2.0, "rounds": 3}))
@@ -188,6 +248,7 @@ def test_methods_draw_no_figures_unless_they_say_so(tmp_path):
 
 def test_a_numeric_sweep_reads_in_value_order_whatever_the_listing_order():
     from stages.report import in_column_order
+
     rows = [{"e": "fedavg"}, {"e": "n2"}, {"e": "n5"}, {"e": "n3"}]
     assert [r["e"] for r in in_column_order(rows, [1, 2, 5, 3])] == ["fedavg", "n2", "n3", "n5"]
     # ties keep the listing order; a value that is not a number (None = "all epochs", or a
@@ -199,8 +260,11 @@ def test_a_numeric_sweep_reads_in_value_order_whatever_the_listing_order():
 
 def test_cpcfl_tables_use_the_population_sd_as_its_paper_and_say_so():
     from fedssl.methods.cpcfl.tables import paper_tables
-    rows = [{"method": "cpcfl", "row": "CP-CFL", "column": "c", "personal_at_10": acc,
-             "f1_macro": f1} for acc, f1 in ((60.0, 0.5), (70.0, 0.7))]
+
+    rows = [
+        {"method": "cpcfl", "row": "CP-CFL", "column": "c", "personal_at_10": acc, "f1_macro": f1}
+        for acc, f1 in ((60.0, 0.5), (70.0, 0.7))
+    ]
     tables = paper_tables(rows)
     # two trials 10 apart: population SD 5 (a sample SD would be 7.07)
     assert "| CP-CFL | 65.00±5.00 |" in tables["cpcfl_tab3"]

@@ -1,12 +1,21 @@
 """The report's building blocks (fedssl.report_format): the mean ± SD cell in both
 conventions, checked against numbers worked out by hand, its caption, the number formatter,
 the Markdown table and pivot, and figure saving that gives the same bytes twice."""
+
 from __future__ import annotations
 
 import pytest
 
-from fedssl.report_format import (markdown_table, mean_sd, number, numbers, pivot_markdown,
-                                  save_figure, sd_note, to_float)
+from fedssl.report_format import (
+    markdown_table,
+    mean_sd,
+    number,
+    numbers,
+    pivot_markdown,
+    save_figure,
+    sd_note,
+    to_float,
+)
 
 
 def test_mean_sd_uses_the_convention_it_is_given():
@@ -30,8 +39,16 @@ def test_the_caption_names_the_convention():
 
 
 def test_numbers_read_blanks_flags_and_text():
-    assert [to_float(v) for v in (None, "", "None", "n/a", "True", False, "2.5", 3)] == \
-        [None, None, None, None, 1.0, 0.0, 2.5, 3.0]
+    assert [to_float(v) for v in (None, "", "None", "n/a", "True", False, "2.5", 3)] == [
+        None,
+        None,
+        None,
+        None,
+        1.0,
+        0.0,
+        2.5,
+        3.0,
+    ]
     assert numbers([{"a": "1"}, {"a": ""}, {}, {"a": 2}], "a") == [1.0, 2.0]
     assert number("1234.5") == "1.23e+03" and number(0.09, ".0%") == "9%"
     assert number(None) == "" and number("", "g", blank="–") == "–"
@@ -39,28 +56,36 @@ def test_numbers_read_blanks_flags_and_text():
 
 def test_a_markdown_table_has_its_caption_above_and_a_cell_per_header():
     assert markdown_table(["a", "b"], [["1", "2"]], "Caption") == (
-        "*Caption*\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+        "*Caption*\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+    )
     assert markdown_table(["a"], []) == "| a |\n|---|\n"
     with pytest.raises(ValueError, match="every line needs 2 cells"):
         markdown_table(["a", "b"], [["1"]])
 
 
 def test_a_pivot_averages_the_runs_of_a_cell_and_states_its_sd():
-    rows = [{"row": "A", "column": "x", "m": 84.0, "cost": "2.5e+11"},
-            {"row": "A", "column": "x", "m": 85.0, "cost": "2.5e+11"},
-            {"row": "A", "column": "y", "m": 85.3, "cost": ""},
-            {"row": "B", "column": "y", "m": 81.9}]
+    rows = [
+        {"row": "A", "column": "x", "m": 84.0, "cost": "2.5e+11"},
+        {"row": "A", "column": "x", "m": 85.0, "cost": "2.5e+11"},
+        {"row": "A", "column": "y", "m": 85.3, "cost": ""},
+        {"row": "B", "column": "y", "m": 81.9},
+    ]
     table = pivot_markdown(rows, "m", "Top-1 %", "population", means={"cost": "cost"})
     lines = table.splitlines()
     assert lines[0] == "*Top-1 %; mean ± population SD over runs*"
-    assert lines[2:] == ["| method | x | y | cost |", "|---|---|---|---|",
-                         "| A | 84.50±0.50 | 85.30 | 2.5e+11 |", "| B |  | 81.90 |  |"]
+    assert lines[2:] == [
+        "| method | x | y | cost |",
+        "|---|---|---|---|",
+        "| A | 84.50±0.50 | 85.30 | 2.5e+11 |",
+        "| B |  | 81.90 |  |",
+    ]
     assert "84.50±0.71" in pivot_markdown(rows, "m", "Top-1 %")  # sample SD by default
 
 
 def _figure(title: str):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
     fig = Figure(figsize=(2, 1.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()

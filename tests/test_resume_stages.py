@@ -9,14 +9,20 @@ the uninterrupted run's, with its checkpoint gone. The uninterrupted and resumed
 this process (one torch import), the killed one in a child; all on one thread. The MpFedcon
 variant and IFCA's warm-up run only with `-m slow`: FedRep and CP-CFL's pool cover their stage
 kinds in the default suite."""
+
 from __future__ import annotations
 
 import signal
 
 import pytest
 
-from tests.fixtures import (in_project, kill_after_checkpoint, make_tiny_project, output_files,
-                            run_stage)
+from tests.fixtures import (
+    in_project,
+    kill_after_checkpoint,
+    make_tiny_project,
+    output_files,
+    run_stage,
+)
 from tests.lwfedssl_fixtures import TINY_PARTITION as LW_PARTITION
 from tests.lwfedssl_fixtures import TINY_SCRATCH
 from tests.lwfedssl_fixtures import tiny_text as lw_text
@@ -29,9 +35,11 @@ pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
 LW_GROW_S2_LONG = lw_text("lw_fedssl").replace(
     "  calibration: {enabled: true, timing: round_start}\n",
-    "  calibration: {enabled: true, timing: round_start}\n  stages: {s2: {rounds: 3}}\n")
-LEAKAGE_SMALL = (LEAKAGE.replace("label_images: 6", "label_images: 2")
-                 .replace("recon_label_images: 2", "recon_label_images: 1"))
+    "  calibration: {enabled: true, timing: round_start}\n  stages: {s2: {rounds: 3}}\n",
+)
+LEAKAGE_SMALL = LEAKAGE.replace("label_images: 6", "label_images: 2").replace(
+    "recon_label_images: 2", "recon_label_images: 1"
+)
 SCRATCH_FINETUNE_LONG = TINY_SCRATCH.replace("finetune: {epochs: 2,", "finetune: {epochs: 3,")
 
 
@@ -45,27 +53,38 @@ def project(tmp_path_factory):
     (params / "partitions" / "tiny_shards.yaml").write_text(SHARDS)
     for variant in ("fedrep", "mpfedcon"):
         (params / "experiments" / f"tiny_{variant}.yaml").write_text(
-            MPF_EXPERIMENT.format(variant=variant, seed=0))
+            MPF_EXPERIMENT.format(variant=variant, seed=0)
+        )
     (params / "experiments" / "tiny_leakage.yaml").write_text(LEAKAGE_SMALL)
     (params / "experiments" / "tiny_scratch_ft.yaml").write_text(SCRATCH_FINETUNE_LONG)
     return root
 
 
-@pytest.mark.parametrize("kind, exp, first_work", [
-    # what the uninterrupted run prints first and a resumed one must not redo
-    pytest.param("pretrain", "tiny_cpcfl", "width 16 epoch 1/", id="cpcfl-server-pretrain"),
-    pytest.param("cfl", "tiny_cpcfl", "cfl round 1/", id="cpcfl-cfl"),
-    pytest.param("cfl", "tiny_ifca_fedavg", "FedAvg warm-up round 1/", id="cpcfl-cfl-warmup",
-                 marks=pytest.mark.slow),  # killed in IFCA's FedAvg warm-up, before the pool
-    pytest.param("grow_2", "tiny_lw_long", "round 1/", id="lwfedssl-growth-stage"),
-    pytest.param("train", "tiny_fedrep", "round 1/", id="personal-fedrep"),
-    pytest.param("train", "tiny_mpfedcon", "round 1/", id="personal-mpfedcon",
-                 marks=pytest.mark.slow),  # the stage kind of the one above
-    pytest.param("finetune", "tiny_scratch_ft", "epoch 1/", id="finetune"),
-    pytest.param("attack", "tiny_leakage", "setting full: cl=", id="gradient-leakage"),
-])
-def test_a_killed_stage_resumes_to_the_uninterrupted_outputs(project, kind, exp, first_work,
-                                                             capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "kind, exp, first_work",
+    [
+        # what the uninterrupted run prints first and a resumed one must not redo
+        pytest.param("pretrain", "tiny_cpcfl", "width 16 epoch 1/", id="cpcfl-server-pretrain"),
+        pytest.param("cfl", "tiny_cpcfl", "cfl round 1/", id="cpcfl-cfl"),
+        pytest.param(
+            "cfl",
+            "tiny_ifca_fedavg",
+            "FedAvg warm-up round 1/",
+            id="cpcfl-cfl-warmup",
+            marks=pytest.mark.slow,
+        ),  # killed in IFCA's FedAvg warm-up, before the pool
+        pytest.param("grow_2", "tiny_lw_long", "round 1/", id="lwfedssl-growth-stage"),
+        pytest.param("train", "tiny_fedrep", "round 1/", id="personal-fedrep"),
+        pytest.param(
+            "train", "tiny_mpfedcon", "round 1/", id="personal-mpfedcon", marks=pytest.mark.slow
+        ),  # the stage kind of the one above
+        pytest.param("finetune", "tiny_scratch_ft", "epoch 1/", id="finetune"),
+        pytest.param("attack", "tiny_leakage", "setting full: cl=", id="gradient-leakage"),
+    ],
+)
+def test_a_killed_stage_resumes_to_the_uninterrupted_outputs(
+    project, kind, exp, first_work, capsys, monkeypatch
+):
     monkeypatch.setenv("FEDSSL_THREADS", "1")
     monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
     with in_project(project) as dag_for:
@@ -88,8 +107,11 @@ def assert_same_files(resumed: dict[str, bytes], uninterrupted: dict[str, bytes]
     for path in differ:
         want = uninterrupted[path]
         got = resumed[path]
-        at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
-                  min(len(got), len(want)))
-        raise AssertionError(f"{', '.join(differ)} differ; {path} from byte {at}: resumed "
-                             f"{got[at - 200:at + 100]!r}, uninterrupted "
-                             f"{want[at - 200:at + 100]!r}")
+        at = next(
+            (i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want))
+        )
+        raise AssertionError(
+            f"{', '.join(differ)} differ; {path} from byte {at}: resumed "
+            f"{got[at - 200 : at + 100]!r}, uninterrupted "
+            f"{want[at - 200 : at + 100]!r}"
+        )

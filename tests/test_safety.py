@@ -3,6 +3,7 @@ compute with the file and field named and leave every artifact as it was, throug
 ends; a killed long stage resumes to the very result of an uninterrupted run; a diverged loss
 stops with a clear error keeping the last good checkpoint; Ctrl-C prints no traceback; no
 artifact is loaded by unpickling arbitrary objects."""
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,11 @@ def project(tmp_path_factory):
 def snapshot(root: Path) -> dict[str, str]:
     """Every artifact and result, by content."""
     files = [p for d in ("artifacts", "results") for p in (root / d).rglob("*") if p.is_file()]
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files
-            if ".receipts" not in p.parts and "logs" not in p.parts and ".runs" not in p.parts}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in files
+        if ".receipts" not in p.parts and "logs" not in p.parts and ".runs" not in p.parts
+    }
 
 
 # ------------------------------------------------------------------ invalid params (fuzzed)
@@ -71,8 +75,12 @@ def broken(draw, base: dict, file: str):
         return doc, name
     old = dict(leaves(doc))[path]
     unbounded = path[-1] == "seed"  # any integer is a seed
-    if (kind == "wrong type" or unbounded or isinstance(old, bool)
-            or not isinstance(old, (int, float))):
+    if (
+        kind == "wrong type"
+        or unbounded
+        or isinstance(old, bool)
+        or not isinstance(old, (int, float))
+    ):
         value = draw(st.sampled_from([["a", "list"], {"a": "map"}, "not a number"]))
         if isinstance(old, str):  # a string field: the Literal choices reject other words
             value = draw(st.sampled_from(["nonsense", ["a"], {"a": 1}]))
@@ -85,6 +93,7 @@ def broken(draw, base: dict, file: str):
 def rejected(root: Path, file: str, doc: dict) -> str:
     """Write ``doc`` over ``file``, validate the default pipeline, restore: the error text."""
     from fedssl.plan.dag import Dag
+
     path = root / file
     good = path.read_text()
     cwd = os.getcwd()
@@ -121,13 +130,17 @@ def test_fuzzed_invalid_partitions_are_rejected_naming_file_and_field(project, d
     assert "tiny_dir05_m3.yaml" in message and field in message, message
 
 
-@pytest.mark.parametrize("file, edit, named", [
-    (PARTITION, ("num_clients: 3", "num_clients: 5000"), "num_clients"),  # more than samples
-    ("params/pipelines.yaml", ("tiny_pixels]", "tiny_pixels, tiny_nope]"), "tiny_nope"),
-    ("params/datasets/tiny.yaml", ("data_root: raw", "data_root: nowhere"), "data set not"),
-])
-def test_inconsistent_params_are_rejected_by_both_front_ends_losing_nothing(project, file,
-                                                                           edit, named):
+@pytest.mark.parametrize(
+    "file, edit, named",
+    [
+        (PARTITION, ("num_clients: 3", "num_clients: 5000"), "num_clients"),  # more than samples
+        ("params/pipelines.yaml", ("tiny_pixels]", "tiny_pixels, tiny_nope]"), "tiny_nope"),
+        ("params/datasets/tiny.yaml", ("data_root: raw", "data_root: nowhere"), "data set not"),
+    ],
+)
+def test_inconsistent_params_are_rejected_by_both_front_ends_losing_nothing(
+    project, file, edit, named
+):
     path = project / file
     good = path.read_text()
     before = snapshot(project)
@@ -163,9 +176,12 @@ def test_fuzzed_params_through_both_front_ends_touch_no_artifact(project, mutati
 
 
 # ------------------------------------------------------------------ kill and resume
-LONG = {"tiny_simclr_long": "extends: tiny_simclr\ntitle: long\nmethod: {rounds: 12}\n",
-        "tiny_mfcl_long": TINY_MFCL_EXPERIMENT.format(norm="gn", secure="false")
-        .replace("rounds: 2,", "rounds: 12,").replace("epochs: 2,", "epochs: 12,")}
+LONG = {
+    "tiny_simclr_long": "extends: tiny_simclr\ntitle: long\nmethod: {rounds: 12}\n",
+    "tiny_mfcl_long": TINY_MFCL_EXPERIMENT.format(norm="gn", secure="false")
+    .replace("rounds: 2,", "rounds: 12,")
+    .replace("epochs: 2,", "epochs: 12,"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +205,14 @@ def weights(path: Path) -> dict:
 
 def kill_mid_way(root: Path, cmd: list[str], resume: Path, sig=signal.SIGKILL):
     """Start a stage, wait for its first checkpoint, kill it: returns its stderr."""
-    proc = subprocess.Popen(cmd[2:], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "FEDSSL_THREADS": "1"})
+    proc = subprocess.Popen(
+        cmd[2:],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FEDSSL_THREADS": "1"},
+    )
     deadline = time.time() + 120
     while not resume.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
@@ -200,9 +222,14 @@ def kill_mid_way(root: Path, cmd: list[str], resume: Path, sig=signal.SIGKILL):
     return proc.returncode, err
 
 
-@pytest.mark.parametrize("kind, exp", [("pretrain", "tiny_simclr_long"),
-                                       ("pretrain", "tiny_mfcl_long"),
-                                       ("rserver", "tiny_mfcl_long")])
+@pytest.mark.parametrize(
+    "kind, exp",
+    [
+        ("pretrain", "tiny_simclr_long"),
+        ("pretrain", "tiny_mfcl_long"),
+        ("rserver", "tiny_mfcl_long"),
+    ],
+)
 def test_a_killed_stage_resumes_to_the_uninterrupted_result(long_project, kind, exp):
     root = long_project
     if kind == "rserver":
@@ -226,13 +253,15 @@ def test_a_killed_stage_resumes_to_the_uninterrupted_result(long_project, kind, 
 
 def test_ctrl_c_stops_cleanly_and_resumes(long_project):
     resume = long_project / "artifacts/.resume/pretrain__tiny_simclr_long.pt"
-    code, err = kill_mid_way(long_project, stage_cmd("pretrain", "tiny_simclr_long"), resume,
-                             signal.SIGINT)
+    code, err = kill_mid_way(
+        long_project, stage_cmd("pretrain", "tiny_simclr_long"), resume, signal.SIGINT
+    )
     assert code == 130 and "interrupted" in err and "Traceback" not in err
 
 
 def test_a_diverged_loss_stops_with_a_clear_error_keeping_the_last_checkpoint(tmp_path):
     from tests.test_engine import make_fed, simclr_loss, tiny_model, toy_data
+
     calls = {"n": 0}
     base = simclr_loss(0.5)
 
@@ -242,6 +271,7 @@ def test_a_diverged_loss_stops_with_a_clear_error_keeping_the_last_checkpoint(tm
         return loss * float("nan") if calls["n"] > 7 else loss  # round 1: 2 + 2 + 3 steps
 
     from fedssl.runtime import StageFailed
+
     model = tiny_model()
     fed = make_fed(model, toy_data(), tmp_path, rounds=3, loss=nan_in_round_2)
     with pytest.raises(StageFailed, match="loss is nan at round 2"):

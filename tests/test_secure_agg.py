@@ -1,4 +1,5 @@
 """Pairwise-masking secure aggregation keeps weighted FedAvg exact and hides single uploads."""
+
 import pytest
 import torch
 
@@ -17,13 +18,16 @@ def _clients(m=5, seed=0):
 def test_masked_aggregate_equals_weighted_fedavg():
     thetas, sizes = _clients()
     ids = [3, 7, 11, 12, 40]
-    masked = [mask_update(t.double() * s, cid, ids, round_seed=5) for t, s, cid in zip(thetas, sizes, ids)]
+    masked = [
+        mask_update(t.double() * s, cid, ids, round_seed=5) for t, s, cid in zip(thetas, sizes, ids)
+    ]
     agg = unmask_sum(masked) / sum(sizes)
     plain = sum(t.double() * s for t, s in zip(thetas, sizes)) / sum(sizes)
     torch.testing.assert_close(agg, plain, atol=1e-6, rtol=0)
     assert (agg - plain).abs().max().item() < 1e-9
-    torch.testing.assert_close(secure_fedavg(thetas, sizes, ids, round_seed=5), plain,
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        secure_fedavg(thetas, sizes, ids, round_seed=5), plain, atol=1e-6, rtol=0
+    )
 
 
 def test_many_clients_with_normalised_weights():

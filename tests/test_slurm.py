@@ -2,22 +2,26 @@
 executor plugin): the default pipeline of a tiny project runs through a real one-node SLURM
 cluster on localhost (slurmctld + slurmd, tests/slurm/local_cluster.sh), every stage a SLURM
 job, and ends with the same results as a local run."""
+
 from __future__ import annotations
 
 import json
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.fixtures import REPO, make_tiny_project, run
 
 pytestmark = [
-    pytest.mark.slurm, pytest.mark.timeout(1800),
-    pytest.mark.skipif(os.environ.get("FEDSSL_SLURM_TEST") != "1",
-                       reason="opt-in: make test-slurm (needs root, slurm-wlm, the plugin)")]
+    pytest.mark.slurm,
+    pytest.mark.timeout(1800),
+    pytest.mark.skipif(
+        os.environ.get("FEDSSL_SLURM_TEST") != "1",
+        reason="opt-in: make test-slurm (needs root, slurm-wlm, the plugin)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")

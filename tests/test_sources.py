@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.fixtures import write_fashion_mnist
 from fedssl.data.sources import (
     DEFAULT_ROOTS,
     IMAGE_SHAPES,
@@ -18,6 +17,7 @@ from fedssl.data.sources import (
     Split,
     load_dataset,
 )
+from tests.fixtures import write_fashion_mnist
 
 RNG = np.random.default_rng(0)
 
@@ -36,8 +36,10 @@ def _check_split(split: Split, n: int, chw: tuple) -> None:
 
 
 def _write_fashion(folder: Path, gz: bool) -> dict:
-    data = {"train": (_pixels(5, 28, 28), np.array([0, 9, 3, 3, 7])),
-            "t10k": (_pixels(3, 28, 28), np.array([1, 2, 9]))}
+    data = {
+        "train": (_pixels(5, 28, 28), np.array([0, 9, 3, 3, 7])),
+        "t10k": (_pixels(3, 28, 28), np.array([1, 2, 9])),
+    }
     write_fashion_mnist(folder, data, gz)
     return data
 
@@ -66,8 +68,12 @@ def test_idx_fixture_matches_torchvision_reader(tmp_path):
     from torchvision.datasets.mnist import read_image_file, read_label_file
 
     data = _write_fashion(tmp_path, gz=False)
-    np.testing.assert_array_equal(read_image_file(str(tmp_path / "train-images-idx3-ubyte")).numpy(), data["train"][0])
-    np.testing.assert_array_equal(read_label_file(str(tmp_path / "train-labels-idx1-ubyte")).numpy(), data["train"][1])
+    np.testing.assert_array_equal(
+        read_image_file(str(tmp_path / "train-images-idx3-ubyte")).numpy(), data["train"][0]
+    )
+    np.testing.assert_array_equal(
+        read_label_file(str(tmp_path / "train-labels-idx1-ubyte")).numpy(), data["train"][1]
+    )
 
 
 def test_fashion_mnist_missing(tmp_path):
@@ -81,7 +87,10 @@ def test_fashion_mnist_missing(tmp_path):
 REAL_FASHION = Path(DEFAULT_ROOTS["fashion_mnist"])
 
 
-@pytest.mark.skipif(not (REAL_FASHION / "train-images-idx3-ubyte.gz").is_file(), reason="dataset-fashion-mnist not installed")
+@pytest.mark.skipif(
+    not (REAL_FASHION / "train-images-idx3-ubyte.gz").is_file(),
+    reason="dataset-fashion-mnist not installed",
+)
 def test_real_fashion_mnist():
     splits = load_dataset("fashion_mnist")
     _check_split(splits["train"], TRAIN_SIZES["fashion_mnist"], IMAGE_SHAPES["fashion_mnist"])
@@ -121,9 +130,14 @@ def _dump_py2(obj: dict, path: Path) -> None:
 def _cifar_batch(n: int, label_key: bytes, num_classes: int) -> tuple[dict, np.ndarray, list]:
     images = _pixels(n, 3, 32, 32)
     labels = [int(x) for x in RNG.integers(0, num_classes, size=n)]
-    # Each row holds the 1024 red, then green, then blue values of one image, rows in row-major order.
-    batch = {b"batch_label": b"fixture", label_key: labels, b"data": images.reshape(n, 3072),
-             b"filenames": [b"img_%d.png" % i for i in range(n)]}
+    # Each row holds the 1024 red, then green, then blue values of one image, rows in
+    # row-major order.
+    batch = {
+        b"batch_label": b"fixture",
+        label_key: labels,
+        b"data": images.reshape(n, 3072),
+        b"filenames": [b"img_%d.png" % i for i in range(n)],
+    }
     return batch, images, labels
 
 
@@ -138,9 +152,18 @@ def _write_cifar10(root: Path) -> dict:
         train_labels += labels
     batch, test_images, test_labels = _cifar_batch(2, b"labels", 10)
     _dump_py2(batch, folder / "test_batch")
-    _dump_py2({b"label_names": [b"c%d" % i for i in range(10)], b"num_cases_per_batch": 10000, b"num_vis": 3072},
-              folder / "batches.meta")
-    return {"train": (np.concatenate(train_images), train_labels), "test": (test_images, test_labels)}
+    _dump_py2(
+        {
+            b"label_names": [b"c%d" % i for i in range(10)],
+            b"num_cases_per_batch": 10000,
+            b"num_vis": 3072,
+        },
+        folder / "batches.meta",
+    )
+    return {
+        "train": (np.concatenate(train_images), train_labels),
+        "test": (test_images, test_labels),
+    }
 
 
 def _write_cifar100(root: Path) -> dict:
@@ -152,12 +175,19 @@ def _write_cifar100(root: Path) -> dict:
         batch[b"coarse_labels"] = [label // 5 for label in labels]
         _dump_py2(batch, folder / name)
         out[name] = (images, labels)
-    _dump_py2({b"fine_label_names": [b"f%d" % i for i in range(100)], b"coarse_label_names": [b"c%d" % i for i in range(20)]},
-              folder / "meta")
+    _dump_py2(
+        {
+            b"fine_label_names": [b"f%d" % i for i in range(100)],
+            b"coarse_label_names": [b"c%d" % i for i in range(20)],
+        },
+        folder / "meta",
+    )
     return out
 
 
-@pytest.mark.parametrize("name, writer", [("cifar10", _write_cifar10), ("cifar100", _write_cifar100)])
+@pytest.mark.parametrize(
+    "name, writer", [("cifar10", _write_cifar10), ("cifar100", _write_cifar100)]
+)
 def test_cifar(tmp_path, name, writer):
     data = writer(tmp_path)
     splits = load_dataset(name, str(tmp_path))
@@ -183,8 +213,14 @@ def test_cifar_missing_file_named(tmp_path):
         load_dataset("cifar10", str(tmp_path))
 
 
-@pytest.mark.parametrize("name, folder", [("cifar10", "cifar-10-batches-py"), ("cifar100", "cifar-100-python"),
-                                          ("stl10", "stl10_binary")])
+@pytest.mark.parametrize(
+    "name, folder",
+    [
+        ("cifar10", "cifar-10-batches-py"),
+        ("cifar100", "cifar-100-python"),
+        ("stl10", "stl10_binary"),
+    ],
+)
 def test_torchvision_sets_missing(tmp_path, name, folder):
     with pytest.raises(DataNotFound) as err:
         load_dataset(name, str(tmp_path))
@@ -204,9 +240,11 @@ def _stl_bytes(images: np.ndarray) -> bytes:
 def _write_stl10(root: Path) -> dict:
     folder = root / "stl10_binary"
     folder.mkdir(parents=True)
-    data = {"train": (_pixels(3, 3, 96, 96), np.array([1, 10, 4])),  # labels on disk are 1..10
-            "test": (_pixels(2, 3, 96, 96), np.array([2, 1])),
-            "unlabeled": (_pixels(2, 3, 96, 96), None)}
+    data = {
+        "train": (_pixels(3, 3, 96, 96), np.array([1, 10, 4])),  # labels on disk are 1..10
+        "test": (_pixels(2, 3, 96, 96), np.array([2, 1])),
+        "unlabeled": (_pixels(2, 3, 96, 96), None),
+    }
     for split, (images, labels) in data.items():
         (folder / f"{split}_X.bin").write_bytes(_stl_bytes(images))
         if labels is not None:
@@ -232,7 +270,10 @@ def test_stl10_column_major_orientation(tmp_path):
     # Byte (channel c, column x, row y) of image 0 sits at c*96*96 + x*96 + y.
     c, y, x = 2, 5, 70
     assert raw[c * 96 * 96 + x * 96 + y] == data["test"][0][0, c, y, x]
-    assert load_dataset("stl10", str(tmp_path))["test"].images[0, c, y, x] == raw[c * 96 * 96 + x * 96 + y]
+    assert (
+        load_dataset("stl10", str(tmp_path))["test"].images[0, c, y, x]
+        == raw[c * 96 * 96 + x * 96 + y]
+    )
 
 
 # --------------------------------------------------------------------------- Tiny-ImageNet
@@ -315,7 +356,13 @@ def test_unknown_name_lists_known():
 
 def test_tables_cover_same_names():
     # FEMNIST's size depends on how LEAF's preprocess.sh sampled it: no fixed training size
-    assert set(NUM_CLASSES) == set(TRAIN_SIZES) | {"femnist"} == set(DEFAULT_ROOTS) == \
-        set(IMAGE_SHAPES)
+    assert (
+        set(NUM_CLASSES)
+        == set(TRAIN_SIZES) | {"femnist"}
+        == set(DEFAULT_ROOTS)
+        == set(IMAGE_SHAPES)
+    )
     assert issubclass(DataNotFound, FileNotFoundError)
-    assert all(root == f"data/{name}" for name, root in DEFAULT_ROOTS.items() if name != "fashion_mnist")
+    assert all(
+        root == f"data/{name}" for name, root in DEFAULT_ROOTS.items() if name != "fashion_mnist"
+    )

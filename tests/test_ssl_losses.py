@@ -1,5 +1,6 @@
 """BYOL, SimSiam, MoCo v3 / v2 InfoNCE and MpFedcon's model-contrastive loss: hand-computed
 values, stop-gradients, padding masks, and equality under vmap over a client axis."""
+
 from __future__ import annotations
 
 import math
@@ -9,8 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad, vmap
 
-from fedssl.losses import (byol_loss, infonce, model_contrastive_loss, moco_queue_loss,
-                           moco_v3_loss, simsiam_loss)
+from fedssl.losses import (
+    byol_loss,
+    infonce,
+    moco_queue_loss,
+    moco_v3_loss,
+    model_contrastive_loss,
+    simsiam_loss,
+)
 
 
 def randn(*shape, seed):
@@ -18,6 +25,7 @@ def randn(*shape, seed):
 
 
 # ---- BYOL / SimSiam -------------------------------------------------------------------------
+
 
 def test_byol_is_zero_for_aligned_and_eight_for_opposite_vectors():
     v = F.normalize(randn(4, 6, seed=0), dim=1)
@@ -54,6 +62,7 @@ def test_no_gradient_reaches_the_stop_gradient_targets(loss):
 
 # ---- MoCo v3 InfoNCE (in-batch negatives) ---------------------------------------------------
 
+
 def test_infonce_matches_a_hand_computed_2x2_example():
     q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     k = torch.tensor([[2.0, 0.0], [0.6, 0.8]])  # rows normalise to [1,0] and [.6,.8]
@@ -86,11 +95,13 @@ def test_moco_v3_loss_is_the_symmetrised_infonce():
     q1, q2, k1, k2 = (randn(6, 4, seed=s) for s in range(10, 14))
     expected = infonce(q1, k2, 0.2) + infonce(q2, k1, 0.2)
     assert torch.allclose(moco_v3_loss(q1, q2, k1, k2, 0.2), expected)
-    assert not torch.allclose(moco_v3_loss(q1, q2, k1, k2, 0.2),
-                              infonce(q1, k1, 0.2) + infonce(q2, k2, 0.2))
+    assert not torch.allclose(
+        moco_v3_loss(q1, q2, k1, k2, 0.2), infonce(q1, k1, 0.2) + infonce(q2, k2, 0.2)
+    )
 
 
 # ---- MoCo v2 with a queue --------------------------------------------------------------------
+
 
 def moco_queue_by_definition(q, k, queue, t):
     q, k = F.normalize(q, dim=1), F.normalize(k, dim=1)
@@ -117,6 +128,7 @@ def test_moco_queue_loss_gradient_reaches_only_the_queries():
 
 
 # ---- MpFedcon model-contrastive --------------------------------------------------------------
+
 
 def test_model_contrastive_loss_hand_value():
     z = torch.tensor([[1.0, 0.0], [1.0, 1.0]])

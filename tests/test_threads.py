@@ -1,5 +1,6 @@
 """Reproducible by record: a training stage rerun at the same thread count writes the same bytes;
 at another thread count it agrees within float noise; the run record says which it was."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,12 @@ def run_pretrain(project, threads: int, keep) -> dict:
     env = {**os.environ, "FEDSSL_THREADS": str(threads), "FEDSSL_DEVICE": "cpu"}
     env.pop("OMP_NUM_THREADS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "stages.method", "pretrain", "tiny_simclr"], cwd=project,
-        env=env, capture_output=True, text=True)
+        [sys.executable, "-m", "stages.method", "pretrain", "tiny_simclr"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     shutil.copytree(project / "artifacts/experiments/tiny_simclr/pretrain", keep)
     shutil.copy(project / "results/experiments/tiny_simclr/rounds.tsv", keep / "rounds.tsv")
@@ -39,8 +44,10 @@ def test_same_threads_same_bytes_other_threads_within_float_noise(tmp_path):
     project = make_tiny_project(tmp_path / "p", git=False)
     for cmd in (["stages.prepare_data", "tiny"], ["stages.partition", "tiny_dir05_m3"]):
         run([sys.executable, "-m", *cmd], project)
-    records = {name: run_pretrain(project, threads, tmp_path / name)
-               for name, threads in (("one", 1), ("one_again", 1), ("two", 2))}
+    records = {
+        name: run_pretrain(project, threads, tmp_path / name)
+        for name, threads in (("one", 1), ("one_again", 1), ("two", 2))
+    }
     for name, threads in (("one", 1), ("two", 2)):
         env = records[name]["environment"]
         assert env["torch_threads"] == threads and env["FEDSSL_THREADS"] == str(threads)
@@ -53,6 +60,7 @@ def test_same_threads_same_bytes_other_threads_within_float_noise(tmp_path):
 
     def weights(name):
         return torch.load(tmp_path / name / "model.pt", weights_only=True)["model"]
+
     one, two = weights("one"), weights("two")
     assert one.keys() == two.keys()
     for k in one:  # within float noise at another thread count

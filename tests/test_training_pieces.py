@@ -1,6 +1,7 @@
 """The shared training pieces: the precision policy, multi-view batches, masked cross-entropy,
 the resumable epoch loop (exact resume, checkpoints of other params ignored, crafted pickles
 refused, divergence stops) and the fine-tune on top of it."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -65,8 +66,10 @@ def test_masked_cross_entropy_is_the_mean_over_real_rows_only():
     poisoned[~valid] = float("nan")  # a padded row cannot leak into the value
     assert torch.allclose(masked_cross_entropy(poisoned, labels, valid), reference)
     assert masked_cross_entropy(logits, labels, torch.zeros(6, dtype=torch.bool)) == 0
-    assert torch.allclose(masked_cross_entropy(logits, labels.clamp(min=0)),
-                          F.cross_entropy(logits, labels.clamp(min=0)))
+    assert torch.allclose(
+        masked_cross_entropy(logits, labels.clamp(min=0)),
+        F.cross_entropy(logits, labels.clamp(min=0)),
+    )
 
 
 # ------------------------------------------------------------------ the epoch loop
@@ -87,8 +90,9 @@ class Toy:
         if epoch == self.stop_at:
             raise KeyboardInterrupt  # a kill between two epochs
         self.ran.append(epoch)
-        order = torch.randperm(64, generator=torch.Generator().manual_seed(
-            derive_seed("toy", epoch)))
+        order = torch.randperm(
+            64, generator=torch.Generator().manual_seed(derive_seed("toy", epoch))
+        )
         total = 0.0
         for idx in order.split(16):
             loss = F.mse_loss(self.model(self.x[idx]), self.y[idx])
@@ -99,8 +103,14 @@ class Toy:
         return {"epoch": epoch + 1, "loss": float("nan") if epoch == self.nan_at else total}
 
     def run(self, ckpt, fingerprint="fp"):
-        return run_epochs(self.epochs, self.one_epoch, {"model": self.model, "opt": self.opt},
-                          ckpt, fingerprint, name="toy")
+        return run_epochs(
+            self.epochs,
+            self.one_epoch,
+            {"model": self.model, "opt": self.opt},
+            ckpt,
+            fingerprint,
+            name="toy",
+        )
 
 
 def same_weights(a: nn.Module, b: nn.Module) -> bool:
@@ -117,8 +127,9 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path):
     log = resumed.run(tmp_path / "ck.pt")
     assert resumed.ran == [3, 4]  # only the epochs not yet done
     assert log == whole_log and same_weights(resumed.model, whole.model)
-    assert resumed.opt.state_dict()["state"][0]["step"] == whole.opt.state_dict()["state"][0][
-        "step"]
+    assert (
+        resumed.opt.state_dict()["state"][0]["step"] == whole.opt.state_dict()["state"][0]["step"]
+    )
 
 
 def test_a_checkpoint_of_other_params_is_ignored(tmp_path):
@@ -159,14 +170,13 @@ def test_a_diverged_epoch_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 # ------------------------------------------------------------------ the fine-tune on it
 def tiny_finetune(resume, on_epoch=None):
     from fedssl.eval.finetune import finetune
+
     rng = np.random.default_rng(0)
     train = (rng.integers(0, 256, (40, 1, 12, 12), dtype=np.uint8), rng.integers(0, 3, 40))
     test = (rng.integers(0, 256, (20, 1, 12, 12), dtype=np.uint8), rng.integers(0, 3, 20))
     torch.manual_seed(5)
-    encoder = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                            nn.Flatten())
-    p = FinetuneParams(epochs=3, warmup_epochs=1, lr=0.01, batch_size=16,
-                       train_size=None)
+    encoder = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    p = FinetuneParams(epochs=3, warmup_epochs=1, lr=0.01, batch_size=16, train_size=None)
     return finetune(encoder, train, test, p, torch.device("cpu"), resume, "fp", on_epoch), encoder
 
 
@@ -177,13 +187,16 @@ def test_the_finetune_resumes_exactly_and_refuses_a_crafted_checkpoint(tmp_path)
     def killed_after_epoch_1(log):
         if len(log) == 1:
             raise KeyboardInterrupt
+
     with pytest.raises(KeyboardInterrupt):
         tiny_finetune(ckpt, killed_after_epoch_1)
     assert load_checkpoint(ckpt, "fp")["epoch"] == 1
     resumed, encoder = tiny_finetune(ckpt)
     assert resumed == whole and same_weights(encoder, whole_encoder)
-    torch.save({"fingerprint": "fp", "epoch": 1, "log": [], "model": Payload(tmp_path / "x"),
-                "opt": {}}, ckpt)
+    torch.save(
+        {"fingerprint": "fp", "epoch": 1, "log": [], "model": Payload(tmp_path / "x"), "opt": {}},
+        ckpt,
+    )
     with pytest.raises(StageFailed, match="finetune.pt"):
         tiny_finetune(ckpt)
     assert not (tmp_path / "x").exists()
@@ -192,10 +205,15 @@ def test_the_finetune_resumes_exactly_and_refuses_a_crafted_checkpoint(tmp_path)
 # ------------------------------------------------------------------ momentum pairs
 def test_momentum_pairs_name_the_twins_and_move_them_by_ema():
     from fedssl.fl.momentum import ema_update_pairs, momentum_pairs
-    state = {"encoder.w": torch.ones(3), "predictor.w": torch.ones(2),
-             "target.encoder.w": torch.zeros(3)}
-    pairs = momentum_pairs([k for k in state if not k.startswith("target.")], "target.",
-                           ("encoder.",))
+
+    state = {
+        "encoder.w": torch.ones(3),
+        "predictor.w": torch.ones(2),
+        "target.encoder.w": torch.zeros(3),
+    }
+    pairs = momentum_pairs(
+        [k for k in state if not k.startswith("target.")], "target.", ("encoder.",)
+    )
     assert pairs == {"target.encoder.w": "encoder.w"}
     ema_update_pairs(state, state, pairs, 0.9)  # one state dict holds both branches
     assert torch.allclose(state["target.encoder.w"], torch.full((3,), 0.1))
@@ -212,13 +230,19 @@ def test_every_federation_block_is_one_settings_class_and_builds_one_config():
     from fedssl.methods.mocosfl import SflTraining
     from fedssl.methods.mpfedcon import MpFedconParams
     from fedssl.params import FederationSettings
+
     for block in (CflParams, FedSimCLRParams, Schedule, MfclPhase1, SflTraining, MpFedconParams):
         assert issubclass(block, FederationSettings), block
         assert {"rounds", "client_fraction", "lr"} <= set(block.model_fields)
     s = Schedule(rounds=4, lr=0.5, client_fraction=0.25)
     cfg = federation_config(s, seed=9, lr_schedule="cosine")
     assert (cfg.rounds, cfg.client_fraction, cfg.lr, cfg.lr_schedule, cfg.seed) == (
-        4, 0.25, 0.5, "cosine", 9)
+        4,
+        0.25,
+        0.5,
+        "cosine",
+        9,
+    )
     # a method may restate a field with its paper's bound: CP-CFL's T is positive
     with pytest.raises(ValueError, match="rounds"):
         CflParams(rounds=0)
@@ -239,8 +263,7 @@ def test_the_round_runner_logs_every_round_resumes_and_stops_on_its_hook(tmp_pat
 
     fed = make_fed(tiny_model(), toy_data(), tmp_path, rounds=3)
     with pytest.raises(Stop):
-        run_rounds(fed, fed.start(tiny_model()), tmp_path / "rounds.tsv", "toy",
-                   stop_after_round_2)
+        run_rounds(fed, fed.start(tiny_model()), tmp_path / "rounds.tsv", "toy", stop_after_round_2)
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["toy round 1/3", "toy round 2/3"]
     assert len((tmp_path / "rounds.tsv").read_text().splitlines()) == 3  # header + 2 rounds
@@ -253,24 +276,27 @@ def test_the_round_runner_logs_every_round_resumes_and_stops_on_its_hook(tmp_pat
 
 
 # ------------------------------------------------------------------ CP-CFL's server pretraining
-def test_server_pretraining_killed_after_an_epoch_resumes_to_the_same_encoder(tmp_path,
-                                                                              monkeypatch):
+def test_server_pretraining_killed_after_an_epoch_resumes_to_the_same_encoder(
+    tmp_path, monkeypatch
+):
     from fedssl.methods.cpcfl import pretrain
     from tests.fixtures import toy_images
     from tests.test_cpcfl import SHAPE, tiny_exp
+
     p = tiny_exp(pretrain="byol", ssl={"epochs": 3, "batch_size": 16})
     images = torch.from_numpy(toy_images(48, 0)[0][:, None])
     cpu = torch.device("cpu")
     whole_log: list[dict] = []
-    whole = pretrain.train_candidate(p, 16, images, SHAPE, cpu, tmp_path / "a.pt", "fp",
-                                     whole_log)
+    whole = pretrain.train_candidate(p, 16, images, SHAPE, cpu, tmp_path / "a.pt", "fp", whole_log)
     run_epochs_ = pretrain.run_epochs
 
     def killed_after_epoch_1(*args):
         def stop(log):
             if len(log) == 1:
                 raise KeyboardInterrupt
+
         return run_epochs_(*args[:-1], stop)  # in place of the progress line
+
     monkeypatch.setattr(pretrain, "run_epochs", killed_after_epoch_1)
     with pytest.raises(KeyboardInterrupt):
         pretrain.train_candidate(p, 16, images, SHAPE, cpu, tmp_path / "b.pt", "fp", [])
@@ -282,8 +308,7 @@ def test_server_pretraining_killed_after_an_epoch_resumes_to_the_same_encoder(tm
 
 
 # ------------------------------------------------------------------ CP-CFL's E_l,f phases
-def test_cpcfl_encoder_epochs_are_two_passes_with_their_own_seeds_and_an_epoch_mean_loss(
-        tmp_path):
+def test_cpcfl_encoder_epochs_are_two_passes_with_their_own_seeds_and_an_epoch_mean_loss(tmp_path):
     """E_l = 3, E_l,f = 1 on a pool of one: the round equals, bit for bit, one epoch of the
     whole model (batches seeded (seed, local, round, phase, 0)) then two of the heads (phase 1,
     a fresh Adam), FedAvg by size, and a loss that is the epoch-weighted mean of the passes."""
@@ -293,8 +318,16 @@ def test_cpcfl_encoder_epochs_are_two_passes_with_their_own_seeds_and_an_epoch_m
     from fedssl.methods.cpcfl.models import PoolModel
     from fedssl.runtime import torch_generator
     from tests.test_cpcfl import SHAPE, grouped_data, pool_fed, pretrained_encoder, tiny_exp
-    p = tiny_exp(cfl={"clusters": 1, "rounds": 1, "explore_rounds": 0, "local_epochs": 3,
-                      "encoder_epochs": 1})
+
+    p = tiny_exp(
+        cfl={
+            "clusters": 1,
+            "rounds": 1,
+            "explore_rounds": 0,
+            "local_epochs": 3,
+            "encoder_epochs": 1,
+        }
+    )
     data, cpu = grouped_data(), torch.device("cpu")
     enc = pretrained_encoder(p)
     fed = pool_fed(tmp_path, p, data=data, encoder=enc)
@@ -305,16 +338,25 @@ def test_cpcfl_encoder_epochs_are_two_passes_with_their_own_seeds_and_an_epoch_m
     heads = {k for k, _ in model.named_parameters() if k.startswith("head.")}
 
     def cohort(epochs):
-        return CohortTrainer(model, cfl.plain_views, cfl.cross_entropy,
-                             OptimizerConfig("adam", eps=p.cfl.adam_eps), p.cfl.batch_size,
-                             epochs, parallel=vectorise_clients(p.parallel_clients, cpu))
+        return CohortTrainer(
+            model,
+            cfl.plain_views,
+            cfl.cross_entropy,
+            OptimizerConfig("adam", eps=p.cfl.adam_eps),
+            p.cfl.batch_size,
+            epochs,
+            parallel=vectorise_clients(p.parallel_clients, cpu),
+        )
+
     clients = list(range(len(data.clients)))
     gen = torch_generator(cpu, p.seed, "augment", 0)
-    body, l0 = cohort(1).train([start] * len(clients), data, clients, p.cfl.lr,
-                               (p.seed, "local", 0, "phase", 0), gen, None)
+    body, l0 = cohort(1).train(
+        [start] * len(clients), data, clients, p.cfl.lr, (p.seed, "local", 0, "phase", 0), gen, None
+    )
     starts = [{k: v[j] for k, v in body.items()} for j in clients]
-    trained, l1 = cohort(2).train(starts, data, clients, p.cfl.lr,
-                                  (p.seed, "local", 0, "phase", 1), gen, heads)
+    trained, l1 = cohort(2).train(
+        starts, data, clients, p.cfl.lr, (p.seed, "local", 0, "phase", 1), gen, heads
+    )
     sizes = torch.tensor(data.sizes(), dtype=torch.float64)
     expected = fedavg(stacked([{k: v[j] for k, v in trained.items()} for j in clients]), sizes)
     assert all(torch.equal(state.server["pool0"][k], v) for k, v in expected.items())

@@ -1,4 +1,5 @@
 """Twin Normalization (spec §2.4): GN equivalence, pair independence, moments, variants."""
+
 import pytest
 import torch
 from torch import nn
@@ -68,18 +69,25 @@ def test_pooled_moments_are_standardised():
     y = TwinNorm(c, lam)(x).detach().double()
     pooled = y.reshape(2, k, c // lam, lam * h * w).permute(1, 2, 0, 3).reshape(k, c // lam, -1)
     assert pooled.shape[-1] == 2 * lam * h * w
-    torch.testing.assert_close(pooled.mean(-1), torch.zeros(k, c // lam, dtype=torch.double),
-                               atol=1e-5, rtol=0)
-    torch.testing.assert_close(pooled.var(-1, unbiased=False),
-                               torch.ones(k, c // lam, dtype=torch.double), atol=1e-3, rtol=0)
+    torch.testing.assert_close(
+        pooled.mean(-1), torch.zeros(k, c // lam, dtype=torch.double), atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        pooled.var(-1, unbiased=False),
+        torch.ones(k, c // lam, dtype=torch.double),
+        atol=1e-3,
+        rtol=0,
+    )
 
 
 def test_joint_and_avg_of_views_differ_by_between_view_term():
     gen = torch.Generator().manual_seed(4)
     k, c, lam, h, w = 3, 8, 4, 5, 5
     eps = 1e-5
-    x = (torch.randn(2 * k, c, h, w, generator=gen, dtype=torch.double)
-         + torch.randn(2 * k, c, 1, 1, generator=gen, dtype=torch.double) * 2)
+    x = (
+        torch.randn(2 * k, c, h, w, generator=gen, dtype=torch.double)
+        + torch.randn(2 * k, c, 1, 1, generator=gen, dtype=torch.double) * 2
+    )
     joint = TwinNorm(c, lam, eps=eps, variance="joint").double()
     avg = TwinNorm(c, lam, eps=eps, variance="avg_of_views").double()
     yj, ya = joint(x), avg(x)
@@ -89,9 +97,11 @@ def test_joint_and_avg_of_views_differ_by_between_view_term():
     v1, v2 = xg[0].var(-1, unbiased=False), xg[1].var(-1, unbiased=False)
     var_avg = (v1 + v2) / 2
     var_joint = var_avg + ((m1 - m2) / 2) ** 2
-    torch.testing.assert_close(xg.permute(1, 2, 0, 3).reshape(k, c // lam, -1).var(-1, unbiased=False),
-                               var_joint)
-    # Same centring, scales related through the two variances: yj * sqrt(vj+eps) == ya * sqrt(va+eps)
+    torch.testing.assert_close(
+        xg.permute(1, 2, 0, 3).reshape(k, c // lam, -1).var(-1, unbiased=False), var_joint
+    )
+    # Same centring, scales related through the two variances:
+    # yj * sqrt(vj+eps) == ya * sqrt(va+eps)
     scale_j = (var_joint + eps).sqrt().repeat_interleave(lam, dim=1)[None, :, :, None, None]
     scale_a = (var_avg + eps).sqrt().repeat_interleave(lam, dim=1)[None, :, :, None, None]
     yj5 = yj.reshape(2, k, c, h, w)
@@ -181,6 +191,7 @@ def test_twin_norm_leaves_a_pair_signature_mirrored_group_means(variance):
 
 def test_restandardizing_the_rservers_inputs_removes_group_means():
     from fedssl.models.rserver import Restandardize, RServerModel
+
     z = torch.randn(4, 8, 5, 5) + torch.arange(8.0).view(1, 8, 1, 1)
     g = Restandardize("group", 4)(z).view(4, 2, -1)
     assert torch.allclose(g.mean(-1), torch.zeros(4, 2), atol=1e-5)
@@ -189,13 +200,15 @@ def test_restandardizing_the_rservers_inputs_removes_group_means():
     assert torch.allclose(c.mean((2, 3)), torch.zeros(4, 8), atol=1e-5)
     assert torch.equal(Restandardize("none")(z), z)
     plain = RServerModel("resnet18", 8, 4, 16, 8)
-    assert set(plain.state_dict()) == set(RServerModel(
-        "resnet18", 8, 4, 16, 8, restandardize="group").state_dict())  # no parameters added
+    assert set(plain.state_dict()) == set(
+        RServerModel("resnet18", 8, 4, 16, 8, restandardize="group").state_dict()
+    )  # no parameters added
 
 
 def test_cross_and_pseudo_export_pairings_share_nothing_between_positives():
     from fedssl.methods.mfcl.run import encode_pair
     from fedssl.models.autoencoder import ClientAutoencoder
+
     torch.manual_seed(0)
     model = ClientAutoencoder("resnet18", 1, 8, "tn", 4).eval()
     v1, v2 = torch.rand(6, 1, 28, 28), torch.rand(6, 1, 28, 28)
@@ -205,8 +218,8 @@ def test_cross_and_pseudo_export_pairings_share_nothing_between_positives():
         changed = v2.clone()
         changed[2] = torch.rand(1, 28, 28)  # sample 2's second view
         after = encode_pair(model, v1, changed, "cross")
-    assert torch.allclose(after[2], cross[2])       # its first view did not see it...
-    assert not torch.allclose(after[3], cross[3])   # ...sample 3's first view did (cross)
+    assert torch.allclose(after[2], cross[2])  # its first view did not see it...
+    assert not torch.allclose(after[3], cross[3])  # ...sample 3's first view did (cross)
     assert not torch.allclose(twin[2], cross[2])
     # cross: view 1 of sample k is normalised with view 2 of sample k-1
     manual = model.encode(torch.cat([v1, v2.roll(1, 0)]))[:6]

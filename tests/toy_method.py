@@ -1,6 +1,7 @@
 """A toy method plugin: a linear autoencoder trained with FedAvg. The test copies this one file
 into a project's fedssl/methods/ to show that a method needs no other file: params, step,
 training, encoder and report label all live here."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -21,6 +22,7 @@ class ToyParams(MethodParams):
 def build(p, shape):
     import torch
     from torch import nn
+
     torch.manual_seed(p.seed)
     pixels = shape[0] * shape[1] * shape[2]
     return nn.Sequential(nn.Flatten(), nn.Linear(pixels, p.dim), nn.Linear(p.dim, pixels))
@@ -28,6 +30,7 @@ def build(p, shape):
 
 def reconstruction(model, params, buffers, batch):
     from torch.func import functional_call
+
     x = batch.views[0].flatten(1)
     err = ((functional_call(model, (params, buffers), (batch.views[0],)) - x) ** 2).mean(1)
     return (err * batch.valid).sum() / batch.valid.sum()
@@ -46,24 +49,40 @@ class Toy(Method):
 
     def fit(self, ctx) -> None:
         import torch
+
         from fedssl.data.augment import to_float
         from fedssl.fl.cohort import CohortTrainer, OptimizerConfig
         from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
         from fedssl.fl.runner import run_federation, train_data
+
         p = ctx.exp.method
         model = build(p, ctx.image_shape).to(ctx.device)
-        cohort = CohortTrainer(model, lambda b, g: (to_float(b),), reconstruction,
-                               OptimizerConfig("adam"), batch_size=32, local_epochs=1)
+        cohort = CohortTrainer(
+            model,
+            lambda b, g: (to_float(b),),
+            reconstruction,
+            OptimizerConfig("adam"),
+            batch_size=32,
+            local_epochs=1,
+        )
         cfg = FederationConfig(rounds=p.rounds, client_fraction=1.0, lr=p.lr, seed=p.seed)
-        fed = Federation(Strategy(cfg), LocalTraining(cohort), train_data(ctx), cfg,
-                         ctx.resume_path, ctx.fingerprint)
+        fed = Federation(
+            Strategy(cfg),
+            LocalTraining(cohort),
+            train_data(ctx),
+            cfg,
+            ctx.resume_path,
+            ctx.fingerprint,
+        )
         run_federation(ctx, fed, model)
         torch.save(model.state_dict(), ctx.out / "model.pt")
         ctx.info["parameters"] = sum(q.numel() for q in model.parameters())
 
     def encoder(self, ctx):
         import torch
+
         from fedssl.models.encoders import frozen
+
         model = build(ctx.exp.method, ctx.image_shape).to(ctx.device)
         model.load_state_dict(torch.load(ctx.input("fit") / "model.pt", weights_only=True))
         return frozen(model[:2])

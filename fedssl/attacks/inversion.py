@@ -5,6 +5,7 @@ it through the client part of the model to get (activation, image) pairs, and tr
 conv decoder with MSE (Adam 1e-3, 50 epochs, batch 32) to map cut-layer activations back to
 images. Privacy is scored by the reconstruction MSE (higher = more private) and SSIM.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["InversionDecoder", "train_decoder", "invert", "reconstruction_mse",
-           "gaussian_window", "ssim"]
+__all__ = [
+    "InversionDecoder",
+    "train_decoder",
+    "invert",
+    "reconstruction_mse",
+    "gaussian_window",
+    "ssim",
+]
 
 
 class InversionDecoder(nn.Module):
@@ -25,8 +32,15 @@ class InversionDecoder(nn.Module):
     ``sigmoid=True`` keeps outputs in [0, 1], the range of the images it is trained on.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, in_size: int, out_size: int,
-                 width: int = 64, sigmoid: bool = True):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        in_size: int,
+        out_size: int,
+        width: int = 64,
+        sigmoid: bool = True,
+    ):
         super().__init__()
         if in_size < 1 or out_size < in_size:
             raise ValueError(f"cannot upsample {in_size} px activations to {out_size} px images")
@@ -37,9 +51,10 @@ class InversionDecoder(nn.Module):
             narrower = max(16, channels // 2)
             layers += [nn.ConvTranspose2d(channels, narrower, 4, stride=2, padding=1), nn.ReLU()]
             channels = narrower
-        if in_size * 2 ** doublings != out_size:
-            layers.append(nn.Upsample(size=(out_size, out_size), mode="bilinear",
-                                      align_corners=False))
+        if in_size * 2**doublings != out_size:
+            layers.append(
+                nn.Upsample(size=(out_size, out_size), mode="bilinear", align_corners=False)
+            )
         layers.append(nn.Conv2d(channels, out_channels, 3, padding=1))
         if sigmoid:
             layers.append(nn.Sigmoid())
@@ -49,9 +64,15 @@ class InversionDecoder(nn.Module):
         return self.net(activations)
 
 
-def train_decoder(decoder: nn.Module, activations: torch.Tensor, images: torch.Tensor,
-                  epochs: int = 50, batch_size: int = 32, lr: float = 1e-3,
-                  seed: int = 0) -> list[float]:
+def train_decoder(
+    decoder: nn.Module,
+    activations: torch.Tensor,
+    images: torch.Tensor,
+    epochs: int = 50,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    seed: int = 0,
+) -> list[float]:
     """Fit the decoder on auxiliary (activation, image) pairs; returns the mean MSE per epoch."""
     if len(activations) != len(images) or not len(images):
         raise ValueError("need as many activations as images, and at least one pair")
@@ -89,20 +110,29 @@ def reconstruction_mse(reconstructed: torch.Tensor, images: torch.Tensor) -> tor
 def gaussian_window(size: int = 11, sigma: float = 1.5) -> torch.Tensor:
     """Normalised 1-D Gaussian of odd length ``size``."""
     offsets = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
-    w = torch.exp(-offsets**2 / (2 * sigma**2))
+    w = torch.exp(-(offsets**2) / (2 * sigma**2))
     return w / w.sum()
 
 
-def ssim(x: torch.Tensor, y: torch.Tensor, data_range: float = 1.0, window: int = 11,
-         sigma: float = 1.5, k1: float = 0.01, k2: float = 0.03) -> torch.Tensor:
+def ssim(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    data_range: float = 1.0,
+    window: int = 11,
+    sigma: float = 1.5,
+    k1: float = 0.01,
+    k2: float = 0.03,
+) -> torch.Tensor:
     """Per-image SSIM [N] of Wang et al. (2004): local statistics under an 11x11 Gaussian
     (sigma 1.5), C1 = (k1 L)^2, C2 = (k2 L)^2, averaged over the valid positions and channels."""
     if x.shape != y.shape or x.ndim != 4:
-        raise ValueError(f"need two [N, C, H, W] batches of one shape, got {tuple(x.shape)} "
-                         f"and {tuple(y.shape)}")
+        raise ValueError(
+            f"need two [N, C, H, W] batches of one shape, got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     if min(x.shape[-2:]) < window:
-        raise ValueError(f"images of {tuple(x.shape[-2:])} px are smaller than the "
-                         f"{window} px window")
+        raise ValueError(
+            f"images of {tuple(x.shape[-2:])} px are smaller than the {window} px window"
+        )
     x, y = x.double(), y.double()
     g = gaussian_window(window, sigma).to(x.device)
     kernel = torch.outer(g, g).expand(x.shape[1], 1, window, window)

@@ -18,6 +18,7 @@ sign of its gradient depends on the unknown head weights, so the label rule read
 Models are ``nn.Sequential``; their ``nn.Linear`` modules, counted from the end, are the FC
 layers that ``hidden_fc`` / ``assumed_fc`` refer to.
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,10 +32,20 @@ from torch import nn
 
 Gradients = dict[str, torch.Tensor]
 
-__all__ = ["AttackResult", "fc_positions", "split_head", "shared_parameter_names",
-           "uniform_init_", "client_gradients", "add_gradient_noise", "infer_label_idlg",
-           "infer_label_from_gradients", "attacker_model", "gradient_attack",
-           "leakage_experiment"]
+__all__ = [
+    "AttackResult",
+    "fc_positions",
+    "split_head",
+    "shared_parameter_names",
+    "uniform_init_",
+    "client_gradients",
+    "add_gradient_noise",
+    "infer_label_idlg",
+    "infer_label_from_gradients",
+    "attacker_model",
+    "gradient_attack",
+    "leakage_experiment",
+]
 
 
 # --------------------------------------------------------------------------- model layout
@@ -82,8 +93,9 @@ def uniform_init_(model: nn.Module, bound: float = 0.5, seed: int = 0) -> nn.Mod
 
 
 # --------------------------------------------------------------------------- the party's side
-def client_gradients(model: nn.Sequential, image: torch.Tensor, label: int,
-                     hidden_fc: int = 0) -> Gradients:
+def client_gradients(
+    model: nn.Sequential, image: torch.Tensor, label: int, hidden_fc: int = 0
+) -> Gradients:
     """Cross-entropy gradients of one labelled image, restricted to the shared parameters."""
     names = shared_parameter_names(model, hidden_fc)
     params = dict(model.named_parameters())
@@ -92,8 +104,9 @@ def client_gradients(model: nn.Sequential, image: torch.Tensor, label: int,
     return {n: g.detach() for n, g in zip(names, grads)}
 
 
-def add_gradient_noise(grads: Gradients, kind: Literal["gaussian", "laplace"], variance: float,
-                       seed: int = 0) -> Gradients:
+def add_gradient_noise(
+    grads: Gradients, kind: Literal["gaussian", "laplace"], variance: float, seed: int = 0
+) -> Gradients:
     """The noise defence of Table 4: i.i.d. zero-mean noise of the given variance per entry."""
     if variance < 0:
         raise ValueError(f"noise variance must be >= 0, got {variance}")
@@ -142,9 +155,15 @@ def infer_label_from_gradients(model: nn.Sequential, grads: Gradients) -> int:
 
 
 # --------------------------------------------------------------------------- the attacker
-def attacker_model(model: nn.Sequential, hidden_fc: int, assumed_fc: int | None,
-                   num_classes: int, seed: int = 0, init_bound: float = 0.5,
-                   assumed_width: int | None = None) -> nn.Sequential:
+def attacker_model(
+    model: nn.Sequential,
+    hidden_fc: int,
+    assumed_fc: int | None,
+    num_classes: int,
+    seed: int = 0,
+    init_bound: float = 0.5,
+    assumed_width: int | None = None,
+) -> nn.Sequential:
     """The attacker's surrogate: the shared prefix with its true weights, plus a guessed head.
 
     ``assumed_fc=None`` means the attacker guessed the head right (the real head's layout with
@@ -155,15 +174,18 @@ def attacker_model(model: nn.Sequential, hidden_fc: int, assumed_fc: int | None,
     prefix, head = split_head(model, hidden_fc)
     if hidden_fc == 0:
         if assumed_fc not in (None, 0):
-            raise ValueError("with every gradient shared the attacker sees the whole model; "
-                             "assumed_fc must be None or 0")
+            raise ValueError(
+                "with every gradient shared the attacker sees the whole model; "
+                "assumed_fc must be None or 0"
+            )
         return copy.deepcopy(model)
     if assumed_fc is None:
         guess = uniform_init_(copy.deepcopy(head), init_bound, seed)
     else:
         width_in = _linear_in_features(head)
-        guess = _guessed_head(width_in, assumed_fc, assumed_width or width_in, num_classes,
-                              init_bound, seed)
+        guess = _guessed_head(
+            width_in, assumed_fc, assumed_width or width_in, num_classes, init_bound, seed
+        )
     # Keep the prefix modules at their original indices so parameter names match the party's.
     return nn.Sequential(*copy.deepcopy(prefix), *guess)
 
@@ -172,8 +194,9 @@ def _linear_in_features(head: nn.Sequential) -> int:
     return next(m for m in head if isinstance(m, nn.Linear)).in_features
 
 
-def _guessed_head(width_in: int, layers: int, width: int, num_classes: int, bound: float,
-                  seed: int) -> nn.Sequential:
+def _guessed_head(
+    width_in: int, layers: int, width: int, num_classes: int, bound: float, seed: int
+) -> nn.Sequential:
     if layers < 1:
         raise ValueError("with a hidden head the attacker must assume at least one FC layer")
     modules: list[nn.Module] = []
@@ -187,18 +210,26 @@ def _guessed_head(width_in: int, layers: int, width: int, num_classes: int, boun
 
 @dataclass
 class AttackResult:
-    image: torch.Tensor                 # final dummy image [1, C, H, W]
-    label: int                          # label used (iDLG: inferred; DLG: argmax of the dummy)
-    mse_curve: list[float] = field(default_factory=list)   # vs the true image, per iteration
+    image: torch.Tensor  # final dummy image [1, C, H, W]
+    label: int  # label used (iDLG: inferred; DLG: argmax of the dummy)
+    mse_curve: list[float] = field(default_factory=list)  # vs the true image, per iteration
     match_curve: list[float] = field(default_factory=list)  # gradient-matching loss
-    diverged: bool = False              # L-BFGS produced a non-finite loss and was stopped
+    diverged: bool = False  # L-BFGS produced a non-finite loss and was stopped
 
 
-def gradient_attack(surrogate: nn.Sequential, shared_grads: Gradients,
-                    image_shape: tuple[int, ...], num_classes: int,
-                    attack: Literal["dlg", "idlg"] = "idlg", label: int | None = None,
-                    iterations: int = 300, lbfgs_max_iter: int = 20, lr: float = 1.0,
-                    seed: int = 0, true_image: torch.Tensor | None = None) -> AttackResult:
+def gradient_attack(
+    surrogate: nn.Sequential,
+    shared_grads: Gradients,
+    image_shape: tuple[int, ...],
+    num_classes: int,
+    attack: Literal["dlg", "idlg"] = "idlg",
+    label: int | None = None,
+    iterations: int = 300,
+    lbfgs_max_iter: int = 20,
+    lr: float = 1.0,
+    seed: int = 0,
+    true_image: torch.Tensor | None = None,
+) -> AttackResult:
     """Reconstruct one image by matching ``shared_grads`` with L-BFGS on a dummy input.
 
     ``surrogate`` comes from :func:`attacker_model`; only the parameters named in
@@ -256,12 +287,19 @@ def gradient_attack(surrogate: nn.Sequential, shared_grads: Gradients,
     return result
 
 
-def leakage_experiment(model: nn.Sequential, image: torch.Tensor, label: int, num_classes: int,
-                       attack: Literal["dlg", "idlg"] = "idlg", hidden_fc: int = 0,
-                       assumed_fc: int | None = None,
-                       noise: tuple[Literal["gaussian", "laplace"], float] | None = None,
-                       iterations: int = 300, lbfgs_max_iter: int = 20,
-                       seed: int = 0) -> AttackResult:
+def leakage_experiment(
+    model: nn.Sequential,
+    image: torch.Tensor,
+    label: int,
+    num_classes: int,
+    attack: Literal["dlg", "idlg"] = "idlg",
+    hidden_fc: int = 0,
+    assumed_fc: int | None = None,
+    noise: tuple[Literal["gaussian", "laplace"], float] | None = None,
+    iterations: int = 300,
+    lbfgs_max_iter: int = 20,
+    seed: int = 0,
+) -> AttackResult:
     """One cl/at cell of MpFedcon Fig. 10 / Table 4: the party's shared gradients (plus noise,
     if ``noise=(kind, variance)``) attacked by DLG or iDLG; compare ``result.label`` to
     ``label`` for the label hit."""
@@ -269,6 +307,14 @@ def leakage_experiment(model: nn.Sequential, image: torch.Tensor, label: int, nu
     if noise is not None:
         grads = add_gradient_noise(grads, noise[0], noise[1], seed)
     surrogate = attacker_model(model, hidden_fc, assumed_fc, num_classes, seed)
-    return gradient_attack(surrogate, grads, tuple(image.shape[1:]), num_classes, attack,
-                           iterations=iterations, lbfgs_max_iter=lbfgs_max_iter, seed=seed,
-                           true_image=image)
+    return gradient_attack(
+        surrogate,
+        grads,
+        tuple(image.shape[1:]),
+        num_classes,
+        attack,
+        iterations=iterations,
+        lbfgs_max_iter=lbfgs_max_iter,
+        seed=seed,
+        true_image=image,
+    )

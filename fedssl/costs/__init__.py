@@ -7,12 +7,14 @@ in :mod:`fedssl.methods.mfcl.paper_costs`, LW-FedSSL's App. A in
 :mod:`fedssl.methods.lwfedssl.paper_costs`. ``python -m fedssl.costs`` (:mod:`fedssl.costs.
 __main__`) projects each experiment's full-scale costs through its method's hook.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -23,8 +25,11 @@ from fedssl.data.catalog import TRAIN_SIZES
 BITS_PER_FLOAT = 32
 
 
-def conv_feature_map_numels(module: nn.Module, example: Tensor,
-                            layer_types: tuple[type, ...] = (nn.Conv2d, nn.ConvTranspose2d)) -> list[int]:
+def conv_feature_map_numels(
+    module: nn.Module,
+    example: Tensor,
+    layer_types: tuple[type, ...] = (nn.Conv2d, nn.ConvTranspose2d),
+) -> list[int]:
     """Per-image output sizes of every layer of ``layer_types`` in ``module`` (in call order),
     from one forward pass on ``example`` (batch dimension first; TN needs an even batch)."""
     sizes: list[int] = []
@@ -32,7 +37,9 @@ def conv_feature_map_numels(module: nn.Module, example: Tensor,
     def hook(_m, _inp, out):
         sizes.append(out[0].numel())
 
-    handles = [m.register_forward_hook(hook) for m in module.modules() if isinstance(m, layer_types)]
+    handles = [
+        m.register_forward_hook(hook) for m in module.modules() if isinstance(m, layer_types)
+    ]
     try:
         with torch.no_grad():
             module(example)
@@ -47,14 +54,18 @@ def _register_cpu_attention_flops() -> None:
     ``scaled_dot_product_attention`` dispatches to on the CPU, whose two matmuls it would
     silently skip: give it (and its backward) the formulas of the CUDA flash kernel."""
     from torch.utils import flop_counter as fc
+
     aten = torch.ops.aten
     forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
     if forward is not None and forward not in fc.flop_registry:
+
         @fc.register_flop_formula(forward)
         def _forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
             return fc.sdpa_flop_count(query, key, value)
+
     if backward is not None and backward not in fc.flop_registry:
+
         @fc.register_flop_formula(backward)
         def _backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
             return fc.sdpa_backward_flop_count(grad_out, query, key, value)
@@ -68,8 +79,11 @@ def _default_loss(output, _inputs) -> Tensor:
     return out.float().mean()
 
 
-def train_step_flops(model: nn.Module, inputs: Tensor | Sequence[Tensor],
-                     loss_fn: Callable[[object, object], Tensor] | None = None) -> int:
+def train_step_flops(
+    model: nn.Module,
+    inputs: Tensor | Sequence[Tensor],
+    loss_fn: Callable[[object, object], Tensor] | None = None,
+) -> int:
     """FLOPs of one forward + backward pass (no optimiser update), counted by
     ``torch.utils.flop_counter.FlopCounterMode`` (matmul/conv ops; 1 MAC = 2 FLOPs).
 
@@ -98,8 +112,9 @@ def forward_flops(model: nn.Module, inputs: Tensor | Sequence[Tensor]) -> int:
     return int(counter.get_total_flops())
 
 
-def saved_activation_bytes(model: nn.Module, inputs: Tensor,
-                           loss_fn: Callable[[object, object], Tensor] | None = None) -> int:
+def saved_activation_bytes(
+    model: nn.Module, inputs: Tensor, loss_fn: Callable[[object, object], Tensor] | None = None
+) -> int:
     """Bytes of the distinct tensors autograd saves for the backward pass during one forward
     (measured with ``torch.autograd.graph.saved_tensors_hooks``; shared storages counted once).
     Add parameter, gradient and optimiser-state bytes for a CPU peak-memory estimate."""
@@ -130,7 +145,7 @@ def table_format(x: float) -> str:
     if x == 0:
         return "0"
     exp = math.floor(math.log10(abs(x))) - 1
-    mant = round(x / 10 ** exp)
+    mant = round(x / 10**exp)
     if abs(mant) >= 100:  # rounding carried into a third digit
         mant, exp = round(mant / 10), exp + 1
     return f"{mant}e{exp}"
@@ -141,8 +156,9 @@ def table_format(x: float) -> str:
 # (FLOPs counted with FlopCounterMode on a small probe batch, scaled per sample × the samples a
 # client processes; convolution and matmul FLOPs are linear in the batch) and γ (Eq. 6 and a
 # measured one-step figure). Same recipe for MFCL and the end-to-end baselines.
-def measured_step_bytes(model: nn.Module, inputs: Tensor, loss_fn, optimizer_slots: int,
-                        batch_scale: float = 1.0) -> int:
+def measured_step_bytes(
+    model: nn.Module, inputs: Tensor, loss_fn, optimizer_slots: int, batch_scale: float = 1.0
+) -> int:
     """One local step's memory, measured: autograd's saved tensors (scaled from the probe batch
     to the real one by ``batch_scale``) + parameters, gradients and ``optimizer_slots`` state
     tensors per parameter (Adam 2, SGD-momentum 1)."""
@@ -154,11 +170,9 @@ def measured_step_bytes(model: nn.Module, inputs: Tensor, loss_fn, optimizer_slo
 def summarize_client_costs(rows: list[dict], extra: tuple[str, ...] = ()) -> dict:
     """Mean over clients of every per-client number of the report's cost columns (those of
     Tab. 3 the rows have) and of the ``extra`` keys a method adds (``Method.cost_columns``)."""
-    keys = ["alpha_bits_paper", "bytes_actual", "beta_flops", "gamma_eq6_bytes",
-            "peak_step_bytes"]
+    keys = ["alpha_bits_paper", "bytes_actual", "beta_flops", "gamma_eq6_bytes", "peak_step_bytes"]
     keys = [k for k in keys if all(k in r for r in rows)] + [k for k in extra if k not in keys]
-    return {f"mean_{k}": sum(r[k] for r in rows) / len(rows) for k in keys
-            if rows}
+    return {f"mean_{k}": sum(r[k] for r in rows) / len(rows) for k in keys if rows}
 
 
 # ------------------------------------------------------------------ inputs of the recipes
@@ -173,7 +187,7 @@ def probe_batch(shape, pairs: int = PROBE_PAIRS) -> Tensor:
 class ClientTraffic(NamedTuple):
     samples: list[int]
     rounds: list[int]
-    sent: list[int]     # bytes up + down
+    sent: list[int]  # bytes up + down
 
 
 def ledger_of(step_dir: Path, sizes: list[int]) -> ClientTraffic:
@@ -183,11 +197,11 @@ def ledger_of(step_dir: Path, sizes: list[int]) -> ClientTraffic:
     if not path.exists():
         return ClientTraffic(list(sizes), [0] * len(sizes), [0] * len(sizes))
     rows = json.loads(path.read_text())["per_client"]
-    return ClientTraffic(list(sizes), [r["rounds"] for r in rows],
-                         [r["bytes_up"] + r["bytes_down"] for r in rows])
+    return ClientTraffic(
+        list(sizes), [r["rounds"] for r in rows], [r["bytes_up"] + r["bytes_down"] for r in rows]
+    )
 
 
 def average_client_samples(part, dataset: str) -> int:
     """|D_m| of the average client of a partition preset, without splitting anything."""
     return min(part.subset or TRAIN_SIZES[dataset], TRAIN_SIZES[dataset]) // part.num_clients
-

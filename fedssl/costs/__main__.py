@@ -1,6 +1,7 @@
 """``python -m fedssl.costs EXPERIMENT...``: each experiment's projected full-scale client costs,
 through its method's ``projected_costs`` hook. It sits above the method registry (the methods
 use the meters of :mod:`fedssl.costs`; this command uses the methods)."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fedssl.costs", description=main.__doc__)
     ap.add_argument("experiments", nargs="+", help="params/experiments/<name>.yaml presets")
     names = ap.parse_args(argv).experiments
-    print("| experiment | α bits (Eqs. 4-5) | MB sent | β FLOPs | γ Eq. 6 MB | step peak MB "
-          "| other (method's own) |")
+    print(
+        "| experiment | α bits (Eqs. 4-5) | MB sent | β FLOPs | γ Eq. 6 MB | step peak MB "
+        "| other (method's own) |"
+    )
     print("|---|---|---|---|---|---|---|")
     presets = Presets()
     for name in names:
@@ -34,16 +37,25 @@ def main(argv: list[str] | None = None) -> int:
 
         def cell(key, fmt):
             return fmt(c[key]) if key in c else ""
-        shown = {"mean_alpha_bits_paper", "mean_bytes_actual", "mean_beta_flops",
-                 "mean_gamma_eq6_bytes", "mean_peak_step_bytes"}
-        other = ", ".join(f"{k.removeprefix('mean_')}={v:.4g}" for k, v in c.items()
-                          if k not in shown)
-        print(f"| {name} | {cell('mean_alpha_bits_paper', table_format)} "
-              f"| {cell('mean_bytes_actual', lambda v: f'{v / 1e6:.4g}')} "
-              f"| {cell('mean_beta_flops', table_format)} "
-              f"| {cell('mean_gamma_eq6_bytes', lambda v: f'{v / 1e6:.3g}')} "
-              f"| {cell('mean_peak_step_bytes', lambda v: f'{v / 1e6:.3g}')} | {other} |",
-              flush=True)
+
+        shown = {
+            "mean_alpha_bits_paper",
+            "mean_bytes_actual",
+            "mean_beta_flops",
+            "mean_gamma_eq6_bytes",
+            "mean_peak_step_bytes",
+        }
+        other = ", ".join(
+            f"{k.removeprefix('mean_')}={v:.4g}" for k, v in c.items() if k not in shown
+        )
+        print(
+            f"| {name} | {cell('mean_alpha_bits_paper', table_format)} "
+            f"| {cell('mean_bytes_actual', lambda v: f'{v / 1e6:.4g}')} "
+            f"| {cell('mean_beta_flops', table_format)} "
+            f"| {cell('mean_gamma_eq6_bytes', lambda v: f'{v / 1e6:.3g}')} "
+            f"| {cell('mean_peak_step_bytes', lambda v: f'{v / 1e6:.3g}')} | {other} |",
+            flush=True,
+        )
     return 0
 
 

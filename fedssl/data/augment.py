@@ -26,6 +26,7 @@ Ops, in SimCLR order (each one applied to a sample with its own Bernoulli draw):
 Randomness comes from the ``torch.Generator`` given to the call (any device; the draws are
 moved to the images' device), so a seed reproduces the views exactly on a given device.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,14 @@ import torch.nn.functional as F
 
 from fedssl.params import AugmentParams
 
-__all__ = ["BatchAugment", "AugmentDraw", "to_float", "sample_crop_boxes", "blur_kernel_size",
-           "pad_crop_flip"]
+__all__ = [
+    "BatchAugment",
+    "AugmentDraw",
+    "to_float",
+    "sample_crop_boxes",
+    "blur_kernel_size",
+    "pad_crop_flip",
+]
 
 _LUMA = (0.2989, 0.587, 0.114)  # the luma weights torchvision uses (ITU-R 601)
 _CROP_TRIES = 10
@@ -54,8 +61,9 @@ def to_float(images: torch.Tensor) -> torch.Tensor:
     raise TypeError(f"expected uint8 or floating point images, got {images.dtype}")
 
 
-def pad_crop_flip(images: torch.Tensor, padding: int, generator: torch.Generator | None,
-                  flip: bool = True) -> torch.Tensor:
+def pad_crop_flip(
+    images: torch.Tensor, padding: int, generator: torch.Generator | None, flip: bool = True
+) -> torch.Tensor:
     """The supervised CIFAR augmentation (torchvision's ``RandomCrop(size, padding)`` with zero
     fill, then ``RandomHorizontalFlip``), with its own offsets and flip per sample: float
     [B, C, H, W] in, same shape out. One gather on the images' device."""
@@ -68,8 +76,8 @@ def pad_crop_flip(images: torch.Tensor, padding: int, generator: torch.Generator
         return (_rand((b,), generator, device) * span).long().clamp_(max=span - 1)
 
     oy, ox = offsets(), offsets()
-    rows = (oy[:, None] + torch.arange(h, device=device))[:, :, None]   # [B, H, 1]
-    cols = (ox[:, None] + torch.arange(w, device=device))[:, None, :]   # [B, 1, W]
+    rows = (oy[:, None] + torch.arange(h, device=device))[:, :, None]  # [B, H, 1]
+    cols = (ox[:, None] + torch.arange(w, device=device))[:, None, :]  # [B, 1, W]
     if flip:
         mirrored = _rand((b,), generator, device) < 0.5
         cols = torch.where(mirrored[:, None, None], cols.flip(-1), cols)
@@ -94,9 +102,15 @@ def _uniform(u: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     return lo + (hi - lo) * u
 
 
-def sample_crop_boxes(n: int, height: int, width: int, scale: tuple[float, float],
-                      ratio: tuple[float, float], generator: torch.Generator | None = None,
-                      device: torch.device | str = "cpu") -> torch.Tensor:
+def sample_crop_boxes(
+    n: int,
+    height: int,
+    width: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
     """Draw ``n`` random-resized-crop boxes as float ``[n, 4]`` = (x0, y0, w, h) in pixels.
 
     Per sample: up to 10 tries of (area ~ U(scale) * H * W, log-ratio ~ U(log ratio)); the first
@@ -136,17 +150,18 @@ def sample_crop_boxes(n: int, height: int, width: int, scale: tuple[float, float
 @dataclass
 class AugmentDraw:
     """Every random choice made for one batch (all tensors have batch size first)."""
-    boxes: torch.Tensor           # [B, 4] float (x0, y0, w, h) in input pixels
-    flip: torch.Tensor            # [B] bool
-    jitter: torch.Tensor          # [B] bool
-    jitter_factors: torch.Tensor  # [B, 4] brightness, contrast, saturation factors, hue shift
-    jitter_order: torch.Tensor    # [B, n_ops] per-sample permutation of the jitter op ids
-    grayscale: torch.Tensor       # [B] bool
-    blur: torch.Tensor            # [B] bool
-    blur_sigma: torch.Tensor      # [B] float
-    solarize: torch.Tensor        # [B] bool
 
-    def slice(self, start: int, stop: int) -> "AugmentDraw":
+    boxes: torch.Tensor  # [B, 4] float (x0, y0, w, h) in input pixels
+    flip: torch.Tensor  # [B] bool
+    jitter: torch.Tensor  # [B] bool
+    jitter_factors: torch.Tensor  # [B, 4] brightness, contrast, saturation factors, hue shift
+    jitter_order: torch.Tensor  # [B, n_ops] per-sample permutation of the jitter op ids
+    grayscale: torch.Tensor  # [B] bool
+    blur: torch.Tensor  # [B] bool
+    blur_sigma: torch.Tensor  # [B] float
+    solarize: torch.Tensor  # [B] bool
+
+    def slice(self, start: int, stop: int) -> AugmentDraw:
         """The draws of samples ``start:stop``."""
         return AugmentDraw(**{f.name: getattr(self, f.name)[start:stop] for f in fields(self)})
 
@@ -166,15 +181,22 @@ class BatchAugment:
         self.blur_kernel = blur_kernel_size(self.out_size)
 
     # ------------------------------------------------------------------ random draws
-    def draw(self, batch: int, height: int, width: int, channels: int,
-             device: torch.device | str = "cpu",
-             generator: torch.Generator | None = None) -> AugmentDraw:
+    def draw(
+        self,
+        batch: int,
+        height: int,
+        width: int,
+        channels: int,
+        device: torch.device | str = "cpu",
+        generator: torch.Generator | None = None,
+    ) -> AugmentDraw:
         """Draw every random parameter for a batch (a fixed number of draws, in a fixed order,
         whatever the probabilities, so a seed always maps to the same stream)."""
         p = self.params
         device = torch.device(device)
-        boxes = sample_crop_boxes(batch, height, width, p.crop_scale, p.crop_ratio,
-                                  generator, device)
+        boxes = sample_crop_boxes(
+            batch, height, width, p.crop_scale, p.crop_ratio, generator, device
+        )
         u = _rand((10, batch), generator, device)
         n_ops = 4 if channels == 3 else 2
         order = torch.argsort(_rand((batch, n_ops), generator, device), dim=1)
@@ -182,20 +204,35 @@ class BatchAugment:
         def factor(ui, strength):
             return _uniform(ui, max(0.0, 1.0 - strength), 1.0 + strength)
 
-        factors = torch.stack([factor(u[2], p.brightness), factor(u[3], p.contrast),
-                               factor(u[4], p.saturation), _uniform(u[5], -p.hue, p.hue)], 1)
+        factors = torch.stack(
+            [
+                factor(u[2], p.brightness),
+                factor(u[3], p.contrast),
+                factor(u[4], p.saturation),
+                _uniform(u[5], -p.hue, p.hue),
+            ],
+            1,
+        )
         return AugmentDraw(
-            boxes=boxes, flip=u[0] < p.flip_p, jitter=u[1] < p.jitter_p,
-            jitter_factors=factors, jitter_order=order, grayscale=u[6] < p.grayscale_p,
-            blur=u[7] < p.blur_p, blur_sigma=_uniform(u[8], *p.blur_sigma),
-            solarize=u[9] < p.solarize_p)
+            boxes=boxes,
+            flip=u[0] < p.flip_p,
+            jitter=u[1] < p.jitter_p,
+            jitter_factors=factors,
+            jitter_order=order,
+            grayscale=u[6] < p.grayscale_p,
+            blur=u[7] < p.blur_p,
+            blur_sigma=_uniform(u[8], *p.blur_sigma),
+            solarize=u[9] < p.solarize_p,
+        )
 
     # ------------------------------------------------------------------ application
-    def __call__(self, images: torch.Tensor,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def __call__(
+        self, images: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         if images.dim() != 4 or images.shape[1] not in (1, 3):
-            raise ValueError(f"expected images [B, C, H, W] with C in (1, 3), "
-                             f"got shape {tuple(images.shape)}")
+            raise ValueError(
+                f"expected images [B, C, H, W] with C in (1, 3), got shape {tuple(images.shape)}"
+            )
         b, c, h, w = images.shape
         d = self.draw(b, h, w, c, images.device, generator)
         return self.apply(images, d)
@@ -204,20 +241,22 @@ class BatchAugment:
         """Apply the drawn parameters ``d`` to ``images`` (deterministic)."""
         p = self.params
         x = _crop_flip(to_float(images), d.boxes, d.flip, self.out_size)
-        if p.jitter_p > 0 and (p.brightness > 0 or p.contrast > 0
-                               or (x.shape[1] == 3 and (p.saturation > 0 or p.hue > 0))):
-            x = _color_jitter(x, d.jitter, d.jitter_factors, d.jitter_order,
-                              hue_on=p.hue > 0)
+        if p.jitter_p > 0 and (
+            p.brightness > 0
+            or p.contrast > 0
+            or (x.shape[1] == 3 and (p.saturation > 0 or p.hue > 0))
+        ):
+            x = _color_jitter(x, d.jitter, d.jitter_factors, d.jitter_order, hue_on=p.hue > 0)
         if p.grayscale_p > 0 and x.shape[1] == 3:
             g = _gray(x).expand_as(x)
             x = torch.where(d.grayscale.view(-1, 1, 1, 1), g, x)
         if p.blur_p > 0:
-            x = torch.where(d.blur.view(-1, 1, 1, 1),
-                            _gaussian_blur(x, d.blur_sigma, self.blur_kernel), x)
+            x = torch.where(
+                d.blur.view(-1, 1, 1, 1), _gaussian_blur(x, d.blur_sigma, self.blur_kernel), x
+            )
         if p.solarize_p > 0:
             x = torch.where(d.solarize.view(-1, 1, 1, 1) & (x >= 0.5), 1.0 - x, x)
         return x.clamp_(0.0, 1.0)
-
 
 
 def multi_view(*augments: BatchAugment, views: int | None = None):
@@ -234,11 +273,14 @@ def multi_view(*augments: BatchAugment, views: int | None = None):
 
     def make(batch: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
         return tuple(augment(batch, generator) for augment in augments)
+
     return make
 
+
 # ---------------------------------------------------------------------- batched ops
-def _crop_flip(x: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor,
-               out_size: int) -> torch.Tensor:
+def _crop_flip(
+    x: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor, out_size: int
+) -> torch.Tensor:
     """Resample each box (x0, y0, w, h) to out_size x out_size, mirrored where ``flip``."""
     b, _, h, w = x.shape
     x0, y0, bw, bh = boxes.unbind(1)
@@ -249,8 +291,7 @@ def _crop_flip(x: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor,
     cy = (2 * y0 + bh) / h - 1
     sx = torch.where(flip, -sx, sx)
     zero = torch.zeros_like(sx)
-    theta = torch.stack([torch.stack([sx, zero, cx], 1),
-                         torch.stack([zero, sy, cy], 1)], 1)
+    theta = torch.stack([torch.stack([sx, zero, cx], 1), torch.stack([zero, sy, cy], 1)], 1)
     grid = F.affine_grid(theta, [b, x.shape[1], out_size, out_size], align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
@@ -289,8 +330,9 @@ def _adjust_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return ramp.mul_(c.unsqueeze(1)).neg_().add_(v.unsqueeze(1))
 
 
-def _color_jitter(x: torch.Tensor, apply: torch.Tensor, factors: torch.Tensor,
-                  order: torch.Tensor, hue_on: bool) -> torch.Tensor:
+def _color_jitter(
+    x: torch.Tensor, apply: torch.Tensor, factors: torch.Tensor, order: torch.Tensor, hue_on: bool
+) -> torch.Tensor:
     """Per-sample colour jitter in a per-sample order.
 
     Brightness, contrast and saturation are all blends ``f * x + (1 - f) * ref`` (ref = black,
@@ -304,8 +346,9 @@ def _color_jitter(x: torch.Tensor, apply: torch.Tensor, factors: torch.Tensor,
     for step in range(order.shape[1]):
         op = order[:, step]
         is_blend = apply & (op != HUE)
-        f = torch.where(is_blend, factors.gather(1, op.clamp(max=2).unsqueeze(1)).squeeze(1),
-                        ones).view(view)
+        f = torch.where(
+            is_blend, factors.gather(1, op.clamp(max=2).unsqueeze(1)).squeeze(1), ones
+        ).view(view)
         gray = _gray(x)
         # reference image: 0 (brightness), mean grey level (contrast), grey image (saturation)
         ref = gray * (op == SATURATION).to(x.dtype).view(view)
@@ -314,8 +357,9 @@ def _color_jitter(x: torch.Tensor, apply: torch.Tensor, factors: torch.Tensor,
         if hue_on and x.shape[1] == 3:
             idx = (apply & (op == HUE)).nonzero().squeeze(1)
             if idx.numel():
-                x.index_copy_(0, idx, _adjust_hue(x.index_select(0, idx),
-                                                  factors[idx, HUE]).clamp_(0.0, 1.0))
+                x.index_copy_(
+                    0, idx, _adjust_hue(x.index_select(0, idx), factors[idx, HUE]).clamp_(0.0, 1.0)
+                )
     return x
 
 
@@ -325,7 +369,7 @@ def _gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, ksize: int) -> torch.Te
     r = ksize // 2
     t = torch.arange(-r, r + 1, device=x.device, dtype=x.dtype)
     kern = torch.exp(-0.5 * (t.view(1, -1) / sigma.view(-1, 1)) ** 2)
-    kern = kern / kern.sum(dim=1, keepdim=True)                      # [B, k]
+    kern = kern / kern.sum(dim=1, keepdim=True)  # [B, k]
     kern = kern.repeat_interleave(c, dim=0).view(b * c, 1, 1, ksize)  # one filter per channel
     y = x.reshape(1, b * c, h, w)
     pad_r = min(r, w - 1, h - 1)
@@ -334,6 +378,6 @@ def _gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, ksize: int) -> torch.Te
         y = F.pad(y, (r - pad_r,) * 4, mode="replicate")
     else:
         y = F.pad(y, (r, r, r, r), mode="reflect")
-    y = F.conv2d(y, kern, groups=b * c)                               # horizontal
-    y = F.conv2d(y, kern.transpose(2, 3), groups=b * c)               # vertical
+    y = F.conv2d(y, kern, groups=b * c)  # horizontal
+    y = F.conv2d(y, kern.transpose(2, 3), groups=b * c)  # vertical
     return y.view(b, c, h, w)

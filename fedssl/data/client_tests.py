@@ -10,14 +10,19 @@ replacement within a client: the test split is too small for disjoint draws at K
 ``m // (num_clients // len(groups))`` (contiguous equal blocks); :func:`class_group_of_client`
 reproduces that, and :func:`groups_from_counts` recovers the group from class counts alone.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["proportional_counts", "matching_test_split", "class_group_of_client",
-           "groups_from_counts"]
+__all__ = [
+    "proportional_counts",
+    "matching_test_split",
+    "class_group_of_client",
+    "groups_from_counts",
+]
 
 
 def proportional_counts(counts, total: int) -> np.ndarray:
@@ -49,8 +54,13 @@ def _test_pools(test_labels: np.ndarray, num_classes: int) -> list[np.ndarray]:
     return [np.flatnonzero(test_labels == c) for c in range(num_classes)]
 
 
-def matching_test_split(train_counts, test_labels, per_client: int | None = None,
-                        seed: int = 0, replace_across_clients: bool = True) -> list[np.ndarray]:
+def matching_test_split(
+    train_counts,
+    test_labels,
+    per_client: int | None = None,
+    seed: int = 0,
+    replace_across_clients: bool = True,
+) -> list[np.ndarray]:
     """Test indices per client with the class mix of its training data.
 
     ``train_counts`` is ``[clients, classes]``; ``per_client=None`` copies each client's counts
@@ -72,7 +82,8 @@ def matching_test_split(train_counts, test_labels, per_client: int | None = None
             if wanted[c] > pools[c].size:
                 raise ValueError(
                     f"client {client} needs {wanted[c]} test images of class {c} but only "
-                    f"{pools[c].size} are {'left' if not replace_across_clients else 'there'}")
+                    f"{pools[c].size} are {'left' if not replace_across_clients else 'there'}"
+                )
             chosen = rng.choice(pools[c], size=int(wanted[c]), replace=False)
             if not replace_across_clients:
                 pools[c] = np.setdiff1d(pools[c], chosen, assume_unique=True)

@@ -11,6 +11,7 @@ the writers are ignored, images of the letters a-j are pooled per letter, party 
 letters ``(i + j) mod 10`` for ``j < classes_per_party``, a log-normal number of images split
 evenly over them, and keeps 90 % for training and 10 % for testing.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedssl.data.partition import deal
 from fedssl.data.errors import DataNotFound
+from fedssl.data.partition import deal
 
 DEFAULT_ROOT = "data/femnist"
 LOWERCASE_OFFSET = 36  # LEAF label of 'a'
@@ -33,23 +34,29 @@ _HOWTO = (
     "data/test/*.json), and point the root at that femnist folder"
 )
 
-__all__ = ["FemnistSplit", "FemnistParties", "load_femnist", "per_user", "femnist_parties",
-           "DEFAULT_ROOT"]
+__all__ = [
+    "FemnistSplit",
+    "FemnistParties",
+    "load_femnist",
+    "per_user",
+    "femnist_parties",
+    "DEFAULT_ROOT",
+]
 
 
 class FemnistSplit(NamedTuple):
-    images: np.ndarray   # uint8 [N, 1, 28, 28]
-    labels: np.ndarray   # int64 [N], LEAF's 62-class labels
-    users: np.ndarray    # int64 [N], index into user_ids of the writer of each image
+    images: np.ndarray  # uint8 [N, 1, 28, 28]
+    labels: np.ndarray  # int64 [N], LEAF's 62-class labels
+    users: np.ndarray  # int64 [N], index into user_ids of the writer of each image
     user_ids: list[str]  # every user of both splits, sorted
 
 
 class FemnistParties(NamedTuple):
-    images: np.ndarray               # uint8 [P, 1, 28, 28], the pooled letters
-    labels: np.ndarray               # int64 [P], letter index 0..len(letters)-1
-    train: list[np.ndarray]          # per party, indices into images (may repeat across parties)
+    images: np.ndarray  # uint8 [P, 1, 28, 28], the pooled letters
+    labels: np.ndarray  # int64 [P], letter index 0..len(letters)-1
+    train: list[np.ndarray]  # per party, indices into images (may repeat across parties)
     test: list[np.ndarray]
-    classes: np.ndarray              # int64 [parties, classes_per_party]
+    classes: np.ndarray  # int64 [parties, classes_per_party]
 
 
 # --------------------------------------------------------------------------- loading
@@ -81,16 +88,19 @@ def load_femnist(root: str | None = None) -> dict[str, FemnistSplit]:
     root = root or DEFAULT_ROOT
     dirs = _split_dirs(Path(root))
     if dirs is None:
-        raise DataNotFound(f"femnist not found at {os.path.abspath(root)} (need data/train/*.json "
-                           f"and data/test/*.json). To get it: {_HOWTO}.")
+        raise DataNotFound(
+            f"femnist not found at {os.path.abspath(root)} (need data/train/*.json "
+            f"and data/test/*.json). To get it: {_HOWTO}."
+        )
     read = {s: _read_split(d) for s, d in dirs.items()}
     user_ids = sorted({u for _, _, owners in read.values() for u in owners})
     index = {u: i for i, u in enumerate(user_ids)}
     out = {}
     for split, (images, labels, owners) in read.items():
         out[split] = FemnistSplit(
-            np.concatenate(images) if images else np.empty((0, 1, IMAGE_SIDE, IMAGE_SIDE),
-                                                           np.uint8),
+            np.concatenate(images)
+            if images
+            else np.empty((0, 1, IMAGE_SIDE, IMAGE_SIDE), np.uint8),
             np.concatenate(labels) if labels else np.empty(0, np.int64),
             np.array([index[u] for u in owners], dtype=np.int64),
             user_ids,
@@ -100,13 +110,16 @@ def load_femnist(root: str | None = None) -> dict[str, FemnistSplit]:
 
 def per_user(split: FemnistSplit) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{user id: (images, labels)}`` for the users present in ``split``."""
-    return {split.user_ids[u]: (split.images[split.users == u], split.labels[split.users == u])
-            for u in np.unique(split.users)}
+    return {
+        split.user_ids[u]: (split.images[split.users == u], split.labels[split.users == u])
+        for u in np.unique(split.users)
+    }
 
 
 # --------------------------------------------------------------------------- MpFedcon parties
-def _letter_pool(data: dict[str, FemnistSplit], letters: str, max_per_class: int | None,
-                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _letter_pool(
+    data: dict[str, FemnistSplit], letters: str, max_per_class: int | None, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Every image of the chosen lower-case letters from all splits, relabelled 0..L-1.
 
     Each letter's images are shuffled and, like FedRep's sampler, capped at ``max_per_class``.
@@ -125,17 +138,25 @@ def _letter_pool(data: dict[str, FemnistSplit], letters: str, max_per_class: int
     return np.concatenate(keep_images), np.concatenate(keep_labels)
 
 
-def _party_sizes(num_parties: int, mean: float, sigma: float, offset: float,
-                 rng: np.random.Generator) -> np.ndarray:
+def _party_sizes(
+    num_parties: int, mean: float, sigma: float, offset: float, rng: np.random.Generator
+) -> np.ndarray:
     return rng.lognormal(mean, sigma, size=num_parties) + offset
 
 
-def femnist_parties(data: dict[str, FemnistSplit], num_parties: int = 150,
-                    classes_per_party: int = 3, letters: str = "abcdefghij",
-                    lognormal_mean: float = 4.0, lognormal_sigma: float = 1.0,
-                    size_offset: float = 100.0, test_fraction: float = 0.1,
-                    max_per_class: int | None = 4000, min_per_class: int = 2,
-                    seed: int = 0) -> FemnistParties:
+def femnist_parties(
+    data: dict[str, FemnistSplit],
+    num_parties: int = 150,
+    classes_per_party: int = 3,
+    letters: str = "abcdefghij",
+    lognormal_mean: float = 4.0,
+    lognormal_sigma: float = 1.0,
+    size_offset: float = 100.0,
+    test_fraction: float = 0.1,
+    max_per_class: int | None = 4000,
+    min_per_class: int = 2,
+    seed: int = 0,
+) -> FemnistParties:
     """MpFedcon's FEMNIST (150, 3) split (see the module docstring).
 
     Party ``i`` draws ``size_i ~ lognormal(mean, sigma) + offset`` and takes

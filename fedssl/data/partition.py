@@ -42,18 +42,30 @@ Schemes
     split evenly over them; each class deals its shuffled samples in turn and reshuffles when
     it runs out, so **clients share samples only once a class is exhausted**.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 MAX_REDRAWS = 100  # fresh Dirichlet draws tried before repairing the min-size guard
 
-__all__ = ["split_clients", "iid", "dirichlet", "shards", "class_groups", "cyclic_lognormal",
-           "deal", "class_counts", "stratified_subset", "server_seed", "plot_heatmap",
-           "MAX_REDRAWS"]
+__all__ = [
+    "split_clients",
+    "iid",
+    "dirichlet",
+    "shards",
+    "class_groups",
+    "cyclic_lognormal",
+    "deal",
+    "class_counts",
+    "stratified_subset",
+    "server_seed",
+    "plot_heatmap",
+    "MAX_REDRAWS",
+]
 
 
 # --------------------------------------------------------------------------- validation
@@ -70,8 +82,9 @@ def _as_labels(labels, num_classes: int | None = None) -> np.ndarray:
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
         if arr.size and arr.max() >= num_classes:
-            raise ValueError(f"label {int(arr.max())} is out of range for "
-                             f"num_classes={num_classes}")
+            raise ValueError(
+                f"label {int(arr.max())} is out of range for num_classes={num_classes}"
+            )
     return arr
 
 
@@ -99,8 +112,9 @@ def _finish(parts: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 
 # --------------------------------------------------------------------------- dispatch
-def split_clients(labels: np.ndarray, num_clients: int, scheme, seed: int,
-                  num_classes: int | None = None) -> list[np.ndarray]:
+def split_clients(
+    labels: np.ndarray, num_clients: int, scheme, seed: int, num_classes: int | None = None
+) -> list[np.ndarray]:
     """Split ``labels`` over ``num_clients`` clients as ``scheme`` (a params scheme model) says.
 
     Returns one sorted ``int64`` index array per client. ``num_classes`` only validates labels
@@ -116,21 +130,34 @@ def split_clients(labels: np.ndarray, num_clients: int, scheme, seed: int,
         return dirichlet(labels, num_clients, scheme.alpha, scheme.min_per_client, rng)
     if kind == "shards":
         if num_classes is not None and scheme.classes_per_client > num_classes:
-            raise ValueError(f"classes_per_client={scheme.classes_per_client} exceeds "
-                             f"num_classes={num_classes}")
+            raise ValueError(
+                f"classes_per_client={scheme.classes_per_client} exceeds num_classes={num_classes}"
+            )
         return shards(labels, num_clients, scheme.classes_per_client, rng)
     if kind == "class_groups":
         if num_classes is not None:
             bad = sorted({c for g in scheme.groups for c in g if c >= num_classes})
             if bad:
-                raise ValueError(f"class_groups names classes {bad} but num_classes="
-                                 f"{num_classes}")
-        return class_groups(labels, num_clients, scheme.groups, scheme.major_classes,
-                            scheme.major_count, scheme.minor_count, rng)
+                raise ValueError(f"class_groups names classes {bad} but num_classes={num_classes}")
+        return class_groups(
+            labels,
+            num_clients,
+            scheme.groups,
+            scheme.major_classes,
+            scheme.major_count,
+            scheme.minor_count,
+            rng,
+        )
     if kind == "cyclic_lognormal":
-        return cyclic_lognormal(labels, num_clients, scheme.classes_per_client,
-                                scheme.lognormal_mean, scheme.lognormal_sigma, scheme.size_offset,
-                                rng)
+        return cyclic_lognormal(
+            labels,
+            num_clients,
+            scheme.classes_per_client,
+            scheme.lognormal_mean,
+            scheme.lognormal_sigma,
+            scheme.size_offset,
+            rng,
+        )
     raise ValueError(f"unknown partition scheme kind: {kind!r}")
 
 
@@ -200,8 +227,9 @@ def _repair_min_size(counts: np.ndarray, min_per_client: int) -> np.ndarray:
             give -= take
 
 
-def dirichlet(labels, num_clients: int, alpha: float, min_per_client: int,
-              rng: np.random.Generator) -> list[np.ndarray]:
+def dirichlet(
+    labels, num_clients: int, alpha: float, min_per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     """Per-class Dir_M(alpha) split with a min-size guard (see the module docstring)."""
     labels = _as_labels(labels)
     _check_clients(labels, num_clients)
@@ -210,14 +238,15 @@ def dirichlet(labels, num_clients: int, alpha: float, min_per_client: int,
     if min_per_client < 0:
         raise ValueError(f"min_per_client must be >= 0, got {min_per_client}")
     if min_per_client * num_clients > len(labels):
-        raise ValueError(f"min_per_client={min_per_client} for {num_clients} clients needs "
-                         f"{min_per_client * num_clients} samples but only {len(labels)} exist")
+        raise ValueError(
+            f"min_per_client={min_per_client} for {num_clients} clients needs "
+            f"{min_per_client * num_clients} samples but only {len(labels)} exist"
+        )
     classes, sizes, order = _class_runs(labels, rng)
 
     best, best_short = None, None
     for _ in range(MAX_REDRAWS):
-        counts = _counts_from_shares(_dirichlet_rows(alpha, len(classes), num_clients, rng),
-                                     sizes)
+        counts = _counts_from_shares(_dirichlet_rows(alpha, len(classes), num_clients, rng), sizes)
         short = int(np.maximum(min_per_client - counts.sum(axis=0), 0).sum())
         if short == 0:
             best = counts
@@ -231,7 +260,7 @@ def dirichlet(labels, num_clients: int, alpha: float, min_per_client: int,
     piece_starts = run_starts[:, None] + np.cumsum(counts, axis=1) - counts
     parts = []
     for m in range(num_clients):
-        pieces = [order[s:s + k] for s, k in zip(piece_starts[:, m], counts[:, m]) if k]
+        pieces = [order[s : s + k] for s, k in zip(piece_starts[:, m], counts[:, m]) if k]
         parts.append(np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64))
     return _finish(parts)
 
@@ -247,8 +276,9 @@ def _shard_counts(sizes: np.ndarray, total: int, cap: np.ndarray) -> np.ndarray:
     return s
 
 
-def shards(labels, num_clients: int, classes_per_client: int,
-           rng: np.random.Generator) -> list[np.ndarray]:
+def shards(
+    labels, num_clients: int, classes_per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     """Label shards: every client gets ``classes_per_client`` distinct classes where feasible
     and every sample is used (see the module docstring for the exact construction)."""
     labels = _as_labels(labels)
@@ -258,8 +288,9 @@ def shards(labels, num_clients: int, classes_per_client: int,
     if classes_per_client < 1:
         raise ValueError(f"classes_per_client must be >= 1, got {classes_per_client}")
     if classes_per_client > k:
-        raise ValueError(f"classes_per_client={classes_per_client} exceeds the {k} classes "
-                         f"present in the labels")
+        raise ValueError(
+            f"classes_per_client={classes_per_client} exceeds the {k} classes present in the labels"
+        )
     cap = np.minimum(sizes, num_clients)
     total = int(np.clip(num_clients * classes_per_client, k, cap.sum()))
     per_class = _shard_counts(sizes, total, cap)
@@ -267,7 +298,7 @@ def shards(labels, num_clients: int, classes_per_client: int,
     run_starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     shard_list = []  # grouped by class, classes in random order
     for c in rng.permutation(k):
-        run = order[run_starts[c]:run_starts[c] + sizes[c]]
+        run = order[run_starts[c] : run_starts[c] + sizes[c]]
         shard_list.extend(np.array_split(run, per_class[c]))
     client_of = rng.permutation(num_clients)
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
@@ -277,8 +308,9 @@ def shards(labels, num_clients: int, classes_per_client: int,
 
 
 # --------------------------------------------------------------------------- FedRep's FEMNIST
-def deal(pool: np.ndarray, cursor: int, n: int, rng: np.random.Generator
-         ) -> tuple[np.ndarray, np.ndarray, int]:
+def deal(
+    pool: np.ndarray, cursor: int, n: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, int]:
     """The next ``n`` items of a shuffled pool from ``cursor``; when the pool runs out it is
     reshuffled with the items already dealt in this call moved to its end, so one call repeats
     an item only when ``n`` exceeds the pool. Returns (items, the pool, the new cursor)."""
@@ -286,17 +318,27 @@ def deal(pool: np.ndarray, cursor: int, n: int, rng: np.random.Generator
     while n:
         if cursor == pool.size:
             fresh = rng.permutation(pool)
-            taken = np.isin(fresh, np.concatenate(picked)) if picked else \
-                np.zeros(fresh.size, dtype=bool)
+            taken = (
+                np.isin(fresh, np.concatenate(picked))
+                if picked
+                else np.zeros(fresh.size, dtype=bool)
+            )
             pool, cursor = np.concatenate([fresh[~taken], fresh[taken]]), 0
         step = min(n, pool.size - cursor)
-        picked.append(pool[cursor:cursor + step])
+        picked.append(pool[cursor : cursor + step])
         cursor, n = cursor + step, n - step
     return np.concatenate(picked), pool, cursor
 
 
-def cyclic_lognormal(labels, num_clients: int, classes_per_client: int, mean: float,
-                     sigma: float, offset: float, rng: np.random.Generator) -> list[np.ndarray]:
+def cyclic_lognormal(
+    labels,
+    num_clients: int,
+    classes_per_client: int,
+    mean: float,
+    sigma: float,
+    offset: float,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
     """Client ``i`` gets the classes ``(i + j) mod K`` (``j < classes_per_client``, ``K`` classes
     present, in ascending order) and ``floor(size_i / classes_per_client)`` samples of each
     (at least 1), ``size_i ~ lognormal(mean, sigma) + offset``; each class deals its samples in a
@@ -305,8 +347,10 @@ def cyclic_lognormal(labels, num_clients: int, classes_per_client: int, mean: fl
     _check_clients(labels, num_clients)
     classes = np.unique(labels)
     if not 1 <= classes_per_client <= len(classes):
-        raise ValueError(f"classes_per_client={classes_per_client} must lie in [1, "
-                         f"{len(classes)}] (the classes present)")
+        raise ValueError(
+            f"classes_per_client={classes_per_client} must lie in [1, "
+            f"{len(classes)}] (the classes present)"
+        )
     pools = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
     cursors = [0] * len(classes)
     sizes = rng.lognormal(mean, sigma, size=num_clients) + offset
@@ -323,17 +367,24 @@ def cyclic_lognormal(labels, num_clients: int, classes_per_client: int, mean: fl
 
 
 # --------------------------------------------------------------------------- CP-CFL groups
-def class_groups(labels, num_clients: int, groups: Sequence[Sequence[int]], major_classes: int,
-                 major_count: int, minor_count: int,
-                 rng: np.random.Generator) -> list[np.ndarray]:
+def class_groups(
+    labels,
+    num_clients: int,
+    groups: Sequence[Sequence[int]],
+    major_classes: int,
+    major_count: int,
+    minor_count: int,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
     """CP-CFL split; NOT disjoint (clients sample independently; see the module docstring)."""
     labels = _as_labels(labels)
     _check_clients(labels, num_clients)
     if len(groups) == 0:
         raise ValueError("class_groups needs at least one group")
     if num_clients % len(groups):
-        raise ValueError(f"num_clients={num_clients} is not divisible by the {len(groups)} "
-                         f"class groups")
+        raise ValueError(
+            f"num_clients={num_clients} is not divisible by the {len(groups)} class groups"
+        )
     group_classes = [np.unique(np.asarray(g, dtype=np.int64)) for g in groups]
     for i, g in enumerate(group_classes):
         if g.size == 0:
@@ -341,8 +392,9 @@ def class_groups(labels, num_clients: int, groups: Sequence[Sequence[int]], majo
         if g.min() < 0:
             raise ValueError(f"class group {i} has a negative class id")
         if major_classes > g.size:
-            raise ValueError(f"major_classes={major_classes} exceeds the {g.size} classes "
-                             f"of group {i}")
+            raise ValueError(
+                f"major_classes={major_classes} exceeds the {g.size} classes of group {i}"
+            )
     if min(major_count, minor_count) < 0 or major_classes < 0:
         raise ValueError("major_classes, major_count and minor_count must be >= 0")
 
@@ -388,8 +440,11 @@ def stratified_subset(labels, size: int, seed: int) -> np.ndarray:
     if short:
         rank = np.lexsort((classes, -sizes, -rem))  # last key is the primary one
         quota[rank[:short]] += 1
-    picked = [rng.choice(np.flatnonzero(labels == c), size=int(q), replace=False)
-              for c, q in zip(classes, quota) if q]
+    picked = [
+        rng.choice(np.flatnonzero(labels == c), size=int(q), replace=False)
+        for c, q in zip(classes, quota)
+        if q
+    ]
     return np.sort(np.concatenate(picked)) if picked else np.empty(0, dtype=np.int64)
 
 
@@ -424,9 +479,15 @@ def plot_heatmap(counts: np.ndarray, path, title: str) -> None:
     if rows * cols <= 400 and counts.size:
         top = float(counts.max()) or 1.0
         for (r, c), v in np.ndenumerate(counts):
-            ax.text(c, r, f"{int(v)}" if float(v).is_integer() else f"{v:.2g}",
-                    ha="center", va="center", fontsize=7,
-                    color="black" if v > 0.6 * top else "white")
+            ax.text(
+                c,
+                r,
+                f"{int(v)}" if float(v).is_integer() else f"{v:.2g}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="black" if v > 0.6 * top else "white",
+            )
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
-from functools import lru_cache
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,7 +27,6 @@ class Split(NamedTuple):
     labels: np.ndarray  # int64 [N]; -1 marks unlabelled samples
 
 
-
 _TORCHVISION_HOWTO = (
     "set `download: true` in params/datasets/{name}.yaml and run once on a machine with internet "
     "access, or place torchvision's layout ({folder}/) under the root"
@@ -37,7 +37,9 @@ def load_dataset(name: str, root: str | None = None, download: bool = False) -> 
     """Return the named data set's splits, e.g. {'train': Split, 'test': Split}."""
     key = name.lower().replace("-", "_")
     if key not in _LOADERS:
-        raise ValueError(f"unknown data set {name!r}; known data sets: {', '.join(sorted(_LOADERS))}")
+        raise ValueError(
+            f"unknown data set {name!r}; known data sets: {', '.join(sorted(_LOADERS))}"
+        )
     return _LOADERS[key](root or DEFAULT_ROOTS[key], download)
 
 
@@ -57,7 +59,8 @@ def _downloaded(name: str, target: str, fetch: Callable[[], object], howto: str)
         reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
         raise DataNotFound(
             f"{name} is not at {os.path.abspath(target)} and could not be downloaded ({reason}); "
-            f"is this machine offline? To get it: {howto}, then set `download: false`.") from None
+            f"is this machine offline? To get it: {howto}, then set `download: false`."
+        ) from None
 
 
 # --------------------------------------------------------------------------- Fashion-MNIST
@@ -93,18 +96,25 @@ def _fashion_split(root: Path, prefix: str) -> Split | None:
 
 
 def _load_fashion_mnist(root: str, download: bool) -> dict[str, Split]:
-    splits = {"train": _fashion_split(Path(root), "train"), "test": _fashion_split(Path(root), "t10k")}
+    splits = {
+        "train": _fashion_split(Path(root), "train"),
+        "test": _fashion_split(Path(root), "t10k"),
+    }
     if None not in splits.values():
         return splits
     if download:
         # The default root is a read-only system folder, so download next to the other data sets.
         target = "data/fashion_mnist" if root == DEFAULT_ROOTS["fashion_mnist"] else root
         import torchvision.datasets as tvd
-        _downloaded("fashion_mnist", target,  # fetches both splits' raw files
-                    lambda: tvd.FashionMNIST(target, train=True, download=True),
-                    f"`apt-get install dataset-fashion-mnist` and set data_root to "
-                    f"{DEFAULT_ROOTS['fashion_mnist']}, or copy the four idx files from a "
-                    f"machine with internet access into {os.path.abspath(target)}")
+
+        _downloaded(
+            "fashion_mnist",
+            target,  # fetches both splits' raw files
+            lambda: tvd.FashionMNIST(target, train=True, download=True),
+            f"`apt-get install dataset-fashion-mnist` and set data_root to "
+            f"{DEFAULT_ROOTS['fashion_mnist']}, or copy the four idx files from a "
+            f"machine with internet access into {os.path.abspath(target)}",
+        )
         return _load_fashion_mnist(target, download=False)
     raise _not_found(
         "fashion_mnist",
@@ -121,14 +131,22 @@ class ArraysOnlyUnpickler(pickle.Unpickler):
     """CIFAR's files are pickled dicts of numpy arrays, lists and strings: build those and
     refuse every other global, so a crafted file cannot run code."""
 
-    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"),
-               *((m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray")
-                 for n in ("_reconstruct", "scalar"))}
+    ALLOWED = {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        *(
+            (m, n)
+            for m in ("numpy.core.multiarray", "numpy._core.multiarray")
+            for n in ("_reconstruct", "scalar")
+        ),
+    }
 
     def find_class(self, module: str, name: str):
         if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name}: a CIFAR file "
-                                         f"holds only numpy arrays, lists and strings")
+            raise pickle.UnpicklingError(
+                f"refusing to unpickle {module}.{name}: a CIFAR file "
+                f"holds only numpy arrays, lists and strings"
+            )
         return super().find_class(module, name)
 
 
@@ -148,7 +166,7 @@ def _missing(ds_cls: type, root: str) -> list[str]:
     return [f for f in _required(ds_cls) if not os.path.isfile(os.path.join(folder, f))]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _torchvision_classes() -> dict[str, type]:
     """torchvision's data set classes, with presence checks instead of the release md5 sums
     (copies that were converted, truncated for tests or re-packed still load; a missing file is
@@ -170,8 +188,9 @@ def _torchvision_classes() -> dict[str, type]:
                 self.download()
             if not self._check_integrity():
                 raise RuntimeError("Dataset not found or corrupted. You can use download=True")
-            batches = [self._read(name) for name, _md5 in
-                       (self.train_list if train else self.test_list)]
+            batches = [
+                self._read(name) for name, _md5 in (self.train_list if train else self.test_list)
+            ]
             self.data = np.vstack([b["data"] for b in batches]).reshape(-1, 3, 32, 32)
             self.data = self.data.transpose((0, 2, 3, 1))  # HWC, as upstream keeps it
             self.targets = [y for b in batches for y in b.get("labels", b.get("fine_labels"))]
@@ -201,18 +220,24 @@ def _via_torchvision(
     missing = _missing(ds_cls, root)
     if missing and not download:
         howto = _TORCHVISION_HOWTO.format(name=name, folder=ds_cls.base_folder)
-        raise _not_found(name, os.path.join(root, ds_cls.base_folder), f"{howto} (missing: {', '.join(missing)})")
+        raise _not_found(
+            name, os.path.join(root, ds_cls.base_folder), f"{howto} (missing: {', '.join(missing)})"
+        )
     if missing:  # fetch the archive first, so that a failed download says what to do
-        howto = (f"run once with `download: true` on a machine with internet access and copy "
-                 f"{ds_cls.base_folder}/ from its data_root into {os.path.abspath(root)}")
+        howto = (
+            f"run once with `download: true` on a machine with internet access and copy "
+            f"{ds_cls.base_folder}/ from its data_root into {os.path.abspath(root)}"
+        )
         first = next(iter(splits.values()))
         _downloaded(name, root, lambda: ds_cls(root, download=True, **first), howto)
     out = {}
     for split, kwargs in splits.items():
         ds = ds_cls(root, download=download, **kwargs)
         labels = ds.targets if hasattr(ds, "targets") else ds.labels
-        out[split] = Split(np.ascontiguousarray(to_nchw(np.asarray(ds.data)), dtype=np.uint8),
-                           np.asarray(labels, dtype=np.int64))
+        out[split] = Split(
+            np.ascontiguousarray(to_nchw(np.asarray(ds.data)), dtype=np.uint8),
+            np.asarray(labels, dtype=np.int64),
+        )
     return out
 
 
@@ -253,6 +278,7 @@ def _tiny_base(root: str) -> Path:
 
 def _tiny_val(val: Path, class_to_idx: dict[str, int]) -> list[tuple[str, int]]:
     from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
     annotations = val / "val_annotations.txt"
     if not annotations.is_file():  # already sorted into val/<wnid>/ (ImageFolder form)
         return make_dataset(str(val), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
@@ -262,10 +288,13 @@ def _tiny_val(val: Path, class_to_idx: dict[str, int]) -> list[tuple[str, int]]:
 
 def _read_images(samples: list[tuple[str, int]], where: Path) -> Split:
     from torchvision.datasets.folder import pil_loader
+
     if not samples:
         raise _not_found("tiny_imagenet", str(where), _TINY_HOWTO)
     first = np.asarray(pil_loader(samples[0][0]))
-    images = np.empty((len(samples), 3, *first.shape[:2]), dtype=np.uint8)  # filled in place: 1.2 GB at full size
+    images = np.empty(
+        (len(samples), 3, *first.shape[:2]), dtype=np.uint8
+    )  # filled in place: 1.2 GB at full size
     for i, (path, _) in enumerate(samples):
         images[i] = np.asarray(pil_loader(path)).transpose(2, 0, 1)  # pil_loader converts to RGB
     return Split(images, np.array([label for _, label in samples], dtype=np.int64))
@@ -274,10 +303,13 @@ def _read_images(samples: list[tuple[str, int]], where: Path) -> Split:
 def _load_tiny_imagenet(root: str, download: bool) -> dict[str, Split]:
     # No download: the archive is not served by torchvision and needs unzipping by hand.
     from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
     base = _tiny_base(root)
     wnids = sorted((base / "wnids.txt").read_text().split())
     class_to_idx = {w: i for i, w in enumerate(wnids)}
-    train = make_dataset(str(base / "train"), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    train = make_dataset(
+        str(base / "train"), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True
+    )
     return {
         "train": _read_images(train, base / "train"),
         "test": _read_images(_tiny_val(base / "val", class_to_idx), base / "val"),
@@ -291,9 +323,12 @@ def _load_femnist(root: str, download: bool) -> dict[str, Split]:
     """LEAF's FEMNIST reduced to the lower-case letters a-j (MpFedcon / FedRep), labels 0-9,
     LEAF's own train / test splits; the writers are dropped (a partition deals the images)."""
     from fedssl.data.femnist import LOWERCASE_OFFSET, load_femnist
+
     if download:
-        raise DataNotFound("femnist cannot be downloaded by the pipeline: build LEAF's json "
-                           "files (see fedssl/data/femnist.py) and set download: false")
+        raise DataNotFound(
+            "femnist cannot be downloaded by the pipeline: build LEAF's json "
+            "files (see fedssl/data/femnist.py) and set download: false"
+        )
     out = {}
     for split, data in load_femnist(root).items():
         keep = (data.labels >= LOWERCASE_OFFSET) & (data.labels < LOWERCASE_OFFSET + 10)
@@ -314,11 +349,15 @@ _LOADERS = {
 # --------------------------------------------------------------------------- planning check
 # The files each torchvision data set needs under its root (what planning checks, cheaply).
 _TORCHVISION_FILES = {
-    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)]
-                + ["test_batch", "batches.meta"]),
+    "cifar10": (
+        "cifar-10-batches-py",
+        [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"],
+    ),
     "cifar100": ("cifar-100-python", ["train", "test", "meta"]),
-    "stl10": ("stl10_binary", ["train_X.bin", "train_y.bin", "test_X.bin", "test_y.bin",
-                               "unlabeled_X.bin"]),
+    "stl10": (
+        "stl10_binary",
+        ["train_X.bin", "train_y.bin", "test_X.bin", "test_y.bin", "unlabeled_X.bin"],
+    ),
 }
 
 
@@ -332,8 +371,11 @@ def missing_data(name: str, root: str | None = None, download: bool = False) -> 
         return None
     try:
         if key == "fashion_mnist":
-            stems = [f"{p}-{k}" for p in ("train", "t10k")
-                     for k in ("images-idx3-ubyte", "labels-idx1-ubyte")]
+            stems = [
+                f"{p}-{k}"
+                for p in ("train", "t10k")
+                for k in ("images-idx3-ubyte", "labels-idx1-ubyte")
+            ]
             if any(_find_idx(Path(root), s) is None for s in stems):
                 _load_fashion_mnist(root, False)  # raises with the instructions
         elif key == "tiny_imagenet":
@@ -343,8 +385,9 @@ def missing_data(name: str, root: str | None = None, download: bool = False) -> 
             lost = [f for f in files if not os.path.isfile(os.path.join(root, folder, f))]
             if lost:
                 howto = _TORCHVISION_HOWTO.format(name=key, folder=folder)
-                raise _not_found(key, os.path.join(root, folder),
-                                 f"{howto} (missing: {', '.join(lost)})")
+                raise _not_found(
+                    key, os.path.join(root, folder), f"{howto} (missing: {', '.join(lost)})"
+                )
     except DataNotFound as e:
         return str(e)
     return None

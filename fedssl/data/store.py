@@ -1,5 +1,6 @@
 """The prepared-data artifact: per split, a uint8 image array [N, C, H, W] and int64 labels,
 stored as plain .npy (memory-mappable), described with SHA-256 checksums in dataset.json."""
+
 from __future__ import annotations
 
 import hashlib
@@ -22,9 +23,12 @@ def write_prepared(out_dir: Path, name: str, splits: dict) -> dict:
         np.save(out_dir / f"{split}_images.npy", images)
         np.save(out_dir / f"{split}_labels.npy", labels)
         summary["splits"][split] = {
-            "count": int(len(labels)), "shape": list(images.shape[1:]),
-            "images_sha256": sha256(images), "labels_sha256": sha256(labels),
-            "num_classes": int(labels.max()) + 1 if (labels >= 0).any() else 0}
+            "count": int(len(labels)),
+            "shape": list(images.shape[1:]),
+            "images_sha256": sha256(images),
+            "labels_sha256": sha256(labels),
+            "num_classes": int(labels.max()) + 1 if (labels >= 0).any() else 0,
+        }
     (out_dir / "dataset.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -48,6 +52,7 @@ def image_shape(data_dir: Path, split: str = "train") -> tuple[int, int, int]:
 def to_device(images: np.ndarray, device):
     """The whole split as one uint8 tensor on the training device (batches are index gathers)."""
     import torch
+
     return torch.from_numpy(np.array(images, copy=True)).to(device)
 
 

@@ -1,6 +1,7 @@
 """Fine-tuning a pretrained encoder end to end with a new linear head (the shared `finetune`
 stage): AdamW, linear warmup then cosine decay per step, augmented training views, top-1 on the
 untouched test split. Resumable per epoch (:func:`fedssl.epochs.run_epochs`)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,15 +33,22 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch
     model.eval()
     correct = 0
     for start in range(0, len(images), batch):
-        x = to_float(images[start:start + batch])
+        x = to_float(images[start : start + batch])
         with autocast(x):
-            correct += (model(x).argmax(1) == labels[start:start + batch]).sum().item()
+            correct += (model(x).argmax(1) == labels[start : start + batch]).sum().item()
     return 100.0 * correct / len(images)
 
 
-def finetune(encoder: nn.Module, train: tuple[np.ndarray, np.ndarray],
-             test: tuple[np.ndarray, np.ndarray], p: FinetuneParams, device: torch.device,
-             resume: Path | None = None, fingerprint: str = "", on_epoch=None) -> dict:
+def finetune(
+    encoder: nn.Module,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    p: FinetuneParams,
+    device: torch.device,
+    resume: Path | None = None,
+    fingerprint: str = "",
+    on_epoch=None,
+) -> dict:
     """Train ``encoder`` (unfrozen here) and a linear head on ``train`` (uint8 images, labels);
     returns the test top-1 (``finetune_top1``), the last epoch's training loss and the per-epoch
     log."""
@@ -61,8 +69,10 @@ def finetune(encoder: nn.Module, train: tuple[np.ndarray, np.ndarray],
     def one_epoch(epoch: int) -> dict:
         model.train()
         gen = torch_generator(device, p.seed, "finetune", epoch)
-        order = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(
-            derive_seed(p.seed, "finetune-order", epoch))).to(device)
+        order = torch.randperm(
+            len(xtr),
+            generator=torch.Generator().manual_seed(derive_seed(p.seed, "finetune-order", epoch)),
+        ).to(device)
         loss_sum = 0.0
         for i, idx in enumerate(order.split(p.batch_size)):
             for group in opt.param_groups:
@@ -76,8 +86,19 @@ def finetune(encoder: nn.Module, train: tuple[np.ndarray, np.ndarray],
             loss_sum += loss.item()
         return {"epoch": epoch + 1, "loss": round(loss_sum / steps, 5)}
 
-    log = run_epochs(p.epochs, one_epoch, {"model": model, "opt": opt}, resume, fingerprint,
-                     device, "fine-tune", on_epoch)
-    return {"finetune_top1": accuracy(model, xte, yte, 4 * p.batch_size),
-            "finetune_train_top1": accuracy(model, xtr, ytr, 4 * p.batch_size),
-            "finetune_loss": log[-1]["loss"] if log else None, "log": log}
+    log = run_epochs(
+        p.epochs,
+        one_epoch,
+        {"model": model, "opt": opt},
+        resume,
+        fingerprint,
+        device,
+        "fine-tune",
+        on_epoch,
+    )
+    return {
+        "finetune_top1": accuracy(model, xte, yte, 4 * p.batch_size),
+        "finetune_train_top1": accuracy(model, xtr, ytr, 4 * p.batch_size),
+        "finetune_loss": log[-1]["loss"] if log else None,
+        "log": log,
+    }

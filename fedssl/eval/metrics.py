@@ -5,25 +5,37 @@ its own (cluster or personal) model, concatenated. Per-client AUROC is not used 
 CP-CFL client sees only 4 of 10 classes. F1 and AUROC come from scikit-learn, as the spec
 suggests; the clustering metrics and the relevance score are written out here.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from sklearn.metrics import f1_score, roc_auc_score
 
-__all__ = ["accuracy", "mean_client_accuracy", "f1_scores", "auroc_scores",
-           "classification_metrics", "adjusted_rand_index", "purity", "clusters_used",
-           "collapsed", "cluster_metrics", "relevance_score"]
+__all__ = [
+    "accuracy",
+    "mean_client_accuracy",
+    "f1_scores",
+    "auroc_scores",
+    "classification_metrics",
+    "adjusted_rand_index",
+    "purity",
+    "clusters_used",
+    "collapsed",
+    "cluster_metrics",
+    "relevance_score",
+]
 
 
 # --------------------------------------------------------------------------- classification
 def accuracy(y_true, y_pred) -> float:
     y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
     if y_true.shape != y_pred.shape or y_true.size == 0:
-        raise ValueError(f"need two equal, non-empty label vectors, got {y_true.shape} and "
-                         f"{y_pred.shape}")
+        raise ValueError(
+            f"need two equal, non-empty label vectors, got {y_true.shape} and {y_pred.shape}"
+        )
     return float((y_true == y_pred).mean())
 
 
@@ -37,8 +49,10 @@ def mean_client_accuracy(y_true: Sequence, y_pred: Sequence, weighted: bool = Fa
 
 def f1_scores(y_true, y_pred) -> dict[str, float]:
     """F1 averaged over the classes that occur in truth or prediction: plain and by support."""
-    return {f"f1_{avg}": float(f1_score(y_true, y_pred, average=avg, zero_division=0))
-            for avg in ("macro", "weighted")}
+    return {
+        f"f1_{avg}": float(f1_score(y_true, y_pred, average=avg, zero_division=0))
+        for avg in ("macro", "weighted")
+    }
 
 
 def _probabilities(probs) -> np.ndarray:
@@ -57,16 +71,23 @@ def auroc_scores(y_true, probs) -> dict[str, float]:
     """
     p = _probabilities(probs)
     labels = np.arange(p.shape[1])
-    return {f"auroc_{mode}_{avg}": float(roc_auc_score(y_true, p, multi_class=mode,
-                                                       average=avg, labels=labels))
-            for mode in ("ovr", "ovo") for avg in ("macro", "weighted")}
+    return {
+        f"auroc_{mode}_{avg}": float(
+            roc_auc_score(y_true, p, multi_class=mode, average=avg, labels=labels)
+        )
+        for mode in ("ovr", "ovo")
+        for avg in ("macro", "weighted")
+    }
 
 
 def classification_metrics(y_true, probs) -> dict[str, float]:
     """Accuracy, F1 (macro, weighted) and the four AUROCs of pooled softmax outputs."""
     y_pred = np.asarray(probs).argmax(axis=1)
-    return {"accuracy": accuracy(y_true, y_pred), **f1_scores(y_true, y_pred),
-            **auroc_scores(y_true, probs)}
+    return {
+        "accuracy": accuracy(y_true, y_pred),
+        **f1_scores(y_true, y_pred),
+        **auroc_scores(y_true, probs),
+    }
 
 
 # --------------------------------------------------------------------------- clustering
@@ -114,8 +135,12 @@ def collapsed(assign) -> bool:
 
 
 def cluster_metrics(assign, truth) -> dict[str, float | int | bool]:
-    return {"ari": adjusted_rand_index(assign, truth), "purity": purity(assign, truth),
-            "clusters_used": clusters_used(assign), "collapsed": collapsed(assign)}
+    return {
+        "ari": adjusted_rand_index(assign, truth),
+        "purity": purity(assign, truth),
+        "clusters_used": clusters_used(assign),
+        "collapsed": collapsed(assign),
+    }
 
 
 # --------------------------------------------------------------------------- relevance
@@ -125,11 +150,15 @@ def relevance_score(encoder_features_a, encoder_features_b) -> float:
     The mean of all pairwise cosines equals the dot product of the two means of unit
     vectors, so no N x M matrix is formed.
     """
-    a, b = (torch.as_tensor(f).detach().to("cpu", torch.float64).flatten(1)
-            for f in (encoder_features_a, encoder_features_b))
+    a, b = (
+        torch.as_tensor(f).detach().to("cpu", torch.float64).flatten(1)
+        for f in (encoder_features_a, encoder_features_b)
+    )
     if a.shape[1] != b.shape[1] or not len(a) or not len(b):
-        raise ValueError(f"need two non-empty feature sets of one width, got {tuple(a.shape)} "
-                         f"and {tuple(b.shape)}")
+        raise ValueError(
+            f"need two non-empty feature sets of one width, got {tuple(a.shape)} "
+            f"and {tuple(b.shape)}"
+        )
     unit_a = torch.nn.functional.normalize(a, dim=1).mean(0)
     unit_b = torch.nn.functional.normalize(b, dim=1).mean(0)
     return float(unit_a @ unit_b)

@@ -7,10 +7,11 @@ it); at the end the step writes ``personal.npz``. The shared ``personal`` stage 
 into metrics (:func:`summarize`): mean accuracy at fractions of the rounds, over the last rounds
 and at its best, rounds to a target, pooled F1 and AUROC of the final models, and, when the
 clients chose among models, how well those choices recover the true groups."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -37,25 +38,35 @@ class PersonalLog:
     def save(self, path: Path, labels: list[np.ndarray], probs: list[np.ndarray]) -> None:
         """Write the record with the final models' outputs (one array per client)."""
         choice = np.asarray(self.memo["choice"], dtype=np.int64)
-        np.savez(path, accuracy=np.asarray(self.memo["accuracy"], dtype=np.float64),
-                 choice=choice.reshape(len(self.memo["choice"]), -1) if choice.size
-                 else np.zeros((0, 0), dtype=np.int64),  # no model choices recorded
-                 labels=np.concatenate(labels), probs=np.concatenate(probs),
-                 client=np.concatenate([np.full(len(y), i) for i, y in enumerate(labels)]))
+        np.savez(
+            path,
+            accuracy=np.asarray(self.memo["accuracy"], dtype=np.float64),
+            choice=choice.reshape(len(self.memo["choice"]), -1)
+            if choice.size
+            else np.zeros((0, 0), dtype=np.int64),  # no model choices recorded
+            labels=np.concatenate(labels),
+            probs=np.concatenate(probs),
+            client=np.concatenate([np.full(len(y), i) for i, y in enumerate(labels)]),
+        )
 
 
-def client_outputs(logits_of: Callable, images, labels, tests: list[np.ndarray],
-                   batch: int = 1024) -> tuple[list[float], list[np.ndarray], list[np.ndarray]]:
+def client_outputs(
+    logits_of: Callable, images, labels, tests: list[np.ndarray], batch: int = 1024
+) -> tuple[list[float], list[np.ndarray], list[np.ndarray]]:
     """Each client's model on its test indices: accuracy (%), true labels, softmax outputs.
     ``logits_of(client, float_images)`` runs that client's model (no grad, eval mode)."""
     import torch
+
     from fedssl.data.augment import to_float
+
     accs, ys, ps = [], [], []
     with torch.no_grad():
         for client, idx in enumerate(tests):
             idx_t = torch.as_tensor(idx, device=images.device)
-            out = [logits_of(client, to_float(images[idx_t[s:s + batch]])).float()
-                   for s in range(0, len(idx_t), batch)]
+            out = [
+                logits_of(client, to_float(images[idx_t[s : s + batch]])).float()
+                for s in range(0, len(idx_t), batch)
+            ]
             probs = torch.cat(out).softmax(1).cpu().numpy()
             y = labels[idx_t].cpu().numpy()
             accs.append(100.0 * float((probs.argmax(1) == y).mean()) if len(y) else 0.0)
@@ -71,15 +82,19 @@ def summarize(npz_path: Path, p, true_groups: list[int] | None = None) -> dict:
         labels, probs = z["labels"], z["probs"]
     mean = acc.mean(1)  # per round, over clients
     rounds = len(mean)
-    out = {"personal_top1": round(float(mean[-1]), 2),
-           f"personal_last{p.last_rounds}": round(float(mean[-p.last_rounds:].mean()), 2),
-           "personal_best": round(float(mean.max()), 2), "rounds": rounds}
+    out = {
+        "personal_top1": round(float(mean[-1]), 2),
+        f"personal_last{p.last_rounds}": round(float(mean[-p.last_rounds :].mean()), 2),
+        "personal_best": round(float(mean.max()), 2),
+        "rounds": rounds,
+    }
     for f in p.checkpoints:
         r = max(1, round(f * rounds))
         out[f"personal_at_{r}"] = round(float(mean[r - 1]), 2)
         # as if the run had stopped at round r (a paper's column of a shorter run)
         out[f"personal_last{p.last_rounds}_at_{r}"] = round(
-            float(mean[max(0, r - p.last_rounds):r].mean()), 2)
+            float(mean[max(0, r - p.last_rounds) : r].mean()), 2
+        )
     if p.target is not None:
         hit = np.flatnonzero(mean >= p.target)
         out["rounds_to_target"] = int(hit[0]) + 1 if hit.size else None
@@ -96,8 +111,10 @@ def _clusters(choice: np.ndarray, true_groups: list[int] | None) -> dict:
     (ARI, purity) and from which round on the groups were found for good (ARI = 1 to the end)."""
     if true_groups is None:
         return {"clusters_used": int(len(np.unique(choice[-1])))}
-    out = {k: (round(float(v), 4) if isinstance(v, float) else v)
-           for k, v in cluster_metrics(choice[-1], true_groups).items()}
+    out = {
+        k: (round(float(v), 4) if isinstance(v, float) else v)
+        for k, v in cluster_metrics(choice[-1], true_groups).items()
+    }
     found = [cluster_metrics(c, true_groups)["ari"] >= 1.0 - 1e-9 for c in choice]
     last_miss = max((r for r, ok in enumerate(found) if not ok), default=-1)
     out["groups_found_at"] = last_miss + 2 if last_miss + 1 < len(found) else None

@@ -1,4 +1,5 @@
 """Evaluation of a frozen encoder: feature extraction, linear probe and weighted k-NN."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,20 +14,27 @@ from fedssl.runtime import derive_seed
 
 
 @torch.no_grad()
-def extract_features(encoder: nn.Module, images: np.ndarray, batch_size: int,
-                     device: torch.device) -> np.ndarray:
+def extract_features(
+    encoder: nn.Module, images: np.ndarray, batch_size: int, device: torch.device
+) -> np.ndarray:
     """Encoder outputs for uint8 images (no augmentation, eval mode), as float32 numpy."""
     encoder.eval()
     out = []
     for start in range(0, len(images), batch_size):
-        x = to_float(torch.from_numpy(np.array(images[start:start + batch_size])).to(device))
+        x = to_float(torch.from_numpy(np.array(images[start : start + batch_size])).to(device))
         with autocast(device):
             out.append(encoder(x).float().cpu())
     return torch.cat(out).numpy()
 
 
-def linear_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
-                 test_y: np.ndarray, p: LinearProbeParams, device: torch.device) -> dict:
+def linear_probe(
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    test_x: np.ndarray,
+    test_y: np.ndarray,
+    p: LinearProbeParams,
+    device: torch.device,
+) -> dict:
     """Multinomial logistic regression on fixed features (Adam, cosine schedule)."""
     xtr, xte = (torch.from_numpy(a).float().to(device) for a in (train_x, test_x))
     ytr, yte = (torch.from_numpy(a).long().to(device) for a in (train_y, test_y))
@@ -56,19 +64,25 @@ def linear_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
 
 
 @torch.no_grad()
-def knn_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
-                 test_y: np.ndarray, p: KnnParams, device: torch.device,
-                 chunk: int = 1024) -> dict:
+def knn_accuracy(
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    test_x: np.ndarray,
+    test_y: np.ndarray,
+    p: KnnParams,
+    device: torch.device,
+    chunk: int = 1024,
+) -> dict:
     """Weighted k-NN on cosine similarity: each of the k neighbours votes exp(sim / T)."""
     bank = F.normalize(torch.from_numpy(train_x).float().to(device), dim=1)
     labels = torch.from_numpy(train_y).long().to(device)
     num_classes = int(labels.max()) + 1
     correct = 0
     for start in range(0, len(test_x), chunk):
-        q = F.normalize(torch.from_numpy(test_x[start:start + chunk]).float().to(device), dim=1)
+        q = F.normalize(torch.from_numpy(test_x[start : start + chunk]).float().to(device), dim=1)
         sim, idx = (q @ bank.T).topk(min(p.k, len(bank)), dim=1)
         votes = torch.zeros(len(q), num_classes, device=device)
         votes.scatter_add_(1, labels[idx], (sim / p.temperature).exp())
-        truth = torch.from_numpy(test_y[start:start + chunk]).to(device)
+        truth = torch.from_numpy(test_y[start : start + chunk]).to(device)
         correct += (votes.argmax(1) == truth).sum().item()
     return {"knn_top1": 100 * correct / len(test_x)}

@@ -9,10 +9,12 @@ Only the ``trainable`` parameters get gradients and optimizer state; the others 
 An ``after_step`` callback sees the client-stacked tensors after every optimizer step (a
 momentum encoder's EMA update of frozen target weights, MoCo / BYOL).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -30,6 +32,7 @@ ViewFn = Callable[[torch.Tensor, torch.Generator], tuple]
 class Batch(NamedTuple):
     """One client's local batch: its views, labels and which rows are real (short batches are
     padded to the cohort's width)."""
+
     views: tuple
     labels: torch.Tensor
     valid: torch.Tensor
@@ -41,15 +44,16 @@ LossFn = Callable[[nn.Module, Tensors, Tensors, Batch], torch.Tensor]
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    kind: str = "adam"           # adam | adamw (decoupled weight decay) | sgd
+    kind: str = "adam"  # adam | adamw (decoupled weight decay) | sgd
     weight_decay: float = 0.0
-    momentum: float = 0.9        # sgd
+    momentum: float = 0.9  # sgd
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
 
 
 class StackedOptimizer:
-    """Adam / AdamW / SGD-momentum over dicts of client-stacked tensors; state starts fresh each round
+    """Adam / AdamW / SGD-momentum over dicts of client-stacked tensors; state starts fresh each
+    round
     (each client begins its local training with an empty optimizer state)."""
 
     def __init__(self, cfg: OptimizerConfig):
@@ -119,8 +123,9 @@ def client_batches(indices: np.ndarray, batch_size: int, epochs: int, *seed_part
 @dataclass
 class LocalData:
     """A data split on the training device, and each client's indices into it."""
-    images: torch.Tensor          # uint8 [N, C, H, W]
-    labels: torch.Tensor          # int64 [N] (-1 for unlabelled samples)
+
+    images: torch.Tensor  # uint8 [N, C, H, W]
+    labels: torch.Tensor  # int64 [N] (-1 for unlabelled samples)
     clients: list[np.ndarray]
 
     @property
@@ -134,9 +139,17 @@ class LocalData:
 class CohortTrainer:
     """Runs the local epochs of several clients, each from its own starting state."""
 
-    def __init__(self, model: nn.Module, make_views: ViewFn, loss_fn: LossFn,
-                 opt: OptimizerConfig, batch_size: int, local_epochs: int, parallel: bool = True,
-                 after_step: Callable[[Tensors, Tensors, Tensors], None] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        make_views: ViewFn,
+        loss_fn: LossFn,
+        opt: OptimizerConfig,
+        batch_size: int,
+        local_epochs: int,
+        parallel: bool = True,
+        after_step: Callable[[Tensors, Tensors, Tensors], None] | None = None,
+    ):
         """``after_step(trained, frozen, buffers)``: called after every optimizer step with the
         client-stacked tensors of the clients that stepped; changes it makes in place persist."""
         self.model, self.make_views, self.loss_fn = model, make_views, loss_fn
@@ -151,22 +164,35 @@ class CohortTrainer:
     def _loss(self, trained, frozen, buffers, batch):
         return self.loss_fn(self.model, {**trained, **frozen}, buffers, batch)
 
-    def train(self, starts: list[Tensors], data: LocalData, client_ids: list[int], lr: float,
-              seed_parts: tuple, generator: torch.Generator,
-              trainable: set[str] | None = None) -> tuple[Tensors, torch.Tensor]:
+    def train(
+        self,
+        starts: list[Tensors],
+        data: LocalData,
+        client_ids: list[int],
+        lr: float,
+        seed_parts: tuple,
+        generator: torch.Generator,
+        trainable: set[str] | None = None,
+    ) -> tuple[Tensors, torch.Tensor]:
         """Train clients ``client_ids`` (rows of ``data.clients``), client i from ``starts[i]``
         (its parameters and buffers). Returns their client-stacked final states and mean
         losses. A client's batches depend only on (seed_parts, its id), so parallel and
         one-by-one training see the same data."""
-        schedules = [client_batches(data.clients[c], self.batch_size, self.local_epochs,
-                                    *seed_parts, c) for c in client_ids]
+        schedules = [
+            client_batches(data.clients[c], self.batch_size, self.local_epochs, *seed_parts, c)
+            for c in client_ids
+        ]
         names = set(self.param_names) if trainable is None else set(trainable)
         if self.parallel:
             return self._train_group(stack(starts), schedules, data, lr, generator, names)
-        results = [self._train_group(stack([s]), [sch], data, lr, generator, names)
-                   for s, sch in zip(starts, schedules)]
-        return ({k: torch.cat([r[0][k] for r in results]) for k in results[0][0]},
-                torch.cat([r[1] for r in results]))
+        results = [
+            self._train_group(stack([s]), [sch], data, lr, generator, names)
+            for s, sch in zip(starts, schedules)
+        ]
+        return (
+            {k: torch.cat([r[0][k] for r in results]) for k in results[0][0]},
+            torch.cat([r[1] for r in results]),
+        )
 
     def _train_group(self, state: Tensors, schedules, data: LocalData, lr, generator, names):
         n = len(schedules)
@@ -189,13 +215,16 @@ class CohortTrainer:
         idx = np.zeros((len(batches), width), dtype=np.int64)
         valid = np.zeros((len(batches), width), dtype=bool)
         for r, b in enumerate(batches):
-            idx[r, :len(b)], valid[r, :len(b)] = b, True
+            idx[r, : len(b)], valid[r, : len(b)] = b, True
         idx_t = torch.from_numpy(idx).to(data.device, non_blocking=True).flatten()
         images = data.images[idx_t]
         flat = self.make_views(images, generator)
         views = tuple(v.view(len(batches), width, *v.shape[1:]) for v in flat)
-        return Batch(views, data.labels[idx_t].view(len(batches), width),
-                     torch.from_numpy(valid).to(data.device, non_blocking=True))
+        return Batch(
+            views,
+            data.labels[idx_t].view(len(batches), width),
+            torch.from_numpy(valid).to(data.device, non_blocking=True),
+        )
 
     def _step(self, trained, frozen, buffers, opt_state, rows, batch: Batch, lr):
         n = next(iter(trained.values())).shape[0]
@@ -205,8 +234,9 @@ class CohortTrainer:
             b = {k: v[0] for k, v in buffers.items()}  # views: BN stats update the stack
             loss = self._loss(p, f, b, Batch(*(_row(x) for x in batch)))
             grads = torch.autograd.grad(loss, list(p.values()))
-            self.optimizer.step(trained, {k: g.unsqueeze(0) for k, g in zip(p, grads)},
-                                opt_state, lr)
+            self.optimizer.step(
+                trained, {k: g.unsqueeze(0) for k, g in zip(p, grads)}, opt_state, lr
+            )
             if self.after_step:
                 self.after_step(trained, frozen, buffers)
             return loss.detach().unsqueeze(0)

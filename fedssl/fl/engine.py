@@ -24,21 +24,29 @@ on every batch. :class:`FedState` holds everything that persists (server tensors
 state, the byte ledger, the log); the checkpoint is that state, saved after every round as plain
 tensors and numbers (loaded with ``weights_only=True``), so a killed run resumes exactly.
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
 from fedssl.fl.cohort import CohortTrainer, LocalData, Tensors
-from fedssl.runtime import (check_finite, load_checkpoint, numpy_rng, torch_generator,
-                            torch_save, write_tsv)
+from fedssl.runtime import (
+    check_finite,
+    load_checkpoint,
+    numpy_rng,
+    torch_generator,
+    torch_save,
+    write_tsv,
+)
 
 if TYPE_CHECKING:
     from fedssl.params import FederationSettings
@@ -56,12 +64,18 @@ class FederationConfig:
     seed: int = 0
 
 
-def federation_config(settings: "FederationSettings", seed: int,
-                      lr_schedule: str = "constant") -> FederationConfig:
+def federation_config(
+    settings: FederationSettings, seed: int, lr_schedule: str = "constant"
+) -> FederationConfig:
     """The engine's configuration from a method's federation settings (any block that
     inherits :class:`fedssl.params.FederationSettings`)."""
-    return FederationConfig(rounds=settings.rounds, client_fraction=settings.client_fraction,
-                            lr=settings.lr, lr_schedule=lr_schedule, seed=seed)
+    return FederationConfig(
+        rounds=settings.rounds,
+        client_fraction=settings.client_fraction,
+        lr=settings.lr,
+        lr_schedule=lr_schedule,
+        seed=seed,
+    )
 
 
 def nbytes(tensors: Tensors) -> int:
@@ -71,13 +85,14 @@ def nbytes(tensors: Tensors) -> int:
 @dataclass
 class Ledger:
     """What each client actually sent and received, by kind, from the exchanged tensors."""
+
     up: list[dict[str, int]]
     down: list[dict[str, int]]
     rounds: list[int]
     samples: list[int]
 
     @classmethod
-    def empty(cls, sizes: list[int]) -> "Ledger":
+    def empty(cls, sizes: list[int]) -> Ledger:
         n = len(sizes)
         return cls([{} for _ in range(n)], [{} for _ in range(n)], [0] * n, list(sizes))
 
@@ -95,43 +110,63 @@ class Ledger:
         return size
 
     def summary(self) -> dict:
-        rows = [{"client": i, "bytes_up": sum(u.values()), "bytes_down": sum(d.values()),
-                 "up_by_kind": u, "down_by_kind": d, "rounds": r, "samples": s}
-                for i, (u, d, r, s) in enumerate(zip(self.up, self.down, self.rounds,
-                                                     self.samples))]
-        return {"per_client": rows, "total_bytes_up": sum(r["bytes_up"] for r in rows),
-                "total_bytes_down": sum(r["bytes_down"] for r in rows)}
+        rows = [
+            {
+                "client": i,
+                "bytes_up": sum(u.values()),
+                "bytes_down": sum(d.values()),
+                "up_by_kind": u,
+                "down_by_kind": d,
+                "rounds": r,
+                "samples": s,
+            }
+            for i, (u, d, r, s) in enumerate(zip(self.up, self.down, self.rounds, self.samples))
+        ]
+        return {
+            "per_client": rows,
+            "total_bytes_up": sum(r["bytes_up"] for r in rows),
+            "total_bytes_down": sum(r["bytes_down"] for r in rows),
+        }
 
 
 @dataclass
 class FedState:
     """Everything a federation carries from round to round (and its checkpoint holds)."""
+
     round: int
-    server: dict[str, Tensors]   # "global" = the model's params and buffers; pools, momentum...
+    server: dict[str, Tensors]  # "global" = the model's params and buffers; pools, momentum...
     clients: dict[int, Tensors]  # what each client keeps across rounds (personal heads, ...)
     ledger: Ledger
     log: list[dict] = field(default_factory=list)
     memo: dict = field(default_factory=dict)  # numbers and strings: assignments, traces, ...
 
     def to_checkpoint(self) -> dict:
-        return {"round": self.round, "server": self.server, "clients": self.clients,
-                "ledger": vars(self.ledger), "log": self.log, "memo": self.memo}
+        return {
+            "round": self.round,
+            "server": self.server,
+            "clients": self.clients,
+            "ledger": vars(self.ledger),
+            "log": self.log,
+            "memo": self.memo,
+        }
 
     @classmethod
-    def from_checkpoint(cls, ck: dict) -> "FedState":
-        return cls(ck["round"], ck["server"], ck["clients"], Ledger(**ck["ledger"]),
-                   ck["log"], ck["memo"])
+    def from_checkpoint(cls, ck: dict) -> FedState:
+        return cls(
+            ck["round"], ck["server"], ck["clients"], Ledger(**ck["ledger"]), ck["log"], ck["memo"]
+        )
 
 
 @dataclass
 class RoundUpdates:
     """What the clients of a round sent back, for the strategy's ``aggregate``."""
+
     clients: list[int]
     uploads: list[Tensors]
-    weights: torch.Tensor        # data sizes, float64 [n]
-    groups: list[int]            # the cluster / pool model each client trained
-    losses: torch.Tensor         # mean local loss per client [n]
-    images: int                  # samples processed (for the throughput log)
+    weights: torch.Tensor  # data sizes, float64 [n]
+    groups: list[int]  # the cluster / pool model each client trained
+    losses: torch.Tensor  # mean local loss per client [n]
+    images: int  # samples processed (for the throughput log)
 
 
 def sample_clients(num_clients: int, fraction: float, seed: int, round_: int) -> list[int]:
@@ -177,8 +212,9 @@ class Strategy:
         return {"global": model_state(model)}
 
     def sample(self, state: FedState, round_: int) -> list[int]:
-        return sample_clients(len(self.fed.data.clients), self.cfg.client_fraction, self.cfg.seed,
-                              round_)
+        return sample_clients(
+            len(self.fed.data.clients), self.cfg.client_fraction, self.cfg.seed, round_
+        )
 
     def lr(self, round_: int) -> float:
         if self.cfg.lr_schedule == "cosine":
@@ -232,6 +268,7 @@ class Phase:
     round) (None: its position, nothing for the first phase, then 1, 2, ...). With a
     ``loss_weight`` on its phases the round's loss is their weighted mean (e.g. by epochs),
     otherwise the last phase's."""
+
     cohort: CohortTrainer
     trainable: Callable[[FedState], set[str] | None] | None = None
     seed_tag: tuple | None = None
@@ -246,8 +283,11 @@ class LocalTraining:
     federation's state that picks the round's schedule (CP-CFL: one pass while the strategy
     restricts training, else encoder epochs then head epochs)."""
 
-    def __init__(self, cohort: CohortTrainer | None = None,
-                 phases: list[Phase] | Callable[[FedState], list[Phase]] | None = None):
+    def __init__(
+        self,
+        cohort: CohortTrainer | None = None,
+        phases: list[Phase] | Callable[[FedState], list[Phase]] | None = None,
+    ):
         if (cohort is None) == (phases is None):
             raise ValueError("give either one cohort or a list of phases")
         self.schedule = phases if callable(phases) else None
@@ -266,8 +306,9 @@ class LocalTraining:
         """The epochs of a fixed schedule's round."""
         return sum(ph.cohort.local_epochs for ph in self.phases)
 
-    def train_round(self, fed: "Federation", state: FedState, chosen: list[int],
-                    round_: int, lr: float) -> RoundUpdates:
+    def train_round(
+        self, fed: Federation, state: FedState, chosen: list[int], round_: int, lr: float
+    ) -> RoundUpdates:
         s, ledger = fed.strategy, state.ledger
         starts, groups = [], []
         for c in chosen:
@@ -284,9 +325,9 @@ class LocalTraining:
             # phase 0 keeps the single-cohort seeds, later phases draw their own batches
             tag = phase.seed_tag if phase.seed_tag is not None else ((i,) if i else ())
             names = phase.trainable(state) if phase.trainable else s.trainable(state)
-            trained, losses = phase.cohort.train(starts, fed.data, chosen, lr,
-                                                 (fed.cfg.seed, "local", round_, *tag), gen,
-                                                 names)
+            trained, losses = phase.cohort.train(
+                starts, fed.data, chosen, lr, (fed.cfg.seed, "local", round_, *tag), gen, names
+            )
             if phase.loss_weight is not None:
                 weighted = weighted + losses * phase.loss_weight
         if phases and phases[-1].loss_weight is not None:
@@ -303,8 +344,9 @@ class LocalTraining:
             if kept is not None:
                 state.clients[c] = {k: v.clone() for k, v in kept.items()}
         sizes = torch.tensor([len(fed.data.clients[c]) for c in chosen], dtype=torch.float64)
-        return RoundUpdates(chosen, uploads, sizes.to(fed.data.device), groups, losses,
-                            epochs * int(sizes.sum()))
+        return RoundUpdates(
+            chosen, uploads, sizes.to(fed.data.device), groups, losses, epochs * int(sizes.sum())
+        )
 
 
 def record(count, client: int, tensors: Tensors, traffic) -> None:
@@ -318,8 +360,16 @@ class Federation:
     """Drives rounds of a trainer over fixed client data; resumable from ``ckpt_path`` (a
     checkpoint of another configuration, i.e. another ``fingerprint``, is ignored)."""
 
-    def __init__(self, strategy: Strategy, trainer, data: LocalData, cfg: FederationConfig,
-                 ckpt_path: Path, fingerprint: str, server_data: LocalData | None = None):
+    def __init__(
+        self,
+        strategy: Strategy,
+        trainer,
+        data: LocalData,
+        cfg: FederationConfig,
+        ckpt_path: Path,
+        fingerprint: str,
+        server_data: LocalData | None = None,
+    ):
         self.strategy, self.trainer, self.data, self.cfg = strategy, trainer, data, cfg
         self.server_data = server_data
         self.ckpt_path, self.fingerprint = Path(ckpt_path), fingerprint
@@ -330,16 +380,19 @@ class Federation:
         ck = load_checkpoint(self.ckpt_path, self.fingerprint, self.data.device)
         if ck is not None:
             return FedState.from_checkpoint(ck["state"])
-        return FedState(0, self.strategy.init_server(model), {},
-                        Ledger.empty(self.data.sizes()))
+        return FedState(0, self.strategy.init_server(model), {}, Ledger.empty(self.data.sizes()))
 
     def run(self, state: FedState, on_round=None) -> FedState:
         while state.round < self.cfg.rounds:
             self.run_round(state)
-            check_finite(state.log[-1]["loss"], f"round {state.round}",
-                         f"the checkpoint of round {state.round - 1} is kept")
-            torch_save({"fingerprint": self.fingerprint, "state": state.to_checkpoint()},
-                       self.ckpt_path)
+            check_finite(
+                state.log[-1]["loss"],
+                f"round {state.round}",
+                f"the checkpoint of round {state.round - 1} is kept",
+            )
+            torch_save(
+                {"fingerprint": self.fingerprint, "state": state.to_checkpoint()}, self.ckpt_path
+            )
             if on_round:
                 on_round(state)
         return state
@@ -361,11 +414,19 @@ class Federation:
             state.ledger.rounds[c] += 1
         up, down = (a - b for a, b in zip(_ledger_totals(state.ledger), bytes_before))
         w = updates.weights
-        state.log.append({
-            "round": r + 1, "clients": len(chosen),
-            "loss": float((updates.losses.double() * w).sum() / w.sum()), "lr": lr,
-            "bytes_up": up, "bytes_down": down, "seconds": round(seconds, 3),
-            "images_per_s": round(updates.images / seconds, 1), **extra})
+        state.log.append(
+            {
+                "round": r + 1,
+                "clients": len(chosen),
+                "loss": float((updates.losses.double() * w).sum() / w.sum()),
+                "lr": lr,
+                "bytes_up": up,
+                "bytes_down": down,
+                "seconds": round(seconds, 3),
+                "images_per_s": round(updates.images / seconds, 1),
+                **extra,
+            }
+        )
         state.round = r + 1
 
 
@@ -381,8 +442,9 @@ def write_round_log(rows: list[dict], path: Path) -> None:
     write_tsv([{k: r.get(k, "") for k in fields} for r in rows], path, fields)
 
 
-def client_data(images: torch.Tensor, labels: np.ndarray | torch.Tensor,
-                clients: list[np.ndarray]) -> LocalData:
+def client_data(
+    images: torch.Tensor, labels: np.ndarray | torch.Tensor, clients: list[np.ndarray]
+) -> LocalData:
     """The training split on its device with the clients' index arrays."""
     labels = torch.as_tensor(np.asarray(labels), dtype=torch.int64).to(images.device)
     return LocalData(images, labels, clients)

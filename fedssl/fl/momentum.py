@@ -4,6 +4,7 @@ Shared by BYOL (CP-CFL), MoCo v3 (LW-FedSSL, FedMoCo) and MoCo v2 in split learn
 MonAcoSFL). Parameters are plain dicts of tensors, optionally stacked along a leading client
 axis as in ``fedssl.fl.cohort``, so one call updates every client's momentum model at once.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,9 @@ def momentum_pairs(names, prefix: str, parts: tuple[str, ...] | None = None) -> 
 
 
 @torch.no_grad()
-def ema_update_pairs(momentum: Tensors, online: Tensors, pairs: dict[str, str],
-                     m: float | torch.Tensor) -> None:
+def ema_update_pairs(
+    momentum: Tensors, online: Tensors, pairs: dict[str, str], m: float | torch.Tensor
+) -> None:
     """:func:`ema_update` of each twin in ``momentum`` toward its online tensor in ``online``
     (``pairs`` as :func:`momentum_pairs` gives them); both may be one model's state dict."""
     ema_update({t: momentum[t] for t in pairs}, {t: online[o] for t, o in pairs.items()}, m)
@@ -48,8 +50,10 @@ def ema_update_pairs(momentum: Tensors, online: Tensors, pairs: dict[str, str],
 def ema_after_step(pairs: dict[str, str], m: float):
     """A cohort trainer's ``after_step`` hook: after every optimiser step the momentum twins
     (held with the frozen tensors) move by EMA toward the weights just trained."""
+
     def after_step(trained: Tensors, frozen: Tensors, buffers: Tensors) -> None:
         ema_update_pairs(frozen, trained, pairs, m)
+
     return after_step
 
 
@@ -95,15 +99,17 @@ class FeatureQueue:
 
     def load_state_dict(self, state: dict) -> None:
         if state["keys"].shape != self.keys.shape:
-            raise ValueError(f"queue shape {tuple(state['keys'].shape)} does not match "
-                             f"{tuple(self.keys.shape)}")
+            raise ValueError(
+                f"queue shape {tuple(state['keys'].shape)} does not match {tuple(self.keys.shape)}"
+            )
         self.keys.copy_(state["keys"])
         self.ptr = int(state["ptr"])
 
 
 @torch.no_grad()
-def misalignment(online: list[Tensors], momentum: list[Tensors],
-                 squared: bool = False) -> torch.Tensor:
+def misalignment(
+    online: list[Tensors], momentum: list[Tensors], squared: bool = False
+) -> torch.Tensor:
     """MonAcoSFL Eq. 2: Σ_i |φ_i - EMA(φ_i)| / (N · dim φ), the mean absolute difference per
     parameter element over the N clients' online and momentum models (float64, a 0-d tensor).
     ``squared`` gives the mean squared difference instead, which the authors' code logs."""

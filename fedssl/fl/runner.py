@@ -1,17 +1,24 @@
 """Running a federation inside a stage: resume from its checkpoint, log every round (a progress
 line and the per-round TSV that `dvc plots` reads), save the byte ledger, record the outcome.
 :func:`run_rounds` is the round loop every federation runs through, with an ``on_round`` hook."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from torch import nn
 
 from fedssl.data.store import to_device
 from fedssl.fl.cohort import LocalData
-from fedssl.fl.engine import (LOG_FIELDS, TIMING_FIELDS, Federation, FedState, client_data,
-                              write_round_log)
+from fedssl.fl.engine import (
+    LOG_FIELDS,
+    TIMING_FIELDS,
+    Federation,
+    FedState,
+    client_data,
+    write_round_log,
+)
 from fedssl.runtime import write_json
 
 
@@ -24,14 +31,22 @@ def train_data(ctx) -> LocalData:
 def progress_line(row: dict, rounds: int, label: str = "") -> str:
     """One round's progress line: the loss, the clients, the throughput, then every metric a
     strategy added to the round log (accuracies, cluster use, ...)."""
-    extra = "".join(f", {k} {v}" for k, v in row.items()
-                    if k not in LOG_FIELDS and k not in TIMING_FIELDS)
-    return (f"{label}round {row['round']}/{rounds}: loss {row['loss']:.4f}, {row['clients']} "
-            f"clients, {row['images_per_s']:.0f} img/s{extra}")
+    extra = "".join(
+        f", {k} {v}" for k, v in row.items() if k not in LOG_FIELDS and k not in TIMING_FIELDS
+    )
+    return (
+        f"{label}round {row['round']}/{rounds}: loss {row['loss']:.4f}, {row['clients']} "
+        f"clients, {row['images_per_s']:.0f} img/s{extra}"
+    )
 
 
-def run_rounds(fed: Federation, state: FedState, log_path: Path | None = None,
-               label: str = "", on_round: Callable[[FedState], None] | None = None) -> FedState:
+def run_rounds(
+    fed: Federation,
+    state: FedState,
+    log_path: Path | None = None,
+    label: str = "",
+    on_round: Callable[[FedState], None] | None = None,
+) -> FedState:
     """Run ``fed`` from ``state`` to its last round. After every round (and its checkpoint):
     the round log to ``log_path``, a progress line, then ``on_round(state)``, which may end the
     run early by raising (CP-CFL's clustering failure)."""
@@ -49,8 +64,9 @@ def run_rounds(fed: Federation, state: FedState, log_path: Path | None = None,
     return fed.run(state, on_round=after_round)
 
 
-def run_federation(ctx, fed: Federation, model: nn.Module | None = None,
-                   log_name: str = "rounds.tsv") -> FedState:
+def run_federation(
+    ctx, fed: Federation, model: nn.Module | None = None, log_name: str = "rounds.tsv"
+) -> FedState:
     """Run ``fed`` from its last checkpoint to the end. Writes ``communication.json`` into the
     stage's output and the round log into the experiment's results; loads the strategy's final
     model into ``model`` when given."""
@@ -59,11 +75,11 @@ def run_federation(ctx, fed: Federation, model: nn.Module | None = None,
     ctx.run_info["resumed_from_round"] = state.round
     state = run_rounds(fed, state, log_path)
     write_round_log(state.log, log_path)
-    ctx.run_info["rounds"] = [{k: r[k] for k in ("round", "seconds", "images_per_s")}
-                              for r in state.log]
+    ctx.run_info["rounds"] = [
+        {k: r[k] for k in ("round", "seconds", "images_per_s")} for r in state.log
+    ]
     write_json(ctx.out / "communication.json", state.ledger.summary())
     if model is not None:
         model.load_state_dict(fed.strategy.final_model(state))
-    ctx.info.update(rounds=len(state.log),
-                    final_loss=state.log[-1]["loss"] if state.log else None)
+    ctx.info.update(rounds=len(state.log), final_loss=state.log[-1]["loss"] if state.log else None)
     return state

@@ -23,10 +23,11 @@ Simulation notes:
   *sum*; weighting by |D_i| and dividing by Σ|D_i| afterwards shrinks it by that factor.
 * Cost: each client draws one mask per other participant, O(M · numel) per client.
 """
+
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -41,16 +42,27 @@ def pair_seed(a: int, b: int, round_seed: int, session_secret: str = "") -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def pair_mask(a: int, b: int, numel: int, round_seed: int, mask_std: float = DEFAULT_MASK_STD,
-              session_secret: str = "") -> Tensor:
+def pair_mask(
+    a: int,
+    b: int,
+    numel: int,
+    round_seed: int,
+    mask_std: float = DEFAULT_MASK_STD,
+    session_secret: str = "",
+) -> Tensor:
     """The float64 mask ``r_ab`` of length ``numel`` shared by clients ``a`` and ``b``."""
     gen = torch.Generator(device="cpu").manual_seed(pair_seed(a, b, round_seed, session_secret))
     return torch.randn(numel, generator=gen, dtype=torch.float64).mul_(mask_std)
 
 
-def mask_update(flat_weighted_update: Tensor, client_id: int, participant_ids: Sequence[int],
-                round_seed: int, mask_std: float = DEFAULT_MASK_STD,
-                session_secret: str = "") -> Tensor:
+def mask_update(
+    flat_weighted_update: Tensor,
+    client_id: int,
+    participant_ids: Sequence[int],
+    round_seed: int,
+    mask_std: float = DEFAULT_MASK_STD,
+    session_secret: str = "",
+) -> Tensor:
     """Mask one client's flat, already weighted update ``w_i · θ_i``.
 
     Returns a float64 CPU tensor ``u_i + Σ_{j>i} r_ij − Σ_{j<i} r_ji`` over the other
@@ -88,9 +100,14 @@ def unmask_sum(masked: Sequence[Tensor]) -> Tensor:
     return total
 
 
-def secure_fedavg(flat_updates: Sequence[Tensor], weights: Sequence[float],
-                  participant_ids: Sequence[int], round_seed: int,
-                  mask_std: float = DEFAULT_MASK_STD, session_secret: str = "") -> Tensor:
+def secure_fedavg(
+    flat_updates: Sequence[Tensor],
+    weights: Sequence[float],
+    participant_ids: Sequence[int],
+    round_seed: int,
+    mask_std: float = DEFAULT_MASK_STD,
+    session_secret: str = "",
+) -> Tensor:
     """Weighted FedAvg Σ w_i θ_i / Σ w_i computed through masked uploads (float64 result).
 
     Convenience for simulations: each client masks ``w_i · θ_i``, the server sums and divides by
@@ -101,9 +118,17 @@ def secure_fedavg(flat_updates: Sequence[Tensor], weights: Sequence[float],
     total_w = float(sum(weights))
     if total_w <= 0:
         raise ValueError("weights must sum to a positive number")
-    masked = [mask_update(u.to(torch.float64) * float(w), cid, participant_ids, round_seed,
-                          mask_std, session_secret)
-              for u, w, cid in zip(flat_updates, weights, participant_ids)]
+    masked = [
+        mask_update(
+            u.to(torch.float64) * float(w),
+            cid,
+            participant_ids,
+            round_seed,
+            mask_std,
+            session_secret,
+        )
+        for u, w, cid in zip(flat_updates, weights, participant_ids)
+    ]
     return unmask_sum(masked) / total_w
 
 
@@ -112,23 +137,30 @@ class SecureAggregation:
     learns only their sum, hence the FedAvg mean. Integer buffers (BN batch counters) are
     aggregated in the clear, as plain FedAvg does. Use as ``class S(SecureAggregation,
     Strategy)``."""
+
     mask_std: float = DEFAULT_MASK_STD
     session_secret: str = ""
 
     def aggregate(self, state, updates) -> None:
         from fedssl.fl.engine import fedavg, stacked
         from fedssl.runtime import derive_seed
+
         stack = stacked(updates.uploads)
         floats = {k: v for k, v in stack.items() if v.is_floating_point()}
         out = fedavg({k: v for k, v in stack.items() if k not in floats}, updates.weights)
         n = len(updates.clients)
         flat = torch.cat([v.reshape(n, -1).double() for v in floats.values()], 1)
-        mean = secure_fedavg(list(flat), updates.weights.tolist(), list(updates.clients),
-                             derive_seed("secure-agg", state.round), self.mask_std,
-                             self.session_secret)
+        mean = secure_fedavg(
+            list(flat),
+            updates.weights.tolist(),
+            list(updates.clients),
+            derive_seed("secure-agg", state.round),
+            self.mask_std,
+            self.session_secret,
+        )
         start = 0
         for k, v in floats.items():
             size = v[0].numel()
-            out[k] = mean[start:start + size].view(v.shape[1:]).to(v.device, v.dtype)
+            out[k] = mean[start : start + size].view(v.shape[1:]).to(v.device, v.dtype)
             start += size
         state.server["global"] = {k: out[k] for k in stack}

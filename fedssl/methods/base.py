@@ -17,6 +17,7 @@ declaration stays light (no torch: the front ends import every method's declarat
 params and build the DAG), and each stage depends only on the code it runs: a method's report
 tables are not in its training's code, nor its cost formulas.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -45,6 +46,7 @@ def call_hook(hook: str, *args):
 
 class MethodParams(Strict):
     """Base of a method's params section; each method narrows ``name`` to its own Literal."""
+
     name: str
     seed: int = 0
 
@@ -62,6 +64,7 @@ class Step:
     ``runner``: the ``"module:function"`` that runs it, called with the stage context and then
     ``args``; the stage depends on that module's code only (None: the method's own
     ``<name>(ctx)``, for code that lives in the declaration itself)."""
+
     name: str
     reads: tuple[str, ...]
     inputs: tuple[str, ...] = (DATA, PARTITION)
@@ -74,8 +77,9 @@ class Step:
 
 class Method:
     """Base class of the method plugins; subclasses set the class attributes and hooks."""
+
     name: ClassVar[str]
-    label: ClassVar[str]                       # the report's row label
+    label: ClassVar[str]  # the report's row label
     params: ClassVar[type[MethodParams]]
     steps: ClassVar[tuple[Step, ...]] = ()
     # Evaluation. By the shared probes (features, linear_probe, knn): the steps whose outputs
@@ -135,9 +139,12 @@ class Method:
     def hook_modules(self, params: MethodParams, kind: str) -> list[str]:
         """The modules a stage of kind ``kind`` (a step, or a shared stage that calls a hook)
         runs of this method, besides its declaration: the stage's code dependencies."""
-        hooks = {"features": [self.encoder_hook], "finetune": [self.encoder_hook],
-                 "costs": [self.client_costs_hook],
-                 "report": [self.report_tables, self.report_figures]}.get(kind)
+        hooks = {
+            "features": [self.encoder_hook],
+            "finetune": [self.encoder_hook],
+            "costs": [self.client_costs_hook],
+            "report": [self.report_tables, self.report_figures],
+        }.get(kind)
         if hooks is None:
             hooks = [s.runner for s in self.steps_for(params) if s.name == kind]
         return [hook_module(h) for h in hooks if h]
@@ -158,26 +165,27 @@ class Method:
         ``costs_inputs``)."""
         return self.costs_inputs
 
-    def run_step(self, step: str, ctx: "StageContext") -> None:
+    def run_step(self, step: str, ctx: StageContext) -> None:
         """Run step ``step`` (a name in ``steps_for``): its ``runner``, or ``self.<step>(ctx)``."""
         declared = {s.name: s for s in self.steps_for(ctx.exp.method)}
         if step not in declared:
-            raise KeyError(f"method '{self.name}' has no step '{step}' (its steps: "
-                           f"{', '.join(declared)})")
+            raise KeyError(
+                f"method '{self.name}' has no step '{step}' (its steps: {', '.join(declared)})"
+            )
         s = declared[step]
         if s.runner:
             call_hook(s.runner, ctx, *s.args)
         else:
             getattr(self, step)(ctx)
 
-    def encoder(self, ctx: "StageContext"):
+    def encoder(self, ctx: StageContext):
         """The frozen encoder the probes read (an ``nn.Module`` mapping float images in [0, 1]
         to features), built from the outputs of ``encoder_inputs``: ``encoder_hook``'s."""
         if self.encoder_hook is None:
             raise NotImplementedError(f"method '{self.name}' has no frozen encoder for the probes")
         return call_hook(self.encoder_hook, ctx)
 
-    def client_costs(self, ctx: "StageContext") -> list[dict]:
+    def client_costs(self, ctx: StageContext) -> list[dict]:
         """Per-client costs (rows of :func:`fedssl.costs.summarize_client_costs`' input)."""
         if self.client_costs_hook is None:
             raise NotImplementedError(f"method '{self.name}' declares no client costs")

@@ -1,5 +1,6 @@
 """Reference rows without pretraining: the encoder at its seeded random initialisation (the
 same weights a method with these settings starts from), or raw pixels (``model.arch: pixels``)."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -30,6 +31,7 @@ class NoPretraining(Method):
     def pretrain(self, ctx) -> None:
         """Save the seeded initial model."""
         from fedssl.models.encoders import save_contrastive_model, seeded_contrastive_model
+
         p = ctx.exp.method
         model = seeded_contrastive_model(p.model, ctx.image_shape, p.seed, ctx.device)
         save_contrastive_model(model, ctx.out / "model.pt", ctx.image_shape)
@@ -37,5 +39,10 @@ class NoPretraining(Method):
 
     def encoder(self, ctx):
         from fedssl.models.encoders import load_encoder
-        return load_encoder(ctx.exp.method.model, ctx.input("pretrain") / "model.pt",
-                            ctx.device, ctx.exp.features.layer == "projection")
+
+        return load_encoder(
+            ctx.exp.method.model,
+            ctx.input("pretrain") / "model.pt",
+            ctx.device,
+            ctx.exp.features.layer == "projection",
+        )

@@ -1,5 +1,6 @@
 """The method registry: every module or package under ``fedssl/methods`` is a method plugin
 that registers itself when imported. Discovery imports only the declarations (no torch)."""
+
 from __future__ import annotations
 
 import importlib
@@ -27,6 +28,7 @@ def _discover() -> None:
         return
     _discovered = True
     import fedssl.methods as package
+
     for info in pkgutil.iter_modules(package.__path__):
         if info.name not in _NOT_PLUGINS and not info.name.startswith("_"):
             importlib.import_module(f"fedssl.methods.{info.name}")

@@ -32,8 +32,10 @@ behind it cannot return to the input resolution (spec §8 A2). ``ae_pool`` choos
 * ``'downsampled_target'``: MaxPool in the path; the decoder works at half resolution and the
   target is the 2×2 average-pooled image (see :meth:`ClientAutoencoder.reconstruction_target`).
 
-Batches for TN must be twin-ordered ``[view-1 ; view-2]`` (see :class:`~fedssl.models.norms.TwinNorm`).
+Batches for TN must be twin-ordered ``[view-1 ; view-2]``
+(see :class:`~fedssl.models.norms.TwinNorm`).
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -58,10 +60,14 @@ def resnet18_blocks_on_client(cut: int) -> int:
     return (cut - 1) // 2
 
 
-def _conv_block(conv: nn.Module, out_channels: int, norm: str, channels_per_group: int,
-                tn_variance: str) -> list[nn.Module]:
-    return [conv, make_norm(norm, out_channels, channels_per_group, tn_variance=tn_variance),
-            nn.ReLU(inplace=True)]
+def _conv_block(
+    conv: nn.Module, out_channels: int, norm: str, channels_per_group: int, tn_variance: str
+) -> list[nn.Module]:
+    return [
+        conv,
+        make_norm(norm, out_channels, channels_per_group, tn_variance=tn_variance),
+        nn.ReLU(inplace=True),
+    ]
 
 
 class ClientAutoencoder(nn.Module):
@@ -88,21 +94,31 @@ class ClientAutoencoder(nn.Module):
         rep_channels: channels of the exported representation.
     """
 
-    def __init__(self, arch: Literal["resnet18", "resnet50"] = "resnet18", in_channels: int = 3,
-                 width: int = 64, norm: str = "tn", channels_per_group: int = 16,
-                 tn_variance: str = "joint",
-                 ae_pool: Literal["outside", "upsample", "downsampled_target"] = "outside",
-                 cut: int = DEFAULT_CUT) -> None:
+    def __init__(
+        self,
+        arch: Literal["resnet18", "resnet50"] = "resnet18",
+        in_channels: int = 3,
+        width: int = 64,
+        norm: str = "tn",
+        channels_per_group: int = 16,
+        tn_variance: str = "joint",
+        ae_pool: Literal["outside", "upsample", "downsampled_target"] = "outside",
+        cut: int = DEFAULT_CUT,
+    ) -> None:
         super().__init__()
         if arch not in AE_ARCHS:
             raise ValueError(f"unknown arch '{arch}' (expected one of: {', '.join(AE_ARCHS)})")
         if arch == "resnet50" and cut != DEFAULT_CUT:
-            raise ValueError(f"cut applies to arch resnet18 only (resnet50 has Tab. 10's fixed "
-                             f"module), got cut={cut}")
+            raise ValueError(
+                f"cut applies to arch resnet18 only (resnet50 has Tab. 10's fixed "
+                f"module), got cut={cut}"
+            )
         if not 1 <= cut <= len(RESNET18_CONVS):
             raise ValueError(f"cut must be in 1..{len(RESNET18_CONVS)}, got {cut}")
         if ae_pool not in AE_POOLS:
-            raise ValueError(f"unknown ae_pool '{ae_pool}' (expected one of: {', '.join(AE_POOLS)})")
+            raise ValueError(
+                f"unknown ae_pool '{ae_pool}' (expected one of: {', '.join(AE_POOLS)})"
+            )
         if in_channels < 1 or width < 1:
             raise ValueError("in_channels and width must be positive")
         self.arch, self.in_channels, self.width = arch, in_channels, width
@@ -115,14 +131,20 @@ class ClientAutoencoder(nn.Module):
             layers.append((c_in, mult * width, stride))
             c_in = mult * width
 
-        self.encoder = nn.Sequential(*[
-            m for ci, co, s in layers for m in _conv_block(nn.Conv2d(ci, co, 3, s, 1), co, **nkw)])
+        self.encoder = nn.Sequential(
+            *[m for ci, co, s in layers for m in _conv_block(nn.Conv2d(ci, co, 3, s, 1), co, **nkw)]
+        )
         self.rep_channels = c_in
         self.pool = nn.MaxPool2d(2, 2)
 
         # output_padding = stride - 1 makes a stride-2 transposed conv exactly double the size.
-        dec = [m for ci, co, s in reversed(layers) for m in _conv_block(
-            nn.ConvTranspose2d(co, ci, 3, s, 1, output_padding=s - 1), ci, **nkw)]
+        dec = [
+            m
+            for ci, co, s in reversed(layers)
+            for m in _conv_block(
+                nn.ConvTranspose2d(co, ci, 3, s, 1, output_padding=s - 1), ci, **nkw
+            )
+        ]
         dec.append(nn.Conv2d(in_channels, in_channels, 3, 1, 1))
         self.decoder = nn.Sequential(*dec)
 
@@ -159,8 +181,12 @@ class ClientAutoencoder(nn.Module):
         return sum(p.numel() for p in module.parameters())
 
 
-def reconstruction_loss(logits: Tensor, target: Tensor, kind: Literal["bce", "mse"] = "bce",
-                        reduction: Literal["mean", "none"] = "mean") -> Tensor:
+def reconstruction_loss(
+    logits: Tensor,
+    target: Tensor,
+    kind: Literal["bce", "mse"] = "bce",
+    reduction: Literal["mean", "none"] = "mean",
+) -> Tensor:
     """Phase-1 loss (Eq. 1, App. B.2.2), averaged over pixels, channels and images.
 
     ``'bce'``: ``binary_cross_entropy_with_logits(logits, target)``; the target must lie in [0, 1].

@@ -10,10 +10,11 @@ flatten layer from it, so one definition serves 96×96 STL-10, 32×32 CIFAR and 
   together by :class:`LayeredNet`; :class:`MLPBase` is the FEMNIST base D.
 * :class:`LeNet`: the randomly initialised sigmoid LeNet that DLG / iDLG attack (spec §5).
 """
+
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -39,13 +40,18 @@ class CPCFLEncoder(nn.Module):
     run out of pixels (they need at least 31×31).
     """
 
-    def __init__(self, image_shape: tuple[int, int, int] = (3, 96, 96),
-                 channels: Sequence[int] = (64, 128, 192, 256), feature_dim: int = 256,
-                 padding: str = "valid"):
+    def __init__(
+        self,
+        image_shape: tuple[int, int, int] = (3, 96, 96),
+        channels: Sequence[int] = (64, 128, 192, 256),
+        feature_dim: int = 256,
+        padding: str = "valid",
+    ):
         super().__init__()
         if padding not in PADDINGS:
-            raise ValueError(f"unknown padding {padding!r} (expected one of: "
-                             f"{', '.join(PADDINGS)})")
+            raise ValueError(
+                f"unknown padding {padding!r} (expected one of: {', '.join(PADDINGS)})"
+            )
         pad = 0 if padding == "valid" else 1
         layers: list[nn.Module] = []
         cin = image_shape[0]
@@ -53,9 +59,11 @@ class CPCFLEncoder(nn.Module):
         for cout in channels:
             size = (size + 2 * pad - 3) // 2 + 1
             if size < 1:
-                raise ValueError(f"{padding!r} stride-2 convs shrink a {image_shape[1]}x"
-                                 f"{image_shape[2]} image to nothing; use a larger input or "
-                                 f"padding='same'")
+                raise ValueError(
+                    f"{padding!r} stride-2 convs shrink a {image_shape[1]}x"
+                    f"{image_shape[2]} image to nothing; use a larger input or "
+                    f"padding='same'"
+                )
             layers += [nn.Conv2d(cin, cout, 3, stride=2, padding=pad), nn.ReLU(inplace=True)]
             cin = cout
         self.features = nn.Sequential(*layers, nn.Flatten())
@@ -72,9 +80,13 @@ class CNNCifarBase(nn.Module):
     max-pool 2, conv k5 (64) - ReLU - max-pool 2, flatten, then fc 120 - ReLU, fc 64 - ReLU
     (``hidden``). At 32×32×3 the flatten has 64·5·5 = 1600 features; ``out_dim`` = 64."""
 
-    def __init__(self, image_shape: tuple[int, int, int] = (3, 32, 32),
-                 conv_channels: Sequence[int] = (64, 64), kernel_size: int = 5,
-                 hidden: Sequence[int] = (120, 64)):
+    def __init__(
+        self,
+        image_shape: tuple[int, int, int] = (3, 32, 32),
+        conv_channels: Sequence[int] = (64, 64),
+        kernel_size: int = 5,
+        hidden: Sequence[int] = (120, 64),
+    ):
         super().__init__()
         layers: list[nn.Module] = []
         cin = image_shape[0]
@@ -104,8 +116,9 @@ class MLPBase(nn.Module):
     """MpFedcon's FEMNIST base encoder D: flatten, fc 784→512 - ReLU, fc 512→256 - ReLU;
     ``out_dim`` = 256."""
 
-    def __init__(self, image_shape: tuple[int, int, int] = (1, 28, 28),
-                 hidden: Sequence[int] = (512, 256)):
+    def __init__(
+        self, image_shape: tuple[int, int, int] = (1, 28, 28), hidden: Sequence[int] = (512, 256)
+    ):
         super().__init__()
         c, h, w = image_shape
         self.flatten = nn.Flatten()
@@ -133,8 +146,9 @@ class LayeredNet(nn.Module):
         return self.output(self.project(x))
 
 
-def layered_net(base: nn.Module, num_classes: int,
-                projection: tuple[int, int] | None = (128, 128)) -> LayeredNet:
+def layered_net(
+    base: nn.Module, num_classes: int, projection: tuple[int, int] | None = (128, 128)
+) -> LayeredNet:
     """D + P + O on top of ``base``: P = Linear-ReLU-Linear with (hidden, out) = ``projection``,
     or no projection head (``None``, O reads D's output: FedRep's original network)."""
     if projection is None:
@@ -146,14 +160,20 @@ def layered_net(base: nn.Module, num_classes: int,
     return LayeredNet(base, projector, nn.Linear(proj_dim, num_classes))
 
 
-def mpfedcon_cifar_net(num_classes: int, image_shape: tuple[int, int, int] = (3, 32, 32),
-                       projection: tuple[int, int] | None = (128, 128)) -> LayeredNet:
+def mpfedcon_cifar_net(
+    num_classes: int,
+    image_shape: tuple[int, int, int] = (3, 32, 32),
+    projection: tuple[int, int] | None = (128, 128),
+) -> LayeredNet:
     """MpFedcon's CIFAR network: CNNCifar base D (→64), P 64→128→128, O 128→C."""
     return layered_net(CNNCifarBase(image_shape), num_classes, projection)
 
 
-def mpfedcon_femnist_net(num_classes: int = 10, image_shape: tuple[int, int, int] = (1, 28, 28),
-                         projection: tuple[int, int] | None = (128, 128)) -> LayeredNet:
+def mpfedcon_femnist_net(
+    num_classes: int = 10,
+    image_shape: tuple[int, int, int] = (1, 28, 28),
+    projection: tuple[int, int] | None = (128, 128),
+) -> LayeredNet:
     """MpFedcon's FEMNIST network: MLP base D (→256), P 256→128→128, O 128→C."""
     return layered_net(MLPBase(image_shape), num_classes, projection)
 
@@ -167,8 +187,14 @@ class LeNet(nn.Module):
     and biases drawn uniformly from ±init_range, as in iDLG (0.5); ``None`` keeps torch's init.
     """
 
-    def __init__(self, num_classes: int, image_shape: tuple[int, int, int] = (3, 32, 32),
-                 channels: int = 12, hidden: Sequence[int] = (), init_range: float | None = 0.5):
+    def __init__(
+        self,
+        num_classes: int,
+        image_shape: tuple[int, int, int] = (3, 32, 32),
+        channels: int = 12,
+        hidden: Sequence[int] = (),
+        init_range: float | None = 0.5,
+    ):
         super().__init__()
         layers: list[nn.Module] = []
         cin = image_shape[0]

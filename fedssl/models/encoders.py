@@ -1,5 +1,6 @@
 """Encoders (backbones) built from ModelParams, and the SimCLR contrastive model (its projection
 head, :class:`~fedssl.models.heads.ProjectionHead`, lives in heads.py, free of the params layer)."""
+
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,11 @@ from fedssl.runtime import derive_seed
 
 
 def conv_norm_relu(cin: int, cout: int, stride: int, norm: str, cpg: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
-                         make_norm(norm, cout, cpg), nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+        make_norm(norm, cout, cpg),
+        nn.ReLU(inplace=True),
+    )
 
 
 class SmallCNN(nn.Sequential):
@@ -23,11 +27,14 @@ class SmallCNN(nn.Sequential):
 
     def __init__(self, in_channels: int, width: int, norm: str, cpg: int):
         w = width
-        super().__init__(conv_norm_relu(in_channels, w, 1, norm, cpg),
-                         conv_norm_relu(w, 2 * w, 2, norm, cpg),
-                         conv_norm_relu(2 * w, 2 * w, 1, norm, cpg),
-                         conv_norm_relu(2 * w, 4 * w, 2, norm, cpg),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        super().__init__(
+            conv_norm_relu(in_channels, w, 1, norm, cpg),
+            conv_norm_relu(w, 2 * w, 2, norm, cpg),
+            conv_norm_relu(2 * w, 2 * w, 1, norm, cpg),
+            conv_norm_relu(2 * w, 4 * w, 2, norm, cpg),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
         self.out_dim = 4 * w
 
 
@@ -35,13 +42,17 @@ class BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int, norm: str, cpg: int):
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(cin, cout, 3, stride, 1, bias=False), make_norm(norm, cout, cpg),
+            nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+            make_norm(norm, cout, cpg),
             nn.ReLU(inplace=True),
-            nn.Conv2d(cout, cout, 3, 1, 1, bias=False), make_norm(norm, cout, cpg))
+            nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
+            make_norm(norm, cout, cpg),
+        )
         self.shortcut = nn.Identity()
         if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                          make_norm(norm, cout, cpg))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), make_norm(norm, cout, cpg)
+            )
 
     def forward(self, x):
         return torch.relu(self.body(x) + self.shortcut(x))
@@ -95,8 +106,9 @@ class ContrastiveModel(nn.Module):
         return self.head(self.backbone(x))
 
 
-def seeded_contrastive_model(params: ModelParams, image_shape, seed: int,
-                             device: torch.device) -> ContrastiveModel:
+def seeded_contrastive_model(
+    params: ModelParams, image_shape, seed: int, device: torch.device
+) -> ContrastiveModel:
     """The seeded initial network: every method and reference row with these settings starts
     from the same weights."""
     torch.manual_seed(derive_seed(seed, "init"))
@@ -116,6 +128,7 @@ def frozen(module: nn.Module) -> nn.Module:
 
 def save_contrastive_model(model: ContrastiveModel, path, image_shape) -> None:
     from fedssl.runtime import torch_save
+
     torch_save({"model": model.state_dict(), "image_shape": tuple(image_shape)}, path)
 
 
@@ -126,8 +139,9 @@ def contrastive_encoder(method, image_shape, projection: bool = False) -> nn.Mod
     return frozen(model if projection else model.backbone)
 
 
-def load_encoder(params: ModelParams, path, device: torch.device,
-                 projection: bool = False) -> nn.Module:
+def load_encoder(
+    params: ModelParams, path, device: torch.device, projection: bool = False
+) -> nn.Module:
     """The frozen encoder of a saved ContrastiveModel: its backbone, or with ``projection``
     the backbone and head."""
     ckpt = torch.load(path, map_location=device, weights_only=True)

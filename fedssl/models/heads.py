@@ -14,9 +14,10 @@
 * :class:`ClassifierHead`: CP-CFL's θ_c, θ_{c-1}, θ_{c-2}, θ_{c-3} (ReLU hidden layers, then the
   output layer producing logits); :func:`cpcfl_classifier` picks one by name.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch import nn
 
@@ -25,8 +26,9 @@ class ProjectionHead(nn.Sequential):
     """SimCLR's MLP head (Linear-ReLU-Linear); used by the loss only, dropped for evaluation."""
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int):
-        super().__init__(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True),
-                         nn.Linear(hidden, out_dim))
+        super().__init__(
+            nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_dim)
+        )
         self.out_dim = out_dim
 
 
@@ -37,13 +39,24 @@ class BNMLP(nn.Sequential):
     learns a scale and shift). ``bias`` applies to every Linear layer.
     """
 
-    def __init__(self, in_dim: int, hidden: Sequence[int], out_dim: int, *, last_bn: bool,
-                 last_bn_affine: bool = True, bias: bool = True):
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: Sequence[int],
+        out_dim: int,
+        *,
+        last_bn: bool,
+        last_bn_affine: bool = True,
+        bias: bool = True,
+    ):
         layers: list[nn.Module] = []
         cin = in_dim
         for width in hidden:
-            layers += [nn.Linear(cin, width, bias=bias), nn.BatchNorm1d(width),
-                       nn.ReLU(inplace=True)]
+            layers += [
+                nn.Linear(cin, width, bias=bias),
+                nn.BatchNorm1d(width),
+                nn.ReLU(inplace=True),
+            ]
             cin = width
         layers.append(nn.Linear(cin, out_dim, bias=bias))
         if last_bn:
@@ -54,8 +67,7 @@ class BNMLP(nn.Sequential):
 
 def moco_v3_projector(in_dim: int, hidden: int = 4096, out_dim: int = 256) -> BNMLP:
     """MoCo v3's 3-layer projector H (no Linear bias; the final BN has no affine parameters)."""
-    return BNMLP(in_dim, [hidden, hidden], out_dim, last_bn=True, last_bn_affine=False,
-                 bias=False)
+    return BNMLP(in_dim, [hidden, hidden], out_dim, last_bn=True, last_bn_affine=False, bias=False)
 
 
 def moco_v3_predictor(in_dim: int = 256, hidden: int = 4096, out_dim: int = 256) -> BNMLP:
@@ -102,12 +114,17 @@ class ClassifierHead(nn.Sequential):
 
 # CP-CFL head widths: the paper only draws them (Fig. 6); spec §2 [Sug], θ_{c-3} ≈ 0.1M params.
 CPCFL_HEAD_WIDTHS: dict[str, tuple[int, ...]] = {
-    "c": (), "c-1": (256,), "c-2": (256, 128), "c-3": (256, 128, 64)}
+    "c": (),
+    "c-1": (256,),
+    "c-2": (256, 128),
+    "c-3": (256, 128, 64),
+}
 
 
 def cpcfl_classifier(name: str, in_dim: int = 256, num_classes: int = 10) -> ClassifierHead:
     """CP-CFL's classifier head θ_c / θ_{c-1} / θ_{c-2} / θ_{c-3} by name ('c', 'c-1', ...)."""
     if name not in CPCFL_HEAD_WIDTHS:
-        raise ValueError(f"unknown CP-CFL head {name!r} (expected one of: "
-                         f"{', '.join(CPCFL_HEAD_WIDTHS)})")
+        raise ValueError(
+            f"unknown CP-CFL head {name!r} (expected one of: {', '.join(CPCFL_HEAD_WIDTHS)})"
+        )
     return ClassifierHead(in_dim, num_classes, CPCFL_HEAD_WIDTHS[name])

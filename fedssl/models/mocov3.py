@@ -17,6 +17,7 @@ unchanged weight is that weight, and the client does not train what it received)
 is therefore computed once, under ``no_grad`` (no activations kept for the backward pass), and
 shared by the three branches; only the blocks after it run three times.
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,7 +35,7 @@ ONLINE = ("encoder.", "projector.", "predictor.")
 def finish(vit: VisionTransformer, h: Tensor, start: int) -> Tensor:
     """Tokens ``h`` entering block ``start`` through the remaining blocks, the final LayerNorm
     and the pooling: the encoder's representation."""
-    for block in vit.blocks[start:vit.depth]:
+    for block in vit.blocks[start : vit.depth]:
         h = block(h)
     h = vit.norm(h)
     return h[:, 0] if vit.cls_token is not None else h.mean(dim=1)
@@ -52,12 +53,20 @@ class MocoV3Learner(nn.Module):
     """Online F, H, P; momentum F_k, H_k; optional frozen global F. ``forward(v1, v2, valid)``
     returns the loss of one batch of two views."""
 
-    def __init__(self, encoder: VisionTransformer, projector: nn.Module, predictor: nn.Module,
-                 temperature: float, alpha: float = 0.0, frozen_prefix: int = 0):
+    def __init__(
+        self,
+        encoder: VisionTransformer,
+        projector: nn.Module,
+        predictor: nn.Module,
+        temperature: float,
+        alpha: float = 0.0,
+        frozen_prefix: int = 0,
+    ):
         super().__init__()
         if not 0 <= frozen_prefix < max(1, encoder.depth):
-            raise ValueError(f"frozen_prefix {frozen_prefix} must leave a block to train "
-                             f"(depth {encoder.depth})")
+            raise ValueError(
+                f"frozen_prefix {frozen_prefix} must leave a block to train (depth {encoder.depth})"
+            )
         self.encoder, self.projector, self.predictor = encoder, projector, predictor
         self.target_encoder = copy.deepcopy(encoder)
         self.target_projector = copy.deepcopy(projector)

@@ -5,6 +5,7 @@ Twin Normalization (MFCL paper, Eqs. 2-3; spec ``methods/mfcl.md`` §2.4) normal
 of the same sample*. It never mixes different samples, keeps no running statistics and therefore
 behaves identically in train and eval mode -- but it always needs the twin view (spec §8 A5).
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,8 +19,9 @@ TN_VARIANCES = ("joint", "avg_of_views")
 def _group_size(channels: int, channels_per_group: int) -> int:
     """Channels per group actually used: Λ, or a single group when the layer has fewer channels."""
     if channels < 1 or channels_per_group < 1:
-        raise ValueError(f"channels ({channels}) and channels_per_group ({channels_per_group}) "
-                         "must be positive")
+        raise ValueError(
+            f"channels ({channels}) and channels_per_group ({channels_per_group}) must be positive"
+        )
     per_group = min(channels_per_group, channels)
     if channels % per_group:
         raise ValueError(f"{channels} channels do not split into groups of {per_group}")
@@ -52,12 +54,19 @@ class TwinNorm(nn.Module):
     TN reduces exactly to ``nn.GroupNorm(C / Λ, C)`` on ``x``.
     """
 
-    def __init__(self, channels: int, channels_per_group: int = 16, eps: float = 1e-5,
-                 variance: str = "joint", affine: bool = True) -> None:
+    def __init__(
+        self,
+        channels: int,
+        channels_per_group: int = 16,
+        eps: float = 1e-5,
+        variance: str = "joint",
+        affine: bool = True,
+    ) -> None:
         super().__init__()
         if variance not in TN_VARIANCES:
-            raise ValueError(f"unknown TN variance '{variance}' (expected one of: "
-                             f"{', '.join(TN_VARIANCES)})")
+            raise ValueError(
+                f"unknown TN variance '{variance}' (expected one of: {', '.join(TN_VARIANCES)})"
+            )
         self.channels = channels
         self.channels_per_group = channels_per_group
         self.group_size = _group_size(channels, channels_per_group)
@@ -79,8 +88,10 @@ class TwinNorm(nn.Module):
         if c != self.channels:
             raise ValueError(f"TwinNorm built for {self.channels} channels got {c}")
         if n % 2:
-            raise ValueError(f"TwinNorm needs an even batch of twin views ordered "
-                             f"[view-1 ; view-2], got batch size {n}")
+            raise ValueError(
+                f"TwinNorm needs an even batch of twin views ordered "
+                f"[view-1 ; view-2], got batch size {n}"
+            )
         k = n // 2
         if self.variance == "joint":
             # Lay each pair's two views side by side, [K, C, 2·spatial], so that GroupNorm's
@@ -101,12 +112,15 @@ class TwinNorm(nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        return (f"{self.channels}, channels_per_group={self.group_size}, eps={self.eps}, "
-                f"variance={self.variance}, affine={self.affine}")
+        return (
+            f"{self.channels}, channels_per_group={self.group_size}, eps={self.eps}, "
+            f"variance={self.variance}, affine={self.affine}"
+        )
 
 
-def make_norm(kind: str, channels: int, channels_per_group: int = 16, *,
-              tn_variance: str = "joint") -> nn.Module:
+def make_norm(
+    kind: str, channels: int, channels_per_group: int = 16, *, tn_variance: str = "joint"
+) -> nn.Module:
     """A 2-d normalisation layer by name.
 
     * ``'bn'``: ``nn.BatchNorm2d(channels)``.
@@ -127,5 +141,7 @@ def make_norm(kind: str, channels: int, channels_per_group: int = 16, *,
 
 def has_running_stats(module: nn.Module) -> bool:
     """True when the model keeps BatchNorm running statistics (no vmapped clients then)."""
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
-               for m in module.modules())
+    return any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+        for m in module.modules()
+    )

@@ -13,6 +13,7 @@
   which makes TN equal to GroupNorm for that image; ``tn_eval_pair='hflip'`` pairs it with its
   horizontal flip instead.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,14 +31,20 @@ class Bottleneck(nn.Module):
         super().__init__()
         cout = 4 * width
         self.body = nn.Sequential(
-            nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-            nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width),
+            nn.Conv2d(cin, width, 1, bias=False),
+            nn.BatchNorm2d(width),
             nn.ReLU(inplace=True),
-            nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+            nn.Conv2d(width, width, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        )
         self.shortcut = nn.Identity()
         if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                          nn.BatchNorm2d(cout))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x):
         return torch.relu(self.body(x) + self.shortcut(x))
@@ -76,9 +83,16 @@ class MfclProjectionHead(nn.Sequential):
     Dense has none."""
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int):
-        super().__init__(nn.Linear(in_dim, hidden), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True),
-                         nn.Linear(hidden, hidden), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True),
-                         nn.Linear(hidden, out_dim, bias=False), nn.BatchNorm1d(out_dim))
+        super().__init__(
+            nn.Linear(in_dim, hidden),
+            nn.BatchNorm1d(hidden),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden, hidden),
+            nn.BatchNorm1d(hidden),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden, out_dim, bias=False),
+            nn.BatchNorm1d(out_dim),
+        )
 
 
 class Restandardize(nn.Module):
@@ -105,9 +119,17 @@ class Restandardize(nn.Module):
 class RServerModel(nn.Module):
     """rServer module + projection head; ``forward`` maps representations to projections."""
 
-    def __init__(self, arch: str, in_channels: int, width: int, proj_hidden: int,
-                 proj_dim: int, skip_blocks: int = 0, restandardize: str = "none",
-                 channels_per_group: int = 16):
+    def __init__(
+        self,
+        arch: str,
+        in_channels: int,
+        width: int,
+        proj_hidden: int,
+        proj_dim: int,
+        skip_blocks: int = 0,
+        restandardize: str = "none",
+        channels_per_group: int = 16,
+    ):
         super().__init__()
         self.inputs = Restandardize(restandardize, channels_per_group)
         self.backbone = RServerModule(arch, in_channels, width, skip_blocks)
@@ -127,8 +149,13 @@ class MfclEncoder(nn.Module):
     (``tn_eval_pair='self'``) or with its horizontal flip (``'hflip'``), never with another
     image of the batch."""
 
-    def __init__(self, client: ClientAutoencoder, rserver: RServerModel, projection: bool,
-                 tn_eval_pair: str = "self"):
+    def __init__(
+        self,
+        client: ClientAutoencoder,
+        rserver: RServerModel,
+        projection: bool,
+        tn_eval_pair: str = "self",
+    ):
         super().__init__()
         if tn_eval_pair not in ("self", "hflip"):
             raise ValueError(f"unknown tn_eval_pair {tn_eval_pair!r} (expected self or hflip)")

@@ -19,9 +19,10 @@ its own copy (``copy.deepcopy``) when clients must differ.
 ``stem='imagenet'`` (7×7 stride-2 conv + 3×3 stride-2 max-pool for ResNet; stride 2 in the stem
 and the second stage for MobileNetV2) is there for the paper's 224-px communication model (Fig. 3).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -51,11 +52,21 @@ class WSConv2d(nn.Conv2d):
         return self._conv_forward(x, self.standardized_weight(), self.bias)
 
 
-def ws_conv_gn(cin: int, cout: int, kernel: int, stride: int, cpg: int, *, groups: int = 1,
-               act: type[nn.Module] | None = nn.ReLU) -> list[nn.Module]:
+def ws_conv_gn(
+    cin: int,
+    cout: int,
+    kernel: int,
+    stride: int,
+    cpg: int,
+    *,
+    groups: int = 1,
+    act: type[nn.Module] | None = nn.ReLU,
+) -> list[nn.Module]:
     """[WS conv (no bias, 'same'-style padding), GroupNorm, activation (unless ``act=None``)]."""
-    layers: list[nn.Module] = [WSConv2d(cin, cout, kernel, stride, kernel // 2, groups=groups,
-                                        bias=False), make_norm("gn", cout, cpg)]
+    layers: list[nn.Module] = [
+        WSConv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
+        make_norm("gn", cout, cpg),
+    ]
     if act is not None:
         layers.append(act(inplace=True))
     return layers
@@ -127,8 +138,9 @@ class GNBasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int, cpg: int):
         super().__init__()
         self.out_channels, self.reduction = cout, stride
-        self.body = nn.Sequential(*ws_conv_gn(cin, cout, 3, stride, cpg),
-                                  *ws_conv_gn(cout, cout, 3, 1, cpg, act=None))
+        self.body = nn.Sequential(
+            *ws_conv_gn(cin, cout, 3, stride, cpg), *ws_conv_gn(cout, cout, 3, 1, cpg, act=None)
+        )
         self.shortcut = nn.Identity()
         if stride != 1 or cin != cout:
             self.shortcut = nn.Sequential(*ws_conv_gn(cin, cout, 1, stride, cpg, act=None))
@@ -146,21 +158,30 @@ def resnet_stem(in_channels: int, width: int, cpg: int, stem: str) -> Unit:
     _check_stem(stem)
     if stem == "cifar":
         return Unit(*ws_conv_gn(in_channels, width, 3, 1, cpg), out_channels=width, reduction=1)
-    return Unit(*ws_conv_gn(in_channels, width, 7, 2, cpg), nn.MaxPool2d(3, 2, 1),
-                out_channels=width, reduction=4)
+    return Unit(
+        *ws_conv_gn(in_channels, width, 7, 2, cpg),
+        nn.MaxPool2d(3, 2, 1),
+        out_channels=width,
+        reduction=4,
+    )
 
 
 class SplitResNet(SplittableNet):
     """GN + WS ResNet with stages of ``blocks_per_stage`` BasicBlocks at widths w, 2w, 4w, 8w
     (strides 1, 2, 2, 2); (2, 2, 2, 2) is ResNet-18, and ``out_dim`` = 8w."""
 
-    def __init__(self, width: int = 64, in_channels: int = 3,
-                 blocks_per_stage: Sequence[int] = (2, 2, 2, 2), channels_per_group: int = 4,
-                 stem: str = "cifar"):
+    def __init__(
+        self,
+        width: int = 64,
+        in_channels: int = 3,
+        blocks_per_stage: Sequence[int] = (2, 2, 2, 2),
+        channels_per_group: int = 4,
+        stem: str = "cifar",
+    ):
         units: list[nn.Module] = [resnet_stem(in_channels, width, channels_per_group, stem)]
         cin = width
         for stage, n_blocks in enumerate(blocks_per_stage):
-            cout = width * 2 ** stage
+            cout = width * 2**stage
             for b in range(n_blocks):
                 stride = 2 if stage > 0 and b == 0 else 1
                 units.append(GNBasicBlock(cin, cout, stride, channels_per_group))
@@ -208,8 +229,15 @@ class InvertedResidual(nn.Module):
 
 # MobileNetV2 stages: (expansion t, channels c, blocks n, stride s) from Sandler et al., Table 2.
 # The CIFAR variant uses stride 1 in the second stage (and in the stem).
-MOBILENETV2_STAGES = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
-                      (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+MOBILENETV2_STAGES = (
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+)
 
 
 def round_channels(channels: float, multiple: int = 8) -> int:
@@ -227,22 +255,35 @@ class SplitMobileNetV2(SplittableNet):
     small test networks stay small.
     """
 
-    def __init__(self, width_mult: float = 1.0, in_channels: int = 3,
-                 channels_per_group: int = 4, stem: str = "cifar", last_channels: int = 1280):
+    def __init__(
+        self,
+        width_mult: float = 1.0,
+        in_channels: int = 3,
+        channels_per_group: int = 4,
+        stem: str = "cifar",
+        last_channels: int = 1280,
+    ):
         _check_stem(stem)
         cpg, cifar = channels_per_group, stem == "cifar"
         cin = round_channels(32 * width_mult)
-        units: list[nn.Module] = [Unit(*ws_conv_gn(in_channels, cin, 3, 1 if cifar else 2, cpg,
-                                                   act=nn.ReLU6),
-                                       out_channels=cin, reduction=1 if cifar else 2)]
+        units: list[nn.Module] = [
+            Unit(
+                *ws_conv_gn(in_channels, cin, 3, 1 if cifar else 2, cpg, act=nn.ReLU6),
+                out_channels=cin,
+                reduction=1 if cifar else 2,
+            )
+        ]
         for i, (t, c, n, s) in enumerate(MOBILENETV2_STAGES):
             stride = 1 if (cifar and i == 1) else s
             cout = round_channels(c * width_mult)
-            blocks = [InvertedResidual(cin if b == 0 else cout, cout, stride if b == 0 else 1, t,
-                                       cpg) for b in range(n)]
+            blocks = [
+                InvertedResidual(cin if b == 0 else cout, cout, stride if b == 0 else 1, t, cpg)
+                for b in range(n)
+            ]
             units.append(Unit(*blocks, out_channels=cout, reduction=stride))
             cin = cout
         last = round_channels(last_channels * width_mult)
-        units.append(Unit(*ws_conv_gn(cin, last, 1, 1, cpg, act=nn.ReLU6), out_channels=last,
-                          reduction=1))
+        units.append(
+            Unit(*ws_conv_gn(cin, last, 1, 1, cpg, act=nn.ReLU6), out_channels=last, reduction=1)
+        )
         super().__init__(in_channels, units)

@@ -12,11 +12,12 @@ Growing: ``blocks`` is an ``nn.ModuleList`` and the forward pass runs its first 
 paper's weight transfer) and runs it from then on. :meth:`VisionTransformer.freeze` stops
 gradients into chosen blocks and the patch embedding.
 """
+
 from __future__ import annotations
 
 import copy
 import math
-from typing import Collection, Iterable
+from collections.abc import Collection, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +29,7 @@ POOLS = ("cls", "mean")
 def sincos_1d(positions: Tensor, dim: int) -> Tensor:
     """``[len(positions), dim]``: sin and cos of each position at ``dim // 2`` geometrically
     spaced frequencies, from 1 down to 1/10000 (the Transformer's encoding)."""
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(dim // 2, dtype=torch.float64)
-                      / (dim // 2))
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(dim // 2, dtype=torch.float64) / (dim // 2))
     angles = positions.to(torch.float64)[:, None] * freqs[None, :]
     return torch.cat([angles.sin(), angles.cos()], dim=1)
 
@@ -114,21 +114,30 @@ class VisionTransformer(nn.Module):
     returns the mean of the patch tokens (no CLS token, 64 tokens at 32 px / patch 4).
     """
 
-    def __init__(self, image_size: int | tuple[int, int] = 32, patch_size: int = 4,
-                 in_channels: int = 3, width: int = 192, depth: int = 12, heads: int = 3,
-                 mlp_ratio: float = 4.0, pool: str = "cls", eps: float = 1e-6):
+    def __init__(
+        self,
+        image_size: int | tuple[int, int] = 32,
+        patch_size: int = 4,
+        in_channels: int = 3,
+        width: int = 192,
+        depth: int = 12,
+        heads: int = 3,
+        mlp_ratio: float = 4.0,
+        pool: str = "cls",
+        eps: float = 1e-6,
+    ):
         super().__init__()
         if pool not in POOLS:
             raise ValueError(f"unknown pool {pool!r} (expected one of: {', '.join(POOLS)})")
         h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
         if h % patch_size or w % patch_size:
-            raise ValueError(f"image {h}x{w} does not split into "
-                             f"{patch_size}x{patch_size} patches")
+            raise ValueError(f"image {h}x{w} does not split into {patch_size}x{patch_size} patches")
         self.pool, self.width, self.heads = pool, width, heads
         self.mlp_ratio, self.eps = mlp_ratio, eps
         self.patch_embed = PatchEmbed(in_channels, width, patch_size)
-        self.register_buffer("pos_embed", sincos_2d(h // patch_size, w // patch_size, width),
-                             persistent=False)
+        self.register_buffer(
+            "pos_embed", sincos_2d(h // patch_size, w // patch_size, width), persistent=False
+        )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, width)) if pool == "cls" else None
         self.blocks = nn.ModuleList(self._new_block() for _ in range(depth))
         self.norm = nn.LayerNorm(width, eps=eps)
@@ -200,7 +209,7 @@ class VisionTransformer(nn.Module):
         """All output tokens after the first ``depth`` blocks and the final LayerNorm. Blocks
         whose index is in ``skip`` are passed over (FLL+DD's depth dropout of frozen layers)."""
         h = self.embed(x)
-        for i, block in enumerate(self.blocks[:self.depth]):
+        for i, block in enumerate(self.blocks[: self.depth]):
             if i not in skip:
                 h = block(h)
         return self.norm(h)
@@ -213,7 +222,15 @@ class VisionTransformer(nn.Module):
 def vit_tiny(**overrides) -> VisionTransformer:
     """ViT-Tiny for 32×32 images: width 192, 3 heads, MLP 768, patch 4 (64 patches), 12 blocks,
     CLS pooling. Keyword arguments override any of these (e.g. ``depth=0`` to grow it)."""
-    settings = dict(image_size=32, patch_size=4, in_channels=3, width=192, depth=12, heads=3,
-                    mlp_ratio=4.0, pool="cls")
+    settings = dict(
+        image_size=32,
+        patch_size=4,
+        in_channels=3,
+        width=192,
+        depth=12,
+        heads=3,
+        mlp_ratio=4.0,
+        pool="cls",
+    )
     settings.update(overrides)
     return VisionTransformer(**settings)

@@ -1,5 +1,6 @@
 """The planning command line: ``python -m fedssl.pipeline write | check | commit | accept |
 show`` (see ``--help``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,16 +15,24 @@ from fedssl.plan.freshness import accept
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fedssl.pipeline",
-                                 description="the pipelines' DAG: generate, check and record")
+    ap = argparse.ArgumentParser(
+        prog="python -m fedssl.pipeline",
+        description="the pipelines' DAG: generate, check and record",
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    write = sub.add_parser("write", help="regenerate dvc.yaml and pipelines/*/dvc.yaml of the "
-                           "pipelines run so far (and of those named)")
+    write = sub.add_parser(
+        "write",
+        help="regenerate dvc.yaml and pipelines/*/dvc.yaml of the "
+        "pipelines run so far (and of those named)",
+    )
     write.add_argument("pipelines", nargs="*", help="also write these pipelines' dvc.yaml")
     sub.add_parser("check", help="validate and regenerate; fail when the shape changed")
     sub.add_parser("commit", help="dvc-commit the stages Snakemake ran")
-    acc = sub.add_parser("accept", help="declare stages up to date without running them "
-                         "(after an edit that cannot change their outputs)")
+    acc = sub.add_parser(
+        "accept",
+        help="declare stages up to date without running them "
+        "(after an edit that cannot change their outputs)",
+    )
     acc.add_argument("pipeline")
     acc.add_argument("stages", nargs="*", help="only these (default: every stale stage)")
     show = sub.add_parser("show", help="list a pipeline's stages")
@@ -42,8 +51,15 @@ def main(argv: list[str] | None = None) -> int:
             print("accepted: " + (", ".join(names) or "nothing was stale"))
             if names and Path(".dvc").is_dir():
                 owner = owners()
-                subprocess.run(["dvc", "commit", "--force", "--quiet",
-                                *[f"{dvc_file(owner[n][0])}:{n}" for n in names if n in owner]])
+                subprocess.run(
+                    [
+                        "dvc",
+                        "commit",
+                        "--force",
+                        "--quiet",
+                        *[f"{dvc_file(owner[n][0])}:{n}" for n in names if n in owner],
+                    ]
+                )
         else:
             for name in Dag(args.pipeline).stages:
                 print(name)

@@ -16,6 +16,7 @@ code is not a dependency of its training and the reverse. DVC compares these its
 Snakemake every stage has a *fingerprint* of the same things (:meth:`Dag.fingerprint`, checked
 by :mod:`fedssl.plan.freshness`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,10 +29,23 @@ from fedssl.codegraph import code_files
 from fedssl.methods import registry
 from fedssl.methods.base import DATA, PARTITION
 from fedssl.plan.fingerprint import hash_file, recorded
-from fedssl.plan.layout import (data_dir, experiment_dir, owner_of, partition_dir,
-                                report_artifacts_dir, report_dir, results_dir)
-from fedssl.presets import (PARAMS_DIR, PIPELINES_FILE, Presets, check_partition_fits, lookup,
-                            raw_values)
+from fedssl.plan.layout import (
+    data_dir,
+    experiment_dir,
+    owner_of,
+    partition_dir,
+    report_artifacts_dir,
+    report_dir,
+    results_dir,
+)
+from fedssl.presets import (
+    PARAMS_DIR,
+    PIPELINES_FILE,
+    Presets,
+    check_partition_fits,
+    lookup,
+    raw_values,
+)
 
 # What the shared per-experiment stages read of an experiment (the method adds its own keys).
 FEATURE_READS = ("features",)
@@ -46,11 +60,11 @@ class Stage:
     name: str
     kind: str
     cmd: str
-    out: str                                   # the stage's output directory (holds meta.json)
-    deps: list[str] = field(default_factory=list)      # artifacts of upstream stages
+    out: str  # the stage's output directory (holds meta.json)
+    deps: list[str] = field(default_factory=list)  # artifacts of upstream stages
     upstream: list[str] = field(default_factory=list)  # names of those stages
     params: dict[str, list[str] | None] = field(default_factory=dict)  # file -> keys (None=all)
-    code: list[str] = field(default_factory=list)      # project files its code imports
+    code: list[str] = field(default_factory=list)  # project files its code imports
     gpu: bool = False
     # Small result files committed with the code (DVC outs with cache: false)
     results: list[str] = field(default_factory=list)
@@ -70,8 +84,13 @@ class Dag:
     """The stages of one pipeline (or of some experiments), upstream first, validated against
     their params files."""
 
-    def __init__(self, pipeline: str | None = None, root: Path = PARAMS_DIR,
-                 experiments: list[str] | None = None, presets: Presets | None = None):
+    def __init__(
+        self,
+        pipeline: str | None = None,
+        root: Path = PARAMS_DIR,
+        experiments: list[str] | None = None,
+        presets: Presets | None = None,
+    ):
         """The stages of ``pipeline`` (from pipelines.yaml) with its report, or, with
         ``experiments``, just those experiments' stages (all a stage script needs)."""
         self.pipeline, self.root = pipeline, Path(root)
@@ -80,8 +99,10 @@ class Dag:
         if experiments is None:
             pipelines = self.presets.pipelines()
             if pipeline not in pipelines.pipelines:
-                raise P.ParamsError(f"{self.root / PIPELINES_FILE}: no pipeline '{pipeline}' "
-                                    f"(known: {', '.join(pipelines.pipelines)})")
+                raise P.ParamsError(
+                    f"{self.root / PIPELINES_FILE}: no pipeline '{pipeline}' "
+                    f"(known: {', '.join(pipelines.pipelines)})"
+                )
             spec = pipelines.spec(pipeline)
             self.row, self.column = spec.row, spec.column
             experiments = self.presets.pipeline_experiments(pipeline)
@@ -97,7 +118,7 @@ class Dag:
 
     # ------------------------------------------------------------------ stage scripts
     @classmethod
-    def for_stage(cls, kind: str, name: str, root: Path = PARAMS_DIR) -> tuple["Dag", str]:
+    def for_stage(cls, kind: str, name: str, root: Path = PARAMS_DIR) -> tuple[Dag, str]:
         """The smallest DAG that holds stage ``<kind>__<name>``: a data set's or a partition's
         own stages, an experiment's stage of that kind (maybe shared, named after the
         experiment that owns its content), or a pipeline's report. Returns (dag, stage name)."""
@@ -111,8 +132,10 @@ class Dag:
         dag._add_experiment(name)
         mine = [s for s in dag.of_experiment[name] if dag.stages[s].kind == kind]
         if not mine:
-            raise P.ParamsError(f"experiment '{name}' has no stage '{kind}' (its stages: "
-                                f"{', '.join(dag.of_experiment[name])})")
+            raise P.ParamsError(
+                f"experiment '{name}' has no stage '{kind}' (its stages: "
+                f"{', '.join(dag.of_experiment[name])})"
+            )
         return dag, mine[0]
 
     # ------------------------------------------------------------------ building
@@ -124,9 +147,16 @@ class Dag:
         stage = f"prepare_data__{name}"
         if stage in self.stages:
             return stage
-        self._add(Stage(stage, "prepare_data", f"python -m stages.prepare_data {name}",
-                        data_dir(name), params=self.presets.tracked("dataset", name, None),
-                        code=code_files(_entry("prepare_data"))))
+        self._add(
+            Stage(
+                stage,
+                "prepare_data",
+                f"python -m stages.prepare_data {name}",
+                data_dir(name),
+                params=self.presets.tracked("dataset", name, None),
+                code=code_files(_entry("prepare_data")),
+            )
+        )
         return stage
 
     def _add_partition(self, name: str) -> str:
@@ -135,30 +165,55 @@ class Dag:
         check_partition_fits(part, self.presets.resolve("partition", name).where, dataset.name)
         up = self._add_dataset(part.dataset)
         stage = f"partition__{name}"
-        self._add(Stage(stage, "partition", f"python -m stages.partition {name}",
-                        partition_dir(name), deps=[data_dir(part.dataset)], upstream=[up],
-                        params=self.presets.tracked("partition", name, None),
-                        code=code_files(_entry("partition"))))
+        self._add(
+            Stage(
+                stage,
+                "partition",
+                f"python -m stages.partition {name}",
+                partition_dir(name),
+                deps=[data_dir(part.dataset)],
+                upstream=[up],
+                params=self.presets.tracked("partition", name, None),
+                code=code_files(_entry("partition")),
+            )
+        )
         return stage
 
-    def _exp_stage(self, kind: str, exp_name: str, entry: str, reads: tuple[str, ...],
-                   inputs: list[str], modules: list[str], gpu: bool) -> Stage:
+    def _exp_stage(
+        self,
+        kind: str,
+        exp_name: str,
+        entry: str,
+        reads: tuple[str, ...],
+        inputs: list[str],
+        modules: list[str],
+        gpu: bool,
+    ) -> Stage:
         """A per-experiment stage reading ``inputs`` (names of upstream stages). It is named
         after the experiment that owns its content (:meth:`owner`), so experiments that differ
         only downstream of it share it."""
         reads = _with_name(reads)
-        key = content_key(kind, self._values(exp_name, reads),
-                          [self.content.get(u, u) for u in inputs])
+        key = content_key(
+            kind, self._values(exp_name, reads), [self.content.get(u, u) for u in inputs]
+        )
         owner = self.owners().get((kind, key), exp_name)
         name = f"{kind}__{owner}"
         if name not in self.stages:
             self.content[name] = key
-            cmd = f"python -m {entry} {owner}".replace("stages.method ",
-                                                       f"stages.method {kind} ")
-            self._add(Stage(name, kind, cmd, f"{experiment_dir(owner)}/{kind}",
-                            deps=[self.stages[u].out for u in inputs], upstream=list(inputs),
-                            params=self.presets.tracked("experiment", owner, reads),
-                            code=code_files(*modules), gpu=gpu))
+            cmd = f"python -m {entry} {owner}".replace("stages.method ", f"stages.method {kind} ")
+            self._add(
+                Stage(
+                    name,
+                    kind,
+                    cmd,
+                    f"{experiment_dir(owner)}/{kind}",
+                    deps=[self.stages[u].out for u in inputs],
+                    upstream=list(inputs),
+                    params=self.presets.tracked("experiment", owner, reads),
+                    code=code_files(*modules),
+                    gpu=gpu,
+                )
+            )
         self.of_experiment.setdefault(exp_name, []).append(name)
         return self.stages[name]
 
@@ -172,22 +227,29 @@ class Dag:
             try:
                 P.setting(exp, self.column)
             except P.ParamsError as e:
-                raise P.ParamsError(f"{self.root / PIPELINES_FILE}: pipelines.{self.pipeline}"
-                                    f".column: {e} of '{exp_name}'") from None
+                raise P.ParamsError(
+                    f"{self.root / PIPELINES_FILE}: pipelines.{self.pipeline}"
+                    f".column: {e} of '{exp_name}'"
+                ) from None
         part = self.presets.load("partition", exp.partition)
         method = registry.get(exp.method.name)
         declaration = registry.module_of(method.name)
-        sources = {DATA: f"prepare_data__{part.dataset}",
-                   PARTITION: self._add_partition(exp.partition)}
+        sources = {
+            DATA: f"prepare_data__{part.dataset}",
+            PARTITION: self._add_partition(exp.partition),
+        }
 
         def add(kind, reads, inputs, gpu, entry=None, calls_method=True) -> Stage:
             """The stage runs its script and, when it calls the method, the method's declaration
             and the module of the hook it calls."""
             entry = _entry(entry or kind)
-            modules = [entry, *([declaration, *method.hook_modules(exp.method, kind)]
-                                if calls_method else [])]
-            stage = self._exp_stage(kind, exp_name, entry, reads,
-                                    [sources[i] for i in inputs], modules, gpu)
+            modules = [
+                entry,
+                *([declaration, *method.hook_modules(exp.method, kind)] if calls_method else []),
+            ]
+            stage = self._exp_stage(
+                kind, exp_name, entry, reads, [sources[i] for i in inputs], modules, gpu
+            )
             sources[kind] = stage.name
             return stage
 
@@ -198,16 +260,22 @@ class Dag:
             stage.metrics = [f"{results}/{m}" for m in step.metrics]
         encoder_inputs = method.encoder_inputs_for(exp.method)
         if "personal" in method.evaluation_sections:
-            personal = add("personal", PERSONAL_READS, (PARTITION, *method.personal_inputs),
-                           False, calls_method=False)
+            personal = add(
+                "personal",
+                PERSONAL_READS,
+                (PARTITION, *method.personal_inputs),
+                False,
+                calls_method=False,
+            )
             personal.metrics = [f"{results_dir(owner_of(personal.out))}/metrics.json"]
         if "features" in method.evaluation_sections:
             add("features", FEATURE_READS + method.encoder_reads, (DATA, *encoder_inputs), True)
             evaluate = add("evaluate", EVALUATE_READS, ("features",), True, calls_method=False)
             evaluate.metrics = [f"{results_dir(owner_of(evaluate.out))}/metrics.json"]
         if exp.finetune is not None:
-            finetune = add("finetune", FINETUNE_READS + method.encoder_reads,
-                           (DATA, *encoder_inputs), True)
+            finetune = add(
+                "finetune", FINETUNE_READS + method.encoder_reads, (DATA, *encoder_inputs), True
+            )
             results = results_dir(owner_of(finetune.out))
             finetune.metrics = [f"{results}/finetune.json"]
             finetune.plots = [f"{results}/finetune_epochs.tsv"]
@@ -249,8 +317,11 @@ class Dag:
                     deps += [*s.metrics, s.out] if s.kind in steps else (s.metrics or [s.out])
             for file, keys in self.presets.tracked("experiment", exp, REPORT_READS).items():
                 merged = params.get(file, [])
-                params[file] = None if keys is None or merged is None else \
-                    merged + [k for k in keys if k not in merged]
+                params[file] = (
+                    None
+                    if keys is None or merged is None
+                    else merged + [k for k in keys if k not in merged]
+                )
             modules.add(registry.module_of(method.name))
             modules.update(method.hook_modules(exp_params.method, "report"))
         parts = [s for s in self.stages.values() if s.kind == "partition"]
@@ -258,12 +329,20 @@ class Dag:
         upstream += [s.name for s in parts]
         params[str(self.root / PIPELINES_FILE)] = [f"pipelines.{self.pipeline}"]
         out = report_dir(self.pipeline)
-        self._add(Stage(f"report__{self.pipeline}", "report",
-                        f"python -m stages.report {self.pipeline}",
-                        report_artifacts_dir(self.pipeline), deps=deps, upstream=upstream,
-                        params=params, code=code_files(*sorted(modules)),
-                        results=[f"{out}/report.md", f"{out}/report.csv", f"{out}/report.json"],
-                        plots=[f"{out}/curves.png"]))
+        self._add(
+            Stage(
+                f"report__{self.pipeline}",
+                "report",
+                f"python -m stages.report {self.pipeline}",
+                report_artifacts_dir(self.pipeline),
+                deps=deps,
+                upstream=upstream,
+                params=params,
+                code=code_files(*sorted(modules)),
+                results=[f"{out}/report.md", f"{out}/report.csv", f"{out}/report.json"],
+                plots=[f"{out}/curves.png"],
+            )
+        )
 
     # ------------------------------------------------------------------ fingerprints
     def fingerprint_inputs(self, name: str) -> dict:
@@ -271,9 +350,12 @@ class Dag:
         params values it reads, the hashes of the code it imports, and the output digests
         its upstream stages recorded."""
         s = self.stages[name]
-        return {"cmd": s.cmd, "params": raw_values(s.params),
-                "code": {c: hash_file(Path(c)) for c in s.code},
-                "upstream": {u: recorded(self.stages[u], "output_digest") for u in s.upstream}}
+        return {
+            "cmd": s.cmd,
+            "params": raw_values(s.params),
+            "code": {c: hash_file(Path(c)) for c in s.code},
+            "upstream": {u: recorded(self.stages[u], "output_digest") for u in s.upstream},
+        }
 
     def fingerprint(self, name: str) -> str:
         payload = json.dumps(self.fingerprint_inputs(name), sort_keys=True)
@@ -296,5 +378,3 @@ def _with_name(reads: tuple[str, ...]) -> tuple[str, ...]:
     if any(r.startswith("method.") for r in reads) and "method" not in reads:
         return ("method.name", *reads)
     return reads
-
-

@@ -1,6 +1,7 @@
 """Hashes a fingerprint is made of: the code files a stage runs, and the digest of what a stage
 wrote (recorded in its ``meta.json``, read by the stages after it). Used by the DAG's
 fingerprints and by the stage runtime; no decision about reruns is made here."""
+
 from __future__ import annotations
 
 import hashlib

@@ -11,6 +11,7 @@ Snakemake never sees the real outputs, so it cannot delete them before a job (st
 their outputs atomically, on success only), file times restored by ``dvc checkout`` do not
 matter, and after one front end ran the other sees nothing to do.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,13 +41,19 @@ def why_stale(dag: Dag, name: str) -> list[str]:
     for file, values in new["params"].items():
         before = old.get("params", {}).get(file, {})
         keys = values if isinstance(values, dict) and isinstance(before, dict) else {}
-        changed = [k for k in keys if before.get(k) != values[k]] if keys else (
-            [] if before == values else ["(whole file)"])
+        changed = (
+            [k for k in keys if before.get(k) != values[k]]
+            if keys
+            else ([] if before == values else ["(whole file)"])
+        )
         reasons += [f"params {file}: {k}" for k in changed]
     code = [f for f in new["code"] if old.get("code", {}).get(f) != new["code"][f]]
     reasons += [f"code {f}" for f in code]
-    reasons += [f"input of {u} changed" for u, d in new["upstream"].items()
-                if old.get("upstream", {}).get(u) != d]
+    reasons += [
+        f"input of {u} changed"
+        for u, d in new["upstream"].items()
+        if old.get("upstream", {}).get(u) != d
+    ]
     return reasons or ["its recorded fingerprint differs"]
 
 

@@ -1,6 +1,7 @@
 """Where everything lives: the output folders of the stages (``artifacts/``, cached by DVC) and
 the small result files committed with the code (``results/``). Pure path functions, importing
 nothing of the project: a stage, the report and a method's report code may all use them."""
+
 from __future__ import annotations
 
 from pathlib import Path

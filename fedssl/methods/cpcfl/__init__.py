@@ -17,6 +17,7 @@ FedAvg = ``cfl.clusters: 1``; IFCA (None) = ``pretrain: none`` (N fully random m
 ``cfl.explore_rounds: 0``, restarts on clustering failure); IFCA (FedAvg) = ``pretrain:
 fedavg`` (the encoder of a FedAvg (None) run on the same clients, recomputed in this step).
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -25,28 +26,46 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from fedssl.methods.base import DATA, PARTITION, Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, FederationSettings,
-                           LinearProbeParams, ParallelClients, Strict)
+from fedssl.params import (
+    PARALLEL_CLIENTS_HELP,
+    AugmentParams,
+    FederationSettings,
+    LinearProbeParams,
+    ParallelClients,
+    Strict,
+)
 
 SSL_KINDS = ("simclr", "byol", "simsiam")
-PRETRAIN_LABELS = {"none": "None", "simclr": "SimCLR", "byol": "BYOL", "simsiam": "SimSiam",
-                   "fedavg": "FedAvg"}
+PRETRAIN_LABELS = {
+    "none": "None",
+    "simclr": "SimCLR",
+    "byol": "BYOL",
+    "simsiam": "SimSiam",
+    "fedavg": "FedAvg",
+}
 # The paper's projector widths (§4.1): SimCLR Dense256-ReLU-Dense256, BYOL / SimSiam 512.
 PAPER_PROJ_WIDTH = {"simclr": 256, "byol": 512, "simsiam": 512}
 
 
 class CpcflEncoderParams(Strict):
     """The encoder θ_f every pool model shares (or, without pretraining, each has its own)."""
+
     arch: Literal["cnn4", "resnet18"] = Field(
-        "cnn4", description="cnn4 = the paper's 4-conv CNN (§4.1); resnet18 = §4.10 (3x3 stem, "
-        "no max-pool, output 8 x width)")
+        "cnn4",
+        description="cnn4 = the paper's 4-conv CNN (§4.1); resnet18 = §4.10 (3x3 stem, "
+        "no max-pool, output 8 x width)",
+    )
     padding: Literal["valid", "same"] = Field(
-        "valid", description="cnn4's padding (spec §8.1: valid; needs inputs of >= 31 px)")
+        "valid", description="cnn4's padding (spec §8.1: valid; needs inputs of >= 31 px)"
+    )
     input_size: PositiveInt | None = Field(
-        None, description="bilinear resize of every input to this side first (spec §4: 96 for "
-        "CIFAR/MNIST at paper scale; 32 for 28 px Fashion-MNIST at smoke scale); None = as is")
+        None,
+        description="bilinear resize of every input to this side first (spec §4: 96 for "
+        "CIFAR/MNIST at paper scale; 32 for 28 px Fashion-MNIST at smoke scale); None = as is",
+    )
     channels: tuple[PositiveInt, ...] = Field(
-        (64, 128, 192, 256), description="cnn4's conv widths (the paper's; narrower for tests)")
+        (64, 128, 192, 256), description="cnn4's conv widths (the paper's; narrower for tests)"
+    )
     feature_dim: PositiveInt = Field(256, description="cnn4's Dense layer (h in R^256)")
     width: PositiveInt = Field(64, description="resnet18: channels of the first stage")
     norm: Literal["bn", "gn"] = Field("bn", description="resnet18's normalisation")
@@ -55,35 +74,45 @@ class CpcflEncoderParams(Strict):
 
 class PublicData(Strict):
     """The server's unlabelled pretraining set."""
+
     split: Literal["train", "unlabeled"] = Field(
-        "train", description="train = a class-stratified slice of the training split (the "
+        "train",
+        description="train = a class-stratified slice of the training split (the "
         "partition must hold exactly this slice out: server_holdout = size, "
-        "server_holdout_seed = seed); unlabeled = a split of its own (STL-10's 100k)")
+        "server_holdout_seed = seed); unlabeled = a split of its own (STL-10's 100k)",
+    )
     size: PositiveInt | None = Field(None, description="images; None = the whole split")
     seed: int = Field(1, description="seed of the stratified slice")
 
     @model_validator(mode="after")
     def _train_slice_is_sized(self):
         if self.split == "train" and self.size is None:
-            raise ValueError("a public slice of the training split needs a `size` (the "
-                             "partition's server_holdout)")
+            raise ValueError(
+                "a public slice of the training split needs a `size` (the "
+                "partition's server_holdout)"
+            )
         return self
 
 
 class LinearEvalParams(Strict):
     """Selection of the pretrained encoder (§4.1): a linear probe on a labelled proxy set."""
+
     proxy: Literal["public", "train"] = Field(
-        "public", description="probe training labels: public = the labels of the public slice "
-        "(used for selection only), train = the labelled training split (STL-10 train)")
+        "public",
+        description="probe training labels: public = the labels of the public slice "
+        "(used for selection only), train = the labelled training split (STL-10 train)",
+    )
     train_size: PositiveInt | None = Field(None, description="class-stratified subset; None = all")
     test_size: PositiveInt | None = Field(None, description="of the test split; None = all")
     probe: LinearProbeParams = Field(
         LinearProbeParams(epochs=100, lr=1e-3, batch_size=256),
-        description="spec §8.11: Adam 1e-3, 100 epochs, batch size 256")
+        description="spec §8.11: Adam 1e-3, 100 epochs, batch size 256",
+    )
 
 
 class SSLParams(Strict):
     """Server-side contrastive pretraining (Alg. 1; §4.1)."""
+
     public: PublicData
     epochs: PositiveInt = Field(300, description="E_p")
     batch_size: PositiveInt = 500
@@ -91,9 +120,11 @@ class SSLParams(Strict):
     temperature: PositiveFloat = Field(0.1, description="SimCLR's tau")
     ema: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.9, description="BYOL's beta")
     proj_widths: tuple[PositiveInt, ...] | None = Field(
-        None, description="projector widths to pretrain and choose from by linear evaluation "
+        None,
+        description="projector widths to pretrain and choose from by linear evaluation "
         "(the paper tunes 256 and 512); None = the paper's width for the loss (SimCLR 256, "
-        "BYOL / SimSiam 512)")
+        "BYOL / SimSiam 512)",
+    )
     predictor_hidden: PositiveInt = Field(64, description="BYOL / SimSiam predictor bottleneck")
     augment: AugmentParams = AugmentParams(crop_scale=(0.08, 1.0))
     linear_eval: LinearEvalParams = LinearEvalParams()
@@ -102,61 +133,80 @@ class SSLParams(Strict):
     @model_validator(mode="after")
     def _proxy_has_labels(self):
         if self.public.split == "unlabeled" and self.linear_eval.proxy == "public":
-            raise ValueError("an unlabelled public split has no labels for the linear probe: "
-                             "set linear_eval.proxy: train")
+            raise ValueError(
+                "an unlabelled public split has no labels for the linear probe: "
+                "set linear_eval.proxy: train"
+            )
         return self
 
 
 class CflParams(FederationSettings):
     """Clustered FL with a pool of models (Alg. 2)."""
+
     clusters: PositiveInt = Field(3, description="N (1 = FedAvg)")
     rounds: PositiveInt = Field(description="T")
     explore_rounds: NonNegativeInt = Field(
-        10, description="T_c: random model choice with the encoder frozen (0 = IFCA)")
+        10, description="T_c: random model choice with the encoder frozen (0 = IFCA)"
+    )
     local_epochs: PositiveInt = Field(3, description="E_l")
     encoder_epochs: NonNegativeInt | None = Field(
-        None, description="E_l,f (Tab. 7): the encoder trains in the first E_l,f local epochs, "
-        "the head in all; None = all")
+        None,
+        description="E_l,f (Tab. 7): the encoder trains in the first E_l,f local epochs, "
+        "the head in all; None = all",
+    )
     batch_size: PositiveInt = 32
     lr: PositiveFloat = 1e-3
     adam_eps: PositiveFloat = Field(1e-8, description="1e-7 would match Keras (spec §8.14)")
     head: Literal["c", "c-1", "c-2", "c-3"] = Field(
-        "c", description="theta_c (one Dense) or with 1-3 hidden ReLU layers (spec §2)")
+        "c", description="theta_c (one Dense) or with 1-3 hidden ReLU layers (spec §2)"
+    )
     global_encoder: bool = Field(
-        False, description="Tab. 7: average the encoder over all clients (one for every "
-        "cluster); heads stay per cluster")
+        False,
+        description="Tab. 7: average the encoder over all clients (one for every "
+        "cluster); heads stay per cluster",
+    )
     restarts: NonNegativeInt = Field(
-        0, description="IFCA's clustering-failure rule (spec §8.8): restart from new random "
-        "models at most this often")
+        0,
+        description="IFCA's clustering-failure rule (spec §8.8): restart from new random "
+        "models at most this often",
+    )
     patience: PositiveInt = Field(
-        5, description="failure = every client on one model this many rounds in a row after "
-        "T_c, or in the last round")
+        5,
+        description="failure = every client on one model this many rounds in a row after "
+        "T_c, or in the last round",
+    )
 
     @model_validator(mode="after")
     def _consistent(self):
         if self.explore_rounds > self.rounds:
-            raise ValueError(f"explore_rounds ({self.explore_rounds}) exceeds rounds "
-                             f"({self.rounds})")
+            raise ValueError(
+                f"explore_rounds ({self.explore_rounds}) exceeds rounds ({self.rounds})"
+            )
         if self.encoder_epochs is not None and self.encoder_epochs > self.local_epochs:
-            raise ValueError(f"encoder_epochs ({self.encoder_epochs}) exceeds local_epochs "
-                             f"({self.local_epochs})")
+            raise ValueError(
+                f"encoder_epochs ({self.encoder_epochs}) exceeds local_epochs ({self.local_epochs})"
+            )
         return self
 
 
 class CpcflParams(MethodParams):
     """``seed`` is the trial's: heads, exploration, local batches, restarts (the encoder's
     pretraining has ``ssl.seed``)."""
+
     name: Literal["cpcfl"] = "cpcfl"
     encoder: CpcflEncoderParams = CpcflEncoderParams()
     pretrain: Literal["none", "simclr", "byol", "simsiam", "fedavg"] = Field(
         description="the encoder's source: none (random), server-side SSL, or the global model "
-        "of a FedAvg (None) run on the clients (IFCA (FedAvg))")
+        "of a FedAvg (None) run on the clients (IFCA (FedAvg))"
+    )
     ssl: SSLParams | None = Field(None, description="needed when pretrain is simclr/byol/simsiam")
     warmup_rounds: PositiveInt | None = Field(
-        None, description="pretrain: fedavg: rounds of the FedAvg (None) run; None = cfl.rounds")
+        None, description="pretrain: fedavg: rounds of the FedAvg (None) run; None = cfl.rounds"
+    )
     cfl: CflParams
     relevance_samples: PositiveInt = Field(
-        300, description="images from each side for the relevance score (Tab. 5)")
+        300, description="images from each side for the relevance score (Tab. 5)"
+    )
     parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
 
     @model_validator(mode="after")
@@ -180,12 +230,20 @@ class Cpcfl(Method):
     label = "CP-CFL"
     params = CpcflParams
     steps = (
-        Step("pretrain", reads=("method.encoder", "method.pretrain", "method.ssl"),
-             inputs=(DATA,), plots=("ssl_epochs.tsv",),
-             runner="fedssl.methods.cpcfl.pretrain:run"),
-        Step("cfl", reads=("partition", "method"), inputs=(DATA, PARTITION, "pretrain"),
-             plots=("rounds.tsv", "choices.tsv", "choice_trace.png"),
-             runner="fedssl.methods.cpcfl.run:run"),
+        Step(
+            "pretrain",
+            reads=("method.encoder", "method.pretrain", "method.ssl"),
+            inputs=(DATA,),
+            plots=("ssl_epochs.tsv",),
+            runner="fedssl.methods.cpcfl.pretrain:run",
+        ),
+        Step(
+            "cfl",
+            reads=("partition", "method"),
+            inputs=(DATA, PARTITION, "pretrain"),
+            plots=("rounds.tsv", "choices.tsv", "choice_trace.png"),
+            runner="fedssl.methods.cpcfl.run:run",
+        ),
     )
     evaluation_sections = ("personal",)
     personal_inputs = ("cfl",)

@@ -1,5 +1,6 @@
 """CP-CFL's `costs` stage and projection: per-sample FLOPs of its local steps (full, head-only,
 selection forward), the measured step memory and the model pool's traffic."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ def _step_costs(p, shape, num_classes: int):
         return F.cross_entropy(out, target)
 
     full = costs.train_step_flops(net, probe, ce) / k
-    peak = costs.measured_step_bytes(net, probe, ce, optimizer_slots=2,
-                                     batch_scale=p.cfl.batch_size / k)
+    peak = costs.measured_step_bytes(
+        net, probe, ce, optimizer_slots=2, batch_scale=p.cfl.batch_size / k
+    )
     for name, q in net.named_parameters():
         q.requires_grad_(name.startswith("head."))
     head = costs.train_step_flops(net, probe, ce) / k
@@ -56,10 +58,17 @@ def _rows(p, shape, num_classes, samples, feds, bytes_actual) -> list[dict]:
             flops += n * exploit * (full * e if warm else full * ef + head * (e - ef))
             if clusters > 1:
                 flops += n * exploit * clusters * fwd
-        rows.append({"client": i, "samples": n, "rounds": sum(
-            f["explore_rounds"][i] + f["exploit_rounds"][i] for f in feds),
-            "alpha_bits_paper": bits, "bytes_actual": bytes_actual[i], "beta_flops": flops,
-            "peak_step_bytes": peak + (c.clusters - 1) * model_bytes})
+        rows.append(
+            {
+                "client": i,
+                "samples": n,
+                "rounds": sum(f["explore_rounds"][i] + f["exploit_rounds"][i] for f in feds),
+                "alpha_bits_paper": bits,
+                "bytes_actual": bytes_actual[i],
+                "beta_flops": flops,
+                "peak_step_bytes": peak + (c.clusters - 1) * model_bytes,
+            }
+        )
     return rows
 
 
@@ -68,8 +77,14 @@ def client_costs(ctx) -> list[dict]:
     comm = json.loads((ctx.input("cfl") / "communication.json").read_text())
     clients = comm["per_client"]
     num_classes = int(ctx.split("train")[1].max()) + 1
-    return _rows(p, tuple(ctx.image_shape), num_classes, [r["samples"] for r in clients],
-                 comm["federations"], [r["bytes_up"] + r["bytes_down"] for r in clients])
+    return _rows(
+        p,
+        tuple(ctx.image_shape),
+        num_classes,
+        [r["samples"] for r in clients],
+        comm["federations"],
+        [r["bytes_up"] + r["bytes_down"] for r in clients],
+    )
 
 
 def projected_costs(exp, part, dataset: str) -> dict:
@@ -77,19 +92,37 @@ def projected_costs(exp, part, dataset: str) -> dict:
     p = exp.method
     c = p.cfl
     scheme = part.scheme
-    n = (scheme.major_classes * scheme.major_count
-         + (len(scheme.groups[0]) - scheme.major_classes) * scheme.minor_count
-         if scheme.kind == "class_groups" else costs.average_client_samples(part, dataset))
+    n = (
+        scheme.major_classes * scheme.major_count
+        + (len(scheme.groups[0]) - scheme.major_classes) * scheme.minor_count
+        if scheme.kind == "class_groups"
+        else costs.average_client_samples(part, dataset)
+    )
     rounds = round(c.client_fraction * c.rounds)
     explore = min(c.explore_rounds, rounds)
-    feds = [{"name": "final", "clusters": c.clusters, "explore_rounds": [explore],
-             "exploit_rounds": [rounds - explore]}]
+    feds = [
+        {
+            "name": "final",
+            "clusters": c.clusters,
+            "explore_rounds": [explore],
+            "exploit_rounds": [rounds - explore],
+        }
+    ]
     if p.pretrain == "fedavg":
-        feds.insert(0, {"name": "warmup", "clusters": 1, "explore_rounds": [0],
-                        "exploit_rounds": [p.warmup_rounds or c.rounds]})
+        feds.insert(
+            0,
+            {
+                "name": "warmup",
+                "clusters": 1,
+                "explore_rounds": [0],
+                "exploit_rounds": [p.warmup_rounds or c.rounds],
+            },
+        )
     shape = IMAGE_SHAPES[dataset]
     _, _, _, _, n_params, _ = _step_costs(p, shape, NUM_CLASSES[dataset])
-    sent = sum(((f["explore_rounds"][0] + f["exploit_rounds"][0]) * (f["clusters"] + 1)
-                * n_params * 4) for f in feds)
+    sent = sum(
+        ((f["explore_rounds"][0] + f["exploit_rounds"][0]) * (f["clusters"] + 1) * n_params * 4)
+        for f in feds
+    )
     rows = _rows(p, shape, NUM_CLASSES[dataset], [n], feds, [sent])
     return costs.summarize_client_costs(rows)

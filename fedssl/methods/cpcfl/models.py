@@ -1,6 +1,7 @@
 """CP-CFL's networks, composed from the library: the encoder θ_f (the 4-conv CNN or ResNet-18,
 optionally after a bilinear resize of the input), a pool model θ = (θ_f, θ_c), and the
 server-side SSL networks (SimCLR, BYOL with an EMA target, SimSiam)."""
+
 from __future__ import annotations
 
 import copy
@@ -13,8 +14,13 @@ from fedssl.fl.momentum import ema_update_pairs, momentum_pairs
 from fedssl.losses import byol_loss, nt_xent, simsiam_loss
 from fedssl.models.cnn import CPCFLEncoder
 from fedssl.models.encoders import CifarResNet18
-from fedssl.models.heads import (CPCFL_HEAD_WIDTHS, ClassifierHead, byol_predictor,
-                                 byol_projector, simclr_projector)
+from fedssl.models.heads import (
+    CPCFL_HEAD_WIDTHS,
+    ClassifierHead,
+    byol_predictor,
+    byol_projector,
+    simclr_projector,
+)
 from fedssl.runtime import derive_seed
 
 
@@ -28,8 +34,7 @@ class Resize(nn.Module):
     def forward(self, x):
         if x.shape[-1] == self.size and x.shape[-2] == self.size:
             return x
-        return F.interpolate(x, size=(self.size, self.size), mode="bilinear",
-                             align_corners=False)
+        return F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
 
 
 class Encoder(nn.Module):
@@ -82,8 +87,15 @@ class SSLNet(nn.Module):
     the method's loss on two augmented views, ``after_step()`` BYOL's EMA update of its target
     (θ'_f, θ'_g) with β (Eqs. 10-11)."""
 
-    def __init__(self, kind: str, encoder: Encoder, width: int, predictor_hidden: int = 64,
-                 temperature: float = 0.1, ema: float = 0.9):
+    def __init__(
+        self,
+        kind: str,
+        encoder: Encoder,
+        width: int,
+        predictor_hidden: int = 64,
+        temperature: float = 0.1,
+        ema: float = 0.9,
+    ):
         super().__init__()
         self.kind, self.temperature, self.ema = kind, temperature, ema
         self.encoder = encoder
@@ -98,13 +110,17 @@ class SSLNet(nn.Module):
             raise ValueError(f"unknown SSL method {kind!r}")
         self.target = None
         if kind == "byol":  # θ'_f, θ'_g: start as copies of the online branch, no gradients
-            self.target = nn.ModuleDict({"encoder": copy.deepcopy(encoder),
-                                         "projector": copy.deepcopy(self.projector)})
+            self.target = nn.ModuleDict(
+                {"encoder": copy.deepcopy(encoder), "projector": copy.deepcopy(self.projector)}
+            )
             for q in self.target.parameters():
                 q.requires_grad_(False)
         # BYOL's EMA twins: target.encoder.* / target.projector.* of the online branch
-        self.pairs = {} if self.target is None else momentum_pairs(
-            self.state_dict(), "target.", ("encoder.", "projector."))
+        self.pairs = (
+            {}
+            if self.target is None
+            else momentum_pairs(self.state_dict(), "target.", ("encoder.", "projector."))
+        )
 
     def online(self):
         """The modules the optimiser trains."""

@@ -1,6 +1,7 @@
 """CP-CFL step ``pretrain``: centralised SSL on the server's public unlabelled data (Alg. 1),
 one encoder per projector-width candidate, the best picked by the shared linear probe (§4.1).
 No client takes part and nothing is communicated. Resumes from its last finished epoch."""
+
 from __future__ import annotations
 
 import time
@@ -31,8 +32,7 @@ def public_indices(ctx, public) -> np.ndarray:
         return stratified_subset(labels, public.size, public.seed)
     if public.size is None or public.size >= len(labels):
         return np.arange(len(labels))
-    return np.sort(numpy_rng(public.seed, "public").choice(len(labels), public.size,
-                                                           replace=False))
+    return np.sort(numpy_rng(public.seed, "public").choice(len(labels), public.size, replace=False))
 
 
 def widths_of(p) -> tuple[int, ...]:
@@ -41,13 +41,32 @@ def widths_of(p) -> tuple[int, ...]:
 
 def build_ssl_net(p, width: int, image_shape, device) -> SSLNet:
     s = p.ssl
-    return seeded(lambda: SSLNet(p.pretrain, Encoder(p.encoder, image_shape), width,
-                                 s.predictor_hidden, s.temperature, s.ema),
-                  s.seed, "ssl-init", p.pretrain, width).to(device)
+    return seeded(
+        lambda: SSLNet(
+            p.pretrain,
+            Encoder(p.encoder, image_shape),
+            width,
+            s.predictor_hidden,
+            s.temperature,
+            s.ema,
+        ),
+        s.seed,
+        "ssl-init",
+        p.pretrain,
+        width,
+    ).to(device)
 
 
-def train_candidate(p, width: int, images: torch.Tensor, image_shape, device, ckpt,
-                    fingerprint: str, log: list[dict]) -> SSLNet:
+def train_candidate(
+    p,
+    width: int,
+    images: torch.Tensor,
+    image_shape,
+    device,
+    ckpt,
+    fingerprint: str,
+    log: list[dict],
+) -> SSLNet:
     """E_p epochs of the SSL loss on ``images`` (uint8, on ``device``) with Adam; batches are
     seeded shuffles with the last short batch dropped (BN in the heads needs full batches)."""
     s = p.ssl
@@ -64,7 +83,7 @@ def train_candidate(p, width: int, images: torch.Tensor, image_shape, device, ck
         gen = torch_generator(device, s.seed, "ssl-augment", width, epoch)
         total, steps = 0.0, n // batch
         for b in range(steps):
-            x = images[order[b * batch:(b + 1) * batch].to(device)]
+            x = images[order[b * batch : (b + 1) * batch].to(device)]
             v1, v2 = two_views(x, gen)
             with autocast(device):
                 loss = net.loss(v1, v2)
@@ -74,16 +93,32 @@ def train_candidate(p, width: int, images: torch.Tensor, image_shape, device, ck
             net.after_step()
             total += loss.item()
         seconds = time.perf_counter() - t0
-        return {"width": width, "epoch": epoch + 1, "loss": round(total / steps, 5),
-                "seconds": round(seconds, 2), "images_per_s": round(steps * batch / seconds, 1)}
+        return {
+            "width": width,
+            "epoch": epoch + 1,
+            "loss": round(total / steps, 5),
+            "seconds": round(seconds, 2),
+            "images_per_s": round(steps * batch / seconds, 1),
+        }
 
     def progress(rows: list[dict]) -> None:
         row = rows[-1]
-        print(f"{p.pretrain} width {width} epoch {row['epoch']}/{s.epochs}: loss "
-              f"{row['loss']:.4f} ({row['images_per_s']:.0f} img/s)", flush=True)
+        print(
+            f"{p.pretrain} width {width} epoch {row['epoch']}/{s.epochs}: loss "
+            f"{row['loss']:.4f} ({row['images_per_s']:.0f} img/s)",
+            flush=True,
+        )
 
-    log += run_epochs(s.epochs, one_epoch, {"net": net, "opt": opt}, ckpt, fingerprint, device,
-                      f"width {width}", progress)
+    log += run_epochs(
+        s.epochs,
+        one_epoch,
+        {"net": net, "opt": opt},
+        ckpt,
+        fingerprint,
+        device,
+        f"width {width}",
+        progress,
+    )
     return net
 
 
@@ -107,8 +142,7 @@ def linear_eval(ctx, encoder, le, public_idx: np.ndarray, device) -> dict:
     tr = extract_features(encoder, np.asarray(train_images[np.sort(idx)]), 1024, device)
     te = extract_features(encoder, np.asarray(test_images[test_idx]), 1024, device)
     encoder.train(was_training)
-    return linear_probe(tr, train_labels[np.sort(idx)], te, test_labels[test_idx], le.probe,
-                        device)
+    return linear_probe(tr, train_labels[np.sort(idx)], te, test_labels[test_idx], le.probe, device)
 
 
 def run(ctx) -> None:
@@ -135,18 +169,31 @@ def run(ctx) -> None:
         else:
             probe = linear_eval(ctx, net.encoder, s.linear_eval, np.empty(0, np.int64), device)
         final = [r["loss"] for r in log if r["width"] == width][-1]
-        candidates.append({"width": width, "linear_top1": round(probe["linear_top1"], 2),
-                           "final_loss": final})
+        candidates.append(
+            {"width": width, "linear_top1": round(probe["linear_top1"], 2), "final_loss": final}
+        )
         nets[width] = net
         print(f"width {width}: linear probe {probe['linear_top1']:.2f}%", flush=True)
     best = max(candidates, key=lambda c: c["linear_top1"])  # first of the best on ties
-    torch_save({"encoder": nets[best["width"]].encoder.state_dict(), "kind": p.pretrain,
-                "width": best["width"], "image_shape": shape}, ctx.out / ENCODER_FILE)
+    torch_save(
+        {
+            "encoder": nets[best["width"]].encoder.state_dict(),
+            "kind": p.pretrain,
+            "width": best["width"],
+            "image_shape": shape,
+        },
+        ctx.out / ENCODER_FILE,
+    )
     np.save(ctx.out / PUBLIC_FILE, public_idx)
     write_json(ctx.out / "selection.json", {"candidates": candidates, "chosen": best})
-    ctx.info.update(pretrain=p.pretrain, epochs=s.epochs, public_images=int(len(public_idx)),
-                    chosen_width=best["width"], linear_top1=best["linear_top1"],
-                    encoder_parameters=sum(q.numel() for q in nets[best["width"]].encoder.parameters()))
+    ctx.info.update(
+        pretrain=p.pretrain,
+        epochs=s.epochs,
+        public_images=int(len(public_idx)),
+        chosen_width=best["width"],
+        linear_top1=best["linear_top1"],
+        encoder_parameters=sum(q.numel() for q in nets[best["width"]].encoder.parameters()),
+    )
     ctx.run_info["epochs"] = [{k: r[k] for k in ("width", "epoch", *TIMING_FIELDS)} for r in log]
     for width in widths_of(p):
         ctx.resume_path.with_name(f"{ctx.resume_path.stem}.w{width}.pt").unlink(missing_ok=True)

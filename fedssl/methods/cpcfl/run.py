@@ -15,6 +15,7 @@ FedAvg is the pool of one; IFCA (None) a pool of fully random models with restar
 IFCA (FedAvg) first runs FedAvg (None) on the same clients (the same seeded code path as that
 experiment, so the same model) and takes its encoder.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,20 @@ from fedssl.eval.metrics import adjusted_rand_index, relevance_score
 from fedssl.eval.personal import PersonalLog, client_outputs
 from fedssl.fl import runner
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, Phase,
-                              Strategy, federation_config, fedavg, model_state, nbytes, stacked,
-                              write_round_log)
+from fedssl.fl.engine import (
+    Federation,
+    FederationConfig,
+    FedState,
+    LocalTraining,
+    Phase,
+    Strategy,
+    fedavg,
+    federation_config,
+    model_state,
+    nbytes,
+    stacked,
+    write_round_log,
+)
 from fedssl.fl.runner import train_data
 from fedssl.losses import masked_cross_entropy
 from fedssl.methods.cpcfl import SSL_KINDS
@@ -65,8 +77,16 @@ class PoolStrategy(Strategy):
     states; ``tests``: (test images on the device, labels, each client's test indices) for the
     evaluate hook, or None (the FedAvg warm-up is not evaluated)."""
 
-    def __init__(self, cfg: FederationConfig, c, pool: list[Tensors], net: PoolModel,
-                 attempt: int = 0, tests=None, true_groups: list[int] | None = None):
+    def __init__(
+        self,
+        cfg: FederationConfig,
+        c,
+        pool: list[Tensors],
+        net: PoolModel,
+        attempt: int = 0,
+        tests=None,
+        true_groups: list[int] | None = None,
+    ):
         super().__init__(cfg)
         self.c, self.pool0, self.net, self.attempt = c, pool, net, attempt
         self.tests, self.true_groups = tests, true_groups
@@ -97,13 +117,16 @@ class PoolStrategy(Strategy):
         if self.n == 1:
             n = 0
         elif self.exploring(state):
-            n = int(numpy_rng(self.cfg.seed, "explore", self.attempt, state.round,
-                              client).integers(self.n))
+            n = int(
+                numpy_rng(self.cfg.seed, "explore", self.attempt, state.round, client).integers(
+                    self.n
+                )
+            )
         else:
             n = int(np.argmin(self.train_losses(state, received)[client]))  # ties: lowest n
         self._choice[client] = n
         prefix = f"{n}."
-        return {k[len(prefix):]: v for k, v in received.items() if k.startswith(prefix)}
+        return {k[len(prefix) :]: v for k, v in received.items() if k.startswith(prefix)}
 
     @torch.no_grad()
     def train_losses(self, state, received: Tensors) -> np.ndarray:
@@ -112,18 +135,25 @@ class PoolStrategy(Strategy):
         if self._losses is None or self._losses[0] != state.round:
             data = self.fed.data
             idx = torch.as_tensor(np.concatenate(data.clients), device=data.device)
-            owner = torch.as_tensor(np.repeat(np.arange(len(data.clients)), data.sizes()),
-                                    device=data.device)
+            owner = torch.as_tensor(
+                np.repeat(np.arange(len(data.clients)), data.sizes()), device=data.device
+            )
             x, y = to_float(data.images[idx]), data.labels[idx]
             sizes = torch.as_tensor(data.sizes(), device=data.device, dtype=torch.float64)
             out = np.zeros((len(data.clients), self.n))
             self.net.eval()
             for n in range(self.n):
-                params = {k[len(f"{n}."):]: v for k, v in received.items()
-                          if k.startswith(f"{n}.")}
-                per = torch.cat([F.cross_entropy(functional_call(self.net, params, (xb,)).float(),
-                                                 yb, reduction="none")
-                                 for xb, yb in zip(x.split(1024), y.split(1024))])
+                params = {
+                    k[len(f"{n}.") :]: v for k, v in received.items() if k.startswith(f"{n}.")
+                }
+                per = torch.cat(
+                    [
+                        F.cross_entropy(
+                            functional_call(self.net, params, (xb,)).float(), yb, reduction="none"
+                        )
+                        for xb, yb in zip(x.split(1024), y.split(1024))
+                    ]
+                )
                 total = torch.zeros(len(data.clients), dtype=torch.float64, device=data.device)
                 total.index_add_(0, owner, per.double())
                 out[:, n] = (total / sizes).cpu().numpy()
@@ -184,7 +214,10 @@ class PoolStrategy(Strategy):
         self.net.eval()
         return client_outputs(
             lambda c, x: functional_call(self.net, self.model(state, max(choice[c], 0)), (x,)),
-            images, labels, tests)
+            images,
+            labels,
+            tests,
+        )
 
     def _failure_rule(self, state, used: int) -> None:
         """IFCA's clustering failure (spec §8.8): after T_c, every client on one model for
@@ -211,15 +244,17 @@ def build_net(p, image_shape, num_classes: int, device) -> PoolModel:
     return PoolModel(p.encoder, p.cfl.head, image_shape, num_classes).to(device)
 
 
-def initial_pool(p, image_shape, num_classes: int, device, attempt: int,
-                 encoder: Tensors | None) -> list[Tensors]:
+def initial_pool(
+    p, image_shape, num_classes: int, device, attempt: int, encoder: Tensors | None
+) -> list[Tensors]:
     """N seeded models: fully random (no encoder given: IFCA (None), FedAvg (None)), or the
     given encoder with a random head each."""
     pool = []
     for n in range(p.cfl.clusters):
         what = "model" if encoder is None else "head"
-        net = seeded(lambda: build_net(p, image_shape, num_classes, device), p.seed, what,
-                     attempt, n)
+        net = seeded(
+            lambda: build_net(p, image_shape, num_classes, device), p.seed, what, attempt, n
+        )
         state = model_state(net)
         if encoder is not None:
             state.update({k: v.clone().to(device) for k, v in encoder.items()})
@@ -227,8 +262,19 @@ def initial_pool(p, image_shape, num_classes: int, device, attempt: int,
     return pool
 
 
-def make_federation(p, data: LocalData, image_shape, num_classes, pool, ckpt, fingerprint,
-                    attempt=0, tests=None, true_groups=None, device=None):
+def make_federation(
+    p,
+    data: LocalData,
+    image_shape,
+    num_classes,
+    pool,
+    ckpt,
+    fingerprint,
+    attempt=0,
+    tests=None,
+    true_groups=None,
+    device=None,
+):
     c = p.cfl
     device = device or data.device
     train_net = build_net(p, image_shape, num_classes, device).train()
@@ -236,10 +282,15 @@ def make_federation(p, data: LocalData, image_shape, num_classes, pool, ckpt, fi
     heads = [k for k, _ in train_net.named_parameters() if k.startswith("head.")]
 
     def cohort(epochs):
-        return CohortTrainer(train_net, plain_views, cross_entropy,
-                             OptimizerConfig("adam", eps=c.adam_eps), batch_size=c.batch_size,
-                             local_epochs=epochs,
-                             parallel=vectorise_clients(p.parallel_clients, device))
+        return CohortTrainer(
+            train_net,
+            plain_views,
+            cross_entropy,
+            OptimizerConfig("adam", eps=c.adam_eps),
+            batch_size=c.batch_size,
+            local_epochs=epochs,
+            parallel=vectorise_clients(p.parallel_clients, device),
+        )
 
     # E_l,f (Tab. 7): the first E_l,f local epochs train the whole model, the others the heads
     # only (a fresh Adam state); the round's loss is the mean over all E_l epochs. While the
@@ -279,41 +330,63 @@ def run_rounds(fed: Federation, log_path: Path | None, name: str) -> FedState:
 def warmup_params(p):
     """FedAvg (None) with this experiment's local settings and seed: the same settings (and so
     the same model) as the FedAvg (None) experiment of the trial."""
-    cfl = p.cfl.model_copy(update={"clusters": 1, "explore_rounds": 0, "encoder_epochs": None,
-                                   "global_encoder": False, "restarts": 0,
-                                   "rounds": p.warmup_rounds or p.cfl.rounds})
+    cfl = p.cfl.model_copy(
+        update={
+            "clusters": 1,
+            "explore_rounds": 0,
+            "encoder_epochs": None,
+            "global_encoder": False,
+            "restarts": 0,
+            "rounds": p.warmup_rounds or p.cfl.rounds,
+        }
+    )
     return p.model_copy(update={"pretrain": "none", "cfl": cfl})
 
 
 def _ledger_rows(state: FedState, prefix: str) -> list[dict]:
-    return [{"up": {prefix + k: v for k, v in up.items()},
-             "down": {prefix + k: v for k, v in down.items()}}
-            for up, down in zip(state.ledger.up, state.ledger.down)]
+    return [
+        {
+            "up": {prefix + k: v for k, v in up.items()},
+            "down": {prefix + k: v for k, v in down.items()},
+        }
+        for up, down in zip(state.ledger.up, state.ledger.down)
+    ]
 
 
 def communication(parts: list[tuple[str, int, FedState]], sizes: list[int]) -> dict:
     """One communication.json for every federation the step ran: per client the bytes by kind
     (the final run's kinds unprefixed, earlier runs' prefixed ``warmup/`` / ``failedA/``) and
     per federation the rounds each client spent exploring and exploiting."""
-    clients = [{"client": i, "up_by_kind": {}, "down_by_kind": {}, "samples": s}
-               for i, s in enumerate(sizes)]
+    clients = [
+        {"client": i, "up_by_kind": {}, "down_by_kind": {}, "samples": s}
+        for i, s in enumerate(sizes)
+    ]
     feds = []
     for prefix, clusters, state in parts:
         for row, led in zip(clients, _ledger_rows(state, prefix)):
             row["up_by_kind"].update(led["up"])
             row["down_by_kind"].update(led["down"])
         zero = [0] * len(sizes)
-        feds.append({"name": prefix.rstrip("/") or "final", "clusters": clusters,
-                     "explore_rounds": state.memo.get("explore_rounds", zero),
-                     "exploit_rounds": state.memo.get("exploit_rounds", zero)})
+        feds.append(
+            {
+                "name": prefix.rstrip("/") or "final",
+                "clusters": clusters,
+                "explore_rounds": state.memo.get("explore_rounds", zero),
+                "exploit_rounds": state.memo.get("exploit_rounds", zero),
+            }
+        )
     for row in clients:
         row["bytes_up"] = sum(row["up_by_kind"].values())
         row["bytes_down"] = sum(row["down_by_kind"].values())
-        row["rounds"] = sum(f["explore_rounds"][row["client"]] + f["exploit_rounds"][row["client"]]
-                            for f in feds)
-    return {"per_client": clients, "federations": feds,
-            "total_bytes_up": sum(r["bytes_up"] for r in clients),
-            "total_bytes_down": sum(r["bytes_down"] for r in clients)}
+        row["rounds"] = sum(
+            f["explore_rounds"][row["client"]] + f["exploit_rounds"][row["client"]] for f in feds
+        )
+    return {
+        "per_client": clients,
+        "federations": feds,
+        "total_bytes_up": sum(r["bytes_up"] for r in clients),
+        "total_bytes_down": sum(r["bytes_down"] for r in clients),
+    }
 
 
 def check_disjoint(ctx, public: np.ndarray, clients: list[np.ndarray]) -> None:
@@ -322,11 +395,13 @@ def check_disjoint(ctx, public: np.ndarray, clients: list[np.ndarray]) -> None:
         raise StageFailed(
             f"{ctx.name}: {held.size} images of the public pretraining slice are also client "
             f"data: give partition '{ctx.exp.partition}' server_holdout = ssl.public.size and "
-            f"server_holdout_seed = ssl.public.seed")
+            f"server_holdout_seed = ssl.public.seed"
+        )
 
 
-def relevance(ctx, encoder_net, public: np.ndarray, clients: list[np.ndarray], n: int,
-              device) -> float:
+def relevance(
+    ctx, encoder_net, public: np.ndarray, clients: list[np.ndarray], n: int, device
+) -> float:
     """§4.9's relevance score: n public images and n client images through the pretrained
     encoder, mean cosine similarity over all n x n cross pairs."""
     rng = numpy_rng(ctx.exp.method.seed, "relevance")
@@ -345,22 +420,32 @@ def relevance(ctx, encoder_net, public: np.ndarray, clients: list[np.ndarray], n
 def write_choices(choices: np.ndarray, groups, explore: int, results: Path) -> None:
     """The per-round choice trace (Fig. 5): a TSV and a picture (clients x rounds)."""
     k = choices.shape[1] if choices.size else 0
-    rows = [{"round": r + 1, **{f"client_{c}": int(v) for c, v in enumerate(row)}}
-            for r, row in enumerate(choices)]
+    rows = [
+        {"round": r + 1, **{f"client_{c}": int(v) for c, v in enumerate(row)}}
+        for r, row in enumerate(choices)
+    ]
     write_tsv(rows, results / "choices.tsv", ["round"] + [f"client_{c}" for c in range(k)])
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
+
     fig = Figure(figsize=(min(12, 3 + 0.15 * len(choices)), min(10, 2 + 0.2 * k)))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     n = int(choices.max()) + 1 if choices.size else 1
-    cmap = ListedColormap(["#4477aa", "#ee6677", "#228833", "#ccbb44", "#66ccee", "#aa3377",
-                           "#bbbbbb"][:max(n, 1)])
+    cmap = ListedColormap(
+        ["#4477aa", "#ee6677", "#228833", "#ccbb44", "#66ccee", "#aa3377", "#bbbbbb"][: max(n, 1)]
+    )
     if choices.size:
-        im = ax.imshow(choices.T, aspect="auto", cmap=cmap, interpolation="nearest",
-                       vmin=-0.5, vmax=n - 0.5,
-                       extent=(0.5, len(choices) + 0.5, k - 0.5, -0.5))
+        im = ax.imshow(
+            choices.T,
+            aspect="auto",
+            cmap=cmap,
+            interpolation="nearest",
+            vmin=-0.5,
+            vmax=n - 0.5,
+            extent=(0.5, len(choices) + 0.5, k - 0.5, -0.5),
+        )
         fig.colorbar(im, ax=ax, ticks=range(n), label="model chosen (n_u)")
     if explore:
         ax.axvline(explore + 0.5, color="black", lw=1, ls="--")
@@ -372,8 +457,7 @@ def write_choices(choices: np.ndarray, groups, explore: int, results: Path) -> N
     ax.set_ylabel("client (white lines: true groups)")
     ax.set_title("cluster choice per round (dashed: end of T_c)")
     fig.tight_layout()
-    fig.savefig(results / "choice_trace.png", format="png", dpi=90,
-                metadata={"Software": None})
+    fig.savefig(results / "choice_trace.png", format="png", dpi=90, metadata={"Software": None})
 
 
 def run(ctx) -> None:
@@ -383,37 +467,48 @@ def run(ctx) -> None:
     shape = tuple(data.images.shape[1:])
     num_classes = int(data.labels.max()) + 1
     test_images, test_labels = ctx.split("test")
-    tests = (to_device(test_images, device),
-             torch.as_tensor(np.asarray(test_labels), dtype=torch.int64, device=device),
-             ctx.client_tests())
+    tests = (
+        to_device(test_images, device),
+        torch.as_tensor(np.asarray(test_labels), dtype=torch.int64, device=device),
+        ctx.client_tests(),
+    )
     groups = ctx.true_groups()
     extra: dict = {"explore_rounds": c.explore_rounds, "clusters": c.clusters}
     parts: list[tuple[str, int, FedState]] = []
 
     encoder = None
     if p.pretrain in SSL_KINDS:
-        saved = torch.load(ctx.input("pretrain") / ENCODER_FILE, map_location=device,
-                           weights_only=True)
+        saved = torch.load(
+            ctx.input("pretrain") / ENCODER_FILE, map_location=device, weights_only=True
+        )
         encoder = {f"encoder.{k}": v for k, v in saved["encoder"].items()}
         public = np.load(ctx.input("pretrain") / PUBLIC_FILE)
         if p.ssl.public.split == "train":
             check_disjoint(ctx, public, data.clients)
         net = build_net(p, shape, num_classes, device)
         net.load_state_dict({**model_state(net), **encoder})
-        extra["relevance"] = round(relevance(ctx, net.encoder, public, data.clients,
-                                             p.relevance_samples, device), 4)
+        extra["relevance"] = round(
+            relevance(ctx, net.encoder, public, data.clients, p.relevance_samples, device), 4
+        )
         selection = json.loads((ctx.input("pretrain") / "selection.json").read_text())
         extra["encoder_linear_top1"] = selection["chosen"]["linear_top1"]
     elif p.pretrain == "fedavg":
         w = warmup_params(p)
         pool = initial_pool(w, shape, num_classes, device, 0, None)
-        fed = make_federation(w, data, shape, num_classes, pool,
-                              ctx.resume_path.with_suffix(".warmup.pt"),
-                              ctx.fingerprint + "/warmup")
+        fed = make_federation(
+            w,
+            data,
+            shape,
+            num_classes,
+            pool,
+            ctx.resume_path.with_suffix(".warmup.pt"),
+            ctx.fingerprint + "/warmup",
+        )
         state = run_rounds(fed, ctx.out / "warmup_rounds.tsv", "FedAvg warm-up")
         write_round_log(state.log, ctx.out / "warmup_rounds.tsv")
-        encoder = {k: v for k, v in fed.strategy.final_model(state).items()
-                   if k.startswith("encoder.")}
+        encoder = {
+            k: v for k, v in fed.strategy.final_model(state).items() if k.startswith("encoder.")
+        }
         torch.save(encoder, ctx.out / "warmup_encoder.pt")
         parts.append(("warmup/", 1, state))
 
@@ -421,8 +516,18 @@ def run(ctx) -> None:
     for attempt in range(c.restarts + 1):
         pool = initial_pool(p, shape, num_classes, device, attempt, encoder)
         ckpt = ctx.resume_path.with_suffix(f".attempt{attempt}.pt")
-        fed = make_federation(p, data, shape, num_classes, pool, ckpt,
-                              f"{ctx.fingerprint}/attempt{attempt}", attempt, tests, groups)
+        fed = make_federation(
+            p,
+            data,
+            shape,
+            num_classes,
+            pool,
+            ckpt,
+            f"{ctx.fingerprint}/attempt{attempt}",
+            attempt,
+            tests,
+            groups,
+        )
         try:
             log = ctx.results_dir / "rounds.tsv"
             state = run_rounds(fed, log, f"attempt {attempt}" if c.restarts else "cfl")
@@ -432,30 +537,40 @@ def run(ctx) -> None:
             if attempt == c.restarts:  # no restart left: this run stands, failure and all
                 state = fed.run(state)
                 break
-            print(f"attempt {attempt}: every client on one model since round "
-                  f"{state.memo['failed_at'] - c.patience + 1}: restarting", flush=True)
+            print(
+                f"attempt {attempt}: every client on one model since round "
+                f"{state.memo['failed_at'] - c.patience + 1}: restarting",
+                flush=True,
+            )
             write_round_log(state.log, ctx.out / f"failed{attempt}_rounds.tsv")
             parts.append((f"failed{attempt}/", c.clusters, state))
             restarts += 1
     write_round_log(state.log, ctx.results_dir / "rounds.tsv")
     parts.append(("", c.clusters, state))
-    extra.update(restarts=restarts, first_attempt_failed=restarts > 0 or
-                 state.memo.get("failed_at") is not None)
+    extra.update(
+        restarts=restarts,
+        first_attempt_failed=restarts > 0 or state.memo.get("failed_at") is not None,
+    )
 
     accs, labels, probs = fed.strategy.outputs(state)
     PersonalLog(state.memo).save(ctx.out / "personal.npz", labels, probs)
     choices = np.asarray(state.memo["personal"]["choice"], dtype=np.int64)
     write_choices(choices, groups, c.explore_rounds, ctx.results_dir)
-    torch.save({f"pool{n}": fed.strategy.model(state, n) for n in range(c.clusters)},
-               ctx.out / "pool.pt")
+    torch.save(
+        {f"pool{n}": fed.strategy.model(state, n) for n in range(c.clusters)}, ctx.out / "pool.pt"
+    )
     write_json(ctx.out / "communication.json", communication(parts, data.sizes()))
     write_json(ctx.out / "extra_metrics.json", extra)
     model_bytes = nbytes(fed.strategy.model(state, 0))
-    ctx.info.update(rounds=len(state.log), final_loss=state.log[-1]["loss"], restarts=restarts,
-                    parameters=sum(v.numel() for k, v in fed.strategy.model(state, 0).items()
-                                   if v.is_floating_point()), model_bytes=model_bytes,
-                    final_personal_acc=round(float(np.mean(accs)), 2))
+    ctx.info.update(
+        rounds=len(state.log),
+        final_loss=state.log[-1]["loss"],
+        restarts=restarts,
+        parameters=sum(
+            v.numel() for k, v in fed.strategy.model(state, 0).items() if v.is_floating_point()
+        ),
+        model_bytes=model_bytes,
+        final_personal_acc=round(float(np.mean(accs)), 2),
+    )
     for path in ctx.resume_path.parent.glob(ctx.resume_path.stem + ".*.pt"):
         path.unlink(missing_ok=True)
-
-

@@ -1,6 +1,7 @@
 """CP-CFL's report tables (pure Python): Tab. 3's layout (mean accuracy at T/4, T/2, 3T/4, T,
 mean ± SD over the runs of a row) with the cluster-recovery and cost columns, and Tab. 4's
 (F1 and AUROC at T). SD is the population SD (ddof = 0), as the paper's Tab. 11 (spec §3)."""
+
 from __future__ import annotations
 
 import re
@@ -35,8 +36,11 @@ def groups(rows: list[dict]) -> list[tuple[str, list[dict]]]:
 def found_after_tc(runs: list[dict]) -> str:
     """Rounds after T_c until the choices match the true groups for good (ARI = 1 to the end):
     mean over the runs that got there, and how many did."""
-    got = [to_float(r.get("groups_found_at")) - (to_float(r.get("explore_rounds")) or 0)
-           for r in runs if to_float(r.get("groups_found_at")) is not None]
+    got = [
+        to_float(r.get("groups_found_at")) - (to_float(r.get("explore_rounds")) or 0)
+        for r in runs
+        if to_float(r.get("groups_found_at")) is not None
+    ]
     if not got:
         return f"never (0/{len(runs)})"
     text = number(statistics.mean(got), ".1f")
@@ -49,37 +53,74 @@ def rate(runs: list[dict], key: str) -> str:
 
 
 def tab3(rows: list[dict]) -> str:
-    checkpoints = sorted({int(m.group(1)) for r in rows for k in r
-                          if (m := AT.match(k)) and r[k] not in (None, "")})
-    header = (["method (pretraining)"] + [f"T={t}" for t in checkpoints]
-              + ["best", "ARI", "purity", "clusters used", "collapsed at T",
-                 "1st attempt failed", "groups found (rounds after T_c)", "restarts",
-                 "relevance", "MB sent / client", "GFLOPs / client", "step peak MB"])
+    checkpoints = sorted(
+        {int(m.group(1)) for r in rows for k in r if (m := AT.match(k)) and r[k] not in (None, "")}
+    )
+    header = (
+        ["method (pretraining)"]
+        + [f"T={t}" for t in checkpoints]
+        + [
+            "best",
+            "ARI",
+            "purity",
+            "clusters used",
+            "collapsed at T",
+            "1st attempt failed",
+            "groups found (rounds after T_c)",
+            "restarts",
+            "relevance",
+            "MB sent / client",
+            "GFLOPs / client",
+            "step peak MB",
+        ]
+    )
     lines = []
     for label, runs in groups(rows):
         cells = [label] + [_sd(numbers(runs, f"personal_at_{t}")) for t in checkpoints]
-        cells += [_sd(numbers(runs, "personal_best")), _sd(numbers(runs, "ari"), ".3f"),
-                  _sd(numbers(runs, "purity"), ".3f"), _mean(numbers(runs, "clusters_used"), ".2g"),
-                  rate(runs, "collapsed"), rate(runs, "first_attempt_failed"),
-                  found_after_tc(runs), _mean(numbers(runs, "restarts"), ".2g"),
-                  _mean(numbers(runs, "relevance"), ".4f"),
-                  _mean(numbers(runs, "client_MB_sent")), _mean(numbers(runs, "beta_GFLOPs")),
-                  _mean(numbers(runs, "peak_step_MB"))]
+        cells += [
+            _sd(numbers(runs, "personal_best")),
+            _sd(numbers(runs, "ari"), ".3f"),
+            _sd(numbers(runs, "purity"), ".3f"),
+            _mean(numbers(runs, "clusters_used"), ".2g"),
+            rate(runs, "collapsed"),
+            rate(runs, "first_attempt_failed"),
+            found_after_tc(runs),
+            _mean(numbers(runs, "restarts"), ".2g"),
+            _mean(numbers(runs, "relevance"), ".4f"),
+            _mean(numbers(runs, "client_MB_sent")),
+            _mean(numbers(runs, "beta_GFLOPs")),
+            _mean(numbers(runs, "peak_step_MB")),
+        ]
         lines.append(cells)
-    return markdown_table(header, lines, "CP-CFL, layout of Tab. 3: mean client test accuracy "
-                          f"(%) at T/4, T/2, 3T/4, T and best ({OVER_TRIALS}, as the paper); "
-                          "cluster recovery at T; per-client costs.")
+    return markdown_table(
+        header,
+        lines,
+        "CP-CFL, layout of Tab. 3: mean client test accuracy "
+        f"(%) at T/4, T/2, 3T/4, T and best ({OVER_TRIALS}, as the paper); "
+        "cluster recovery at T; per-client costs.",
+    )
 
 
-TAB4 = {"F1-M": "f1_macro", "F1-W": "f1_weighted", "OvR-M": "auroc_ovr_macro",
-        "OvR-W": "auroc_ovr_weighted", "OvO-M": "auroc_ovo_macro", "OvO-W": "auroc_ovo_weighted"}
+TAB4 = {
+    "F1-M": "f1_macro",
+    "F1-W": "f1_weighted",
+    "OvR-M": "auroc_ovr_macro",
+    "OvR-W": "auroc_ovr_weighted",
+    "OvO-M": "auroc_ovo_macro",
+    "OvO-W": "auroc_ovo_weighted",
+}
 
 
 def tab4(rows: list[dict]) -> str:
-    lines = [[label, *(_sd(numbers(runs, k), ".4f") for k in TAB4.values())]
-             for label, runs in groups(rows)]
-    return markdown_table(["method (pretraining)", *TAB4], lines, "CP-CFL, layout of Tab. 4: "
-                          f"pooled F1 and AUROC at T ({OVER_TRIALS}).")
+    lines = [
+        [label, *(_sd(numbers(runs, k), ".4f") for k in TAB4.values())]
+        for label, runs in groups(rows)
+    ]
+    return markdown_table(
+        ["method (pretraining)", *TAB4],
+        lines,
+        f"CP-CFL, layout of Tab. 4: pooled F1 and AUROC at T ({OVER_TRIALS}).",
+    )
 
 
 def paper_tables(rows: list[dict]) -> dict[str, str]:

@@ -1,16 +1,21 @@
 """FedSimCLR: SimCLR (two augmented views, NT-Xent, projection head) trained on every client and
 averaged with FedAvg (the MFCL paper's baseline)."""
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, \
-    model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from fedssl.methods.base import Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, FederationSettings,
-                           ModelParams, ParallelClients)
+from fedssl.params import (
+    PARALLEL_CLIENTS_HELP,
+    AugmentParams,
+    FederationSettings,
+    ModelParams,
+    ParallelClients,
+)
 
 
 class FedSimCLRParams(MethodParams, FederationSettings):
@@ -39,8 +44,14 @@ class FedSimCLR(Method):
     name = "fedsimclr"
     label = "FedSimCLR"
     params = FedSimCLRParams
-    steps = (Step("pretrain", reads=("partition", "method"), plots=("rounds.tsv",),
-                  runner="fedssl.methods.fedsimclr.run:pretrain"),)
+    steps = (
+        Step(
+            "pretrain",
+            reads=("partition", "method"),
+            plots=("rounds.tsv",),
+            runner="fedssl.methods.fedsimclr.run:pretrain",
+        ),
+    )
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.model",)
     encoder_builder = "fedssl.models.encoders:contrastive_encoder"

@@ -1,5 +1,6 @@
 """FedSimCLR's `costs` stage and projection: the whole model both ways every round, in the
 conventions of MFCL's Tab. 3 (where FedSimCLR is a baseline) and measured."""
+
 from __future__ import annotations
 
 import torch
@@ -17,15 +18,23 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
     model = seeded_contrastive_model(p.model, shape, p.seed, torch.device("cpu")).train()
     probe = costs.probe_batch(shape)
     return paper_costs.e2e_client_costs(
-        model, probe.chunk(2), lambda z, _x: nt_xent(*z.chunk(2), p.temperature),
-        p.batch_size, samples, rounds, p.local_epochs, sent,
-        optimizer_slots=2 if p.optimizer == "adam" else 1)
+        model,
+        probe.chunk(2),
+        lambda z, _x: nt_xent(*z.chunk(2), p.temperature),
+        p.batch_size,
+        samples,
+        rounds,
+        p.local_epochs,
+        sent,
+        optimizer_slots=2 if p.optimizer == "adam" else 1,
+    )
 
 
 def client_costs(ctx) -> list[dict]:
     ledger = costs.ledger_of(ctx.input("pretrain"), [len(c) for c in ctx.clients()])
-    return _client_costs(ctx.exp.method, ctx.image_shape, ledger.samples, ledger.rounds,
-                         ledger.sent)
+    return _client_costs(
+        ctx.exp.method, ctx.image_shape, ledger.samples, ledger.rounds, ledger.sent
+    )
 
 
 def projected_costs(exp, part, dataset: str) -> dict:

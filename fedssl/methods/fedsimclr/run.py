@@ -1,4 +1,5 @@
 """FedSimCLR's training (imported when its step runs; its costs: :mod:`.costs`)."""
+
 from __future__ import annotations
 
 import torch
@@ -9,8 +10,12 @@ from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectoris
 from fedssl.fl.engine import Federation, LocalTraining, Strategy, federation_config
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import nt_xent
-from fedssl.models.encoders import (ContrastiveModel, load_encoder, save_contrastive_model,
-                                    seeded_contrastive_model)
+from fedssl.models.encoders import (
+    ContrastiveModel,
+    load_encoder,
+    save_contrastive_model,
+    seeded_contrastive_model,
+)
 from fedssl.precision import autocast
 
 
@@ -21,18 +26,23 @@ def simclr_loss(temperature: float):
             z = functional_call(model, (params, buffers), (x,))
         z1, z2 = z.float().chunk(2)
         return nt_xent(z1, z2, temperature, batch.valid)
+
     return loss
 
 
-def make_federation(p, model: ContrastiveModel, data: LocalData, ckpt, fingerprint: str
-                    ) -> Federation:
+def make_federation(
+    p, model: ContrastiveModel, data: LocalData, ckpt, fingerprint: str
+) -> Federation:
     """SimCLR on every client, FedAvg of the whole model weighted by data size."""
     cohort = CohortTrainer(
-        model, multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=2),
+        model,
+        multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=2),
         simclr_loss(p.temperature),
         OptimizerConfig(kind=p.optimizer, weight_decay=p.weight_decay, momentum=p.momentum),
-        batch_size=p.batch_size, local_epochs=p.local_epochs,
-        parallel=vectorise_clients(p.parallel_clients, data.device))
+        batch_size=p.batch_size,
+        local_epochs=p.local_epochs,
+        parallel=vectorise_clients(p.parallel_clients, data.device),
+    )
     cfg = federation_config(p, p.seed, p.lr_schedule)
     return Federation(Strategy(cfg), LocalTraining(cohort), data, cfg, ckpt, fingerprint)
 
@@ -48,5 +58,9 @@ def pretrain(ctx) -> None:
 
 def encoder(ctx):
     """The frozen encoder the probes read: the pretrained backbone (or its projection)."""
-    return load_encoder(ctx.exp.method.model, ctx.input("pretrain") / "model.pt",
-                        ctx.device, ctx.exp.features.layer == "projection")
+    return load_encoder(
+        ctx.exp.method.model,
+        ctx.input("pretrain") / "model.pt",
+        ctx.device,
+        ctx.exp.features.layer == "projection",
+    )

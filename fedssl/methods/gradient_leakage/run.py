@@ -16,6 +16,7 @@ Writes the per-setting metrics (``metrics.json``), the mean MSE curves (``mse_cu
 a picture of the reconstructions (``reconstructions.png``) into the experiment's results, and
 every number per image into ``leakage.json``.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedssl.attacks.leakage import (add_gradient_noise, attacker_model, client_gradients,
-                                    gradient_attack, infer_label_from_gradients)
+from fedssl.attacks.leakage import (
+    add_gradient_noise,
+    attacker_model,
+    client_gradients,
+    gradient_attack,
+    infer_label_from_gradients,
+)
 from fedssl.models.cnn import LeNet
 from fedssl.runtime import derive_seed, numpy_rng, torch_save, write_json, write_tsv
 
@@ -47,8 +53,9 @@ def attack_images(ctx, p) -> tuple[torch.Tensor, np.ndarray]:
     pick = np.sort(numpy_rng(p.seed, "leakage-images").choice(len(labels), n, replace=False))
     x = torch.from_numpy(np.asarray(images[pick])).float() / 255.0
     if p.image_size is not None and x.shape[-1] != p.image_size:
-        x = F.interpolate(x, size=(p.image_size, p.image_size), mode="bilinear",
-                          align_corners=False)
+        x = F.interpolate(
+            x, size=(p.image_size, p.image_size), mode="bilinear", align_corners=False
+        )
     return x, np.asarray(labels)[pick]
 
 
@@ -70,16 +77,27 @@ def idlg_label(model, grads: dict, num_classes: int, seed: int) -> tuple[int, bo
 def run_setting(p, setting, x: torch.Tensor, y: np.ndarray, num_classes: int) -> dict:
     """Every measurement of one setting (see the module docstring)."""
     shape = tuple(x.shape[1:])
-    out = {"idlg_label_hits": [], "blind_guess": False, "dlg_label_hits": [],
-           "recon": {"idlg": [], "dlg": []}}
+    out = {
+        "idlg_label_hits": [],
+        "blind_guess": False,
+        "dlg_label_hits": [],
+        "recon": {"idlg": [], "dlg": []},
+    }
+
     def victim(i: int):  # image i's seeded LeNet and the gradients its party shares
         seed = derive_seed(p.seed, "lenet", i)
         model = lenet(p, num_classes, shape, seed)
-        return seed, model, shared_gradients(model, x[i:i + 1], int(y[i]), setting, seed)
+        return seed, model, shared_gradients(model, x[i : i + 1], int(y[i]), setting, seed)
 
     def surrogate_of(model, seed: int):  # the attacker's copy (hidden layers guessed)
-        return attacker_model(model, setting.hidden_fc, setting.assumed_fc, num_classes,
-                              seed=seed + 1, init_bound=p.init_range)
+        return attacker_model(
+            model,
+            setting.hidden_fc,
+            setting.assumed_fc,
+            num_classes,
+            seed=seed + 1,
+            init_bound=p.init_range,
+        )
 
     for i in range(p.label_images):
         seed, model, grads = victim(i)
@@ -88,23 +106,46 @@ def run_setting(p, setting, x: torch.Tensor, y: np.ndarray, num_classes: int) ->
         out["blind_guess"] |= blind
     for i in range(p.recon_label_images):
         seed, model, grads = victim(i)
-        r = gradient_attack(surrogate_of(model, seed), grads, shape, num_classes, "dlg",
-                            iterations=p.dlg_label_iterations, lbfgs_max_iter=p.lbfgs_max_iter,
-                            seed=seed)
+        r = gradient_attack(
+            surrogate_of(model, seed),
+            grads,
+            shape,
+            num_classes,
+            "dlg",
+            iterations=p.dlg_label_iterations,
+            lbfgs_max_iter=p.lbfgs_max_iter,
+            seed=seed,
+        )
         out["dlg_label_hits"].append(int(r.label == y[i]))
     for i in range(p.recon_images):
         seed, model, grads = victim(i)
         surrogate = surrogate_of(model, seed)
         for attack in p.attacks:
             label = idlg_label(model, grads, num_classes, seed)[0] if attack == "idlg" else None
-            r = gradient_attack(surrogate, grads, shape, num_classes, attack, label=label,
-                                iterations=p.iterations, lbfgs_max_iter=p.lbfgs_max_iter,
-                                seed=seed, true_image=x[i:i + 1])
+            r = gradient_attack(
+                surrogate,
+                grads,
+                shape,
+                num_classes,
+                attack,
+                label=label,
+                iterations=p.iterations,
+                lbfgs_max_iter=p.lbfgs_max_iter,
+                seed=seed,
+                true_image=x[i : i + 1],
+            )
             curve = _padded(r.mse_curve, p.iterations)
-            out["recon"][attack].append({
-                "image": i, "label": int(y[i]), "attacker_label": r.label,
-                "diverged": r.diverged, "mse_curve": curve, "final_mse": curve[-1],
-                "final_image": r.image.squeeze(0).clamp(0, 1).tolist()})
+            out["recon"][attack].append(
+                {
+                    "image": i,
+                    "label": int(y[i]),
+                    "attacker_label": r.label,
+                    "diverged": r.diverged,
+                    "mse_curve": curve,
+                    "final_mse": curve[-1],
+                    "final_image": r.image.squeeze(0).clamp(0, 1).tolist(),
+                }
+            )
     return out
 
 
@@ -121,10 +162,15 @@ def describe(setting) -> str:
     if setting.hidden_fc == 0:
         text = "all gradients (FedAvg)"
     else:
-        guess = "the true layout" if setting.assumed_fc is None else \
-            f"{setting.assumed_fc} FC layer{'s' * (setting.assumed_fc > 1)}"
-        text = (f"last {setting.hidden_fc} FC layer{'s' * (setting.hidden_fc > 1)} hidden "
-                f"(cl={setting.hidden_fc}), attacker assumes {guess}")
+        guess = (
+            "the true layout"
+            if setting.assumed_fc is None
+            else f"{setting.assumed_fc} FC layer{'s' * (setting.assumed_fc > 1)}"
+        )
+        text = (
+            f"last {setting.hidden_fc} FC layer{'s' * (setting.hidden_fc > 1)} hidden "
+            f"(cl={setting.hidden_fc}), attacker assumes {guess}"
+        )
     if setting.noise is not None:
         text += f" + {setting.noise.kind} noise, variance {setting.noise.variance:g}"
     return text
@@ -132,9 +178,13 @@ def describe(setting) -> str:
 
 def summarize(p, results: dict) -> tuple[dict, list[dict]]:
     """(flat metrics per setting, the mean MSE curve rows for the TSV)."""
-    metrics: dict = {"images_label": p.label_images, "images_dlg_label": p.recon_label_images,
-                     "images_recon": p.recon_images, "iterations": p.iterations,
-                     "chance_label_hit": round(1.0 / results["_classes"], 4)}
+    metrics: dict = {
+        "images_label": p.label_images,
+        "images_dlg_label": p.recon_label_images,
+        "images_recon": p.recon_images,
+        "iterations": p.iterations,
+        "chance_label_hit": round(1.0 / results["_classes"], 4),
+    }
     curves: dict[str, np.ndarray] = {}
     for s in p.settings:
         r, key = results[s.label], s.label
@@ -148,34 +198,48 @@ def summarize(p, results: dict) -> tuple[dict, list[dict]]:
                 continue
             finals = np.array([run["final_mse"] for run in runs])
             metrics[f"{attack}_final_mse_{key}"] = float(f"{np.nanmean(finals):.4g}")
-            metrics[f"{attack}_recovered_{key}"] = round(float(np.mean(finals < p.success_mse)),
-                                                         4)
-            first = [next((j + 1 for j, m in enumerate(run["mse_curve"]) if m < p.success_mse),
-                          None) for run in runs]
+            metrics[f"{attack}_recovered_{key}"] = round(float(np.mean(finals < p.success_mse)), 4)
+            first = [
+                next((j + 1 for j, m in enumerate(run["mse_curve"]) if m < p.success_mse), None)
+                for run in runs
+            ]
             hit = [f for f in first if f is not None]
-            metrics[f"{attack}_iters_to_recover_{key}"] = (round(float(np.mean(hit)), 1)
-                                                          if hit else None)
+            metrics[f"{attack}_iters_to_recover_{key}"] = (
+                round(float(np.mean(hit)), 1) if hit else None
+            )
             curves[f"{attack}_{key}"] = np.nanmean([run["mse_curve"] for run in runs], axis=0)
-    rows = [{"iteration": j + 1, **{k: float(f"{c[j]:.6g}") for k, c in curves.items()}}
-            for j in range(p.iterations)] if curves else []
+    rows = (
+        [
+            {"iteration": j + 1, **{k: float(f"{c[j]:.6g}") for k, c in curves.items()}}
+            for j in range(p.iterations)
+        ]
+        if curves
+        else []
+    )
     return metrics, rows
 
 
 def plot_reconstructions(p, results: dict, x: torch.Tensor, path) -> None:
     """One row per setting: the true image, then each attack's final dummy (first image)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     attacks = list(p.attacks)
-    fig, axes = plt.subplots(len(p.settings), 1 + len(attacks),
-                             figsize=(1.6 * (1 + len(attacks)), 1.6 * len(p.settings)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(p.settings),
+        1 + len(attacks),
+        figsize=(1.6 * (1 + len(attacks)), 1.6 * len(p.settings)),
+        squeeze=False,
+    )
     for row, s in enumerate(p.settings):
         shown = [("real", x[0])]
         for attack in attacks:
             runs = results[s.label]["recon"][attack]
-            shown.append((f"{attack} {runs[0]['final_mse']:.2g}", torch.tensor(
-                runs[0]["final_image"])))
+            shown.append(
+                (f"{attack} {runs[0]['final_mse']:.2g}", torch.tensor(runs[0]["final_image"]))
+            )
         for col, (title, img) in enumerate(shown):
             ax = axes[row][col]
             ax.imshow(img.permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray", vmin=0, vmax=1)
@@ -208,8 +272,7 @@ def attack(ctx) -> None:
         if s.label in results:
             print(f"setting {s.label}: resuming, finished before the stop", flush=True)
             continue
-        print(f"setting {s.label}: cl={s.hidden_fc} at={s.assumed_fc} noise={s.noise}",
-              flush=True)
+        print(f"setting {s.label}: cl={s.hidden_fc} at={s.assumed_fc} noise={s.noise}", flush=True)
         results[s.label] = run_setting(p, s, x, y, classes)
         # each setting seeds every draw from its images' seeds: a resumed run redoes only the
         # settings after this checkpoint and gets the same numbers
@@ -219,8 +282,13 @@ def attack(ctx) -> None:
     write_tsv(rows, ctx.results_dir / "mse_curves.tsv", list(rows[0]) if rows else ["iteration"])
     if p.recon_images:
         plot_reconstructions(p, results, x, ctx.results_dir / "reconstructions.png")
-    write_json(ctx.out / "leakage.json", {
-        "settings": [s.model_dump(mode="json") for s in p.settings],
-        "images": p.label_images, "classes": classes,
-        "results": {k: v for k, v in results.items() if k != "_classes"}})
+    write_json(
+        ctx.out / "leakage.json",
+        {
+            "settings": [s.model_dump(mode="json") for s in p.settings],
+            "images": p.label_images,
+            "classes": classes,
+            "results": {k: v for k, v in results.items() if k != "_classes"},
+        },
+    )
     ctx.info.update(metrics=metrics, rounds=0)

@@ -1,5 +1,6 @@
 """The leakage study's table in the layout of MpFedcon Fig. 10 / Tab. 4 (defence side), from
 the report rows (every metric of the attack step's metrics.json)."""
+
 from __future__ import annotations
 
 import re
@@ -14,26 +15,45 @@ def leakage_tables(rows: list[dict]) -> dict[str, str]:
         settings = [m.group(1) for k in r if (m := re.fullmatch(r"idlg_label_hit_(\w+)", k))]
         if not settings:
             continue
-        header = ["setting", "what the attacker gets", "iDLG label hit", "DLG label hit",
-                  "iDLG final MSE", "DLG final MSE", "iDLG recovered", "DLG recovered",
-                  "iDLG iterations to recover", "DLG iterations to recover"]
+        header = [
+            "setting",
+            "what the attacker gets",
+            "iDLG label hit",
+            "DLG label hit",
+            "iDLG final MSE",
+            "DLG final MSE",
+            "iDLG recovered",
+            "DLG recovered",
+            "iDLG iterations to recover",
+            "DLG iterations to recover",
+        ]
         lines = []
         for s in settings:
             blind = str(r.get(f"idlg_label_blind_{s}")) == "True"
-            lines.append([s, str(r.get(f"about_{s}", "")),
-                          f"{_pct(r.get(f'idlg_label_hit_{s}'))}{' (guess)' if blind else ''}",
-                          _pct(r.get(f"dlg_label_hit_{s}")),
-                          _sci(r.get(f"idlg_final_mse_{s}")), _sci(r.get(f"dlg_final_mse_{s}")),
-                          _pct(r.get(f"idlg_recovered_{s}")), _pct(r.get(f"dlg_recovered_{s}")),
-                          _plain(r.get(f"idlg_iters_to_recover_{s}")),
-                          _plain(r.get(f"dlg_iters_to_recover_{s}"))])
+            lines.append(
+                [
+                    s,
+                    str(r.get(f"about_{s}", "")),
+                    f"{_pct(r.get(f'idlg_label_hit_{s}'))}{' (guess)' if blind else ''}",
+                    _pct(r.get(f"dlg_label_hit_{s}")),
+                    _sci(r.get(f"idlg_final_mse_{s}")),
+                    _sci(r.get(f"dlg_final_mse_{s}")),
+                    _pct(r.get(f"idlg_recovered_{s}")),
+                    _pct(r.get(f"dlg_recovered_{s}")),
+                    _plain(r.get(f"idlg_iters_to_recover_{s}")),
+                    _plain(r.get(f"dlg_iters_to_recover_{s}")),
+                ]
+            )
         chance = _pct(r.get("chance_label_hit"))
         tables[f"leakage_{r['experiment']}"] = markdown_table(
-            header, lines, f"Layout of MpFedcon Fig. 10 / Tab. 4 (defence side), "
+            header,
+            lines,
+            f"Layout of MpFedcon Fig. 10 / Tab. 4 (defence side), "
             f"{r['title']}: label hit rate of the iDLG rule over {r.get('images_label')} "
             f"images and of DLG over {r.get('images_dlg_label')} (chance {chance}); "
             f"reconstructions of {r.get('images_recon')} images by L-BFGS, "
-            f"{r.get('iterations')} iterations; recovered = final MSE below the threshold")
+            f"{r.get('iterations')} iterations; recovered = final MSE below the threshold",
+        )
     return tables
 
 

@@ -26,32 +26,50 @@ list items) and a uniform schedule stays one line. Stage s reads the schedule, i
 and, with the global cosine learning rate, the round counts of the other stages (its position
 in the schedule depends on them).
 """
+
 from __future__ import annotations
 
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, \
-    model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 from fedssl.methods.base import DATA, PARTITION, Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, FederationSettings,
-                           ParallelClients, Strict)
+from fedssl.params import (
+    PARALLEL_CLIENTS_HELP,
+    AugmentParams,
+    FederationSettings,
+    ParallelClients,
+    Strict,
+)
 
 
 class VitParams(Strict):
     """The encoder (ViT-Tiny by default, spec §2) and the MoCo v3 heads."""
+
     width: PositiveInt = 192
-    depth: PositiveInt = Field(12, description="blocks S; the layer-wise methods grow one per stage")
+    depth: PositiveInt = Field(
+        12, description="blocks S; the layer-wise methods grow one per stage"
+    )
     heads: PositiveInt = 3
     mlp_ratio: PositiveFloat = 4.0
     patch_size: PositiveInt = 4
     pool: Literal["cls", "mean"] = Field(
-        "cls", description="representation: the CLS token (MoCo v3) or the mean patch token")
+        "cls", description="representation: the CLS token (MoCo v3) or the mean patch token"
+    )
     input_size: PositiveInt | None = Field(
-        None, description="images are resized to this side (views and evaluation); None = as "
-        "stored (STL-10 and Tiny-ImageNet: 32 in the paper)")
+        None,
+        description="images are resized to this side (views and evaluation); None = as "
+        "stored (STL-10 and Tiny-ImageNet: 32 in the paper)",
+    )
     head_hidden: PositiveInt = Field(4096, description="hidden width of H and P")
     head_out: PositiveInt = Field(256, description="output of H and P")
 
@@ -60,31 +78,38 @@ class VitParams(Strict):
         if self.width % self.heads:
             raise ValueError(f"width {self.width} is not divisible by {self.heads} heads")
         if self.width % 4:
-            raise ValueError(f"width {self.width}: 2-D sin-cos position embeddings need a "
-                             f"multiple of 4")
+            raise ValueError(
+                f"width {self.width}: 2-D sin-cos position embeddings need a multiple of 4"
+            )
         if self.input_size and self.input_size % self.patch_size:
-            raise ValueError(f"input_size {self.input_size} does not split into "
-                             f"{self.patch_size}-pixel patches")
+            raise ValueError(
+                f"input_size {self.input_size} does not split into {self.patch_size}-pixel patches"
+            )
         return self
 
 
 class Schedule(FederationSettings):
     """What every stage uses unless ``stages`` overrides it (spec §3)."""
+
     rounds: NonNegativeInt = Field(15, description="R_s: rounds per stage")
     local_epochs: PositiveInt = 3
     batch_size: PositiveInt = 1024
     lr: PositiveFloat = Field(6e-4, description="AdamW peak lr (1.5e-4 x batch / 256)")
     lr_schedule: Literal["cosine", "cyclic", "constant"] = Field(
-        "cosine", description="cosine: decays over all rounds of all stages; cyclic: restarts "
-        "every stage (§5.9); constant")
+        "cosine",
+        description="cosine: decays over all rounds of all stages; cyclic: restarts "
+        "every stage (§5.9); constant",
+    )
     weight_decay: NonNegativeFloat = 1e-5
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
-        0.99, description="mu of the momentum branch (constant)")
+        0.99, description="mu of the momentum branch (constant)"
+    )
     temperature: PositiveFloat = 0.2
 
 
 class StageOverride(Strict):
     """Settings of one stage that differ from the schedule."""
+
     rounds: NonNegativeInt | None = None
     local_epochs: PositiveInt | None = None
     batch_size: PositiveInt | None = None
@@ -98,11 +123,14 @@ class LwStageOverride(StageOverride):
 class Calibration(Strict):
     """LW-FedSSL's server-side calibration: end-to-end MoCo v3 on the partition's
     ``server_holdout`` (unlabelled use) with the clients' settings, once per round."""
+
     enabled: bool = True
     timing: Literal["round_start", "round_end"] = Field(
-        "round_start", description="round_start: before every round's local training (Alg. 1, "
+        "round_start",
+        description="round_start: before every round's local training (Alg. 1, "
         "the first round of each stage included, none after the last aggregation); round_end: "
-        "after every aggregation (the prose of §4.2)")
+        "after every aggregation (the prose of §4.2)",
+    )
     local_epochs: PositiveInt | None = Field(None, description="None = the stage's")
     batch_size: PositiveInt | None = Field(None, description="None = the stage's")
 
@@ -112,11 +140,13 @@ STAGE_KEY = re.compile(r"^s([1-9][0-9]*)$")
 
 class MocoFamilyParams(MethodParams):
     """What all four methods read."""
+
     vit: VitParams = VitParams()
     schedule: Schedule = Schedule()
     augment: AugmentParams = Field(description="view 1 (MoCo v3: blur always, no solarize)")
     augment_2: AugmentParams | None = Field(
-        None, description="view 2 (MoCo v3: blur p=0.1, solarize p=0.2); None = as view 1")
+        None, description="view 2 (MoCo v3: blur p=0.1, solarize p=0.2); None = as view 1"
+    )
     parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
 
     def stage_count(self) -> int:
@@ -125,10 +155,13 @@ class MocoFamilyParams(MethodParams):
 
 class GrowingParams(MocoFamilyParams):
     """The methods that grow the encoder one block per stage."""
+
     weight_transfer: bool = Field(
-        True, description="a new block starts as a copy of the previous one (§5.1, App. B.2)")
+        True, description="a new block starts as a copy of the previous one (§5.1, App. B.2)"
+    )
     stages: dict[str, StageOverride] = Field(
-        default_factory=dict, description="per-stage overrides, keyed s1..sS")
+        default_factory=dict, description="per-stage overrides, keyed s1..sS"
+    )
 
     @model_validator(mode="after")
     def _stage_keys(self):
@@ -143,8 +176,9 @@ class GrowingParams(MocoFamilyParams):
         over = self.stages.get(f"s{s}")
         values = self.schedule.model_dump()
         if over is not None:
-            values.update({k: v for k, v in over.model_dump().items()
-                           if v is not None and k in values})
+            values.update(
+                {k: v for k, v in over.model_dump().items() if v is not None and k in values}
+            )
         return self.schedule.model_copy(update=values)
 
     def stage_rounds(self) -> list[int]:
@@ -154,6 +188,7 @@ class GrowingParams(MocoFamilyParams):
 class FedMoCoParams(MocoFamilyParams):
     """End-to-end FedAvg of MoCo v3: ``vit.depth`` x ``schedule.rounds`` rounds (the same R as
     the layer-wise schedule)."""
+
     name: Literal["fedmoco"] = "fedmoco"
 
 
@@ -168,7 +203,8 @@ class ProgFedSSLParams(GrowingParams):
 class LwFedSSLParams(GrowingParams):
     name: Literal["lw_fedssl"] = "lw_fedssl"
     stages: dict[str, LwStageOverride] = Field(
-        default_factory=dict, description="per-stage overrides, keyed s1..sS")
+        default_factory=dict, description="per-stage overrides, keyed s1..sS"
+    )
     alpha: NonNegativeFloat = Field(0.01, description="weight of the alignment term (Eq. 3)")
     calibration: Calibration = Calibration()
 
@@ -179,20 +215,35 @@ class LwFedSSLParams(GrowingParams):
 
 class VitScratchParams(MethodParams):
     """The seeded initial encoder (the first model FedMoCo trains), never trained."""
+
     name: Literal["vit_scratch"] = "vit_scratch"
     vit: VitParams = VitParams()
 
 
 # --------------------------------------------------------------------------- plugins
 RUN = "fedssl.methods.lwfedssl.run"  # the module that trains (the runners and the encoder)
-SHARED_READS = ("partition", "method.seed", "method.vit", "method.schedule", "method.augment",
-                "method.augment_2", "method.parallel_clients")
-COST_COLUMNS = ("paper_flops", "encoder_bytes", "encoder_bytes_down", "encoder_bytes_up",
-                "block_bytes", "rounds_taken")
+SHARED_READS = (
+    "partition",
+    "method.seed",
+    "method.vit",
+    "method.schedule",
+    "method.augment",
+    "method.augment_2",
+    "method.parallel_clients",
+)
+COST_COLUMNS = (
+    "paper_flops",
+    "encoder_bytes",
+    "encoder_bytes_down",
+    "encoder_bytes_up",
+    "block_bytes",
+    "rounds_taken",
+)
 
 
 class _Family(Method):
     """What the four methods share: evaluation, costs, labels, the Tab. 3 table."""
+
     encoder_reads = ("method.vit",)
     encoder_builder = "fedssl.methods.lwfedssl.run:encoder_skeleton"
     costs_reads = ("method", "partition")
@@ -208,7 +259,6 @@ class _Family(Method):
         return f"vit-w{v.width}-d{v.depth}"
 
 
-
 class _Growing(_Family):
     """Steps grow_1..grow_S, one per growth stage."""
 
@@ -221,12 +271,22 @@ class _Growing(_Family):
             own = (f"method.stages.s{s}",) if f"s{s}" in params.stages else ()
             others = ()
             if params.schedule.lr_schedule == "cosine":  # the position in the whole schedule
-                others = tuple(f"method.stages.s{t}.rounds" for t in range(1, params.vit.depth + 1)
-                               if t != s and f"s{t}" in params.stages)
+                others = tuple(
+                    f"method.stages.s{t}.rounds"
+                    for t in range(1, params.vit.depth + 1)
+                    if t != s and f"s{t}" in params.stages
+                )
             inputs = (DATA, PARTITION) + ((f"grow_{s - 1}",) if s > 1 else ())
-            steps.append(Step(f"grow_{s}", reads=SHARED_READS + self.extra_reads(params) + own
-                              + others, inputs=inputs, plots=(f"grow_{s}.tsv",),
-                              runner=f"{RUN}:grow", args=(s,)))
+            steps.append(
+                Step(
+                    f"grow_{s}",
+                    reads=SHARED_READS + self.extra_reads(params) + own + others,
+                    inputs=inputs,
+                    plots=(f"grow_{s}.tsv",),
+                    runner=f"{RUN}:grow",
+                    args=(s,),
+                )
+            )
         return tuple(steps)
 
     def encoder_inputs_for(self, params) -> tuple[str, ...]:
@@ -236,14 +296,20 @@ class _Growing(_Family):
         return tuple(f"grow_{s}" for s in range(1, params.vit.depth + 1))
 
 
-
 @register
 class FedMoCo(_Family):
     name = "fedmoco"
     label = "FedMoCo"
     params = FedMoCoParams
-    steps = (Step("pretrain", reads=SHARED_READS, plots=("rounds.tsv",), runner=f"{RUN}:grow",
-                  args=(None,)),)  # end to end: no growth stage
+    steps = (
+        Step(
+            "pretrain",
+            reads=SHARED_READS,
+            plots=("rounds.tsv",),
+            runner=f"{RUN}:grow",
+            args=(None,),
+        ),
+    )  # end to end: no growth stage
     encoder_inputs = ("pretrain",)
     costs_inputs = ("pretrain",)
 
@@ -280,9 +346,15 @@ class LwFedSSL(_Growing):
     def row_label(self, params) -> str:
         calibrated = params.calibration.enabled
         aligned = params.alpha > 0 or any(o.alpha for o in params.stages.values())
-        label = self.label + {(True, True): "", (True, False): " (calibration only)",
-                              (False, True): " (alignment only)",
-                              (False, False): " (neither)"}[(calibrated, aligned)]
+        label = (
+            self.label
+            + {
+                (True, True): "",
+                (True, False): " (calibration only)",
+                (False, True): " (alignment only)",
+                (False, False): " (neither)",
+            }[(calibrated, aligned)]
+        )
         return label + ("" if params.weight_transfer else " w/o WT")
 
 
@@ -291,8 +363,9 @@ class VitScratch(Method):
     name = "vit_scratch"
     label = "Scratch"
     params = VitScratchParams
-    steps = (Step("init", reads=("method.seed", "method.vit"), inputs=(DATA,),
-                  runner=f"{RUN}:scratch"),)
+    steps = (
+        Step("init", reads=("method.seed", "method.vit"), inputs=(DATA,), runner=f"{RUN}:scratch"),
+    )
     encoder_inputs = ("init",)
     encoder_reads = ("method.vit",)
     encoder_builder = "fedssl.methods.lwfedssl.run:encoder_skeleton"

@@ -1,5 +1,6 @@
 """The LW-FedSSL family's `costs` stage and projection: each growth stage's local step measured
 on the CPU, and the paper's App. A counts (:mod:`fedssl.methods.lwfedssl.paper_costs`)."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,15 @@ from torch import nn
 from fedssl import costs
 from fedssl.data.catalog import IMAGE_SHAPES
 from fedssl.methods.lwfedssl import paper_costs
-from fedssl.methods.lwfedssl.run import (initial_online, input_size, learner_of, plan_of,
-                                         settings_of, stages_of, trained_names)
+from fedssl.methods.lwfedssl.run import (
+    initial_online,
+    input_size,
+    learner_of,
+    plan_of,
+    settings_of,
+    stages_of,
+    trained_names,
+)
 from fedssl.models.mocov3 import MocoV3Learner
 
 
@@ -43,25 +51,35 @@ def measure_stage(p, image_shape, s: int | None, model: nn.Module | None = None)
         q.requires_grad_(name in train)
     size = input_size(p, image_shape)
     pairs = costs.PROBE_PAIRS
-    x = torch.rand((2 * pairs, int(image_shape[0]), size, size),
-                   generator=torch.Generator().manual_seed(0))
+    x = torch.rand(
+        (2 * pairs, int(image_shape[0]), size, size), generator=torch.Generator().manual_seed(0)
+    )
     wrapped = _TwoViews(learner)
     flops = costs.train_step_flops(wrapped, x, lambda out, _x: out) / pairs
     acts = costs.saved_activation_bytes(wrapped, x, lambda out, _x: out)
     tensors = sum(t.numel() * t.element_size() for t in learner.state_dict().values())
-    trained = sum(q.numel() * q.element_size() for n, q in learner.named_parameters()
-                  if n in train)
-    return {"flops_per_sample": flops,
-            "peak_bytes": int(acts * st.batch_size / pairs + tensors + 3 * trained),
-            "paper_flops_per_round": paper_costs.growth_round_flops(
-                plan, cost_parts(p, image_shape), s or 1, p.vit.depth)}
+    trained = sum(q.numel() * q.element_size() for n, q in learner.named_parameters() if n in train)
+    return {
+        "flops_per_sample": flops,
+        "peak_bytes": int(acts * st.batch_size / pairs + tensors + 3 * trained),
+        "paper_flops_per_round": paper_costs.growth_round_flops(
+            plan, cost_parts(p, image_shape), s or 1, p.vit.depth
+        ),
+    }
 
 
 def cost_parts(p, image_shape) -> paper_costs.VitCostParts:
     v = p.vit
-    return paper_costs.vit_cost_parts(input_size(p, image_shape), v.patch_size, int(image_shape[0]),
-                                v.width, int(round(v.width * v.mlp_ratio)), v.pool == "cls",
-                                v.head_hidden, v.head_out)
+    return paper_costs.vit_cost_parts(
+        input_size(p, image_shape),
+        v.patch_size,
+        int(image_shape[0]),
+        v.width,
+        int(round(v.width * v.mlp_ratio)),
+        v.pool == "cls",
+        v.head_hidden,
+        v.head_out,
+    )
 
 
 def _client_rows(p, image_shape, samples: list[int], ledgers: list[list[dict]]) -> list[dict]:
@@ -70,10 +88,19 @@ def _client_rows(p, image_shape, samples: list[int], ledgers: list[list[dict]]) 
     measured = [measure_stage(p, image_shape, s) for s in stages_of(p)]
     rows = []
     for c, n in enumerate(samples):
-        row = {"client": c, "samples": n, "rounds_taken": 0, "bytes_actual": 0,
-               "beta_flops": 0.0, "paper_flops": 0.0, "peak_step_bytes": 0,
-               "encoder_bytes": 0, "encoder_bytes_down": 0, "encoder_bytes_up": 0,
-               "block_bytes": 0}
+        row = {
+            "client": c,
+            "samples": n,
+            "rounds_taken": 0,
+            "bytes_actual": 0,
+            "beta_flops": 0.0,
+            "paper_flops": 0.0,
+            "peak_step_bytes": 0,
+            "encoder_bytes": 0,
+            "encoder_bytes_down": 0,
+            "encoder_bytes_up": 0,
+            "block_bytes": 0,
+        }
         for s, m, ledger in zip(stages_of(p), measured, ledgers):
             entry = ledger[c]
             r = entry["rounds"]
@@ -97,8 +124,10 @@ def _client_rows(p, image_shape, samples: list[int], ledgers: list[list[dict]]) 
 def client_costs(ctx) -> list[dict]:
     p = ctx.exp.method
     steps = ["pretrain"] if p.name == "fedmoco" else [f"grow_{s}" for s in stages_of(p)]
-    ledgers = [json.loads((ctx.input(step) / "communication.json").read_text())["per_client"]
-               for step in steps]
+    ledgers = [
+        json.loads((ctx.input(step) / "communication.json").read_text())["per_client"]
+        for step in steps
+    ]
     return _client_rows(p, ctx.image_shape, [len(c) for c in ctx.clients()], ledgers)
 
 
@@ -115,9 +144,17 @@ def projected_costs(exp, part, dataset: str) -> dict:
         down, up = paper_costs.growth_round_params(plan, parts, s or 1, p.vit.depth)
         fraction = settings_of(p, s).client_fraction
         taken = math.floor(fraction * r + 0.5)
-        ledgers.append([{"rounds": taken, "bytes_up": 4 * up * taken,
-                         "bytes_down": 4 * down * taken,
-                         "up_by_kind": {"blocks": 4 * up * taken},
-                         "down_by_kind": {"blocks": 4 * down * taken}}])
-    return costs.summarize_client_costs(_client_rows(p, shape, [n], ledgers),
-                                        ("paper_flops", "encoder_bytes"))
+        ledgers.append(
+            [
+                {
+                    "rounds": taken,
+                    "bytes_up": 4 * up * taken,
+                    "bytes_down": 4 * down * taken,
+                    "up_by_kind": {"blocks": 4 * up * taken},
+                    "down_by_kind": {"blocks": 4 * down * taken},
+                }
+            ]
+        )
+    return costs.summarize_client_costs(
+        _client_rows(p, shape, [n], ledgers), ("paper_flops", "encoder_bytes")
+    )

@@ -1,5 +1,6 @@
 """What a client of the LW-FedSSL family trains and exchanges at each growth stage: a training
 plan, read by the training and by the cost formulas alike."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ class GrowthPlan:
     ``trains`` / ``downloads`` / ``uploads`` ("all" existing blocks, or the newest "last"),
     and whether it runs the received encoder for an alignment term (``global_forward``). The
     patch embedding trains with the first block (and with every block when ``trains`` is all)."""
+
     grows: bool
     trains: str
     downloads: str

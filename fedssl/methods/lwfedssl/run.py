@@ -1,7 +1,10 @@
 """Training and evaluation encoder of the LW-FedSSL family (imported when its stages run;
-client costs: :mod:`fedssl.methods.lwfedssl.costs`). One code path for the four methods: a :class:`GrowthPlan` (Tab. 2) says what a
+client costs: :mod:`fedssl.methods.lwfedssl.costs`).
+
+One code path for the four methods: a :class:`GrowthPlan` (Tab. 2) says what a
 client trains, downloads and uploads at stage s; :class:`GrowthStrategy` turns it into the
 engine's hooks, with LW-FedSSL's calibration as the server step."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,15 +16,25 @@ from torch.func import functional_call
 
 from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, RoundUpdates,
-                              Strategy, cosine_lr, federation_config, fedavg, sample_clients,
-                              stacked)
+from fedssl.fl.engine import (
+    Federation,
+    FederationConfig,
+    FedState,
+    LocalTraining,
+    RoundUpdates,
+    Strategy,
+    cosine_lr,
+    fedavg,
+    federation_config,
+    sample_clients,
+    stacked,
+)
 from fedssl.fl.momentum import ema_after_step
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.methods.lwfedssl.growth import GrowthPlan
 from fedssl.models.encoders import frozen
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
-from fedssl.models.mocov3 import (MocoV3Learner, ema_pairs, online_state, round_start_state)
+from fedssl.models.mocov3 import MocoV3Learner, ema_pairs, online_state, round_start_state
 from fedssl.models.vit import VisionTransformer
 from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_generator, torch_save, write_json
@@ -41,8 +54,9 @@ def plan_of(p, s: int | None = None) -> GrowthPlan:
     # LW-FedSSL: calibration changes every block on the server, so clients download them all
     # (without it the frozen blocks never change and the newest one is enough)
     alpha = p.stage_alpha(s or 1)
-    return GrowthPlan(True, "last", "all" if p.calibration.enabled else "last", "last",
-                            global_forward=alpha > 0)
+    return GrowthPlan(
+        True, "last", "all" if p.calibration.enabled else "last", "last", global_forward=alpha > 0
+    )
 
 
 def stages_of(p) -> list[int | None]:
@@ -68,20 +82,29 @@ def input_size(p, image_shape) -> int:
 
 def build_vit(p, image_shape, depth: int) -> VisionTransformer:
     v = p.vit
-    return VisionTransformer(image_size=input_size(p, image_shape), patch_size=v.patch_size,
-                             in_channels=int(image_shape[0]), width=v.width, depth=depth,
-                             heads=v.heads, mlp_ratio=v.mlp_ratio, pool=v.pool)
+    return VisionTransformer(
+        image_size=input_size(p, image_shape),
+        patch_size=v.patch_size,
+        in_channels=int(image_shape[0]),
+        width=v.width,
+        depth=depth,
+        heads=v.heads,
+        mlp_ratio=v.mlp_ratio,
+        pool=v.pool,
+    )
 
 
 def initial_online(p, image_shape, depth: int) -> nn.Module:
     """The seeded initial F (``depth`` blocks), H and P; FedMoCo and Scratch start from the
     full-depth one, the growing methods from one block."""
     torch.manual_seed(derive_seed(p.seed, "init", "vit"))
-    return nn.ModuleDict({"encoder": build_vit(p, image_shape, depth),
-                          "projector": moco_v3_projector(p.vit.width, p.vit.head_hidden,
-                                                         p.vit.head_out),
-                          "predictor": moco_v3_predictor(p.vit.head_out, p.vit.head_hidden,
-                                                         p.vit.head_out)})
+    return nn.ModuleDict(
+        {
+            "encoder": build_vit(p, image_shape, depth),
+            "projector": moco_v3_projector(p.vit.width, p.vit.head_hidden, p.vit.head_out),
+            "predictor": moco_v3_predictor(p.vit.head_out, p.vit.head_hidden, p.vit.head_out),
+        }
+    )
 
 
 def load_online(p, image_shape, path: Path, device) -> nn.Module:
@@ -92,8 +115,14 @@ def load_online(p, image_shape, path: Path, device) -> nn.Module:
 
 
 def save_online(model_state: Tensors, depth: int, image_shape, path: Path) -> None:
-    torch_save({"online": {k: v.detach().cpu() for k, v in model_state.items()},
-                "depth": depth, "image_shape": tuple(image_shape)}, path)
+    torch_save(
+        {
+            "online": {k: v.detach().cpu() for k, v in model_state.items()},
+            "depth": depth,
+            "image_shape": tuple(image_shape),
+        },
+        path,
+    )
 
 
 def grown(p, model: nn.Module, s: int) -> nn.Module:
@@ -110,14 +139,21 @@ def grown(p, model: nn.Module, s: int) -> nn.Module:
     return model
 
 
-def learner_of(p, model: nn.Module, s: int | None, plan: GrowthPlan,
-               server: bool = False) -> MocoV3Learner:
+def learner_of(
+    p, model: nn.Module, s: int | None, plan: GrowthPlan, server: bool = False
+) -> MocoV3Learner:
     """The MoCo v3 learner at stage s: frozen prefix = the blocks a layer-wise client does not
     train; the server's calibration trains everything, without alignment."""
     alpha = 0.0 if server or p.name != "lw_fedssl" else p.stage_alpha(s)
     prefix = (s - 1) if (plan.trains == "last" and plan.grows and not server) else 0
-    return MocoV3Learner(model["encoder"], model["projector"], model["predictor"],
-                         settings_of(p, s).temperature, alpha, prefix)
+    return MocoV3Learner(
+        model["encoder"],
+        model["projector"],
+        model["predictor"],
+        settings_of(p, s).temperature,
+        alpha,
+        prefix,
+    )
 
 
 # ============================================================================ training
@@ -146,15 +182,19 @@ def select(keys, which: str, s: int | None, plan: GrowthPlan) -> list[str]:
     the heads, with the embedding in stage 1; or everything present."""
     if which == "all" or not plan.grows:
         return list(keys)
-    return [k for k in keys if kind_of(k) == "heads" or block_of(k) == s - 1
-            or (s == 1 and kind_of(k) == "embedding")]
+    return [
+        k
+        for k in keys
+        if kind_of(k) == "heads" or block_of(k) == s - 1 or (s == 1 and kind_of(k) == "embedding")
+    ]
 
 
 def trained_names(learner: nn.Module, plan: GrowthPlan, s: int | None) -> set[str]:
     """The parameters a client trains at stage s (Tab. 2's active layers and the heads)."""
     params = {k for k, _ in learner.named_parameters()}
-    return {k for k in select(online_state(learner.state_dict()), plan.trains, s, plan)
-            if k in params}
+    return {
+        k for k in select(online_state(learner.state_dict()), plan.trains, s, plan) if k in params
+    }
 
 
 class Calibrator:
@@ -163,15 +203,24 @@ class Calibrator:
 
     def __init__(self, cohort: CohortTrainer, data: LocalData, seed: int, stage: int):
         self.cohort, self.data, self.seed, self.stage = cohort, data, seed, stage
-        self.trainable = {k for k, _ in cohort.model.named_parameters()
-                          if k.startswith(("encoder.", "projector.", "predictor."))}
+        self.trainable = {
+            k
+            for k, _ in cohort.model.named_parameters()
+            if k.startswith(("encoder.", "projector.", "predictor."))
+        }
 
     def __call__(self, online: Tensors, round_: int, lr: float) -> tuple[Tensors, float]:
         start = round_start_state(online, alpha=False)
         gen = torch_generator(self.data.device, self.seed, "calibrate", self.stage, round_)
-        trained, losses = self.cohort.train([start], self.data, [0], lr,
-                                            (self.seed, "calibrate", self.stage, round_), gen,
-                                            self.trainable)
+        trained, losses = self.cohort.train(
+            [start],
+            self.data,
+            [0],
+            lr,
+            (self.seed, "calibrate", self.stage, round_),
+            gen,
+            self.trainable,
+        )
         return online_state({k: v[0] for k, v in trained.items()}), float(losses[0])
 
 
@@ -179,10 +228,19 @@ class GrowthStrategy(Strategy):
     """The hooks of one stage of a plan: which tensors train and travel, FedAvg of what came
     back, the learning rate at the stage's place in the whole schedule, and calibration."""
 
-    def __init__(self, cfg: FederationConfig, plan: GrowthPlan, stage: int | None,
-                 learner: MocoV3Learner, weight_transfer: bool, offset: int, horizon: int,
-                 lr_schedule: str, calibrate: Calibrator | None = None,
-                 timing: str = "round_start"):
+    def __init__(
+        self,
+        cfg: FederationConfig,
+        plan: GrowthPlan,
+        stage: int | None,
+        learner: MocoV3Learner,
+        weight_transfer: bool,
+        offset: int,
+        horizon: int,
+        lr_schedule: str,
+        calibrate: Calibrator | None = None,
+        timing: str = "round_start",
+    ):
         super().__init__(cfg)
         self.plan, self.stage = plan, stage
         self.alpha = learner.global_encoder is not None
@@ -196,8 +254,12 @@ class GrowthStrategy(Strategy):
         # block's (with it, the new block arrives as that very copy).
         self.catch_up: list[str] = []
         if plan.grows and plan.downloads == "last" and s and s > 1:
-            self.catch_up = [k for k in online_keys if (s == 2 and kind_of(k) == "embedding")
-                             or (not weight_transfer and block_of(k) == s - 2)]
+            self.catch_up = [
+                k
+                for k in online_keys
+                if (s == 2 and kind_of(k) == "embedding")
+                or (not weight_transfer and block_of(k) == s - 2)
+            ]
         self.offset, self.horizon, self.lr_schedule = offset, horizon, lr_schedule
         self.calibrate, self.timing = calibrate, timing
 
@@ -210,8 +272,12 @@ class GrowthStrategy(Strategy):
         return self.cfg.lr
 
     def sample(self, state: FedState, round_: int) -> list[int]:
-        return sample_clients(len(self.fed.data.clients), self.cfg.client_fraction,
-                              self.cfg.seed, self.offset + round_)
+        return sample_clients(
+            len(self.fed.data.clients),
+            self.cfg.client_fraction,
+            self.cfg.seed,
+            self.offset + round_,
+        )
 
     # ------------------------------------------------------------------ server
     def init_server(self, model: nn.Module) -> dict[str, Tensors]:
@@ -266,8 +332,10 @@ class GrowthStrategy(Strategy):
         return kinds
 
     def aggregate(self, state: FedState, updates: RoundUpdates) -> None:
-        state.server["global"] = {**state.server["global"],
-                                  **fedavg(stacked(updates.uploads), updates.weights)}
+        state.server["global"] = {
+            **state.server["global"],
+            **fedavg(stacked(updates.uploads), updates.weights),
+        }
 
 
 def server_data(ctx, clients: LocalData) -> LocalData:
@@ -275,19 +343,32 @@ def server_data(ctx, clients: LocalData) -> LocalData:
     return LocalData(clients.images, clients.labels, [ctx.server_indices()])
 
 
-def make_federation(p, model: nn.Module, s: int | None, data: LocalData, ckpt, fingerprint,
-                    server: LocalData | None = None) -> tuple[Federation, MocoV3Learner]:
+def make_federation(
+    p,
+    model: nn.Module,
+    s: int | None,
+    data: LocalData,
+    ckpt,
+    fingerprint,
+    server: LocalData | None = None,
+) -> tuple[Federation, MocoV3Learner]:
     """Stage s of method params ``p``, starting from ``model`` (F with its blocks, H, P)."""
     plan, st = plan_of(p, s), settings_of(p, s)
     learner = learner_of(p, model, s, plan)
     size = input_size(p, data.images.shape[1:])
-    views = multi_view(BatchAugment(p.augment, size),
-                       BatchAugment(p.augment_2 or p.augment, size))
+    views = multi_view(BatchAugment(p.augment, size), BatchAugment(p.augment_2 or p.augment, size))
     opt = OptimizerConfig(kind="adamw", weight_decay=st.weight_decay)
     parallel = vectorise_clients(p.parallel_clients, data.device)
-    cohort = CohortTrainer(learner, views, learner_loss, opt, st.batch_size, st.local_epochs,
-                           parallel, ema_after_step(ema_pairs(trained_names(learner, plan, s)),
-                                                   st.momentum))
+    cohort = CohortTrainer(
+        learner,
+        views,
+        learner_loss,
+        opt,
+        st.batch_size,
+        st.local_epochs,
+        parallel,
+        ema_after_step(ema_pairs(trained_names(learner, plan, s)), st.momentum),
+    )
     calibrate, timing = None, "round_start"
     if p.name == "lw_fedssl" and p.calibration.enabled:
         if server is None:
@@ -295,17 +376,38 @@ def make_federation(p, model: nn.Module, s: int | None, data: LocalData, ckpt, f
         c = p.calibration
         server_learner = learner_of(p, model, s, plan, server=True)
         server_cohort = CohortTrainer(
-            server_learner, views, learner_loss, opt, c.batch_size or st.batch_size,
-            c.local_epochs or st.local_epochs, False,
-            ema_after_step(ema_pairs(n for n, _ in server_learner.named_parameters()
-                                    if n.startswith(("encoder.", "projector."))), st.momentum))
+            server_learner,
+            views,
+            learner_loss,
+            opt,
+            c.batch_size or st.batch_size,
+            c.local_epochs or st.local_epochs,
+            False,
+            ema_after_step(
+                ema_pairs(
+                    n
+                    for n, _ in server_learner.named_parameters()
+                    if n.startswith(("encoder.", "projector."))
+                ),
+                st.momentum,
+            ),
+        )
         calibrate, timing = Calibrator(server_cohort, server, p.seed, s or 0), c.timing
     rounds = all_rounds(p)
     index = stages_of(p).index(s)
     cfg = federation_config(st, derive_seed(p.seed, "stage", s or 0) % 2**31)
-    strategy = GrowthStrategy(cfg, plan, s, learner, getattr(p, "weight_transfer", True),
-                              offset=sum(rounds[:index]), horizon=sum(rounds),
-                              lr_schedule=st.lr_schedule, calibrate=calibrate, timing=timing)
+    strategy = GrowthStrategy(
+        cfg,
+        plan,
+        s,
+        learner,
+        getattr(p, "weight_transfer", True),
+        offset=sum(rounds[:index]),
+        horizon=sum(rounds),
+        lr_schedule=st.lr_schedule,
+        calibrate=calibrate,
+        timing=timing,
+    )
     fed = Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint, server)
     return fed, learner
 
@@ -317,11 +419,11 @@ def grow(ctx, s: int | None) -> None:
     if s is None or s == 1:
         model = initial_online(p, shape, p.vit.depth if s is None else 1).to(ctx.device)
     else:
-        model = grown(p, load_online(p, shape, ctx.input(f"grow_{s - 1}") / "model.pt",
-                                     ctx.device), s)
+        model = grown(
+            p, load_online(p, shape, ctx.input(f"grow_{s - 1}") / "model.pt", ctx.device), s
+        )
     data = train_data(ctx)
-    server = (server_data(ctx, data) if p.name == "lw_fedssl" and p.calibration.enabled
-              else None)
+    server = server_data(ctx, data) if p.name == "lw_fedssl" and p.calibration.enabled else None
     fed, learner = make_federation(p, model, s, data, ctx.resume_path, ctx.fingerprint, server)
     log = "rounds.tsv" if s is None else f"grow_{s}.tsv"
     state = run_federation(ctx, fed, learner, log_name=log)
@@ -330,16 +432,27 @@ def grow(ctx, s: int | None) -> None:
     strategy = fed.strategy
     if s is None or s == p.vit.depth:  # the report's parameter count: the whole model
         ctx.info["parameters"] = sum(q.numel() for q in model.parameters())
-    ctx.info.update(stage=s, blocks=depth,
-                    trained_parameters=sum(q.numel() for n, q in learner.named_parameters()
-                                           if n in strategy.train),
-                    downloads=sorted({kind_of(k) for k in strategy.down}),
-                    calibration=bool(strategy.calibrate), server_samples=(
-                        len(server.clients[0]) if server else 0))
-    write_json(ctx.out / "stage.json", {
-        "stage": s, "blocks": depth, "rounds": len(state.log),
-        "lr": [r["lr"] for r in state.log], "loss": [r["loss"] for r in state.log],
-        "calibration_loss": [r.get("calibration_loss") for r in state.log]})
+    ctx.info.update(
+        stage=s,
+        blocks=depth,
+        trained_parameters=sum(
+            q.numel() for n, q in learner.named_parameters() if n in strategy.train
+        ),
+        downloads=sorted({kind_of(k) for k in strategy.down}),
+        calibration=bool(strategy.calibrate),
+        server_samples=(len(server.clients[0]) if server else 0),
+    )
+    write_json(
+        ctx.out / "stage.json",
+        {
+            "stage": s,
+            "blocks": depth,
+            "rounds": len(state.log),
+            "lr": [r["lr"] for r in state.log],
+            "loss": [r["loss"] for r in state.log],
+            "calibration_loss": [r.get("calibration_loss") for r in state.log],
+        },
+    )
 
 
 def scratch(ctx) -> None:
@@ -361,8 +474,9 @@ class DeployedVit(nn.Module):
 
     def forward(self, x):
         if x.shape[-1] != self.size or x.shape[-2] != self.size:
-            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear",
-                              align_corners=False, antialias=True)
+            x = F.interpolate(
+                x, size=(self.size, self.size), mode="bilinear", align_corners=False, antialias=True
+            )
         return self.vit(x)
 
 
@@ -381,5 +495,3 @@ def deployed_encoder(ctx, step: str) -> nn.Module:
 def encoder(ctx) -> nn.Module:
     """The encoder hook: the deployed encoder of the step the method builds it from."""
     return deployed_encoder(ctx, ctx.method.encoder_inputs_for(ctx.exp.method)[-1])
-
-

@@ -6,48 +6,71 @@ Twin/Group/Batch Norm) on twin-ordered augmented views, averaged by the gServer 
 of twin views per sample through the frozen client module + MaxPool, once (step ``export``); the
 rServer trains the remaining ResNet stages + projection head on them with NT-Xent and LARS (step
 ``rserver``). The probes read client module + MaxPool + rServer module."""
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, \
-    model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 from fedssl.methods.base import DATA, PARTITION, Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, FederationSettings,
-                           ParallelClients, Strict)
+from fedssl.params import (
+    PARALLEL_CLIENTS_HELP,
+    AugmentParams,
+    FederationSettings,
+    ParallelClients,
+    Strict,
+)
 
 
 class MfclClientModule(Strict):
     """The client module (encoder of Tab. 9 / Tab. 10) and its mirror decoder."""
+
     arch: Literal["resnet18", "resnet50"] = Field(
-        description="resnet18 = 2-conv client module (Tab. 9), resnet50 = 4-conv (Tab. 10)")
+        description="resnet18 = 2-conv client module (Tab. 9), resnet50 = 4-conv (Tab. 10)"
+    )
     width: PositiveInt = Field(description="channels of the first conv (64 in the paper)")
     norm: Literal["tn", "gn", "bn"] = Field(description="Twin Norm, GroupNorm or BatchNorm")
     channels_per_group: PositiveInt = Field(16, description="Lambda for TN / GN")
     tn_variance: Literal["joint", "avg_of_views"] = Field(
-        "joint", description="joint = Eq. 2; avg_of_views = the Tab. 18 snippet (ablation)")
+        "joint", description="joint = Eq. 2; avg_of_views = the Tab. 18 snippet (ablation)"
+    )
     ae_pool: Literal["outside", "upsample", "downsampled_target"] = Field(
-        "outside", description="where the MaxPool sits while training the autoencoder (A2)")
+        "outside", description="where the MaxPool sits while training the autoencoder (A2)"
+    )
     cut: Annotated[int, Field(ge=1, le=7)] = Field(
-        2, description="resnet18 only: client convs of the Tab. 1 sweep (A1); the rServer drops "
-        "the (cut - 1) // 2 BasicBlocks they cover. 2 = Tab. 9")
+        2,
+        description="resnet18 only: client convs of the Tab. 1 sweep (A1); the rServer drops "
+        "the (cut - 1) // 2 BasicBlocks they cover. 2 = Tab. 9",
+    )
     tn_eval_pair: Literal["self", "hflip"] = Field(
-        "self", description="Twin Norm's twin for unpaired images at evaluation (A5): the image "
-        "itself (= GroupNorm) or its horizontal flip")
+        "self",
+        description="Twin Norm's twin for unpaired images at evaluation (A5): the image "
+        "itself (= GroupNorm) or its horizontal flip",
+    )
 
     @model_validator(mode="after")
     def _cut_is_resnet18_only(self):
         # Tab. 10's ResNet-50 client module is a fixed 4-conv stem; the sweep is defined for R18.
         if self.arch == "resnet50" and self.cut != 2:
-            raise ValueError(f"cut applies to arch resnet18 only (resnet50 has Tab. 10's fixed "
-                             f"client module), got cut={self.cut}")
+            raise ValueError(
+                f"cut applies to arch resnet18 only (resnet50 has Tab. 10's fixed "
+                f"client module), got cut={self.cut}"
+            )
         return self
 
 
 class MfclPhase1(FederationSettings):
     """Phase 1: FedAvg of the client autoencoder at the gServer (Alg. 1, Tab. 12)."""
+
     rounds: NonNegativeInt = Field(description="T (15 in the paper); 0 = random client module")
     local_epochs: PositiveInt = 1
     batch_pairs: PositiveInt = Field(description="K samples per batch (2K twin views)")
@@ -55,29 +78,37 @@ class MfclPhase1(FederationSettings):
     adam_eps: PositiveFloat = 1e-7
     loss: Literal["bce", "mse"] = "bce"
     secure_aggregation: bool = Field(
-        False, description="pairwise masks: the gServer only sees the sum of the updates")
+        False, description="pairwise masks: the gServer only sees the sum of the updates"
+    )
 
 
 class MfclExport(Strict):
     """Phase 2 upload: rho pairs of twin views per sample through the frozen client module."""
+
     pairs: PositiveInt = Field(description="rho (8 in the paper)")
     client_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
-        0.0, description="delta: fraction of clients (drawn once, seeded) that send nothing")
+        0.0, description="delta: fraction of clients (drawn once, seeded) that send nothing"
+    )
     bn_export_mode: Literal["eval", "train"] = Field(
-        "eval", description="BN client modules: aggregated running stats or batch stats (A7)")
+        "eval", description="BN client modules: aggregated running stats or batch stats (A7)"
+    )
     batch_pairs: PositiveInt = Field(256, description="samples per export forward pass")
     tn_pairing: Literal["twin", "self", "cross", "pseudo"] = Field(
-        "twin", description="Twin Norm at export (controls of the Twin Norm question): twin = "
+        "twin",
+        description="Twin Norm at export (controls of the Twin Norm question): twin = "
         "a pair's two views share statistics (the paper); self = each view normalised with "
         "itself (nothing shared); cross = each view normalised with a view of another sample "
         "(pooled statistics, nothing shared between the positives); pseudo = the positive "
-        "pair is two different images normalised together (content shares nothing)")
+        "pair is two different images normalised together (content shares nothing)",
+    )
     storage: Literal["tensors"] = Field(
-        "tensors", description="tensors = the representations as fp16 arrays")
+        "tensors", description="tensors = the representations as fp16 arrays"
+    )
 
 
 class MfclRServer(Strict):
     """Phase 2b: the rServer module (the remaining ResNet stages, BN) + projection head."""
+
     width: PositiveInt = Field(description="channels of the first residual stage (64 = R18)")
     proj_hidden: PositiveInt = Field(description="width of the two hidden Dense layers (Tab. 11)")
     proj_dim: PositiveInt = Field(128, description="output of the projection head")
@@ -91,22 +122,24 @@ class MfclRServer(Strict):
     warmup_epochs: NonNegativeInt = 10
     temperature: PositiveFloat = 0.5
     restandardize: Literal["none", "group", "channel_mean"] = Field(
-        "none", description="what the rServer does to each received view first: nothing (the "
+        "none",
+        description="what the rServer does to each received view first: nothing (the "
         "paper); standardise it per group of Lambda channels; or subtract each channel's "
-        "spatial mean (controls that remove a pairwise normalisation signature)")
+        "spatial mean (controls that remove a pairwise normalisation signature)",
+    )
     seed: int = 0
 
     @model_validator(mode="after")
     def _warmup_fits(self):
         if self.warmup_epochs > self.epochs:
-            raise ValueError(f"warmup_epochs ({self.warmup_epochs}) exceeds epochs "
-                             f"({self.epochs})")
+            raise ValueError(f"warmup_epochs ({self.warmup_epochs}) exceeds epochs ({self.epochs})")
         return self
 
 
 class MfclParams(MethodParams):
     """The client module, phase 1, export and rServer (each its own section), plus the view
     augmentation shared by phase 1 and the export."""
+
     name: Literal["mfcl"] = "mfcl"
     augment: AugmentParams = AugmentParams()
     parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
@@ -125,12 +158,25 @@ class Mfcl(Method):
     label = "MFCL"
     params = MfclParams
     steps = (
-        Step("pretrain", reads=("partition", *VIEWS, "method.parallel_clients", "method.phase1"),
-             plots=("rounds.tsv",), runner="fedssl.methods.mfcl.run:phase1"),
-        Step("export", reads=("partition", *VIEWS, "method.export"),
-             inputs=(DATA, PARTITION, "pretrain"), runner="fedssl.methods.mfcl.export:export"),
-        Step("rserver", reads=("method.client_module", "method.rserver"), inputs=("export",),
-             plots=("rserver_epochs.tsv",), runner="fedssl.methods.mfcl.run:rserver"),
+        Step(
+            "pretrain",
+            reads=("partition", *VIEWS, "method.parallel_clients", "method.phase1"),
+            plots=("rounds.tsv",),
+            runner="fedssl.methods.mfcl.run:phase1",
+        ),
+        Step(
+            "export",
+            reads=("partition", *VIEWS, "method.export"),
+            inputs=(DATA, PARTITION, "pretrain"),
+            runner="fedssl.methods.mfcl.export:export",
+        ),
+        Step(
+            "rserver",
+            reads=("method.client_module", "method.rserver"),
+            inputs=("export",),
+            plots=("rserver_epochs.tsv",),
+            runner="fedssl.methods.mfcl.run:rserver",
+        ),
     )
     encoder_inputs = ("pretrain", "rserver")
     encoder_reads = ("method.client_module", "method.rserver")

@@ -1,5 +1,6 @@
 """MFCL's `costs` stage and projection: phase-1 training and traffic plus the one-shot export
 per client, in the paper's conventions (:mod:`fedssl.methods.mfcl.paper_costs`) and measured."""
+
 from __future__ import annotations
 
 import json
@@ -19,17 +20,26 @@ def _client_costs(p, shape, samples, rounds, sent, export: list[dict]) -> list[d
     ae = build_client_module(p, shape, torch.device("cpu")).train()
     kind = p.phase1.loss
     return paper_costs.mfcl_client_costs(
-        ae, costs.probe_batch(shape), lambda logits, x: reconstruction_loss(logits, x, kind),
-        p.phase1.batch_pairs, samples, rounds, p.phase1.local_epochs, p.export.pairs,
-        [c["dropped"] for c in export], [b + c["bytes_sent"] for b, c in zip(sent, export)],
-        pre_pool_numel(ae, shape))
+        ae,
+        costs.probe_batch(shape),
+        lambda logits, x: reconstruction_loss(logits, x, kind),
+        p.phase1.batch_pairs,
+        samples,
+        rounds,
+        p.phase1.local_epochs,
+        p.export.pairs,
+        [c["dropped"] for c in export],
+        [b + c["bytes_sent"] for b, c in zip(sent, export)],
+        pre_pool_numel(ae, shape),
+    )
 
 
 def client_costs(ctx) -> list[dict]:
     traffic = costs.ledger_of(ctx.input("pretrain"), [len(c) for c in ctx.clients()])
     export = json.loads((ctx.input("export") / "manifest.json").read_text())["per_client"]
-    return _client_costs(ctx.exp.method, ctx.image_shape, traffic.samples, traffic.rounds,
-                         traffic.sent, export)
+    return _client_costs(
+        ctx.exp.method, ctx.image_shape, traffic.samples, traffic.rounds, traffic.sent, export
+    )
 
 
 def projected_costs(exp, part, dataset: str) -> dict:

@@ -1,6 +1,7 @@
 """MFCL's export step (phase 2): what each client uploads once, and its traffic in the paper's
 Eq. 5 convention beside the bytes really sent. Apart from the training code, because it uses a
 cost formula: editing the formulas reruns this step, never phase 1."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +10,12 @@ import torch
 from fedssl.data.augment import BatchAugment
 from fedssl.fl.runner import train_data
 from fedssl.methods.mfcl.paper_costs import phase2_bits
-from fedssl.methods.mfcl.run import (build_client_module, dropped_clients, export_client,
-                                     pre_pool_numel)
+from fedssl.methods.mfcl.run import (
+    build_client_module,
+    dropped_clients,
+    export_client,
+    pre_pool_numel,
+)
 from fedssl.runtime import write_json
 
 
@@ -20,8 +25,9 @@ def export(ctx) -> None:
     per client) with the bytes each client sent and the paper-convention bits."""
     p, ex = ctx.exp.method, ctx.exp.method.export
     model = build_client_module(p, ctx.image_shape, ctx.device)
-    ckpt = torch.load(ctx.input("pretrain") / "model.pt", map_location=ctx.device,
-                      weights_only=True)
+    ckpt = torch.load(
+        ctx.input("pretrain") / "model.pt", map_location=ctx.device, weights_only=True
+    )
     model.load_state_dict(ckpt["model"])
     images = train_data(ctx).images
     clients = ctx.clients()
@@ -29,23 +35,49 @@ def export(ctx) -> None:
     augment = BatchAugment(p.augment, ctx.image_shape[-1])
     per_client = []
     for m, idx in enumerate(clients):
-        row = {"client": m, "samples": len(idx), "dropped": m in dropped, "bytes_sent": 0,
-               "numel_sent": 0, "bits_paper": 0.0}
+        row = {
+            "client": m,
+            "samples": len(idx),
+            "dropped": m in dropped,
+            "bytes_sent": 0,
+            "numel_sent": 0,
+            "bits_paper": 0.0,
+        }
         if m not in dropped:
-            reps = export_client(model, images, idx, augment, ex.pairs, ex.batch_pairs, p.seed,
-                                 m, ex.bn_export_mode, ex.tn_pairing)
+            reps = export_client(
+                model,
+                images,
+                idx,
+                augment,
+                ex.pairs,
+                ex.batch_pairs,
+                p.seed,
+                m,
+                ex.bn_export_mode,
+                ex.tn_pairing,
+            )
             np.save(ctx.out / f"client_{m}.npy", reps.numpy())
             np.save(ctx.out / f"client_{m}_index.npy", np.asarray(idx))
-            row.update(bytes_sent=reps.numel() * reps.element_size(), numel_sent=reps.numel(),
-                       shape=list(reps.shape),
-                       bits_paper=phase2_bits(pre_pool_numel(model, ctx.image_shape),
-                                              len(idx), ex.pairs))
+            row.update(
+                bytes_sent=reps.numel() * reps.element_size(),
+                numel_sent=reps.numel(),
+                shape=list(reps.shape),
+                bits_paper=phase2_bits(pre_pool_numel(model, ctx.image_shape), len(idx), ex.pairs),
+            )
         per_client.append(row)
-        print(f"client {m}: " + ("dropped, sends nothing" if m in dropped
-                                 else f"{row['bytes_sent']} bytes"), flush=True)
-    manifest = {"pairs": ex.pairs, "dtype": "float16", "dropped_clients": dropped,
-                "bn_export_mode": ex.bn_export_mode, "tn_pairing": ex.tn_pairing,
-                "per_client": per_client,
-                "total_bytes_sent": sum(r["bytes_sent"] for r in per_client)}
+        print(
+            f"client {m}: "
+            + ("dropped, sends nothing" if m in dropped else f"{row['bytes_sent']} bytes"),
+            flush=True,
+        )
+    manifest = {
+        "pairs": ex.pairs,
+        "dtype": "float16",
+        "dropped_clients": dropped,
+        "bn_export_mode": ex.bn_export_mode,
+        "tn_pairing": ex.tn_pairing,
+        "per_client": per_client,
+        "total_bytes_sent": sum(r["bytes_sent"] for r in per_client),
+    }
     write_json(ctx.out / "manifest.json", manifest)
     ctx.info.update(dropped_clients=dropped, total_bytes_sent=manifest["total_bytes_sent"])

@@ -15,7 +15,8 @@ Conventions (spec ``methods/mfcl.md`` §5 and §8 A3/A12):
 * **Representation size.** The paper counts one 32×32×64 (pre-MaxPool) map per "representation
   vector" (one view) and ρ = 8 vectors per sample (:data:`PAPER_REP_NUMEL_RESNET18`), although its
   prose says each vector holds two views and the model really exports 64×16×16 after the pool.
-  The ``*_paper`` numbers follow the paper's counting; use :func:`fedssl.costs.tensor_bytes` on the tensors
+  The ``*_paper`` numbers follow the paper's counting; use
+  :func:`fedssl.costs.tensor_bytes` on the tensors
   actually sent for the physical byte count (``bytes_actual``).
 * **Phase-1 payload.** Alg. 1 sends the whole autoencoder (encoder + decoder) both ways, so the
   default is |θ_fed| = |θ_m| = autoencoder size. (Tab. 3's "11×10⁶" MFCL cell is only matched by
@@ -28,15 +29,21 @@ The end-to-end baselines of Tab. 3 (FedSimCLR) are costed with the same conventi
 (:func:`e2e_client_costs`). The measured meters (FLOPs, saved activations, bytes) are the
 library's, :mod:`fedssl.costs`.
 """
+
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from fedssl.costs import (BITS_PER_FLOAT, conv_feature_map_numels, forward_flops,
-                          measured_step_bytes, train_step_flops)
+from fedssl.costs import (
+    BITS_PER_FLOAT,
+    conv_feature_map_numels,
+    forward_flops,
+    measured_step_bytes,
+    train_step_flops,
+)
 
 DEFAULT_CODE_RATE = 1.0 / 3.0
 
@@ -45,8 +52,9 @@ DEFAULT_CODE_RATE = 1.0 / 3.0
 PAPER_REP_NUMEL_RESNET18 = 32 * 32 * 64
 
 
-def coded_bits(n_values: float, bits_per_value: int = BITS_PER_FLOAT,
-               code_rate: float = DEFAULT_CODE_RATE) -> float:
+def coded_bits(
+    n_values: float, bits_per_value: int = BITS_PER_FLOAT, code_rate: float = DEFAULT_CODE_RATE
+) -> float:
     """Channel bits for ``n_values`` numbers of ``bits_per_value`` bits sent with a code of rate
     ``code_rate`` (information bits / coded bits): ``n · bits / R``."""
     if not 0.0 < code_rate <= 1.0:
@@ -54,8 +62,13 @@ def coded_bits(n_values: float, bits_per_value: int = BITS_PER_FLOAT,
     return n_values * bits_per_value / code_rate
 
 
-def phase1_bits(n_down: int, n_up: int, rounds: int, bits_per_value: int = BITS_PER_FLOAT,
-                code_rate: float = DEFAULT_CODE_RATE) -> float:
+def phase1_bits(
+    n_down: int,
+    n_up: int,
+    rounds: int,
+    bits_per_value: int = BITS_PER_FLOAT,
+    code_rate: float = DEFAULT_CODE_RATE,
+) -> float:
     """Eq. 4: α₁ = (|θ_fed| + |θ_m|) · 32 · T / R, per client.
 
     ``n_down`` / ``n_up`` are the parameters received from / sent to the gServer each round.
@@ -65,9 +78,13 @@ def phase1_bits(n_down: int, n_up: int, rounds: int, bits_per_value: int = BITS_
     return coded_bits((n_down + n_up) * rounds, bits_per_value, code_rate)
 
 
-def phase2_bits(rep_numel_per_sample: int, n_samples: int, rho: int = 8,
-                bits_per_value: int = BITS_PER_FLOAT,
-                code_rate: float = DEFAULT_CODE_RATE) -> float:
+def phase2_bits(
+    rep_numel_per_sample: int,
+    n_samples: int,
+    rho: int = 8,
+    bits_per_value: int = BITS_PER_FLOAT,
+    code_rate: float = DEFAULT_CODE_RATE,
+) -> float:
     """Eq. 5: α₂ = (|z_m| · ρ) · 32 / R with |z_m| = ``rep_numel_per_sample`` · |D_m|.
 
     Paper convention: ``rep_numel_per_sample`` = :data:`PAPER_REP_NUMEL_RESNET18` and ρ = 8
@@ -79,48 +96,87 @@ def phase2_bits(rep_numel_per_sample: int, n_samples: int, rho: int = 8,
 def e2e_comm_costs(n_params: int, rounds: int, code_rate: float = DEFAULT_CODE_RATE) -> dict:
     """Tab. 3 communication cells of an end-to-end FL method (whole model down and up per round)."""
     per_round = phase1_bits(n_params, n_params, 1, code_rate=code_rate)
-    return {"bits_p1": per_round, "rounds": rounds, "rep_size": 0, "bits_p2": 0.0,
-            "alpha": per_round * rounds}
+    return {
+        "bits_p1": per_round,
+        "rounds": rounds,
+        "rep_size": 0,
+        "bits_p2": 0.0,
+        "alpha": per_round * rounds,
+    }
 
 
-def mfcl_comm_costs(n_down: int, n_up: int, rounds: int, n_samples: int, rho: int = 8,
-                    rep_numel_per_sample: int = PAPER_REP_NUMEL_RESNET18,
-                    code_rate: float = DEFAULT_CODE_RATE) -> dict:
+def mfcl_comm_costs(
+    n_down: int,
+    n_up: int,
+    rounds: int,
+    n_samples: int,
+    rho: int = 8,
+    rep_numel_per_sample: int = PAPER_REP_NUMEL_RESNET18,
+    code_rate: float = DEFAULT_CODE_RATE,
+) -> dict:
     """Tab. 3 communication cells of MFCL for one client:
     ``bits_p1`` (Eq. 4 per round), ``rounds``, ``rep_size`` (|z_m| · ρ values), ``bits_p2`` (Eq. 5)
     and ``alpha`` = α₁ (all rounds) + α₂."""
     bits_p1 = phase1_bits(n_down, n_up, 1, code_rate=code_rate)
     bits_p2 = phase2_bits(rep_numel_per_sample, n_samples, rho, code_rate=code_rate)
-    return {"bits_p1": bits_p1, "rounds": rounds,
-            "rep_size": rep_numel_per_sample * n_samples * rho, "bits_p2": bits_p2,
-            "alpha": bits_p1 * rounds + bits_p2}
+    return {
+        "bits_p1": bits_p1,
+        "rounds": rounds,
+        "rep_size": rep_numel_per_sample * n_samples * rho,
+        "bits_p2": bits_p2,
+        "alpha": bits_p1 * rounds + bits_p2,
+    }
 
 
-def memory_bytes_eq6(n_params: int, n_grads: int, feature_map_numels: Iterable[int] | int,
-                     batch_images: int, bytes_per_value: int = 4) -> float:
+def memory_bytes_eq6(
+    n_params: int,
+    n_grads: int,
+    feature_map_numels: Iterable[int] | int,
+    batch_images: int,
+    bytes_per_value: int = 4,
+) -> float:
     """Eq. 6: γ = (|θ_m| + |g_m| + Σ_l |w_l|) · 2K · 4 bytes, taken literally.
 
     ``feature_map_numels`` are the per-image feature-map sizes |w_l| (an int is taken as their
     sum); ``batch_images`` is 2K (both views). Note the paper scales the parameter and gradient
     counts by 2K too; this is reproduced, not corrected.
     """
-    total_maps = feature_map_numels if isinstance(feature_map_numels, int) else sum(feature_map_numels)
+    total_maps = (
+        feature_map_numels if isinstance(feature_map_numels, int) else sum(feature_map_numels)
+    )
     return (n_params + n_grads + total_maps) * batch_images * bytes_per_value
 
 
-def mfcl_client_flops(step_flops: float, steps_per_round: int, rounds: int,
-                      encoder_forward_flops_per_image: float, n_samples: int,
-                      views_per_sample: int = 16) -> float:
+def mfcl_client_flops(
+    step_flops: float,
+    steps_per_round: int,
+    rounds: int,
+    encoder_forward_flops_per_image: float,
+    n_samples: int,
+    views_per_sample: int = 16,
+) -> float:
     """Total MFCL client compute: phase-1 training steps plus the one-shot export forward pass
     (``views_per_sample`` = 2ρ = 16 encoder forwards per local sample, §5.4)."""
-    return (step_flops * steps_per_round * rounds
-            + encoder_forward_flops_per_image * views_per_sample * n_samples)
+    return (
+        step_flops * steps_per_round * rounds
+        + encoder_forward_flops_per_image * views_per_sample * n_samples
+    )
 
 
-def mfcl_client_costs(ae: nn.Module, probe: Tensor, loss_fn, batch_pairs: int,
-                      samples: list[int], rounds: list[int], local_epochs: int, pairs: int,
-                      dropped: list[bool], bytes_actual: list[int], rep_numel_paper: int,
-                      code_rate: float = DEFAULT_CODE_RATE) -> list[dict]:
+def mfcl_client_costs(
+    ae: nn.Module,
+    probe: Tensor,
+    loss_fn,
+    batch_pairs: int,
+    samples: list[int],
+    rounds: list[int],
+    local_epochs: int,
+    pairs: int,
+    dropped: list[bool],
+    bytes_actual: list[int],
+    rep_numel_paper: int,
+    code_rate: float = DEFAULT_CODE_RATE,
+) -> list[dict]:
     """Per-client MFCL costs. ``probe`` is a twin batch [2k, C, H, W] in [0, 1] (k pairs);
     ``ae`` the client autoencoder (``encode`` gives the exported representation)."""
     k = probe.shape[0] // 2
@@ -133,35 +189,64 @@ def mfcl_client_costs(ae: nn.Module, probe: Tensor, loss_fn, batch_pairs: int,
     peak = measured_step_bytes(ae, probe, loss_fn, 2, batch_pairs / k)
     rows = []
     for m, (n, r, drop, b) in enumerate(zip(samples, rounds, dropped, bytes_actual)):
-        comm = mfcl_comm_costs(n_ae, n_ae, r, 0 if drop else n, pairs, rep_numel_paper,
-                               code_rate)
+        comm = mfcl_comm_costs(n_ae, n_ae, r, 0 if drop else n, pairs, rep_numel_paper, code_rate)
         flops = step_per_pair * n * local_epochs * r + (0 if drop else export_per_pair * pairs * n)
-        rows.append({"client": m, "samples": n, "rounds": r, "dropped": drop,
-                     "alpha_bits_paper": comm["alpha"], "bits_p1_per_round": comm["bits_p1"],
-                     "bits_p2": comm["bits_p2"], "bytes_actual": b, "beta_flops": flops,
-                     "gamma_eq6_bytes": eq6, "peak_step_bytes": peak})
+        rows.append(
+            {
+                "client": m,
+                "samples": n,
+                "rounds": r,
+                "dropped": drop,
+                "alpha_bits_paper": comm["alpha"],
+                "bits_p1_per_round": comm["bits_p1"],
+                "bits_p2": comm["bits_p2"],
+                "bytes_actual": b,
+                "beta_flops": flops,
+                "gamma_eq6_bytes": eq6,
+                "peak_step_bytes": peak,
+            }
+        )
     return rows
 
 
-def e2e_client_costs(model: nn.Module, probe: Sequence[Tensor], loss_fn, batch_pairs: int,
-                     samples: list[int], rounds: list[int], local_epochs: int,
-                     bytes_actual: list[int], optimizer_slots: int,
-                     code_rate: float = DEFAULT_CODE_RATE) -> list[dict]:
+def e2e_client_costs(
+    model: nn.Module,
+    probe: Sequence[Tensor],
+    loss_fn,
+    batch_pairs: int,
+    samples: list[int],
+    rounds: list[int],
+    local_epochs: int,
+    bytes_actual: list[int],
+    optimizer_slots: int,
+    code_rate: float = DEFAULT_CODE_RATE,
+) -> list[dict]:
     """Per-client costs of an end-to-end FL method (FedSimCLR): the whole model both ways per
     round; ``probe`` = the two view batches [k, C, H, W] each; ``loss_fn(output, inputs)``."""
     k = probe[0].shape[0]
     both = torch.cat(list(probe))
     step_per_pair = train_step_flops(model, both, loss_fn) / k
     n_params = sum(p.numel() for p in model.parameters())
-    eq6 = memory_bytes_eq6(n_params, n_params, conv_feature_map_numels(model, both),
-                           2 * batch_pairs)
+    eq6 = memory_bytes_eq6(
+        n_params, n_params, conv_feature_map_numels(model, both), 2 * batch_pairs
+    )
     peak = measured_step_bytes(model, both, loss_fn, optimizer_slots, batch_pairs / k)
     rows = []
     for m, (n, r, b) in enumerate(zip(samples, rounds, bytes_actual)):
         comm = e2e_comm_costs(n_params, r, code_rate)
-        rows.append({"client": m, "samples": n, "rounds": r, "dropped": False,
-                     "alpha_bits_paper": comm["alpha"], "bits_p1_per_round": comm["bits_p1"],
-                     "bits_p2": 0.0, "bytes_actual": b,
-                     "beta_flops": step_per_pair * n * local_epochs * r,
-                     "gamma_eq6_bytes": eq6, "peak_step_bytes": peak})
+        rows.append(
+            {
+                "client": m,
+                "samples": n,
+                "rounds": r,
+                "dropped": False,
+                "alpha_bits_paper": comm["alpha"],
+                "bits_p1_per_round": comm["bits_p1"],
+                "bits_p2": 0.0,
+                "bytes_actual": b,
+                "beta_flops": step_per_pair * n * local_epochs * r,
+                "gamma_eq6_bytes": eq6,
+                "peak_step_bytes": peak,
+            }
+        )
     return rows

@@ -2,6 +2,7 @@
 clients' export (the export step itself: :mod:`fedssl.methods.mfcl.export`; the per-client
 costs: :mod:`fedssl.methods.mfcl.costs`). Composes the shared augmentation,
 cohort trainer, engine, secure aggregation, losses and LARS."""
+
 from __future__ import annotations
 
 import json
@@ -16,19 +17,20 @@ from torch.func import functional_call
 from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.epochs import run_epochs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import (Federation, LocalTraining, Strategy, federation_config,
-                              write_round_log)
+from fedssl.fl.engine import Federation, LocalTraining, Strategy, federation_config, write_round_log
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.fl.secure_agg import SecureAggregation
 from fedssl.losses import nt_xent
-from fedssl.models.autoencoder import (ClientAutoencoder, reconstruction_loss,
-                                      resnet18_blocks_on_client)
+from fedssl.models.autoencoder import (
+    ClientAutoencoder,
+    reconstruction_loss,
+    resnet18_blocks_on_client,
+)
 from fedssl.models.encoders import frozen
 from fedssl.models.rserver import MfclEncoder, RServerModel
 from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
 from fedssl.precision import autocast
-from fedssl.runtime import (derive_seed, numpy_rng, torch_generator, torch_save,
-                            write_tsv)
+from fedssl.runtime import derive_seed, numpy_rng, torch_generator, torch_save, write_tsv
 
 
 def twin_batch(augment: BatchAugment):
@@ -40,17 +42,20 @@ def twin_batch(augment: BatchAugment):
 def autoencoder_loss(kind: str = "bce"):
     """Reconstruction of each augmented view from itself (Eq. 1). Padded samples of a short
     batch are dropped as whole pairs, so Twin Norm still sees intact twins."""
+
     def loss(model, params, buffers, batch):
         v1, v2 = batch.views
         valid = batch.valid
         x = torch.cat([v1, v2])
         with autocast(x):
             logits = functional_call(model, (params, buffers), (x,))
-        per_pixel = reconstruction_loss(logits.float(), model.reconstruction_target(x), kind,
-                                        reduction="none")
+        per_pixel = reconstruction_loss(
+            logits.float(), model.reconstruction_target(x), kind, reduction="none"
+        )
         keep = torch.cat([valid, valid]).float()
         per_image = per_pixel.flatten(1).mean(1)
         return (per_image * keep).sum() / keep.sum().clamp(min=1)
+
     return loss
 
 
@@ -63,37 +68,54 @@ def build_client_module(p, image_shape, device) -> ClientAutoencoder:
     """The seeded initial client autoencoder of MFCL params ``p``."""
     cm = p.client_module
     torch.manual_seed(derive_seed(p.seed, "init", "mfcl-client"))
-    return ClientAutoencoder(cm.arch, in_channels=image_shape[0], width=cm.width, norm=cm.norm,
-                             channels_per_group=cm.channels_per_group,
-                             tn_variance=cm.tn_variance, ae_pool=cm.ae_pool,
-                             cut=cm.cut).to(device)
+    return ClientAutoencoder(
+        cm.arch,
+        in_channels=image_shape[0],
+        width=cm.width,
+        norm=cm.norm,
+        channels_per_group=cm.channels_per_group,
+        tn_variance=cm.tn_variance,
+        ae_pool=cm.ae_pool,
+        cut=cm.cut,
+    ).to(device)
 
 
 def build_rserver(p, in_channels: int, device) -> RServerModel:
     """The seeded initial rServer model: the ResNet blocks the client module's cut left over."""
     rs, cm = p.rserver, p.client_module
     torch.manual_seed(derive_seed(rs.seed, "init", "mfcl-rserver"))
-    return RServerModel(cm.arch, in_channels, rs.width, rs.proj_hidden, rs.proj_dim,
-                        skip_blocks=resnet18_blocks_on_client(cm.cut),
-                        restandardize=rs.restandardize,
-                        channels_per_group=cm.channels_per_group).to(device)
+    return RServerModel(
+        cm.arch,
+        in_channels,
+        rs.width,
+        rs.proj_hidden,
+        rs.proj_dim,
+        skip_blocks=resnet18_blocks_on_client(cm.cut),
+        restandardize=rs.restandardize,
+        channels_per_group=cm.channels_per_group,
+    ).to(device)
 
 
 class SecureFedAvg(SecureAggregation, Strategy):
     """FedAvg through pairwise-masked uploads (the gServer sees only the sum)."""
 
 
-def make_phase1_federation(p, model: ClientAutoencoder, data: LocalData, ckpt: Path,
-                           fingerprint: str) -> Federation:
+def make_phase1_federation(
+    p, model: ClientAutoencoder, data: LocalData, ckpt: Path, fingerprint: str
+) -> Federation:
     """Phase 1 (Alg. 1 l. 1-13): Adam on twin batches of K pairs, fresh optimizer state every
     round, size-weighted FedAvg of the whole autoencoder (optionally through secure
     aggregation)."""
     p1 = p.phase1
     cohort = CohortTrainer(
-        model, twin_batch(BatchAugment(p.augment, data.images.shape[-1])),
-        autoencoder_loss(p1.loss), OptimizerConfig(kind="adam", eps=p1.adam_eps),
-        batch_size=p1.batch_pairs, local_epochs=p1.local_epochs,
-        parallel=vectorise_clients(p.parallel_clients, data.device))
+        model,
+        twin_batch(BatchAugment(p.augment, data.images.shape[-1])),
+        autoencoder_loss(p1.loss),
+        OptimizerConfig(kind="adam", eps=p1.adam_eps),
+        batch_size=p1.batch_pairs,
+        local_epochs=p1.local_epochs,
+        parallel=vectorise_clients(p.parallel_clients, data.device),
+    )
     cfg = federation_config(p1, p.seed)
     strategy = (SecureFedAvg if p1.secure_aggregation else Strategy)(cfg)
     return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
@@ -103,17 +125,19 @@ def phase1(ctx) -> None:
     p = ctx.exp.method
     model = build_client_module(p, ctx.image_shape, ctx.device)
     if p.phase1.rounds > 0:
-        fed = make_phase1_federation(p, model, train_data(ctx), ctx.resume_path,
-                                     ctx.fingerprint)
+        fed = make_phase1_federation(p, model, train_data(ctx), ctx.resume_path, ctx.fingerprint)
         run_federation(ctx, fed, model)
     else:
         write_round_log([], ctx.results_dir / "rounds.tsv")
         ctx.info.update(rounds=0, final_loss=None)
-    torch_save({"model": model.state_dict(), "image_shape": tuple(ctx.image_shape)},
-               ctx.out / "model.pt")
-    ctx.info.update(parameters=sum(q.numel() for q in model.parameters()),
-                    encoder_parameters=model.num_parameters("encoder"),
-                    secure_aggregation=p.phase1.secure_aggregation)
+    torch_save(
+        {"model": model.state_dict(), "image_shape": tuple(ctx.image_shape)}, ctx.out / "model.pt"
+    )
+    ctx.info.update(
+        parameters=sum(q.numel() for q in model.parameters()),
+        encoder_parameters=model.num_parameters("encoder"),
+        secure_aggregation=p.phase1.secure_aggregation,
+    )
 
 
 # ---------------------------------------------------------------------------- export
@@ -123,8 +147,9 @@ def dropped_clients(num_clients: int, dropout: float, seed: int) -> list[int]:
     return sorted(numpy_rng(seed, "export-dropout").choice(num_clients, k, replace=False).tolist())
 
 
-def encode_pair(model: ClientAutoencoder, v1: torch.Tensor, v2: torch.Tensor,
-                tn_pairing: str = "twin") -> torch.Tensor:
+def encode_pair(
+    model: ClientAutoencoder, v1: torch.Tensor, v2: torch.Tensor, tn_pairing: str = "twin"
+) -> torch.Tensor:
     """Both views of a batch through the client module and its pool, ``[2K, C, h, w]`` (the
     first K rows from ``v1``, the last K from ``v2``). Twin Norm normalises rows k and k+K
     jointly; ``tn_pairing`` chooses what each view is normalised with: ``twin`` its sample's
@@ -133,16 +158,25 @@ def encode_pair(model: ClientAutoencoder, v1: torch.Tensor, v2: torch.Tensor,
     if model.norm_kind != "tn" or tn_pairing in ("twin", "pseudo"):
         return model.encode(torch.cat([v1, v2]))
     k = len(v1)
-    partner = {"self": lambda v, other: v,
-               "cross": lambda v, other: other.roll(1, 0)}[tn_pairing]
-    return torch.cat([model.encode(torch.cat([v, partner(v, o)]))[:k]
-                      for v, o in ((v1, v2), (v2, v1))])
+    partner = {"self": lambda v, other: v, "cross": lambda v, other: other.roll(1, 0)}[tn_pairing]
+    return torch.cat(
+        [model.encode(torch.cat([v, partner(v, o)]))[:k] for v, o in ((v1, v2), (v2, v1))]
+    )
 
 
 @torch.no_grad()
-def export_client(model: ClientAutoencoder, images: torch.Tensor, indices: np.ndarray,
-                  augment: BatchAugment, pairs: int, batch: int, seed: int, client: int,
-                  bn_mode: str = "eval", tn_pairing: str = "twin") -> torch.Tensor:
+def export_client(
+    model: ClientAutoencoder,
+    images: torch.Tensor,
+    indices: np.ndarray,
+    augment: BatchAugment,
+    pairs: int,
+    batch: int,
+    seed: int,
+    client: int,
+    bn_mode: str = "eval",
+    tn_pairing: str = "twin",
+) -> torch.Tensor:
     """What client ``client`` sends to the rServer: for every local sample, ``pairs`` pairs of
     twin views through the frozen client module and its MaxPool, as fp16
     ``[n, pairs, 2, C, h, w]`` (``model.encode``'s output: H/2 × W/2, or H/4 × W/4 for a cut
@@ -153,7 +187,7 @@ def export_client(model: ClientAutoencoder, images: torch.Tensor, indices: np.nd
     idx_all = torch.from_numpy(np.asarray(indices)).to(images.device)
     for r in range(pairs):
         for j, start in enumerate(range(0, len(indices), batch)):
-            x = images[idx_all[start:start + batch]]
+            x = images[idx_all[start : start + batch]]
             gen = torch_generator(images.device, seed, "export", client, r, j)
             v1, v2 = twin_batch(augment)(x, gen)
             if tn_pairing == "pseudo":  # the "positive" is another image (the next one)
@@ -161,9 +195,10 @@ def export_client(model: ClientAutoencoder, images: torch.Tensor, indices: np.nd
             with autocast(x):
                 z = encode_pair(model, v1, v2, tn_pairing).to(torch.float16)
             if out is None:
-                out = torch.empty((len(indices), pairs, 2, *z.shape[1:]), dtype=torch.float16,
-                                  device="cpu")
-            out[start:start + len(x), r] = torch.stack(z.chunk(2), 1).cpu()
+                out = torch.empty(
+                    (len(indices), pairs, 2, *z.shape[1:]), dtype=torch.float16, device="cpu"
+                )
+            out[start : start + len(x), r] = torch.stack(z.chunk(2), 1).cpu()
     model.eval()
     return out
 
@@ -174,8 +209,14 @@ def rserver_steps(num_samples: int, batch_pairs: int) -> int:
     return max(1, num_samples // batch_pairs)
 
 
-def train_rserver(model: RServerModel, reps: torch.Tensor, p, resume: Path | None = None,
-                  fingerprint: str = "", on_epoch=None) -> list[dict]:
+def train_rserver(
+    model: RServerModel,
+    reps: torch.Tensor,
+    p,
+    resume: Path | None = None,
+    fingerprint: str = "",
+    on_epoch=None,
+) -> list[dict]:
     """Phase 2b: SimCLR on the received pairs. ``reps`` is ``[N, rho, 2, C, H, W]`` (any float
     dtype, on the training device); each epoch every sample contributes one of its rho pairs,
     drawn uniformly (spec A10), in batches of ``p.batch_pairs`` shuffled across clients. Both
@@ -186,8 +227,12 @@ def train_rserver(model: RServerModel, reps: torch.Tensor, p, resume: Path | Non
     steps = rserver_steps(n, p.batch_pairs)
     total, warmup = steps * p.epochs, steps * p.warmup_epochs
     peak = scaled_peak_lr(p.lr, p.batch_pairs, p.lr_scaling)
-    opt = LARS(lars_param_groups(model, p.weight_decay), lr=peak, momentum=p.momentum,
-               trust_coefficient=p.trust_coefficient)
+    opt = LARS(
+        lars_param_groups(model, p.weight_decay),
+        lr=peak,
+        momentum=p.momentum,
+        trust_coefficient=p.trust_coefficient,
+    )
     model.train()
 
     def one_epoch(epoch: int) -> dict:
@@ -196,7 +241,7 @@ def train_rserver(model: RServerModel, reps: torch.Tensor, p, resume: Path | Non
         pick = torch.randint(rho, (n,), generator=gen)
         loss_sum, t0 = 0.0, time.perf_counter()
         for s in range(steps):
-            idx = order[s * p.batch_pairs:(s + 1) * p.batch_pairs]
+            idx = order[s * p.batch_pairs : (s + 1) * p.batch_pairs]
             pair = reps[idx.to(device), pick[idx].to(device)].float()  # [B, 2, C, H, W]
             set_lr(opt, warmup_cosine(epoch * steps + s, total, warmup, peak))
             with autocast(device):
@@ -206,12 +251,23 @@ def train_rserver(model: RServerModel, reps: torch.Tensor, p, resume: Path | Non
             loss.backward()
             opt.step()
             loss_sum += loss.item()
-        return {"epoch": epoch + 1, "loss": loss_sum / steps,
-                "lr": warmup_cosine((epoch + 1) * steps - 1, total, warmup, peak),
-                "seconds": round(time.perf_counter() - t0, 3)}
+        return {
+            "epoch": epoch + 1,
+            "loss": loss_sum / steps,
+            "lr": warmup_cosine((epoch + 1) * steps - 1, total, warmup, peak),
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
 
-    return run_epochs(p.epochs, one_epoch, {"model": model, "opt": opt}, resume, fingerprint,
-                      device, "rServer", on_epoch)
+    return run_epochs(
+        p.epochs,
+        one_epoch,
+        {"model": model, "opt": opt},
+        resume,
+        fingerprint,
+        device,
+        "rServer",
+        on_epoch,
+    )
 
 
 EPOCH_FIELDS = ["epoch", "loss", "lr"]  # timings go to the run record
@@ -229,52 +285,66 @@ def rserver(ctx) -> None:
 
     def on_epoch(rows):
         write_tsv([{k: r[k] for k in EPOCH_FIELDS} for r in rows], log_path, EPOCH_FIELDS)
-        print(f"epoch {rows[-1]['epoch']}/{p.rserver.epochs}: NT-Xent {rows[-1]['loss']:.4f}",
-              flush=True)
+        print(
+            f"epoch {rows[-1]['epoch']}/{p.rserver.epochs}: NT-Xent {rows[-1]['loss']:.4f}",
+            flush=True,
+        )
 
     log = train_rserver(model, reps, p.rserver, ctx.resume_path, ctx.fingerprint, on_epoch)
     write_tsv([{k: r[k] for k in EPOCH_FIELDS} for r in log], log_path, EPOCH_FIELDS)
     ctx.run_info["epoch_seconds"] = [r["seconds"] for r in log]
-    torch_save({"model": model.state_dict(), "in_channels": int(reps.shape[3])},
-               ctx.out / "model.pt")
-    ctx.info.update(samples=int(reps.shape[0]), clients=sent, epochs=len(log),
-                    loss=[round(r["loss"], 4) for r in log],
-                    parameters=sum(q.numel() for q in model.parameters()))
+    torch_save(
+        {"model": model.state_dict(), "in_channels": int(reps.shape[3])}, ctx.out / "model.pt"
+    )
+    ctx.info.update(
+        samples=int(reps.shape[0]),
+        clients=sent,
+        epochs=len(log),
+        loss=[round(r["loss"], 4) for r in log],
+        parameters=sum(q.numel() for q in model.parameters()),
+    )
 
 
-def frozen_encoder(p, client_state: dict, rserver_state: dict, image_shape, device,
-                   projection: bool = False) -> MfclEncoder:
+def frozen_encoder(
+    p, client_state: dict, rserver_state: dict, image_shape, device, projection: bool = False
+) -> MfclEncoder:
     """The deployed MFCL model for feature extraction: client module + MaxPool + rServer module
     (+ head with ``projection``), frozen, BN in eval mode."""
     client = build_client_module(p, image_shape, device)
     client.load_state_dict(client_state)
     rs = build_rserver(p, client.rep_channels, device)
     rs.load_state_dict(rserver_state)
-    return frozen(MfclEncoder(client, rs, projection=projection,
-                              tn_eval_pair=p.client_module.tn_eval_pair))
+    return frozen(
+        MfclEncoder(client, rs, projection=projection, tn_eval_pair=p.client_module.tn_eval_pair)
+    )
 
 
 def encoder_skeleton(p, image_shape, projection: bool = False) -> MfclEncoder:
     """The untrained module :func:`frozen_encoder` returns (for :mod:`fedssl.export`)."""
     client = build_client_module(p, image_shape, torch.device("cpu"))
     rs = build_rserver(p, client.rep_channels, torch.device("cpu"))
-    return frozen(MfclEncoder(client, rs, projection=projection,
-                              tn_eval_pair=p.client_module.tn_eval_pair))
+    return frozen(
+        MfclEncoder(client, rs, projection=projection, tn_eval_pair=p.client_module.tn_eval_pair)
+    )
 
 
 def deployed_encoder(ctx) -> MfclEncoder:
     """The frozen encoder from the phase-1 and rServer steps' outputs."""
+
     def load(step):
-        return torch.load(ctx.input(step) / "model.pt", map_location=ctx.device,
-                          weights_only=True)
+        return torch.load(ctx.input(step) / "model.pt", map_location=ctx.device, weights_only=True)
+
     client, rserver_ckpt = load("pretrain"), load("rserver")
-    return frozen_encoder(ctx.exp.method, client["model"], rserver_ckpt["model"],
-                          client["image_shape"], ctx.device,
-                          ctx.exp.features.layer == "projection")
+    return frozen_encoder(
+        ctx.exp.method,
+        client["model"],
+        rserver_ckpt["model"],
+        client["image_shape"],
+        ctx.device,
+        ctx.exp.features.layer == "projection",
+    )
 
 
 def pre_pool_numel(model: ClientAutoencoder, image_shape) -> int:
     """|z| per view in the paper's Eq. 5 convention: the client module's map before the pool."""
     return math.prod(model.prepool_shape(*image_shape[1:]))
-
-

@@ -18,17 +18,30 @@ shared probes read the synced client model + the server's backbone part (project
 One method with a ``variant`` field: both variants share every setting and the report puts them
 side by side in the paper's layout (per cut, per number of clients).
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, \
-    model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 from fedssl.methods.base import DATA, PARTITION, Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import (PARALLEL_CLIENTS_HELP, AugmentParams, FederationSettings, Fraction,
-                           ParallelClients, Strict)
+from fedssl.params import (
+    PARALLEL_CLIENTS_HELP,
+    AugmentParams,
+    FederationSettings,
+    Fraction,
+    ParallelClients,
+    Strict,
+)
 
 VARIANT_LABELS = {"mocosfl": "MocoSFL", "monacosfl": "MonAcoSFL"}
 NUM_UNITS = 9  # both backbones: stem + 8 BasicBlocks / stem + 7 stages + final 1x1 conv
@@ -36,15 +49,18 @@ NUM_UNITS = 9  # both backbones: stem + 8 BasicBlocks / stem + 7 stages + final 
 
 class SflBackbone(Strict):
     """The GN + WS backbone of :mod:`fedssl.models.split` and the server's MLP projector."""
+
     arch: Literal["resnet18", "mobilenetv2"]
     width: PositiveInt | None = Field(
-        None, description="resnet18: channels of the first stage (64 = ResNet-18); "
-        "None = 64")
+        None, description="resnet18: channels of the first stage (64 = ResNet-18); None = 64"
+    )
     width_mult: PositiveFloat | None = Field(
-        None, description="mobilenetv2: width multiplier (1.0 = MobileNetV2); None = 1.0")
+        None, description="mobilenetv2: width multiplier (1.0 = MobileNetV2); None = 1.0"
+    )
     channels_per_group: PositiveInt = Field(4, description="GroupNorm group size ([code] 4)")
     stem: Literal["cifar", "imagenet"] = Field(
-        "cifar", description="cifar = 3x3 stride-1 stem, no max-pool (the paper's models)")
+        "cifar", description="cifar = 3x3 stride-1 stem, no max-pool (the paper's models)"
+    )
     proj_hidden: PositiveInt = Field(1024, description="projector hidden width [paper]")
     proj_dim: PositiveInt = Field(1024, description="projector output width [code]")
 
@@ -59,28 +75,33 @@ class SflBackbone(Strict):
 
 class SflMoco(Strict):
     """MoCo v2 on the server (Eq. 1)."""
+
     queue_size: PositiveInt = Field(6000, description="K negatives in the FIFO memory [paper]")
     temperature: PositiveFloat = Field(0.1, description="tau [code]")
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
-        0.99, description="EMA m of the client and server momentum models [code]")
+        0.99, description="EMA m of the client and server momentum models [code]"
+    )
     symmetric: bool = Field(
-        True, description="[code] V2: queries [x'; x''], keys [x''; x'] (each client sends "
-        "2 B_c rows each way); false = query x', key x''")
+        True,
+        description="[code] V2: queries [x'; x''], keys [x''; x'] (each client sends "
+        "2 B_c rows each way); false = query x', key x''",
+    )
 
 
 class SflTraining(FederationSettings):
     """Rounds (= epochs over the sampled clients' data), SGD on both sides, synchronisation."""
+
     rounds: NonNegativeInt = Field(description="200 in the paper ([code] 200/rho when sampling)")
     client_fraction: Fraction = Field(1.0, description="clients drawn each round (rho)")
     batch_size: PositiveInt = Field(description="B_c images per client and step")
     lr: PositiveFloat = Field(0.06, description="SGD learning rate, client and server")
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
     weight_decay: NonNegativeFloat = 5e-4
-    lr_schedule: Literal["cosine", "constant"] = Field("cosine",
-                                                       description="over rounds")
+    lr_schedule: Literal["cosine", "constant"] = Field("cosine", description="over rounds")
     sync_every: PositiveInt = Field(
         description="steps between syncs of the client models (counted across rounds when "
-        "a round does not end with a sync)")
+        "a round does not end with a sync)"
+    )
     sync_at_round_end: bool = Field(True, description="[code] also sync at a round's last step")
     log_every: PositiveInt = Field(1, description="steps between misalignment/loss log rows")
 
@@ -88,14 +109,23 @@ class SflTraining(FederationSettings):
 class SflMonitor(Strict):
     """k-NN monitor during training (weighted k-NN, [code] k=200, T=0.1). It is only logged:
     the final model is evaluated, never the best-on-monitor one."""
-    every: NonNegativeInt = Field(1, description="rounds between evaluations (0 = never; the "
-                                  "last round is always evaluated otherwise)")
+
+    every: NonNegativeInt = Field(
+        1,
+        description="rounds between evaluations (0 = never; the "
+        "last round is always evaluated otherwise)",
+    )
     queries: Literal["holdout", "test"] = Field(
-        "holdout", description="holdout = the partition's server_holdout (training images no "
-        "client holds); test = a fixed class-stratified part of the test split")
+        "holdout",
+        description="holdout = the partition's server_holdout (training images no "
+        "client holds); test = a fixed class-stratified part of the test split",
+    )
     query_size: PositiveInt = Field(2000, description="query images (at most the split)")
-    bank_size: PositiveInt = Field(5000, description="labelled memory-bank images, a "
-                                   "class-stratified subset of the clients' training data")
+    bank_size: PositiveInt = Field(
+        5000,
+        description="labelled memory-bank images, a "
+        "class-stratified subset of the clients' training data",
+    )
     k: PositiveInt = 200
     temperature: PositiveFloat = 0.1
 
@@ -103,8 +133,10 @@ class SflMonitor(Strict):
 class SflInversion(Strict):
     """Model-inversion attack (§5.3): a decoder trained on auxiliary data to map the final
     client model's cut-layer activations back to images."""
-    aux_fraction: Fraction = Field(0.01, description="the attacker's share of the clients' "
-                                   "training images (1% in the paper)")
+
+    aux_fraction: Fraction = Field(
+        0.01, description="the attacker's share of the clients' training images (1% in the paper)"
+    )
     epochs: PositiveInt = 50
     batch_size: PositiveInt = 32
     lr: PositiveFloat = 1e-3
@@ -116,15 +148,18 @@ class SflInversion(Strict):
 class MocoSflParams(MethodParams):
     """MocoSFL / MonAcoSFL: the variant, the backbone and its cut, MoCo, training, the k-NN
     monitor, the inversion attack."""
+
     name: Literal["mocosfl"] = "mocosfl"
     variant: Literal["mocosfl", "monacosfl"] = Field(
         description="mocosfl = sync the client online models only; monacosfl = also average "
-        "the client momentum models at every sync (momentum alignment)")
+        "the client momentum models at every sync (momentum alignment)"
+    )
     backbone: SflBackbone
     cut: Annotated[int, Field(ge=1, le=NUM_UNITS)] = Field(
         description="units on the client: resnet18 = stem + (cut-1) BasicBlocks, i.e. the "
         "paper's L = 2 cut - 1 layers; mobilenetv2 = stem + (cut-1) inverted-residual stages "
-        "(9 adds the final 1x1 conv)")
+        "(9 adds the final 1x1 conv)"
+    )
     moco: SflMoco = SflMoco()
     training: SflTraining
     augment: AugmentParams = AugmentParams()
@@ -138,9 +173,18 @@ def paper_layer(p: MocoSflParams) -> int | None:
     return 2 * p.cut - 1 if p.backbone.arch == "resnet18" else None
 
 
-TRAINING = ("partition", "method.variant", "method.seed", "method.backbone", "method.cut",
-            "method.moco", "method.training", "method.augment", "method.monitor",
-            "method.parallel_clients")
+TRAINING = (
+    "partition",
+    "method.variant",
+    "method.seed",
+    "method.backbone",
+    "method.cut",
+    "method.moco",
+    "method.training",
+    "method.augment",
+    "method.monitor",
+    "method.parallel_clients",
+)
 
 
 @register
@@ -149,13 +193,19 @@ class MocoSfl(Method):
     label = "MocoSFL"
     params = MocoSflParams
     steps = (
-        Step("pretrain", reads=TRAINING,
-             plots=("rounds.tsv", "steps.tsv", "misalignment.png"),
-             runner="fedssl.methods.mocosfl.run:pretrain"),
-        Step("inversion", reads=("partition", "method.seed", "method.backbone", "method.cut",
-                                 "method.inversion"),
-             inputs=(DATA, PARTITION, "pretrain"), plots=("inversion.png",),
-             runner="fedssl.methods.mocosfl.run:inversion"),
+        Step(
+            "pretrain",
+            reads=TRAINING,
+            plots=("rounds.tsv", "steps.tsv", "misalignment.png"),
+            runner="fedssl.methods.mocosfl.run:pretrain",
+        ),
+        Step(
+            "inversion",
+            reads=("partition", "method.seed", "method.backbone", "method.cut", "method.inversion"),
+            inputs=(DATA, PARTITION, "pretrain"),
+            plots=("inversion.png",),
+            runner="fedssl.methods.mocosfl.run:inversion",
+        ),
     )
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.backbone", "method.cut")

@@ -13,13 +13,13 @@ What the protocol here sends (float32), per client:
         for MonAcoSFL ``sync_momentum`` the same; n_catch_up counts the rounds a client starts
         by downloading the synced model(s) it missed while it was not sampled.
 """
+
 from __future__ import annotations
 
-from fedssl.methods.mocosfl.split import (ACT_KEY, ACT_QUERY, GRADIENTS, SYNC_MOMENTUM,
-                                          SYNC_ONLINE)
+from fedssl.methods.mocosfl.split import ACT_KEY, ACT_QUERY, GRADIENTS, SYNC_MOMENTUM, SYNC_ONLINE
 
 FLOAT_BYTES = 4
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def paper_bytes(n_img: int, act_numel: int, n_sync: int, client_numel: int) -> int:
@@ -27,8 +27,15 @@ def paper_bytes(n_img: int, act_numel: int, n_sync: int, client_numel: int) -> i
     return (2 * n_img * act_numel + n_sync * client_numel) * FLOAT_BYTES
 
 
-def protocol_bytes(n_img: int, act_numel: int, n_sync: int, n_catch_up: int,
-                   client_numel: int, symmetric: bool, align: bool) -> dict[str, dict[str, int]]:
+def protocol_bytes(
+    n_img: int,
+    act_numel: int,
+    n_sync: int,
+    n_catch_up: int,
+    client_numel: int,
+    symmetric: bool,
+    align: bool,
+) -> dict[str, dict[str, int]]:
     """The bytes by direction and kind that the protocol sends for one client."""
     s = 2 if symmetric else 1
     act = s * n_img * act_numel * FLOAT_BYTES
@@ -46,27 +53,49 @@ def protocol_bytes(n_img: int, act_numel: int, n_sync: int, n_catch_up: int,
     return {"up": {k: v for k, v in up.items() if v}, "down": {k: v for k, v in down.items() if v}}
 
 
-def check_ledger(ledger_summary: dict, images: list[int], syncs: list[int],
-                 catch_ups: list[int], act_numel: int, client_numel: int, symmetric: bool,
-                 align: bool) -> dict:
+def check_ledger(
+    ledger_summary: dict,
+    images: list[int],
+    syncs: list[int],
+    catch_ups: list[int],
+    act_numel: int,
+    client_numel: int,
+    symmetric: bool,
+    align: bool,
+) -> dict:
     """Per client: the bytes sent by kind (from the ledger), the protocol's formula, the
     paper's formula, and whether the first two agree to the byte."""
     rows, exact = [], True
     for row in ledger_summary["per_client"]:
         c = row["client"]
         n_img = images[c]
-        expected = protocol_bytes(n_img, act_numel, syncs[c], catch_ups[c], client_numel,
-                                  symmetric, align)
+        expected = protocol_bytes(
+            n_img, act_numel, syncs[c], catch_ups[c], client_numel, symmetric, align
+        )
         match = expected["up"] == row["up_by_kind"] and expected["down"] == row["down_by_kind"]
         exact &= match
-        rows.append({"client": c, "images": n_img, "syncs": syncs[c], "catch_ups": catch_ups[c],
-                     "up_by_kind": row["up_by_kind"], "down_by_kind": row["down_by_kind"],
-                     "expected": expected, "matches_formula": match,
-                     "bytes_total": row["bytes_up"] + row["bytes_down"],
-                     "paper_formula_bytes": paper_bytes(n_img, act_numel, syncs[c],
-                                                        client_numel)})
-    return {"per_client": rows, "exact": exact, "act_numel": act_numel,
-            "client_numel": client_numel, "symmetric": symmetric, "align": align}
+        rows.append(
+            {
+                "client": c,
+                "images": n_img,
+                "syncs": syncs[c],
+                "catch_ups": catch_ups[c],
+                "up_by_kind": row["up_by_kind"],
+                "down_by_kind": row["down_by_kind"],
+                "expected": expected,
+                "matches_formula": match,
+                "bytes_total": row["bytes_up"] + row["bytes_down"],
+                "paper_formula_bytes": paper_bytes(n_img, act_numel, syncs[c], client_numel),
+            }
+        )
+    return {
+        "per_client": rows,
+        "exact": exact,
+        "act_numel": act_numel,
+        "client_numel": client_numel,
+        "symmetric": symmetric,
+        "align": align,
+    }
 
 
 def comm_curve(backbone, image_shape, n_img: int, n_sync: int) -> list[dict]:
@@ -74,7 +103,9 @@ def comm_curve(backbone, image_shape, n_img: int, n_sync: int) -> list[dict]:
     gradients down) and synchronisation parts, in MiB, for ``backbone`` params at
     ``image_shape`` (e.g. 224 px with the ImageNet stem, 250 images, 10 syncs)."""
     import torch
+
     from fedssl.methods.mocosfl.split import build_backbone
+
     with torch.device("meta"):
         net = build_backbone(backbone, image_shape[0])
     rows = []
@@ -86,7 +117,15 @@ def comm_curve(backbone, image_shape, n_img: int, n_sync: int) -> list[dict]:
         numel = sum(p.numel() for p in client.parameters())
         opt = 2 * n_img * act * FLOAT_BYTES / MIB
         sync = n_sync * numel * FLOAT_BYTES / MIB
-        rows.append({"cut": cut, "layer": 2 * cut - 1 if backbone.arch == "resnet18" else None,
-                     "act_numel": act, "client_params": numel, "optimisation_MiB": opt,
-                     "sync_MiB": sync, "total_MiB": opt + sync})
+        rows.append(
+            {
+                "cut": cut,
+                "layer": 2 * cut - 1 if backbone.arch == "resnet18" else None,
+                "act_numel": act,
+                "client_params": numel,
+                "optimisation_MiB": opt,
+                "sync_MiB": sync,
+                "total_MiB": opt + sync,
+            }
+        )
     return rows

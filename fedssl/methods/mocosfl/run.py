@@ -1,5 +1,6 @@
 """MocoSFL / MonAcoSFL stages (imported when they run): the split federation (``pretrain``),
 the model-inversion attack (``inversion``) and the frozen encoder for the probes."""
+
 from __future__ import annotations
 
 import math
@@ -16,36 +17,65 @@ from fedssl.fl.engine import Federation, federation_config
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.methods.mocosfl import paper_layer
 from fedssl.methods.mocosfl.comm import check_ledger
-from fedssl.methods.mocosfl.split import (KnnMonitor, SflConfig, SflSync, SplitEncoder,
-                                          SplitMocoTrainer, SplitNets, build_nets)
+from fedssl.methods.mocosfl.split import (
+    KnnMonitor,
+    SflConfig,
+    SflSync,
+    SplitEncoder,
+    SplitMocoTrainer,
+    SplitNets,
+    build_nets,
+)
 from fedssl.runtime import derive_seed, torch_save, write_json, write_tsv
 
-STEP_FIELDS = ["step", "round", "loss", "sync", "misalignment_pre_sync", "misalignment",
-               "misalignment_sq"]
+STEP_FIELDS = [
+    "step",
+    "round",
+    "loss",
+    "sync",
+    "misalignment_pre_sync",
+    "misalignment",
+    "misalignment_sq",
+]
 
 
 def sfl_config(p) -> SflConfig:
     t, m = p.training, p.moco
-    return SflConfig(batch_size=t.batch_size, temperature=m.temperature, momentum=m.momentum,
-                     symmetric=m.symmetric, sync_every=t.sync_every,
-                     sync_at_round_end=t.sync_at_round_end,
-                     sgd=OptimizerConfig("sgd", weight_decay=t.weight_decay,
-                                         momentum=t.momentum),
-                     seed=p.seed, log_every=t.log_every)
+    return SflConfig(
+        batch_size=t.batch_size,
+        temperature=m.temperature,
+        momentum=m.momentum,
+        symmetric=m.symmetric,
+        sync_every=t.sync_every,
+        sync_at_round_end=t.sync_at_round_end,
+        sgd=OptimizerConfig("sgd", weight_decay=t.weight_decay, momentum=t.momentum),
+        seed=p.seed,
+        log_every=t.log_every,
+    )
 
 
-def make_federation(p, nets: SplitNets, data, ckpt, fingerprint: str, monitor=None,
-                    parallel: bool | None = None) -> Federation:
+def make_federation(
+    p, nets: SplitNets, data, ckpt, fingerprint: str, monitor=None, parallel: bool | None = None
+) -> Federation:
     """The split federation of MocoSFL params ``p`` over ``data`` (clients' index arrays)."""
     t = p.training
     cfg = federation_config(t, p.seed, t.lr_schedule)
-    strategy = SflSync(cfg, nets, align=p.variant == "monacosfl",
-                       queue_size=p.moco.queue_size, seed=p.seed, monitor=monitor)
+    strategy = SflSync(
+        cfg,
+        nets,
+        align=p.variant == "monacosfl",
+        queue_size=p.moco.queue_size,
+        seed=p.seed,
+        monitor=monitor,
+    )
     if parallel is None:
         parallel = vectorise_clients(p.parallel_clients, data.device)
-    trainer = SplitMocoTrainer(nets, sfl_config(p),
-                               multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=2),
-                               parallel=parallel)
+    trainer = SplitMocoTrainer(
+        nets,
+        sfl_config(p),
+        multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=2),
+        parallel=parallel,
+    )
     return Federation(strategy, trainer, data, cfg, ckpt, fingerprint)
 
 
@@ -56,21 +86,35 @@ def monitor_of(ctx, p, images: torch.Tensor, labels: np.ndarray) -> KnnMonitor |
     if m.every == 0:
         return None
     pool = np.sort(np.concatenate(ctx.clients()))
-    bank = pool[stratified_subset(labels[pool], min(m.bank_size, len(pool)),
-                                  derive_seed(p.seed, "monitor-bank"))]
+    bank = pool[
+        stratified_subset(
+            labels[pool], min(m.bank_size, len(pool)), derive_seed(p.seed, "monitor-bank")
+        )
+    ]
     if m.queries == "holdout":
         held = ctx.server_indices()
-        q_idx = held[stratified_subset(labels[held], min(m.query_size, len(held)),
-                                       derive_seed(p.seed, "monitor-queries"))]
+        q_idx = held[
+            stratified_subset(
+                labels[held], min(m.query_size, len(held)), derive_seed(p.seed, "monitor-queries")
+            )
+        ]
         q_images, q_labels = images[torch.from_numpy(q_idx).to(images.device)], labels[q_idx]
     else:
         test_images, test_labels = ctx.split("test")
-        q_idx = stratified_subset(test_labels, min(m.query_size, len(test_labels)),
-                                  derive_seed(p.seed, "monitor-queries"))
+        q_idx = stratified_subset(
+            test_labels, min(m.query_size, len(test_labels)), derive_seed(p.seed, "monitor-queries")
+        )
         q_images = to_device(test_images[q_idx], images.device)
         q_labels = test_labels[q_idx]
-    return KnnMonitor(images[torch.from_numpy(bank).to(images.device)], labels[bank],
-                      q_images, q_labels, m.k, m.temperature, m.every)
+    return KnnMonitor(
+        images[torch.from_numpy(bank).to(images.device)],
+        labels[bank],
+        q_images,
+        q_labels,
+        m.k,
+        m.temperature,
+        m.every,
+    )
 
 
 # ============================================================================ pretrain
@@ -81,22 +125,37 @@ def pretrain(ctx) -> None:
     nets = build_nets(p, ctx.image_shape, ctx.device)
     monitor = monitor_of(ctx, p, data.images, labels)
     fed = make_federation(p, nets, data, ctx.resume_path, ctx.fingerprint, monitor)
-    print(f"{p.variant}: cut {p.cut} (L{paper_layer(p)}), {len(data.clients)} clients, "
-          f"{'vectorised' if fed.trainer.parallel else 'one by one'}", flush=True)
+    print(
+        f"{p.variant}: cut {p.cut} (L{paper_layer(p)}), {len(data.clients)} clients, "
+        f"{'vectorised' if fed.trainer.parallel else 'one by one'}",
+        flush=True,
+    )
     state = run_federation(ctx, fed)
     final = fed.strategy.final_model(state)
-    torch_save({"client": final["client"], "server": final["server"],
-                "image_shape": tuple(ctx.image_shape), "cut": p.cut}, ctx.out / "model.pt")
+    torch_save(
+        {
+            "client": final["client"],
+            "server": final["server"],
+            "image_shape": tuple(ctx.image_shape),
+            "cut": p.cut,
+        },
+        ctx.out / "model.pt",
+    )
     steps = state.memo.get("steps", [])
     write_tsv(steps, ctx.results_dir / "steps.tsv", STEP_FIELDS)
     plot_misalignment(steps, ctx.results_dir / "misalignment.png", ctx.exp.title)
     summary = summarize(p, nets, ctx.image_shape, state, data.sizes())
     write_json(ctx.out / "communication_check.json", summary.pop("_check"))
     write_json(ctx.out / "metrics.json", summary)
-    ctx.info.update(parameters=nets.client_numel() + sum(
-        v.numel() for k, v in final["server"].items() if k.startswith("backbone.")),
-        client_parameters=nets.client_numel(), **{k: summary[k] for k in (
-            "comm_matches_formula", "mis_after_sync_mean", "mis_pre_sync_mean")})
+    ctx.info.update(
+        parameters=nets.client_numel()
+        + sum(v.numel() for k, v in final["server"].items() if k.startswith("backbone.")),
+        client_parameters=nets.client_numel(),
+        **{
+            k: summary[k]
+            for k in ("comm_matches_formula", "mis_after_sync_mean", "mis_pre_sync_mean")
+        },
+    )
 
 
 def summarize(p, nets: SplitNets, image_shape, state, sizes: list[int]) -> dict:
@@ -106,9 +165,16 @@ def summarize(p, nets: SplitNets, image_shape, state, sizes: list[int]) -> dict:
     syncs = [s for s in steps if s["sync"]]
     act = math.prod(nets.activation_shape(image_shape))
     n = len(sizes)
-    check = check_ledger(state.ledger.summary(), state.memo.get("images", [0] * n),
-                         state.memo.get("syncs", [0] * n), state.memo.get("catch_ups", [0] * n),
-                         act, nets.client_numel(), p.moco.symmetric, p.variant == "monacosfl")
+    check = check_ledger(
+        state.ledger.summary(),
+        state.memo.get("images", [0] * n),
+        state.memo.get("syncs", [0] * n),
+        state.memo.get("catch_ups", [0] * n),
+        act,
+        nets.client_numel(),
+        p.moco.symmetric,
+        p.variant == "monacosfl",
+    )
     clients = check["per_client"]
     knn = [r["knn_monitor"] for r in state.log if "knn_monitor" in r]
 
@@ -122,25 +188,35 @@ def summarize(p, nets: SplitNets, image_shape, state, sizes: list[int]) -> dict:
                 key = f"MB_{direction[:-8]}_{kind}"
                 kinds[key] = kinds.get(key, 0.0) + b / 1e6 / n
     return {
-        "variant": p.variant, "clients": n, "cut": p.cut, "cut_layer": paper_layer(p) or "",
-        "seed": p.seed, "steps": state.memo.get("step", 0), "syncs": len(syncs),
+        "variant": p.variant,
+        "clients": n,
+        "cut": p.cut,
+        "cut_layer": paper_layer(p) or "",
+        "seed": p.seed,
+        "steps": state.memo.get("step", 0),
+        "syncs": len(syncs),
         "knn_monitor_last": knn[-1] if knn else "",
         "mis_pre_sync_mean": mean([s["misalignment_pre_sync"] for s in syncs]),
         "mis_after_sync_mean": mean([s["misalignment"] for s in syncs]),
         "mis_final": steps[-1]["misalignment"] if steps else None,
         "loss_final": state.log[-1]["loss"] if state.log else None,
         "client_MB_total": round(float(np.mean([c["bytes_total"] for c in clients])) / 1e6, 4),
-        "client_MB_paper_formula": round(float(np.mean([c["paper_formula_bytes"]
-                                                        for c in clients])) / 1e6, 4),
+        "client_MB_paper_formula": round(
+            float(np.mean([c["paper_formula_bytes"] for c in clients])) / 1e6, 4
+        ),
         **{k: round(v, 4) for k, v in sorted(kinds.items())},
-        "act_numel": act, "client_params": nets.client_numel(),
-        "comm_matches_formula": check["exact"], "_check": check}
+        "act_numel": act,
+        "client_params": nets.client_numel(),
+        "comm_matches_formula": check["exact"],
+        "_check": check,
+    }
 
 
 def plot_misalignment(steps: list[dict], path: Path, title: str) -> None:
     """Eq. 2 misalignment per step (log scale), syncs marked."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
     fig = Figure(figsize=(6, 3.2))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -160,27 +236,30 @@ def plot_misalignment(steps: list[dict], path: Path, title: str) -> None:
 # ============================================================================ encoder
 def load_final(ctx, step_dir: Path | None = None):
     p = ctx.exp.method
-    ckpt = torch.load((step_dir or ctx.input("pretrain")) / "model.pt", map_location=ctx.device,
-                      weights_only=True)
+    ckpt = torch.load(
+        (step_dir or ctx.input("pretrain")) / "model.pt", map_location=ctx.device, weights_only=True
+    )
     return p, ckpt
 
 
 def encoder_skeleton(p, image_shape, projection: bool = False) -> SplitEncoder:
     """The untrained module :func:`encoder` returns (for :mod:`fedssl.export`)."""
     from fedssl.models.encoders import frozen
+
     nets = build_nets(p, image_shape, torch.device("cpu"))
-    return frozen(SplitEncoder(nets, nets.client.state_dict(), nets.top.state_dict(),
-                               projection))
+    return frozen(SplitEncoder(nets, nets.client.state_dict(), nets.top.state_dict(), projection))
 
 
 def encoder(ctx) -> SplitEncoder:
     """The frozen deployed model: the final synced client part + the server's backbone part
     (pooled features; ``features.layer: projection`` adds the projector)."""
     from fedssl.models.encoders import frozen
+
     p, ckpt = load_final(ctx)
     nets = build_nets(p, ckpt["image_shape"], ctx.device)
-    return frozen(SplitEncoder(nets, ckpt["client"], ckpt["server"],
-                               ctx.exp.features.layer == "projection"))
+    return frozen(
+        SplitEncoder(nets, ckpt["client"], ckpt["server"], ctx.exp.features.layer == "projection")
+    )
 
 
 # ============================================================================ inversion
@@ -188,8 +267,14 @@ def inversion(ctx) -> None:
     """§5.3: the attacker holds ``aux_fraction`` of the clients' training images, runs them
     through the final client model, trains a decoder from activations to images (MSE, Adam),
     and is scored on test images by MSE (higher = more private) and SSIM."""
-    from fedssl.attacks.inversion import (InversionDecoder, invert, reconstruction_mse, ssim,
-                                          train_decoder)
+    from fedssl.attacks.inversion import (
+        InversionDecoder,
+        invert,
+        reconstruction_mse,
+        ssim,
+        train_decoder,
+    )
+
     p, ckpt = load_final(ctx)
     inv = p.inversion
     nets = build_nets(p, ckpt["image_shape"], ctx.device)
@@ -197,11 +282,17 @@ def inversion(ctx) -> None:
     nets.client.eval()
     train_images, train_labels = ctx.split("train")
     pool = np.sort(np.concatenate(ctx.clients()))
-    aux = pool[stratified_subset(train_labels[pool], max(1, round(inv.aux_fraction * len(pool))),
-                                 derive_seed(p.seed, "inversion-aux"))]
+    aux = pool[
+        stratified_subset(
+            train_labels[pool],
+            max(1, round(inv.aux_fraction * len(pool))),
+            derive_seed(p.seed, "inversion-aux"),
+        )
+    ]
     test_images, test_labels = ctx.split("test")
-    ev = stratified_subset(test_labels, min(inv.eval_images, len(test_labels)),
-                           derive_seed(p.seed, "inversion-eval"))
+    ev = stratified_subset(
+        test_labels, min(inv.eval_images, len(test_labels)), derive_seed(p.seed, "inversion-eval")
+    )
 
     @torch.no_grad()
     def encode(images: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,32 +303,46 @@ def inversion(ctx) -> None:
     c, hh, _ = h_aux.shape[1:]
     torch.manual_seed(derive_seed(p.seed, "inversion-decoder"))
     decoder = InversionDecoder(c, x_aux.shape[1], hh, x_aux.shape[-1], inv.width).to(ctx.device)
-    history = train_decoder(decoder, h_aux, x_aux, inv.epochs, inv.batch_size, inv.lr,
-                            derive_seed(p.seed, "inversion-train"))
+    history = train_decoder(
+        decoder,
+        h_aux,
+        x_aux,
+        inv.epochs,
+        inv.batch_size,
+        inv.lr,
+        derive_seed(p.seed, "inversion-train"),
+    )
     h_ev, x_ev = encode(test_images[ev])
     recon = invert(decoder, h_ev)
     mse = reconstruction_mse(recon, x_ev)
     score = ssim(recon, x_ev)
     # a reference: the decoder-free guess of the mean auxiliary image
     mean_mse = reconstruction_mse(x_aux.mean(0, keepdim=True).expand_as(x_ev), x_ev)
-    metrics = {"inversion_mse": round(float(mse.mean()), 5),
-               "inversion_ssim": round(float(score.mean()), 4),
-               "inversion_mse_mean_image": round(float(mean_mse.mean()), 5),
-               "inversion_aux_images": int(len(aux)),
-               "inversion_train_mse_last": round(history[-1], 5)}
+    metrics = {
+        "inversion_mse": round(float(mse.mean()), 5),
+        "inversion_ssim": round(float(score.mean()), 4),
+        "inversion_mse_mean_image": round(float(mean_mse.mean()), 5),
+        "inversion_aux_images": int(len(aux)),
+        "inversion_train_mse_last": round(history[-1], 5),
+    }
     write_json(ctx.out / "metrics.json", metrics)
-    plot_reconstructions(x_ev[:inv.show].cpu(), recon[:inv.show].cpu(),
-                         ctx.results_dir / "inversion.png",
-                         f"{ctx.exp.title}: MSE {metrics['inversion_mse']:.4f}, "
-                         f"SSIM {metrics['inversion_ssim']:.3f}")
+    plot_reconstructions(
+        x_ev[: inv.show].cpu(),
+        recon[: inv.show].cpu(),
+        ctx.results_dir / "inversion.png",
+        f"{ctx.exp.title}: MSE {metrics['inversion_mse']:.4f}, "
+        f"SSIM {metrics['inversion_ssim']:.3f}",
+    )
     ctx.info.update(metrics, activation_shape=[c, hh, hh])
 
 
-def plot_reconstructions(originals: torch.Tensor, recon: torch.Tensor, path: Path,
-                         title: str) -> None:
+def plot_reconstructions(
+    originals: torch.Tensor, recon: torch.Tensor, path: Path, title: str
+) -> None:
     """Two rows: test images, and the attacker's reconstructions from their activations."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
     n = originals.shape[0]
     fig = Figure(figsize=(1.1 * n, 2.6))
     FigureCanvasAgg(fig)

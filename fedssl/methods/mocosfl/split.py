@@ -20,6 +20,7 @@ saw; ``state.memo``: the global step and the per-step log (loss, Eq. 2 misalignm
 after syncs). Every random draw comes from (seed, round): client batches, augmentations; the
 queue starts from a seeded generator.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,8 +30,14 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from fedssl.fl.cohort import StackedOptimizer, OptimizerConfig, client_batches, gather, scatter, \
-    stack
+from fedssl.fl.cohort import (
+    OptimizerConfig,
+    StackedOptimizer,
+    client_batches,
+    gather,
+    scatter,
+    stack,
+)
 from fedssl.fl.engine import FedState, RoundUpdates, Strategy, fedavg
 from fedssl.fl.momentum import FeatureQueue, ema_update, misalignment
 from fedssl.losses import moco_queue_loss
@@ -62,15 +69,24 @@ class ServerTop(nn.Module):
 def build_backbone(b, in_channels: int) -> SplittableNet:
     """The GN + WS network of params ``b`` (:class:`SflBackbone`)."""
     if b.arch == "resnet18":
-        return split_resnet18(b.width or 64, in_channels=in_channels,
-                              channels_per_group=b.channels_per_group, stem=b.stem)
-    return SplitMobileNetV2(b.width_mult or 1.0, in_channels=in_channels,
-                            channels_per_group=b.channels_per_group, stem=b.stem)
+        return split_resnet18(
+            b.width or 64,
+            in_channels=in_channels,
+            channels_per_group=b.channels_per_group,
+            stem=b.stem,
+        )
+    return SplitMobileNetV2(
+        b.width_mult or 1.0,
+        in_channels=in_channels,
+        channels_per_group=b.channels_per_group,
+        stem=b.stem,
+    )
 
 
 @dataclass
 class SplitNets:
     """Template modules for functional calls, and the seeded initial weights."""
+
     net: SplittableNet
     client: nn.Sequential
     top: ServerTop
@@ -89,14 +105,16 @@ class SplitNets:
         return sum(p.numel() for p in self.client.parameters())
 
     @torch.no_grad()
-    def features(self, client: Tensors, server: Tensors, x: torch.Tensor,
-                 projection: bool = False) -> torch.Tensor:
+    def features(
+        self, client: Tensors, server: Tensors, x: torch.Tensor, projection: bool = False
+    ) -> torch.Tensor:
         """Pooled backbone features (or projections) of float images ``x``."""
         h = functional_call(self.client, client, (x,))
         if projection:
             return functional_call(self.top, server, (h,))
-        backbone = {k[len("backbone."):]: v for k, v in server.items()
-                    if k.startswith("backbone.")}
+        backbone = {
+            k[len("backbone.") :]: v for k, v in server.items() if k.startswith("backbone.")
+        }
         return functional_call(self.top.backbone, backbone, (h,))
 
 
@@ -116,8 +134,7 @@ def build_nets(p, image_shape, device) -> SplitNets:
 class SplitEncoder(nn.Module):
     """The deployed model for the probes: client part + server backbone (+ projector)."""
 
-    def __init__(self, nets: SplitNets, client: Tensors, server: Tensors,
-                 projection: bool = False):
+    def __init__(self, nets: SplitNets, client: Tensors, server: Tensors, projection: bool = False):
         super().__init__()
         nets.client.load_state_dict(client)
         nets.top.load_state_dict(server)
@@ -148,24 +165,30 @@ class SflSync(Strategy):
     """Client starts, synchronisation and the k-NN monitor of MocoSFL (``align=False``) and
     MonAcoSFL (``align=True``: the clients' momentum models are averaged too)."""
 
-    def __init__(self, cfg, nets: SplitNets, align: bool, queue_size: int, seed: int,
-                 monitor=None):
+    def __init__(self, cfg, nets: SplitNets, align: bool, queue_size: int, seed: int, monitor=None):
         super().__init__(cfg)
         self.nets, self.align, self.queue_size, self.seed = nets, align, queue_size, seed
         self.monitor = monitor
 
     def init_server(self, model=None) -> dict:
         client, top = self.nets.client_state(), self.nets.top_state()
-        queue = FeatureQueue(self.queue_size, self.nets.top.projector.out_dim,
-                             derive_seed(self.seed, "queue"), next(iter(top.values())).device)
+        queue = FeatureQueue(
+            self.queue_size,
+            self.nets.top.projector.out_dim,
+            derive_seed(self.seed, "queue"),
+            next(iter(top.values())).device,
+        )
         sync = {**prefixed(client, "online"), "count": torch.zeros((), dtype=torch.int64)}
         if self.align:
             sync.update(prefixed(client, "momentum"))
-        return {"client_init": client, "server": top,
-                "server_momentum": {k: v.clone() for k, v in top.items()},
-                "server_opt": {k: torch.zeros_like(v) for k, v in top.items()},
-                "queue": {"keys": queue.keys, "ptr": torch.zeros((), dtype=torch.int64)},
-                "sync": sync}
+        return {
+            "client_init": client,
+            "server": top,
+            "server_momentum": {k: v.clone() for k, v in top.items()},
+            "server_opt": {k: torch.zeros_like(v) for k, v in top.items()},
+            "queue": {"keys": queue.keys, "ptr": torch.zeros((), dtype=torch.int64)},
+            "sync": sync,
+        }
 
     def client_start(self, state: FedState, client: int) -> dict[str, Tensors]:
         """Client ``client``'s online, momentum and SGD state at the start of its round. A sync
@@ -192,15 +215,25 @@ class SflSync(Strategy):
                 state.ledger.received(client, momentum, SYNC_MOMENTUM)
         return {"online": online, "momentum": momentum, "opt": opt}
 
-    def keep(self, state: FedState, client: int, online: Tensors, momentum: Tensors,
-             opt: Tensors) -> None:
-        state.clients[client] = {**prefixed(online, "online"), **prefixed(momentum, "momentum"),
-                                 **prefixed(opt, "opt"),
-                                 "sync_id": state.server["sync"]["count"].clone()}
+    def keep(
+        self, state: FedState, client: int, online: Tensors, momentum: Tensors, opt: Tensors
+    ) -> None:
+        state.clients[client] = {
+            **prefixed(online, "online"),
+            **prefixed(momentum, "momentum"),
+            **prefixed(opt, "opt"),
+            "sync_id": state.server["sync"]["count"].clone(),
+        }
 
     @torch.no_grad()
-    def sync(self, state: FedState, clients: list[int], online: Tensors, momentum: Tensors,
-             weights: torch.Tensor) -> None:
+    def sync(
+        self,
+        state: FedState,
+        clients: list[int],
+        online: Tensors,
+        momentum: Tensors,
+        weights: torch.Tensor,
+    ) -> None:
         """Data-size-weighted FedAvg of the participating clients' (client-stacked) online
         models, written back into every row; MonAcoSFL does the same with the momentum models.
         Each participant uploads its model(s) and downloads the average(s)."""
@@ -233,14 +266,16 @@ class SflSync(Strategy):
         if steps:
             out["misalignment"] = steps[-1]["misalignment"]
         if self.monitor is not None and self.monitor.due(round_, self.cfg.rounds):
-            out["knn_monitor"] = self.monitor(self.nets, unprefixed(state.server["sync"],
-                                                                    "online"),
-                                              state.server["server"])
+            out["knn_monitor"] = self.monitor(
+                self.nets, unprefixed(state.server["sync"], "online"), state.server["server"]
+            )
         return out
 
     def final_model(self, state: FedState) -> dict:
-        return {"client": unprefixed(state.server["sync"], "online"),
-                "server": state.server["server"]}
+        return {
+            "client": unprefixed(state.server["sync"], "online"),
+            "server": state.server["server"],
+        }
 
 
 # ============================================================================ k-NN monitor
@@ -248,9 +283,17 @@ class KnnMonitor:
     """Weighted k-NN accuracy of the current model (latest synced client part + server
     backbone) on fixed query images, against a fixed labelled bank; logged, never selected on."""
 
-    def __init__(self, bank: torch.Tensor, bank_labels: np.ndarray, queries: torch.Tensor,
-                 query_labels: np.ndarray, k: int, temperature: float, every: int,
-                 batch_size: int = 512):
+    def __init__(
+        self,
+        bank: torch.Tensor,
+        bank_labels: np.ndarray,
+        queries: torch.Tensor,
+        query_labels: np.ndarray,
+        k: int,
+        temperature: float,
+        every: int,
+        batch_size: int = 512,
+    ):
         self.bank, self.bank_labels = bank, np.asarray(bank_labels)
         self.queries, self.query_labels = queries, np.asarray(query_labels)
         self.k, self.temperature, self.every, self.batch_size = k, temperature, every, batch_size
@@ -260,18 +303,27 @@ class KnnMonitor:
 
     def _features(self, nets, client, server, images) -> np.ndarray:
         from fedssl.data.augment import to_float
-        out = [nets.features(client, server, to_float(images[i:i + self.batch_size]))
-               for i in range(0, len(images), self.batch_size)]
+
+        out = [
+            nets.features(client, server, to_float(images[i : i + self.batch_size]))
+            for i in range(0, len(images), self.batch_size)
+        ]
         return torch.cat(out).float().cpu().numpy()
 
     def __call__(self, nets: SplitNets, client: Tensors, server: Tensors) -> float:
         from fedssl.eval.probes import knn_accuracy
         from fedssl.params import KnnParams
+
         bank = self._features(nets, client, server, self.bank)
         queries = self._features(nets, client, server, self.queries)
-        acc = knn_accuracy(bank, self.bank_labels, queries, self.query_labels,
-                           KnnParams(k=self.k, temperature=self.temperature),
-                           self.bank.device)
+        acc = knn_accuracy(
+            bank,
+            self.bank_labels,
+            queries,
+            self.query_labels,
+            KnnParams(k=self.k, temperature=self.temperature),
+            self.bank.device,
+        )
         return round(acc["knn_top1"], 2)
 
 
@@ -295,12 +347,13 @@ def padded_batch(batches: list[np.ndarray], width: int) -> tuple[np.ndarray, np.
     idx = np.zeros((len(batches), width), dtype=np.int64)
     valid = np.zeros((len(batches), width), dtype=bool)
     for r, b in enumerate(batches):
-        idx[r, :len(b)], idx[r, len(b):], valid[r, :len(b)] = b, b[0], True
+        idx[r, : len(b)], idx[r, len(b) :], valid[r, : len(b)] = b, b[0], True
     return idx, valid
 
 
 class SplitMocoTrainer:
     """One round of split federated MoCo (see the module docstring); the engine's trainer."""
+
     local_epochs = 1
 
     def __init__(self, nets: SplitNets, cfg: SflConfig, make_views, parallel: bool = True):
@@ -321,31 +374,42 @@ class SplitMocoTrainer:
         activations [a, R, c, h, w]: one vmapped call, or one client after another."""
         if self.parallel and x.shape[0] > 1:
             return self._vclient(params, x)
-        return torch.stack([self._client_one({k: v[i] for k, v in params.items()}, x[i])
-                            for i in range(x.shape[0])])
+        return torch.stack(
+            [
+                self._client_one({k: v[i] for k, v in params.items()}, x[i])
+                for i in range(x.shape[0])
+            ]
+        )
 
     # ------------------------------------------------------------------ a round
-    def train_round(self, fed, state: FedState, chosen: list[int], round_: int,
-                    lr: float) -> RoundUpdates:
+    def train_round(
+        self, fed, state: FedState, chosen: list[int], round_: int, lr: float
+    ) -> RoundUpdates:
         cfg, strategy, data = self.cfg, fed.strategy, fed.data
         device = data.device
         starts = [strategy.client_start(state, c) for c in chosen]
         online = stack([s["online"] for s in starts])
         momentum = stack([s["momentum"] for s in starts])
-        opt = {"step": torch.zeros(len(chosen), device=device),
-               "m": stack([s["opt"] for s in starts])}
+        opt = {
+            "step": torch.zeros(len(chosen), device=device),
+            "m": stack([s["opt"] for s in starts]),
+        }
         server = {k: v.unsqueeze(0).clone() for k, v in state.server["server"].items()}
         server_m = {k: v.clone() for k, v in state.server["server_momentum"].items()}
-        server_opt = {"step": torch.zeros(1, device=device),
-                      "m": {k: v.unsqueeze(0).clone()
-                            for k, v in state.server["server_opt"].items()}}
+        server_opt = {
+            "step": torch.zeros(1, device=device),
+            "m": {k: v.unsqueeze(0).clone() for k, v in state.server["server_opt"].items()},
+        }
         keys = state.server["queue"]["keys"]
         queue = FeatureQueue(keys.shape[0], keys.shape[1], 0, device)
         queue.load_state_dict({"keys": keys, "ptr": int(state.server["queue"]["ptr"])})
-        sizes = torch.tensor([len(data.clients[c]) for c in chosen], dtype=torch.float64,
-                             device=device)
-        schedules = [client_batches(data.clients[c], cfg.batch_size, 1, cfg.seed, "sfl",
-                                    round_, c) for c in chosen]
+        sizes = torch.tensor(
+            [len(data.clients[c]) for c in chosen], dtype=torch.float64, device=device
+        )
+        schedules = [
+            client_batches(data.clients[c], cfg.batch_size, 1, cfg.seed, "sfl", round_, c)
+            for c in chosen
+        ]
         gen = torch_generator(device, cfg.seed, "sfl-augment", round_)
         n_steps = max(len(s) for s in schedules)
         loss_sum = torch.zeros(len(chosen), dtype=torch.float64)
@@ -356,8 +420,23 @@ class SplitMocoTrainer:
             rows = [i for i, s in enumerate(schedules) if t < len(s)]
             idx, valid = padded_batch([schedules[i][t] for i in rows], cfg.batch_size)
             clients = [chosen[i] for i in rows]
-            loss = self.step(state, clients, rows, idx, valid, data, online, momentum, opt,
-                             server, server_m, server_opt, queue, gen, lr)
+            loss = self.step(
+                state,
+                clients,
+                rows,
+                idx,
+                valid,
+                data,
+                online,
+                momentum,
+                opt,
+                server,
+                server_m,
+                server_opt,
+                queue,
+                gen,
+                lr,
+            )
             images += int(valid.sum())
             counters = state.memo.setdefault("images", [0] * len(data.clients))
             for i, b in zip(rows, valid.sum(1).tolist()):
@@ -371,35 +450,58 @@ class SplitMocoTrainer:
             state.memo["steps_since_sync"] = 0 if due else since
             entry = None
             if due or step % cfg.log_every == 0:
-                entry = {"step": step, "round": round_ + 1, "loss": round(loss, 5),
-                         "sync": int(due), "misalignment_pre_sync": ""}
+                entry = {
+                    "step": step,
+                    "round": round_ + 1,
+                    "loss": round(loss, 5),
+                    "sync": int(due),
+                    "misalignment_pre_sync": "",
+                }
                 if due:
                     entry["misalignment_pre_sync"] = float(misalignment([online], [momentum]))
             if due:
                 strategy.sync(state, chosen, online, momentum, sizes)
             if entry is not None:
                 entry["misalignment"] = float(misalignment([online], [momentum]))
-                entry["misalignment_sq"] = float(misalignment([online], [momentum],
-                                                              squared=True))
+                entry["misalignment_sq"] = float(misalignment([online], [momentum], squared=True))
                 log.append(entry)
         for i, c in enumerate(chosen):
-            strategy.keep(state, c, {k: v[i].clone() for k, v in online.items()},
-                          {k: v[i].clone() for k, v in momentum.items()},
-                          {k: v[i].clone() for k, v in opt["m"].items()})
+            strategy.keep(
+                state,
+                c,
+                {k: v[i].clone() for k, v in online.items()},
+                {k: v[i].clone() for k, v in momentum.items()},
+                {k: v[i].clone() for k, v in opt["m"].items()},
+            )
         state.server["server"] = {k: v[0].clone() for k, v in server.items()}
         state.server["server_momentum"] = server_m
         state.server["server_opt"] = {k: v[0].clone() for k, v in server_opt["m"].items()}
-        state.server["queue"] = {"keys": queue.keys.clone(),
-                                 "ptr": torch.tensor(queue.ptr, dtype=torch.int64)}
+        state.server["queue"] = {
+            "keys": queue.keys.clone(),
+            "ptr": torch.tensor(queue.ptr, dtype=torch.int64),
+        }
         losses = (loss_sum / steps_taken.clamp(min=1)).float()
-        return RoundUpdates(chosen, [{} for _ in chosen], sizes, [0] * len(chosen), losses,
-                            images)
+        return RoundUpdates(chosen, [{} for _ in chosen], sizes, [0] * len(chosen), losses, images)
 
     # ------------------------------------------------------------------ a step
-    def step(self, state, clients: list[int], rows: list[int], idx: np.ndarray,
-             valid: np.ndarray, data, online: Tensors, momentum: Tensors, opt: dict,
-             server: Tensors, server_m: Tensors, server_opt: dict, queue: FeatureQueue,
-             gen: torch.Generator, lr: float) -> float:
+    def step(
+        self,
+        state,
+        clients: list[int],
+        rows: list[int],
+        idx: np.ndarray,
+        valid: np.ndarray,
+        data,
+        online: Tensors,
+        momentum: Tensors,
+        opt: dict,
+        server: Tensors,
+        server_m: Tensors,
+        server_opt: dict,
+        queue: FeatureQueue,
+        gen: torch.Generator,
+        lr: float,
+    ) -> float:
         """One split-learning step of the clients ``rows`` (rows of the stacked states):
         uploads, the server's MoCo step, the gradients down, the clients' SGD. Returns the
         server's loss."""
@@ -427,8 +529,8 @@ class SplitMocoTrainer:
         with torch.no_grad():
             h_k = self.client_forward(mom, xk)
         for j, c in enumerate(clients):  # what each client uploads (its real rows)
-            ledger.sent(c, {"h": h_q[j, :counts[j]]}, ACT_QUERY)
-            ledger.sent(c, {"h": h_k[j, :counts[j]]}, ACT_KEY)
+            ledger.sent(c, {"h": h_q[j, : counts[j]]}, ACT_QUERY)
+            ledger.sent(c, {"h": h_k[j, : counts[j]]}, ACT_KEY)
 
         # server: MoCo v2 on the concatenated uploads
         rows_valid = valid_t.flatten()
@@ -442,12 +544,13 @@ class SplitMocoTrainer:
                 k = functional_call(self.nets.top, server_m, (hk,)).float()
         loss = moco_queue_loss(q, k, queue.keys, cfg.temperature, rows_valid)
         grads = torch.autograd.grad(loss, [*sp.values(), hq])
-        self.optimizer.step(server, {n: g.unsqueeze(0) for n, g in zip(sp, grads[:-1])},
-                            server_opt, lr)
+        self.optimizer.step(
+            server, {n: g.unsqueeze(0) for n, g in zip(sp, grads[:-1])}, server_opt, lr
+        )
         queue.push(k, rows_valid)
         g_act = grads[-1].view_as(h_q)
         for j, c in enumerate(clients):
-            ledger.received(c, {"g": g_act[j, :counts[j]]}, GRADIENTS)
+            ledger.received(c, {"g": g_act[j, : counts[j]]}, GRADIENTS)
 
         # clients: backward of the returned activation gradients, SGD
         client_grads = torch.autograd.grad(h_q, list(params.values()), g_act)

@@ -19,37 +19,65 @@ Evaluation is personalised (the shared ``personal`` stage): each round every par
 
 The leakage study of §5.10 is the method ``gradient_leakage`` (its own package).
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, \
-    model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 from fedssl.methods.base import Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import (PARALLEL_CLIENTS_HELP, FederationSettings, Fraction, NoiseParams,
-                           ParallelClients, Strict)
+from fedssl.params import (
+    PARALLEL_CLIENTS_HELP,
+    FederationSettings,
+    Fraction,
+    NoiseParams,
+    ParallelClients,
+    Strict,
+)
 
-Variant = Literal["mpfedcon", "fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "fedprox",
-                  "solo"]
+Variant = Literal[
+    "mpfedcon", "fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "fedprox", "solo"
+]
 Layer = Literal["base", "projector", "output"]
 ALL_LAYERS: tuple[str, ...] = ("base", "projector", "output")
 # The split of each variant (spec A8: FedPer / FedRep keep P+O local like MpFedcon).
 DEFAULT_SHARED: dict[str, tuple[str, ...]] = {
-    "mpfedcon": ("base",), "fedrep": ("base",), "fedper": ("base",),
-    "lg_fedavg": ("projector", "output"), "fedavg": ALL_LAYERS, "fedavg_ft": ALL_LAYERS,
-    "fedprox": ALL_LAYERS, "solo": ()}
+    "mpfedcon": ("base",),
+    "fedrep": ("base",),
+    "fedper": ("base",),
+    "lg_fedavg": ("projector", "output"),
+    "fedavg": ALL_LAYERS,
+    "fedavg_ft": ALL_LAYERS,
+    "fedprox": ALL_LAYERS,
+    "solo": (),
+}
 HEAD_FIRST = ("mpfedcon", "fedrep")  # local head epochs, then body epochs
-LABELS = {"mpfedcon": "MpFedcon", "fedrep": "FedRep", "fedper": "FedPer",
-          "lg_fedavg": "LG-FedAvg", "fedavg": "FedAvg", "fedavg_ft": "FedAvg+FT",
-          "fedprox": "FedProx", "solo": "SOLO"}
+LABELS = {
+    "mpfedcon": "MpFedcon",
+    "fedrep": "FedRep",
+    "fedper": "FedPer",
+    "lg_fedavg": "LG-FedAvg",
+    "fedavg": "FedAvg",
+    "fedavg_ft": "FedAvg+FT",
+    "fedprox": "FedProx",
+    "solo": "SOLO",
+}
 
 
 class NetParams(Strict):
     """F = O∘P∘D. D: ``cnn`` = FedRep's CNNCifar without its last layer (conv k5 blocks with
     ReLU and max-pool 2, then ReLU fc layers ``hidden``), ``mlp`` = ReLU fc layers ``hidden``
     (FEMNIST). P: Linear-ReLU-Linear (hidden, out) = ``projection`` (None: no P). O: Linear."""
+
     base: Literal["cnn", "mlp"]
     conv_channels: tuple[PositiveInt, ...] = (64, 64)
     kernel_size: PositiveInt = 5
@@ -59,20 +87,26 @@ class NetParams(Strict):
 
 class MpFedconParams(MethodParams, FederationSettings):
     """One personalised-FL run: the variant, its network and split, and Alg. 1's settings."""
+
     name: Literal["mpfedcon"] = "mpfedcon"
     variant: Variant
     net: NetParams
     shared: tuple[Layer, ...] | None = Field(
-        None, description="layers averaged by the server (the rest stay on the party); None = "
+        None,
+        description="layers averaged by the server (the rest stay on the party); None = "
         "the variant's split (mpfedcon/fedrep/fedper: base; lg_fedavg: projector + output; "
-        "fedavg/fedavg_ft/fedprox: all; solo: none)")
+        "fedavg/fedavg_ft/fedprox: all; solo: none)",
+    )
     rounds: PositiveInt = Field(description="T")
     client_fraction: Fraction = Field(0.1, description="r: parties sampled per round")
     head_epochs: NonNegativeInt = Field(
-        10, description="tau_h: epochs on the local head first (mpfedcon, fedrep)")
+        10, description="tau_h: epochs on the local head first (mpfedcon, fedrep)"
+    )
     body_epochs: PositiveInt = Field(
-        1, description="tau_0: epochs on the shared base (mpfedcon, fedrep), or of the whole "
-        "network trained together (the other variants)")
+        1,
+        description="tau_0: epochs on the shared base (mpfedcon, fedrep), or of the whole "
+        "network trained together (the other variants)",
+    )
     batch_size: PositiveInt = 10
     lr: PositiveFloat = 0.01
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.5
@@ -80,18 +114,24 @@ class MpFedconParams(MethodParams, FederationSettings):
     mu: NonNegativeFloat = Field(10.0, description="mpfedcon: weight of l_con (Eq. 6)")
     temperature: PositiveFloat = Field(0.5, description="mpfedcon: tau of Eq. 5 (SUG)")
     neg_source: Literal["round_start", "prev_local"] = Field(
-        "round_start", description="mpfedcon, A2: z_con from the round-start model, or from "
-        "the party's model after its previous local training")
+        "round_start",
+        description="mpfedcon, A2: z_con from the round-start model, or from "
+        "the party's model after its previous local training",
+    )
     prox_mu: NonNegativeFloat = Field(0.1, description="fedprox: weight of the proximal term")
     finetune_epochs: PositiveInt = Field(10, description="fedavg_ft: local fine-tuning epochs")
     finetune_layers: Literal["head", "output"] = Field(
-        "head", description="fedavg_ft: what fine-tuning trains: P+O, or O only")
+        "head", description="fedavg_ft: what fine-tuning trains: P+O, or O only"
+    )
     augment: Literal["none", "crop_flip"] = Field(
-        "none", description="crop_flip = random crop with zero padding + horizontal flip")
+        "none", description="crop_flip = random crop with zero padding + horizontal flip"
+    )
     crop_padding: NonNegativeInt = 4
     upload_noise: NoiseParams | None = Field(
-        None, description="Tab. 4's defence: noise on every shared value a party uploads "
-        "(added to its update, i.e. to the trained weights)")
+        None,
+        description="Tab. 4's defence: noise on every shared value a party uploads "
+        "(added to its update, i.e. to the trained weights)",
+    )
     parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
 
     @model_validator(mode="after")
@@ -102,11 +142,15 @@ class MpFedconParams(MethodParams, FederationSettings):
             raise ValueError(f"shared: {list(self.shared)} names a layer twice")
         fixed = {"fedavg", "fedavg_ft", "fedprox", "solo"}
         if self.variant in fixed and set(self.shared) != set(DEFAULT_SHARED[self.variant]):
-            raise ValueError(f"shared: variant '{self.variant}' shares "
-                             f"{list(DEFAULT_SHARED[self.variant]) or 'nothing'} by definition")
+            raise ValueError(
+                f"shared: variant '{self.variant}' shares "
+                f"{list(DEFAULT_SHARED[self.variant]) or 'nothing'} by definition"
+            )
         if self.variant not in fixed and set(self.shared) in (set(), set(ALL_LAYERS)):
-            raise ValueError(f"shared: variant '{self.variant}' needs both shared and local "
-                             f"layers, got {list(self.shared)}")
+            raise ValueError(
+                f"shared: variant '{self.variant}' needs both shared and local "
+                f"layers, got {list(self.shared)}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -125,8 +169,14 @@ class MpFedcon(Method):
     name = "mpfedcon"
     label = "MpFedcon"
     params = MpFedconParams
-    steps = (Step("train", reads=("partition", "method"), plots=("rounds.tsv",),
-                  runner="fedssl.methods.mpfedcon.train:train"),)
+    steps = (
+        Step(
+            "train",
+            reads=("partition", "method"),
+            plots=("rounds.tsv",),
+            runner="fedssl.methods.mpfedcon.train:train",
+        ),
+    )
     evaluation_sections = ("personal",)
     personal_inputs = ("train",)
     report_tables = "fedssl.methods.mpfedcon.tables:paper_tables"
@@ -144,7 +194,8 @@ class MpFedcon(Method):
 
     def arch(self, params) -> str:
         n = params.net
-        base = (f"cnn{'-'.join(map(str, n.conv_channels))}" if n.base == "cnn" else "mlp") + \
-            f"-fc{'-'.join(map(str, n.hidden))}"
+        base = (
+            f"cnn{'-'.join(map(str, n.conv_channels))}" if n.base == "cnn" else "mlp"
+        ) + f"-fc{'-'.join(map(str, n.hidden))}"
         proj = f"P{n.projection[0]}-{n.projection[1]}" if n.projection else "noP"
         return f"{base}/{proj}/O"

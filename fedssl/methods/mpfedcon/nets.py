@@ -8,6 +8,7 @@ losses read them under ``vmap`` like any other weight. Parameter names of the ne
 ``net.base.*``, ``net.projector.*``, ``net.output.*``: the layers a method shares or keeps are
 chosen by these prefixes.
 """
+
 from __future__ import annotations
 
 import copy

@@ -5,6 +5,7 @@ Repeated runs of one cell (seeds) are shown as mean ± sample SD; each table's c
 and how many runs a cell averages. Table names are identifiers (the README's result
 blocks name them).
 """
+
 from __future__ import annotations
 
 import re
@@ -51,13 +52,15 @@ def _grid(rows: list[dict], value) -> tuple[list[str], list[str], dict]:
 def tab1(rows: list[dict], key: str) -> str:
     labels, columns, cells = _grid(rows, lambda r: to_float(r.get(key)))
     runs = {len(v) for v in cells.values()}
-    lines = [[label, *[_sd(cells.get((label, c), [])) for c in columns]]
-             for label in labels]
+    lines = [[label, *[_sd(cells.get((label, c), [])) for c in columns]] for label in labels]
     n = f"{runs.pop()} seeds" if len(runs) == 1 else "the seeds of each cell (their number varies)"
-    return markdown_table(["Method", *columns], lines,
-                          f"Layout of MpFedcon Tab. 1: personalised top-1 % (each party's model "
-                          f"on its own test split), mean over parties and the last "
-                          f"{key.removeprefix('personal_last')} rounds; {sd_note(SD, n)}")
+    return markdown_table(
+        ["Method", *columns],
+        lines,
+        f"Layout of MpFedcon Tab. 1: personalised top-1 % (each party's model "
+        f"on its own test split), mean over parties and the last "
+        f"{key.removeprefix('personal_last')} rounds; {sd_note(SD, n)}",
+    )
 
 
 def tab2(rows: list[dict], key: str) -> str:
@@ -75,13 +78,20 @@ def tab2(rows: list[dict], key: str) -> str:
     for label in labels:
         line = [label]
         for c, r_at in picks:
-            vals = [to_float(r.get(f"{key}_at_{r_at}")) for r in rows
-                    if r["row"] == label and r["column"] == c]
+            vals = [
+                to_float(r.get(f"{key}_at_{r_at}"))
+                for r in rows
+                if r["row"] == label and r["column"] == c
+            ]
             line.append(_sd([v for v in vals if v is not None]))
         lines.append(line)
-    return markdown_table(header, lines, "Layout of MpFedcon Tab. 2: accuracy after T rounds "
-                          f"(mean of rounds T-{key.removeprefix('personal_last')}+1..T of one "
-                          f"run), {sd_note(SD, 'seeds')}")
+    return markdown_table(
+        header,
+        lines,
+        "Layout of MpFedcon Tab. 2: accuracy after T rounds "
+        f"(mean of rounds T-{key.removeprefix('personal_last')}+1..T of one "
+        f"run), {sd_note(SD, 'seeds')}",
+    )
 
 
 def tab3(rows: list[dict]) -> str | None:
@@ -94,8 +104,13 @@ def tab3(rows: list[dict]) -> str | None:
     columns = list(dict.fromkeys(r["column"] for r in rows))
     header = ["Method"]
     for c in columns:
-        header += [f"{c}: rounds", "speedup", "MB/transfer", "traffic (MB, Eq. 10)",
-                   "measured MB/client (up+down)"]
+        header += [
+            f"{c}: rounds",
+            "speedup",
+            "MB/transfer",
+            "traffic (MB, Eq. 10)",
+            "measured MB/client (up+down)",
+        ]
     lines = []
     for label in labels:
         line = [label]
@@ -105,23 +120,36 @@ def tab3(rows: list[dict]) -> str | None:
             reached = [to_float(r["rounds_to_target"]) for r in mine]
             hit = [v for v in reached if v is not None]
             mb = [to_float(r.get("round_MB_up")) or 0.0 for r in mine]
-            total = [(to_float(r.get("client_MB_up")) or 0)
-                     + (to_float(r.get("client_MB_down")) or 0) for r in mine]
+            total = [
+                (to_float(r.get("client_MB_up")) or 0) + (to_float(r.get("client_MB_down")) or 0)
+                for r in mine
+            ]
             base = [v for v in (to_float(r["rounds_to_target"]) for r in fedavg) if v is not None]
-            rounds = _sd(hit, ".1f") + ("" if len(hit) == len(reached) else
-                                     f" ({len(hit)}/{len(reached)} reached)")
-            speed = number(statistics.mean(base) / statistics.mean(hit), ".2f") \
-                if hit and base else ""
+            rounds = _sd(hit, ".1f") + (
+                "" if len(hit) == len(reached) else f" ({len(hit)}/{len(reached)} reached)"
+            )
+            speed = (
+                number(statistics.mean(base) / statistics.mean(hit), ".2f") if hit and base else ""
+            )
             per = statistics.mean(mb) if mb else 0.0
             traffic = number(statistics.mean(hit) * per) if hit else ""
-            line += [rounds or "not reached", speed, number(per), traffic,
-                     number(statistics.mean(total)) if total else ""]
+            line += [
+                rounds or "not reached",
+                speed,
+                number(per),
+                traffic,
+                number(statistics.mean(total)) if total else "",
+            ]
         lines.append(line)
-    return markdown_table(header, lines, "Layout of MpFedcon Tab. 3: rounds until the mean "
-                          "personalised accuracy first reaches the target (`personal.target`, "
-                          f"{sd_note(SD, 'the seeds that reach it')}), speedup = FedAvg's "
-                          "rounds / the method's, MB one party uploads per round it takes part "
-                          "in (measured), Eq. 10 traffic = rounds × that")
+    return markdown_table(
+        header,
+        lines,
+        "Layout of MpFedcon Tab. 3: rounds until the mean "
+        "personalised accuracy first reaches the target (`personal.target`, "
+        f"{sd_note(SD, 'the seeds that reach it')}), speedup = FedAvg's "
+        "rounds / the method's, MB one party uploads per round it takes part "
+        "in (measured), Eq. 10 traffic = rounds × that",
+    )
 
 
 def tab4(rows: list[dict], key: str) -> str | None:
@@ -130,18 +158,23 @@ def tab4(rows: list[dict], key: str) -> str | None:
     if not noisy:
         return None
     bases = {r["row"].split(" + ")[0] for r in noisy}
-    keep = [r for r in rows if r["row"] in bases or NOISY.search(r["row"])
-            or r["row"].startswith("MpFedcon")]
+    keep = [
+        r
+        for r in rows
+        if r["row"] in bases or NOISY.search(r["row"]) or r["row"].startswith("MpFedcon")
+    ]
     keep = [r for r in keep if r["column"] in {n["column"] for n in noisy}]
     labels, columns, cells = _grid(keep, lambda r: to_float(r.get(key)))
-    lines = [[label, *[_sd(cells.get((label, c), [])) for c in columns]]
-             for label in labels]
-    return markdown_table(["Method", *columns], lines,
-                          "Layout of MpFedcon Tab. 4 (accuracy side): Gaussian (G) / Laplace "
-                          "(L) noise of the given variance on every uploaded value, against no "
-                          "noise and MpFedcon's hidden head, same accuracy as Tab. 1, "
-                          f"{sd_note(SD, 'seeds')}; whether each defence stops the attacks is "
-                          "in the leakage table")
+    lines = [[label, *[_sd(cells.get((label, c), [])) for c in columns]] for label in labels]
+    return markdown_table(
+        ["Method", *columns],
+        lines,
+        "Layout of MpFedcon Tab. 4 (accuracy side): Gaussian (G) / Laplace "
+        "(L) noise of the given variance on every uploaded value, against no "
+        "noise and MpFedcon's hidden head, same accuracy as Tab. 1, "
+        f"{sd_note(SD, 'seeds')}; whether each defence stops the attacks is "
+        "in the leakage table",
+    )
 
 
 def paper_tables(rows: list[dict]) -> dict[str, str]:

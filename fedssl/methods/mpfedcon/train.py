@@ -8,6 +8,7 @@ counts) and keeps the rest. Every round the strategy's ``evaluate`` hook scores 
 own model on its own test split (:mod:`fedssl.eval.personal`). Per-party state lives in
 ``FedState.clients``, so the engine's checkpoint resumes a run exactly.
 """
+
 from __future__ import annotations
 
 import sys
@@ -23,8 +24,19 @@ from fedssl.data.augment import pad_crop_flip, to_float
 from fedssl.data.store import to_device
 from fedssl.eval.personal import PersonalLog, client_outputs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import (Federation, FederationConfig, FedState, LocalTraining, Phase,
-                              RoundUpdates, Strategy, federation_config, fedavg, nbytes, stacked)
+from fedssl.fl.engine import (
+    Federation,
+    FederationConfig,
+    FedState,
+    LocalTraining,
+    Phase,
+    RoundUpdates,
+    Strategy,
+    fedavg,
+    federation_config,
+    nbytes,
+    stacked,
+)
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import masked_cross_entropy, model_contrastive_loss
 from fedssl.methods.mpfedcon import HEAD_FIRST
@@ -49,21 +61,27 @@ def _forward(model, params, buffers, batch, *args):
 
 def ce_loss():
     """Cross-entropy of the party's network (the head phase, and most baselines)."""
+
     def loss(model, params, buffers, batch):
         logits, _, _ = _forward(model, params, buffers, batch)
         return _masked_ce(logits, batch)
+
     return loss
 
 
 def prox_loss(model: Anchored, mu: float):
     """FedProx: CE + (mu / 2) ||w - w_g||^2, w_g = the round-start model (the anchor)."""
-    pairs = [(k, "anchor." + k[len("net."):]) for k, _ in model.named_parameters()
-             if k.startswith("net.")]
+    pairs = [
+        (k, "anchor." + k[len("net.") :])
+        for k, _ in model.named_parameters()
+        if k.startswith("net.")
+    ]
 
     def loss(model, params, buffers, batch):
         logits, _, _ = _forward(model, params, buffers, batch)
         prox = sum(((params[k] - params[a].detach()) ** 2).sum() for k, a in pairs)
         return _masked_ce(logits, batch) + 0.5 * mu * prox
+
     return loss
 
 
@@ -71,13 +89,16 @@ def contrast_loss(mu: float, temperature: float):
     """MpFedcon's body phase (Eq. 6): CE + mu * l_con(z, c[y], z_con) (Eq. 5), where z = P(D(x))
     of the party's live network, c[y] the global centre of the sample's class and z_con the
     anchor's projection. Rows whose class has no centre yet are left out of l_con (A4)."""
+
     def loss(model, params, buffers, batch):
         logits, z, z_con = _forward(model, params, buffers, batch, True)
         y = batch.labels.clamp(min=0)
         has = buffers["has_centre"][y] > 0
-        l_con = model_contrastive_loss(z, buffers["centres"][y], z_con, temperature,
-                                       batch.valid & has)
+        l_con = model_contrastive_loss(
+            z, buffers["centres"][y], z_con, temperature, batch.valid & has
+        )
         return _masked_ce(logits, batch) + mu * l_con
+
     return loss
 
 
@@ -92,6 +113,7 @@ def views_of(p):
 @dataclass
 class TestData:
     """The test split on the device and each party's test indices into it."""
+
     images: torch.Tensor
     labels: torch.Tensor
     clients: list[np.ndarray]
@@ -99,9 +121,11 @@ class TestData:
 
 def test_data(ctx) -> TestData:
     images, labels = ctx.split("test")
-    return TestData(to_device(images, ctx.device),
-                    torch.as_tensor(np.asarray(labels), dtype=torch.int64).to(ctx.device),
-                    ctx.client_tests())
+    return TestData(
+        to_device(images, ctx.device),
+        torch.as_tensor(np.asarray(labels), dtype=torch.int64).to(ctx.device),
+        ctx.client_tests(),
+    )
 
 
 # ------------------------------------------------------------------ the protocol
@@ -124,8 +148,10 @@ class SplitStrategy(Strategy):
     # -------------------------------------------------------------- server side
     def init_server(self, model: Anchored) -> dict:
         state = model.state_dict()
-        return {"global": {k: state[k].detach().clone() for k in self.keys},
-                "centres": {k: state[k].detach().clone() for k in CENTRE_KEYS}}
+        return {
+            "global": {k: state[k].detach().clone() for k in self.keys},
+            "centres": {k: state[k].detach().clone() for k in CENTRE_KEYS},
+        }
 
     def download(self, state: FedState, client: int) -> dict:
         sent = {k: state.server["global"][k] for k in self.shared}
@@ -146,15 +172,22 @@ class SplitStrategy(Strategy):
         # the anchor: the model this round starts from (A2), or the party's previous model
         anchor = {k: kept.get("prev." + k, v) if self.prev else v for k, v in net.items()}
         bank = received if self.centres else state.server["centres"]
-        return {**net, **{"anchor." + k[len("net."):]: v for k, v in anchor.items()},
-                **{k: bank[k] for k in CENTRE_KEYS}}
+        return {
+            **net,
+            **{"anchor." + k[len("net.") :]: v for k, v in anchor.items()},
+            **{k: bank[k] for k in CENTRE_KEYS},
+        }
 
     def upload(self, state: FedState, client: int, trained: dict) -> dict:
         out = {k: trained[k] for k in self.shared}
         noise = self.p.upload_noise
         if noise is not None and out:
-            out = add_gradient_noise(out, noise.kind, noise.variance,
-                                     derive_seed(self.p.seed, "upload-noise", state.round, client))
+            out = add_gradient_noise(
+                out,
+                noise.kind,
+                noise.variance,
+                derive_seed(self.p.seed, "upload-noise", state.round, client),
+            )
         if self.centres:
             out.update(self.local_centres(client, trained))
         return out
@@ -183,9 +216,13 @@ class SplitStrategy(Strategy):
         y = data.labels[idx]
         classes, counts = torch.unique(y, return_counts=True)
         sums = torch.zeros(len(classes), z.shape[1], device=z.device).index_add_(
-            0, torch.searchsorted(classes, y), z.float())
-        return {"centres": sums / counts[:, None], "centre_classes": classes,
-                "centre_counts": counts}
+            0, torch.searchsorted(classes, y), z.float()
+        )
+        return {
+            "centres": sums / counts[:, None],
+            "centre_classes": classes,
+            "centre_counts": counts,
+        }
 
     def aggregate_centres(self, state: FedState, uploads: list[dict]) -> None:
         """Eq. 4 per class over the parties of the round that hold it, weighted by their m_k
@@ -200,35 +237,47 @@ class SplitStrategy(Strategy):
         held = mass > 0
         centres = bank["centres"].clone()
         centres[held] = (sums[held] / mass[held, None]).to(centres.dtype)
-        state.server["centres"] = {"centres": centres,
-                                   "has_centre": torch.maximum(bank["has_centre"],
-                                                               held.to(centres.dtype))}
+        state.server["centres"] = {
+            "centres": centres,
+            "has_centre": torch.maximum(bank["has_centre"], held.to(centres.dtype)),
+        }
 
     # -------------------------------------------------------------- personalised evaluation
     def party_state(self, state: FedState, client: int) -> dict:
         """A party's network now: the server's shared layers, its own (or the initial) rest."""
         kept, glob = state.clients.get(client, {}), state.server["global"]
-        return {k[len("net."):]: kept.get(k, glob[k]) if k in self.personal else glob[k]
-                for k in self.keys}
+        return {
+            k[len("net.") :]: kept.get(k, glob[k]) if k in self.personal else glob[k]
+            for k in self.keys
+        }
 
     def outputs(self, state: FedState, round_: int):
         """Every party's accuracy (%), labels and softmax outputs on its own test split."""
         t = self.tests
         if self.p.variant == "fedavg_ft":
             heads, features = self.finetuned_heads(state, round_)
-            return client_outputs(lambda c, x: functional_call(
-                heads.model, {k: v[c] for k, v in heads.states.items()}, (features(x),)),
-                t.images, t.labels, t.clients)
+            return client_outputs(
+                lambda c, x: functional_call(
+                    heads.model, {k: v[c] for k, v in heads.states.items()}, (features(x),)
+                ),
+                t.images,
+                t.labels,
+                t.clients,
+            )
         parties = [self.party_state(state, c) for c in range(len(t.clients))]
         net = self.model.net
-        return client_outputs(lambda c, x: functional_call(net, parties[c], (x,)),
-                              t.images, t.labels, t.clients)
+        return client_outputs(
+            lambda c, x: functional_call(net, parties[c], (x,)), t.images, t.labels, t.clients
+        )
 
     def final_model(self, state: FedState) -> dict:
         """A complete state of the wrapper: the global network (anchor = it, the centres)."""
         glob = state.server["global"]
-        return {**glob, **{"anchor." + k[len("net."):]: v for k, v in glob.items()},
-                **state.server["centres"]}
+        return {
+            **glob,
+            **{"anchor." + k[len("net.") :]: v for k, v in glob.items()},
+            **state.server["centres"],
+        }
 
     def evaluate(self, state: FedState, round_: int) -> dict:
         accs, _, _ = self.outputs(state, round_)
@@ -242,32 +291,56 @@ class SplitStrategy(Strategy):
         top = ["projector", "output"] if p.finetune_layers == "head" else ["output"]
         head = nn.Sequential(*[getattr(net, name) for name in top])
         below = [name for name in ("base", "projector", "output") if name not in top]
-        params = {k[len("net."):]: v for k, v in glob.items()}
+        params = {k[len("net.") :]: v for k, v in glob.items()}
 
         @torch.no_grad()
         def features(x: torch.Tensor) -> torch.Tensor:
             for name in below:
                 module = getattr(net, name)
-                x = functional_call(module, {k[len(name) + 1:]: v for k, v in params.items()
-                                             if k.startswith(name + ".")}, (x,))
+                x = functional_call(
+                    module,
+                    {k[len(name) + 1 :]: v for k, v in params.items() if k.startswith(name + ".")},
+                    (x,),
+                )
             return x
 
         data = self.fed.data
         sizes = [len(c) for c in data.clients]
         order = torch.as_tensor(np.concatenate(data.clients), device=data.device)
-        feats = torch.cat([features(to_float(data.images[order[s:s + 1024]]))
-                           for s in range(0, len(order), 1024)])
+        feats = torch.cat(
+            [
+                features(to_float(data.images[order[s : s + 1024]]))
+                for s in range(0, len(order), 1024)
+            ]
+        )
         bounds = np.cumsum([0, *sizes])
-        local = LocalData(feats, data.labels[order],
-                          [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])])
-        start = {f"{i}.{k[len(name) + 1:]}": v for i, name in enumerate(top)
-                 for k, v in params.items() if k.startswith(name + ".")}
-        trainer = CohortTrainer(head, lambda b, g: (b,), _head_ce, OptimizerConfig(
-            "sgd", p.weight_decay, p.momentum), p.batch_size, p.finetune_epochs, parallel=True)
+        local = LocalData(
+            feats, data.labels[order], [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        )
+        start = {
+            f"{i}.{k[len(name) + 1 :]}": v
+            for i, name in enumerate(top)
+            for k, v in params.items()
+            if k.startswith(name + ".")
+        }
+        trainer = CohortTrainer(
+            head,
+            lambda b, g: (b,),
+            _head_ce,
+            OptimizerConfig("sgd", p.weight_decay, p.momentum),
+            p.batch_size,
+            p.finetune_epochs,
+            parallel=True,
+        )
         n = len(sizes)
-        trained, _ = trainer.train([start] * n, local, list(range(n)), p.lr,
-                                   (p.seed, "finetune", round_),
-                                   torch_generator(data.device, p.seed, "finetune", round_))
+        trained, _ = trainer.train(
+            [start] * n,
+            local,
+            list(range(n)),
+            p.lr,
+            (p.seed, "finetune", round_),
+            torch_generator(data.device, p.seed, "finetune", round_),
+        )
         return _Heads(head, trained), features
 
 
@@ -287,8 +360,9 @@ def seeded_model(p, image_shape, num_classes: int, device) -> Anchored:
     return Anchored(build_net(p, image_shape, num_classes), num_classes).to(device)
 
 
-def make_federation(p, model: Anchored, data: LocalData, tests: TestData, ckpt,
-                    fingerprint: str) -> Federation:
+def make_federation(
+    p, model: Anchored, data: LocalData, tests: TestData, ckpt, fingerprint: str
+) -> Federation:
     """The variant's strategy and local schedule: head epochs (CE) then body epochs (CE, or
     CE + mu l_con for MpFedcon), or the whole network together (CE, or FedProx's objective)."""
     cfg = federation_config(p, p.seed)
@@ -301,8 +375,10 @@ def make_federation(p, model: Anchored, data: LocalData, tests: TestData, ckpt,
 
     if p.variant in HEAD_FIRST:
         body = contrast_loss(p.mu, p.temperature) if p.variant == "mpfedcon" else ce_loss()
-        phases = [Phase(cohort(ce_loss(), p.head_epochs), lambda s: strategy.personal_params),
-                  Phase(cohort(body, p.body_epochs), lambda s: strategy.shared_params)]
+        phases = [
+            Phase(cohort(ce_loss(), p.head_epochs), lambda s: strategy.personal_params),
+            Phase(cohort(body, p.body_epochs), lambda s: strategy.shared_params),
+        ]
     else:
         loss = prox_loss(model, p.prox_mu) if p.variant == "fedprox" else ce_loss()
         phases = [Phase(cohort(loss, p.body_epochs), lambda s: strategy.net_params)]
@@ -338,13 +414,25 @@ def train(ctx) -> None:
     strategy: SplitStrategy = fed.strategy
     accs, labels, probs = strategy.outputs(state, state.round - 1)
     PersonalLog(state.memo).save(ctx.out / "personal.npz", labels, probs)
-    torch_save(interned({"global": state.server["global"], "centres": state.server["centres"],
-                         "clients": state.clients, "final_accuracy": accs}), ctx.out / "models.pt")
+    torch_save(
+        interned(
+            {
+                "global": state.server["global"],
+                "centres": state.server["centres"],
+                "clients": state.clients,
+                "final_accuracy": accs,
+            }
+        ),
+        ctx.out / "models.pt",
+    )
     glob = state.server["global"]
     ctx.info.update(
-        variant=p.variant, shared_layers=list(p.shared_layers), classes=classes,
+        variant=p.variant,
+        shared_layers=list(p.shared_layers),
+        classes=classes,
         parameters=sum(v.numel() for v in glob.values()),
         shared_parameters=sum(glob[k].numel() for k in strategy.shared),
         personal_parameters=sum(glob[k].numel() for k in strategy.personal),
         shared_bytes=nbytes({k: glob[k] for k in strategy.shared}),
-        centre_bank_bytes=nbytes(state.server["centres"]) if strategy.centres else 0)
+        centre_bank_bytes=nbytes(state.server["centres"]) if strategy.centres else 0,
+    )
