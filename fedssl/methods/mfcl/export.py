@@ -1,6 +1,6 @@
-"""MFCL's export step (phase 2): what each client uploads once, and its traffic in the paper's
-Eq. 5 convention beside the bytes really sent. Apart from the training code, because it uses a
-cost formula: editing the formulas reruns this step, never phase 1."""
+"""MFCL's export step (phase 2): what each client uploads once, and the bytes it really sent.
+The paper's Eq. 5 bits are the `costs` stage's business (:mod:`.costs`), so editing a cost
+formula reruns no training step."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ import torch
 
 from fedssl.data.augment import BatchAugment
 from fedssl.fl.runner import train_data
-from fedssl.methods.mfcl.paper_costs import phase2_bits
 from fedssl.methods.mfcl.run import (
     build_client_module,
     dropped_clients,
     export_client,
-    pre_pool_numel,
 )
 from fedssl.runtime import write_json
 
@@ -22,7 +20,7 @@ from fedssl.runtime import write_json
 def export(ctx) -> None:
     """Phase-2 upload: every client that does not drop out sends rho pairs of twin views per
     local sample through the frozen client module + MaxPool, once; stored as fp16 arrays (one
-    per client) with the bytes each client sent and the paper-convention bits."""
+    per client) with the bytes each client sent."""
     p, ex = ctx.exp.method, ctx.exp.method.export
     model = build_client_module(p, ctx.image_shape, ctx.device)
     ckpt = torch.load(
@@ -41,7 +39,6 @@ def export(ctx) -> None:
             "dropped": m in dropped,
             "bytes_sent": 0,
             "numel_sent": 0,
-            "bits_paper": 0.0,
         }
         if m not in dropped:
             reps = export_client(
@@ -62,7 +59,6 @@ def export(ctx) -> None:
                 bytes_sent=reps.numel() * reps.element_size(),
                 numel_sent=reps.numel(),
                 shape=list(reps.shape),
-                bits_paper=phase2_bits(pre_pool_numel(model, ctx.image_shape), len(idx), ex.pairs),
             )
         per_client.append(row)
         print(
