@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test lint format test-slurm bench generate readme clean
+.PHONY: install data run test lint format recheck test-slurm bench generate readme clean
 
 install: $(INSTALLED) data
 
@@ -51,6 +51,11 @@ bench: install
 	$(PY) benchmarks/federated_round.py
 	$(PY) benchmarks/twin_norm.py
 	$(PY) benchmarks/split_step.py
+
+# Rerun a sample of every committed pipeline (one experiment each) and compare its result
+# files with the committed ones (run it on the hardware and thread count that made them).
+recheck: install
+	$(PY) -m fedssl.plan.recheck
 
 # Regenerate the checked-in derived files (a test fails when they are stale).
 generate: $(INSTALLED)

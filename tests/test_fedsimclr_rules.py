@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedssl import params as P
-from fedssl.data.augment import BatchAugment
+from fedssl.data.augment import BatchAugment, multi_view
+from fedssl.experiment import experiment_model
 from fedssl.fl.cohort import Batch
 from fedssl.fl.engine import fedavg, nbytes, stacked
 from fedssl.losses import nt_xent
@@ -25,14 +25,16 @@ def tiny_params():
     import yaml
 
     raw = yaml.safe_load(tiny_experiment("FedSimCLR", "small_cnn", "fedsimclr", rounds=1))
-    return P.experiment_model().model_validate(raw).method
+    return experiment_model().model_validate(raw).method
 
 
 def test_the_local_loss_is_nt_xent_between_two_independent_views():
     p = tiny_params()
     model = seeded_contrastive_model(p.model, SHAPE, 0, torch.device("cpu"))
     images = toy_data().images[:8]
-    v1, v2 = simclr.two_views(BatchAugment(p.augment, 28))(images, torch.Generator().manual_seed(0))
+    v1, v2 = multi_view(BatchAugment(p.augment, 28), views=2)(
+        images, torch.Generator().manual_seed(0)
+    )
     assert not torch.equal(v1, v2)
     weights = dict(model.named_parameters())
     buffers = dict(model.named_buffers())

@@ -135,10 +135,10 @@ def test_scratch_is_fedmocos_untrained_starting_encoder(tmp_path):
 
     import yaml
 
-    from fedssl import params as P
+    from fedssl.experiment import experiment_model
     from tests.lwfedssl_fixtures import TINY_SCRATCH
 
-    scratch = P.experiment_model().model_validate(yaml.safe_load(TINY_SCRATCH)).method
+    scratch = experiment_model().model_validate(yaml.safe_load(TINY_SCRATCH)).method
     ctx = SimpleNamespace(
         exp=SimpleNamespace(method=scratch), image_shape=(1, 28, 28), out=tmp_path, info={}
     )
