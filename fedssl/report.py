@@ -298,8 +298,9 @@ def write_report(
     )
 
 
-def rerender(folder: Path) -> None:
-    """Rewrite a committed report from its ``report.json`` (figures stay as they are)."""
+def load_saved(folder: Path) -> dict:
+    """A committed report's ``report.json``, its rows as :class:`ReportRow` again (with where
+    their steps wrote their results), ready for :func:`render` / :func:`write_report`."""
     path = folder / "report.json"
     if not path.exists():
         raise FileNotFoundError(f"{path}: no committed report here")
@@ -308,8 +309,14 @@ def rerender(folder: Path) -> None:
     if missing:
         raise KeyError(f"{path}: lacks {', '.join(missing)} (rerun its report stage)")
     steps = saved.get("step_results", {})
-    rows = [ReportRow(r, steps.get(r["experiment"], {})) for r in saved["rows"]]
-    write_report(folder, saved["pipeline"], rows, saved["figures"], saved["heatmaps"])
+    saved["rows"] = [ReportRow(r, steps.get(r["experiment"], {})) for r in saved["rows"]]
+    return saved
+
+
+def rerender(folder: Path) -> None:
+    """Rewrite a committed report from its ``report.json`` (figures stay as they are)."""
+    saved = load_saved(folder)
+    write_report(folder, saved["pipeline"], saved["rows"], saved["figures"], saved["heatmaps"])
 
 
 # ------------------------------------------------------------------ README tables

@@ -14,6 +14,7 @@ from fedssl.experiment import experiment_model
 from fedssl.methods import registry
 from fedssl.report import (
     columns_of,
+    load_saved,
     readme_text,
     render,
     report_tables,
@@ -116,7 +117,7 @@ def test_rendering_the_committed_rows_gives_the_committed_report(folder, monkeyp
     """The report stage and `python -m fedssl.report render` share one renderer: the rows of
     each committed report.json render to its committed report.md and tables."""
     monkeypatch.chdir(REPO)  # a method's tables may read its committed step results
-    saved = json.loads((folder / "report.json").read_text())
+    saved = load_saved(folder)
     text, tables = render(saved["pipeline"], saved["rows"], saved["figures"], saved["heatmaps"])
     assert text == (folder / "report.md").read_text(), (
         f"{folder.name}: stale, run `python -m fedssl.report render {folder.name}`"
