@@ -3,8 +3,9 @@
 The Snakefile builds its rules from :class:`Dag`; ``dvc.yaml`` (and one file per other pipeline
 that was run, under ``pipelines/``) is generated from it (:mod:`fedssl.plan.dvcfile`) and a test
 fails when the checked-in files drift from it. Stages come from the experiments' methods (the
-registry in :mod:`fedssl.methods`) plus the shared ones: prepare data, partition, features,
-evaluate, personal, costs, report. A per-experiment stage is named after the experiment that
+registry in :mod:`fedssl.methods`) plus the shared ones: prepare data, partition, the
+evaluations declared in :data:`EVALUATIONS` (features, evaluate, personal, finetune, costs) and
+the report. A per-experiment stage is named after the experiment that
 owns its content (:meth:`Dag.owners`), so experiments that differ only downstream share it.
 
 What decides a rerun is the same for both front ends: a stage's command, the raw params keys it
