@@ -31,6 +31,8 @@ from pydantic import (
     model_validator,
 )
 
+from fedssl.data.catalog import DATASETS
+
 NAME_PATTERN = r"^[a-z0-9_]+$"  # preset names become stage names in Snakemake and DVC
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
@@ -57,7 +59,7 @@ class ParamsError(ValueError):
 
 
 # --------------------------------------------------------------------------- data sets
-DatasetName = Literal["fashion_mnist", "cifar10", "cifar100", "stl10", "tiny_imagenet", "femnist"]
+DatasetName = Literal[tuple(DATASETS)]  # the registry's data sets, in registration order
 
 
 class DatasetParams(Strict):

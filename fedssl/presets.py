@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from fedssl import params as P
-from fedssl.data.catalog import TRAIN_SIZES
+from fedssl.data.catalog import dataset_spec
 from fedssl.experiment import experiment_model
 
 PARAMS_DIR = Path("params")
@@ -325,9 +325,10 @@ def raw_values(entries: dict) -> dict:
 def check_partition_fits(part: P.PartitionParams, where: str, dataset: str) -> None:
     """Cross-file check: a partition cannot have more clients than it has samples (skipped
     for data sets whose size is only known once read, e.g. femnist)."""
-    if dataset not in TRAIN_SIZES:
+    full_size = dataset_spec(dataset).train_size
+    if full_size is None:
         return
-    train_size = TRAIN_SIZES[dataset] - (part.server_holdout or 0)
+    train_size = full_size - (part.server_holdout or 0)
     if train_size <= 0:
         raise ParamsError(
             f"{where}: server_holdout: {part.server_holdout} leaves no training "

@@ -17,17 +17,10 @@ import re
 import sys
 from pathlib import Path
 
+from fedssl.data.catalog import dataset_spec
 from fedssl.params import setting
 from fedssl.plan.layout import ReportRow
 from fedssl.report_format import markdown_table, number, pivot_markdown, save_figure
-
-DATASET_LABELS = {
-    "fashion_mnist": "F-MNIST",
-    "cifar10": "CIFAR-10",
-    "cifar100": "CIFAR-100",
-    "stl10": "STL-10",
-    "tiny_imagenet": "Tiny",
-}
 
 COLUMNS = [
     "experiment",
@@ -197,7 +190,7 @@ def table_cell(
         "shards": lambda: f"{scheme.classes_per_client} classes/client",
         "class_groups": lambda: "class groups",
     }[scheme.kind]()
-    return row, f"{DATASET_LABELS.get(dataset_name, dataset_name)} {split}"
+    return row, f"{dataset_spec(dataset_name).label} {split}"
 
 
 def runs_markdown(rows: list[dict]) -> str:

@@ -92,6 +92,8 @@ def test_a_method_package_init_only_declares(package):
     shared = {
         "fedssl/__init__.py",
         "fedssl/params.py",
+        "fedssl/data/__init__.py",  # the data-set registry: facts that params validate against
+        "fedssl/data/catalog.py",
         "fedssl/methods/__init__.py",
         "fedssl/methods/base.py",
         "fedssl/methods/registry.py",

@@ -8,15 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fedssl.data.sources import (
-    DEFAULT_ROOTS,
-    IMAGE_SHAPES,
-    NUM_CLASSES,
-    TRAIN_SIZES,
-    DataNotFound,
-    Split,
-    load_dataset,
-)
+from fedssl.data.catalog import DATASETS, dataset_spec
+from fedssl.data.sources import DataNotFound, Split, load_dataset
 from tests.fixtures import write_fashion_mnist
 
 RNG = np.random.default_rng(0)
@@ -84,7 +77,7 @@ def test_fashion_mnist_missing(tmp_path):
     assert "apt-get install dataset-fashion-mnist" in msg and "download: true" in msg
 
 
-REAL_FASHION = Path(DEFAULT_ROOTS["fashion_mnist"])
+REAL_FASHION = Path(dataset_spec("fashion_mnist").root)
 
 
 @pytest.mark.skipif(
@@ -93,9 +86,10 @@ REAL_FASHION = Path(DEFAULT_ROOTS["fashion_mnist"])
 )
 def test_real_fashion_mnist():
     splits = load_dataset("fashion_mnist")
-    _check_split(splits["train"], TRAIN_SIZES["fashion_mnist"], IMAGE_SHAPES["fashion_mnist"])
+    spec = dataset_spec("fashion_mnist")
+    _check_split(splits["train"], spec.train_size, spec.shape)
     _check_split(splits["test"], 10000, (1, 28, 28))
-    counts = np.bincount(splits["train"].labels, minlength=NUM_CLASSES["fashion_mnist"])
+    counts = np.bincount(splits["train"].labels, minlength=spec.classes)
     np.testing.assert_array_equal(counts, np.full(10, 6000))
     assert splits["train"].images.max() == 255
 
@@ -193,7 +187,7 @@ def test_cifar(tmp_path, name, writer):
     splits = load_dataset(name, str(tmp_path))
     assert set(splits) == {"train", "test"}
     for split, (images, labels) in data.items():
-        _check_split(splits[split], len(labels), IMAGE_SHAPES[name])
+        _check_split(splits[split], len(labels), dataset_spec(name).shape)
         assert splits[split].images.flags["C_CONTIGUOUS"]
         np.testing.assert_array_equal(splits[split].images, images)
         np.testing.assert_array_equal(splits[split].labels, labels)
@@ -258,7 +252,7 @@ def test_stl10(tmp_path):
     splits = load_dataset("stl10", str(tmp_path))
     assert set(splits) == {"train", "test", "unlabeled"}
     for split, (images, labels) in data.items():
-        _check_split(splits[split], len(images), IMAGE_SHAPES["stl10"])
+        _check_split(splits[split], len(images), dataset_spec("stl10").shape)
         np.testing.assert_array_equal(splits[split].images, images)
         expected = np.full(len(images), -1) if labels is None else labels - 1
         np.testing.assert_array_equal(splits[split].labels, expected)
@@ -311,8 +305,8 @@ def _write_tiny(base: Path, val_sorted: bool) -> tuple[list, list]:
 def _check_tiny(splits: dict, train: list, val: list, val_sorted: bool) -> None:
     index = {w: i for i, w in enumerate(sorted(WNIDS))}
     assert set(splits) == {"train", "test"}
-    _check_split(splits["train"], len(train), IMAGE_SHAPES["tiny_imagenet"])
-    _check_split(splits["test"], len(val), IMAGE_SHAPES["tiny_imagenet"])
+    _check_split(splits["train"], len(train), dataset_spec("tiny_imagenet").shape)
+    _check_split(splits["test"], len(val), dataset_spec("tiny_imagenet").shape)
     np.testing.assert_array_equal(splits["train"].labels, [index[w] for w in train])
     expected_val = sorted(val) if val_sorted else val  # ImageFolder form is read class by class
     np.testing.assert_array_equal(splits["test"].labels, [index[w] for w in expected_val])
@@ -350,19 +344,12 @@ def test_tiny_imagenet_missing(tmp_path):
 def test_unknown_name_lists_known():
     with pytest.raises(ValueError) as err:
         load_dataset("imagenet21k")
-    for name in NUM_CLASSES:
+    for name in DATASETS:
         assert name in str(err.value)
 
 
-def test_tables_cover_same_names():
-    # FEMNIST's size depends on how LEAF's preprocess.sh sampled it: no fixed training size
-    assert (
-        set(NUM_CLASSES)
-        == set(TRAIN_SIZES) | {"femnist"}
-        == set(DEFAULT_ROOTS)
-        == set(IMAGE_SHAPES)
-    )
+def test_default_roots():
     assert issubclass(DataNotFound, FileNotFoundError)
     assert all(
-        root == f"data/{name}" for name, root in DEFAULT_ROOTS.items() if name != "fashion_mnist"
+        spec.root == f"data/{name}" for name, spec in DATASETS.items() if name != "fashion_mnist"
     )

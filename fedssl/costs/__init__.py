@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedssl.data.catalog import TRAIN_SIZES
+from fedssl.data.catalog import dataset_spec
 
 BITS_PER_FLOAT = 32
 
@@ -204,4 +204,5 @@ def ledger_of(step_dir: Path, sizes: list[int]) -> ClientTraffic:
 
 def average_client_samples(part, dataset: str) -> int:
     """|D_m| of the average client of a partition preset, without splitting anything."""
-    return min(part.subset or TRAIN_SIZES[dataset], TRAIN_SIZES[dataset]) // part.num_clients
+    train_size = dataset_spec(dataset).train_size
+    return min(part.subset or train_size, train_size) // part.num_clients

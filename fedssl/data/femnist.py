@@ -21,10 +21,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fedssl.data.catalog import dataset_spec
 from fedssl.data.errors import DataNotFound
 from fedssl.data.partition import deal
+from fedssl.data.sources import Source, Split
 
-DEFAULT_ROOT = "data/femnist"
+DEFAULT_ROOT = dataset_spec("femnist").root
 LOWERCASE_OFFSET = 36  # LEAF label of 'a'
 IMAGE_SIDE = 28
 
@@ -83,15 +85,19 @@ def _read_split(folder: Path) -> tuple[list[np.ndarray], list[np.ndarray], list[
     return images, labels, owners
 
 
-def load_femnist(root: str | None = None) -> dict[str, FemnistSplit]:
-    """Both LEAF splits as ``{'train': FemnistSplit, 'test': FemnistSplit}``."""
-    root = root or DEFAULT_ROOT
+def _found_split_dirs(root: str) -> dict[str, Path]:
     dirs = _split_dirs(Path(root))
     if dirs is None:
         raise DataNotFound(
             f"femnist not found at {os.path.abspath(root)} (need data/train/*.json "
             f"and data/test/*.json). To get it: {_HOWTO}."
         )
+    return dirs
+
+
+def load_femnist(root: str | None = None) -> dict[str, FemnistSplit]:
+    """Both LEAF splits as ``{'train': FemnistSplit, 'test': FemnistSplit}``."""
+    dirs = _found_split_dirs(root or DEFAULT_ROOT)
     read = {s: _read_split(d) for s, d in dirs.items()}
     user_ids = sorted({u for _, _, owners in read.values() for u in owners})
     index = {u: i for i, u in enumerate(user_ids)}
@@ -106,6 +112,24 @@ def load_femnist(root: str | None = None) -> dict[str, FemnistSplit]:
             user_ids,
         )
     return out
+
+
+def _load_letters(root: str, download: bool) -> dict[str, Split]:
+    """LEAF's FEMNIST reduced to the lower-case letters a-j (MpFedcon / FedRep), labels 0-9,
+    LEAF's own train / test splits; the writers are dropped (a partition deals the images)."""
+    if download:
+        raise DataNotFound(
+            "femnist cannot be downloaded by the pipeline: build LEAF's json "
+            "files (see fedssl/data/femnist.py) and set download: false"
+        )
+    out = {}
+    for split, data in load_femnist(root).items():
+        keep = (data.labels >= LOWERCASE_OFFSET) & (data.labels < LOWERCASE_OFFSET + 10)
+        out[split] = Split(data.images[keep], data.labels[keep] - LOWERCASE_OFFSET)
+    return out
+
+
+FEMNIST = Source(_load_letters, _found_split_dirs)  # the registry's entry "femnist" reads this
 
 
 def per_user(split: FemnistSplit) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -1,9 +1,9 @@
 """Read image data sets from their usual on-disk layouts into uint8 NCHW numpy arrays.
 
-Supported: Fashion-MNIST (idx files), CIFAR-10/100 and STL-10 (torchvision layouts),
-Tiny-ImageNet (the official ``tiny-imagenet-200`` folder tree), FEMNIST's letters a-j (LEAF's
-json files).  Everything is loaded
-into memory at once; callers cache or partition the arrays themselves.
+Here: Fashion-MNIST (idx files), CIFAR-10/100 and STL-10 (torchvision layouts), Tiny-ImageNet
+(the official ``tiny-imagenet-200`` folder tree); FEMNIST's reader is in :mod:`fedssl.data.femnist`.
+Each is a :class:`Source` that an entry of the registry (:mod:`fedssl.data.catalog`) names.
+Everything is loaded into memory at once; callers cache or partition the arrays themselves.
 """
 
 from __future__ import annotations
@@ -18,13 +18,22 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedssl.data.catalog import DEFAULT_ROOTS, IMAGE_SHAPES, NUM_CLASSES, TRAIN_SIZES  # noqa: F401
-from fedssl.data.errors import DataNotFound  # noqa: F401  (re-exported: readers catch it here)
+from fedssl.data.catalog import dataset_spec
+from fedssl.data.errors import DataNotFound
 
 
 class Split(NamedTuple):
     images: np.ndarray  # uint8 [N, C, H, W]
     labels: np.ndarray  # int64 [N]; -1 marks unlabelled samples
+
+
+class Source(NamedTuple):
+    """How one data set is read. ``load(root, download)``: its splits, e.g. {'train': Split,
+    'test': Split}. ``check(root)``: raise :class:`DataNotFound` saying how to get it when its
+    files are not under ``root``, reading no data (planning calls it)."""
+
+    load: Callable[[str, bool], dict[str, Split]]
+    check: Callable[[str], None]
 
 
 _TORCHVISION_HOWTO = (
@@ -35,12 +44,22 @@ _TORCHVISION_HOWTO = (
 
 def load_dataset(name: str, root: str | None = None, download: bool = False) -> dict[str, Split]:
     """Return the named data set's splits, e.g. {'train': Split, 'test': Split}."""
-    key = name.lower().replace("-", "_")
-    if key not in _LOADERS:
-        raise ValueError(
-            f"unknown data set {name!r}; known data sets: {', '.join(sorted(_LOADERS))}"
-        )
-    return _LOADERS[key](root or DEFAULT_ROOTS[key], download)
+    spec = dataset_spec(name)
+    return spec.reader().load(root or spec.root, download)
+
+
+def missing_data(name: str, root: str | None = None, download: bool = False) -> str | None:
+    """Why data set ``name`` cannot be loaded from ``root`` and how to get it, or None when its
+    files are there (or it will be downloaded). Reads no data: the front ends call this while
+    planning, so a missing data set stops them before any stage runs."""
+    spec = dataset_spec(name)
+    if download and spec.downloadable:
+        return None
+    try:
+        spec.reader().check(root or spec.root)
+    except DataNotFound as e:
+        return str(e)
+    return None
 
 
 def _not_found(name: str, looked_at: str, howto: str) -> DataNotFound:
@@ -104,7 +123,8 @@ def _load_fashion_mnist(root: str, download: bool) -> dict[str, Split]:
         return splits
     if download:
         # The default root is a read-only system folder, so download next to the other data sets.
-        target = "data/fashion_mnist" if root == DEFAULT_ROOTS["fashion_mnist"] else root
+        spec = dataset_spec("fashion_mnist")
+        target = f"data/{spec.name}" if root == spec.default_root else root
         import torchvision.datasets as tvd
 
         _downloaded(
@@ -112,7 +132,7 @@ def _load_fashion_mnist(root: str, download: bool) -> dict[str, Split]:
             target,  # fetches both splits' raw files
             lambda: tvd.FashionMNIST(target, train=True, download=True),
             f"`apt-get install dataset-fashion-mnist` and set data_root to "
-            f"{DEFAULT_ROOTS['fashion_mnist']}, or copy the four idx files from a "
+            f"{spec.default_root}, or copy the four idx files from a "
             f"machine with internet access into {os.path.abspath(target)}",
         )
         return _load_fashion_mnist(target, download=False)
@@ -122,6 +142,17 @@ def _load_fashion_mnist(root: str, download: bool) -> dict[str, Split]:
         "`apt-get install dataset-fashion-mnist` (installs /usr/share/datasets/fashion-mnist), "
         "or set data_root to a folder holding the idx files, or set `download: true`",
     )
+
+
+def _check_fashion_mnist(root: str) -> None:
+    stems = [
+        f"{p}-{k}" for p in ("train", "t10k") for k in ("images-idx3-ubyte", "labels-idx1-ubyte")
+    ]
+    if any(_find_idx(Path(root), s) is None for s in stems):
+        _load_fashion_mnist(root, False)  # raises with the instructions
+
+
+FASHION_MNIST = Source(_load_fashion_mnist, _check_fashion_mnist)
 
 
 # --------------------------------------------------------------------------- CIFAR / STL-10
@@ -245,20 +276,43 @@ def _hwc_to_chw(x: np.ndarray) -> np.ndarray:
     return x.transpose(0, 3, 1, 2)  # CIFAR's .data is NHWC
 
 
-def _load_cifar10(root: str, download: bool) -> dict[str, Split]:
-    splits = {"train": {"train": True}, "test": {"train": False}}
-    return _via_torchvision("cifar10", root, download, splits, _hwc_to_chw)
+def _torchvision_source(
+    name: str, folder: str, files: list[str], splits: dict[str, dict], to_nchw: Callable
+) -> Source:
+    """A torchvision data set; planning checks that ``files`` are in ``<root>/<folder>``."""
+
+    def check(root: str) -> None:
+        lost = [f for f in files if not os.path.isfile(os.path.join(root, folder, f))]
+        if lost:
+            howto = _TORCHVISION_HOWTO.format(name=name, folder=folder)
+            raise _not_found(
+                name, os.path.join(root, folder), f"{howto} (missing: {', '.join(lost)})"
+            )
+
+    return Source(
+        lambda root, download: _via_torchvision(name, root, download, splits, to_nchw), check
+    )
 
 
-def _load_cifar100(root: str, download: bool) -> dict[str, Split]:
-    splits = {"train": {"train": True}, "test": {"train": False}}
-    return _via_torchvision("cifar100", root, download, splits, _hwc_to_chw)
-
-
-def _load_stl10(root: str, download: bool) -> dict[str, Split]:
-    # torchvision already undoes STL's column-major storage and returns NCHW, labels 0-based.
-    splits = {s: {"split": s} for s in ("train", "test", "unlabeled")}
-    return _via_torchvision("stl10", root, download, splits, lambda x: x)
+_TRAIN_TEST = {"train": {"train": True}, "test": {"train": False}}
+CIFAR10 = _torchvision_source(
+    "cifar10",
+    "cifar-10-batches-py",
+    [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"],
+    _TRAIN_TEST,
+    _hwc_to_chw,
+)
+CIFAR100 = _torchvision_source(
+    "cifar100", "cifar-100-python", ["train", "test", "meta"], _TRAIN_TEST, _hwc_to_chw
+)
+# torchvision already undoes STL's column-major storage and returns NCHW, labels 0-based.
+STL10 = _torchvision_source(
+    "stl10",
+    "stl10_binary",
+    ["train_X.bin", "train_y.bin", "test_X.bin", "test_y.bin", "unlabeled_X.bin"],
+    {s: {"split": s} for s in ("train", "test", "unlabeled")},
+    lambda x: x,
+)
 
 
 # --------------------------------------------------------------------------- Tiny-ImageNet
@@ -316,78 +370,4 @@ def _load_tiny_imagenet(root: str, download: bool) -> dict[str, Split]:
     }
 
 
-# --------------------------------------------------------------------------- FEMNIST
-
-
-def _load_femnist(root: str, download: bool) -> dict[str, Split]:
-    """LEAF's FEMNIST reduced to the lower-case letters a-j (MpFedcon / FedRep), labels 0-9,
-    LEAF's own train / test splits; the writers are dropped (a partition deals the images)."""
-    from fedssl.data.femnist import LOWERCASE_OFFSET, load_femnist
-
-    if download:
-        raise DataNotFound(
-            "femnist cannot be downloaded by the pipeline: build LEAF's json "
-            "files (see fedssl/data/femnist.py) and set download: false"
-        )
-    out = {}
-    for split, data in load_femnist(root).items():
-        keep = (data.labels >= LOWERCASE_OFFSET) & (data.labels < LOWERCASE_OFFSET + 10)
-        out[split] = Split(data.images[keep], data.labels[keep] - LOWERCASE_OFFSET)
-    return out
-
-
-_LOADERS = {
-    "fashion_mnist": _load_fashion_mnist,
-    "cifar10": _load_cifar10,
-    "cifar100": _load_cifar100,
-    "stl10": _load_stl10,
-    "tiny_imagenet": _load_tiny_imagenet,
-    "femnist": _load_femnist,
-}
-
-
-# --------------------------------------------------------------------------- planning check
-# The files each torchvision data set needs under its root (what planning checks, cheaply).
-_TORCHVISION_FILES = {
-    "cifar10": (
-        "cifar-10-batches-py",
-        [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"],
-    ),
-    "cifar100": ("cifar-100-python", ["train", "test", "meta"]),
-    "stl10": (
-        "stl10_binary",
-        ["train_X.bin", "train_y.bin", "test_X.bin", "test_y.bin", "unlabeled_X.bin"],
-    ),
-}
-
-
-def missing_data(name: str, root: str | None = None, download: bool = False) -> str | None:
-    """Why data set ``name`` cannot be loaded from ``root`` and how to get it, or None when its
-    files are there (or it will be downloaded). Reads no data: the front ends call this while
-    planning, so a missing data set stops them before any stage runs."""
-    key = name.lower().replace("-", "_")
-    root = root or DEFAULT_ROOTS[key]
-    if download and key != "tiny_imagenet":
-        return None
-    try:
-        if key == "fashion_mnist":
-            stems = [
-                f"{p}-{k}"
-                for p in ("train", "t10k")
-                for k in ("images-idx3-ubyte", "labels-idx1-ubyte")
-            ]
-            if any(_find_idx(Path(root), s) is None for s in stems):
-                _load_fashion_mnist(root, False)  # raises with the instructions
-        elif key == "tiny_imagenet":
-            _tiny_base(root)
-        else:
-            folder, files = _TORCHVISION_FILES[key]
-            lost = [f for f in files if not os.path.isfile(os.path.join(root, folder, f))]
-            if lost:
-                howto = _TORCHVISION_HOWTO.format(name=key, folder=folder)
-                raise _not_found(
-                    key, os.path.join(root, folder), f"{howto} (missing: {', '.join(lost)})"
-                )
-    except DataNotFound as e:
-        return str(e)
-    return None
+TINY_IMAGENET = Source(_load_tiny_imagenet, _tiny_base)

@@ -3,8 +3,9 @@
 The Snakefile builds its rules from :class:`Dag`; ``dvc.yaml`` (and one file per other pipeline
 that was run, under ``pipelines/``) is generated from it (:mod:`fedssl.plan.dvcfile`) and a test
 fails when the checked-in files drift from it. Stages come from the experiments' methods (the
-registry in :mod:`fedssl.methods`) plus the shared ones: prepare data, partition, features,
-evaluate, personal, costs, report. A per-experiment stage is named after the experiment that
+registry in :mod:`fedssl.methods`) plus the shared ones: prepare data, partition, the
+evaluations declared in :data:`EVALUATIONS` (features, evaluate, personal, finetune, costs) and
+the report. A per-experiment stage is named after the experiment that
 owns its content (:meth:`Dag.owners`), so experiments that differ only downstream share it.
 
 What decides a rerun is the same for both front ends: a stage's command, the raw params keys it
@@ -21,11 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fedssl import params as P
 from fedssl.codegraph import code_files
+from fedssl.data.catalog import dataset_spec
 from fedssl.methods import registry
 from fedssl.methods.base import DATA, PARTITION
 from fedssl.plan.fingerprint import hash_file, recorded
@@ -47,12 +51,85 @@ from fedssl.presets import (
     raw_values,
 )
 
-# What the shared per-experiment stages read of an experiment (the method adds its own keys).
-FEATURE_READS = ("features",)
-EVALUATE_READS = ("linear_probe", "knn")
-FINETUNE_READS = ("finetune",)
-PERSONAL_READS = ("personal",)
 REPORT_READS = ("title", "partition", "method")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A shared per-experiment stage ``<kind>__<experiment>``, run by ``stages/<kind>.py``.
+
+    ``reads``: the experiment params it reads; ``inputs``: ``data``, ``partition`` or earlier
+    evaluations' kinds. ``uses``: what it takes from the experiment's method, which adds that
+    part's params and steps to its reads and inputs (:func:`_method_part`): ``"encoder"`` (the
+    frozen encoder, built by the method's hook), ``"personal"`` (the steps that logged
+    personalised results) or ``"costs"`` (the client-costs hook and the steps it reads).
+    ``applies(method, experiment params)``: whether the experiment has this stage. ``metrics``
+    and ``plots``: the files it writes under the experiment's ``results/`` folder."""
+
+    kind: str
+    reads: tuple[str, ...]
+    inputs: tuple[str, ...]
+    applies: Callable[[Any, Any], bool]
+    uses: str | None = None
+    gpu: bool = False
+    metrics: tuple[str, ...] = ()
+    plots: tuple[str, ...] = ()
+
+
+def _evaluated_by(section: str) -> Callable[[Any, Any], bool]:
+    """Applies when the method is evaluated through ``section`` of the experiment params."""
+    return lambda method, exp: section in method.evaluation_sections
+
+
+# The shared evaluations, in the order they join an experiment (after the method's steps).
+EVALUATIONS = (
+    Evaluation(
+        "personal",
+        ("personal",),
+        (PARTITION,),
+        _evaluated_by("personal"),
+        uses="personal",
+        metrics=("metrics.json",),
+    ),
+    Evaluation("features", ("features",), (DATA,), _evaluated_by("features"), "encoder", True),
+    Evaluation(
+        "evaluate",
+        ("linear_probe", "knn"),
+        ("features",),
+        _evaluated_by("features"),
+        gpu=True,
+        metrics=("metrics.json",),
+    ),
+    Evaluation(
+        "finetune",
+        ("finetune",),
+        (DATA,),
+        lambda method, exp: exp.finetune is not None,
+        uses="encoder",
+        gpu=True,
+        metrics=("finetune.json",),
+        plots=("finetune_epochs.tsv",),
+    ),
+    Evaluation(
+        "costs",
+        (),
+        (PARTITION,),
+        lambda method, exp: method.costs_inputs_for(exp.method) is not None,
+        uses="costs",
+    ),
+)
+
+
+def _method_part(method, params, uses: str | None) -> tuple[tuple, tuple, bool]:
+    """What an evaluation that ``uses`` a part of the method adds: (params it reads, steps it
+    reads, whether it calls the method's hook)."""
+    if uses == "encoder":
+        return method.encoder_reads, method.encoder_inputs_for(params), True
+    if uses == "costs":
+        return method.costs_reads, method.costs_inputs_for(params), True
+    if uses == "personal":
+        return (), method.personal_inputs, False
+    return (), (), False
 
 
 @dataclass
@@ -143,7 +220,7 @@ class Dag:
         self.stages.setdefault(stage.name, stage)
 
     def _add_dataset(self, name: str) -> str:
-        self.presets.load("dataset", name)  # validates it first
+        params = self.presets.load("dataset", name)  # validates it first
         stage = f"prepare_data__{name}"
         if stage in self.stages:
             return stage
@@ -154,7 +231,8 @@ class Dag:
                 f"python -m stages.prepare_data {name}",
                 data_dir(name),
                 params=self.presets.tracked("dataset", name, None),
-                code=code_files(_entry("prepare_data")),
+                # the reader the registry names for it is imported by name, not statically
+                code=code_files(_entry("prepare_data"), dataset_spec(params.name).source_module),
             )
         )
         return stage
@@ -258,30 +336,15 @@ class Dag:
             results = results_dir(owner_of(stage.out))
             stage.plots = [f"{results}/{p}" for p in step.plots]
             stage.metrics = [f"{results}/{m}" for m in step.metrics]
-        encoder_inputs = method.encoder_inputs_for(exp.method)
-        if "personal" in method.evaluation_sections:
-            personal = add(
-                "personal",
-                PERSONAL_READS,
-                (PARTITION, *method.personal_inputs),
-                False,
-                calls_method=False,
-            )
-            personal.metrics = [f"{results_dir(owner_of(personal.out))}/metrics.json"]
-        if "features" in method.evaluation_sections:
-            add("features", FEATURE_READS + method.encoder_reads, (DATA, *encoder_inputs), True)
-            evaluate = add("evaluate", EVALUATE_READS, ("features",), True, calls_method=False)
-            evaluate.metrics = [f"{results_dir(owner_of(evaluate.out))}/metrics.json"]
-        if exp.finetune is not None:
-            finetune = add(
-                "finetune", FINETUNE_READS + method.encoder_reads, (DATA, *encoder_inputs), True
-            )
-            results = results_dir(owner_of(finetune.out))
-            finetune.metrics = [f"{results}/finetune.json"]
-            finetune.plots = [f"{results}/finetune_epochs.tsv"]
-        costs_inputs = method.costs_inputs_for(exp.method)
-        if costs_inputs is not None:
-            add("costs", method.costs_reads, (PARTITION, *costs_inputs), False)
+        for ev in EVALUATIONS:
+            if ev.applies(method, exp):
+                reads, inputs, calls_method = _method_part(method, exp.method, ev.uses)
+                stage = add(
+                    ev.kind, ev.reads + reads, ev.inputs + inputs, ev.gpu, None, calls_method
+                )
+                results = results_dir(owner_of(stage.out))
+                stage.metrics = [f"{results}/{m}" for m in ev.metrics]
+                stage.plots = [f"{results}/{p}" for p in ev.plots]
 
     def owners(self) -> dict[tuple[str, str], str]:
         """(stage kind, content key) -> the first experiment, by name, among every preset

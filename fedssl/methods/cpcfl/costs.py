@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from fedssl import costs
-from fedssl.data.catalog import IMAGE_SHAPES, NUM_CLASSES
+from fedssl.data.catalog import dataset_spec
 from fedssl.fl.engine import model_state, nbytes
 from fedssl.methods.cpcfl.models import seeded
 from fedssl.methods.cpcfl.run import build_net
@@ -118,11 +118,11 @@ def projected_costs(exp, part, dataset: str) -> dict:
                 "exploit_rounds": [p.warmup_rounds or c.rounds],
             },
         )
-    shape = IMAGE_SHAPES[dataset]
-    _, _, _, _, n_params, _ = _step_costs(p, shape, NUM_CLASSES[dataset])
+    shape = dataset_spec(dataset).shape
+    _, _, _, _, n_params, _ = _step_costs(p, shape, dataset_spec(dataset).classes)
     sent = sum(
         ((f["explore_rounds"][0] + f["exploit_rounds"][0]) * (f["clusters"] + 1) * n_params * 4)
         for f in feds
     )
-    rows = _rows(p, shape, NUM_CLASSES[dataset], [n], feds, [sent])
+    rows = _rows(p, shape, dataset_spec(dataset).classes, [n], feds, [sent])
     return costs.summarize_client_costs(rows)

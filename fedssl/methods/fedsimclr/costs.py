@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from fedssl import costs
-from fedssl.data.catalog import IMAGE_SHAPES
+from fedssl.data.catalog import dataset_spec
 from fedssl.fl.engine import nbytes
 from fedssl.losses import nt_xent
 from fedssl.methods.mfcl import paper_costs
@@ -39,7 +39,7 @@ def client_costs(ctx) -> list[dict]:
 
 def projected_costs(exp, part, dataset: str) -> dict:
     """The average client at full scale: the model state down and up in each of its rounds."""
-    p, shape = exp.method, IMAGE_SHAPES[dataset]
+    p, shape = exp.method, dataset_spec(dataset).shape
     n = costs.average_client_samples(part, dataset)
     rounds = round(p.client_fraction * p.rounds)
     state = seeded_contrastive_model(p.model, shape, p.seed, torch.device("cpu")).state_dict()

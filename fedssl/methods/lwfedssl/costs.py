@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fedssl import costs
-from fedssl.data.catalog import IMAGE_SHAPES
+from fedssl.data.catalog import dataset_spec
 from fedssl.methods.lwfedssl import paper_costs
 from fedssl.methods.lwfedssl.run import (
     initial_online,
@@ -135,7 +135,7 @@ def projected_costs(exp, part, dataset: str) -> dict:
     """The average client at full scale, every client in every round (bytes from the plan,
     FLOPs and memory measured on one probe step per stage)."""
     p = exp.method
-    shape = IMAGE_SHAPES[dataset]
+    shape = dataset_spec(dataset).shape
     n = costs.average_client_samples(part, dataset)
     parts = cost_parts(p, shape)
     ledgers = []

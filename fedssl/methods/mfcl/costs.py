@@ -8,7 +8,7 @@ import json
 import torch
 
 from fedssl import costs
-from fedssl.data.catalog import IMAGE_SHAPES
+from fedssl.data.catalog import dataset_spec
 from fedssl.fl.engine import nbytes
 from fedssl.methods.mfcl import paper_costs
 from fedssl.methods.mfcl.run import build_client_module, pre_pool_numel
@@ -45,7 +45,7 @@ def client_costs(ctx) -> list[dict]:
 def projected_costs(exp, part, dataset: str) -> dict:
     """The average client at full scale (Tab. 3's setting): the autoencoder down and up in each
     of its rounds and the fp16 export of rho twin pairs per sample."""
-    p, shape = exp.method, IMAGE_SHAPES[dataset]
+    p, shape = exp.method, dataset_spec(dataset).shape
     n = costs.average_client_samples(part, dataset)
     model = build_client_module(p, shape, torch.device("cpu"))
     with torch.no_grad():

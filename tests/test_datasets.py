@@ -1,0 +1,205 @@
+"""The data-set registry (fedssl/data/catalog.py): every entry agrees with what its reader
+loads, it is the only place naming data sets, and a new data set is one entry plus its reader."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedssl.data.catalog import DATASETS, dataset_spec
+from fedssl.data.sources import load_dataset, missing_data
+from tests.fixtures import REPO, make_tiny_project
+from tests.test_femnist import LETTER_A, pixels, write_leaf_file
+from tests.test_sources import (
+    _write_cifar10,
+    _write_cifar100,
+    _write_fashion,
+    _write_stl10,
+    _write_tiny,
+)
+
+
+def _write_femnist(root: Path) -> None:
+    for split, seed in (("train", 0), ("test", 1)):
+        letters = [LETTER_A + k for k in range(10)] + [3]  # a-j and a digit (dropped)
+        write_leaf_file(root / "data" / split / "x.json", {"w": (pixels(11, seed), letters)})
+
+
+# Each data set's fixture in its real on-disk format (tests/test_sources.py, test_femnist.py)
+WRITERS = {
+    "fashion_mnist": lambda root: _write_fashion(root, gz=True),
+    "cifar10": _write_cifar10,
+    "cifar100": _write_cifar100,
+    "stl10": _write_stl10,
+    "tiny_imagenet": lambda root: _write_tiny(root / "tiny-imagenet-200", val_sorted=False),
+    "femnist": _write_femnist,
+}
+
+
+def test_every_entry_has_a_fixture():
+    assert set(WRITERS) == set(DATASETS)
+
+
+@pytest.mark.parametrize("name", sorted(DATASETS))
+def test_entry_agrees_with_its_reader(tmp_path, name):
+    spec = DATASETS[name]
+    assert missing_data(name, str(tmp_path)) is not None  # nothing there yet
+    WRITERS[name](tmp_path)
+    assert missing_data(name, str(tmp_path)) is None
+    splits = load_dataset(name, str(tmp_path))
+    assert {"train", "test"} <= set(splits)
+    for split in splits.values():
+        assert split.images.shape[1:] == spec.shape
+        labelled = split.labels[split.labels >= 0]
+        assert labelled.size == 0 or labelled.max() < spec.classes
+    if name == "femnist":  # its fixture holds every class once per split
+        assert int(splits["train"].labels.max()) + 1 == spec.classes
+
+
+def test_missing_data_names_the_set_and_how_to_get_it(tmp_path):
+    for name, spec in DATASETS.items():
+        problem = missing_data(name, str(tmp_path / "empty"))
+        assert name in problem and "To get it" in problem
+        # a data set that downloads itself is not missing while planning
+        assert (missing_data(name, str(tmp_path / "empty"), download=True) is None) == (
+            spec.downloadable
+        )
+
+
+def test_unknown_names_list_the_registry():
+    with pytest.raises(ValueError, match="known data sets: cifar10, cifar100"):
+        dataset_spec("imagenet21k")
+    assert dataset_spec("Tiny-ImageNet") is DATASETS["tiny_imagenet"]
+
+
+def test_params_accept_exactly_the_registered_names():
+    from pydantic import ValidationError
+
+    from fedssl.params import DatasetParams
+
+    assert DatasetParams.model_json_schema()["properties"]["name"]["enum"] == list(DATASETS)
+    with pytest.raises(ValidationError, match="name"):
+        DatasetParams(name="imagenet21k")
+
+
+def _string_literals(path: Path):
+    """The string constants of a module other than its docstrings."""
+    tree = ast.parse(path.read_text())
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and ast.get_docstring(node, clean=False) is not None
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            yield node.lineno, node.value
+
+
+def test_only_the_registry_and_the_readers_name_data_sets():
+    readers = {f"{spec.source_module.replace('.', '/')}.py" for spec in DATASETS.values()}
+    allowed = {"fedssl/data/catalog.py", *readers}
+    names = re.compile(r"\b(" + "|".join(DATASETS) + r")\b")
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {text!r}"
+        for package in ("fedssl", "stages")
+        for path in sorted((REPO / package).rglob("*.py"))
+        if path.relative_to(REPO).as_posix() not in allowed
+        for line, text in _string_literals(path)
+        if names.search(text)
+    ]
+    assert not found, "data sets named outside the registry:\n" + "\n".join(found)
+
+
+# ------------------------------------------------------------------ a new data set, end to end
+TOY_READER = '''"""Toy data set: stripes.npz under the root (train_x, train_y, test_x, test_y)."""
+
+import os
+
+import numpy as np
+
+from fedssl.data.errors import DataNotFound
+from fedssl.data.sources import Source, Split
+
+
+def _check(root):
+    if not os.path.isfile(os.path.join(root, "stripes.npz")):
+        raise DataNotFound(f"stripes not found at {root}. To get it: write stripes.npz there.")
+
+
+def _load(root, download):
+    _check(root)
+    with np.load(os.path.join(root, "stripes.npz")) as z:
+        return {s: Split(z[s + "_x"], z[s + "_y"]) for s in ("train", "test")}
+
+
+STRIPES = Source(_load, _check)
+'''
+TOY_ENTRY = """
+register(DatasetSpec("stripes", "Stripes", 3, (1, 8, 8), 60, "fedssl.data.stripes:STRIPES"))
+"""
+
+
+def _stage(root: Path, kind: str, name: str) -> subprocess.CompletedProcess:
+    """A stage as both front ends run it: ``python -m stages.<kind> <name>`` in the project."""
+    return subprocess.run(
+        [sys.executable, "-m", f"stages.{kind}", name],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "FEDSSL_DEVICE": "cpu", "FEDSSL_THREADS": "1"},
+    )
+
+
+@pytest.mark.timeout(600)
+def test_a_new_data_set_is_one_entry_and_its_reader(tmp_path):
+    root = make_tiny_project(tmp_path, git=False)
+    before = {p: p.read_bytes() for p in (root / "fedssl").rglob("*.py")}
+    (root / "fedssl/data/stripes.py").write_text(TOY_READER)
+    with open(root / "fedssl/data/catalog.py", "a") as f:
+        f.write(TOY_ENTRY)
+    after = {p: p.read_bytes() for p in (root / "fedssl").rglob("*.py")}
+    changed = {p.relative_to(root).as_posix() for p in after if before.get(p) != after[p]}
+    assert changed == {"fedssl/data/catalog.py", "fedssl/data/stripes.py"}
+    (root / "params/datasets/stripes.yaml").write_text("name: stripes\ndata_root: raw_stripes\n")
+    (root / "params/partitions/stripes_iid_m3.yaml").write_text(
+        "dataset: stripes\nnum_clients: 3\nscheme: {kind: iid}\nsubset: null\nseed: 0\n"
+    )
+
+    missing = _stage(root, "prepare_data", "stripes")
+    assert missing.returncode != 0 and "write stripes.npz there" in missing.stderr
+
+    rng = np.random.default_rng(0)
+    (root / "raw_stripes").mkdir()
+    np.savez(
+        root / "raw_stripes/stripes.npz",
+        train_x=rng.integers(0, 256, (60, 1, 8, 8), dtype=np.uint8),
+        train_y=np.arange(60) % 3,
+        test_x=rng.integers(0, 256, (9, 1, 8, 8), dtype=np.uint8),
+        test_y=np.arange(9) % 3,
+    )
+    for kind, name in (("prepare_data", "stripes"), ("partition", "stripes_iid_m3")):
+        proc = _stage(root, kind, name)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    prepared = json.loads((root / "artifacts/data/stripes/dataset.json").read_text())
+    assert prepared["splits"]["train"]["shape"] == [1, 8, 8]
+    assert prepared["splits"]["train"]["num_classes"] == 3
+    with np.load(root / "artifacts/partitions/stripes_iid_m3/clients.npz") as z:
+        clients = [z[f"client_{i}"] for i in range(3)]
+    assert sorted(np.concatenate(clients).tolist()) == list(range(60))
+    assert [len(c) for c in clients] == [20, 20, 20]
+
+    # planning checks a partition against the entry's training size
+    (root / "params/partitions/stripes_iid_m3.yaml").write_text(
+        "dataset: stripes\nnum_clients: 3\nscheme: {kind: iid}\nsubset: 61\nseed: 0\n"
+    )
+    too_big = _stage(root, "partition", "stripes_iid_m3")
+    assert too_big.returncode != 0 and "exceeds the 60" in too_big.stderr

@@ -1,0 +1,23 @@
+"""A toy shared evaluation's stage script: how evenly a partition spreads the training images
+over the clients. The test copies it to a project's stages/client_balance.py and adds its
+declaration to fedssl/plan/dag.py's EVALUATIONS (see README, "Adding an evaluation")."""
+
+from __future__ import annotations
+
+from fedssl.data.store import load_clients
+from fedssl.runtime import write_json
+from fedssl.stage import main_guard
+from stages.common import context
+
+
+def run(argv):
+    ctx = context("client_balance", argv, "a params/experiments/<name>.yaml preset")
+    sizes = [len(c) for c in load_clients(ctx.input("partition"))]
+    with ctx.run():
+        metrics = {"clients": len(sizes), "largest_share": round(max(sizes) / sum(sizes), 4)}
+        write_json(ctx.results_dir / "balance.json", metrics)
+        ctx.info["metrics"] = metrics
+
+
+if __name__ == "__main__":
+    main_guard(run)
