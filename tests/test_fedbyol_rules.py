@@ -164,8 +164,9 @@ def test_fedemas_first_blend_has_decay_tau_then_tau_times_the_divergence_ratio(t
     keep = fed.strategy.keep
 
     def keep_and_note(state, c, trained):
+        d_last[c] = divergence(trained, seen[(state.round, c)][2], convs)  # from its start
         out = keep(state, c, trained)
-        d_last[c] = state.memo["divergence"][c]
+        assert state.memo["divergence"][c] == d_last[c]
         return out
 
     fed.strategy.keep = keep_and_note
