@@ -50,11 +50,9 @@ def pretrain(ctx) -> None:
     p = ctx.exp.method
     model = seeded_byol(p.model, ctx.image_shape, p.seed, ctx.device)
     fed = make_federation(p, model, train_data(ctx), ctx.resume_path, ctx.fingerprint)
-    state = run_federation(ctx, fed)
-    torch_save(
-        {"model": state.server["global"], "image_shape": tuple(ctx.image_shape)},
-        ctx.out / "model.pt",
-    )
+    run_federation(ctx, fed, model)
+    online = {k: v for k, v in model.state_dict().items() if not k.startswith(TARGET)}
+    torch_save({"model": online, "image_shape": tuple(ctx.image_shape)}, ctx.out / "model.pt")
     ctx.info["parameters"] = sum(q.numel() for q in model.encoder.parameters())
     ctx.info["predictor_parameters"] = sum(q.numel() for q in model.predictor.parameters())
 

@@ -71,6 +71,11 @@ class FedBYOLStrategy(Strategy):
         self._stats["divergence"].append(d)
         return trained
 
+    def final_model(self, state: FedState) -> Tensors:
+        """The global online network and predictor (the target, client-side only, set to the
+        global encoder so the whole network loads)."""
+        return {**state.server["global"], **target_of(state.server["global"])}
+
     def evaluate(self, state: FedState, round_: int) -> dict:
         """The round's means of what the clients recorded (divergence, decay, DAPU choices)."""
         out = {k: round(sum(v) / len(v), 6) for k, v in self._stats.items() if v}
