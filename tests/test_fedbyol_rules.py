@@ -260,3 +260,16 @@ def test_a_bad_divergence_or_threshold_is_named():
         params(FedUParams, dapu_threshold=-1)
     with pytest.raises(ValueError, match="pixels"):
         params(model=ModelParams(arch="pixels").model_dump())
+
+
+def test_the_paper_scale_payload_is_the_specs_float_count():
+    """Spec §2.5: CIFAR ResNet-18 11,168,832 + projector 10,500,096 + predictor 16,791,552
+    floats each way per round, plus the BN buffers (which the server averages too)."""
+    p = params(model={"arch": "resnet18", "norm": "bn", "width": 64, "proj_hidden": 4096,
+                      "proj_dim": 2048})  # fmt: skip
+    model = seeded_byol(p.model, (3, 32, 32), 0, CPU)
+    travels = {k: v for k, v in model.state_dict().items() if not k.startswith(TARGET)}
+    floats = sum(v.numel() for k, v in model.named_parameters() if k in travels)
+    assert floats == 11_168_832 + 10_500_096 + 16_791_552 == 38_460_480
+    buffers = {k: v for k, v in travels.items() if k not in dict(model.named_parameters())}
+    assert payload_bytes(p, (3, 32, 32)) == 4 * floats + nbytes(buffers)
