@@ -1,0 +1,63 @@
+"""The family's `costs` stage and projection: bytes from the ledger of the exchanged tensors
+(online network and predictor both ways; the target never travels), FLOPs counted around one
+real BYOL step, and that step's memory."""
+
+from __future__ import annotations
+
+import torch
+
+from fedssl import costs
+from fedssl.data.catalog import IMAGE_SHAPES
+from fedssl.fl.engine import nbytes
+from fedssl.losses import byol_loss
+from fedssl.methods.fedbyol.model import TARGET, seeded_byol
+
+
+def _loss(output, _inputs):
+    p, t = output
+    return byol_loss(*p.chunk(2), *t.chunk(2))
+
+
+def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[int]):
+    model = seeded_byol(p.model, shape, p.seed, torch.device("cpu")).train()
+    probe = costs.probe_batch(shape)  # both views of PROBE_PAIRS images
+    per_sample = costs.train_step_flops(model, probe, _loss) / (probe.shape[0] // 2)
+    every = sum(q.numel() * q.element_size() for q in model.parameters())
+    online = sum(q.numel() * q.element_size() for q in model.parameters() if q.requires_grad)
+    slots = 2 if p.optimizer == "adam" else 1
+    acts = costs.saved_activation_bytes(model, probe, _loss) * p.batch_size / (probe.shape[0] // 2)
+    peak = int(acts + every + online * (1 + slots))  # weights, online grads, optimizer state
+    return [
+        {
+            "client": m,
+            "samples": n,
+            "rounds": r,
+            "bytes_actual": b,
+            "beta_flops": per_sample * n * p.local_epochs * r,
+            "peak_step_bytes": peak,
+        }
+        for m, (n, r, b) in enumerate(zip(samples, rounds, sent))
+    ]
+
+
+def client_costs(ctx) -> list[dict]:
+    ledger = costs.ledger_of(ctx.input("pretrain"), [len(c) for c in ctx.clients()])
+    return _client_costs(
+        ctx.exp.method, ctx.image_shape, ledger.samples, ledger.rounds, ledger.sent
+    )
+
+
+def payload_bytes(p, shape) -> int:
+    """One direction of one round for one client: the online network and predictor (with
+    their BN buffers), spec §2.5 / §3.5's algorithmic payload."""
+    state = seeded_byol(p.model, shape, p.seed, torch.device("cpu")).state_dict()
+    return nbytes({k: v for k, v in state.items() if not k.startswith(TARGET)})
+
+
+def projected_costs(exp, part, dataset: str) -> dict:
+    """The average client at full scale: the payload down and up in each of its rounds."""
+    p, shape = exp.method, IMAGE_SHAPES[dataset]
+    n = costs.average_client_samples(part, dataset)
+    rounds = round(p.client_fraction * p.rounds)
+    rows = _client_costs(p, shape, [n], [rounds], [2 * payload_bytes(p, shape) * rounds])
+    return costs.summarize_client_costs(rows)

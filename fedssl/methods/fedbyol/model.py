@@ -1,0 +1,94 @@
+"""The BYOL network of the family (EasyFL's layout, spec §2.3): an online encoder (backbone +
+projector), a predictor, and the target, an EMA twin of the online encoder that never gets
+gradients. Parameter names: ``encoder.*``, ``predictor.*`` (what travels) and
+``target.encoder.*`` (what stays on the client)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from fedssl.models.encoders import build_backbone, frozen
+from fedssl.models.heads import BNMLP
+from fedssl.params import ModelParams
+from fedssl.precision import channels_last
+from fedssl.runtime import derive_seed
+
+Tensors = dict[str, torch.Tensor]
+TARGET = "target."  # the target's names: TARGET + the online encoder's
+ONLINE = ("encoder.", "predictor.")  # what travels
+
+
+def mlp(in_dim: int, hidden: int, out_dim: int) -> BNMLP:
+    """EasyFL's BYOL projector / predictor: Linear-BN-ReLU-Linear."""
+    return BNMLP(in_dim, [hidden], out_dim, last_bn=False)
+
+
+class ByolEncoder(nn.Module):
+    """Backbone + projector; ``forward`` gives the projection."""
+
+    def __init__(self, params: ModelParams, image_shape):
+        super().__init__()
+        self.backbone = build_backbone(params, tuple(image_shape))
+        self.projector = mlp(self.backbone.out_dim, params.proj_hidden, params.proj_dim)
+
+    def forward(self, x):
+        return self.projector(self.backbone(x))
+
+
+class ByolNet(nn.Module):
+    """``forward(x)`` -> (online predictions, target projections) of the same images."""
+
+    def __init__(self, params: ModelParams, image_shape):
+        super().__init__()
+        self.encoder = ByolEncoder(params, image_shape)
+        self.predictor = mlp(params.proj_dim, params.proj_hidden, params.proj_dim)
+        self.target = nn.ModuleDict({"encoder": copy.deepcopy(self.encoder)})
+        for q in self.target.parameters():
+            q.requires_grad_(False)
+
+    def forward(self, x):
+        return self.predictor(self.encoder(x)), self.target["encoder"](x)
+
+
+def seeded_byol(params: ModelParams, image_shape, seed: int, device: torch.device) -> ByolNet:
+    torch.manual_seed(derive_seed(seed, "init"))
+    model = ByolNet(params, image_shape).to(device)
+    if channels_last(device):
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def online_names(model: ByolNet) -> list[str]:
+    """The parameters the clients train (the target's move by EMA only)."""
+    return [k for k, _ in model.named_parameters() if k.startswith(ONLINE)]
+
+
+def conv_weights(model: ByolNet) -> list[str]:
+    """The tensors the divergence is measured on (EasyFL: names with 'conv' and 'weight'):
+    the online backbone's convolution kernels, 1x1 shortcut convolutions excluded."""
+    return [
+        k
+        for k, v in model.named_parameters()
+        if k.startswith("encoder.backbone.") and v.dim() == 4 and ".shortcut." not in k
+    ]
+
+
+@torch.no_grad()
+def divergence(a: Tensors, b: Tensors, keys: list[str]) -> float:
+    """d = (1/J) Σ_j ||a_j - b_j||_2 over the J tensors ``keys`` (spec §2.2 step 4)."""
+    return float(torch.stack([(a[k].double() - b[k].double()).norm() for k in keys]).mean())
+
+
+def target_of(online: Tensors) -> Tensors:
+    """A target equal to the online encoder (a client's first round: ξ <- θ_g)."""
+    return {TARGET + k: v for k, v in online.items() if k.startswith("encoder.")}
+
+
+def byol_encoder(method, image_shape, projection: bool = False) -> nn.Module:
+    """The untrained module the probes (and :mod:`fedssl.export`) load the global online encoder
+    into: its backbone, or with ``projection`` backbone and projector."""
+    enc = ByolEncoder(method.model, image_shape)
+    return frozen(enc if projection else enc.backbone)

@@ -1,0 +1,110 @@
+"""The federated BYOL family end to end on a tiny project, in process: each method's `pretrain`
+step, the shared probes on its global encoder, its client costs and the report; then a killed
+FedEMA `pretrain` resumes (its clients' targets, divergences and autoscalers included) to
+byte-identical outputs."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import signal
+
+import pytest
+
+from tests.fixtures import (
+    in_project,
+    kill_after_checkpoint,
+    make_tiny_project,
+    output_files,
+    run_stage,
+)
+from tests.test_resume_stages import assert_same_files
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
+
+EXPERIMENT = """\
+title: {title}
+partition: tiny_dir05_m3
+method:
+  name: {name}
+  model: {{arch: small_cnn, norm: gn, channels_per_group: 4, width: 4,
+          proj_hidden: 16, proj_dim: 8}}
+  rounds: 3
+  local_epochs: 1
+  batch_size: 32
+  lr: 0.05
+  augment: {{crop_scale: [0.5, 1.0], jitter_p: 0.0, grayscale_p: 0.0}}
+{extra}  seed: 0
+features: {{layer: backbone, train_size: null, batch_size: 256}}
+linear_probe: {{epochs: 5, lr: 0.01, weight_decay: 0.0, batch_size: 64, standardize: true, seed: 0}}
+knn: {{k: 5, temperature: 0.1}}
+"""
+METHODS = {
+    "tiny_fedbyol": ("FedBYOL", "fedbyol", ""),
+    "tiny_fedema": ("FedEMA", "fedema", "  tau: 0.7\n"),
+    "tiny_fedu": ("FedU", "fedu", "  dapu_threshold: 0.4\n"),
+}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = make_tiny_project(tmp_path_factory.mktemp("fedbyol"), git=False)
+    for name, (title, method, extra) in METHODS.items():
+        (root / "params/experiments" / f"{name}.yaml").write_text(
+            EXPERIMENT.format(title=title, name=method, extra=extra)
+        )
+    with open(root / "params/pipelines.yaml", "a") as f:
+        f.write(f"  byol: [{', '.join(METHODS)}]\n")
+    return root
+
+
+def test_the_family_runs_through_the_stage_runner(project, monkeypatch):
+    from fedssl.plan.dag import Dag
+
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
+    dag = Dag("byol")
+    kinds = [s.kind for s in dag.stages.values() if s.name.endswith("__tiny_fedema")]
+    assert kinds[:1] == ["pretrain"] and {"features", "evaluate", "costs"} <= set(kinds)
+    assert "fedssl/methods/fedbyol/costs.py" not in dag.stages["pretrain__tiny_fedema"].code
+    for stage in dag.stages.values():
+        _, _, module, *args = stage.cmd.split()
+        importlib.import_module(module).run(args)
+
+    report = json.loads((project / "results/reports/byol/report.json").read_text())
+    rows = {r["experiment"]: r for r in report["rows"]}
+    assert {rows[n]["row"] for n in METHODS} == {"FedBYOL", "FedEMA", "FedU"}
+    for name in METHODS:
+        assert 0 <= rows[name]["linear_top1"] <= 100 and 0 <= rows[name]["knn_top1"] <= 100
+        assert float(rows[name]["client_MB_sent"]) == pytest.approx(
+            6 * rows[name]["round_MB_up"], rel=5e-3
+        )  # 3 rounds, the online network and predictor each way
+        assert float(rows[name]["beta_GFLOPs"]) > 0
+        comm = json.loads(
+            (project / f"artifacts/experiments/{name}/pretrain/communication.json").read_text()
+        )
+        assert all(set(c["up_by_kind"]) == {"encoder", "predictor"} for c in comm["per_client"])
+    with open(project / "results/experiments/tiny_fedema/rounds.tsv") as f:
+        log = list(csv.DictReader(f, delimiter="\t"))
+    assert [r["decay"] for r in log][:2] == ["", "0.7"]  # the autoscaler's first decay is τ
+    with open(project / "results/experiments/tiny_fedu/rounds.tsv") as f:
+        assert "local_predictor" in next(csv.DictReader(f, delimiter="\t"))
+
+
+def test_a_killed_fedema_pretrain_resumes_to_the_uninterrupted_outputs(
+    project, capsys, monkeypatch
+):
+    monkeypatch.setenv("FEDSSL_THREADS", "1")
+    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
+    with in_project(project) as dag_for:
+        stage = dag_for("pretrain", "tiny_fedema")
+        run_stage(stage, upstream=True)
+        assert "round 1/" in capsys.readouterr().out
+        uninterrupted = output_files(stage)
+        code, checkpoint = kill_after_checkpoint(project, stage)
+        assert code == -signal.SIGKILL
+        run_stage(stage)
+        assert "round 1/" not in capsys.readouterr().out  # it went on from the checkpoint
+        assert_same_files(output_files(stage), uninterrupted)
+        assert not checkpoint.exists()
