@@ -132,6 +132,10 @@ class GlobalFedAvg(Strategy):
     def keep(self, state: FedState, client: int, trained: dict) -> dict | None:
         return self.upload(state, client, trained) if self.p.variant == "moon" else None
 
+    def final_model(self, state: FedState) -> dict:
+        """The wrapper's whole state with the global network in every slot."""
+        return self.local_start(state, -1, state.server["global"])
+
     def evaluate(self, state: FedState, round_: int) -> dict:
         return {
             "global_top1": round(
@@ -194,8 +198,7 @@ def train(ctx) -> None:
     classes = num_classes(data, tests)
     model = seeded_model(p, ctx.image_shape, classes, ctx.device)
     fed = make_federation(p, model, data, tests, ctx.resume_path, ctx.fingerprint)
-    state = run_federation(ctx, fed)
-    model.net.load_state_dict(state.server["global"])
+    state = run_federation(ctx, fed, model)
     torch_save(
         {
             "model": model.net.state_dict(),
