@@ -1,7 +1,7 @@
-"""Global supervised FL's stages on a tiny project, in process: the ``train`` step of FedAvg and
-MOON (global accuracy, model, traffic), the shared probes on the global encoder, the costs stage
-and the report with the global-accuracy pivot beside the probe columns; then Snakemake plans the
-same DAG and finds nothing to do."""
+"""MFCL Tab. 2's supervised rows on a tiny project, in process: the ``train`` step of FedAvg,
+MOON and FSL (global accuracy, model, traffic), the shared probes on the global encoder, the
+costs stage and the report with the global-accuracy pivot beside the probe columns; then
+Snakemake plans the same DAG and finds nothing to do."""
 
 from __future__ import annotations
 
@@ -33,6 +33,22 @@ linear_probe: {{epochs: 5, lr: 0.01, weight_decay: 0.0, batch_size: 64, standard
 knn: {{k: 5, temperature: 0.1}}
 """
 
+FSL = """\
+title: FSL
+partition: tiny_dir05_m3
+method:
+  name: fsl
+  model: {arch: small_cnn, norm: bn, channels_per_group: 4, width: 4}
+  cut: 2
+  rounds: 2
+  batch_size: 32
+  lr: 0.05
+  seed: 0
+features: {layer: backbone, train_size: null, batch_size: 256}
+linear_probe: {epochs: 5, lr: 0.01, weight_decay: 0.0, batch_size: 64, standardize: true, seed: 0}
+knn: {k: 5, temperature: 0.1}
+"""
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -46,8 +62,9 @@ def test_supervised_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatc
         (params / "experiments" / f"{name}.yaml").write_text(
             EXPERIMENT.format(variant=variant, mu=mu)
         )
+    (params / "experiments" / "tiny_fsl.yaml").write_text(FSL)
     with open(params / "pipelines.yaml", "a") as f:
-        f.write(f"  sup: [{', '.join(names)}]\n")
+        f.write(f"  sup: [{', '.join(names)}, tiny_fsl]\n")
     monkeypatch.chdir(root)
     monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
     dag = Dag("sup")
@@ -71,6 +88,10 @@ def test_supervised_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatc
     report = json.loads((root / "results/reports/sup/report.json").read_text())
     rows = {r["experiment"]: r for r in report["rows"]}
     assert rows["tiny_moon"]["row"] == "MOON (μ=1)" and rows["tiny_fedavg"]["row"] == "FedAvg"
+    assert rows["tiny_fsl"]["row"] == "FSL" and rows["tiny_fsl"]["arch"] == "small_cnn/cut2"
+    fsl = json.loads((exp / "tiny_fsl" / "train" / "communication.json").read_text())
+    assert all(c["up_by_kind"]["smashed_data"] > 0 for c in fsl["per_client"])
+    assert (results / "tiny_fsl" / "global.json").exists()
     for r in rows.values():
         assert {"global_top1", "linear_top1", "knn_top1"} <= set(r)
         assert all(float(r[c]) > 0 for c in ("client_MB_sent", "beta_GFLOPs", "peak_step_MB"))
