@@ -87,3 +87,19 @@ def test_the_server_copy_learns_from_the_smashed_data_and_every_part_is_averaged
     for k, v in expected.items():
         assert torch.equal(state.server["global"][k], v), k
     assert "global_top1" in state.log[0]
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    p = params(rounds=2)
+    fed, model = federation(p, tmp_path / "whole.pt")
+    whole = fed.run(fed.start(model))
+    fed, model = federation(params(rounds=1), tmp_path / "part.pt")
+    fed.run(fed.start(model))  # killed after round 1: its checkpoint remains
+    fed, model = federation(p, tmp_path / "part.pt")
+    state = fed.start(model)
+    assert state.round == 1
+    resumed = fed.run(state)
+    assert [r["loss"] for r in resumed.log] == [r["loss"] for r in whole.log]
+    assert resumed.ledger.summary() == whole.ledger.summary()
+    for k, v in whole.server["global"].items():
+        assert torch.equal(resumed.server["global"][k], v), k
