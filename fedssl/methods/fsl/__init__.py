@@ -77,6 +77,7 @@ class FSL(Method):
     )
     encoder_inputs = ("train",)
     encoder_reads = ("method.model", "method.cut")
+    encoder_builder = "fedssl.methods.fsl.train:untrained_encoder"
     encoder_hook = "fedssl.methods.fsl.train:encoder"
     costs_inputs = ("train",)
     client_costs_hook = "fedssl.methods.fsl.train:client_costs"

@@ -22,7 +22,7 @@ from fedssl.fl.engine import Federation, FedState, LocalTraining, Strategy, fede
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import masked_cross_entropy
 from fedssl.methods.mpfedcon.train import views_of
-from fedssl.methods.supervised.train import global_accuracy, num_classes, test_split
+from fedssl.methods.supervised.train import global_accuracy, load_saved, num_classes, test_split
 from fedssl.models.encoders import build_backbone, frozen
 from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_save, write_json
@@ -140,16 +140,25 @@ def train(ctx) -> None:
 
 
 def load_model(ctx) -> SplitClassifier:
-    saved = torch.load(ctx.input("train") / "model.pt", map_location=ctx.device, weights_only=True)
+    saved = load_saved(ctx)
     model = seeded_model(ctx.exp.method, saved["image_shape"], saved["classes"], ctx.device)
     model.load_state_dict(saved["model"])
     return model
 
 
-def encoder(ctx) -> nn.Module:
-    """The frozen global encoder: the client part, then the server's units (no classifier)."""
-    model = load_model(ctx)
+def global_encoder(model: SplitClassifier) -> nn.Module:
+    """The frozen encoder: the client part, then the server's units (no classifier; FSL has no
+    projection head, so ``features.layer: projection`` reads the same)."""
     return frozen(nn.Sequential(*model.client, *model.server[:-1]))
+
+
+def untrained_encoder(method, image_shape, projection: bool = False) -> nn.Module:
+    """The module :func:`encoder` returns, untrained (what an export loads into)."""
+    return global_encoder(SplitClassifier(method, image_shape, 1))
+
+
+def encoder(ctx) -> nn.Module:
+    return global_encoder(load_model(ctx))
 
 
 def client_costs(ctx) -> list[dict]:

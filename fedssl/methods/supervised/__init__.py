@@ -87,6 +87,7 @@ class Supervised(Method):
     )
     encoder_inputs = ("train",)
     encoder_reads = ("method.model",)
+    encoder_builder = "fedssl.methods.supervised.train:untrained_encoder"
     encoder_hook = "fedssl.methods.supervised.train:encoder"
     costs_inputs = ("train",)
     client_costs_hook = "fedssl.methods.supervised.costs:client_costs"

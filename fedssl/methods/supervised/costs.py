@@ -9,7 +9,7 @@ from torch import nn
 
 from fedssl import costs
 from fedssl.fl.cohort import Batch
-from fedssl.methods.supervised.train import local_loss, seeded_model
+from fedssl.methods.supervised.train import load_saved, local_loss, seeded_model
 
 REFERENCES_HELD = {"fedavg": 0, "fedprox": 1, "moon": 2}  # frozen model copies a step reads
 
@@ -47,7 +47,7 @@ def step_costs(p, shape, classes: int) -> dict:
 
 def client_costs(ctx) -> list[dict]:
     p = ctx.exp.method
-    saved = torch.load(ctx.input("train") / "model.pt", map_location="cpu", weights_only=True)
+    saved = load_saved(ctx, "cpu")
     ledger = costs.ledger_of(ctx.input("train"), [len(c) for c in ctx.clients()])
     step = step_costs(p, ctx.image_shape, saved["classes"])
     return [

@@ -216,12 +216,26 @@ def train(ctx) -> None:
     )
 
 
+def load_saved(ctx, device=None) -> dict:
+    """The ``train`` step's ``model.pt`` (weights, image shape, classes): this method's and
+    FSL's one load site, tensors only."""
+    path = ctx.input("train") / "model.pt"
+    return torch.load(path, map_location=device or ctx.device, weights_only=True)
+
+
+def global_encoder(net: LayeredNet, projection: bool = False) -> nn.Module:
+    """The frozen encoder the probes read: D, or with ``projection`` P∘D."""
+    return frozen(nn.Sequential(net.base, net.projector) if projection else net.base)
+
+
+def untrained_encoder(method, image_shape, projection: bool = False) -> nn.Module:
+    """The module :func:`encoder` returns, untrained (what an export loads into)."""
+    return global_encoder(build_net(method, image_shape, 1), projection)
+
+
 def encoder(ctx) -> nn.Module:
-    """The frozen global encoder D for the shared probes (with ``features.layer: projection``,
-    P∘D)."""
-    ckpt = torch.load(ctx.input("train") / "model.pt", map_location=ctx.device, weights_only=True)
+    """The frozen global encoder for the shared probes (``features.layer``)."""
+    ckpt = load_saved(ctx)
     net = build_net(ctx.exp.method, ckpt["image_shape"], ckpt["classes"]).to(ctx.device)
     net.load_state_dict(ckpt["model"])
-    if ctx.exp.features.layer == "projection":
-        return frozen(nn.Sequential(net.base, net.projector))
-    return frozen(net.base)
+    return global_encoder(net, ctx.exp.features.layer == "projection")
