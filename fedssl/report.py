@@ -47,6 +47,7 @@ COLUMNS = [
 PIVOTS = {
     "linear": ("linear_top1", "Linear probe top-1 %", True),
     "knn": ("knn_top1", "k-NN top-1 %", False),
+    "global": ("global_top1", "Global-model top-1 % (uniform test split, final round)", True),
     "personal": (
         "personal_top1",
         "Personalised top-1 % (each client's model on its own test split, final round)",
@@ -66,6 +67,7 @@ RUN_COLUMNS = {
     "column": "setting",
     "linear_top1": "linear",
     "knn_top1": "k-NN",
+    "global_top1": "global",
     "personal_top1": "personal",
     "finetune_top1": "fine-tune",
     "client_MB_up": "MB up / client",

@@ -28,6 +28,7 @@ from tests.test_mocosfl import TINY as TINY_MOCOSFL
 from tests.test_mpfedcon_chain import EXPERIMENT as MPF_EXPERIMENT
 from tests.test_mpfedcon_chain import LEAKAGE
 from tests.test_mpfedcon_chain import PARTITION as SHARDS
+from tests.test_supervised_chain import EXPERIMENT as SUPERVISED
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
@@ -315,7 +316,7 @@ EXERCISES = {
     "fedssl/methods/lwfedssl/run.py::load_online::torch.load": Exercise(
         "grow_2", "tiny_lw_fedssl", "{in:grow_1}/model.pt"
     ),
-    "fedssl/methods/mfcl/run.py::export::torch.load": Exercise(
+    "fedssl/methods/mfcl/export.py::export::torch.load": Exercise(
         "export", "tiny_mfcl", "{in:pretrain}/model.pt"
     ),
     "fedssl/methods/mfcl/run.py::rserver::numpy.load": Exercise(
@@ -335,6 +336,9 @@ EXERCISES = {
     ),
     "fedssl/methods/mocosfl/run.py::load_final::torch.load": Exercise(
         "features", "tiny_mocosfl", "{in:pretrain}/model.pt"
+    ),
+    "fedssl/methods/supervised/train.py::load_saved::torch.load": Exercise(
+        "features", "tiny_fedavg", "{in:train}/model.pt"
     ),
 }
 
@@ -357,6 +361,7 @@ def project(tmp_path_factory):
         "experiments/tiny_leakage.yaml": LEAKAGE,
         "experiments/tiny_mfcl.yaml": TINY_MFCL_EXPERIMENT.format(norm="gn", secure="false"),
         "experiments/tiny_mocosfl.yaml": TINY_MOCOSFL.format(title="m", variant="mocosfl", cut=1),
+        "experiments/tiny_fedavg.yaml": SUPERVISED.format(variant="fedavg", mu=0.0),
     }
     for name, text in files.items():
         (params / name).write_text(text)

@@ -1,0 +1,86 @@
+"""FSL: federated split learning with locally generated losses (Han, Bhatti, Lee, Moon, ICML 2021
+FL workshop; spec baselines.md §7), the split-learning row of MFCL's Tab. 2, supervised.
+
+The network is cut after ``cut`` units of the encoder: the client part w_c, with a small
+auxiliary head a_c (global average pool + Linear) on the cut layer, and the server part w_s (the
+remaining units and the classifier). Per batch, a client updates w_c and a_c on its local loss
+CE(a_c(s), y), s = w_c(x), and sends (s, y) to the server, which updates w_s on CE(w_s(s), y):
+no gradient travels back, so both sides step in parallel on the same s. Choices where the paper
+is silent ([U] in the spec): one server copy per client, averaged each round with the client
+parts (SplitFed-v1 style; the copies stay on the server), the auxiliary head averaged too, every
+batch sent (h = 1). Scored by the global model w_s∘w̄_c on the uniform test split; the shared
+probes read the encoder part (w_c then w_s without its classifier).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
+
+from fedssl.methods.base import Method, MethodParams, Step
+from fedssl.methods.registry import register
+from fedssl.params import PARALLEL_CLIENTS_HELP, FederationSettings, ModelParams, ParallelClients
+
+# Units of each encoder a cut may leave on the client (a conv block, a residual block, ...);
+# the server keeps at least one.
+CUTTABLE_UNITS = {"small_cnn": 4, "resnet18": 9}
+
+
+class FSLParams(MethodParams, FederationSettings):
+    name: Literal["fsl"] = "fsl"
+    model: ModelParams = Field(description="the encoder (its projection fields are not used)")
+    cut: PositiveInt = Field(2, description="encoder units on the client (w_c)")
+    local_epochs: PositiveInt = 1
+    batch_size: PositiveInt = 64
+    lr: PositiveFloat = 0.01
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    weight_decay: NonNegativeFloat = 0.0
+    augment: Literal["none", "crop_flip"] = Field(
+        "none", description="crop_flip = random crop with zero padding + horizontal flip"
+    )
+    crop_padding: NonNegativeInt = 4
+    parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
+
+    @model_validator(mode="after")
+    def _cut(self):
+        units = CUTTABLE_UNITS.get(self.model.arch)
+        if units is None:
+            raise ValueError(f"model.arch '{self.model.arch}' cannot be split")
+        if self.cut >= units:
+            raise ValueError(
+                f"cut: {self.cut} leaves the server nothing ({self.model.arch} has {units} units)"
+            )
+        return self
+
+
+@register
+class FSL(Method):
+    name = "fsl"
+    label = "FSL"
+    params = FSLParams
+    steps = (
+        Step(
+            "train",
+            reads=("partition", "method"),
+            plots=("rounds.tsv",),
+            metrics=("global.json",),
+            runner="fedssl.methods.fsl.train:train",
+        ),
+    )
+    encoder_inputs = ("train",)
+    encoder_reads = ("method.model", "method.cut")
+    encoder_builder = "fedssl.methods.fsl.train:untrained_encoder"
+    encoder_hook = "fedssl.methods.fsl.train:encoder"
+    costs_inputs = ("train",)
+    client_costs_hook = "fedssl.methods.fsl.train:client_costs"
+
+    def arch(self, params) -> str:
+        return f"{params.model.arch}/cut{params.cut}"

@@ -1,0 +1,100 @@
+"""Global supervised FL, the supervised rows of MFCL's Tab. 2 (spec baselines.md §1, §6):
+FedAvg, FedProx and MOON, scored by the global model's accuracy on the uniform test set.
+
+Every client trains the network F = O∘P∘D (D: the encoder of ``model``, the same family as the
+SSL rows; P: the Linear-ReLU-Linear projection head; O: the classifier on P's output, MOON's
+``ModelFedCon``) from the global model with cross-entropy, and the server takes the size-weighted
+FedAvg of the whole network, which travels both ways every round. The variants differ only in
+the local loss:
+
+* ``fedavg``: CE;
+* ``fedprox``: CE + (μ/2)‖w − W_g‖² over the trainable weights (W_g: the round's global model);
+* ``moon``: CE + μ·ℓ_con, ℓ_con = −log softmax([cos(z, z_glob), cos(z, z_prev)] / τ) at the
+  positive, z = P(D(x)) of the live model, z_glob of the global model, z_prev of the client's
+  own model after its previous local training (kept on the client; none yet: ℓ_con = 0, the
+  authors' empty model pool in round 1).
+
+Besides the global accuracy (``global.json``, and per round in ``rounds.tsv``) the shared probes
+read the global encoder D, so the rows line up with the SSL rows' linear / k-NN columns.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
+
+from fedssl.methods.base import Method, MethodParams, Step
+from fedssl.methods.registry import register
+from fedssl.params import PARALLEL_CLIENTS_HELP, FederationSettings, ModelParams, ParallelClients
+
+LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "moon": "MOON"}
+
+
+class SupervisedParams(MethodParams, FederationSettings):
+    """One global supervised FL run (defaults: MOON's setup, spec §1 and §6.3)."""
+
+    name: Literal["supervised"] = "supervised"
+    variant: Literal["fedavg", "fedprox", "moon"]
+    model: ModelParams = Field(
+        description="D and P: the encoder and projection head (proj_hidden, proj_dim); O "
+        "reads P's output"
+    )
+    local_epochs: PositiveInt = 10
+    batch_size: PositiveInt = 64
+    lr: PositiveFloat = 0.01
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    weight_decay: NonNegativeFloat = 1e-5
+    mu: NonNegativeFloat = Field(
+        0.0, description="fedprox: weight of the proximal term; moon: weight of l_con"
+    )
+    temperature: PositiveFloat = Field(0.5, description="moon: tau of l_con")
+    augment: Literal["none", "crop_flip"] = Field(
+        "none", description="crop_flip = random crop with zero padding + horizontal flip"
+    )
+    crop_padding: NonNegativeInt = 4
+    parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
+
+    @model_validator(mode="after")
+    def _fits(self):
+        if self.model.arch == "pixels":
+            raise ValueError("model.arch 'pixels' has no weights to train")
+        if self.variant == "fedavg" and self.mu:
+            raise ValueError(f"mu: variant 'fedavg' has no mu (got {self.mu})")
+        return self
+
+
+@register
+class Supervised(Method):
+    name = "supervised"
+    label = "Supervised FL"
+    params = SupervisedParams
+    steps = (
+        Step(
+            "train",
+            reads=("partition", "method"),
+            plots=("rounds.tsv",),
+            metrics=("global.json",),
+            runner="fedssl.methods.supervised.train:train",
+        ),
+    )
+    encoder_inputs = ("train",)
+    encoder_reads = ("method.model",)
+    encoder_builder = "fedssl.methods.supervised.train:untrained_encoder"
+    encoder_hook = "fedssl.methods.supervised.train:encoder"
+    costs_inputs = ("train",)
+    client_costs_hook = "fedssl.methods.supervised.costs:client_costs"
+
+    def row_label(self, params) -> str:
+        label = LABELS[params.variant]
+        return f"{label} (μ={params.mu:g})" if params.variant != "fedavg" else label
+
+    def arch(self, params) -> str:
+        return params.model.arch

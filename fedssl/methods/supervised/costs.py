@@ -1,0 +1,63 @@
+"""The ``costs`` stage of global supervised FL: bytes from the run's ledger (the whole network
+down and up every round), FLOPs counted around one real local step of the variant's loss
+(MOON's two reference forwards included), and a step's memory measured the same way."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedssl import costs
+from fedssl.fl.cohort import Batch
+from fedssl.methods.supervised.train import load_saved, local_loss, seeded_model
+
+REFERENCES_HELD = {"fedavg": 0, "fedprox": 1, "moon": 2}  # frozen model copies a step reads
+
+
+class LocalStep(nn.Module):
+    """One local step's loss on a labelled batch, as a module the cost counters can run."""
+
+    def __init__(self, p, model: nn.Module, labels: torch.Tensor):
+        super().__init__()
+        self.model, self.loss, self.labels = model, local_loss(p, model), labels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch = Batch((x,), self.labels, torch.ones(len(x), dtype=torch.bool))
+        m = self.model
+        return self.loss(m, dict(m.named_parameters()), dict(m.named_buffers()), batch)
+
+
+def step_costs(p, shape, classes: int) -> dict:
+    """FLOPs per sample of a local step and its memory at batch size ``p.batch_size``: saved
+    activations + the live network's weights, gradients and SGD momentum + the frozen
+    references the variant reads."""
+    model = seeded_model(p, shape, classes, torch.device("cpu"))
+    model.has_prev.fill_(1.0)  # MOON after its first round: both references in the step
+    x = costs.probe_batch(shape)
+    step = LocalStep(p, model, torch.arange(len(x)) % classes)
+    scalar = lambda out, _x: out  # noqa: E731 - the step already returns the loss
+    flops = costs.train_step_flops(step, x, scalar) / len(x)
+    acts = costs.saved_activation_bytes(step, x, scalar) * p.batch_size / len(x)
+    net = costs.tensor_bytes(model.net.parameters())
+    return {
+        "flops_per_sample": flops,
+        "peak_step_bytes": int(acts + net * (3 + REFERENCES_HELD[p.variant])),
+    }
+
+
+def client_costs(ctx) -> list[dict]:
+    p = ctx.exp.method
+    saved = load_saved(ctx, "cpu")
+    ledger = costs.ledger_of(ctx.input("train"), [len(c) for c in ctx.clients()])
+    step = step_costs(p, ctx.image_shape, saved["classes"])
+    return [
+        {
+            "client": m,
+            "samples": n,
+            "rounds": r,
+            "bytes_actual": b,
+            "beta_flops": step["flops_per_sample"] * n * p.local_epochs * r,
+            "peak_step_bytes": step["peak_step_bytes"],
+        }
+        for m, (n, r, b) in enumerate(zip(ledger.samples, ledger.rounds, ledger.sent))
+    ]
