@@ -179,7 +179,8 @@ class MpFedconParams(MethodParams, FederationSettings):
     fedrep_code: bool = Field(
         False,
         description="reproduce FedRep's code (MpFedcon's baseline numbers): scaffold eta_g "
-        "0.1; apfl's training mixture alpha v + alpha w",
+        "0.1 (its gradient clipping at norm 10 is not reproduced); apfl's training mixture "
+        "alpha v + alpha w",
     )
     parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
 

@@ -207,7 +207,8 @@ def personal_ce():
 
 def ditto_prox(lam: float, lr: float):
     """Ditto's exact proximal step after each SGD step of v (spec §10, stable for any ηλ):
-    v <- (v + ηλ w^t) / (1 + ηλ), w^t = the round-start global model (the anchor)."""
+    v <- (v + ηλ w^t) / (1 + ηλ), w^t = the round-start global model (the anchor). η is the
+    configured lr (MpFedcon's runs keep it constant over rounds)."""
     k_ = lr * lam
 
     @torch.no_grad()
