@@ -12,7 +12,12 @@ across rounds (A8). The variants:
   together; ``lg_fedavg``: P+O shared, D local (the mirror split);
 * ``fedavg``: everything shared; ``fedavg_ft``: FedAvg, evaluated after ``finetune_epochs``
   of local fine-tuning of the head; ``fedprox``: FedAvg with (μ_p/2)‖w − w_g‖²;
-* ``solo``: nothing shared, nothing sent (local training only).
+* ``solo``: nothing shared, nothing sent (local training only);
+* the personalised baselines of Tab. 1 (spec methods/baselines.md §8-11; module
+  :mod:`~fedssl.methods.mpfedcon.personalised`), whole model shared: ``scaffold`` (control
+  variates, option II), ``apfl`` (personal model mixed with the global one by α),
+  ``ditto`` (λ-proximal personal model), ``perfedavg`` (MAML meta-steps, evaluated after one
+  adaptation step).
 
 Evaluation is personalised (the shared ``personal`` stage): each round every party's model
 (shared layers from the server, its own layers) on its own test split.
@@ -45,7 +50,18 @@ from fedssl.params import (
 )
 
 Variant = Literal[
-    "mpfedcon", "fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "fedprox", "solo"
+    "mpfedcon",
+    "fedrep",
+    "fedper",
+    "lg_fedavg",
+    "fedavg",
+    "fedavg_ft",
+    "fedprox",
+    "solo",
+    "scaffold",
+    "apfl",
+    "ditto",
+    "perfedavg",
 ]
 Layer = Literal["base", "projector", "output"]
 ALL_LAYERS: tuple[str, ...] = ("base", "projector", "output")
@@ -59,6 +75,10 @@ DEFAULT_SHARED: dict[str, tuple[str, ...]] = {
     "fedavg_ft": ALL_LAYERS,
     "fedprox": ALL_LAYERS,
     "solo": (),
+    "scaffold": ALL_LAYERS,
+    "apfl": ALL_LAYERS,
+    "ditto": ALL_LAYERS,
+    "perfedavg": ALL_LAYERS,
 }
 HEAD_FIRST = ("mpfedcon", "fedrep")  # local head epochs, then body epochs
 LABELS = {
@@ -70,7 +90,12 @@ LABELS = {
     "fedavg_ft": "FedAvg+FT",
     "fedprox": "FedProx",
     "solo": "SOLO",
+    "scaffold": "SCAFFOLD",
+    "apfl": "APFL",
+    "ditto": "Ditto",
+    "perfedavg": "Per-FedAvg",
 }
+PERSONALISED = ("scaffold", "apfl", "ditto", "perfedavg")  # baselines.md §8-11
 
 
 class NetParams(Strict):
@@ -132,6 +157,31 @@ class MpFedconParams(MethodParams, FederationSettings):
         description="Tab. 4's defence: noise on every shared value a party uploads "
         "(added to its update, i.e. to the trained weights)",
     )
+    scaffold_server_lr: PositiveFloat | None = Field(
+        None, description="scaffold: eta_g; None = 1 (canonical), 0.1 with fedrep_code"
+    )
+    apfl_alpha: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        0.5, description="apfl: the mixing weight alpha of the personal model (its start value)"
+    )
+    apfl_adaptive: bool = Field(
+        False, description="apfl: learn alpha by gradient descent (clipped to [0, 1])"
+    )
+    ditto_lambda: NonNegativeFloat = Field(1.0, description="ditto: lambda of the prox term")
+    perfedavg_order: Literal["first_order", "hessian_free"] = Field(
+        "first_order", description="perfedavg: FO or HF meta-gradient"
+    )
+    perfedavg_alpha: PositiveFloat = Field(
+        0.01, description="perfedavg: alpha, the inner / personalisation step size"
+    )
+    perfedavg_delta: PositiveFloat = Field(
+        1e-3, description="perfedavg hessian_free: delta of the finite difference"
+    )
+    fedrep_code: bool = Field(
+        False,
+        description="reproduce FedRep's code (MpFedcon's baseline numbers): scaffold eta_g "
+        "0.1 (its gradient clipping at norm 10 is not reproduced); apfl's training mixture "
+        "alpha v + alpha w",
+    )
     parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
 
     @model_validator(mode="after")
@@ -140,7 +190,7 @@ class MpFedconParams(MethodParams, FederationSettings):
             return self
         if len(set(self.shared)) != len(self.shared):
             raise ValueError(f"shared: {list(self.shared)} names a layer twice")
-        fixed = {"fedavg", "fedavg_ft", "fedprox", "solo"}
+        fixed = {"fedavg", "fedavg_ft", "fedprox", "solo", *PERSONALISED}
         if self.variant in fixed and set(self.shared) != set(DEFAULT_SHARED[self.variant]):
             raise ValueError(
                 f"shared: variant '{self.variant}' shares "
@@ -160,8 +210,27 @@ class MpFedconParams(MethodParams, FederationSettings):
         return self
 
     @property
+    def scaffold_eta_g(self) -> float:
+        if self.scaffold_server_lr is not None:
+            return self.scaffold_server_lr
+        return 0.1 if self.fedrep_code else 1.0
+
+    @property
     def shared_layers(self) -> tuple[str, ...]:
         return tuple(self.shared) if self.shared is not None else DEFAULT_SHARED[self.variant]
+
+
+def personalised_suffix(p: MpFedconParams) -> str:
+    """The settings that tell a personalised baseline's rows apart (and FedRep's code mode)."""
+    if p.variant == "scaffold":
+        mode = "FedRep code" if p.fedrep_code else "canonical"
+        return f" ({mode}, η_g={p.scaffold_eta_g:g})"
+    if p.variant == "apfl":
+        alpha = "learned" if p.apfl_adaptive else f"{p.apfl_alpha:g}"
+        return f" (α={alpha}{', FedRep code' if p.fedrep_code else ''})"
+    if p.variant == "ditto":
+        return f" (λ={p.ditto_lambda:g})"
+    return " (FO)" if p.perfedavg_order == "first_order" else " (HF)"
 
 
 @register
@@ -185,6 +254,8 @@ class MpFedcon(Method):
         label = LABELS[params.variant]
         if params.variant == "mpfedcon":
             label += f" (μ={params.mu:g})"
+        if params.variant in PERSONALISED:
+            label += personalised_suffix(params)
         if params.upload_noise is not None:
             kind = {"gaussian": "G", "laplace": "L"}[params.upload_noise.kind]
             label += f" + {kind} {params.upload_noise.variance:g}"

@@ -16,7 +16,20 @@ from fedssl.report_format import markdown_table, mean_sd, number, sd_note, to_fl
 SD = "sample"
 
 # Tab. 1's row order (the variants' labels; noise and split ablations follow their base)
-ORDER = ("SOLO", "FedAvg", "FedAvg+FT", "FedProx", "FedPer", "LG-FedAvg", "FedRep", "MpFedcon")
+ORDER = (
+    "SOLO",
+    "FedAvg",
+    "FedAvg+FT",
+    "FedProx",
+    "SCAFFOLD",
+    "Per-FedAvg",
+    "APFL",
+    "Ditto",
+    "FedPer",
+    "LG-FedAvg",
+    "FedRep",
+    "MpFedcon",
+)
 NOISY = re.compile(r" \+ [GL] ")
 
 

@@ -39,7 +39,7 @@ from fedssl.fl.engine import (
 )
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import masked_cross_entropy, model_contrastive_loss
-from fedssl.methods.mpfedcon import HEAD_FIRST
+from fedssl.methods.mpfedcon import HEAD_FIRST, PERSONALISED
 from fedssl.methods.mpfedcon.nets import Anchored, build_net, layer_of, net_keys
 from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_generator, torch_save
@@ -356,8 +356,12 @@ def _head_ce(model, params, buffers, batch):
 
 # ------------------------------------------------------------------ wiring
 def seeded_model(p, image_shape, num_classes: int, device) -> Anchored:
+    from fedssl.methods.mpfedcon.personalised import with_companion
+
     torch.manual_seed(derive_seed(p.seed, "init", "mpfedcon-net"))
-    return Anchored(build_net(p, image_shape, num_classes), num_classes).to(device)
+    return with_companion(p, Anchored(build_net(p, image_shape, num_classes), num_classes)).to(
+        device
+    )
 
 
 def make_federation(
@@ -366,13 +370,21 @@ def make_federation(
     """The variant's strategy and local schedule: head epochs (CE) then body epochs (CE, or
     CE + mu l_con for MpFedcon), or the whole network together (CE, or FedProx's objective)."""
     cfg = federation_config(p, p.seed)
-    strategy = SplitStrategy(cfg, p, model, tests)
     opt = OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum)
     parallel = vectorise_clients(p.parallel_clients, data.device)
 
-    def cohort(loss, epochs: int) -> CohortTrainer:
-        return CohortTrainer(model, views_of(p), loss, opt, p.batch_size, epochs, parallel)
+    def cohort(loss, epochs: int, batch_size=p.batch_size, after_step=None) -> CohortTrainer:
+        return CohortTrainer(
+            model, views_of(p), loss, opt, batch_size, epochs, parallel, after_step
+        )
 
+    if p.variant in PERSONALISED:  # SCAFFOLD, APFL, Ditto, Per-FedAvg
+        from fedssl.methods.mpfedcon import personalised
+
+        strategy = personalised.STRATEGIES[p.variant](cfg, p, model, tests)
+        phases = personalised.local_schedule(p, strategy, cohort)
+        return Federation(strategy, LocalTraining(phases=phases), data, cfg, ckpt, fingerprint)
+    strategy = SplitStrategy(cfg, p, model, tests)
     if p.variant in HEAD_FIRST:
         body = contrast_loss(p.mu, p.temperature) if p.variant == "mpfedcon" else ce_loss()
         phases = [
