@@ -199,3 +199,30 @@ def test_costs_count_flops_around_a_real_step_and_round_zero_as_no_training():
 def test_bad_params_name_the_field():
     with pytest.raises(ValueError, match="local_clusters"):
         tiny_params(local_clusters=30, memory_size=24)
+
+
+def test_the_local_loss_adds_rotation_prediction_and_pushes_the_teacher_into_memory():
+    from fedssl.data.augment import BatchAugment
+    from fedssl.fl.cohort import Batch
+    from fedssl.methods.orchestra.model import orchestra_views
+
+    p = tiny_params()
+    model = seeded_orchestra_model(p, SHAPE, torch.device("cpu"))
+    views = orchestra_views(BatchAugment(p.augment, 28), BatchAugment(p.augment_prime, 28))
+    x1, x2, x3, turns = views(toy_data().images[:10], torch.Generator().manual_seed(0))
+    assert set(turns.tolist()) > {0} and not torch.equal(x1, x2)
+    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+    memory_before = buffers[MEMORY].clone()
+    batch = Batch((x1, x2, x3, turns), turns, torch.ones(10, dtype=torch.bool))
+    with torch.no_grad():
+        reference = {k: v.clone() for k, v in model.state_dict().items()}
+        got = orch.orchestra_loss(p.temperature)(model, params, buffers, batch)
+        pushed = buffers[MEMORY].clone()
+        model.load_state_dict(reference)  # the same BN statistics for the hand-made loss
+        teacher = model(x1, branch="target")
+        expected = orch.clustering_loss(
+            model(x2), teacher, model.centroids, p.temperature, None
+        ) + F.cross_entropy(model(x3, branch="rotation"), turns)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert torch.allclose(pushed[-10:], teacher, atol=1e-6)  # newest rows last
+    assert torch.equal(pushed[:-10], memory_before[10:])  # FIFO: the oldest dropped
