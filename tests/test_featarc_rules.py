@@ -163,3 +163,23 @@ def test_costs_count_the_local_steps_and_the_scoring_of_every_round():
     assert rows[0]["beta_flops"] == pytest.approx(2 * rows[1]["beta_flops"])
     more = fc._client_costs(tiny_params(local_epochs=2), SHAPE, [20], [1], [50])[0]
     assert more["beta_flops"] > rows[1]["beta_flops"] > 0 and rows[0]["peak_step_bytes"] > 0
+
+
+def test_the_paper_preset_moves_the_spec_payload_each_round(tmp_path):
+    """Spec §5.5 (ResNet-18): down = C = 2 models (+ BN buffers), up one. A model is the
+    backbone's 11,168,832 floats and the project's SimCLR head 512-512-512 (525,312; the
+    authors' head has a BN after its hidden layer, 1,024 floats more: spec 11,695,168)."""
+    from fedssl.presets import Presets
+    from tests.fixtures import REPO
+
+    p = Presets(REPO / "params").load("experiment", "cifar10_featarc_dir001").method
+    net = seeded_contrastive_model(p.model, (3, 32, 32), p.seed, torch.device("cpu"))
+    assert sum(q.numel() for q in net.parameters()) == 11_168_832 + 525_312
+    data = toy_data()
+    data.images = torch.zeros(90, 3, 32, 32, dtype=torch.uint8)
+    fed = featarc.make_federation(p, net, data, tmp_path / "ck.pt", "fp")
+    state = fed.start(net)
+    down = nbytes(fed.strategy.download(state, 0))
+    up = nbytes(state.server["cluster0"])
+    bn = sum(b.numel() * b.element_size() for b in net.buffers())
+    assert (down, up) == (2 * (4 * 11_694_144 + bn), 4 * 11_694_144 + bn)

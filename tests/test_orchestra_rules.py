@@ -226,3 +226,22 @@ def test_the_local_loss_adds_rotation_prediction_and_pushes_the_teacher_into_mem
     assert torch.allclose(got, expected, atol=1e-5)
     assert torch.allclose(pushed[-10:], teacher, atol=1e-6)  # newest rows last
     assert torch.equal(pushed[:-10], memory_before[10:])  # FIFO: the oldest dropped
+
+
+def test_the_paper_preset_moves_the_spec_payload_each_round():
+    """Spec §4.6 (ResNet-18): down = online f+g (11,694,144 floats) + target f+g (the same) +
+    rotation head (2,052) + global centroids (128 x 512) + BN buffers; up adds the 16 x 512
+    local centroids."""
+    from fedssl.presets import Presets
+    from tests.fixtures import REPO
+
+    exp = Presets(REPO / "params").load("experiment", "cifar10_orchestra_dir001")
+    down, up = oc.round_bytes(exp.method, (3, 32, 32))
+    model = seeded_orchestra_model(exp.method, (3, 32, 32), torch.device("cpu"))
+    bn = sum(
+        b.numel() * b.element_size()
+        for k, b in model.named_buffers()
+        if k not in (MEMORY, CENTROIDS)
+    )
+    assert down == 4 * (2 * 11_694_144 + 2_052 + 128 * 512) + bn
+    assert up - down == 4 * 16 * 512

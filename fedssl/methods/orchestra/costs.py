@@ -28,9 +28,11 @@ class _LocalStep(nn.Module):
         x1, x2, x3 = views.chunk(VIEWS)
         turns = torch.arange(len(x1)) % ROTATIONS
         batch = Batch((x1, x2, x3, turns), turns, torch.ones(len(x1), dtype=torch.bool))
-        return self.loss(self.model, dict(self.model.named_parameters()), self.buffers_(), batch)
+        return self.loss(
+            self.model, dict(self.model.named_parameters()), self._scratch_buffers(), batch
+        )
 
-    def buffers_(self):
+    def _scratch_buffers(self):
         return {k: v.clone() for k, v in self.model.named_buffers()}  # the memory stays as it is
 
 
