@@ -183,3 +183,18 @@ def test_the_paper_preset_moves_the_spec_payload_each_round(tmp_path):
     up = nbytes(state.server["cluster0"])
     bn = sum(b.numel() * b.element_size() for b in net.buffers())
     assert (down, up) == (2 * (4 * 11_694_144 + bn), 4 * 11_694_144 + bn)
+
+
+def test_the_projection_counts_c_models_down_and_one_up_per_round():
+    from fedssl.methods import registry
+    from fedssl.presets import Presets
+    from tests.fixtures import REPO
+
+    presets = Presets(REPO / "params")
+    exp = presets.load("experiment", "fmnist_featarc")
+    got = registry.get("featarc").projected_costs(
+        exp, presets.load("partition", exp.partition), "fashion_mnist"
+    )
+    net = seeded_contrastive_model(exp.method.model, SHAPE, 0, torch.device("cpu"))
+    assert got["mean_bytes_actual"] == 3 * nbytes(net.state_dict()) * 8  # (C + 1) x 8 rounds
+    assert got["mean_beta_flops"] > 0

@@ -61,6 +61,7 @@ class FeatARC(Method):
     encoder_hook = "fedssl.methods.featarc.run:encoder"
     costs_inputs = ("pretrain",)
     client_costs_hook = "fedssl.methods.featarc.costs:client_costs"
+    projected_costs_hook = "fedssl.methods.featarc.costs:projected_costs"
 
     def arch(self, params) -> str:
         return params.model.arch

@@ -9,7 +9,9 @@ import torch
 from torch import nn
 
 from fedssl import costs
+from fedssl.data.catalog import IMAGE_SHAPES
 from fedssl.fl.cohort import Batch
+from fedssl.fl.engine import nbytes
 from fedssl.methods.featarc.run import FeatARCModel, featarc_loss
 from fedssl.models.encoders import seeded_contrastive_model
 
@@ -57,3 +59,13 @@ def client_costs(ctx) -> list[dict]:
     return _client_costs(
         ctx.exp.method, ctx.image_shape, ledger.samples, ledger.rounds, ledger.sent
     )
+
+
+def projected_costs(exp, part, dataset: str) -> dict:
+    """The average client at full scale: C cluster models down and one model up per round."""
+    p, shape = exp.method, IMAGE_SHAPES[dataset]
+    n = costs.average_client_samples(part, dataset)
+    rounds = round(p.client_fraction * p.rounds)
+    state = seeded_contrastive_model(p.model, shape, p.seed, torch.device("cpu")).state_dict()
+    sent = (p.clusters + 1) * nbytes(state) * rounds
+    return costs.summarize_client_costs(_client_costs(p, shape, [n], [rounds], [sent]))
