@@ -97,8 +97,8 @@ def test_paper_grids_expand_into_stable_names(monkeypatch):
         "cifar10_mfcl_tn_dir01",
     ]
     # MFCL and FedSimCLR rows (44), then FedAvg / FedProx / MOON and FSL on 3 data sets x 4 xi,
-    # then FedBYOL / FedEMA / FedU on 3 data sets x 4 xi
-    assert len(presets.pipeline_experiments("paper_mfcl_tab2")) == 44 + 4 * 3 * 4 + 3 * 3 * 4
+    # then FedBYOL / FedEMA / FedU, Orchestra and FeatARC on 3 data sets x 4 xi
+    assert len(presets.pipeline_experiments("paper_mfcl_tab2")) == 44 + 4 * 3 * 4 + 5 * 3 * 4
 
 
 def test_shared_upstream_stages_exist_once(monkeypatch):

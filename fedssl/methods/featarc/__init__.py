@@ -1,0 +1,67 @@
+"""FeatARC (Wang et al., ICLR 2023; spec `baselines.md` §5): decentralised SimCLR with C
+cluster models. Every round each client joins the cluster whose model's features on its data
+align best with those of its own last model, trains SimCLR from that cluster's model with a
+feature-alignment term toward it, and each cluster model becomes the uniform mean of its
+members' uploads."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+
+from fedssl.methods.base import Method, MethodParams, Step
+from fedssl.methods.registry import register
+from fedssl.params import AugmentParams, FederationSettings, ModelParams
+
+
+class FeatARCParams(MethodParams, FederationSettings):
+    name: Literal["featarc"] = "featarc"
+    model: ModelParams
+    local_epochs: PositiveInt = 5
+    batch_size: PositiveInt = 256
+    lr: PositiveFloat = 1e-3
+    weight_decay: NonNegativeFloat = 1e-6
+    temperature: PositiveFloat = 0.5
+    clusters: PositiveInt = Field(2, description="C: cluster models kept by the server")
+    align_scale: NonNegativeFloat = Field(1.0, description="s: weight of the alignment term")
+    align_space: Literal["proj_to_backbone", "backbone_to_backbone"] = Field(
+        "proj_to_backbone",
+        description="what is pulled toward the cluster model's backbone feature: the projection "
+        "(the authors' code; needs proj_dim = the backbone's width) or the backbone feature",
+    )
+    weighting: Literal["uniform", "size"] = Field(
+        "uniform", description="a cluster model is the uniform (authors) or size-weighted mean"
+    )
+    augment: AugmentParams = AugmentParams()
+
+    @model_validator(mode="after")
+    def _has_weights(self):
+        if self.model.arch == "pixels":
+            raise ValueError("model.arch 'pixels' has no weights to train: use method 'none'")
+        return self
+
+
+@register
+class FeatARC(Method):
+    name = "featarc"
+    label = "FeatARC"
+    params = FeatARCParams
+    steps = (
+        Step(
+            "pretrain",
+            reads=("partition", "method"),
+            plots=("rounds.tsv",),
+            runner="fedssl.methods.featarc.run:pretrain",
+        ),
+    )
+    encoder_inputs = ("pretrain",)
+    encoder_reads = ("method.model",)
+    encoder_builder = "fedssl.models.encoders:contrastive_encoder"
+    encoder_hook = "fedssl.methods.featarc.run:encoder"
+    costs_inputs = ("pretrain",)
+    client_costs_hook = "fedssl.methods.featarc.costs:client_costs"
+    projected_costs_hook = "fedssl.methods.featarc.costs:projected_costs"
+
+    def arch(self, params) -> str:
+        return params.model.arch

@@ -1,0 +1,71 @@
+"""FeatARC's `costs` stage: bytes from the round ledger (all C cluster models down, one model
+up), FLOPs of one measured local step (two views through the network, NT-Xent and the
+alignment target's forward) plus the round's scoring (C + 1 backbone passes over the client's
+data), and the step's peak memory."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedssl import costs
+from fedssl.data.catalog import IMAGE_SHAPES
+from fedssl.fl.cohort import Batch
+from fedssl.fl.engine import nbytes
+from fedssl.methods.featarc.run import FeatARCModel, featarc_loss
+from fedssl.models.encoders import seeded_contrastive_model
+
+
+class _LocalStep(nn.Module):
+    """One local step's loss as a module of the stacked (view 1, view 2, raw) images."""
+
+    def __init__(self, model: FeatARCModel, p):
+        super().__init__()
+        self.model, self.loss = model, featarc_loss(p.temperature, p.align_scale, p.align_space)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        v1, v2, raw = images.chunk(3)
+        valid = torch.ones(len(v1), dtype=torch.bool)
+        params = dict(self.model.named_parameters())
+        buffers = {k: v.clone() for k, v in self.model.named_buffers()}
+        return self.loss(self.model, params, buffers, Batch((v1, v2, raw), valid, valid))
+
+
+def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[int]):
+    net = seeded_contrastive_model(p.model, shape, p.seed, torch.device("cpu")).train()
+    step = _LocalStep(FeatARCModel(net), p)
+    k = costs.PROBE_PAIRS
+    probe = torch.rand((3 * k, *shape), generator=torch.Generator().manual_seed(0))
+    per_image = costs.train_step_flops(step, probe, lambda loss, _x: loss) / k
+    scoring = costs.forward_flops(net.backbone.eval(), probe[:k]) / k * (p.clusters + 1)
+    peak = costs.measured_step_bytes(
+        step, probe, lambda loss, _x: loss, optimizer_slots=2, batch_scale=p.batch_size / k
+    )
+    return [
+        {
+            "client": m,
+            "samples": n,
+            "rounds": r,
+            "bytes_actual": b,
+            "beta_flops": (per_image * p.local_epochs + scoring) * n * r,
+            "peak_step_bytes": peak,
+        }
+        for m, (n, r, b) in enumerate(zip(samples, rounds, sent))
+    ]
+
+
+def client_costs(ctx) -> list[dict]:
+    ledger = costs.ledger_of(ctx.input("pretrain"), [len(c) for c in ctx.clients()])
+    return _client_costs(
+        ctx.exp.method, ctx.image_shape, ledger.samples, ledger.rounds, ledger.sent
+    )
+
+
+def projected_costs(exp, part, dataset: str) -> dict:
+    """The average client at full scale: C cluster models down and one model up per round."""
+    p, shape = exp.method, IMAGE_SHAPES[dataset]
+    n = costs.average_client_samples(part, dataset)
+    rounds = round(p.client_fraction * p.rounds)
+    state = seeded_contrastive_model(p.model, shape, p.seed, torch.device("cpu")).state_dict()
+    sent = (p.clusters + 1) * nbytes(state) * rounds
+    return costs.summarize_client_costs(_client_costs(p, shape, [n], [rounds], [sent]))

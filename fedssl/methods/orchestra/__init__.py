@@ -1,0 +1,73 @@
+"""Orchestra (Lubana et al., ICML 2022; spec `baselines.md` §4): federated SSL by globally
+consistent clustering. Clients cluster their recent target projections into equal-size local
+centroids (Sinkhorn-Knopp), the server clusters those into global centroids, and clients train
+a teacher-student loss on soft assignments to the global centroids plus rotation prediction."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+
+from fedssl.methods.base import Method, MethodParams, Step
+from fedssl.methods.registry import register
+from fedssl.params import AugmentParams, FederationSettings, ModelParams
+
+# the authors' views (utils.py): A, and A' with less blur and some solarisation
+ORCHESTRA_AUGMENT = AugmentParams(
+    crop_scale=(0.5, 1.0), brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1, blur_p=0.5
+)
+ORCHESTRA_AUGMENT_PRIME = ORCHESTRA_AUGMENT.model_copy(update={"blur_p": 0.1, "solarize_p": 0.2})
+
+
+class OrchestraParams(MethodParams, FederationSettings):
+    name: Literal["orchestra"] = "orchestra"
+    model: ModelParams = Field(description="backbone; proj_hidden / proj_dim size the projector")
+    rounds: PositiveInt = Field(description="training rounds (a clustering-only round 0 precedes)")
+    local_epochs: PositiveInt = 10
+    batch_size: PositiveInt = 16
+    lr: PositiveFloat = 0.003
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    weight_decay: NonNegativeFloat = 1e-4
+    temperature: PositiveFloat = Field(0.1, description="T of the cluster softmaxes")
+    target_momentum: Annotated[float, Field(ge=0.0, le=1.0)] = 0.996
+    global_clusters: PositiveInt = Field(128, description="N_G")
+    local_clusters: PositiveInt = Field(16, description="N_L per client")
+    memory_size: PositiveInt = Field(128, description="m: target projections a client keeps")
+    augment: AugmentParams = ORCHESTRA_AUGMENT
+    augment_prime: AugmentParams = ORCHESTRA_AUGMENT_PRIME
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.model.arch == "pixels":
+            raise ValueError("model.arch 'pixels' has no weights to train: use method 'none'")
+        if self.local_clusters > self.memory_size:
+            raise ValueError(
+                f"local_clusters ({self.local_clusters}) exceeds memory_size ({self.memory_size})"
+            )
+        return self
+
+
+@register
+class Orchestra(Method):
+    name = "orchestra"
+    label = "Orchestra"
+    params = OrchestraParams
+    steps = (
+        Step(
+            "pretrain",
+            reads=("partition", "method"),
+            plots=("rounds.tsv",),
+            runner="fedssl.methods.orchestra.run:pretrain",
+        ),
+    )
+    encoder_inputs = ("pretrain",)
+    encoder_reads = ("method",)
+    encoder_builder = "fedssl.methods.orchestra.run:encoder_module"
+    encoder_hook = "fedssl.methods.orchestra.run:encoder"
+    costs_inputs = ("pretrain",)
+    client_costs_hook = "fedssl.methods.orchestra.costs:client_costs"
+    projected_costs_hook = "fedssl.methods.orchestra.costs:projected_costs"
+
+    def arch(self, params) -> str:
+        return params.model.arch

@@ -1,0 +1,90 @@
+"""Orchestra's `costs` stage and projection: bytes from the round ledger (model, target,
+rotation head and centroids down; the same plus the local centroids up), FLOPs and peak memory
+counted around one real local step (three views, the clustering and rotation losses)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedssl import costs
+from fedssl.data.catalog import IMAGE_SHAPES
+from fedssl.fl.cohort import Batch
+from fedssl.fl.engine import nbytes
+from fedssl.methods.orchestra.model import MEMORY, ROTATIONS, seeded_orchestra_model
+from fedssl.methods.orchestra.run import orchestra_loss
+
+VIEWS = 3  # a step sees x1 (teacher), x2 (student) and the rotated x3
+
+
+class _LocalStep(nn.Module):
+    """One local step's loss as a module of the three stacked views (for the FLOP counter)."""
+
+    def __init__(self, model: nn.Module, temperature: float):
+        super().__init__()
+        self.model, self.loss = model, orchestra_loss(temperature)
+
+    def forward(self, views: torch.Tensor) -> torch.Tensor:
+        x1, x2, x3 = views.chunk(VIEWS)
+        turns = torch.arange(len(x1)) % ROTATIONS
+        batch = Batch((x1, x2, x3, turns), turns, torch.ones(len(x1), dtype=torch.bool))
+        return self.loss(
+            self.model, dict(self.model.named_parameters()), self._scratch_buffers(), batch
+        )
+
+    def _scratch_buffers(self):
+        return {k: v.clone() for k, v in self.model.named_buffers()}  # the memory stays as it is
+
+
+def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[int]):
+    model = seeded_orchestra_model(p, shape, torch.device("cpu")).train()
+    step = _LocalStep(model, p.temperature)
+    probe = torch.rand(
+        (VIEWS * costs.PROBE_PAIRS, *shape), generator=torch.Generator().manual_seed(0)
+    )
+    per_image = costs.train_step_flops(step, probe, lambda loss, _x: loss) / costs.PROBE_PAIRS
+    peak = costs.measured_step_bytes(
+        step,
+        probe,
+        lambda loss, _x: loss,
+        optimizer_slots=1,
+        batch_scale=p.batch_size / costs.PROBE_PAIRS,
+    )
+    return [
+        {
+            "client": m,
+            "samples": n,
+            "rounds": r,
+            "bytes_actual": b,
+            # round 0 only clusters: training rounds are r - 1 for a client that took part in it
+            "beta_flops": per_image * n * p.local_epochs * max(r - 1, 0),
+            "peak_step_bytes": peak,
+        }
+        for m, (n, r, b) in enumerate(zip(samples, rounds, sent))
+    ]
+
+
+def client_costs(ctx) -> list[dict]:
+    ledger = costs.ledger_of(ctx.input("pretrain"), [len(c) for c in ctx.clients()])
+    return _client_costs(
+        ctx.exp.method, ctx.image_shape, ledger.samples, ledger.rounds, ledger.sent
+    )
+
+
+def round_bytes(p, shape) -> tuple[int, int]:
+    """(down, up) bytes of one client's round: the model state without the memory; up adds
+    the local centroids (N_L × proj_dim floats)."""
+    state = seeded_orchestra_model(p, shape, torch.device("cpu")).state_dict()
+    down = nbytes({k: v for k, v in state.items() if k != MEMORY})
+    return down, down + p.local_clusters * p.model.proj_dim * 4
+
+
+def projected_costs(exp, part, dataset: str) -> dict:
+    """The average client at full scale, taking part in every round (plus round 0)."""
+    p, shape = exp.method, IMAGE_SHAPES[dataset]
+    n = costs.average_client_samples(part, dataset)
+    rounds = round(p.client_fraction * p.rounds) + 1
+    down, up = round_bytes(p, shape)
+    return costs.summarize_client_costs(
+        _client_costs(p, shape, [n], [rounds], [(down + up) * rounds])
+    )

@@ -1,0 +1,93 @@
+"""FeatARC through the stage runner on a tiny project: pretrain, the shared features and
+evaluate stages on the cluster model serving the most data, its costs, the report; and a
+killed pretrain resumes to the uninterrupted run's outputs byte for byte (assignments and the
+clients' last models live in the checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+import torch
+
+from tests.fixtures import (
+    in_project,
+    kill_after_checkpoint,
+    make_tiny_project,
+    output_files,
+    run_stage,
+)
+from tests.test_resume_stages import assert_same_files
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
+
+TINY_FEATARC = """\
+title: FeatARC
+partition: tiny_dir05_m3
+method:
+  name: featarc
+  model: {{arch: small_cnn, norm: bn, channels_per_group: 4, width: 4, proj_hidden: 16,
+          proj_dim: 16}}
+  rounds: {rounds}
+  local_epochs: 1
+  batch_size: 32
+  lr: 0.001
+  clusters: 2
+  seed: 0
+features: {{layer: backbone, train_size: null, batch_size: 256}}
+linear_probe: {{epochs: 5, lr: 0.01, weight_decay: 0.0, batch_size: 64, standardize: true, seed: 0}}
+knn: {{k: 5, temperature: 0.1}}
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = make_tiny_project(tmp_path_factory.mktemp("featarc"), git=False)
+    experiments = root / "params" / "experiments"
+    (experiments / "tiny_featarc.yaml").write_text(TINY_FEATARC.format(rounds=1))
+    (experiments / "tiny_featarc_long.yaml").write_text(TINY_FEATARC.format(rounds=3))
+    with open(root / "params" / "pipelines.yaml", "a") as f:
+        f.write("  feat: [tiny_featarc, tiny_simclr]\n")
+    return root
+
+
+def test_featarc_runs_end_to_end_through_the_stages(project, monkeypatch):
+    from fedssl.plan.dag import Dag
+
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
+    dag = Dag("feat")
+    kinds = [s.kind for s in dag.stages.values() if s.name.endswith("__tiny_featarc")]
+    assert kinds == ["pretrain", "features", "evaluate", "costs"]
+    assert "fedssl/methods/featarc/costs.py" not in dag.stages["pretrain__tiny_featarc"].code
+    with in_project(project) as planned:
+        run_stage(planned("report", "feat"), upstream=True)
+    out = project / "artifacts" / "experiments" / "tiny_featarc" / "pretrain"
+    clusters = torch.load(out / "clusters.pt", weights_only=True)
+    assert set(clusters["clusters"]) == {"cluster0", "cluster1"}
+    assert clusters["assignment"] == [0, 1, 0]  # round 0: client k starts from cluster k mod C
+    comm = json.loads((out / "communication.json").read_text())
+    assert all(c["bytes_down"] == 2 * c["bytes_up"] > 0 for c in comm["per_client"])
+    metrics = json.loads((project / "results/experiments/tiny_featarc/metrics.json").read_text())
+    assert any("linear" in k for k in metrics) and any("knn" in k for k in metrics)
+    report = json.loads((project / "results/reports/feat/report.json").read_text())
+    assert {r["experiment"] for r in report["rows"]} >= {"tiny_featarc"}
+
+
+def test_a_killed_featarc_pretrain_resumes_to_the_uninterrupted_outputs(
+    project, capsys, monkeypatch
+):
+    monkeypatch.setenv("FEDSSL_THREADS", "1")
+    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
+    with in_project(project) as dag_for:
+        stage = dag_for("pretrain", "tiny_featarc_long")
+        run_stage(stage, upstream=True)
+        assert "round 1/3" in capsys.readouterr().out
+        uninterrupted = output_files(stage)
+        code, checkpoint = kill_after_checkpoint(project, stage)
+        assert code == -signal.SIGKILL and checkpoint.exists()
+        run_stage(stage)
+        assert "round 1/3" not in capsys.readouterr().out
+        assert_same_files(output_files(stage), uninterrupted)
+        assert not checkpoint.exists()

@@ -1,0 +1,94 @@
+"""Orchestra through the stage runner on a tiny project: pretrain, the shared features and
+evaluate stages on its global encoder, its costs, the report; and a killed pretrain resumes to
+the uninterrupted run's outputs byte for byte (the client memories live in the checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from tests.fixtures import (
+    in_project,
+    kill_after_checkpoint,
+    make_tiny_project,
+    output_files,
+    run_stage,
+)
+from tests.test_resume_stages import assert_same_files
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
+
+TINY_ORCHESTRA = """\
+title: Orchestra
+partition: tiny_dir05_m3
+method:
+  name: orchestra
+  model: {{arch: small_cnn, norm: bn, channels_per_group: 4, width: 4, proj_hidden: 16,
+          proj_dim: 8}}
+  rounds: {rounds}
+  local_epochs: 1
+  batch_size: 32
+  lr: 0.01
+  global_clusters: 6
+  local_clusters: 4
+  memory_size: 48
+  seed: 0
+features: {{layer: backbone, train_size: null, batch_size: 256}}
+linear_probe: {{epochs: 5, lr: 0.01, weight_decay: 0.0, batch_size: 64, standardize: true, seed: 0}}
+knn: {{k: 5, temperature: 0.1}}
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = make_tiny_project(tmp_path_factory.mktemp("orchestra"), git=False)
+    experiments = root / "params" / "experiments"
+    (experiments / "tiny_orchestra.yaml").write_text(TINY_ORCHESTRA.format(rounds=1))
+    (experiments / "tiny_orchestra_long.yaml").write_text(TINY_ORCHESTRA.format(rounds=3))
+    with open(root / "params" / "pipelines.yaml", "a") as f:
+        f.write("  orch: [tiny_orchestra, tiny_simclr]\n")
+    return root
+
+
+def test_orchestra_runs_end_to_end_through_the_stages(project, monkeypatch):
+    from fedssl.plan.dag import Dag
+
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
+    dag = Dag("orch")
+    kinds = [s.kind for s in dag.stages.values() if s.name.endswith("__tiny_orchestra")]
+    assert kinds == ["pretrain", "features", "evaluate", "costs"]
+    assert "fedssl/methods/orchestra/costs.py" not in dag.stages["pretrain__tiny_orchestra"].code
+    with in_project(project) as planned:
+        run_stage(planned("report", "orch"), upstream=True)
+    out = project / "artifacts" / "experiments" / "tiny_orchestra"
+    comm = json.loads((out / "pretrain" / "communication.json").read_text())
+    for client in comm["per_client"]:
+        assert client["rounds"] == 2  # round 0 (clustering only) and the training round
+        assert set(client["up_by_kind"]) == {"model", "centroids"}
+        assert client["up_by_kind"]["centroids"] > client["down_by_kind"]["centroids"] > 0
+    metrics = json.loads((project / "results/experiments/tiny_orchestra/metrics.json").read_text())
+    assert any("linear" in k for k in metrics) and any("knn" in k for k in metrics)
+    report = json.loads((project / "results/reports/orch/report.json").read_text())
+    rows = {r["experiment"]: r for r in report["rows"]}
+    assert rows["tiny_orchestra"]["round_MB_up"] > 0
+
+
+def test_a_killed_orchestra_pretrain_resumes_to_the_uninterrupted_outputs(
+    project, capsys, monkeypatch
+):
+    monkeypatch.setenv("FEDSSL_THREADS", "1")
+    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
+    with in_project(project) as dag_for:
+        stage = dag_for("pretrain", "tiny_orchestra_long")
+        run_stage(stage, upstream=True)
+        assert "round 1/4" in capsys.readouterr().out
+        uninterrupted = output_files(stage)
+        code, checkpoint = kill_after_checkpoint(project, stage)
+        assert code == -signal.SIGKILL and checkpoint.exists()
+        run_stage(stage)
+        assert "round 1/4" not in capsys.readouterr().out
+        assert_same_files(output_files(stage), uninterrupted)
+        assert not checkpoint.exists()
