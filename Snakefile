@@ -59,4 +59,4 @@ onsuccess:
 
 
 onerror:
-    commit_ran(PIPELINE)
+    commit_ran(PIPELINE, succeeded=False)

@@ -262,3 +262,39 @@ def test_an_edit_that_cannot_change_results_can_be_accepted_in_both_front_ends(p
         path.write_text(good)
         run(["python", "-m", "fedssl.pipeline", "accept", "default"], project)
     assert planned_jobs(project) == set() and dvc_stale(project, "dvc.yaml") == set()
+
+
+def offline_env() -> dict[str, str]:
+    """The environment with every download refused at once, as on a machine without internet."""
+    proxy = "http://127.0.0.1:9"  # the discard port: nothing listens there
+    return {**os.environ, "http_proxy": proxy, "https_proxy": proxy, "no_proxy": ""}
+
+
+def test_a_bad_edit_costs_nothing_in_either_front_end(project):
+    """A data set moved to where it is not and cannot be downloaded fails the run in either
+    front end; reverting the edit leaves both nothing to do, and the failed Snakemake run did
+    not record the bad params in DVC (not even its `dag` check)."""
+    import subprocess
+
+    path = project / "params/datasets/tiny.yaml"
+    good = path.read_text()
+    lock = (project / "dvc.lock").read_text()
+    bad = good.replace("data_root: raw", "data_root: nowhere")
+    try:
+        for cmd in (["snakemake", "--cores", "1"], ["dvc", "repro"]):
+            path.write_text(bad.replace("download: false", "download: true"))
+            proc = subprocess.run(
+                cmd, cwd=project, capture_output=True, text=True, env=offline_env()
+            )
+            assert proc.returncode != 0, cmd
+            assert "could not be downloaded" in proc.stdout + proc.stderr, cmd
+            if cmd[0] == "snakemake":
+                assert (project / "dvc.lock").read_text() == lock
+            path.write_text(good)
+            assert planned_jobs(project) == set(), cmd
+            assert dvc_stale(project) == set(), cmd
+            if cmd[0] == "snakemake":
+                status = run(["dvc", "status", "--json"], project).stdout
+                assert json.loads(status or "{}") == {}
+    finally:
+        path.write_text(good)

@@ -141,14 +141,19 @@ def check(root: Path = PARAMS_DIR) -> int:
 
 
 # ---------------------------------------------------------------------- snakemake -> dvc
-def commit_ran(pipeline: str = "default", root: Path = PARAMS_DIR) -> list[str]:
+def commit_ran(
+    pipeline: str = "default", root: Path = PARAMS_DIR, succeeded: bool = True
+) -> list[str]:
     """After a Snakemake run: bring the dvc.yaml files up to date (the pipeline just run
     becomes active, new results join the root's metrics) and record in dvc.lock the stages
-    Snakemake ran, and the DAG check it did while planning, so DVC sees them as up to date."""
+    Snakemake ran and, when the run ``succeeded``, the DAG check it did while planning, so DVC
+    sees them as up to date. A failed run leaves the check as it was: the params it failed
+    with (a bad edit) are not recorded, so reverting them leaves DVC nothing to do."""
     if not Path(".dvc").is_dir():
         return []
     write_all(root, (pipeline,))
-    check(root)
+    if succeeded:
+        check(root)
     names = sorted(set(RAN_LOG.read_text().split())) if RAN_LOG.exists() else []
     owner = owners(root)
     complete = [
@@ -156,7 +161,8 @@ def commit_ran(pipeline: str = "default", root: Path = PARAMS_DIR) -> list[str]:
         for n in names
         if n in owner and all(Path(p).exists() for p in [owner[n][1].out, *owner[n][1].committed])
     ]
-    targets = [f"dvc.yaml:{DAG_STAGE}"] + [f"{dvc_file(owner[n][0])}:{n}" for n in complete]
+    targets = [f"dvc.yaml:{DAG_STAGE}"] if succeeded else []
+    targets += [f"{dvc_file(owner[n][0])}:{n}" for n in complete]
     if targets and subprocess.run(["dvc", "commit", "--force", "--quiet", *targets]).returncode:
         print(
             f"warning: `dvc commit` failed; `dvc status` may list {', '.join(names)}",
