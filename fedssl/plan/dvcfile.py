@@ -151,10 +151,12 @@ def commit_ran(
     with (a bad edit) are not recorded, so reverting them leaves DVC nothing to do."""
     if not Path(".dvc").is_dir():
         return []
+    names = sorted(set(RAN_LOG.read_text().split())) if RAN_LOG.exists() else []
+    if not (succeeded or names):
+        return []  # failed before any stage finished: no pipeline's DVC state changes
     write_all(root, (pipeline,))
     if succeeded:
         check(root)
-    names = sorted(set(RAN_LOG.read_text().split())) if RAN_LOG.exists() else []
     owner = owners(root)
     complete = [
         n
