@@ -298,3 +298,36 @@ def test_a_bad_edit_costs_nothing_in_either_front_end(project):
                 assert json.loads(status or "{}") == {}
     finally:
         path.write_text(good)
+
+
+def test_ctrl_c_returns_within_seconds_with_the_stages_message(project):
+    """Ctrl-C (SIGINT to the terminal's process group) during a training stage: Snakemake
+    returns within seconds, and the stage's "interrupted" line reaches the terminal and the
+    log. (Runs last: Snakemake keeps the stage marked incomplete, so it reruns next time.)"""
+    import signal
+    import subprocess
+
+    resume = project / "artifacts/.resume"
+    proc = subprocess.Popen(
+        ["snakemake", "--cores", "1", "-f", "pretrain__tiny_simclr"],
+        cwd=project,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        while proc.poll() is None and not list(resume.glob("pretrain__tiny_simclr*pt")):
+            time.sleep(0.01)  # until the stage is inside its training loop
+        os.killpg(proc.pid, signal.SIGINT)
+        start = time.time()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert time.time() - start < 30 and proc.returncode != 0
+    message = "interrupted: a stage that checkpoints resumes where it stopped"
+    assert message in out
+    assert message in (project / "artifacts/logs/pretrain__tiny_simclr.log").read_text()
+    for checkpoint in resume.glob("pretrain__tiny_simclr*pt"):
+        checkpoint.unlink()
