@@ -50,7 +50,8 @@ for stage in STAGES_DAG.stages.values():
             name=stage.name,
             ran=RAN_LOG,
         shell:
-            "FEDSSL_THREADS={threads} {params.cmd} 2>&1 | tee {log} && "
+            # tee -i: on Ctrl-C the stage's last words still reach the terminal and the log
+            "FEDSSL_THREADS={threads} {params.cmd} 2>&1 | tee -i {log} && "
             "echo {params.name} >> {params.ran} && echo ran > {output}"
 
 
@@ -59,4 +60,4 @@ onsuccess:
 
 
 onerror:
-    commit_ran(PIPELINE)
+    commit_ran(PIPELINE, succeeded=False)

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
+import json
+import os
 import sys
 from functools import cache
 from pathlib import Path
@@ -60,10 +63,21 @@ def _import_nodes(tree: ast.AST, top_level: bool):
 
 def _imported(path: Path, module: str, is_package: bool, top_level: bool = False) -> set[str]:
     """Modules an import statement of ``path`` names (``from a import b`` also names ``a.b``,
-    which is a module when such a file exists)."""
+    which is a module when such a file exists). Remembered by the file's content (see
+    :data:`IMPORTS_CACHE`), as parsing is most of what planning costs."""
+    text = path.read_text()
+    key = hashlib.sha256(f"{module}\0{is_package}\0{top_level}\0{text}".encode()).hexdigest()
+    known = _known_imports()
+    if key not in known:
+        known[key] = sorted(_parse_imports(text, str(path), module, is_package, top_level))
+        _unsaved.append(key)
+    return set(known[key])
+
+
+def _parse_imports(text: str, path: str, module: str, is_package: bool, top_level: bool):
     package = module if is_package else module.rpartition(".")[0]
     names: set[str] = set()
-    for node in _import_nodes(ast.parse(path.read_text(), str(path)), top_level):
+    for node in _import_nodes(ast.parse(text, path), top_level):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         else:
@@ -75,6 +89,35 @@ def _imported(path: Path, module: str, is_package: bool, top_level: bool = False
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
+
+
+# The modules each file imports, by its content: kept between processes (a stage or a
+# Snakemake run plans with it), rewritten when a new file content was parsed.
+IMPORTS_CACHE = Path("artifacts/.cache/imports.json")
+
+
+@cache
+def _known_imports() -> dict[str, list[str]]:
+    try:
+        return json.loads(IMPORTS_CACHE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+_unsaved: list[str] = []
+
+
+def _save_imports() -> None:
+    if not _unsaved:
+        return
+    _unsaved.clear()
+    try:
+        IMPORTS_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        tmp = IMPORTS_CACHE.with_name(f"{IMPORTS_CACHE.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(_known_imports()))
+        tmp.replace(IMPORTS_CACHE)  # atomic: a concurrent reader sees one whole file
+    except OSError:
+        pass  # a read-only checkout plans without the cache
 
 
 @cache
@@ -92,23 +135,32 @@ def _closure(module: str, root: str) -> frozenset[str]:
                 continue
             seen.add(str(path))
             todo += _imported(path, prefix, path.name == "__init__.py")
+    _save_imports()
     return frozenset(seen)
 
 
 def code_files(*modules: str, root: Path = Path(".")) -> list[str]:
     """Every project file the given modules reach, sorted (posix paths relative to root)."""
+    return list(_code_files(modules, str(root)))
+
+
+@cache
+def _code_files(modules: tuple[str, ...], root: str) -> tuple[str, ...]:
     files: set[str] = set()
     for m in modules:
-        files |= _closure(m, str(root))
-    return sorted(
-        Path(f).relative_to(root).as_posix() if Path(f).is_absolute() else Path(f).as_posix()
-        for f in files
+        files |= _closure(m, root)
+    return tuple(
+        sorted(
+            Path(f).relative_to(root).as_posix() if Path(f).is_absolute() else Path(f).as_posix()
+            for f in files
+        )
     )
 
 
 def clear_cache() -> None:
     """Forget the graph (after code edits within one process, e.g. in tests)."""
     _closure.cache_clear()
+    _code_files.cache_clear()
 
 
 # ---------------------------------------------------------------------- cycles

@@ -52,10 +52,13 @@ def read_yaml(path: Path) -> dict:
     return _read_yaml(str(path), stat.st_mtime_ns, stat.st_size)
 
 
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when built with it
+
+
 @cache
 def _read_yaml(path: str, _mtime: int, _size: int) -> dict:
     try:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
+        raw = yaml.load(Path(path).read_text(), Loader=SAFE_LOADER) or {}
     except yaml.YAMLError as e:
         raise ParamsError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
@@ -132,6 +135,8 @@ class Presets:
         self.root = Path(root)
         self._resolved: dict[tuple[str, str], Resolved] = {}
         self._validated: dict[tuple[str, str], BaseModel] = {}
+        self._grids: P.GridsParams | None = None
+        self._members: dict[str, dict[str, tuple[str, dict[str, str]]]] = {}
 
     # ------------------------------------------------------------------ files and grids
     def path(self, kind: str, name: str) -> Path:
@@ -142,12 +147,21 @@ class Presets:
         return self.root / GRIDS_FILE
 
     def grids(self) -> P.GridsParams:
-        if not self.grids_path.exists():
-            return P.GridsParams()
-        return self._validate(P.GridsParams, read_yaml(self.grids_path), str(self.grids_path))
+        if self._grids is None:
+            self._grids = (
+                self._validate(P.GridsParams, read_yaml(self.grids_path), str(self.grids_path))
+                if self.grids_path.exists()
+                else P.GridsParams()
+            )
+        return self._grids
 
     def grid_members(self, kind: str) -> dict[str, tuple[str, dict[str, str]]]:
         """Member name -> (its grid, axis labels), for the grids of ``kind``."""
+        if kind not in self._members:
+            self._members[kind] = self._expand_grids(kind)
+        return self._members[kind]
+
+    def _expand_grids(self, kind: str) -> dict[str, tuple[str, dict[str, str]]]:
         grids = self.grids()
         members: dict[str, tuple[str, dict[str, str]]] = {}
         for gname, grid in getattr(grids, GRID_SECTIONS[kind]).items():
@@ -180,9 +194,10 @@ class Presets:
         return files + grid
 
     # ------------------------------------------------------------------ resolution
-    def resolve(self, kind: str, name: str) -> Resolved:
-        """A preset's merged settings and the layers they come from (nearest first)."""
-        return self._resolve(kind, name, [], None)
+    def resolve(self, kind: str, name: str, by: str | None = None) -> Resolved:
+        """A preset's merged settings and the layers they come from (nearest first). ``by``:
+        where the name was read (file and field), named when there is no such preset."""
+        return self._resolve(kind, name, [], by)
 
     def _resolve(self, kind: str, name: str, visiting: list[str], where: str | None):
         key = (kind, name)
@@ -196,12 +211,13 @@ class Presets:
             resolved = self._resolve_file(kind, path, [*visiting, name])
         elif kind in GRID_SECTIONS and name in self.grid_members(kind):
             resolved = self._resolve_member(kind, name, [*visiting, name])
-        elif where:
-            raise ParamsError(f"{where}: no preset '{name}' in {path.parent} or {self.grids_path}")
         else:
             grids = f" or {self.grids_path}" if kind in GRID_SECTIONS else ""
             raise ParamsError(
-                f"{path}: no such params file (no {kind} preset '{name}' in {path.parent}{grids})"
+                f"{where}: no preset '{name}' in {path.parent}{grids}"
+                if where
+                else f"{path}: no such params file (no {kind} preset '{name}' in "
+                f"{path.parent}{grids})"
             )
         self._resolved[key] = resolved
         return resolved
@@ -256,12 +272,12 @@ class Presets:
             kind, name, where, deep_merge(parent.merged, overlay), [own, *parent.layers]
         )
 
-    def load(self, kind: str, name: str):
+    def load(self, kind: str, name: str, by: str | None = None):
         """The validated params of a preset; any problem raises ParamsError naming the file
-        and the field."""
+        and the field (and ``by``, where a missing preset's name was read)."""
         key = (kind, name)
         if key not in self._validated:
-            r = self.resolve(kind, name)
+            r = self.resolve(kind, name, by)
             self._validated[key] = self._validate(model_of(kind), r.merged, r.where)
         return self._validated[key]
 

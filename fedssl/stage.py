@@ -196,8 +196,14 @@ class StageContext:
 
 
 def set_threads() -> None:
+    """Compute on ``FEDSSL_THREADS`` threads (when set): torch if it is loaded, and, through
+    the OpenMP and MKL variables read when their libraries load, a torch imported later."""
     threads = int(os.environ.get("FEDSSL_THREADS", "0"))
-    if threads > 0 and "torch" in sys.modules:
+    if threads <= 0:
+        return
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
 
 

@@ -1,7 +1,16 @@
 """Fixtures shared by several test modules."""
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# The project's tools (python, snakemake, dvc) come from the environment running the tests,
+# whatever PATH the shell had: `.venv/bin/pytest` works without activating the environment.
+TOOLS = str(Path(sys.executable).parent)
+os.environ["PATH"] = os.pathsep.join([TOOLS, os.environ.get("PATH", "")])
 
 
 @pytest.fixture

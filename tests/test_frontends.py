@@ -262,3 +262,72 @@ def test_an_edit_that_cannot_change_results_can_be_accepted_in_both_front_ends(p
         path.write_text(good)
         run(["python", "-m", "fedssl.pipeline", "accept", "default"], project)
     assert planned_jobs(project) == set() and dvc_stale(project, "dvc.yaml") == set()
+
+
+def offline_env() -> dict[str, str]:
+    """The environment with every download refused at once, as on a machine without internet."""
+    proxy = "http://127.0.0.1:9"  # the discard port: nothing listens there
+    return {**os.environ, "http_proxy": proxy, "https_proxy": proxy, "no_proxy": ""}
+
+
+def test_a_bad_edit_costs_nothing_in_either_front_end(project):
+    """A data set moved to where it is not and cannot be downloaded fails the run in either
+    front end; reverting the edit leaves both nothing to do, and the failed Snakemake run did
+    not record the bad params in DVC (not even its `dag` check)."""
+    import subprocess
+
+    path = project / "params/datasets/tiny.yaml"
+    good = path.read_text()
+    lock = (project / "dvc.lock").read_text()
+    bad = good.replace("data_root: raw", "data_root: nowhere")
+    try:
+        for cmd in (["snakemake", "--cores", "1"], ["dvc", "repro"]):
+            path.write_text(bad.replace("download: false", "download: true"))
+            proc = subprocess.run(
+                cmd, cwd=project, capture_output=True, text=True, env=offline_env()
+            )
+            assert proc.returncode != 0, cmd
+            assert "could not be downloaded" in proc.stdout + proc.stderr, cmd
+            if cmd[0] == "snakemake":
+                assert (project / "dvc.lock").read_text() == lock
+            path.write_text(good)
+            assert planned_jobs(project) == set(), cmd
+            assert dvc_stale(project) == set(), cmd
+            if cmd[0] == "snakemake":
+                status = run(["dvc", "status", "--json"], project).stdout
+                assert json.loads(status or "{}") == {}
+    finally:
+        path.write_text(good)
+
+
+def test_ctrl_c_returns_within_seconds_with_the_stages_message(project):
+    """Ctrl-C (SIGINT to the terminal's process group) during a training stage: Snakemake
+    returns within seconds, and the stage's "interrupted" line reaches the terminal and the
+    log. (Runs last: Snakemake keeps the stage marked incomplete, so it reruns next time.)"""
+    import signal
+    import subprocess
+
+    resume = project / "artifacts/.resume"
+    proc = subprocess.Popen(
+        ["snakemake", "--cores", "1", "-f", "pretrain__tiny_simclr"],
+        cwd=project,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        while proc.poll() is None and not list(resume.glob("pretrain__tiny_simclr*pt")):
+            time.sleep(0.01)  # until the stage is inside its training loop
+        os.killpg(proc.pid, signal.SIGINT)
+        start = time.time()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert time.time() - start < 30 and proc.returncode != 0
+    message = "interrupted: a stage that checkpoints resumes where it stopped"
+    assert message in out
+    assert message in (project / "artifacts/logs/pretrain__tiny_simclr.log").read_text()
+    for checkpoint in resume.glob("pretrain__tiny_simclr*pt"):
+        checkpoint.unlink()

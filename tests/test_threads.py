@@ -65,3 +65,22 @@ def test_same_threads_same_bytes_other_threads_within_float_noise(tmp_path):
     assert one.keys() == two.keys()
     for k in one:  # within float noise at another thread count
         assert torch.allclose(one[k].float(), two[k].float(), rtol=0, atol=ATOL), k
+
+
+@pytest.mark.skipif(os.cpu_count() == 1, reason="torch's default is already one thread")
+@pytest.mark.parametrize("torch_first", [True, False], ids=["torch loaded", "torch loaded later"])
+def test_fedssl_threads_holds_whenever_the_stage_imports_torch(torch_first):
+    """A stage that imports torch only after the runtime set the threads computes on as many
+    threads as one that had it loaded: one here, where torch's default is every core."""
+    code = (
+        "from fedssl.stage import set_threads\n"
+        + ("import torch\n" if torch_first else "")
+        + "set_threads()\nimport torch\nprint(torch.get_num_threads())\n"
+    )
+    env = {**os.environ, "FEDSSL_THREADS": "1"}
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.pop(var, None)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert proc.stdout.split() == ["1"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from fedssl.methods import registry
 from fedssl.methods.base import DATA, PARTITION
 from fedssl.plan.fingerprint import hash_file, recorded
 from fedssl.plan.layout import (
+    ARTIFACTS,
     data_dir,
     experiment_dir,
     owner_of,
@@ -183,11 +185,16 @@ class Dag:
             spec = pipelines.spec(pipeline)
             self.row, self.column = spec.row, spec.column
             experiments = self.presets.pipeline_experiments(pipeline)
+        for exp in experiments if pipeline is not None else []:
+            self.presets.resolve(
+                "experiment", exp, f"{self.root / PIPELINES_FILE}: pipelines.{pipeline}"
+            )
         self.experiments = experiments
         self.stages: dict[str, Stage] = {}
         self.of_experiment: dict[str, list[str]] = {}  # experiment -> its stages (shared too)
         self.content: dict[str, str] = {}  # per-experiment stage -> the key of its content
         self._owners: dict[tuple[str, str], str] | None = None
+        self._content_only = False  # a scout of owners() needs only the stages' content keys
         for exp in self.experiments:
             self._add_experiment(exp)
         if pipeline is not None and not self.stages.get(f"report__{pipeline}"):
@@ -239,8 +246,9 @@ class Dag:
 
     def _add_partition(self, name: str) -> str:
         part = self.presets.load("partition", name)
-        dataset = self.presets.load("dataset", part.dataset)
-        check_partition_fits(part, self.presets.resolve("partition", name).where, dataset.name)
+        where = self.presets.resolve("partition", name).where
+        dataset = self.presets.load("dataset", part.dataset, f"{where}: dataset")
+        check_partition_fits(part, where, dataset.name)
         up = self._add_dataset(part.dataset)
         stage = f"partition__{name}"
         self._add(
@@ -287,8 +295,10 @@ class Dag:
                     f"{experiment_dir(owner)}/{kind}",
                     deps=[self.stages[u].out for u in inputs],
                     upstream=list(inputs),
-                    params=self.presets.tracked("experiment", owner, reads),
-                    code=code_files(*modules),
+                    params={}
+                    if self._content_only
+                    else self.presets.tracked("experiment", owner, reads),
+                    code=[] if self._content_only else code_files(*modules),
                     gpu=gpu,
                 )
             )
@@ -309,7 +319,8 @@ class Dag:
                     f"{self.root / PIPELINES_FILE}: pipelines.{self.pipeline}"
                     f".column: {e} of '{exp_name}'"
                 ) from None
-        part = self.presets.load("partition", exp.partition)
+        where = self.presets.resolve("experiment", exp_name).where
+        part = self.presets.load("partition", exp.partition, f"{where}: partition")
         method = registry.get(exp.method.name)
         declaration = registry.module_of(method.name)
         sources = {
@@ -351,18 +362,34 @@ class Dag:
         (files and grid members) whose stage of that kind has that content: the stage's owner,
         whichever pipeline runs it. Presets that do not validate own nothing."""
         if self._owners is None:
-            self._owners = {}
-            scout = Dag(None, self.root, experiments=[], presets=self.presets)
-            scout._owners = {}
-            for name in sorted(self.presets.names("experiment")):
-                try:
-                    scout._add_experiment(name)
-                except P.ParamsError:
-                    continue
-            for name, key in scout.content.items():
-                kind, owner = name.split("__", 1)
-                self._owners.setdefault((kind, key), owner)
+            self._owners = _cached_owners(OWNERS_CACHE, self._owners_key(), self._find_owners)
         return self._owners
+
+    def _find_owners(self) -> dict[tuple[str, str], str]:
+        """:meth:`owners` from every preset: a scout DAG of all of them (content keys only)."""
+        owners: dict[tuple[str, str], str] = {}
+        scout = Dag(None, self.root, experiments=[], presets=self.presets)
+        scout._owners, scout._content_only = {}, True
+        for name in sorted(self.presets.names("experiment")):
+            try:
+                scout._add_experiment(name)
+            except P.ParamsError:
+                continue
+        for name, key in scout.content.items():
+            kind, owner = name.split("__", 1)
+            owners.setdefault((kind, key), owner)
+        return owners
+
+    def _owners_key(self) -> str:
+        """What :meth:`owners` depends on: every params file, the methods registered and the
+        library's code (the methods' declarations and the params models decide what a stage
+        reads)."""
+        files = sorted(self.root.rglob("*.yaml")) + sorted(Path("fedssl").rglob("*.py"))
+        methods = [(m.name, registry.module_of(m.name)) for m in registry.all()]
+        h = hashlib.sha256(json.dumps([str(self.root.resolve()), methods]).encode())
+        for f in files:
+            h.update(f"{f}\0{hash_file(f)}\0".encode())
+        return h.hexdigest()
 
     def _add_report(self) -> None:
         """The report reads every experiment's metrics, the meta and traffic of its method's
@@ -427,6 +454,26 @@ class Dag:
     def param_values(self, s: Stage) -> dict:
         """What the stage ran with, for its meta.json: the raw values it reads."""
         return raw_values(s.params)
+
+
+OWNERS_CACHE = ARTIFACTS / ".cache" / "owners.json"
+
+
+def _cached_owners(path: Path, key: str, compute) -> dict[tuple[str, str], str]:
+    """``compute()`` (:meth:`Dag.owners`), kept in ``path`` under ``key``: the stored copy is
+    used while ``key`` is the same."""
+    try:
+        stored = json.loads(path.read_text())
+        if stored["key"] == key:
+            return {(kind, k): owner for kind, k, owner in stored["owners"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    owners = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": key, "owners": [[*k, o] for k, o in owners.items()]}))
+    tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+    return owners
 
 
 def content_key(kind: str, values: dict, inputs: list[str]) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from fedssl import params as P
 from fedssl.codegraph import code_files
 from fedssl.methods import registry
 from fedssl.plan.dag import Dag, Stage
@@ -121,9 +122,18 @@ def write_all(root: Path = PARAMS_DIR, also: tuple[str, ...] = ()) -> list[Path]
 
 def check(root: Path = PARAMS_DIR) -> int:
     """The `dag` stage of DVC: validate every active pipeline, then regenerate the dvc.yaml
-    files; when one changed, say so and fail, so DVC stops before running the old shape."""
+    files; when one changed, say so and fail, so DVC stops before running the old shape. A
+    data set the default pipeline needs must be there; one only another pipeline needs is a
+    warning (that pipeline's prepare stage stops with the same message), so a paper pipeline
+    planned on a machine without its data never blocks the default one."""
     for pipe in active_pipelines(root):
-        check_data(Dag(pipe, root))
+        dag = Dag(pipe, root)
+        try:
+            check_data(dag)
+        except P.ParamsError as e:
+            if pipe == "default":
+                raise
+            print(f"warning: pipeline {pipe}: {e}", file=sys.stderr)
     changed = write_all(root)
     if changed:
         print(
@@ -141,22 +151,30 @@ def check(root: Path = PARAMS_DIR) -> int:
 
 
 # ---------------------------------------------------------------------- snakemake -> dvc
-def commit_ran(pipeline: str = "default", root: Path = PARAMS_DIR) -> list[str]:
+def commit_ran(
+    pipeline: str = "default", root: Path = PARAMS_DIR, succeeded: bool = True
+) -> list[str]:
     """After a Snakemake run: bring the dvc.yaml files up to date (the pipeline just run
     becomes active, new results join the root's metrics) and record in dvc.lock the stages
-    Snakemake ran, and the DAG check it did while planning, so DVC sees them as up to date."""
+    Snakemake ran and, when the run ``succeeded``, the DAG check it did while planning, so DVC
+    sees them as up to date. A failed run leaves the check as it was: the params it failed
+    with (a bad edit) are not recorded, so reverting them leaves DVC nothing to do."""
     if not Path(".dvc").is_dir():
         return []
-    write_all(root, (pipeline,))
-    check(root)
     names = sorted(set(RAN_LOG.read_text().split())) if RAN_LOG.exists() else []
+    if not (succeeded or names):
+        return []  # failed before any stage finished: no pipeline's DVC state changes
+    write_all(root, (pipeline,))
+    if succeeded:
+        check(root)
     owner = owners(root)
     complete = [
         n
         for n in names
         if n in owner and all(Path(p).exists() for p in [owner[n][1].out, *owner[n][1].committed])
     ]
-    targets = [f"dvc.yaml:{DAG_STAGE}"] + [f"{dvc_file(owner[n][0])}:{n}" for n in complete]
+    targets = [f"dvc.yaml:{DAG_STAGE}"] if succeeded else []
+    targets += [f"{dvc_file(owner[n][0])}:{n}" for n in complete]
     if targets and subprocess.run(["dvc", "commit", "--force", "--quiet", *targets]).returncode:
         print(
             f"warning: `dvc commit` failed; `dvc status` may list {', '.join(names)}",
