@@ -55,10 +55,19 @@ def read_yaml(path: Path) -> dict:
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when built with it
 
 
+def _safe_yaml(text: str):
+    """``yaml.safe_load``, with libyaml's safe loader when PyYAML was built with it."""
+    loader = SAFE_LOADER(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 @cache
 def _read_yaml(path: str, _mtime: int, _size: int) -> dict:
     try:
-        raw = yaml.load(Path(path).read_text(), Loader=SAFE_LOADER) or {}
+        raw = _safe_yaml(Path(path).read_text()) or {}
     except yaml.YAMLError as e:
         raise ParamsError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):

@@ -15,6 +15,7 @@ from fedssl.fl.cohort import LocalData
 from fedssl.fl.engine import nbytes
 from fedssl.methods.gradient_leakage import LeakageParams
 from fedssl.methods.mpfedcon import MpFedconParams
+from fedssl.methods.mpfedcon import run as R
 from fedssl.methods.mpfedcon import train as T
 from fedssl.methods.mpfedcon.nets import Anchored, build_net
 from tests.fixtures import toy_images
@@ -56,8 +57,8 @@ def toy_federation(tmp_path, p: MpFedconParams, name: str = "ck.pt"):
     te = [np.flatnonzero(np.isin(test_labels, pair))[:10] for pair in ([0, 1], [1, 2], [2, 3])]
     data = LocalData(torch.from_numpy(images[:, None]), torch.from_numpy(labels), tr)
     tests = T.TestData(torch.from_numpy(test_images[:, None]), torch.from_numpy(test_labels), te)
-    model = T.seeded_model(p, (1, 28, 28), 4, CPU)
-    return T.make_federation(p, model, data, tests, tmp_path / name, "fp"), model
+    model = R.seeded_model(p, (1, 28, 28), 4, CPU)
+    return R.make_federation(p, model, data, tests, tmp_path / name, "fp"), model
 
 
 def run(tmp_path, p, name="ck.pt"):
@@ -91,7 +92,7 @@ def test_only_the_shared_layers_travel_and_the_rest_stays(tmp_path, variant, sha
     per_round = layer_bytes(model, *shared)
     for row in state.ledger.summary()["per_client"]:
         assert row["bytes_up"] == row["bytes_down"] == 2 * per_round
-    init = fed.strategy.init_server(T.seeded_model(fed.strategy.p, (1, 28, 28), 4, CPU))["global"]
+    init = fed.strategy.init_server(R.seeded_model(fed.strategy.p, (1, 28, 28), 4, CPU))["global"]
     for k in fed.strategy.personal:  # the server never sees the personal layers
         assert torch.equal(state.server["global"][k], init[k]), k
     if fed.strategy.personal:
@@ -151,7 +152,7 @@ def test_mpfedcon_with_mu_zero_is_fedrep(tmp_path):
 
 def test_the_contrastive_term_is_masked_until_a_class_has_a_centre():
     p = params("mpfedcon", mu=5.0)
-    model = T.seeded_model(p, (1, 28, 28), 4, CPU)
+    model = R.seeded_model(p, (1, 28, 28), 4, CPU)
     images, labels = toy_images(8, 0)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     for k in list(state):  # a distinct anchor, as after the head phase

@@ -12,6 +12,7 @@ from torch.func import functional_call
 
 from fedssl.fl.cohort import Batch
 from fedssl.methods.mpfedcon import personalised as P
+from fedssl.methods.mpfedcon import run as R
 from fedssl.methods.mpfedcon import train as T
 from fedssl.runtime import numpy_rng
 from tests.fixtures import make_tiny_project, toy_images
@@ -80,7 +81,7 @@ def test_the_server_control_variate_grows_by_the_sum_of_updates_over_all_clients
 
 def test_the_scaffold_loss_descends_the_gradient_corrected_by_c_minus_c_i():
     p = params("scaffold")
-    model = T.seeded_model(p, SHAPE, 4, CPU)
+    model = R.seeded_model(p, SHAPE, 4, CPU)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(0)
     for k in net_of(state, "correction"):
@@ -178,7 +179,7 @@ def test_apfl_with_alpha_one_trains_its_personal_model_locally(tmp_path):
 
 def test_apfl_alpha_follows_the_inner_product_of_v_minus_w_and_the_mixtures_gradient():
     p = params("apfl", apfl_alpha=0.3)
-    model = T.seeded_model(p, SHAPE, 4, CPU)
+    model = R.seeded_model(p, SHAPE, 4, CPU)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(0)
     for k in net_of(state, "personal"):
@@ -205,7 +206,7 @@ def test_learned_alpha_moves_and_stays_in_the_unit_interval(tmp_path):
 # ------------------------------------------------------------------ Per-FedAvg
 def meta_setup(order: str):
     p = params("perfedavg", perfedavg_order=order, perfedavg_alpha=0.1)
-    model = T.seeded_model(p, SHAPE, 4, CPU)
+    model = R.seeded_model(p, SHAPE, 4, CPU)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     buffers = {k: state.pop(k) for k in ("centres", "has_centre")}
     return p, model, state, buffers
@@ -368,7 +369,7 @@ def test_fedrep_code_mode_shows_in_the_row_label_and_sets_fedreps_choices():
     assert label(params("ditto", ditto_lambda=0.1)) == "Ditto (λ=0.1)"
     # FedRep's APFL trains v through alpha v + alpha w: at alpha = 1 that is v + w, not v
     p = params("apfl", apfl_alpha=1.0)
-    model = T.seeded_model(p, SHAPE, 4, CPU)
+    model = R.seeded_model(p, SHAPE, 4, CPU)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     buffers = {k: state.pop(k) for k in ("centres", "has_centre")}
     v = {k: t.requires_grad_(True) for k, t in net_of(state, "personal").items()}

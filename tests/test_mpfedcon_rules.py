@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedssl.fl.cohort import Batch
+from fedssl.methods.mpfedcon import run as R
 from fedssl.methods.mpfedcon import train as T
 from fedssl.methods.mpfedcon.nets import build_net
 from tests.fixtures import toy_images
@@ -30,7 +31,7 @@ def test_z_con_is_the_projection_of_the_frozen_round_start_network():
     """Eq. 5 by hand with two separate networks: z from the live one, z_con from the anchor
     (the round-start model); the body loss is CE + mu l_con of exactly these."""
     p, mu, tau = params("mpfedcon"), 2.0, 0.5
-    model = T.seeded_model(p, SHAPE, 4, CPU)
+    model = R.seeded_model(p, SHAPE, 4, CPU)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(1)
     for k, v in state.items():  # the live network has moved away from its round-start copy

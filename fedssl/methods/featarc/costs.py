@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fedssl import costs
-from fedssl.data.catalog import IMAGE_SHAPES
+from fedssl.data.catalog import dataset_spec
 from fedssl.fl.cohort import Batch
 from fedssl.fl.engine import nbytes
 from fedssl.methods.featarc.run import FeatARCModel, featarc_loss
@@ -63,7 +63,7 @@ def client_costs(ctx) -> list[dict]:
 
 def projected_costs(exp, part, dataset: str) -> dict:
     """The average client at full scale: C cluster models down and one model up per round."""
-    p, shape = exp.method, IMAGE_SHAPES[dataset]
+    p, shape = exp.method, dataset_spec(dataset).shape
     n = costs.average_client_samples(part, dataset)
     rounds = round(p.client_fraction * p.rounds)
     state = seeded_contrastive_model(p.model, shape, p.seed, torch.device("cpu")).state_dict()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from fedssl import costs
-from fedssl.data.catalog import IMAGE_SHAPES
+from fedssl.data.catalog import dataset_spec
 from fedssl.fl.engine import nbytes
 from fedssl.losses import byol_loss
 from fedssl.methods.fedbyol.model import TARGET, seeded_byol
@@ -56,7 +56,7 @@ def payload_bytes(p, shape) -> int:
 
 def projected_costs(exp, part, dataset: str) -> dict:
     """The average client at full scale: the payload down and up in each of its rounds."""
-    p, shape = exp.method, IMAGE_SHAPES[dataset]
+    p, shape = exp.method, dataset_spec(dataset).shape
     n = costs.average_client_samples(part, dataset)
     rounds = round(p.client_fraction * p.rounds)
     rows = _client_costs(p, shape, [n], [rounds], [2 * payload_bytes(p, shape) * rounds])

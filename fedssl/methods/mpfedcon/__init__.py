@@ -243,7 +243,7 @@ class MpFedcon(Method):
             "train",
             reads=("partition", "method"),
             plots=("rounds.tsv",),
-            runner="fedssl.methods.mpfedcon.train:train",
+            runner="fedssl.methods.mpfedcon.run:train",
         ),
     )
     evaluation_sections = ("personal",)

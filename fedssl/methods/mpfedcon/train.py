@@ -11,7 +11,6 @@ own model on its own test split (:mod:`fedssl.eval.personal`). Per-party state l
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,26 +22,19 @@ from fedssl.attacks.leakage import add_gradient_noise
 from fedssl.data.augment import pad_crop_flip, to_float
 from fedssl.data.store import to_device
 from fedssl.eval.personal import PersonalLog, client_outputs
-from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
 from fedssl.fl.engine import (
-    Federation,
     FederationConfig,
     FedState,
-    LocalTraining,
-    Phase,
     RoundUpdates,
     Strategy,
     fedavg,
-    federation_config,
-    nbytes,
     stacked,
 )
-from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import masked_cross_entropy, model_contrastive_loss
-from fedssl.methods.mpfedcon import HEAD_FIRST, PERSONALISED
-from fedssl.methods.mpfedcon.nets import Anchored, build_net, layer_of, net_keys
+from fedssl.methods.mpfedcon.nets import Anchored, layer_of, net_keys
 from fedssl.precision import autocast
-from fedssl.runtime import derive_seed, torch_generator, torch_save
+from fedssl.runtime import derive_seed, torch_generator
 
 CENTRE_KEYS = ("centres", "has_centre")  # what the server sends: the bank and which rows hold
 
@@ -352,99 +344,3 @@ class _Heads:
 
 def _head_ce(model, params, buffers, batch):
     return _masked_ce(_forward(model, params, buffers, batch), batch)
-
-
-# ------------------------------------------------------------------ wiring
-def seeded_model(p, image_shape, num_classes: int, device) -> Anchored:
-    from fedssl.methods.mpfedcon.personalised import with_companion
-
-    torch.manual_seed(derive_seed(p.seed, "init", "mpfedcon-net"))
-    return with_companion(p, Anchored(build_net(p, image_shape, num_classes), num_classes)).to(
-        device
-    )
-
-
-def make_federation(
-    p, model: Anchored, data: LocalData, tests: TestData, ckpt, fingerprint: str
-) -> Federation:
-    """The variant's strategy and local schedule: head epochs (CE) then body epochs (CE, or
-    CE + mu l_con for MpFedcon), or the whole network together (CE, or FedProx's objective)."""
-    cfg = federation_config(p, p.seed)
-    opt = OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum)
-    parallel = vectorise_clients(p.parallel_clients, data.device)
-
-    def cohort(loss, epochs: int, batch_size=p.batch_size, after_step=None) -> CohortTrainer:
-        return CohortTrainer(
-            model, views_of(p), loss, opt, batch_size, epochs, parallel, after_step
-        )
-
-    if p.variant in PERSONALISED:  # SCAFFOLD, APFL, Ditto, Per-FedAvg
-        from fedssl.methods.mpfedcon import personalised
-
-        strategy = personalised.STRATEGIES[p.variant](cfg, p, model, tests)
-        phases = personalised.local_schedule(p, strategy, cohort)
-        return Federation(strategy, LocalTraining(phases=phases), data, cfg, ckpt, fingerprint)
-    strategy = SplitStrategy(cfg, p, model, tests)
-    if p.variant in HEAD_FIRST:
-        body = contrast_loss(p.mu, p.temperature) if p.variant == "mpfedcon" else ce_loss()
-        phases = [
-            Phase(cohort(ce_loss(), p.head_epochs), lambda s: strategy.personal_params),
-            Phase(cohort(body, p.body_epochs), lambda s: strategy.shared_params),
-        ]
-    else:
-        loss = prox_loss(model, p.prox_mu) if p.variant == "fedprox" else ce_loss()
-        phases = [Phase(cohort(loss, p.body_epochs), lambda s: strategy.net_params)]
-    return Federation(strategy, LocalTraining(phases=phases), data, cfg, ckpt, fingerprint)
-
-
-def num_classes_of(ctx) -> int:
-    _, train_labels = ctx.split("train")
-    _, test_labels = ctx.split("test")
-    return int(max(train_labels.max(), test_labels.max())) + 1
-
-
-def interned(tree):
-    """``tree`` with every string interned. Pickle writes a string once per object, so equal
-    strings must be one object for a resumed run (whose keys came from its checkpoint) to save
-    the very bytes of an uninterrupted one."""
-    if isinstance(tree, dict):
-        return {interned(k): interned(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(interned(v) for v in tree)
-    return sys.intern(tree) if isinstance(tree, str) else tree
-
-
-def train(ctx) -> None:
-    """The ``train`` step: run the federation (resumable), then save every party's final
-    model and the personalised-evaluation record (``personal.npz``)."""
-    p = ctx.exp.method
-    classes = num_classes_of(ctx)
-    model = seeded_model(p, ctx.image_shape, classes, ctx.device)
-    tests = test_data(ctx)
-    fed = make_federation(p, model, train_data(ctx), tests, ctx.resume_path, ctx.fingerprint)
-    state = run_federation(ctx, fed, model)
-    strategy: SplitStrategy = fed.strategy
-    accs, labels, probs = strategy.outputs(state, state.round - 1)
-    PersonalLog(state.memo).save(ctx.out / "personal.npz", labels, probs)
-    torch_save(
-        interned(
-            {
-                "global": state.server["global"],
-                "centres": state.server["centres"],
-                "clients": state.clients,
-                "final_accuracy": accs,
-            }
-        ),
-        ctx.out / "models.pt",
-    )
-    glob = state.server["global"]
-    ctx.info.update(
-        variant=p.variant,
-        shared_layers=list(p.shared_layers),
-        classes=classes,
-        parameters=sum(v.numel() for v in glob.values()),
-        shared_parameters=sum(glob[k].numel() for k in strategy.shared),
-        personal_parameters=sum(glob[k].numel() for k in strategy.personal),
-        shared_bytes=nbytes({k: glob[k] for k in strategy.shared}),
-        centre_bank_bytes=nbytes(state.server["centres"]) if strategy.centres else 0,
-    )

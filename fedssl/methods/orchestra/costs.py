@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fedssl import costs
-from fedssl.data.catalog import IMAGE_SHAPES
+from fedssl.data.catalog import dataset_spec
 from fedssl.fl.cohort import Batch
 from fedssl.fl.engine import nbytes
 from fedssl.methods.orchestra.model import MEMORY, ROTATIONS, seeded_orchestra_model
@@ -81,7 +81,7 @@ def round_bytes(p, shape) -> tuple[int, int]:
 
 def projected_costs(exp, part, dataset: str) -> dict:
     """The average client at full scale, taking part in every round (plus round 0)."""
-    p, shape = exp.method, IMAGE_SHAPES[dataset]
+    p, shape = exp.method, dataset_spec(dataset).shape
     n = costs.average_client_samples(part, dataset)
     rounds = round(p.client_fraction * p.rounds) + 1
     down, up = round_bytes(p, shape)
