@@ -29,8 +29,9 @@ run: install
 	@echo; cat results/reports/default/report.md
 	@echo "Results: results/reports/default/ (report.md, .csv, .json) and results/experiments/*/metrics.json; artifacts in artifacts/"
 
+# The suite runs on every core (pytest-xdist); opt-in parts: `pytest -m slow`, make test-slurm.
 test: install lint
-	pytest -q
+	pytest -q -n auto
 
 # Lint and format check (ruff); `make format` rewrites the files.
 lint: $(INSTALLED)
