@@ -27,7 +27,7 @@ def nt_xent(
     return (per_anchor * keep).sum() / keep.sum().clamp(min=1)
 
 
-def _masked_mean(per_row: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+def masked_mean(per_row: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     """Mean over the real rows of a padded batch; 0 when there is none. ``torch.where`` (not a
     product) so a non-finite padded row cannot leak into the value; no Python branch on tensor
     values, so it runs under ``vmap``."""
@@ -37,13 +37,19 @@ def _masked_mean(per_row: torch.Tensor, valid: torch.Tensor | None) -> torch.Ten
     return kept.sum() / valid.sum().clamp(min=1)
 
 
+def proximal_term(params: dict, pairs) -> torch.Tensor:
+    """FedProx's ||w - w_g||^2 over (trained key, anchor key) pairs of one parameter dict; the
+    anchor (the round-start global model) gets no gradient."""
+    return sum(((params[w] - params[g].detach()) ** 2).sum() for w, g in pairs)
+
+
 def masked_cross_entropy(
     logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Classification cross-entropy (in float32) averaged over the real rows of a padded batch;
     padded rows may carry any label (e.g. -1), they are clamped to a valid class and dropped."""
     per_row = F.cross_entropy(logits.float(), labels.clamp(min=0), reduction="none")
-    return _masked_mean(per_row, valid)
+    return masked_mean(per_row, valid)
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -63,7 +69,7 @@ def byol_loss(
     prediction regresses view 2's target and vice versa. The targets are detached here so the
     loss is right whether or not the caller ran the target branch under no_grad."""
     per_row = (2 - 2 * _cos(p1, z2.detach())) + (2 - 2 * _cos(p2, z1.detach()))
-    return _masked_mean(per_row, valid)
+    return masked_mean(per_row, valid)
 
 
 def simsiam_loss(
@@ -77,7 +83,7 @@ def simsiam_loss(
     -(cos(p1, sg z2) + cos(p2, sg z1)) / 2, batch mean. The stop-gradient is what keeps SimSiam
     from collapsing, so it is applied here, not left to the caller."""
     per_row = -0.5 * (_cos(p1, z2.detach()) + _cos(p2, z1.detach()))
-    return _masked_mean(per_row, valid)
+    return masked_mean(per_row, valid)
 
 
 def infonce(
@@ -95,7 +101,7 @@ def infonce(
         return F.cross_entropy(logits, target)
     logits = logits.masked_fill(~valid[None, :], float("-inf"))
     logits = torch.where(valid[:, None], logits, 0.0)  # padded anchors: finite, then ignored
-    return _masked_mean(F.cross_entropy(logits, target, reduction="none"), valid)
+    return masked_mean(F.cross_entropy(logits, target, reduction="none"), valid)
 
 
 def moco_v3_loss(
@@ -127,7 +133,7 @@ def moco_queue_loss(
     negatives = q @ queue.detach().float().T
     logits = torch.cat([positive, negatives], dim=1) / temperature
     target = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
-    return _masked_mean(F.cross_entropy(logits, target, reduction="none"), valid)
+    return masked_mean(F.cross_entropy(logits, target, reduction="none"), valid)
 
 
 def model_contrastive_loss(
@@ -144,4 +150,4 @@ def model_contrastive_loss(
     (A4: give those a zero centre and mask them); with no row left the loss is 0."""
     logits = torch.stack([_cos(z, z_pos.detach()), _cos(z, z_neg.detach())], dim=1) / temperature
     target = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
-    return _masked_mean(F.cross_entropy(logits, target, reduction="none"), valid)
+    return masked_mean(F.cross_entropy(logits, target, reduction="none"), valid)

@@ -36,7 +36,7 @@ from fedssl.fl.engine import (
     stacked,
 )
 from fedssl.fl.runner import run_federation, train_data
-from fedssl.losses import _masked_mean, nt_xent
+from fedssl.losses import masked_mean, nt_xent
 from fedssl.models.encoders import (
     ContrastiveModel,
     frozen,
@@ -72,7 +72,7 @@ def alignment_loss(targets: torch.Tensor, y1: torch.Tensor, y2: torch.Tensor, va
     per_row = (targets * F.normalize(y1.float(), dim=1)).sum(1) + (
         targets * F.normalize(y2.float(), dim=1)
     ).sum(1)
-    return _masked_mean(-0.5 * per_row, valid)
+    return masked_mean(-0.5 * per_row, valid)
 
 
 def featarc_loss(temperature: float, scale: float, align_space: str):

@@ -31,7 +31,7 @@ from fedssl.fl.engine import (
     fedavg,
     stacked,
 )
-from fedssl.losses import masked_cross_entropy, model_contrastive_loss
+from fedssl.losses import masked_cross_entropy, model_contrastive_loss, proximal_term
 from fedssl.methods.mpfedcon.nets import Anchored, layer_of, net_keys
 from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_generator
@@ -71,8 +71,7 @@ def prox_loss(model: Anchored, mu: float):
 
     def loss(model, params, buffers, batch):
         logits, _, _ = _forward(model, params, buffers, batch)
-        prox = sum(((params[k] - params[a].detach()) ** 2).sum() for k, a in pairs)
-        return _masked_ce(logits, batch) + 0.5 * mu * prox
+        return _masked_ce(logits, batch) + 0.5 * mu * proximal_term(params, pairs)
 
     return loss
 

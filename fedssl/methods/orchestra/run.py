@@ -36,7 +36,7 @@ from fedssl.fl.engine import (
 )
 from fedssl.fl.momentum import ema_after_step
 from fedssl.fl.runner import run_federation, train_data
-from fedssl.losses import _masked_mean, masked_cross_entropy
+from fedssl.losses import masked_cross_entropy, masked_mean
 from fedssl.methods.orchestra.clustering import global_clustering, local_clustering
 from fedssl.methods.orchestra.model import (
     CENTROIDS,
@@ -57,7 +57,7 @@ def clustering_loss(student: torch.Tensor, teacher: torch.Tensor, centroids, tem
     the normalised student projection; one direction only, as the authors' code."""
     q = F.softmax(teacher.detach().float() @ centroids.T / temperature, dim=1)
     log_p = F.log_softmax(F.normalize(student.float(), dim=1) @ centroids.T / temperature, dim=1)
-    return _masked_mean(-(q * log_p).sum(1), valid)
+    return masked_mean(-(q * log_p).sum(1), valid)
 
 
 def orchestra_loss(temperature: float):

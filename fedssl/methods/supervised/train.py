@@ -24,7 +24,7 @@ from fedssl.eval.personal import client_outputs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import Federation, FedState, LocalTraining, Strategy, federation_config
 from fedssl.fl.runner import run_federation, train_data
-from fedssl.losses import masked_cross_entropy, model_contrastive_loss
+from fedssl.losses import masked_cross_entropy, model_contrastive_loss, proximal_term
 from fedssl.methods.mpfedcon.train import views_of
 from fedssl.models.cnn import LayeredNet, layered_net
 from fedssl.models.encoders import build_backbone, frozen
@@ -91,8 +91,7 @@ def local_loss(p, model: WithReferences):
             out = functional_call(model, (params, buffers), (x, moon))
         ce = masked_cross_entropy(out[0], batch.labels, batch.valid)
         if p.variant == "fedprox":
-            prox = sum(((params[w] - params[g].detach()) ** 2).sum() for w, g in pairs)
-            return ce + 0.5 * p.mu * prox
+            return ce + 0.5 * p.mu * proximal_term(params, pairs)
         if moon:
             _, z, z_glob, z_prev = (t.float() for t in out)
             rows = batch.valid & (buffers["has_prev"] > 0)  # no previous model: l_con = 0
