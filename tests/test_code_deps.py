@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import make_tiny_project, run
+from tests.fixtures import make_tiny_project, run, run_stages_in_process
 from tests.lwfedssl_fixtures import TINY_PARTITION, tiny_text
 
 pytestmark = pytest.mark.timeout(900)
@@ -40,10 +40,6 @@ def dvc_stale(project: Path) -> set[str]:
 def project(tmp_path_factory):
     """Both pipelines computed in this process (one torch import), then recorded for DVC as
     the front ends leave it."""
-    import importlib
-    import os
-    import sys
-
     root = make_tiny_project(tmp_path_factory.mktemp("deps"))
     params = root / "params"
     (params / "partitions" / "tiny_iid_m3_srv.yaml").write_text(TINY_PARTITION)
@@ -51,22 +47,7 @@ def project(tmp_path_factory):
     with open(params / "pipelines.yaml", "a") as f:
         f.write("  deps: [tiny_simclr, tiny_fedmoco]\n")
     run(["python", "-m", "fedssl.pipeline", "write", "deps"], root)
-    cwd, path = os.getcwd(), list(sys.path)
-    os.chdir(root)
-    sys.path.insert(0, str(root))
-    try:
-        from fedssl.plan.dag import Dag
-        from fedssl.plan.freshness import why_stale
-
-        for pipeline in PIPELINES:
-            dag = Dag(pipeline)
-            for name, stage in dag.stages.items():
-                if why_stale(dag, name):
-                    _, _, module, *args = stage.cmd.split()
-                    importlib.import_module(module).run(args)
-    finally:
-        os.chdir(cwd)
-        sys.path[:] = path
+    run_stages_in_process(root, PIPELINES)
     run(["python", "-m", "fedssl.pipeline", "write"], root)  # the new results' metrics join
     run(["python", "-m", "fedssl.pipeline", "check"], root)  # the DAG check every stage reads
     run(["dvc", "commit", "--force", "--quiet"], root)

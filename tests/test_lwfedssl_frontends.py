@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import make_tiny_project, run
+from tests.fixtures import make_tiny_project, run, run_stages_in_process
 from tests.lwfedssl_fixtures import TINY_PARTITION, tiny_text
 
 pytestmark = pytest.mark.timeout(900)
@@ -42,10 +42,6 @@ def with_stages(overrides: str) -> str:
 def project(tmp_path_factory):
     """A tiny project whose pipeline `lwfe` is one 3-stage LW-FedSSL run, computed in this
     process (one torch import) and committed to DVC as the front ends leave it."""
-    import importlib
-    import os
-    import sys
-
     root = make_tiny_project(tmp_path_factory.mktemp("lwfe"))
     params = root / "params"
     (params / "partitions" / "tiny_iid_m3_srv.yaml").write_text(TINY_PARTITION)
@@ -53,18 +49,7 @@ def project(tmp_path_factory):
     with open(params / "pipelines.yaml", "a") as f:
         f.write("  lwfe: [tiny_lw_fedssl]\n")
     run(["python", "-m", "fedssl.pipeline", "write", "lwfe"], root)
-    cwd, path = os.getcwd(), list(sys.path)
-    os.chdir(root)
-    sys.path.insert(0, str(root))
-    try:
-        from fedssl.plan.dag import Dag
-
-        for stage in Dag("lwfe").stages.values():
-            _, _, module, *args = stage.cmd.split()
-            importlib.import_module(module).run(args)
-    finally:
-        os.chdir(cwd)
-        sys.path[:] = path
+    run_stages_in_process(root, ["lwfe"])
     run(["python", "-m", "fedssl.pipeline", "write"], root)  # the new results' metrics join
     run(["python", "-m", "fedssl.pipeline", "check"], root)  # the DAG check every stage reads
     run(
