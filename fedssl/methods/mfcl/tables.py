@@ -1,11 +1,28 @@
-"""MFCL's report tables: the per-client costs in the layout of the paper's Tab. 3 (α, β, γ
-beside the bytes measured), and the rServer's final NT-Xent loss beside the accuracy."""
+"""MFCL's report tables: the accuracy of every method in the layout of the paper's Tab. 2 with
+the paper's numbers beside ours, the per-client costs in the layout of Tab. 3 (α, β, γ beside
+the bytes measured), and the rServer's final NT-Xent loss beside the accuracy."""
 
 from __future__ import annotations
 
+import csv
+import re
 import statistics
+from pathlib import Path
 
-from fedssl.report_format import markdown_table, number, numbers, pivot_markdown
+from fedssl.report_format import (
+    markdown_table,
+    mean_sd,
+    number,
+    numbers,
+    pivot_markdown,
+    sd_note,
+    to_float,
+)
+
+PAPER_TAB2 = Path(__file__).with_name("paper_tab2.tsv")
+# The data set whose paper column stands beside a data set the paper did not use.
+PAPER_STAND_IN = "CIFAR-10"
+XI = re.compile(r"^(?P<dataset>.*?)\s*ξ=(?P<xi>[0-9.]+)$")
 
 # Tab. 3's columns: header -> the report row's column (its unit in the header).
 TAB3 = {
@@ -36,12 +53,95 @@ def tab3(rows: list[dict]) -> str | None:
     )
 
 
+def paper_tab2() -> dict[tuple[str, str, float], tuple[float, float]]:
+    """(method, data set, ξ) -> (mean, SD) of the paper's Tab. 2."""
+    with PAPER_TAB2.open() as f:
+        lines = [line for line in f if not line.startswith("#")]
+    return {
+        (r["method"], r["dataset"], float(r["xi"])): (float(r["mean"]), float(r["sd"]))
+        for r in csv.DictReader(lines, delimiter="\t")
+    }
+
+
+def tab2_accuracy(row: dict) -> float | None:
+    """The number Tab. 2 reports for a run: the linear probe's top-1 for a self-supervised
+    method, the trained model's own top-1 for a supervised one."""
+    linear = to_float(row.get("linear_top1"))
+    return linear if linear is not None else to_float(row.get("global_top1"))
+
+
+def paper_method(label: str) -> str:
+    """A row label as the paper names the method ("FedProx (μ=0.01)" -> "FedProx")."""
+    return label.split(" (")[0]
+
+
+def tab2(rows: list[dict]) -> str | None:
+    """Method × ξ: ours (mean ± sample SD over seeds) beside the paper's number for the same
+    method and ξ, on the same data set where the paper has it and CIFAR-10 otherwise."""
+    paper = paper_tab2()
+    paper_sets = {d for _, d, _ in paper}
+    settings: set[tuple[str, float]] = set()
+    cells: dict[tuple[str, str, float], list[float]] = {}
+    for r in rows:
+        match = XI.match(str(r.get("column", "")))
+        acc = tab2_accuracy(r)
+        if match is None or acc is None:
+            continue
+        key = (match["dataset"], float(match["xi"]))
+        settings.add(key)
+        cells.setdefault((r["row"], *key), []).append(acc)
+    named = {label for label, _, _ in cells if any(paper_method(label) == m for m, _, _ in paper)}
+    if len(named) < 2:  # a table of one paper method, or of ablation rows, ranks nothing
+        return None
+    settings = sorted(settings)
+    header = ["method"]
+    for dataset, xi in settings:
+        header += [f"{dataset} ξ={xi:g}", f"paper {paper_of(dataset, paper_sets)} ξ={xi:g}"]
+    labels = list(dict.fromkeys(label for label, _, _ in cells))
+    columns = []  # per setting: ours, then the paper's, as label -> (value, cell text)
+    for dataset, xi in settings:
+        ours = {
+            label: (statistics.mean(v), mean_sd(v, "sample", ".1f"))
+            for label in labels
+            if (v := cells.get((label, dataset, xi)))
+        }
+        refs = {
+            label: (ref[0], f"{ref[0]:.1f}±{ref[1]:.2f}")
+            for label in labels
+            if (ref := paper.get((paper_method(label), paper_of(dataset, paper_sets), xi)))
+        }
+        columns += [ranked(ours), ranked(refs)]
+    lines = [[label, *(column.get(label, "–") for column in columns)] for label in labels]
+    return markdown_table(
+        header,
+        lines,
+        "Layout of MFCL Tab. 2: top-1 % (linear probe for self-supervised methods, the "
+        f"trained model for supervised ones), ours {sd_note('sample', 'seeds')}, (k) = rank in "
+        "the column; the paper's "
+        f"column (ResNet-18/50 at full scale, its own runs' ± SD) is the same data set where "
+        f"the paper has it, else {PAPER_STAND_IN}: compare rankings, not values",
+    )
+
+
+def ranked(values: dict[str, tuple[float, str]]) -> dict[str, str]:
+    """Each cell with its rank among the rows of its column (1 = best)."""
+    order = sorted(values, key=lambda label: -values[label][0])
+    return {label: f"{values[label][1]} ({order.index(label) + 1})" for label in values}
+
+
+def paper_of(dataset: str, paper_sets: set[str]) -> str:
+    return dataset if dataset in paper_sets else PAPER_STAND_IN
+
+
 def tables(rows: list[dict]) -> dict[str, str]:
     """``mfcl_tab3``, and ``mfcl_rserver_loss``: a loss far below chance, ln(2N - 1) for N
     pairs per batch, beside poor features marks a shortcut."""
     out = {}
-    if any(r.get("method") == "mfcl" for r in rows) and (table := tab3(rows)):
-        out["mfcl_tab3"] = table
+    if any(r.get("method") == "mfcl" for r in rows):
+        if table := tab2(rows):
+            out["mfcl_tab2"] = table
+        if table := tab3(rows):
+            out["mfcl_tab3"] = table
     losses = [r for r in rows if r.get("rserver_final_loss") not in (None, "")]
     if losses:
         out["mfcl_rserver_loss"] = pivot_markdown(
