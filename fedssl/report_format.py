@@ -1,13 +1,14 @@
 """The pieces every report table and figure is made of, in one place: a Markdown table, a
 mean ± SD cell whose SD convention is explicit (and stated in the caption of every table that
-uses it), a number, a pivot of runs, and figure saving that writes the same PNG bytes on a
-rerun.
+uses it), a number, a pivot of runs, ranks within a column, a paper's table read from a TSV,
+and figure saving that writes the same PNG bytes on a rerun.
 
 Pure Python, and it imports nothing of the project: a method's table module may use it
 without pulling the planning or training code into the report's dependencies."""
 
 from __future__ import annotations
 
+import csv
 import statistics
 from pathlib import Path
 from typing import Literal
@@ -113,6 +114,36 @@ def pivot_markdown(
             ]
         )
     return markdown_table(["method", *col_labels, *means], lines, f"{title}; {sd_note(sd)}")
+
+
+def ranked(cells: dict[str, tuple[float, str]]) -> dict[str, str]:
+    """label -> (value, cell text) as label -> the cell text with its rank among the labels
+    ("71.0±1.4 (2)"; 1 = highest, ties share a rank), so that a paper's ordering and ours
+    read side by side."""
+
+    def rank(value: float) -> int:
+        return 1 + sum(other > value for other, _ in cells.values())
+
+    return {label: f"{text} ({rank(value)})" for label, (value, text) in cells.items()}
+
+
+def paper_row(labels: list[str], method: str, setting: str = "") -> str | None:
+    """Which of our row labels stands beside the paper's row ``method``: the one whose method
+    part (before " (") is ``method``; among several, the one naming the paper's ``setting``
+    (e.g. "μ=10"); none where that still leaves several or none."""
+    mine = [label for label in labels if label.split(" (")[0] == method]
+    if len(mine) > 1 and setting:
+        mine = [label for label in mine if setting in label]
+    return mine[0] if len(mine) == 1 else None
+
+
+def read_tsv(path: Path) -> list[dict[str, str]]:
+    """A tab-separated table with a header line; lines starting with ``#`` are comments (a
+    paper's table shipped beside the code that compares with it)."""
+    with Path(path).open() as f:
+        return list(
+            csv.DictReader((line for line in f if not line.startswith("#")), delimiter="\t")
+        )
 
 
 def save_figure(fig, path: Path, dpi: int = 100) -> None:

@@ -105,3 +105,10 @@ def test_saved_figures_are_the_same_bytes_on_a_rerun(tmp_path):
     assert b"Software" not in one and b"matplotlib" not in one.lower()  # no version stamp
     width, height = int.from_bytes(one[16:20], "big"), int.from_bytes(one[20:24], "big")
     assert (width, height) == (100, 75)  # figsize x the fixed dpi
+
+
+def test_ranked_orders_highest_first_and_ties_share_a_rank():
+    from fedssl.report_format import ranked
+
+    cells = {"a": (70.0, "70"), "b": (73.84, "x"), "c": (73.84, "y"), "d": (10.0, "10")}
+    assert ranked(cells) == {"a": "70 (3)", "b": "x (1)", "c": "y (1)", "d": "10 (4)"}

@@ -4,7 +4,6 @@ the bytes measured), and the rServer's final NT-Xent loss beside the accuracy.""
 
 from __future__ import annotations
 
-import csv
 import re
 import statistics
 from pathlib import Path
@@ -14,7 +13,10 @@ from fedssl.report_format import (
     mean_sd,
     number,
     numbers,
+    paper_row,
     pivot_markdown,
+    ranked,
+    read_tsv,
     sd_note,
     to_float,
 )
@@ -55,11 +57,9 @@ def tab3(rows: list[dict]) -> str | None:
 
 def paper_tab2() -> dict[tuple[str, str, float], tuple[float, float]]:
     """(method, data set, ξ) -> (mean, SD) of the paper's Tab. 2."""
-    with PAPER_TAB2.open() as f:
-        lines = [line for line in f if not line.startswith("#")]
     return {
         (r["method"], r["dataset"], float(r["xi"])): (float(r["mean"]), float(r["sd"]))
-        for r in csv.DictReader(lines, delimiter="\t")
+        for r in read_tsv(PAPER_TAB2)
     }
 
 
@@ -68,11 +68,6 @@ def tab2_accuracy(row: dict) -> float | None:
     method, the trained model's own top-1 for a supervised one."""
     linear = to_float(row.get("linear_top1"))
     return linear if linear is not None else to_float(row.get("global_top1"))
-
-
-def paper_method(label: str) -> str:
-    """A row label as the paper names the method ("FedProx (μ=0.01)" -> "FedProx")."""
-    return label.split(" (")[0]
 
 
 def tab2(rows: list[dict]) -> str | None:
@@ -90,14 +85,14 @@ def tab2(rows: list[dict]) -> str | None:
         key = (match["dataset"], float(match["xi"]))
         settings.add(key)
         cells.setdefault((r["row"], *key), []).append(acc)
-    named = {label for label, _, _ in cells if any(paper_method(label) == m for m, _, _ in paper)}
-    if len(named) < 2:  # a table of one paper method, or of ablation rows, ranks nothing
+    labels = list(dict.fromkeys(label for label, _, _ in cells))
+    beside = {m: label for m, _, _ in paper if (label := paper_row(labels, m))}
+    if len(beside) < 2:  # a table of one paper method, or of ablation rows, ranks nothing
         return None
     settings = sorted(settings)
     header = ["method"]
     for dataset, xi in settings:
         header += [f"{dataset} ξ={xi:g}", f"paper {paper_of(dataset, paper_sets)} ξ={xi:g}"]
-    labels = list(dict.fromkeys(label for label, _, _ in cells))
     columns = []  # per setting: ours, then the paper's, as label -> (value, cell text)
     for dataset, xi in settings:
         ours = {
@@ -107,8 +102,8 @@ def tab2(rows: list[dict]) -> str | None:
         }
         refs = {
             label: (ref[0], f"{ref[0]:.1f}±{ref[1]:.2f}")
-            for label in labels
-            if (ref := paper.get((paper_method(label), paper_of(dataset, paper_sets), xi)))
+            for method, label in beside.items()
+            if (ref := paper.get((method, paper_of(dataset, paper_sets), xi)))
         }
         columns += [ranked(ours), ranked(refs)]
     lines = [[label, *(column.get(label, "–") for column in columns)] for label in labels]
@@ -121,12 +116,6 @@ def tab2(rows: list[dict]) -> str | None:
         f"column (ResNet-18/50 at full scale, its own runs' ± SD) is the same data set where "
         f"the paper has it, else {PAPER_STAND_IN}: compare rankings, not values",
     )
-
-
-def ranked(values: dict[str, tuple[float, str]]) -> dict[str, str]:
-    """Each cell with its rank among the rows of its column (1 = best)."""
-    order = sorted(values, key=lambda label: -values[label][0])
-    return {label: f"{values[label][1]} ({order.index(label) + 1})" for label in values}
 
 
 def paper_of(dataset: str, paper_sets: set[str]) -> str:

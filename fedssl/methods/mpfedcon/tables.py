@@ -10,10 +10,24 @@ from __future__ import annotations
 
 import re
 import statistics
+from pathlib import Path
 
-from fedssl.report_format import markdown_table, mean_sd, number, sd_note, to_float
+from fedssl.report_format import (
+    markdown_table,
+    mean_sd,
+    number,
+    paper_row,
+    ranked,
+    read_tsv,
+    sd_note,
+    to_float,
+)
 
 SD = "sample"
+PAPER_TAB1 = Path(__file__).with_name("paper_tab1.tsv")
+# The data set whose paper column stands beside a data set the paper did not use.
+PAPER_STAND_IN = "CIFAR-10"
+SHARDS = re.compile(r"^(?P<dataset>.*) (?P<classes>\d+) classes/client$")
 
 # Tab. 1's row order (the variants' labels; noise and split ablations follow their base)
 ORDER = (
@@ -62,17 +76,66 @@ def _grid(rows: list[dict], value) -> tuple[list[str], list[str], dict]:
     return labels, columns, cells
 
 
+def paper_tab1() -> dict[tuple[str, str, int], tuple[int, float, str]]:
+    """(method, data set, S) -> (parties, top-1, the setting our row names) of the paper's
+    Tab. 1."""
+    return {
+        (r["method"], r["dataset"], int(r["classes"])): (
+            int(r["parties"]),
+            float(r["top1"]),
+            r["setting"],
+        )
+        for r in read_tsv(PAPER_TAB1)
+    }
+
+
+def paper_column(column: str, paper: dict) -> tuple[str, int] | None:
+    """The paper's (data set, S) for one of our columns: the same data set and S where the
+    paper has them, else CIFAR-10 with the same S, else none."""
+    match = SHARDS.match(column)
+    if match is None:
+        return None
+    classes = int(match["classes"])
+    for dataset in (match["dataset"], PAPER_STAND_IN):
+        if any(d == dataset and c == classes for _, d, c in paper):
+            return dataset, classes
+    return None
+
+
 def tab1(rows: list[dict], key: str) -> str:
+    """Ours per column (mean ± SD over seeds, ranked), each beside the paper's column for the
+    same data set and S (CIFAR-10 standing in for a data set the paper did not use)."""
     labels, columns, cells = _grid(rows, lambda r: to_float(r.get(key)))
+    paper = paper_tab1()
     runs = {len(v) for v in cells.values()}
-    lines = [[label, *[_sd(cells.get((label, c), [])) for c in columns]] for label in labels]
+    header, ranked_columns = ["Method"], []
+    for c in columns:
+        ours = {
+            label: (statistics.mean(v), _sd(v)) for label in labels if (v := cells.get((label, c)))
+        }
+        header.append(c)
+        ranked_columns.append(ranked(ours))
+        if (ref := paper_column(c, paper)) is not None:
+            dataset, classes = ref
+            theirs = {
+                label: (top1, f"{top1:.2f}")
+                for (method, d, s), (_, top1, setting) in paper.items()
+                if (d, s) == ref and (label := paper_row(labels, method, setting))
+            }
+            parties = next(n for (_, d, s), (n, _, _) in paper.items() if (d, s) == ref)
+            header.append(f"paper {dataset} ({parties},{classes})")
+            ranked_columns.append(ranked(theirs))
+    lines = [[label, *(col.get(label, "") for col in ranked_columns)] for label in labels]
     n = f"{runs.pop()} seeds" if len(runs) == 1 else "the seeds of each cell (their number varies)"
     return markdown_table(
-        ["Method", *columns],
+        header,
         lines,
         f"Layout of MpFedcon Tab. 1: personalised top-1 % (each party's model "
         f"on its own test split), mean over parties and the last "
-        f"{key.removeprefix('personal_last')} rounds; {sd_note(SD, n)}",
+        f"{key.removeprefix('personal_last')} rounds; {sd_note(SD, n)}; (k) = rank in the "
+        "column; the paper's columns (n parties, S classes each; CIFAR-10 where the paper "
+        "has not our data set; beside the row of the paper's setting: MpFedcon μ = 10, "
+        "SCAFFOLD and APFL as FedRep's code runs them): compare rankings, not values",
     )
 
 
