@@ -248,6 +248,8 @@ class MpFedcon(Method):
     )
     evaluation_sections = ("personal",)
     personal_inputs = ("train",)
+    costs_inputs = ("train",)
+    client_costs_hook = "fedssl.methods.mpfedcon.costs:client_costs"
     report_tables = "fedssl.methods.mpfedcon.tables:paper_tables"
 
     def row_label(self, params) -> str:

@@ -40,14 +40,20 @@ def seeded_model(p, image_shape, num_classes: int, device) -> Anchored:
     ).to(device)
 
 
-def make_federation(
-    p, model: Anchored, data: LocalData, tests: TestData, ckpt, fingerprint: str
-) -> Federation:
-    """The variant's strategy and local schedule: head epochs (CE) then body epochs (CE, or
-    CE + mu l_con for MpFedcon), or the whole network together (CE, or FedProx's objective)."""
+def make_strategy(p, model: Anchored, tests: TestData | None) -> SplitStrategy:
+    """The variant's protocol: SCAFFOLD, APFL, Ditto and Per-FedAvg their own, the rest the
+    split strategy (shared layers averaged, personal kept, MpFedcon's class centres)."""
     cfg = federation_config(p, p.seed)
+    if p.variant in PERSONALISED:
+        return personalised.STRATEGIES[p.variant](cfg, p, model, tests)
+    return SplitStrategy(cfg, p, model, tests)
+
+
+def local_phases(p, model: Anchored, strategy: SplitStrategy, parallel: bool) -> list[Phase]:
+    """The variant's local schedule: head epochs (CE) then body epochs (CE, or CE + mu l_con
+    for MpFedcon), or the whole network together (CE, or FedProx's objective), or a
+    personalised baseline's own phases."""
     opt = OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum)
-    parallel = vectorise_clients(p.parallel_clients, data.device)
 
     def cohort(loss, epochs: int, batch_size=p.batch_size, after_step=None) -> CohortTrainer:
         return CohortTrainer(
@@ -55,19 +61,25 @@ def make_federation(
         )
 
     if p.variant in PERSONALISED:  # SCAFFOLD, APFL, Ditto, Per-FedAvg
-        strategy = personalised.STRATEGIES[p.variant](cfg, p, model, tests)
-        phases = personalised.local_schedule(p, strategy, cohort)
-        return Federation(strategy, LocalTraining(phases=phases), data, cfg, ckpt, fingerprint)
-    strategy = SplitStrategy(cfg, p, model, tests)
+        return personalised.local_schedule(p, strategy, cohort)
     if p.variant in HEAD_FIRST:
         body = contrast_loss(p.mu, p.temperature) if p.variant == "mpfedcon" else ce_loss()
-        phases = [
+        return [
             Phase(cohort(ce_loss(), p.head_epochs), lambda s: strategy.personal_params),
             Phase(cohort(body, p.body_epochs), lambda s: strategy.shared_params),
         ]
-    else:
-        loss = prox_loss(model, p.prox_mu) if p.variant == "fedprox" else ce_loss()
-        phases = [Phase(cohort(loss, p.body_epochs), lambda s: strategy.net_params)]
+    loss = prox_loss(model, p.prox_mu) if p.variant == "fedprox" else ce_loss()
+    return [Phase(cohort(loss, p.body_epochs), lambda s: strategy.net_params)]
+
+
+def make_federation(
+    p, model: Anchored, data: LocalData, tests: TestData, ckpt, fingerprint: str
+) -> Federation:
+    """The variant's strategy and local schedule over the parties' data."""
+    strategy = make_strategy(p, model, tests)
+    parallel = vectorise_clients(p.parallel_clients, data.device)
+    phases = local_phases(p, model, strategy, parallel)
+    cfg = federation_config(p, p.seed)
     return Federation(strategy, LocalTraining(phases=phases), data, cfg, ckpt, fingerprint)
 
 
