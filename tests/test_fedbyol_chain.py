@@ -8,18 +8,10 @@ from __future__ import annotations
 import csv
 import importlib
 import json
-import signal
 
 import pytest
 
-from tests.fixtures import (
-    in_project,
-    kill_after_checkpoint,
-    make_tiny_project,
-    output_files,
-    run_stage,
-)
-from tests.test_resume_stages import assert_same_files
+from tests.fixtures import assert_a_killed_stage_resumes, tiny_chain_project
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
@@ -49,14 +41,13 @@ METHODS = {
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    root = make_tiny_project(tmp_path_factory.mktemp("fedbyol"), git=False)
-    for name, (title, method, extra) in METHODS.items():
-        (root / "params/experiments" / f"{name}.yaml").write_text(
-            EXPERIMENT.format(title=title, name=method, extra=extra)
-        )
-    with open(root / "params/pipelines.yaml", "a") as f:
-        f.write(f"  byol: [{', '.join(METHODS)}]\n")
-    return root
+    experiments = {
+        name: EXPERIMENT.format(title=title, name=method, extra=extra)
+        for name, (title, method, extra) in METHODS.items()
+    }
+    return tiny_chain_project(
+        tmp_path_factory.mktemp("fedbyol"), experiments, "byol", list(METHODS)
+    )
 
 
 def test_the_family_runs_through_the_stage_runner(project, monkeypatch):
@@ -95,16 +86,6 @@ def test_the_family_runs_through_the_stage_runner(project, monkeypatch):
 def test_a_killed_fedema_pretrain_resumes_to_the_uninterrupted_outputs(
     project, capsys, monkeypatch
 ):
-    monkeypatch.setenv("FEDSSL_THREADS", "1")
-    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
-    with in_project(project) as dag_for:
-        stage = dag_for("pretrain", "tiny_fedema")
-        run_stage(stage, upstream=True)
-        assert "round 1/" in capsys.readouterr().out
-        uninterrupted = output_files(stage)
-        code, checkpoint = kill_after_checkpoint(project, stage)
-        assert code == -signal.SIGKILL
-        run_stage(stage)
-        assert "round 1/" not in capsys.readouterr().out  # it went on from the checkpoint
-        assert_same_files(output_files(stage), uninterrupted)
-        assert not checkpoint.exists()
+    assert_a_killed_stage_resumes(
+        project, "pretrain", "tiny_fedema", "round 1/", capsys, monkeypatch
+    )
