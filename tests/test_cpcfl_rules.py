@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedssl.methods.cpcfl import run as cfl
+from fedssl.methods.cpcfl.encoder_source import check_disjoint
+from fedssl.methods.cpcfl.federation import initial_pool
+from fedssl.methods.cpcfl.trials import ClusteringFailed, run_rounds
 from tests.test_cpcfl import SHAPE, pool_fed, pretrained_encoder, tiny_exp
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -49,15 +51,15 @@ def test_a_collapsed_pool_stops_the_run_and_a_restart_draws_a_new_pool(tmp_path)
         ssl=None,
         cfl={"clusters": 2, "rounds": 4, "explore_rounds": 0, "patience": 1},
     )
-    one = cfl.initial_pool(p, SHAPE, 4, torch.device("cpu"), 0, None)[0]
+    one = initial_pool(p, SHAPE, 4, torch.device("cpu"), 0, None)[0]
     twins = [{k: v.clone() for k, v in one.items()} for _ in range(2)]  # ties: all on model 0
     fed = pool_fed(tmp_path, p, pool=twins)
-    with pytest.raises(cfl.ClusteringFailed) as failed:
-        cfl.run_rounds(fed, None, "test")
+    with pytest.raises(ClusteringFailed) as failed:
+        run_rounds(fed, None, "test")
     state = failed.value.state
     assert state.memo["failed_at"] == 1 and state.round == 1  # stopped at once
-    again = cfl.initial_pool(p, SHAPE, 4, torch.device("cpu"), 1, None)
-    first = cfl.initial_pool(p, SHAPE, 4, torch.device("cpu"), 0, None)
+    again = initial_pool(p, SHAPE, 4, torch.device("cpu"), 1, None)
+    first = initial_pool(p, SHAPE, 4, torch.device("cpu"), 0, None)
     for a, b in zip(first, again):
         assert not torch.equal(
             a["encoder.net.features.0.weight"], b["encoder.net.features.0.weight"]
@@ -73,6 +75,6 @@ def test_public_pretraining_images_must_not_be_client_data():
 
     ctx = SimpleNamespace(name="cfl__x", exp=SimpleNamespace(partition="groups"))
     clients = [np.arange(0, 10), np.arange(10, 20)]
-    cfl.check_disjoint(ctx, np.arange(20, 30), clients)  # disjoint: fine
+    check_disjoint(ctx, np.arange(20, 30), clients)  # disjoint: fine
     with pytest.raises(StageFailed, match="1 images .* server_holdout = ssl.public.size"):
-        cfl.check_disjoint(ctx, np.arange(19, 29), clients)
+        check_disjoint(ctx, np.arange(19, 29), clients)
