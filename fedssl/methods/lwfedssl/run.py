@@ -32,7 +32,7 @@ from fedssl.fl.engine import (
 )
 from fedssl.fl.momentum import ema_after_step
 from fedssl.fl.runner import run_federation, train_data
-from fedssl.methods.lwfedssl.growth import GrowthPlan
+from fedssl.methods.lwfedssl import GrowthPlan
 from fedssl.models.encoders import frozen
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.mocov3 import MocoV3Learner, ema_pairs, online_state, round_start_state
@@ -317,6 +317,29 @@ def server_data(ctx, clients: LocalData) -> LocalData:
     return LocalData(clients.images, clients.labels, [ctx.server_indices()])
 
 
+def calibrator(p, model: nn.Module, s: int | None, plan, views, opt, server) -> Calibrator:
+    """LW-FedSSL's server step at stage s: its own learner (everything trains, no alignment)
+    with the clients' views and optimizer, and its own epochs and batch size if set."""
+    if server is None:
+        raise ValueError("LW-FedSSL's calibration needs the server's data")
+    c, st = p.calibration, p.settings(s)
+    learner = learner_of(p, model, s, plan, server=True)
+    momentum_branch = (
+        n for n, _ in learner.named_parameters() if n.startswith(("encoder.", "projector."))
+    )
+    cohort = CohortTrainer(
+        learner,
+        views,
+        learner_loss,
+        opt,
+        c.batch_size or st.batch_size,
+        c.local_epochs or st.local_epochs,
+        False,
+        ema_after_step(ema_pairs(momentum_branch), st.momentum),
+    )
+    return Calibrator(cohort, server, p.seed, s or 0)
+
+
 def make_federation(
     p,
     model: nn.Module,
@@ -345,28 +368,8 @@ def make_federation(
     )
     calibrate, timing = None, "round_start"
     if p.calibrates:
-        if server is None:
-            raise ValueError("LW-FedSSL's calibration needs the server's data")
-        c = p.calibration
-        server_learner = learner_of(p, model, s, plan, server=True)
-        server_cohort = CohortTrainer(
-            server_learner,
-            views,
-            learner_loss,
-            opt,
-            c.batch_size or st.batch_size,
-            c.local_epochs or st.local_epochs,
-            False,
-            ema_after_step(
-                ema_pairs(
-                    n
-                    for n, _ in server_learner.named_parameters()
-                    if n.startswith(("encoder.", "projector."))
-                ),
-                st.momentum,
-            ),
-        )
-        calibrate, timing = Calibrator(server_cohort, server, p.seed, s or 0), c.timing
+        calibrate = calibrator(p, model, s, plan, views, opt, server)
+        timing = p.calibration.timing
     rounds = all_rounds(p)
     index = p.growth_stages().index(s)
     cfg = federation_config(st, derive_seed(p.seed, "stage", s or 0) % 2**31)
