@@ -337,3 +337,31 @@ def assert_a_killed_stage_resumes(
         assert first_work not in capsys.readouterr().out  # it went on from the checkpoint
         assert_same_files(output_files(stage), uninterrupted)
         assert not checkpoint.exists()
+
+
+def run_pretrain_step_chain(
+    root: Path, monkeypatch, pipeline: str, experiment: str, package: str
+) -> dict[str, dict]:
+    """The chain of a one-pretrain-step method (:class:`fedssl.methods.base.PretrainStepMethod`)
+    in a tiny project, in process on the CPU: its stages are pretrain, features, evaluate and
+    costs, its cost code (``fedssl/methods/<package>/costs.py``) is none of pretrain's, and once
+    the report and all it reads have run, the experiment has its probes' metrics. Returns the
+    report's rows by experiment."""
+    import json
+
+    from fedssl.plan.dag import Dag
+
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
+    dag = Dag(pipeline)
+    kinds = [s.kind for s in dag.stages.values() if s.name.endswith(f"__{experiment}")]
+    assert kinds == ["pretrain", "features", "evaluate", "costs"]
+    cost_code = f"fedssl/methods/{package}/costs.py"
+    assert cost_code in dag.stages[f"costs__{experiment}"].code
+    assert cost_code not in dag.stages[f"pretrain__{experiment}"].code
+    with in_project(root) as planned:
+        run_stage(planned("report", pipeline), upstream=True)
+    metrics = json.loads((root / f"results/experiments/{experiment}/metrics.json").read_text())
+    assert any("linear" in k for k in metrics) and any("knn" in k for k in metrics)
+    report = json.loads((root / f"results/reports/{pipeline}/report.json").read_text())
+    return {r["experiment"]: r for r in report["rows"]}

@@ -10,7 +10,11 @@ import json
 import pytest
 import torch
 
-from tests.fixtures import assert_a_killed_stage_resumes, in_project, run_stage, tiny_chain_project
+from tests.fixtures import (
+    assert_a_killed_stage_resumes,
+    run_pretrain_step_chain,
+    tiny_chain_project,
+)
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
@@ -47,26 +51,14 @@ def project(tmp_path_factory):
 
 
 def test_featarc_runs_end_to_end_through_the_stages(project, monkeypatch):
-    from fedssl.plan.dag import Dag
-
-    monkeypatch.chdir(project)
-    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
-    dag = Dag("feat")
-    kinds = [s.kind for s in dag.stages.values() if s.name.endswith("__tiny_featarc")]
-    assert kinds == ["pretrain", "features", "evaluate", "costs"]
-    assert "fedssl/methods/featarc/costs.py" not in dag.stages["pretrain__tiny_featarc"].code
-    with in_project(project) as planned:
-        run_stage(planned("report", "feat"), upstream=True)
+    rows = run_pretrain_step_chain(project, monkeypatch, "feat", "tiny_featarc", "featarc")
+    assert "tiny_featarc" in rows
     out = project / "artifacts" / "experiments" / "tiny_featarc" / "pretrain"
     clusters = torch.load(out / "clusters.pt", weights_only=True)
     assert set(clusters["clusters"]) == {"cluster0", "cluster1"}
     assert clusters["assignment"] == [0, 1, 0]  # round 0: client k starts from cluster k mod C
     comm = json.loads((out / "communication.json").read_text())
     assert all(c["bytes_down"] == 2 * c["bytes_up"] > 0 for c in comm["per_client"])
-    metrics = json.loads((project / "results/experiments/tiny_featarc/metrics.json").read_text())
-    assert any("linear" in k for k in metrics) and any("knn" in k for k in metrics)
-    report = json.loads((project / "results/reports/feat/report.json").read_text())
-    assert {r["experiment"] for r in report["rows"]} >= {"tiny_featarc"}
 
 
 def test_a_killed_featarc_pretrain_resumes_to_the_uninterrupted_outputs(

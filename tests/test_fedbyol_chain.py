@@ -6,12 +6,15 @@ byte-identical outputs."""
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 
 import pytest
 
-from tests.fixtures import assert_a_killed_stage_resumes, tiny_chain_project
+from tests.fixtures import (
+    assert_a_killed_stage_resumes,
+    run_pretrain_step_chain,
+    tiny_chain_project,
+)
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
@@ -51,20 +54,7 @@ def project(tmp_path_factory):
 
 
 def test_the_family_runs_through_the_stage_runner(project, monkeypatch):
-    from fedssl.plan.dag import Dag
-
-    monkeypatch.chdir(project)
-    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
-    dag = Dag("byol")
-    kinds = [s.kind for s in dag.stages.values() if s.name.endswith("__tiny_fedema")]
-    assert kinds[:1] == ["pretrain"] and {"features", "evaluate", "costs"} <= set(kinds)
-    assert "fedssl/methods/fedbyol/costs.py" not in dag.stages["pretrain__tiny_fedema"].code
-    for stage in dag.stages.values():
-        _, _, module, *args = stage.cmd.split()
-        importlib.import_module(module).run(args)
-
-    report = json.loads((project / "results/reports/byol/report.json").read_text())
-    rows = {r["experiment"]: r for r in report["rows"]}
+    rows = run_pretrain_step_chain(project, monkeypatch, "byol", "tiny_fedema", "fedbyol")
     assert {rows[n]["row"] for n in METHODS} == {"FedBYOL", "FedEMA", "FedU"}
     for name in METHODS:
         assert 0 <= rows[name]["linear_top1"] <= 100 and 0 <= rows[name]["knn_top1"] <= 100

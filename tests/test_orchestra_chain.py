@@ -8,7 +8,11 @@ import json
 
 import pytest
 
-from tests.fixtures import assert_a_killed_stage_resumes, in_project, run_stage, tiny_chain_project
+from tests.fixtures import (
+    assert_a_killed_stage_resumes,
+    run_pretrain_step_chain,
+    tiny_chain_project,
+)
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
@@ -47,27 +51,14 @@ def project(tmp_path_factory):
 
 
 def test_orchestra_runs_end_to_end_through_the_stages(project, monkeypatch):
-    from fedssl.plan.dag import Dag
-
-    monkeypatch.chdir(project)
-    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
-    dag = Dag("orch")
-    kinds = [s.kind for s in dag.stages.values() if s.name.endswith("__tiny_orchestra")]
-    assert kinds == ["pretrain", "features", "evaluate", "costs"]
-    assert "fedssl/methods/orchestra/costs.py" not in dag.stages["pretrain__tiny_orchestra"].code
-    with in_project(project) as planned:
-        run_stage(planned("report", "orch"), upstream=True)
+    rows = run_pretrain_step_chain(project, monkeypatch, "orch", "tiny_orchestra", "orchestra")
+    assert rows["tiny_orchestra"]["round_MB_up"] > 0
     out = project / "artifacts" / "experiments" / "tiny_orchestra"
     comm = json.loads((out / "pretrain" / "communication.json").read_text())
     for client in comm["per_client"]:
         assert client["rounds"] == 2  # round 0 (clustering only) and the training round
         assert set(client["up_by_kind"]) == {"model", "centroids"}
         assert client["up_by_kind"]["centroids"] > client["down_by_kind"]["centroids"] > 0
-    metrics = json.loads((project / "results/experiments/tiny_orchestra/metrics.json").read_text())
-    assert any("linear" in k for k in metrics) and any("knn" in k for k in metrics)
-    report = json.loads((project / "results/reports/orch/report.json").read_text())
-    rows = {r["experiment"]: r for r in report["rows"]}
-    assert rows["tiny_orchestra"]["round_MB_up"] > 0
 
 
 def test_a_killed_orchestra_pretrain_resumes_to_the_uninterrupted_outputs(
