@@ -65,10 +65,17 @@ def write_choices(choices: np.ndarray, groups, explore: int, results: Path) -> N
         for r, row in enumerate(choices)
     ]
     write_tsv(rows, results / "choices.tsv", ["round"] + [f"client_{c}" for c in range(k)])
+    draw_choices(choices, groups, explore, results / "choice_trace.png")
+
+
+def draw_choices(choices: np.ndarray, groups, explore: int, path: Path) -> None:
+    """Clients x rounds, coloured by the model chosen; dashed: the end of T_c; white lines
+    between the true groups."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
 
+    k = choices.shape[1] if choices.size else 0
     fig = Figure(figsize=(min(12, 3 + 0.15 * len(choices)), min(10, 2 + 0.2 * k)))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -97,4 +104,4 @@ def write_choices(choices: np.ndarray, groups, explore: int, results: Path) -> N
     ax.set_ylabel("client (white lines: true groups)")
     ax.set_title("cluster choice per round (dashed: end of T_c)")
     fig.tight_layout()
-    fig.savefig(results / "choice_trace.png", format="png", dpi=90, metadata={"Software": None})
+    fig.savefig(path, format="png", dpi=90, metadata={"Software": None})
