@@ -282,3 +282,86 @@ def run_stages_in_process(root: Path, pipelines) -> None:
     finally:
         os.chdir(cwd)
         sys.path[:] = path
+
+
+def tiny_chain_project(
+    root: Path, experiments: dict[str, str], pipeline: str, runs: list[str]
+) -> Path:
+    """A tiny project (no git) with ``experiments`` (name -> YAML) added, and a pipeline
+    ``pipeline`` running ``runs`` (some of them, or the project's own such as tiny_simclr)."""
+    make_tiny_project(root, git=False)
+    for name, text in experiments.items():
+        (root / "params" / "experiments" / f"{name}.yaml").write_text(text)
+    with open(root / "params" / "pipelines.yaml", "a") as f:
+        f.write(f"  {pipeline}: [{', '.join(runs)}]\n")
+    return root
+
+
+def assert_same_files(resumed: dict[str, bytes], uninterrupted: dict[str, bytes]) -> None:
+    """Two runs' :func:`output_files` are byte-identical (else: where the first file differs)."""
+    assert resumed.keys() == uninterrupted.keys()
+    differ = [p for p, content in uninterrupted.items() if resumed[p] != content]
+    for path in differ:
+        want = uninterrupted[path]
+        got = resumed[path]
+        at = next(
+            (i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want))
+        )
+        raise AssertionError(
+            f"{', '.join(differ)} differ; {path} from byte {at}: resumed "
+            f"{got[at - 200 : at + 100]!r}, uninterrupted "
+            f"{want[at - 200 : at + 100]!r}"
+        )
+
+
+def assert_a_killed_stage_resumes(
+    root: Path, kind: str, experiment: str, first_work: str, capsys, monkeypatch
+) -> None:
+    """Run the stage uninterrupted (upstream first), then in a child SIGKILLed at its first
+    checkpoint, then once more, all on one CPU thread: the last run must not redo
+    ``first_work`` (what the uninterrupted run printed first), must leave every output
+    byte-identical and remove its checkpoint."""
+    import signal
+
+    monkeypatch.setenv("FEDSSL_THREADS", "1")
+    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
+    with in_project(root) as dag_for:
+        stage = dag_for(kind, experiment)
+        run_stage(stage, upstream=True)
+        assert first_work in capsys.readouterr().out
+        uninterrupted = output_files(stage)
+        code, checkpoint = kill_after_checkpoint(root, stage)
+        assert code == -signal.SIGKILL
+        assert checkpoint.exists()
+        run_stage(stage)
+        assert first_work not in capsys.readouterr().out  # it went on from the checkpoint
+        assert_same_files(output_files(stage), uninterrupted)
+        assert not checkpoint.exists()
+
+
+def run_pretrain_step_chain(
+    root: Path, monkeypatch, pipeline: str, experiment: str, package: str
+) -> dict[str, dict]:
+    """The chain of a one-pretrain-step method (:class:`fedssl.methods.base.PretrainStepMethod`)
+    in a tiny project, in process on the CPU: its stages are pretrain, features, evaluate and
+    costs, its cost code (``fedssl/methods/<package>/costs.py``) is none of pretrain's, and once
+    the report and all it reads have run, the experiment has its probes' metrics. Returns the
+    report's rows by experiment."""
+    import json
+
+    from fedssl.plan.dag import Dag
+
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
+    dag = Dag(pipeline)
+    kinds = [s.kind for s in dag.stages.values() if s.name.endswith(f"__{experiment}")]
+    assert kinds == ["pretrain", "features", "evaluate", "costs"]
+    cost_code = f"fedssl/methods/{package}/costs.py"
+    assert cost_code in dag.stages[f"costs__{experiment}"].code
+    assert cost_code not in dag.stages[f"pretrain__{experiment}"].code
+    with in_project(root) as planned:
+        run_stage(planned("report", pipeline), upstream=True)
+    metrics = json.loads((root / f"results/experiments/{experiment}/metrics.json").read_text())
+    assert any("linear" in k for k in metrics) and any("knn" in k for k in metrics)
+    report = json.loads((root / f"results/reports/{pipeline}/report.json").read_text())
+    return {r["experiment"]: r for r in report["rows"]}

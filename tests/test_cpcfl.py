@@ -27,8 +27,9 @@ from fedssl.fl.engine import (
     stacked,
 )
 from fedssl.methods.cpcfl import costs as cfl_costs
-from fedssl.methods.cpcfl import run as cfl
+from fedssl.methods.cpcfl import federation as cfl
 from fedssl.methods.cpcfl.models import Encoder, PoolModel, SSLNet, seeded
+from fedssl.methods.cpcfl.pool import PoolStrategy
 from fedssl.models.cnn import CPCFLEncoder
 from tests.fixtures import make_tiny_project, toy_images
 
@@ -386,7 +387,7 @@ def test_each_client_downloads_the_pool_and_uploads_one_model_and_its_choice(tmp
 
 def test_the_failure_rule_waits_patience_rounds_after_t_c_or_fires_at_the_end():
     p = tiny_exp(cfl={"clusters": 2, "rounds": 10, "explore_rounds": 2, "patience": 3})
-    strategy = cfl.PoolStrategy(
+    strategy = PoolStrategy(
         FederationConfig(10, 1.0, 0.1), p.cfl, [{}, {}], PoolModel(p.encoder, "c", SHAPE, 4)
     )
 

@@ -6,19 +6,15 @@ clients' last models live in the checkpoint)."""
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 import torch
 
 from tests.fixtures import (
-    in_project,
-    kill_after_checkpoint,
-    make_tiny_project,
-    output_files,
-    run_stage,
+    assert_a_killed_stage_resumes,
+    run_pretrain_step_chain,
+    tiny_chain_project,
 )
-from tests.test_resume_stages import assert_same_files
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
@@ -43,51 +39,31 @@ knn: {{k: 5, temperature: 0.1}}
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    root = make_tiny_project(tmp_path_factory.mktemp("featarc"), git=False)
-    experiments = root / "params" / "experiments"
-    (experiments / "tiny_featarc.yaml").write_text(TINY_FEATARC.format(rounds=1))
-    (experiments / "tiny_featarc_long.yaml").write_text(TINY_FEATARC.format(rounds=3))
-    with open(root / "params" / "pipelines.yaml", "a") as f:
-        f.write("  feat: [tiny_featarc, tiny_simclr]\n")
-    return root
+    return tiny_chain_project(
+        tmp_path_factory.mktemp("featarc"),
+        {
+            "tiny_featarc": TINY_FEATARC.format(rounds=1),
+            "tiny_featarc_long": TINY_FEATARC.format(rounds=3),
+        },
+        "feat",
+        ["tiny_featarc", "tiny_simclr"],
+    )
 
 
 def test_featarc_runs_end_to_end_through_the_stages(project, monkeypatch):
-    from fedssl.plan.dag import Dag
-
-    monkeypatch.chdir(project)
-    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
-    dag = Dag("feat")
-    kinds = [s.kind for s in dag.stages.values() if s.name.endswith("__tiny_featarc")]
-    assert kinds == ["pretrain", "features", "evaluate", "costs"]
-    assert "fedssl/methods/featarc/costs.py" not in dag.stages["pretrain__tiny_featarc"].code
-    with in_project(project) as planned:
-        run_stage(planned("report", "feat"), upstream=True)
+    rows = run_pretrain_step_chain(project, monkeypatch, "feat", "tiny_featarc", "featarc")
+    assert "tiny_featarc" in rows
     out = project / "artifacts" / "experiments" / "tiny_featarc" / "pretrain"
     clusters = torch.load(out / "clusters.pt", weights_only=True)
     assert set(clusters["clusters"]) == {"cluster0", "cluster1"}
     assert clusters["assignment"] == [0, 1, 0]  # round 0: client k starts from cluster k mod C
     comm = json.loads((out / "communication.json").read_text())
     assert all(c["bytes_down"] == 2 * c["bytes_up"] > 0 for c in comm["per_client"])
-    metrics = json.loads((project / "results/experiments/tiny_featarc/metrics.json").read_text())
-    assert any("linear" in k for k in metrics) and any("knn" in k for k in metrics)
-    report = json.loads((project / "results/reports/feat/report.json").read_text())
-    assert {r["experiment"] for r in report["rows"]} >= {"tiny_featarc"}
 
 
 def test_a_killed_featarc_pretrain_resumes_to_the_uninterrupted_outputs(
     project, capsys, monkeypatch
 ):
-    monkeypatch.setenv("FEDSSL_THREADS", "1")
-    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
-    with in_project(project) as dag_for:
-        stage = dag_for("pretrain", "tiny_featarc_long")
-        run_stage(stage, upstream=True)
-        assert "round 1/3" in capsys.readouterr().out
-        uninterrupted = output_files(stage)
-        code, checkpoint = kill_after_checkpoint(project, stage)
-        assert code == -signal.SIGKILL and checkpoint.exists()
-        run_stage(stage)
-        assert "round 1/3" not in capsys.readouterr().out
-        assert_same_files(output_files(stage), uninterrupted)
-        assert not checkpoint.exists()
+    assert_a_killed_stage_resumes(
+        project, "pretrain", "tiny_featarc_long", "round 1/3", capsys, monkeypatch
+    )

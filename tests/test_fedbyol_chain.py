@@ -6,20 +6,15 @@ byte-identical outputs."""
 from __future__ import annotations
 
 import csv
-import importlib
 import json
-import signal
 
 import pytest
 
 from tests.fixtures import (
-    in_project,
-    kill_after_checkpoint,
-    make_tiny_project,
-    output_files,
-    run_stage,
+    assert_a_killed_stage_resumes,
+    run_pretrain_step_chain,
+    tiny_chain_project,
 )
-from tests.test_resume_stages import assert_same_files
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
@@ -49,31 +44,17 @@ METHODS = {
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    root = make_tiny_project(tmp_path_factory.mktemp("fedbyol"), git=False)
-    for name, (title, method, extra) in METHODS.items():
-        (root / "params/experiments" / f"{name}.yaml").write_text(
-            EXPERIMENT.format(title=title, name=method, extra=extra)
-        )
-    with open(root / "params/pipelines.yaml", "a") as f:
-        f.write(f"  byol: [{', '.join(METHODS)}]\n")
-    return root
+    experiments = {
+        name: EXPERIMENT.format(title=title, name=method, extra=extra)
+        for name, (title, method, extra) in METHODS.items()
+    }
+    return tiny_chain_project(
+        tmp_path_factory.mktemp("fedbyol"), experiments, "byol", list(METHODS)
+    )
 
 
 def test_the_family_runs_through_the_stage_runner(project, monkeypatch):
-    from fedssl.plan.dag import Dag
-
-    monkeypatch.chdir(project)
-    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
-    dag = Dag("byol")
-    kinds = [s.kind for s in dag.stages.values() if s.name.endswith("__tiny_fedema")]
-    assert kinds[:1] == ["pretrain"] and {"features", "evaluate", "costs"} <= set(kinds)
-    assert "fedssl/methods/fedbyol/costs.py" not in dag.stages["pretrain__tiny_fedema"].code
-    for stage in dag.stages.values():
-        _, _, module, *args = stage.cmd.split()
-        importlib.import_module(module).run(args)
-
-    report = json.loads((project / "results/reports/byol/report.json").read_text())
-    rows = {r["experiment"]: r for r in report["rows"]}
+    rows = run_pretrain_step_chain(project, monkeypatch, "byol", "tiny_fedema", "fedbyol")
     assert {rows[n]["row"] for n in METHODS} == {"FedBYOL", "FedEMA", "FedU"}
     for name in METHODS:
         assert 0 <= rows[name]["linear_top1"] <= 100 and 0 <= rows[name]["knn_top1"] <= 100
@@ -95,16 +76,6 @@ def test_the_family_runs_through_the_stage_runner(project, monkeypatch):
 def test_a_killed_fedema_pretrain_resumes_to_the_uninterrupted_outputs(
     project, capsys, monkeypatch
 ):
-    monkeypatch.setenv("FEDSSL_THREADS", "1")
-    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
-    with in_project(project) as dag_for:
-        stage = dag_for("pretrain", "tiny_fedema")
-        run_stage(stage, upstream=True)
-        assert "round 1/" in capsys.readouterr().out
-        uninterrupted = output_files(stage)
-        code, checkpoint = kill_after_checkpoint(project, stage)
-        assert code == -signal.SIGKILL
-        run_stage(stage)
-        assert "round 1/" not in capsys.readouterr().out  # it went on from the checkpoint
-        assert_same_files(output_files(stage), uninterrupted)
-        assert not checkpoint.exists()
+    assert_a_killed_stage_resumes(
+        project, "pretrain", "tiny_fedema", "round 1/", capsys, monkeypatch
+    )

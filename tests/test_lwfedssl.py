@@ -147,7 +147,7 @@ def test_lw_fedssl_calibrates_before_every_round_and_not_after_the_last(tmp_path
     _, state, _ = run_stage(end_timing, 2, tmp_path)
     assert all("calibration_loss" in r for r in state.log)
     off = p.model_copy(update={"calibration": p.calibration.model_copy(update={"enabled": False})})
-    assert run.plan_of(off, 2).downloads == "last"  # nothing else changes on the server
+    assert off.plan(2).downloads == "last"  # nothing else changes on the server
 
 
 # ---------------------------------------------------------------------------- the learner

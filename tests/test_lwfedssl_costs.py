@@ -11,9 +11,8 @@ import yaml
 
 from fedssl import costs
 from fedssl.experiment import experiment_model
+from fedssl.methods.lwfedssl import GrowthPlan, paper_costs
 from fedssl.methods.lwfedssl import costs as lw_costs
-from fedssl.methods.lwfedssl import paper_costs
-from fedssl.methods.lwfedssl.growth import GrowthPlan
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.vit import TransformerBlock, vit_tiny
 

@@ -121,7 +121,7 @@ def test_alignment_is_lw_fedssls_and_calibration_trains_end_to_end(method, alpha
     learner has neither: no alignment, nothing frozen."""
     p = tiny_exp(method).method
     model = stage_model(p, 3)
-    plan = run.plan_of(p, 3)
+    plan = p.plan(3)
     client = run.learner_of(p, model, 3, plan)
     assert (client.alpha, client.frozen_prefix) == (alpha, prefix)
     assert (client.global_encoder is not None) == (alpha > 0)

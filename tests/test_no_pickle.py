@@ -303,10 +303,10 @@ EXERCISES = {
     "fedssl/runtime.py::load_checkpoint::torch.load@cpcfl-pretrain": Exercise(
         "pretrain", "tiny_cpcfl", "{resume}.w16.pt"
     ),
-    "fedssl/methods/cpcfl/run.py::run::torch.load": Exercise(
+    "fedssl/methods/cpcfl/encoder_source.py::pretrained_encoder::torch.load": Exercise(
         "cfl", "tiny_cpcfl", "{in:pretrain}/encoder.pt"
     ),
-    "fedssl/methods/cpcfl/run.py::run::numpy.load": Exercise(
+    "fedssl/methods/cpcfl/encoder_source.py::pretrained_encoder::numpy.load": Exercise(
         "cfl",
         "tiny_cpcfl",
         "{in:pretrain}/public.npy",

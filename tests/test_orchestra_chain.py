@@ -5,18 +5,14 @@ the uninterrupted run's outputs byte for byte (the client memories live in the c
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 
 from tests.fixtures import (
-    in_project,
-    kill_after_checkpoint,
-    make_tiny_project,
-    output_files,
-    run_stage,
+    assert_a_killed_stage_resumes,
+    run_pretrain_step_chain,
+    tiny_chain_project,
 )
-from tests.test_resume_stages import assert_same_files
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
@@ -43,52 +39,32 @@ knn: {{k: 5, temperature: 0.1}}
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    root = make_tiny_project(tmp_path_factory.mktemp("orchestra"), git=False)
-    experiments = root / "params" / "experiments"
-    (experiments / "tiny_orchestra.yaml").write_text(TINY_ORCHESTRA.format(rounds=1))
-    (experiments / "tiny_orchestra_long.yaml").write_text(TINY_ORCHESTRA.format(rounds=3))
-    with open(root / "params" / "pipelines.yaml", "a") as f:
-        f.write("  orch: [tiny_orchestra, tiny_simclr]\n")
-    return root
+    return tiny_chain_project(
+        tmp_path_factory.mktemp("orchestra"),
+        {
+            "tiny_orchestra": TINY_ORCHESTRA.format(rounds=1),
+            "tiny_orchestra_long": TINY_ORCHESTRA.format(rounds=3),
+        },
+        "orch",
+        ["tiny_orchestra", "tiny_simclr"],
+    )
 
 
 def test_orchestra_runs_end_to_end_through_the_stages(project, monkeypatch):
-    from fedssl.plan.dag import Dag
-
-    monkeypatch.chdir(project)
-    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
-    dag = Dag("orch")
-    kinds = [s.kind for s in dag.stages.values() if s.name.endswith("__tiny_orchestra")]
-    assert kinds == ["pretrain", "features", "evaluate", "costs"]
-    assert "fedssl/methods/orchestra/costs.py" not in dag.stages["pretrain__tiny_orchestra"].code
-    with in_project(project) as planned:
-        run_stage(planned("report", "orch"), upstream=True)
+    rows = run_pretrain_step_chain(project, monkeypatch, "orch", "tiny_orchestra", "orchestra")
+    assert rows["tiny_orchestra"]["round_MB_up"] > 0
     out = project / "artifacts" / "experiments" / "tiny_orchestra"
     comm = json.loads((out / "pretrain" / "communication.json").read_text())
     for client in comm["per_client"]:
         assert client["rounds"] == 2  # round 0 (clustering only) and the training round
         assert set(client["up_by_kind"]) == {"model", "centroids"}
         assert client["up_by_kind"]["centroids"] > client["down_by_kind"]["centroids"] > 0
-    metrics = json.loads((project / "results/experiments/tiny_orchestra/metrics.json").read_text())
-    assert any("linear" in k for k in metrics) and any("knn" in k for k in metrics)
-    report = json.loads((project / "results/reports/orch/report.json").read_text())
-    rows = {r["experiment"]: r for r in report["rows"]}
-    assert rows["tiny_orchestra"]["round_MB_up"] > 0
 
 
 def test_a_killed_orchestra_pretrain_resumes_to_the_uninterrupted_outputs(
     project, capsys, monkeypatch
 ):
-    monkeypatch.setenv("FEDSSL_THREADS", "1")
-    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
-    with in_project(project) as dag_for:
-        stage = dag_for("pretrain", "tiny_orchestra_long")
-        run_stage(stage, upstream=True)
-        assert "round 1/4" in capsys.readouterr().out
-        uninterrupted = output_files(stage)
-        code, checkpoint = kill_after_checkpoint(project, stage)
-        assert code == -signal.SIGKILL and checkpoint.exists()
-        run_stage(stage)
-        assert "round 1/4" not in capsys.readouterr().out
-        assert_same_files(output_files(stage), uninterrupted)
-        assert not checkpoint.exists()
+    # round 0 clusters only: three training rounds are four
+    assert_a_killed_stage_resumes(
+        project, "pretrain", "tiny_orchestra_long", "round 1/4", capsys, monkeypatch
+    )

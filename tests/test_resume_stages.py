@@ -12,17 +12,9 @@ kinds in the default suite."""
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 
-from tests.fixtures import (
-    in_project,
-    kill_after_checkpoint,
-    make_tiny_project,
-    output_files,
-    run_stage,
-)
+from tests.fixtures import assert_a_killed_stage_resumes, make_tiny_project
 from tests.lwfedssl_fixtures import TINY_PARTITION as LW_PARTITION
 from tests.lwfedssl_fixtures import TINY_SCRATCH
 from tests.lwfedssl_fixtures import tiny_text as lw_text
@@ -85,33 +77,4 @@ def project(tmp_path_factory):
 def test_a_killed_stage_resumes_to_the_uninterrupted_outputs(
     project, kind, exp, first_work, capsys, monkeypatch
 ):
-    monkeypatch.setenv("FEDSSL_THREADS", "1")
-    monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
-    with in_project(project) as dag_for:
-        stage = dag_for(kind, exp)
-        run_stage(stage, upstream=True)
-        assert first_work in capsys.readouterr().out
-        uninterrupted = output_files(stage)
-        code, checkpoint = kill_after_checkpoint(project, stage)
-        assert code == -signal.SIGKILL
-        assert checkpoint.exists()
-        run_stage(stage)
-        assert first_work not in capsys.readouterr().out  # it went on from the checkpoint
-        assert_same_files(output_files(stage), uninterrupted)
-        assert not checkpoint.exists()
-
-
-def assert_same_files(resumed: dict[str, bytes], uninterrupted: dict[str, bytes]) -> None:
-    assert resumed.keys() == uninterrupted.keys()
-    differ = [p for p, content in uninterrupted.items() if resumed[p] != content]
-    for path in differ:
-        want = uninterrupted[path]
-        got = resumed[path]
-        at = next(
-            (i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want))
-        )
-        raise AssertionError(
-            f"{', '.join(differ)} differ; {path} from byte {at}: resumed "
-            f"{got[at - 200 : at + 100]!r}, uninterrupted "
-            f"{want[at - 200 : at + 100]!r}"
-        )
+    assert_a_killed_stage_resumes(project, kind, exp, first_work, capsys, monkeypatch)

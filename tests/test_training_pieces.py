@@ -314,7 +314,7 @@ def test_cpcfl_encoder_epochs_are_two_passes_with_their_own_seeds_and_an_epoch_m
     a fresh Adam), FedAvg by size, and a loss that is the epoch-weighted mean of the passes."""
     from fedssl.fl.cohort import CohortTrainer, OptimizerConfig, vectorise_clients
     from fedssl.fl.engine import fedavg, stacked
-    from fedssl.methods.cpcfl import run as cfl
+    from fedssl.methods.cpcfl import federation as cfl
     from fedssl.methods.cpcfl.models import PoolModel
     from fedssl.runtime import torch_generator
     from tests.test_cpcfl import SHAPE, grouped_data, pool_fed, pretrained_encoder, tiny_exp

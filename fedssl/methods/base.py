@@ -197,3 +197,39 @@ class Method:
         if self.projected_costs_hook is None:
             raise NotImplementedError(f"method '{self.name}' has no cost projection")
         return call_hook(self.projected_costs_hook, exp, partition, dataset)
+
+
+class PretrainStepMethod(Method):
+    """A method whose training is one federated step, ``pretrain`` (it reads the partition and
+    every method param, and logs ``rounds.tsv``), whose probes read the encoder that step
+    trained, and whose client costs are counted from that step's outputs.
+
+    A subclass declares what is its own (``name``, ``label``, ``params``, ``encoder_builder``)
+    and the ``package`` that holds its code, laid out by convention: ``run.py`` has
+    ``pretrain(ctx)`` and ``encoder(ctx)``, ``costs.py`` has ``client_costs(ctx)`` and
+    ``projected_costs(exp, partition, dataset)``; the step and the hooks name those."""
+
+    package: ClassVar[str]
+    encoder_inputs = ("pretrain",)
+    encoder_reads = ("method.model",)
+    costs_inputs = ("pretrain",)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        package = getattr(cls, "package", None)
+        if package is None:  # a base of several plugins that do not say it yet
+            return
+        cls.steps = (
+            Step(
+                "pretrain",
+                reads=("partition", "method"),
+                plots=("rounds.tsv",),
+                runner=f"{package}.run:pretrain",
+            ),
+        )
+        cls.encoder_hook = f"{package}.run:encoder"
+        cls.client_costs_hook = f"{package}.costs:client_costs"
+        cls.projected_costs_hook = f"{package}.costs:projected_costs"
+
+    def arch(self, params: MethodParams) -> str:
+        return params.model.arch

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from fedssl import costs
 from fedssl.data.catalog import dataset_spec
 from fedssl.fl.engine import model_state, nbytes
+from fedssl.methods.cpcfl.federation import build_net
 from fedssl.methods.cpcfl.models import seeded
-from fedssl.methods.cpcfl.run import build_net
 
 
 def _step_costs(p, shape, num_classes: int):

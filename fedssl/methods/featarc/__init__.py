@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from fedssl.methods.base import Method, MethodParams, Step
+from fedssl.methods.base import MethodParams, PretrainStepMethod
 from fedssl.methods.registry import register
 from fedssl.params import AugmentParams, FederationSettings, ModelParams
 
@@ -43,25 +43,9 @@ class FeatARCParams(MethodParams, FederationSettings):
 
 
 @register
-class FeatARC(Method):
+class FeatARC(PretrainStepMethod):
     name = "featarc"
     label = "FeatARC"
     params = FeatARCParams
-    steps = (
-        Step(
-            "pretrain",
-            reads=("partition", "method"),
-            plots=("rounds.tsv",),
-            runner="fedssl.methods.featarc.run:pretrain",
-        ),
-    )
-    encoder_inputs = ("pretrain",)
-    encoder_reads = ("method.model",)
+    package = __name__
     encoder_builder = "fedssl.models.encoders:contrastive_encoder"
-    encoder_hook = "fedssl.methods.featarc.run:encoder"
-    costs_inputs = ("pretrain",)
-    client_costs_hook = "fedssl.methods.featarc.costs:client_costs"
-    projected_costs_hook = "fedssl.methods.featarc.costs:projected_costs"
-
-    def arch(self, params) -> str:
-        return params.model.arch

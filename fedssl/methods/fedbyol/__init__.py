@@ -25,7 +25,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from fedssl.methods.base import Method, MethodParams, Step
+from fedssl.methods.base import MethodParams, PretrainStepMethod
 from fedssl.methods.registry import register
 from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
@@ -84,29 +84,12 @@ class FedUParams(FedBYOLParams):
     )
 
 
-_PRETRAIN = Step(
-    "pretrain",
-    reads=("partition", "method"),
-    plots=("rounds.tsv",),
-    runner="fedssl.methods.fedbyol.run:pretrain",
-)
+class _FederatedBYOL(PretrainStepMethod):
+    """What the family shares: one federated step (this package's code), the probes on the
+    global online backbone, client costs from the exchanged tensors."""
 
-
-class _FederatedBYOL(Method):
-    """What the family shares: one federated step, the probes on the global online backbone,
-    client costs from the exchanged tensors."""
-
-    steps = (_PRETRAIN,)
-    encoder_inputs = ("pretrain",)
-    encoder_reads = ("method.model",)
+    package = __name__
     encoder_builder = "fedssl.methods.fedbyol.model:byol_encoder"
-    encoder_hook = "fedssl.methods.fedbyol.run:encoder"
-    costs_inputs = ("pretrain",)
-    client_costs_hook = "fedssl.methods.fedbyol.costs:client_costs"
-    projected_costs_hook = "fedssl.methods.fedbyol.costs:projected_costs"
-
-    def arch(self, params) -> str:
-        return params.model.arch
 
 
 @register

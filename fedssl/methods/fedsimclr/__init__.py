@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from fedssl.methods.base import Method, MethodParams, Step
+from fedssl.methods.base import MethodParams, PretrainStepMethod
 from fedssl.methods.registry import register
 from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
@@ -40,25 +40,9 @@ class FedSimCLRParams(MethodParams, FederationSettings):
 
 
 @register
-class FedSimCLR(Method):
+class FedSimCLR(PretrainStepMethod):
     name = "fedsimclr"
     label = "FedSimCLR"
     params = FedSimCLRParams
-    steps = (
-        Step(
-            "pretrain",
-            reads=("partition", "method"),
-            plots=("rounds.tsv",),
-            runner="fedssl.methods.fedsimclr.run:pretrain",
-        ),
-    )
-    encoder_inputs = ("pretrain",)
-    encoder_reads = ("method.model",)
+    package = __name__
     encoder_builder = "fedssl.models.encoders:contrastive_encoder"
-    encoder_hook = "fedssl.methods.fedsimclr.run:encoder"
-    costs_inputs = ("pretrain",)
-    client_costs_hook = "fedssl.methods.fedsimclr.costs:client_costs"
-    projected_costs_hook = "fedssl.methods.fedsimclr.costs:projected_costs"
-
-    def arch(self, params) -> str:
-        return params.model.arch

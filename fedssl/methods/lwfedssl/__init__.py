@@ -30,7 +30,8 @@ in the schedule depends on them).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -50,6 +51,29 @@ from fedssl.params import (
     ParallelClients,
     Strict,
 )
+
+
+@dataclass(frozen=True)
+class GrowthPlan:
+    """What a client of a layer-wise family method trains and exchanges at stage s (Tab. 2):
+    ``grows`` (False: all S blocks from the first round, end-to-end), which blocks it
+    ``trains`` / ``downloads`` / ``uploads`` ("all" existing blocks, or the newest "last"),
+    and whether it runs the received encoder for an alignment term (``global_forward``). The
+    patch embedding trains with the first block (and with every block when ``trains`` is all)."""
+
+    grows: bool
+    trains: str
+    downloads: str
+    uploads: str
+    global_forward: bool = False
+
+    def blocks(self, which: str, s: int, depth: int) -> int:
+        """How many blocks ``which`` ("all" / "last") covers at stage s."""
+        present = s if self.grows else depth
+        return present if which == "all" else 1
+
+    def embedding_moves(self, which: str, s: int) -> bool:
+        return which == "all" or (self.grows and s == 1)
 
 
 class VitParams(Strict):
@@ -148,9 +172,32 @@ class MocoFamilyParams(MethodParams):
         None, description="view 2 (MoCo v3: blur p=0.1, solarize p=0.2); None = as view 1"
     )
     parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
+    # Tab. 2: what a client trains and exchanges (LW-FedSSL's depends on its settings)
+    growth_plan: ClassVar[GrowthPlan]
 
     def stage_count(self) -> int:
         return self.vit.depth
+
+    def growth_stages(self) -> list[int | None]:
+        """The stages the steps run: 1..S, or [None] for one end-to-end step."""
+        return list(range(1, self.vit.depth + 1))
+
+    def settings(self, s: int | None) -> Schedule:
+        """The schedule stage s runs with."""
+        raise NotImplementedError
+
+    def plan(self, s: int | None) -> GrowthPlan:
+        """Tab. 2 at stage s."""
+        return self.growth_plan
+
+    def stage_alpha(self, s: int | None) -> float:
+        """The weight of the alignment term at stage s (LW-FedSSL's only)."""
+        return 0.0
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether the server calibrates the global model on its own data (LW-FedSSL's)."""
+        return False
 
 
 class GrowingParams(MocoFamilyParams):
@@ -171,7 +218,7 @@ class GrowingParams(MocoFamilyParams):
                 raise ValueError(f"stages: '{key}' is not a stage (expected s1..s{self.vit.depth})")
         return self
 
-    def stage(self, s: int):
+    def stage(self, s: int) -> Schedule:
         """The settings of stage s (1-based): the schedule with the stage's overrides."""
         over = self.stages.get(f"s{s}")
         values = self.schedule.model_dump()
@@ -184,20 +231,34 @@ class GrowingParams(MocoFamilyParams):
     def stage_rounds(self) -> list[int]:
         return [self.stage(s).rounds for s in range(1, self.vit.depth + 1)]
 
+    def settings(self, s: int | None) -> Schedule:
+        return self.stage(s)
+
 
 class FedMoCoParams(MocoFamilyParams):
     """End-to-end FedAvg of MoCo v3: ``vit.depth`` x ``schedule.rounds`` rounds (the same R as
     the layer-wise schedule)."""
 
     name: Literal["fedmoco"] = "fedmoco"
+    growth_plan: ClassVar[GrowthPlan] = GrowthPlan(False, "all", "all", "all")
+    weight_transfer: ClassVar[bool] = True  # no new block ever starts (the strategy asks)
+
+    def growth_stages(self) -> list[int | None]:
+        return [None]
+
+    def settings(self, s: int | None) -> Schedule:
+        """S x R_s rounds of the schedule."""
+        return self.schedule.model_copy(update={"rounds": self.schedule.rounds * self.vit.depth})
 
 
 class FedMoCoLWParams(GrowingParams):
     name: Literal["fedmoco_lw"] = "fedmoco_lw"
+    growth_plan: ClassVar[GrowthPlan] = GrowthPlan(True, "last", "last", "last")
 
 
 class ProgFedSSLParams(GrowingParams):
     name: Literal["prog_fedssl"] = "prog_fedssl"
+    growth_plan: ClassVar[GrowthPlan] = GrowthPlan(True, "all", "all", "all")
 
 
 class LwFedSSLParams(GrowingParams):
@@ -208,9 +269,24 @@ class LwFedSSLParams(GrowingParams):
     alpha: NonNegativeFloat = Field(0.01, description="weight of the alignment term (Eq. 3)")
     calibration: Calibration = Calibration()
 
-    def stage_alpha(self, s: int) -> float:
+    def stage_alpha(self, s: int | None) -> float:
         over = self.stages.get(f"s{s}")
         return self.alpha if over is None or over.alpha is None else over.alpha
+
+    @property
+    def calibrates(self) -> bool:
+        return self.calibration.enabled
+
+    def plan(self, s: int | None) -> GrowthPlan:
+        # calibration changes every block on the server, so clients download them all (without
+        # it the frozen blocks never change and the newest one is enough)
+        return GrowthPlan(
+            True,
+            "last",
+            "all" if self.calibrates else "last",
+            "last",
+            global_forward=self.stage_alpha(s or 1) > 0,
+        )
 
 
 class VitScratchParams(MethodParams):

@@ -12,15 +12,7 @@ from torch import nn
 from fedssl import costs
 from fedssl.data.catalog import dataset_spec
 from fedssl.methods.lwfedssl import paper_costs
-from fedssl.methods.lwfedssl.run import (
-    initial_online,
-    input_size,
-    learner_of,
-    plan_of,
-    settings_of,
-    stages_of,
-    trained_names,
-)
+from fedssl.methods.lwfedssl.run import initial_online, input_size, learner_of, trained_names
 from fedssl.models.mocov3 import MocoV3Learner
 
 
@@ -42,7 +34,7 @@ def measure_stage(p, image_shape, s: int | None, model: nn.Module | None = None)
     at the real batch size: the activations autograd keeps (scaled from the probe) + every
     tensor of the learner (online, momentum and global copies) + gradient and two AdamW slots
     per trained weight."""
-    plan, st = plan_of(p, s), settings_of(p, s)
+    plan, st = p.plan(s), p.settings(s)
     depth = p.vit.depth if (s is None) else s
     model = model or initial_online(p, image_shape, depth)
     learner = learner_of(p, model, s, plan).train()
@@ -85,7 +77,7 @@ def cost_parts(p, image_shape) -> paper_costs.VitCostParts:
 def _client_rows(p, image_shape, samples: list[int], ledgers: list[list[dict]]) -> list[dict]:
     """Per-client costs from each stage's ledger rows (``ledgers[stage][client]``: rounds and
     bytes by kind, as the engine's Ledger.summary writes them)."""
-    measured = [measure_stage(p, image_shape, s) for s in stages_of(p)]
+    measured = [measure_stage(p, image_shape, s) for s in p.growth_stages()]
     rows = []
     for c, n in enumerate(samples):
         row = {
@@ -101,13 +93,13 @@ def _client_rows(p, image_shape, samples: list[int], ledgers: list[list[dict]]) 
             "encoder_bytes_up": 0,
             "block_bytes": 0,
         }
-        for s, m, ledger in zip(stages_of(p), measured, ledgers):
+        for s, m, ledger in zip(p.growth_stages(), measured, ledgers):
             entry = ledger[c]
             r = entry["rounds"]
             down, up = entry["down_by_kind"], entry["up_by_kind"]
             row["rounds_taken"] += r
             row["bytes_actual"] += entry["bytes_up"] + entry["bytes_down"]
-            row["beta_flops"] += m["flops_per_sample"] * n * settings_of(p, s).local_epochs * r
+            row["beta_flops"] += m["flops_per_sample"] * n * p.settings(s).local_epochs * r
             row["paper_flops"] += m["paper_flops_per_round"] * r
             if r:
                 row["peak_step_bytes"] = max(row["peak_step_bytes"], m["peak_bytes"])
@@ -123,10 +115,9 @@ def _client_rows(p, image_shape, samples: list[int], ledgers: list[list[dict]]) 
 
 def client_costs(ctx) -> list[dict]:
     p = ctx.exp.method
-    steps = ["pretrain"] if p.name == "fedmoco" else [f"grow_{s}" for s in stages_of(p)]
     ledgers = [
         json.loads((ctx.input(step) / "communication.json").read_text())["per_client"]
-        for step in steps
+        for step in ctx.method.costs_inputs_for(p)
     ]
     return _client_rows(p, ctx.image_shape, [len(c) for c in ctx.clients()], ledgers)
 
@@ -139,11 +130,10 @@ def projected_costs(exp, part, dataset: str) -> dict:
     n = costs.average_client_samples(part, dataset)
     parts = cost_parts(p, shape)
     ledgers = []
-    for s in stages_of(p):
-        plan, r = plan_of(p, s), settings_of(p, s).rounds
-        down, up = paper_costs.growth_round_params(plan, parts, s or 1, p.vit.depth)
-        fraction = settings_of(p, s).client_fraction
-        taken = math.floor(fraction * r + 0.5)
+    for s in p.growth_stages():
+        st = p.settings(s)
+        down, up = paper_costs.growth_round_params(p.plan(s), parts, s or 1, p.vit.depth)
+        taken = math.floor(st.client_fraction * st.rounds + 0.5)
         ledgers.append(
             [
                 {

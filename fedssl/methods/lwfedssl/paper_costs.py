@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fedssl.methods.lwfedssl.growth import GrowthPlan
+from fedssl.methods.lwfedssl import GrowthPlan
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Training and evaluation encoder of the LW-FedSSL family (imported when its stages run;
 client costs: :mod:`fedssl.methods.lwfedssl.costs`).
 
-One code path for the four methods: a :class:`GrowthPlan` (Tab. 2) says what a
-client trains, downloads and uploads at stage s; :class:`GrowthStrategy` turns it into the
-engine's hooks, with LW-FedSSL's calibration as the server step."""
+One code path for the four methods: their params say what differs (``plan(s)``, Tab. 2: what
+a client trains, downloads and uploads at stage s; ``settings(s)``, ``stage_alpha(s)``,
+``calibrates``, ``growth_stages()``); :class:`GrowthStrategy` turns the plan into the engine's
+hooks, with LW-FedSSL's calibration as the server step."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from fedssl.fl.engine import (
 )
 from fedssl.fl.momentum import ema_after_step
 from fedssl.fl.runner import run_federation, train_data
-from fedssl.methods.lwfedssl.growth import GrowthPlan
+from fedssl.methods.lwfedssl import GrowthPlan
 from fedssl.models.encoders import frozen
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.mocov3 import MocoV3Learner, ema_pairs, online_state, round_start_state
@@ -42,37 +43,10 @@ from fedssl.runtime import derive_seed, torch_generator, torch_save, write_json
 Tensors = dict[str, torch.Tensor]
 
 
-# ============================================================================ plans
-def plan_of(p, s: int | None = None) -> GrowthPlan:
-    """Tab. 2 for method params ``p`` (at stage s, for the alignment weight)."""
-    if p.name == "fedmoco":
-        return GrowthPlan(False, "all", "all", "all")
-    if p.name == "prog_fedssl":
-        return GrowthPlan(True, "all", "all", "all")
-    if p.name == "fedmoco_lw":
-        return GrowthPlan(True, "last", "last", "last")
-    # LW-FedSSL: calibration changes every block on the server, so clients download them all
-    # (without it the frozen blocks never change and the newest one is enough)
-    alpha = p.stage_alpha(s or 1)
-    return GrowthPlan(
-        True, "last", "all" if p.calibration.enabled else "last", "last", global_forward=alpha > 0
-    )
-
-
-def stages_of(p) -> list[int | None]:
-    """The steps' stages: 1..S, or [None] for FedMoCo's single end-to-end step."""
-    return [None] if p.name == "fedmoco" else list(range(1, p.vit.depth + 1))
-
-
-def settings_of(p, s: int | None):
-    """The schedule stage s runs with (FedMoCo: S x R_s rounds of the schedule)."""
-    if s is None:
-        return p.schedule.model_copy(update={"rounds": p.schedule.rounds * p.vit.depth})
-    return p.stage(s)
-
-
+# ============================================================================ schedule
 def all_rounds(p) -> list[int]:
-    return [settings_of(p, s).rounds for s in stages_of(p)]
+    """The round counts of the steps' stages, in order (the cosine schedule spans them all)."""
+    return [p.settings(s).rounds for s in p.growth_stages()]
 
 
 # ============================================================================ models
@@ -144,13 +118,13 @@ def learner_of(
 ) -> MocoV3Learner:
     """The MoCo v3 learner at stage s: frozen prefix = the blocks a layer-wise client does not
     train; the server's calibration trains everything, without alignment."""
-    alpha = 0.0 if server or p.name != "lw_fedssl" else p.stage_alpha(s)
+    alpha = 0.0 if server else p.stage_alpha(s)
     prefix = (s - 1) if (plan.trains == "last" and plan.grows and not server) else 0
     return MocoV3Learner(
         model["encoder"],
         model["projector"],
         model["predictor"],
-        settings_of(p, s).temperature,
+        p.settings(s).temperature,
         alpha,
         prefix,
     )
@@ -343,6 +317,29 @@ def server_data(ctx, clients: LocalData) -> LocalData:
     return LocalData(clients.images, clients.labels, [ctx.server_indices()])
 
 
+def calibrator(p, model: nn.Module, s: int | None, plan, views, opt, server) -> Calibrator:
+    """LW-FedSSL's server step at stage s: its own learner (everything trains, no alignment)
+    with the clients' views and optimizer, and its own epochs and batch size if set."""
+    if server is None:
+        raise ValueError("LW-FedSSL's calibration needs the server's data")
+    c, st = p.calibration, p.settings(s)
+    learner = learner_of(p, model, s, plan, server=True)
+    momentum_branch = (
+        n for n, _ in learner.named_parameters() if n.startswith(("encoder.", "projector."))
+    )
+    cohort = CohortTrainer(
+        learner,
+        views,
+        learner_loss,
+        opt,
+        c.batch_size or st.batch_size,
+        c.local_epochs or st.local_epochs,
+        False,
+        ema_after_step(ema_pairs(momentum_branch), st.momentum),
+    )
+    return Calibrator(cohort, server, p.seed, s or 0)
+
+
 def make_federation(
     p,
     model: nn.Module,
@@ -353,7 +350,7 @@ def make_federation(
     server: LocalData | None = None,
 ) -> tuple[Federation, MocoV3Learner]:
     """Stage s of method params ``p``, starting from ``model`` (F with its blocks, H, P)."""
-    plan, st = plan_of(p, s), settings_of(p, s)
+    plan, st = p.plan(s), p.settings(s)
     learner = learner_of(p, model, s, plan)
     size = input_size(p, data.images.shape[1:])
     views = multi_view(BatchAugment(p.augment, size), BatchAugment(p.augment_2 or p.augment, size))
@@ -370,38 +367,18 @@ def make_federation(
         ema_after_step(ema_pairs(trained_names(learner, plan, s)), st.momentum),
     )
     calibrate, timing = None, "round_start"
-    if p.name == "lw_fedssl" and p.calibration.enabled:
-        if server is None:
-            raise ValueError("LW-FedSSL's calibration needs the server's data")
-        c = p.calibration
-        server_learner = learner_of(p, model, s, plan, server=True)
-        server_cohort = CohortTrainer(
-            server_learner,
-            views,
-            learner_loss,
-            opt,
-            c.batch_size or st.batch_size,
-            c.local_epochs or st.local_epochs,
-            False,
-            ema_after_step(
-                ema_pairs(
-                    n
-                    for n, _ in server_learner.named_parameters()
-                    if n.startswith(("encoder.", "projector."))
-                ),
-                st.momentum,
-            ),
-        )
-        calibrate, timing = Calibrator(server_cohort, server, p.seed, s or 0), c.timing
+    if p.calibrates:
+        calibrate = calibrator(p, model, s, plan, views, opt, server)
+        timing = p.calibration.timing
     rounds = all_rounds(p)
-    index = stages_of(p).index(s)
+    index = p.growth_stages().index(s)
     cfg = federation_config(st, derive_seed(p.seed, "stage", s or 0) % 2**31)
     strategy = GrowthStrategy(
         cfg,
         plan,
         s,
         learner,
-        getattr(p, "weight_transfer", True),
+        p.weight_transfer,
         offset=sum(rounds[:index]),
         horizon=sum(rounds),
         lr_schedule=st.lr_schedule,
@@ -423,7 +400,7 @@ def grow(ctx, s: int | None) -> None:
             p, load_online(p, shape, ctx.input(f"grow_{s - 1}") / "model.pt", ctx.device), s
         )
     data = train_data(ctx)
-    server = server_data(ctx, data) if p.name == "lw_fedssl" and p.calibration.enabled else None
+    server = server_data(ctx, data) if p.calibrates else None
     fed, learner = make_federation(p, model, s, data, ctx.resume_path, ctx.fingerprint, server)
     log = "rounds.tsv" if s is None else f"grow_{s}.tsv"
     state = run_federation(ctx, fed, learner, log_name=log)

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from fedssl.methods.base import Method, MethodParams, Step
+from fedssl.methods.base import MethodParams, PretrainStepMethod
 from fedssl.methods.registry import register
 from fedssl.params import AugmentParams, FederationSettings, ModelParams
 
@@ -49,25 +49,10 @@ class OrchestraParams(MethodParams, FederationSettings):
 
 
 @register
-class Orchestra(Method):
+class Orchestra(PretrainStepMethod):
     name = "orchestra"
     label = "Orchestra"
     params = OrchestraParams
-    steps = (
-        Step(
-            "pretrain",
-            reads=("partition", "method"),
-            plots=("rounds.tsv",),
-            runner="fedssl.methods.orchestra.run:pretrain",
-        ),
-    )
-    encoder_inputs = ("pretrain",)
+    package = __name__
     encoder_reads = ("method",)
     encoder_builder = "fedssl.methods.orchestra.run:encoder_module"
-    encoder_hook = "fedssl.methods.orchestra.run:encoder"
-    costs_inputs = ("pretrain",)
-    client_costs_hook = "fedssl.methods.orchestra.costs:client_costs"
-    projected_costs_hook = "fedssl.methods.orchestra.costs:projected_costs"
-
-    def arch(self, params) -> str:
-        return params.model.arch

@@ -1,0 +1,134 @@
+"""CP-CFL's cluster training: the pool's networks and their seeded starting states, the local
+training (plain images, masked cross-entropy, the E_l,f phases of Tab. 7) and the federation
+of :class:`fedssl.methods.cpcfl.pool.PoolStrategy` that runs them."""
+
+from __future__ import annotations
+
+import torch
+from torch.func import functional_call
+
+from fedssl.data.augment import to_float
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
+from fedssl.fl.engine import (
+    Federation,
+    FedState,
+    LocalTraining,
+    Phase,
+    federation_config,
+    model_state,
+)
+from fedssl.losses import masked_cross_entropy
+from fedssl.methods.cpcfl.models import PoolModel, seeded
+from fedssl.methods.cpcfl.pool import PoolStrategy
+from fedssl.precision import autocast
+
+Tensors = dict[str, torch.Tensor]
+
+
+def cross_entropy(model, params, buffers, batch):
+    """Mean CE over the real rows of a (padded) batch; views[0] are the plain images."""
+    x = batch.views[0]
+    with autocast(x):
+        logits = functional_call(model, (params, buffers), (x,))
+    return masked_cross_entropy(logits, batch.labels, batch.valid)
+
+
+def plain_views(batch: torch.Tensor, generator: torch.Generator):
+    """No augmentation in the CFL stage (spec §3)."""
+    return (to_float(batch),)
+
+
+def build_net(p, image_shape, num_classes: int, device) -> PoolModel:
+    return PoolModel(p.encoder, p.cfl.head, image_shape, num_classes).to(device)
+
+
+def initial_pool(
+    p, image_shape, num_classes: int, device, attempt: int, encoder: Tensors | None
+) -> list[Tensors]:
+    """N seeded models: fully random (no encoder given: IFCA (None), FedAvg (None)), or the
+    given encoder with a random head each."""
+    pool = []
+    for n in range(p.cfl.clusters):
+        what = "model" if encoder is None else "head"
+        net = seeded(
+            lambda: build_net(p, image_shape, num_classes, device), p.seed, what, attempt, n
+        )
+        state = model_state(net)
+        if encoder is not None:
+            state.update({k: v.clone().to(device) for k, v in encoder.items()})
+        pool.append(state)
+    return pool
+
+
+def make_federation(
+    p,
+    data: LocalData,
+    image_shape,
+    num_classes,
+    pool,
+    ckpt,
+    fingerprint,
+    attempt=0,
+    tests=None,
+    true_groups=None,
+    device=None,
+) -> Federation:
+    """The pool ``pool`` trained on ``data`` with method params ``p`` (attempt ``attempt`` of
+    the trial; ``tests`` and ``true_groups``: see :class:`PoolStrategy`)."""
+    device = device or data.device
+    train_net = build_net(p, image_shape, num_classes, device).train()
+    eval_net = build_net(p, image_shape, num_classes, device).eval()
+    cfg = federation_config(p.cfl, p.seed)
+    strategy = PoolStrategy(cfg, p.cfl, pool, eval_net, attempt, tests, true_groups)
+    phases = local_phases(p, train_net, device, strategy)
+    return Federation(strategy, LocalTraining(phases=phases), data, cfg, ckpt, fingerprint)
+
+
+def local_phases(p, net: PoolModel, device, strategy: PoolStrategy):
+    """A round's local phases. E_l,f (Tab. 7): the first E_l,f local epochs train the whole
+    model, the others the heads only (a fresh Adam state); the round's loss is the mean over
+    all E_l epochs. While the strategy restricts training (t < T_c), every epoch trains that
+    subset in one pass."""
+    c = p.cfl
+
+    def cohort(epochs):
+        return CohortTrainer(
+            net,
+            plain_views,
+            cross_entropy,
+            OptimizerConfig("adam", eps=c.adam_eps),
+            batch_size=c.batch_size,
+            local_epochs=epochs,
+            parallel=vectorise_clients(p.parallel_clients, device),
+        )
+
+    e = c.local_epochs
+    ef = e if c.encoder_epochs is None else c.encoder_epochs
+    whole = [Phase(cohort(e))]
+    heads = {k for k, _ in net.named_parameters() if k.startswith("head.")}
+    split = []
+    for n, names in ((ef, None), (e - ef, heads)):
+        if n:
+            only = None if names is None else (lambda s, names=names: names)
+            split.append(Phase(cohort(n), only, seed_tag=("phase", len(split)), loss_weight=n))
+
+    def schedule(state: FedState) -> list[Phase]:
+        return whole if ef == e or strategy.trainable(state) is not None else split
+
+    return schedule
+
+
+def warmup_params(p):
+    """FedAvg (None) with this experiment's local settings and seed: the same settings (and so
+    the same model) as the FedAvg (None) experiment of the trial."""
+    cfl = p.cfl.model_copy(
+        update={
+            "clusters": 1,
+            "explore_rounds": 0,
+            "encoder_epochs": None,
+            "global_encoder": False,
+            "restarts": 0,
+            "rounds": p.warmup_rounds or p.cfl.rounds,
+        }
+    )
+    return p.model_copy(update={"pretrain": "none", "cfl": cfl})

@@ -1,0 +1,62 @@
+"""One declaration for the methods whose training is one federated `pretrain` step
+(:class:`fedssl.methods.base.PretrainStepMethod`): a plugin names its package and the step, the
+probes' encoder and the client costs point into that package's `run` and `costs` modules."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from fedssl.methods import registry
+from fedssl.methods.base import DATA, PARTITION, MethodParams, PretrainStepMethod, hook_module
+
+
+class _Shared(PretrainStepMethod):
+    """A base of several plugins that does not name a package: nothing is filled in."""
+
+
+class Toy(_Shared):
+    name = "toy_step"
+    label = "Toy"
+    params = MethodParams
+    package = "somewhere.toy"
+
+
+def test_the_step_and_hooks_point_into_the_named_package():
+    (step,) = Toy.steps
+    assert (step.name, step.reads, step.inputs, step.plots) == (
+        "pretrain",
+        ("partition", "method"),
+        (DATA, PARTITION),
+        ("rounds.tsv",),
+    )
+    assert step.runner == "somewhere.toy.run:pretrain"
+    assert Toy.encoder_hook == "somewhere.toy.run:encoder"
+    assert Toy.client_costs_hook == "somewhere.toy.costs:client_costs"
+    assert Toy.projected_costs_hook == "somewhere.toy.costs:projected_costs"
+    assert Toy.encoder_inputs == Toy.costs_inputs == ("pretrain",)
+    assert _Shared.steps == () and _Shared.encoder_hook is None
+
+
+def test_a_step_of_its_own_code_depends_on_run_and_costs_on_costs_only():
+    toy = Toy()
+    assert toy.hook_modules(None, "pretrain") == ["somewhere.toy.run"]
+    assert toy.hook_modules(None, "costs") == ["somewhere.toy.costs"]
+    assert toy.hook_modules(None, "features") == ["somewhere.toy.run"]
+
+
+@pytest.mark.parametrize("name", ["fedsimclr", "featarc", "orchestra", "fedbyol", "fedema", "fedu"])
+def test_every_hook_of_the_plugins_names_a_function_of_their_package(name):
+    method = registry.get(name)
+    assert isinstance(method, PretrainStepMethod)
+    hooks = [
+        method.steps[0].runner,
+        method.encoder_hook,
+        method.client_costs_hook,
+        method.projected_costs_hook,
+    ]
+    for hook in hooks:
+        assert hook_module(hook).startswith(method.package + ".")
+        module, _, function = hook.partition(":")
+        assert callable(getattr(importlib.import_module(module), function))
