@@ -52,6 +52,7 @@ class FedSimCLR(Method):
             runner="fedssl.methods.fedsimclr.run:pretrain",
         ),
     )
+    flower_steps = {"pretrain": "fedssl.methods.fedsimclr.run:federation"}
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.model",)
     encoder_builder = "fedssl.models.encoders:contrastive_encoder"
