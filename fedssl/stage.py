@@ -45,9 +45,6 @@ class StageContext:
         self.device = None
         self.info: dict = {}  # facts of the output, into meta.json
         self.run_info: dict = {}  # facts of this run (timings, resumes), into its run record
-        # a trainer carrying the federation's rounds to clients elsewhere (fedssl.flower);
-        # None: the engine trains them in this process
-        self.remote_rounds = None
 
     # ------------------------------------------------------------------ params
     @cached_property

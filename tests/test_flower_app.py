@@ -1,5 +1,7 @@
-"""FedSimCLR as a Flower app in Flower's simulation engine (Ray): 2 rounds on tiny data equal
-the engine's 2 rounds on the same seeds, global model bit for bit, ledger and round log."""
+"""Every mapped method as a Flower app in Flower's simulation engine (Ray, one SuperNode per
+client): 2 rounds on tiny data equal the engine's 2 rounds on the same seeds, bit for bit
+(server state, per-client state, byte ledger, round log). Needs ``pip install -e
+'.[flower]'``; skipped without it."""
 
 from __future__ import annotations
 
@@ -10,27 +12,35 @@ import pytest
 pytest.importorskip("flwr")
 
 from fedssl.flower.app import simulate  # noqa: E402
-from tests.test_flower_rounds import assert_same_run, simclr_federation  # noqa: E402
+from tests.test_flower_rounds import METHODS, assert_same_run  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def client_federation():
-    return simclr_federation(Path("unused"), "client")[1]
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
 
-def test_fedsimclr_in_flower_simulation_equals_the_engine(tmp_path):
-    model, engine = simclr_federation(tmp_path, "engine")
+class ClientBuild:
+    """What each SuperNode builds (pickled by name into Ray's workers)."""
+
+    def __init__(self, method: str):
+        self.method = method
+
+    def __call__(self):
+        return METHODS[self.method][0](Path("unused"), "client")
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_a_method_in_flower_simulation_equals_the_engine(tmp_path, method):
+    make, client_side = METHODS[method]
+    model, engine = make(tmp_path, "engine")
     expected = engine.run(engine.start(model))
-    model, server = simclr_federation(tmp_path, "server")
+    model, server = make(tmp_path, "server")
     runs = []
 
     def run(trainer):
         server.trainer = trainer
         runs.append(server.run(server.start(model)))
 
-    simulate(run, client_federation, clients=3)
-    assert_same_run(expected, runs[0])
+    simulate(run, ClientBuild(method), clients=len(server.data.clients))
+    assert_same_run(expected, runs[0], client_side)
 
 
 def test_a_client_memory_round_trips_through_the_node_state():

@@ -25,8 +25,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedssl.fl.cohort import Tensors
-from fedssl.fl.engine import Federation
-from fedssl.flower.rounds import ClientMemory, RemoteRounds, Result, Task, client_round
+from fedssl.flower.rounds import Client, ClientMemory, RemoteRounds, Result, Task
 
 PARTITION_ID = "partition-id"  # Flower's node config key for which client a SuperNode is
 
@@ -86,14 +85,17 @@ class GridExchange:
         for reply in self.grid.send_and_receive(messages):
             check(reply)
             by_node[reply.metadata.src_node_id] = reply.content
-        return [
-            Result(
-                from_record(by_node[self.node_of[t.client]]["upload"]),
-                float(by_node[self.node_of[t.client]]["result"]["loss"]),
-                int(by_node[self.node_of[t.client]]["result"]["images"]),
-            )
-            for t in tasks
-        ]
+        return [result_of(by_node[self.node_of[t.client]]) for t in tasks]
+
+
+def result_of(content: RecordDict) -> Result:
+    kept = content.get("kept")
+    return Result(
+        from_record(content["upload"]),
+        float(content["result"]["loss"]),
+        int(content["result"]["images"]),
+        None if kept is None else from_record(kept),
+    )
 
 
 def check(reply: Message) -> None:
@@ -143,15 +145,16 @@ def _int_keys(d: dict) -> dict:
     return {int(k) if k.lstrip("-").isdigit() else k: v for k, v in d.items()}
 
 
-def client_app(federation: Callable[[], Federation]) -> ClientApp:
-    """A ``ClientApp`` that trains its client's part of each round of ``federation()`` (built
-    once per process: the method's federation from the same params and partition)."""
+def client_app(federation: Callable[[], tuple]) -> ClientApp:
+    """A ``ClientApp`` that trains its client's part of each round of the method's federation:
+    ``federation()`` returns (model, Federation), built once per process from the same params
+    and partition."""
     app = ClientApp()
-    built: list[Federation] = []
+    built: list[Client] = []
 
-    def fed() -> Federation:
+    def client() -> Client:
         if not built:
-            built.append(federation())
+            built.append(Client(*federation()))
         return built[0]
 
     @app.query()
@@ -172,12 +175,14 @@ def client_app(federation: Callable[[], Federation]) -> ClientApp:
             float(cfg["lr"]),
             from_record(msg.content["received"]),
         )
-        result, memory = client_round(fed(), task, load_memory(context.state))
+        result, memory = client().round(task, load_memory(context.state))
         save_memory(memory, context.state)
         reply = {
             "upload": to_record(result.upload),
             "result": MetricRecord({"loss": result.loss, "images": result.images}),
         }
+        if result.kept is not None:
+            reply["kept"] = to_record(result.kept)
         return Message(RecordDict(reply), reply_to=msg)
 
     return app
@@ -185,7 +190,7 @@ def client_app(federation: Callable[[], Federation]) -> ClientApp:
 
 def simulate(
     run: Callable[[RemoteRounds], None],
-    federation: Callable[[], Federation],
+    federation: Callable[[], tuple],
     clients: int,
     cpus: int = 1,
 ) -> None:

@@ -6,7 +6,7 @@
 function, and counts both directions on the ledger from the tensors that really crossed.
 Aggregation, the server step, the log and the checkpoint stay the engine's.
 
-:func:`client_round` is what a client runs with what it received: the method's own
+:meth:`Client.round` is what a client runs with what it received: the method's own
 ``LocalTraining`` (its phases, seeds, ``local_start``, ``upload``, ``keep``) over the round's
 cohort, in which only this client trains. The engine draws every client's augmentations from
 one stream per round, one client after another; a client here replays the draws of the
@@ -48,11 +48,16 @@ class Task:
 
 @dataclass
 class Result:
-    """What a client sends back: its upload, its mean local loss, the samples it processed."""
+    """What a client sends back: its upload, its mean local loss, the samples it processed, and
+    a copy of what it keeps (``Strategy.keep``) for the server's records: the engine's state
+    holds every client's kept tensors (personalised evaluation, the saved per-client models,
+    the checkpoint), so the server mirrors them. The copy is bookkeeping, not training
+    traffic: it is off the ledger, as in the engine."""
 
     upload: Tensors
     loss: float
     images: int
+    kept: Tensors | None = None
 
 
 @dataclass
@@ -82,9 +87,11 @@ class RemoteRounds:
             tasks.append(Task(c, list(chosen), round_, lr, received))
             groups.append(s.group(state, c))
         results = self.exchange(tasks)
+        device = fed.data.device
         for c, r in zip(chosen, results):
             record(ledger.sent, c, r.upload, s.traffic)
-        device = fed.data.device
+            if r.kept is not None:
+                state.clients[c] = {k: v.to(device) for k, v in r.kept.items()}
         sizes = torch.tensor([len(fed.data.clients[c]) for c in chosen], dtype=torch.float64)
         return RoundUpdates(
             list(chosen),
@@ -96,34 +103,47 @@ class RemoteRounds:
         )
 
 
-def client_round(fed: Federation, task: Task, memory: ClientMemory) -> tuple[Result, ClientMemory]:
-    """Client ``task.client``'s part of the round: the method's local training as the engine
-    runs it, for this client alone. Returns its result and what it keeps for later rounds."""
-    me = task.client
-    state = FedState(
-        task.round,
-        {},
-        {} if memory.kept is None else {me: memory.kept},
-        Ledger.empty(fed.data.sizes()),
-        memo=memory.memo,
-    )
-    alone = SimpleNamespace(strategy=OnlyMe(fed.strategy, me), data=fed.data, cfg=fed.cfg)
-    received = {k: v.to(fed.data.device) for k, v in task.received.items()}
-    alone.strategy.received = received
-    updates = solo(fed.trainer, me).train_round(alone, state, task.cohort, task.round, task.lr)
-    mine = task.cohort.index(me)
-    result = Result(
-        {k: v.detach().cpu() for k, v in updates.uploads[mine].items()},
-        float(updates.losses[mine]),
-        _images(fed, state, me),
-    )
-    return result, ClientMemory(state.clients.get(me), state.memo)
+class Client:
+    """One client's side of a federation: the method's ``model`` and ``fed`` built on the
+    client's device from the same params and partition. Of the server's state it knows what it
+    is told each round and the initial state (the same seeded model), which is what the
+    strategy's client hooks read of parts the server never changes (a personal layer's
+    initial weights)."""
+
+    def __init__(self, model, fed: Federation):
+        self.fed = fed
+        self.server = fed.strategy.init_server(model)
+
+    def round(self, task: Task, memory: ClientMemory) -> tuple[Result, ClientMemory]:
+        """This client's part of the round: the method's local training as the engine runs
+        it, for this client alone. Returns its result and what it keeps for later rounds."""
+        fed, me = self.fed, task.client
+        state = FedState(
+            task.round,
+            self.server,
+            {} if memory.kept is None else {me: memory.kept},
+            Ledger.empty(fed.data.sizes()),
+            memo=memory.memo,
+        )
+        strategy = OnlyMe(fed.strategy, me)
+        strategy.received = {k: v.to(fed.data.device) for k, v in task.received.items()}
+        alone = SimpleNamespace(strategy=strategy, data=fed.data, cfg=fed.cfg)
+        trainer = solo(fed.trainer, me)
+        updates = trainer.train_round(alone, state, task.cohort, task.round, task.lr)
+        mine = task.cohort.index(me)
+        kept = state.clients.get(me)
+        epochs = sum(p.cohort.local_epochs for p in trainer.phases_of(state))
+        result = Result(
+            cpu(updates.uploads[mine]),
+            float(updates.losses[mine]),
+            epochs * len(fed.data.clients[me]),
+            None if kept is None else cpu(kept),
+        )
+        return result, ClientMemory(kept, state.memo)
 
 
-def _images(fed: Federation, state: FedState, me: int) -> int:
-    """The samples this client's local epochs processed (the engine's throughput count)."""
-    epochs = sum(p.cohort.local_epochs for p in fed.trainer.phases_of(state))
-    return epochs * len(fed.data.clients[me])
+def cpu(tensors: Tensors) -> Tensors:
+    return {k: v.detach().cpu() for k, v in tensors.items()}
 
 
 class OnlyMe(Strategy):

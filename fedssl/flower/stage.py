@@ -39,7 +39,7 @@ class StepFederation:
         os.chdir(self.root)  # the project's params/ and artifacts/ (a SuperNode's own process)
         ctx = StageContext(self.step, self.experiment)
         ctx.device = pick_device()
-        return call_hook(flower_hook(ctx.method, self.step), ctx)[1]
+        return call_hook(flower_hook(ctx.method, self.step), ctx)
 
 
 def run_step(ctx, step: str) -> None:
@@ -48,7 +48,7 @@ def run_step(ctx, step: str) -> None:
         from fedssl.flower.app import simulate
     except ImportError as e:
         raise StageFailed(f"Flower is not installed ({e}): pip install -e '.[flower]'") from None
-    flower_hook(ctx.method, step)
+    call_hook(flower_hook(ctx.method, step), ctx)  # what every client builds: fails early
 
     def server(trainer) -> None:
         ctx.remote_rounds = trainer

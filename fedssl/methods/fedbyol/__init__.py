@@ -97,6 +97,7 @@ class _FederatedBYOL(Method):
     client costs from the exchanged tensors."""
 
     steps = (_PRETRAIN,)
+    flower_steps = {"pretrain": "fedssl.methods.fedbyol.run:federation"}
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.model",)
     encoder_builder = "fedssl.methods.fedbyol.model:byol_encoder"
