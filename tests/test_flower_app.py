@@ -23,7 +23,7 @@ class ClientBuild:
     def __init__(self, method: str):
         self.method = method
 
-    def __call__(self):
+    def __call__(self, context):
         return METHODS[self.method][0](Path("unused"), "client")
 
 

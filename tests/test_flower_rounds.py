@@ -151,3 +151,12 @@ def test_a_client_that_does_not_replay_the_others_draws_trains_on_other_views(
     assert any(
         not torch.equal(got.server["global"][k], v) for k, v in expected.server["global"].items()
     )
+
+
+def test_every_flower_step_is_a_federated_step_of_its_method():
+    from fedssl.methods import registry
+
+    mapped = {m.name: m for m in registry.all() if m.flower_steps}
+    assert {"fedsimclr", "fedbyol", "fedema", "fedu", "mfcl", "mpfedcon"} <= set(mapped)
+    for method in mapped.values():
+        assert set(method.flower_steps) <= {s.name for s in method.steps}, method.name

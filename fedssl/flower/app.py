@@ -145,16 +145,16 @@ def _int_keys(d: dict) -> dict:
     return {int(k) if k.lstrip("-").isdigit() else k: v for k, v in d.items()}
 
 
-def client_app(federation: Callable[[], tuple]) -> ClientApp:
+def client_app(federation: Callable[[Context], tuple]) -> ClientApp:
     """A ``ClientApp`` that trains its client's part of each round of the method's federation:
-    ``federation()`` returns (model, Federation), built once per process from the same params
-    and partition."""
+    ``federation(context)`` returns (model, Federation), built once per process from the same
+    params and partition (the run's config says which)."""
     app = ClientApp()
     built: list[Client] = []
 
-    def client() -> Client:
+    def client(context: Context) -> Client:
         if not built:
-            built.append(Client(*federation()))
+            built.append(Client(*federation(context)))
         return built[0]
 
     @app.query()
@@ -175,7 +175,7 @@ def client_app(federation: Callable[[], tuple]) -> ClientApp:
             float(cfg["lr"]),
             from_record(msg.content["received"]),
         )
-        result, memory = client().round(task, load_memory(context.state))
+        result, memory = client(context).round(task, load_memory(context.state))
         save_memory(memory, context.state)
         reply = {
             "upload": to_record(result.upload),
@@ -190,7 +190,7 @@ def client_app(federation: Callable[[], tuple]) -> ClientApp:
 
 def simulate(
     run: Callable[[RemoteRounds], None],
-    federation: Callable[[], tuple],
+    federation: Callable[[Context], tuple],
     clients: int,
     cpus: int = 1,
 ) -> None:

@@ -33,10 +33,11 @@ class StepFederation:
     def __init__(self, root: Path, step: str, experiment: str):
         self.root, self.step, self.experiment = Path(root).resolve(), step, experiment
 
-    def __call__(self):
-        from fedssl.stage import StageContext
+    def __call__(self, context=None):
+        from fedssl.stage import StageContext, set_threads
 
         os.chdir(self.root)  # the project's params/ and artifacts/ (a SuperNode's own process)
+        set_threads()  # FEDSSL_THREADS, as a stage: float sums depend on the thread count
         ctx = StageContext(self.step, self.experiment)
         ctx.device = pick_device()
         return call_hook(flower_hook(ctx.method, self.step), ctx)
@@ -48,12 +49,24 @@ def run_step(ctx, step: str) -> None:
         from fedssl.flower.app import simulate
     except ImportError as e:
         raise StageFailed(f"Flower is not installed ({e}): pip install -e '.[flower]'") from None
-    call_hook(flower_hook(ctx.method, step), ctx)  # what every client builds: fails early
-
-    def server(trainer) -> None:
-        ctx.remote_rounds = trainer
-        ctx.method.run_step(step, ctx)
-
+    check_step(ctx, step)
     clients = ctx.partition.num_clients
-    simulate(server, StepFederation(Path.cwd(), step, ctx.name), clients)
+    simulate(
+        lambda trainer: run_with(ctx, step, trainer),
+        StepFederation(Path.cwd(), step, ctx.name),
+        clients,
+    )
     ctx.run_info["engine"] = f"flower simulation, {clients} SuperNodes"
+
+
+def check_step(ctx, step: str) -> None:
+    """Build once, here, what every client will build: a step or variant that does not map
+    (MpFedcon's SCAFFOLD) fails before any SuperNode starts."""
+    call_hook(flower_hook(ctx.method, step), ctx)
+
+
+def run_with(ctx, step: str, trainer) -> None:
+    """Run ``step`` with its federation's rounds carried by ``trainer`` (the step's runner
+    hands it to :func:`fedssl.fl.runner.run_federation`)."""
+    ctx.remote_rounds = trainer
+    ctx.method.run_step(step, ctx)
