@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test lint format recheck test-slurm bench generate readme clean
+.PHONY: install data run test lint format recheck test-slurm test-flower bench generate readme clean
 
 install: $(INSTALLED) data
 
@@ -47,6 +47,11 @@ test-slurm: install
 	apt-get install -y -qq slurm-wlm munge >/dev/null
 	$(PY) -m pip install --quiet -e '.[slurm]'
 	FEDSSL_SLURM_TEST=1 pytest -q tests/test_slurm.py
+
+# Opt-in: Flower (the adapter's simulation tests, then a SuperLink and two SuperNodes on localhost).
+test-flower: install
+	$(PY) -m pip install --quiet -e '.[flower]'
+	FEDSSL_FLOWER_TEST=1 pytest -q tests/test_flower_app.py tests/test_flower_stage.py tests/test_flower_local.py
 
 bench: install
 	$(PY) benchmarks/federated_round.py

@@ -111,7 +111,7 @@ def test_the_stage_runtime_does_not_reach_freshness_or_the_dvc_writer():
 
 
 def declared_hooks(method: Method) -> list[str]:
-    hooks = [s.runner for s in method.steps if s.runner]
+    hooks = [s.runner for s in method.steps if s.runner] + list(method.flower_steps.values())
     hooks += [
         h
         for h in (

@@ -71,6 +71,9 @@ def run_federation(
     stage's output and the round log into the experiment's results; loads the strategy's final
     model into ``model`` when given."""
     log_path = ctx.results_dir / log_name
+    # the clients train elsewhere: a trainer that carries the rounds to them (fedssl.flower)
+    if getattr(ctx, "remote_rounds", None) is not None:
+        fed.trainer = ctx.remote_rounds
     state = fed.start(model)
     ctx.run_info["resumed_from_round"] = state.round
     state = run_rounds(fed, state, log_path)

@@ -114,6 +114,10 @@ class Method:
     # Per-client numbers of `client_costs` besides Tab. 3's that the report averages (columns
     # named without the `mean_` prefix).
     cost_columns: ClassVar[tuple[str, ...]] = ()
+    # Steps that can run as a Flower app (`python -m stages.flower STEP EXPERIMENT`, see
+    # fedssl.flower): step -> "module:function" building (model, its Federation) from the stage
+    # context, the federation the step's runner drives and each Flower client trains.
+    flower_steps: ClassVar[dict[str, str]] = {}
 
     # ------------------------------------------------------------------ report
     def row_label(self, params: MethodParams) -> str:

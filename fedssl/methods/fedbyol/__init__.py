@@ -89,6 +89,7 @@ class _FederatedBYOL(PretrainStepMethod):
     global online backbone, client costs from the exchanged tensors."""
 
     package = __name__
+    flower_steps = {"pretrain": "fedssl.methods.fedbyol.run:federation"}
     encoder_builder = "fedssl.methods.fedbyol.model:byol_encoder"
 
 

@@ -46,10 +46,15 @@ def make_federation(p, model: ByolNet, data: LocalData, ckpt, fingerprint: str) 
     return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
 
 
-def pretrain(ctx) -> None:
+def federation(ctx) -> tuple[ByolNet, Federation]:
+    """The pretraining stage's model and federation (what a Flower client builds too)."""
     p = ctx.exp.method
     model = seeded_byol(p.model, ctx.image_shape, p.seed, ctx.device)
-    fed = make_federation(p, model, train_data(ctx), ctx.resume_path, ctx.fingerprint)
+    return model, make_federation(p, model, train_data(ctx), ctx.resume_path, ctx.fingerprint)
+
+
+def pretrain(ctx) -> None:
+    model, fed = federation(ctx)
     run_federation(ctx, fed, model)
     online = {k: v for k, v in model.state_dict().items() if not k.startswith(TARGET)}
     torch_save({"model": online, "image_shape": tuple(ctx.image_shape)}, ctx.out / "model.pt")

@@ -45,4 +45,5 @@ class FedSimCLR(PretrainStepMethod):
     label = "FedSimCLR"
     params = FedSimCLRParams
     package = __name__
+    flower_steps = {"pretrain": "fedssl.methods.fedsimclr.run:federation"}
     encoder_builder = "fedssl.models.encoders:contrastive_encoder"

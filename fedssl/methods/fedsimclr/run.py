@@ -47,10 +47,15 @@ def make_federation(
     return Federation(Strategy(cfg), LocalTraining(cohort), data, cfg, ckpt, fingerprint)
 
 
-def pretrain(ctx) -> None:
+def federation(ctx) -> tuple[ContrastiveModel, Federation]:
+    """The pretraining stage's model and federation (what a Flower client builds too)."""
     p = ctx.exp.method
     model = seeded_contrastive_model(p.model, ctx.image_shape, p.seed, ctx.device)
-    fed = make_federation(p, model, train_data(ctx), ctx.resume_path, ctx.fingerprint)
+    return model, make_federation(p, model, train_data(ctx), ctx.resume_path, ctx.fingerprint)
+
+
+def pretrain(ctx) -> None:
+    model, fed = federation(ctx)
     run_federation(ctx, fed, model)
     save_contrastive_model(model, ctx.out / "model.pt", ctx.image_shape)
     ctx.info["parameters"] = sum(q.numel() for q in model.parameters())

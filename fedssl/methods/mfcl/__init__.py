@@ -178,6 +178,7 @@ class Mfcl(Method):
             runner="fedssl.methods.mfcl.run:rserver",
         ),
     )
+    flower_steps = {"pretrain": "fedssl.methods.mfcl.run:phase1_federation"}
     encoder_inputs = ("pretrain", "rserver")
     encoder_reads = ("method.client_module", "method.rserver")
     encoder_builder = "fedssl.methods.mfcl.run:encoder_skeleton"

@@ -121,13 +121,22 @@ def make_phase1_federation(
     return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
 
 
-def phase1(ctx) -> None:
+def phase1_federation(ctx) -> tuple[ClientAutoencoder, Federation]:
+    """Phase 1's client module and federation (what a Flower client builds too)."""
     p = ctx.exp.method
     model = build_client_module(p, ctx.image_shape, ctx.device)
+    return model, make_phase1_federation(
+        p, model, train_data(ctx), ctx.resume_path, ctx.fingerprint
+    )
+
+
+def phase1(ctx) -> None:
+    p = ctx.exp.method
     if p.phase1.rounds > 0:
-        fed = make_phase1_federation(p, model, train_data(ctx), ctx.resume_path, ctx.fingerprint)
+        model, fed = phase1_federation(ctx)
         run_federation(ctx, fed, model)
     else:
+        model = build_client_module(p, ctx.image_shape, ctx.device)
         write_round_log([], ctx.results_dir / "rounds.tsv")
         ctx.info.update(rounds=0, final_loss=None)
     torch_save(

@@ -246,6 +246,7 @@ class MpFedcon(Method):
             runner="fedssl.methods.mpfedcon.run:train",
         ),
     )
+    flower_steps = {"train": "fedssl.methods.mpfedcon.run:flower_federation"}
     evaluation_sections = ("personal",)
     personal_inputs = ("train",)
     costs_inputs = ("train",)

@@ -29,7 +29,7 @@ from fedssl.methods.mpfedcon.train import (
     test_data,
     views_of,
 )
-from fedssl.runtime import derive_seed, torch_save
+from fedssl.runtime import StageFailed, derive_seed, torch_save
 
 
 # ------------------------------------------------------------------ wiring
@@ -100,14 +100,33 @@ def interned(tree):
     return sys.intern(tree) if isinstance(tree, str) else tree
 
 
+def federation(ctx) -> tuple[Anchored, Federation]:
+    """The ``train`` step's network and federation (what a Flower client builds too)."""
+    p = ctx.exp.method
+    model = seeded_model(p, ctx.image_shape, num_classes_of(ctx), ctx.device)
+    tests = test_data(ctx)
+    return model, make_federation(
+        p, model, train_data(ctx), tests, ctx.resume_path, ctx.fingerprint
+    )
+
+
+def flower_federation(ctx) -> tuple[Anchored, Federation]:
+    """:func:`federation` for a Flower client. SCAFFOLD does not map: its clients compute
+    their new control variate from the server's current state (global model and control),
+    which only the engine's shared state gives them."""
+    if ctx.exp.method.variant == "scaffold":
+        raise StageFailed(
+            "MpFedcon's variant 'scaffold' cannot run as a Flower app: its clients read the "
+            "server's current control variate and global model from the engine's state"
+        )
+    return federation(ctx)
+
+
 def train(ctx) -> None:
     """The ``train`` step: run the federation (resumable), then save every party's final
     model and the personalised-evaluation record (``personal.npz``)."""
     p = ctx.exp.method
-    classes = num_classes_of(ctx)
-    model = seeded_model(p, ctx.image_shape, classes, ctx.device)
-    tests = test_data(ctx)
-    fed = make_federation(p, model, train_data(ctx), tests, ctx.resume_path, ctx.fingerprint)
+    model, fed = federation(ctx)
     state = run_federation(ctx, fed, model)
     strategy: SplitStrategy = fed.strategy
     accs, labels, probs = strategy.outputs(state, state.round - 1)
@@ -127,7 +146,7 @@ def train(ctx) -> None:
     ctx.info.update(
         variant=p.variant,
         shared_layers=list(p.shared_layers),
-        classes=classes,
+        classes=num_classes_of(ctx),
         parameters=sum(v.numel() for v in glob.values()),
         shared_parameters=sum(glob[k].numel() for k in strategy.shared),
         personal_parameters=sum(glob[k].numel() for k in strategy.personal),

@@ -1,0 +1,213 @@
+"""A method's federation as a Flower ``ServerApp`` and ``ClientApp``.
+
+The server app runs the engine (the method's strategy: sampling, download, aggregation, server
+step; the checkpoint, round log and ledger) with :class:`~fedssl.flower.rounds.RemoteRounds` as
+its trainer, whose exchange is Flower messages through the ``Grid``. Each client app builds the
+method's federation from the same params and partition and runs
+:func:`~fedssl.flower.rounds.client_round` for the client its SuperNode is (its node config's
+``partition-id``), keeping its memory in the node's ``Context.state`` between rounds.
+
+Messages: the server first asks every node which client it is (``query``), then per round
+sends ``train`` with ``received`` (an ``ArrayRecord``: the download) and ``task`` (a
+``ConfigRecord``: client, cohort, round, lr); the reply holds ``upload`` and ``result`` (loss,
+samples). Tensors cross as NumPy arrays: every dtype the models use round-trips exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from fedssl.fl.cohort import Tensors
+from fedssl.flower.rounds import Client, ClientMemory, RemoteRounds, Result, Task
+
+PARTITION_ID = "partition-id"  # Flower's node config key for which client a SuperNode is
+
+
+def to_record(tensors: Tensors) -> ArrayRecord:
+    return ArrayRecord({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
+
+
+def from_record(record: ArrayRecord) -> Tensors:
+    return {k: torch.from_numpy(a.numpy().copy()) for k, a in record.items()}
+
+
+# ---------------------------------------------------------------------------- server side
+class GridExchange:
+    """Sends a round's tasks to the SuperNodes that are those clients; returns their results."""
+
+    def __init__(self, grid: Grid, clients: int, timeout: float = 600.0):
+        self.grid = grid
+        self.node_of = self.find_clients(clients, timeout)
+
+    def find_clients(self, clients: int, timeout: float) -> dict[int, int]:
+        """client -> node id, from each node's answer to a ``query`` (waits for ``clients``
+        nodes to connect)."""
+        deadline = time.monotonic() + timeout
+        while len(nodes := list(self.grid.get_node_ids())) < clients:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(nodes)} of {clients} SuperNodes connected")
+            time.sleep(0.5)
+        asks = [Message(RecordDict(), dst_node_id=n, message_type="query") for n in nodes]
+        node_of = {}
+        for reply in self.grid.send_and_receive(asks):
+            check(reply)
+            node_of[int(reply.content["who"]["client"])] = reply.metadata.src_node_id
+        missing = sorted(set(range(clients)) - set(node_of))
+        if missing:
+            raise RuntimeError(f"no SuperNode has {PARTITION_ID} {missing} (got {sorted(node_of)})")
+        return node_of
+
+    def __call__(self, tasks: list[Task]) -> list[Result]:
+        messages = [
+            Message(
+                RecordDict(
+                    {
+                        "received": to_record(t.received),
+                        "task": ConfigRecord(
+                            {"client": t.client, "cohort": t.cohort, "round": t.round, "lr": t.lr}
+                        ),
+                    }
+                ),
+                dst_node_id=self.node_of[t.client],
+                message_type="train",
+                group_id=str(t.round),
+            )
+            for t in tasks
+        ]
+        by_node = {}
+        for reply in self.grid.send_and_receive(messages):
+            check(reply)
+            by_node[reply.metadata.src_node_id] = reply.content
+        return [result_of(by_node[self.node_of[t.client]]) for t in tasks]
+
+
+def result_of(content: RecordDict) -> Result:
+    kept = content.get("kept")
+    return Result(
+        from_record(content["upload"]),
+        float(content["result"]["loss"]),
+        int(content["result"]["images"]),
+        None if kept is None else from_record(kept),
+    )
+
+
+def check(reply: Message) -> None:
+    if reply.has_error():
+        raise RuntimeError(f"a ClientApp failed: {reply.error.reason}")
+
+
+def server_app(run: Callable[[RemoteRounds], None], clients: int) -> ServerApp:
+    """A ``ServerApp`` whose main calls ``run(trainer)``: ``run`` drives the method's
+    federation (the stage's step, or a test's) with ``trainer`` carrying its rounds to the
+    ``clients`` SuperNodes. An error in ``run`` is kept in ``app.error`` (Flower logs and
+    swallows it)."""
+    app = ServerApp()
+    app.error = None
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        try:
+            run(RemoteRounds(GridExchange(grid, clients)))
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller
+            app.error = e
+            raise
+
+    return app
+
+
+# ---------------------------------------------------------------------------- client side
+def save_memory(memory: ClientMemory, state: RecordDict) -> None:
+    """Into the node's ``Context.state``: the kept tensors as arrays, the memo as JSON (it
+    holds numbers and strings; nothing on the node is ever unpickled)."""
+    if memory.kept is not None:
+        state["kept"] = to_record(memory.kept)
+    state["memo"] = ConfigRecord({"json": json.dumps(memory.memo)})
+
+
+def load_memory(state: RecordDict) -> ClientMemory:
+    kept = state.get("kept")
+    memo = state.get("memo")
+    return ClientMemory(
+        None if kept is None else from_record(kept),
+        {} if memo is None else json.loads(memo["json"], object_hook=_int_keys),
+    )
+
+
+def _int_keys(d: dict) -> dict:
+    """JSON keys are strings: the memo's per-client records are keyed by client number."""
+    return {int(k) if k.lstrip("-").isdigit() else k: v for k, v in d.items()}
+
+
+def client_app(federation: Callable[[Context], tuple]) -> ClientApp:
+    """A ``ClientApp`` that trains its client's part of each round of the method's federation:
+    ``federation(context)`` returns (model, Federation), built once per process from the same
+    params and partition (the run's config says which)."""
+    app = ClientApp()
+    built: list[Client] = []
+
+    def client(context: Context) -> Client:
+        if not built:
+            built.append(Client(*federation(context)))
+        return built[0]
+
+    @app.query()
+    def who(msg: Message, context: Context) -> Message:
+        me = int(context.node_config[PARTITION_ID])
+        return Message(RecordDict({"who": ConfigRecord({"client": me})}), reply_to=msg)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        me = int(context.node_config[PARTITION_ID])
+        cfg = msg.content["task"]
+        if int(cfg["client"]) != me:
+            raise RuntimeError(f"SuperNode of client {me} got client {cfg['client']}'s task")
+        task = Task(
+            me,
+            [int(c) for c in cfg["cohort"]],
+            int(cfg["round"]),
+            float(cfg["lr"]),
+            from_record(msg.content["received"]),
+        )
+        result, memory = client(context).round(task, load_memory(context.state))
+        save_memory(memory, context.state)
+        reply = {
+            "upload": to_record(result.upload),
+            "result": MetricRecord({"loss": result.loss, "images": result.images}),
+        }
+        if result.kept is not None:
+            reply["kept"] = to_record(result.kept)
+        return Message(RecordDict(reply), reply_to=msg)
+
+    return app
+
+
+def simulate(
+    run: Callable[[RemoteRounds], None],
+    federation: Callable[[Context], tuple],
+    clients: int,
+    cpus: int = 1,
+) -> None:
+    """Run ``run`` as a ``ServerApp`` in Flower's simulation engine, with ``clients``
+    SuperNodes running ``client_app(federation)`` (``cpus`` Ray actors at once)."""
+    from flwr.simulation import run_simulation
+
+    server = server_app(run, clients)
+    gpus = 1.0 / clients if torch.cuda.is_available() else 0.0  # the clients share the GPU
+    run_simulation(
+        server,
+        client_app(federation),
+        num_supernodes=clients,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": gpus},
+            "init_args": {"num_cpus": cpus, "include_dashboard": False},
+        },
+    )
+    if server.error is not None:
+        raise server.error

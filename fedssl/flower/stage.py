@@ -1,0 +1,72 @@
+"""A method's federated step run as a Flower app in Flower's simulation engine, writing the
+very outputs of the simulator's stage (``python -m stages.flower STEP EXPERIMENT``).
+
+The ``ServerApp`` runs the step's own runner (model, round log, ledger, checkpoint: the files
+the probes, costs and report read); only its federation's rounds go through Flower, one
+SuperNode per client of the partition, each building the step's federation with the method's
+``flower_steps`` hook.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fedssl.methods.base import call_hook
+from fedssl.runtime import StageFailed, pick_device
+
+
+def flower_hook(method, step: str) -> str:
+    if step not in method.flower_steps:
+        ready = ", ".join(method.flower_steps) or "none"
+        raise StageFailed(
+            f"method '{method.name}' cannot run step '{step}' as a Flower app (its Flower-ready "
+            f"steps: {ready}; see the README's 'Running as a Flower app')"
+        )
+    return method.flower_steps[step]
+
+
+class StepFederation:
+    """What a SuperNode builds (in its own process): the federation of stage ``<step>__
+    <experiment>`` of the project at ``root``, from the same params and partition."""
+
+    def __init__(self, root: Path, step: str, experiment: str):
+        self.root, self.step, self.experiment = Path(root).resolve(), step, experiment
+
+    def __call__(self, context=None):
+        from fedssl.stage import StageContext, set_threads
+
+        os.chdir(self.root)  # the project's params/ and artifacts/ (a SuperNode's own process)
+        set_threads()  # FEDSSL_THREADS, as a stage: float sums depend on the thread count
+        ctx = StageContext(self.step, self.experiment)
+        ctx.device = pick_device()
+        return call_hook(flower_hook(ctx.method, self.step), ctx)
+
+
+def run_step(ctx, step: str) -> None:
+    """Run ``step`` of the context's experiment with its rounds in Flower's simulation."""
+    try:
+        from fedssl.flower.app import simulate
+    except ImportError as e:
+        raise StageFailed(f"Flower is not installed ({e}): pip install -e '.[flower]'") from None
+    check_step(ctx, step)
+    clients = ctx.partition.num_clients
+    simulate(
+        lambda trainer: run_with(ctx, step, trainer),
+        StepFederation(Path.cwd(), step, ctx.name),
+        clients,
+    )
+    ctx.run_info["engine"] = f"flower simulation, {clients} SuperNodes"
+
+
+def check_step(ctx, step: str) -> None:
+    """Build once, here, what every client will build: a step or variant that does not map
+    (MpFedcon's SCAFFOLD) fails before any SuperNode starts."""
+    call_hook(flower_hook(ctx.method, step), ctx)
+
+
+def run_with(ctx, step: str, trainer) -> None:
+    """Run ``step`` with its federation's rounds carried by ``trainer`` (the step's runner
+    hands it to :func:`fedssl.fl.runner.run_federation`)."""
+    ctx.remote_rounds = trainer
+    ctx.method.run_step(step, ctx)
