@@ -4,6 +4,7 @@ times (as after `dvc checkout`) rerun nothing."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -55,6 +56,15 @@ def test_snakemake_runs_every_stage_and_reports(project):
     assert (project / "artifacts/reports/default/partition_tiny_dir05_m3.png").read_bytes()[
         :4
     ] == b"\x89PNG"
+
+
+def test_every_stage_logs_its_start_and_its_wall_time(project):
+    logs = sorted((project / "artifacts/logs").glob("*.log"))
+    assert len(logs) == 13  # data, partition, 3 x (pretrain/features, evaluate, costs), report
+    for log in logs:
+        lines = log.read_text().splitlines()
+        assert re.fullmatch(rf"{log.stem}: started on \S+", lines[0]), log.name
+        assert any(re.fullmatch(rf"{log.stem}: done in \d+\.\d s", x) for x in lines), log.name
 
 
 def test_dvc_sees_nothing_to_do_after_snakemake(project):
@@ -147,11 +157,9 @@ def test_an_extending_experiment_follows_its_base_in_both_front_ends(project):
     assert stale() == (set(), set())
 
 
-def downstream(project: Path, names: set[str]) -> set[str]:
-    """``names`` and every stage after them in the default pipeline's DAG."""
-    import sys
-
-    sys.path.insert(0, str(project))
+@functools.cache
+def default_upstream(project: Path) -> dict[str, list[str]]:
+    """Each stage of the default pipeline -> the stages it reads (no edit changes its shape)."""
     out = run(
         [
             "python",
@@ -161,29 +169,38 @@ def downstream(project: Path, names: set[str]) -> set[str]:
         ],
         project,
     )
-    upstream = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def downstream(project: Path, names: set[str]) -> set[str]:
+    """``names`` and every stage after them in the default pipeline's DAG."""
     result = set(names)
-    for name, ups in upstream.items():  # upstream first
+    for name, ups in default_upstream(project).items():  # upstream first
         if any(u in result for u in ups):
             result.add(name)
     return result
 
 
 # (file, old text or None to append a comment, new text): code a stage imports, a default in
-# the params models, a preset. Each must rerun the same stages in Snakemake and DVC.
+# the params models, a preset. Each must rerun the same stages in Snakemake and DVC. More code
+# files of the kinds above (a stage script, a library module) run with `-m slow`.
 EDITS = [
-    ("stages/evaluate.py", None, None),
-    ("fedssl/eval/probes.py", None, None),
-    ("fedssl/runtime.py", None, None),
-    ("fedssl/losses.py", None, None),
-    ("fedssl/data/partition.py", None, None),
-    ("fedssl/methods/none.py", None, None),
-    ("fedssl/params.py", "k: PositiveInt = 20", "k: PositiveInt = 21"),
-    ("params/experiments/tiny_random.yaml", "k: 5,", "k: 4,"),
+    pytest.param("fedssl/runtime.py", None, None, id="fedssl/runtime.py"),
+    pytest.param("fedssl/methods/none.py", None, None, id="fedssl/methods/none.py"),
+    pytest.param("fedssl/params.py", "k: PositiveInt = 20", "k: PositiveInt = 21", id="default"),
+    pytest.param("params/experiments/tiny_random.yaml", "k: 5,", "k: 4,", id="preset"),
+] + [
+    pytest.param(file, None, None, id=file, marks=pytest.mark.slow)
+    for file in (
+        "stages/evaluate.py",
+        "fedssl/eval/probes.py",
+        "fedssl/losses.py",
+        "fedssl/data/partition.py",
+    )
 ]
 
 
-@pytest.mark.parametrize("file, old, new", EDITS, ids=[e[0] for e in EDITS])
+@pytest.mark.parametrize("file, old, new", EDITS)
 def test_any_edit_reruns_the_same_stages_in_both_front_ends(project, file, old, new):
     path = project / file
     good = path.read_text()
@@ -331,3 +348,35 @@ def test_ctrl_c_returns_within_seconds_with_the_stages_message(project):
     assert message in (project / "artifacts/logs/pretrain__tiny_simclr.log").read_text()
     for checkpoint in resume.glob("pretrain__tiny_simclr*pt"):
         checkpoint.unlink()
+
+
+@pytest.mark.slow
+def test_after_a_hard_kill_unlocking_is_all_the_next_run_needs(project):
+    """SIGKILL to Snakemake and its stage (a closed terminal): the next run stops on the lock
+    left behind; after `snakemake --unlock` a plain run (no `--rerun-incomplete`) resumes the
+    stage from its checkpoint and finishes, as the README says."""
+    import signal
+    import subprocess
+
+    resume = project / "artifacts/.resume"
+    proc = subprocess.Popen(
+        ["snakemake", "--cores", "1", "-f", "pretrain__tiny_simclr"],
+        cwd=project,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        while proc.poll() is None and not list(resume.glob("pretrain__tiny_simclr*pt")):
+            time.sleep(0.01)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    locked = run(["snakemake", "--cores", "1"], project, check=False)
+    assert locked.returncode != 0
+    assert "Directory cannot be locked" in locked.stdout + locked.stderr
+    run(["snakemake", "--unlock", "--cores", "1"], project)
+    run(["snakemake", "--cores", "1"], project)
+    log = (project / "artifacts/logs/pretrain__tiny_simclr.log").read_text()
+    assert "resuming from round" in log
+    assert planned_jobs(project) == set()

@@ -136,7 +136,12 @@ def test_fuzzed_invalid_partitions_are_rejected_naming_file_and_field(project, d
     [
         (PARTITION, ("num_clients: 3", "num_clients: 5000"), "num_clients"),  # more than samples
         ("params/pipelines.yaml", ("tiny_pixels]", "tiny_pixels, tiny_nope]"), "tiny_nope"),
-        ("params/datasets/tiny.yaml", ("data_root: raw", "data_root: nowhere"), "data set not"),
+        pytest.param(
+            "params/datasets/tiny.yaml",
+            ("data_root: raw", "data_root: nowhere"),
+            "data set not",
+            marks=pytest.mark.slow,  # test_frontends' bad edit moves the data set in both
+        ),
     ],
 )
 def test_inconsistent_params_are_rejected_by_both_front_ends_losing_nothing(
@@ -157,7 +162,14 @@ def test_inconsistent_params_are_rejected_by_both_front_ends_losing_nothing(
         path.write_text(good)
 
 
-@pytest.mark.parametrize("mutation", ["unknown key", "wrong type", "out of range"])
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        "unknown key",  # the fuzzed tests above cover every kind in process; the front ends
+        pytest.param("wrong type", marks=pytest.mark.slow),  # pass the message on alike
+        pytest.param("out of range", marks=pytest.mark.slow),
+    ],
+)
 def test_fuzzed_params_through_both_front_ends_touch_no_artifact(project, mutation):
     path = project / EXPERIMENT
     good = path.read_text()
