@@ -21,15 +21,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedssl import params as P
-from tests.fixtures import TINY_MFCL_EXPERIMENT, make_tiny_project, run
+from tests.fixtures import TINY_MFCL_EXPERIMENT, make_tiny_project, run, run_stages_in_process
 
 pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
+    """The default pipeline computed (in this process: the front ends' own round trips are
+    test_frontends'), so that a refused run has artifacts and results to leave alone."""
     root = make_tiny_project(tmp_path_factory.mktemp("safety"))
-    run(["snakemake", "--cores", "2"], root)
+    run_stages_in_process(root, ["default"])
     return root
 
 
@@ -221,6 +223,9 @@ def kill_mid_way(root: Path, cmd: list[str], resume: Path, sig=signal.SIGKILL):
     proc = subprocess.Popen(
         cmd[2:],
         cwd=root,
+        # SIGINT handled as from a terminal even when the tests run in the background (which
+        # ignores it, and Python started so never raises KeyboardInterrupt)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
