@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import make_tiny_project, run, run_stages_in_process
+from tests.fixtures import make_tiny_project, run, run_and_record
 from tests.lwfedssl_fixtures import TINY_PARTITION, tiny_text
 
 pytestmark = pytest.mark.timeout(900)
@@ -47,10 +47,7 @@ def project(tmp_path_factory):
     with open(params / "pipelines.yaml", "a") as f:
         f.write("  deps: [tiny_simclr, tiny_fedmoco]\n")
     run(["python", "-m", "fedssl.pipeline", "write", "deps"], root)
-    run_stages_in_process(root, PIPELINES)
-    run(["python", "-m", "fedssl.pipeline", "write"], root)  # the new results' metrics join
-    run(["python", "-m", "fedssl.pipeline", "check"], root)  # the DAG check every stage reads
-    run(["dvc", "commit", "--force", "--quiet"], root)
+    run_and_record(root, PIPELINES)
     return root
 
 

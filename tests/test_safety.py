@@ -21,17 +21,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedssl import params as P
-from tests.fixtures import TINY_MFCL_EXPERIMENT, make_tiny_project, run, run_stages_in_process
+from tests.fixtures import TINY_MFCL_EXPERIMENT, make_tiny_project, run, run_and_record
 
 pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    """The default pipeline computed (in this process: the front ends' own round trips are
-    test_frontends'), so that a refused run has artifacts and results to leave alone."""
+    """The default pipeline computed and recorded as the front ends leave it (in this process:
+    their own round trips are test_frontends'), so that a refused run has artifacts and results
+    to leave alone."""
     root = make_tiny_project(tmp_path_factory.mktemp("safety"))
-    run_stages_in_process(root, ["default"])
+    run_and_record(root, ["default"])
     return root
 
 
