@@ -23,7 +23,7 @@ from fedssl.methods import registry
 from fedssl.plan.dag import Dag, Stage
 from fedssl.plan.freshness import RAN_LOG, check_data
 from fedssl.plan.layout import RESULTS
-from fedssl.presets import PARAMS_DIR, SAFE_LOADER, Presets
+from fedssl.presets import PARAMS_DIR, Presets
 
 EXTRA_PIPELINES_DIR = Path("pipelines")
 DAG_STAGE = "dag"
@@ -63,7 +63,7 @@ def defined_stages(pipeline: str) -> list[str]:
     path = dvc_file(pipeline)
     if not path.exists():
         return []
-    return list((yaml.load(path.read_text(), Loader=SAFE_LOADER) or {}).get("stages") or {})
+    return list((yaml.safe_load(path.read_text()) or {}).get("stages") or {})
 
 
 def pipeline_order(root: Path = PARAMS_DIR, presets: Presets | None = None) -> list[str]:
