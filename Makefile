@@ -29,9 +29,10 @@ run: install
 	@echo; cat results/reports/default/report.md
 	@echo "Results: results/reports/default/ (report.md, .csv, .json) and results/experiments/*/metrics.json; artifacts in artifacts/"
 
-# The suite runs on every core (pytest-xdist); opt-in parts: `pytest -m slow`, make test-slurm.
+# The suite runs on every core (pytest-xdist), each test module on one worker so that a project
+# its tests share is built once; opt-in parts: `pytest -m slow`, make test-slurm.
 test: install lint
-	pytest -q -n auto
+	pytest -q -n auto --dist loadscope --no-loadscope-reorder
 
 # Lint and format check (ruff); `make format` rewrites the files.
 lint: $(INSTALLED)

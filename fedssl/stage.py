@@ -161,28 +161,35 @@ class StageContext:
         if self.stage.gpu:
             self.device = pick_device()
         set_threads()
+        say(f"{self.stage_name}: started on {self.device or 'cpu'}")
         start = time.time()
-        with atomic_dir(Path(self.stage.out)) as out:
-            self.out = out
-            with PeakMemory(self.device) as peak:
-                yield out
-            write_json(
-                out / "meta.json",
-                {
-                    "stage": self.stage_name,
-                    "fingerprint": fingerprint,
-                    "inputs": inputs,
-                    "output_digest": output_digest(self.stage, out),
-                    "command": self.stage.cmd,
-                    **self.info,
-                },
-            )
+        try:
+            with atomic_dir(Path(self.stage.out)) as out:
+                self.out = out
+                with PeakMemory(self.device) as peak:
+                    yield out
+                write_json(
+                    out / "meta.json",
+                    {
+                        "stage": self.stage_name,
+                        "fingerprint": fingerprint,
+                        "inputs": inputs,
+                        "output_digest": output_digest(self.stage, out),
+                        "command": self.stage.cmd,
+                        **self.info,
+                    },
+                )
+        except BaseException:
+            say(f"{self.stage_name}: stopped after {time.time() - start:.1f} s")
+            raise
+        wall = round(time.time() - start, 2)
+        say(f"{self.stage_name}: done in {wall:.1f} s")
         RUNS_DIR.mkdir(parents=True, exist_ok=True)
         write_json(
             RUNS_DIR / f"{self.stage_name}.json",
             {
                 "stage": self.stage_name,
-                "wall_seconds": round(time.time() - start, 2),
+                "wall_seconds": wall,
                 "environment": environment(self.device),
                 "peak_memory_bytes": peak.bytes,
                 "peak_memory_kind": peak.kind,
@@ -193,6 +200,11 @@ class StageContext:
     def done(self) -> None:
         """The stage finished: its resume checkpoint is no longer needed."""
         (RESUME_DIR / f"{self.stage_name}.pt").unlink(missing_ok=True)
+
+
+def say(line: str) -> None:
+    """A line of the stage's log (stdout, which Snakemake tees into it; stderr is for errors)."""
+    print(line, flush=True)
 
 
 def set_threads() -> None:

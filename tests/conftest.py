@@ -21,3 +21,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_collection_modifyitems(items):
+    """Modules whose tests share a module-scoped fixture (a tiny project built and run once)
+    come first. `make test` keeps each module on one worker (`--dist loadscope`), so such a
+    fixture is built once, not once per worker; started first, the long modules do not leave
+    one worker busy at the end while the other idles."""
+
+    def shares_a_project(item) -> bool:
+        defs = getattr(item, "_fixtureinfo", None)
+        return bool(defs) and any(
+            d[-1].scope == "module" for d in defs.name2fixturedefs.values() if d
+        )
+
+    heavy = {item.path for item in items if shares_a_project(item)}
+    items.sort(key=lambda item: item.path not in heavy)

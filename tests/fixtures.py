@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import os
 import shutil
 import struct
 import subprocess
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
@@ -115,9 +117,22 @@ def add_tiny_mfcl(root: Path) -> list[str]:
     return list(names)
 
 
+_TEMPLATES: dict[bool, Path] = {}  # git or not -> a tiny project built in this test process
+
+
 def make_tiny_project(root: Path, git: bool = True) -> Path:
     """A copy of the project's code with its own params: a 240-image Fashion-MNIST-format data
-    set, 3 clients, and three experiments (FedSimCLR, random init, raw pixels)."""
+    set, 3 clients, and three experiments (FedSimCLR, random init, raw pixels). Built once per
+    test process (planning, git and DVC set-up cost seconds) and copied to ``root``."""
+    if git not in _TEMPLATES:
+        template = Path(tempfile.mkdtemp(prefix="tiny_project_"))
+        atexit.register(shutil.rmtree, template, True)
+        _TEMPLATES[git] = build_tiny_project(template, git)
+    shutil.copytree(_TEMPLATES[git], root, symlinks=True, dirs_exist_ok=True)
+    return root
+
+
+def build_tiny_project(root: Path, git: bool) -> Path:
     for item in ("fedssl", "stages", "Snakefile", "profiles"):
         src = REPO / item
         (
@@ -365,3 +380,13 @@ def run_pretrain_step_chain(
     assert any("linear" in k for k in metrics) and any("knn" in k for k in metrics)
     report = json.loads((root / f"results/reports/{pipeline}/report.json").read_text())
     return {r["experiment"]: r for r in report["rows"]}
+
+
+def run_and_record(root: Path, pipelines) -> None:
+    """:func:`run_stages_in_process`, then record the results as the front ends leave them:
+    the dvc.yaml files regenerated (the new results' metrics join), the DAG check every stage
+    reads, and every stage committed to DVC."""
+    run_stages_in_process(root, pipelines)
+    run(["python", "-m", "fedssl.pipeline", "write"], root)
+    run(["python", "-m", "fedssl.pipeline", "check"], root)
+    run(["dvc", "commit", "--force", "--quiet"], root)

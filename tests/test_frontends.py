@@ -4,9 +4,12 @@ times (as after `dvc checkout`) rerun nothing."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -55,6 +58,15 @@ def test_snakemake_runs_every_stage_and_reports(project):
     assert (project / "artifacts/reports/default/partition_tiny_dir05_m3.png").read_bytes()[
         :4
     ] == b"\x89PNG"
+
+
+def test_every_stage_logs_its_start_and_its_wall_time(project):
+    logs = sorted((project / "artifacts/logs").glob("*.log"))
+    assert len(logs) == 13  # data, partition, 3 x (pretrain/features, evaluate, costs), report
+    for log in logs:
+        lines = log.read_text().splitlines()
+        assert re.fullmatch(rf"{log.stem}: started on \S+", lines[0]), log.name
+        assert any(re.fullmatch(rf"{log.stem}: done in \d+\.\d s", x) for x in lines), log.name
 
 
 def test_dvc_sees_nothing_to_do_after_snakemake(project):
@@ -112,9 +124,12 @@ def test_invalid_params_stop_snakemake_before_any_job(project):
         path.write_text(good)
 
 
+@pytest.mark.slow
 def test_an_extending_experiment_follows_its_base_in_both_front_ends(project):
     """`extends`: a variant inherits its base's settings; editing an inherited one reruns the
-    variant in Snakemake and DVC alike, and restoring it makes both see nothing to do."""
+    variant in Snakemake and DVC alike, and restoring it makes both see nothing to do. (Slow:
+    test_params checks the variant's fingerprint and DVC params in process, and a preset edit
+    in both front ends is one of the edits below.)"""
     (project / "params/experiments/tiny_random_w8.yaml").write_text(
         "extends: tiny_random\ntitle: Random init, width 8\nmethod: {model: {width: 8}}\n"
     )
@@ -147,11 +162,9 @@ def test_an_extending_experiment_follows_its_base_in_both_front_ends(project):
     assert stale() == (set(), set())
 
 
-def downstream(project: Path, names: set[str]) -> set[str]:
-    """``names`` and every stage after them in the default pipeline's DAG."""
-    import sys
-
-    sys.path.insert(0, str(project))
+@functools.cache
+def default_upstream(project: Path) -> dict[str, list[str]]:
+    """Each stage of the default pipeline -> the stages it reads (no edit changes its shape)."""
     out = run(
         [
             "python",
@@ -161,29 +174,38 @@ def downstream(project: Path, names: set[str]) -> set[str]:
         ],
         project,
     )
-    upstream = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def downstream(project: Path, names: set[str]) -> set[str]:
+    """``names`` and every stage after them in the default pipeline's DAG."""
     result = set(names)
-    for name, ups in upstream.items():  # upstream first
+    for name, ups in default_upstream(project).items():  # upstream first
         if any(u in result for u in ups):
             result.add(name)
     return result
 
 
 # (file, old text or None to append a comment, new text): code a stage imports, a default in
-# the params models, a preset. Each must rerun the same stages in Snakemake and DVC.
+# the params models, a preset. Each must rerun the same stages in Snakemake and DVC. More code
+# files of the kinds above (a stage script, a library module) run with `-m slow`.
 EDITS = [
-    ("stages/evaluate.py", None, None),
-    ("fedssl/eval/probes.py", None, None),
-    ("fedssl/runtime.py", None, None),
-    ("fedssl/losses.py", None, None),
-    ("fedssl/data/partition.py", None, None),
-    ("fedssl/methods/none.py", None, None),
-    ("fedssl/params.py", "k: PositiveInt = 20", "k: PositiveInt = 21"),
-    ("params/experiments/tiny_random.yaml", "k: 5,", "k: 4,"),
+    pytest.param("fedssl/runtime.py", None, None, id="fedssl/runtime.py"),
+    pytest.param("fedssl/methods/none.py", None, None, id="fedssl/methods/none.py"),
+    pytest.param("fedssl/params.py", "k: PositiveInt = 20", "k: PositiveInt = 21", id="default"),
+    pytest.param("params/experiments/tiny_random.yaml", "k: 5,", "k: 4,", id="preset"),
+] + [
+    pytest.param(file, None, None, id=file, marks=pytest.mark.slow)
+    for file in (
+        "stages/evaluate.py",
+        "fedssl/eval/probes.py",
+        "fedssl/losses.py",
+        "fedssl/data/partition.py",
+    )
 ]
 
 
-@pytest.mark.parametrize("file, old, new", EDITS, ids=[e[0] for e in EDITS])
+@pytest.mark.parametrize("file, old, new", EDITS)
 def test_any_edit_reruns_the_same_stages_in_both_front_ends(project, file, old, new):
     path = project / file
     good = path.read_text()
@@ -300,34 +322,79 @@ def test_a_bad_edit_costs_nothing_in_either_front_end(project):
         path.write_text(good)
 
 
-def test_ctrl_c_returns_within_seconds_with_the_stages_message(project):
-    """Ctrl-C (SIGINT to the terminal's process group) during a training stage: Snakemake
-    returns within seconds, and the stage's "interrupted" line reaches the terminal and the
-    log. (Runs last: Snakemake keeps the stage marked incomplete, so it reruns next time.)"""
-    import signal
-    import subprocess
+def long_pretraining(project: Path) -> list[str]:
+    """A Snakemake command running the pretraining of a 20-round FedSimCLR in a pipeline of its
+    own: long enough to be stopped mid-way on a loaded machine (the default pipeline's 2
+    rounds can end before the signal lands), and no other pipeline is touched."""
+    (project / "params/experiments/tiny_simclr_long.yaml").write_text(
+        "extends: tiny_simclr\ntitle: FedSimCLR, 20 rounds\nmethod: {rounds: 20}\n"
+    )
+    pipelines = project / "params/pipelines.yaml"
+    if "  long:" not in pipelines.read_text():
+        with open(pipelines, "a") as f:
+            f.write("  long: [tiny_simclr_long]\n")
+    return ["snakemake", LONG_STAGE, "--cores", "1", "--config", "pipeline=long"]
 
+
+LONG_STAGE = "pretrain__tiny_simclr_long"
+
+
+def start_and_stop(project: Path, sig: int) -> tuple[subprocess.Popen, float, str]:
+    """Start the long pretraining from scratch through Snakemake, send ``sig`` to its process
+    group (as a terminal does) once its first checkpoint is on disk: (the process, seconds it
+    took to return after the signal, its output)."""
     resume = project / "artifacts/.resume"
+    for leftover in [
+        *resume.glob(f"{LONG_STAGE}*pt"),
+        project / f"artifacts/.receipts/{LONG_STAGE}.done",
+    ]:
+        leftover.unlink(missing_ok=True)
     proc = subprocess.Popen(
-        ["snakemake", "--cores", "1", "-f", "pretrain__tiny_simclr"],
+        long_pretraining(project),
         cwd=project,
         start_new_session=True,
+        # as from a terminal: a test run in the background (`make test &`) ignores SIGINT, and
+        # Python started with SIGINT ignored never raises KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     try:
-        while proc.poll() is None and not list(resume.glob("pretrain__tiny_simclr*pt")):
+        while proc.poll() is None and not list(resume.glob(f"{LONG_STAGE}*pt")):
             time.sleep(0.01)  # until the stage is inside its training loop
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, sig)
         start = time.time()
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert time.time() - start < 30 and proc.returncode != 0
+    return proc, time.time() - start, out
+
+
+def test_ctrl_c_returns_within_seconds_with_the_stages_message(project):
+    """Ctrl-C (SIGINT to the terminal's process group) during a training stage: Snakemake
+    returns within seconds, and the stage's "interrupted" line reaches the terminal and the
+    log."""
+    proc, seconds, out = start_and_stop(project, signal.SIGINT)
+    assert seconds < 30 and proc.returncode != 0
     message = "interrupted: a stage that checkpoints resumes where it stopped"
     assert message in out
-    assert message in (project / "artifacts/logs/pretrain__tiny_simclr.log").read_text()
-    for checkpoint in resume.glob("pretrain__tiny_simclr*pt"):
-        checkpoint.unlink()
+    assert message in (project / f"artifacts/logs/{LONG_STAGE}.log").read_text()
+
+
+@pytest.mark.slow
+def test_after_a_hard_kill_unlocking_is_all_the_next_run_needs(project):
+    """SIGKILL to Snakemake and its stage (a closed terminal): the next run stops on the lock
+    left behind; after `snakemake --unlock` a plain run (no `--rerun-incomplete`) resumes the
+    stage from its checkpoint and finishes, as the README says."""
+    proc, _, _ = start_and_stop(project, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    locked = run(long_pretraining(project), project, check=False)
+    assert locked.returncode != 0
+    assert "Directory cannot be locked" in locked.stdout + locked.stderr
+    run(["snakemake", "--unlock", "--cores", "1"], project)
+    run(long_pretraining(project), project)
+    assert "resuming from round" in (project / f"artifacts/logs/{LONG_STAGE}.log").read_text()
+    assert (project / f"artifacts/.receipts/{LONG_STAGE}.done").exists()
+    assert not list((project / "artifacts/.resume").glob(f"{LONG_STAGE}*pt"))

@@ -57,3 +57,24 @@ def test_data_another_pipeline_lacks_never_blocks_the_default_one(tmp_path):
     proc = run(["python", "-m", "fedssl.pipeline", "check"], project, check=False)
     assert proc.returncode == 2
     assert proc.stderr.startswith("params/datasets/tiny.yaml: data set not available")
+
+
+def test_a_pipeline_run_later_never_takes_another_pipelines_stages(tmp_path, monkeypatch):
+    """A stage two pipelines share stays in the dvc.yaml of the one that ran first, with its
+    dvc.lock record, even when the later one sorts first: nothing DVC knew becomes stale."""
+    from fedssl.plan.dvcfile import write_all
+
+    project = make_tiny_project(tmp_path, git=False)
+    (project / "params/experiments/tiny_random_w8.yaml").write_text(
+        "extends: tiny_random\ntitle: Random init, width 8\nmethod: {model: {width: 8}}\n"
+    )
+    with open(project / "params/pipelines.yaml", "a") as f:
+        f.write("  early: [tiny_random_w8]\n  late: [tiny_random_w8]\n")
+    monkeypatch.chdir(project)
+    write_all(also=("late",))  # `late` ran first
+    late = (project / "pipelines/late/dvc.yaml").read_text()
+    assert "\n  features__tiny_random_w8:\n" in late
+    write_all(also=("early",))
+    assert (project / "pipelines/late/dvc.yaml").read_text() == late
+    early = (project / "pipelines/early/dvc.yaml").read_text()
+    assert "features__tiny_random_w8:" not in early and "\n  report__early:\n" in early

@@ -43,15 +43,27 @@ def active_pipelines(
 
 
 def owners(root: Path = PARAMS_DIR, also: tuple[str, ...] = ()) -> dict[str, tuple[str, Stage]]:
-    """Stage name -> (the pipeline whose dvc.yaml defines it, the stage). A shared stage is
-    written into the first active pipeline that uses it (``default`` first); later pipelines
-    depend on its outputs without redefining it."""
-    owner: dict[str, tuple[str, Stage]] = {}
+    """Stage name -> (the pipeline whose dvc.yaml defines it, the stage). A shared stage stays
+    in the dvc.yaml that defines it already, so running one pipeline never moves another's
+    stages (and their dvc.lock records); a new one goes to the first active pipeline that
+    uses it (``default`` first). Later pipelines depend on its outputs without redefining it."""
     presets = Presets(root)
-    for pipe in active_pipelines(root, presets, also):
-        for name, stage in Dag(pipe, root, presets=presets).stages.items():
-            owner.setdefault(name, (pipe, stage))
+    dags = {p: Dag(p, root, presets=presets) for p in active_pipelines(root, presets, also)}
+    defined = {n: p for p in reversed(dags) for n in defined_stages(p) if n in dags[p].stages}
+    owner: dict[str, tuple[str, Stage]] = {}
+    for pipe, dag in dags.items():
+        for name, stage in dag.stages.items():
+            if defined.get(name, pipe) == pipe:
+                owner.setdefault(name, (pipe, stage))
     return owner
+
+
+def defined_stages(pipeline: str) -> list[str]:
+    """The stages the pipeline's dvc.yaml defines now (none when it has none)."""
+    path = dvc_file(pipeline)
+    if not path.exists():
+        return []
+    return list((yaml.safe_load(path.read_text()) or {}).get("stages") or {})
 
 
 def pipeline_order(root: Path = PARAMS_DIR, presets: Presets | None = None) -> list[str]:

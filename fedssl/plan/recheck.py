@@ -59,7 +59,8 @@ def recheck(
     dag = Dag(pipeline, presets=presets)
     name, stages = sample(dag, experiment)
     files = [f for s in stages for f in dag.stages[s].committed]
-    print(f"{pipeline}: rerunning {name} ({', '.join(stages)})", flush=True)
+    verb = "would rerun" if dry_run else "rerunning"
+    print(f"{pipeline}: {verb} {name} ({', '.join(stages)})", flush=True)
     if dry_run:
         return {f: "not run" for f in files}
     cmd = [
@@ -94,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for pipeline in args.pipelines or committed_pipelines(presets):
         results.update(recheck(pipeline, presets, args.experiment, args.cores, args.dry_run))
+    if args.dry_run:
+        for f in results:
+            print(f"would compare  {f}")
+        print(f"dry run: nothing ran, nothing compared ({len(results)} committed files would be)")
+        return 0
     for f, status in results.items():
         print(f"{status:>13}  {f}")
     bad = [f for f, s in results.items() if s in ("differs", "missing", "failed")]
