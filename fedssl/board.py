@@ -179,10 +179,10 @@ def render(pipeline: str, tables: str) -> str:
     )
 
 
-def plot(cell_list: list[dict], cost: str, path: Path) -> None:
+def plot(cell_list: list[dict], costs: tuple[str, ...], label: str, path: Path) -> None:
     """Accuracy (the line's first accuracy column: linear probe or personalised) against a
-    cost, one point per line with its SD over seeds as the error bar, a panel per evaluation
-    and a marker per partition."""
+    cost (the sum of the means of ``costs``), one point per line with its SD over seeds as
+    the error bar, a panel per evaluation and a marker per partition."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -198,21 +198,22 @@ def plot(cell_list: list[dict], cost: str, path: Path) -> None:
         heading, accuracies = EVALUATIONS[evaluation]
         accuracy = next(iter(accuracies))
         for cell in (c for c in cell_list if c["evaluation"] == evaluation):
-            ys, xs = cell["values"].get(accuracy), cell["values"].get(cost)
-            if not ys or not xs:
+            ys = cell["values"].get(accuracy)
+            xs = [statistics.mean(cell["values"][c]) for c in costs if c in cell["values"]]
+            if not ys or len(xs) < len(costs):
                 continue
             sd = statistics.stdev(ys) if len(ys) > 1 else 0.0
             ax.errorbar(
-                statistics.mean(xs),
+                sum(xs),
                 statistics.mean(ys),
                 yerr=sd,
                 marker=markers.get(cell["partition"], "o"),
                 capsize=3,
                 linestyle="none",
             )
-            ax.annotate(cell["method"], (statistics.mean(xs), statistics.mean(ys)), fontsize=6)
+            ax.annotate(cell["method"], (sum(xs), statistics.mean(ys)), fontsize=6)
         ax.set_xscale("symlog")
-        ax.set_xlabel(COSTS[cost])
+        ax.set_xlabel(label)
         ax.set_ylabel(f"{accuracies[accuracy]} top-1 % ({sd_note(SD, 'seeds')})")
         ax.set_title(heading, fontsize=9)
         ax.grid(alpha=0.3)
@@ -254,8 +255,9 @@ def write_board(folder: Path, pipeline: str, rows: list[dict], wall, records, to
     (folder / "board.md").write_text(render(pipeline, tables))
     board = {"total_wall_hours": round(total / 3600, 3), "lines": metrics(cell_list)}
     (folder / "board.json").write_text(json.dumps(board, indent=1, ensure_ascii=False) + "\n")
-    plot(cell_list, "client_MB_up", folder / "board_accuracy_vs_MB.png")
-    plot(cell_list, "beta_GFLOPs", folder / "board_accuracy_vs_GFLOPs.png")
+    mb = ("client_MB_up", "client_MB_down")
+    plot(cell_list, mb, "MB up + down / client", folder / "board_accuracy_vs_MB.png")
+    plot(cell_list, ("beta_GFLOPs",), COSTS["beta_GFLOPs"], folder / "board_accuracy_vs_GFLOPs.png")
     return board
 
 
@@ -295,6 +297,22 @@ def budget_table(path: Path = BUDGET_FILE) -> list[dict]:
     return lines
 
 
+def budget_markdown(lines: list[dict]) -> str:
+    """The budget table as the README shows it, with the board's estimated total."""
+    rows = [
+        [x["preset"], x["rounds_key"], str(x["runs"]), x["round_s"], x["fixed_s"]]
+        + [str(x["rounds"]), number(x["estimate_s"] / 60, ".1f")]
+        for x in lines
+    ]
+    total = sum(x["estimate_s"] for x in lines) / 3600
+    header = ["preset", "rounds setting", "runs", "s / round", "fixed s / run", "rounds"]
+    caption = (
+        f"The budget rule on {BUDGET_FILE} (estimated wall seconds on the 2-core CPU): "
+        f"estimated board total {total:.2f} h"
+    )
+    return markdown_table(header + ["estimate min"], rows, caption)
+
+
 # ------------------------------------------------------------------ README
 README = Path("README.md")
 _BLOCK = re.compile(r"(<!-- board: (\w+) -->\n)(.*?)(<!-- /board -->)", re.S)
@@ -323,12 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         README.write_text(readme_text(README.read_text()))
         return 0
     if args.command == "budget":
-        lines = budget_table()
-        header = list(lines[0])
-        print("\t".join(header))
-        for line in lines:
-            print("\t".join(str(line[h]) for h in header))
-        print(f"total estimate: {sum(x['estimate_s'] for x in lines) / 3600:.2f} h")
+        print(budget_markdown(budget_table()))
         return 0
     from fedssl.plan.dag import Dag
     from fedssl.report import load_saved

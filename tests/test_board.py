@@ -149,3 +149,21 @@ def test_tiny_board_numbers_come_from_the_runs(tiny_board):
     assert simclr["wall_s_mean"] == pytest.approx(statistics.mean(walls), abs=1e-3)
     assert simclr["client_MB_up_mean"] > 0 and "wall s" in (folder / "board.md").read_text()
     assert Path(folder / "board_accuracy_vs_GFLOPs.png").stat().st_size > 0
+
+
+def test_benchmark_gpu_is_planned_by_the_dvc_writer():
+    """The GPU board has a dvc.yaml from the same DAG (written when asked for, not run)."""
+    import yaml
+
+    from fedssl.plan.dvcfile import generated_files
+
+    files = generated_files(also=("benchmark_gpu",))
+    stages = yaml.safe_load(files[Path("pipelines/benchmark_gpu/dvc.yaml")])["stages"]
+    assert stages["report__benchmark_gpu"]["cmd"] == "python -m stages.report benchmark_gpu"
+    parts = [s for s in stages if s.startswith("partition__")]
+    assert sorted(parts) == [
+        f"partition__gpubench_fmnist_{p}_m10" for p in ("dir01", "iid", "shards2")
+    ]
+    assert {"cache": False, "persist": True} in [
+        v for out in stages["report__benchmark_gpu"]["outs"] for v in out.values()
+    ]
