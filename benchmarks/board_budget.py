@@ -84,13 +84,16 @@ def scratch_params(folder: Path, preset: str, rounds_key: str) -> str:
     shutil.copytree(REPO / "params", folder / "params")
     part = folder / "params" / "partitions" / "bench_fmnist_dir01_m10.yaml"
     part.write_text(part.read_text().replace("subset: 6000", f"subset: {6000 // SCALE}"))
-    tiny: dict = {"extends": preset, "features": {"train_size": 500}}
+    text = (folder / "params" / "experiments" / f"{preset}.yaml").read_text()
+    tiny: dict = {"extends": preset}
+    if "features:" in text:  # probed methods: a tenth of the probe's training images
+        tiny["features"] = {"train_size": 500}
     node = tiny
     *parents, leaf = rounds_key.split(".")
     for key in parents:
         node = node.setdefault(key, {})
     node[leaf] = 1
-    if "finetune:" in (folder / "params" / "experiments" / f"{preset}.yaml").read_text():
+    if "finetune:" in text:
         tiny["finetune"] = {"train_size": 600 // SCALE}
     (folder / "params" / "experiments" / "measure.yaml").write_text(yaml.safe_dump(tiny))
     return "measure"

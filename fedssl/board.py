@@ -2,8 +2,9 @@
 
 It branches on no method. It reads what the pipeline's report stage committed (its rows:
 the probes' and the personalised evaluation's accuracies, the per-client traffic and the
-``costs`` stage's columns) and the run records of the stages (``meta.json``: wall time, the
-machine), groups the runs that differ only in their seed, and writes into the report's folder:
+``costs`` stage's columns) and the run records of the stages (``artifacts/.runs/``: wall
+time, the machine), groups the runs that differ only in their seed, and writes into the
+report's folder:
 
 - ``board.md`` (and ``board_tables.md``, its tables alone, for the README): one table per
   evaluation (self-supervised methods by their probes,
@@ -122,7 +123,7 @@ def hardware(records: Iterable[dict]) -> str:
         env = r.get("environment", {})
         words = env.get("gpu") or f"{env.get('cpu_count', '?')}-core CPU"
         threads = env.get("FEDSSL_THREADS") or env.get("torch_threads")
-        words += f", {threads} threads" if threads and not env.get("gpu") else ""
+        words += f", torch threads {threads}" if threads and not env.get("gpu") else ""
         words = f"{env.get('host', '?')} ({words}, torch {env.get('torch', '?')})"
         if words not in seen:
             seen.append(words)
@@ -229,20 +230,17 @@ def plot(cell_list: list[dict], costs: tuple[str, ...], label: str, path: Path) 
 
 # ------------------------------------------------------------------ run records
 def run_records(dag) -> tuple[dict[str, float], list[dict], float]:
-    """From the stages' ``meta.json``: wall seconds per experiment (its own stages, shared
-    ones counted in each), every record, and the pipeline's total (each stage once)."""
-    records = {}
-    for name, stage in dag.stages.items():
-        meta = Path(stage.out) / "meta.json"
-        if meta.exists():
-            records[name] = json.loads(meta.read_text())
+    """From the stages' run records (:func:`fedssl.stage.run_record`): wall seconds per
+    experiment (its own stages, shared ones counted in each), every record, and the
+    pipeline's total (each stage once)."""
+    from fedssl.stage import run_record
+
+    records = {name: r for name in dag.stages if (r := run_record(name))}
     wall = {
-        exp: sum(
-            records[s].get("wall_seconds", 0.0) for s in dag.of_experiment[exp] if s in records
-        )
+        exp: sum(records[s]["wall_seconds"] for s in dag.of_experiment[exp] if s in records)
         for exp in dag.experiments
     }
-    total = sum(r.get("wall_seconds", 0.0) for r in records.values())
+    total = sum(r["wall_seconds"] for r in records.values())
     return wall, list(records.values()), total
 
 

@@ -102,6 +102,17 @@ def test_benchmark_plans_shared_partitions_and_seeds():
         exp = dag.presets.load("experiment", name)
         seeds.setdefault((exp.method.name, exp.title, exp.partition), set()).add(exp.method.seed)
     assert set(map(frozenset, seeds.values())) == {frozenset({0, 1, 2})}
+    # probed methods on all three partitions, personalised ones on the two label-skew ones
+    from fedssl.methods import registry
+
+    partitions = {}
+    for method, title, partition in seeds:
+        partitions.setdefault((method, title), set()).add(partition)
+    assert len(partitions) == 18 + 14  # rows of the two tables
+    skew = {"bench_fmnist_dir01_m10", "bench_fmnist_shards2_m10"}
+    for (method, title), mine in partitions.items():
+        personal = "personal" in registry.get(method).evaluation_sections
+        assert mine == (skew if personal else skew | {"bench_fmnist_iid_m10"}), title
     # CP-CFL's server pretraining reads the server slice, not the clients: one per seed
     cpcfl = {
         s for e in dag.experiments if e.startswith("bench_cpcfl_") for s in dag.of_experiment[e]
@@ -127,6 +138,7 @@ def tiny_board(tmp_path_factory):
     return root
 
 
+@pytest.mark.timeout(1800)  # a minute or two on idle cores; 16 stage processes
 def test_tiny_board_numbers_come_from_the_runs(tiny_board):
     folder = tiny_board / "results" / "reports" / "board"
     rows = json.loads((folder / "report.json").read_text())["rows"]
@@ -140,11 +152,13 @@ def test_tiny_board_numbers_come_from_the_runs(tiny_board):
         assert line["linear_top1_mean"] == pytest.approx(statistics.mean(accuracy), abs=1e-4)
         assert line["linear_top1_sd"] == pytest.approx(statistics.stdev(accuracy), abs=1e-4)
     # wall time: the run records of the FedSimCLR runs' own stages
-    art = tiny_board / "artifacts" / "experiments"
+    runs = tiny_board / "artifacts" / ".runs"
     walls = [
-        sum(json.loads(m.read_text())["wall_seconds"] for m in (art / e).glob("*/meta.json"))
+        sum(json.loads((runs / f"{k}__{e}.json").read_text())["wall_seconds"] for k in kinds)
         for e in ("tiny_simclr", "tiny_simclr_s1")
+        for kinds in [("pretrain", "features", "evaluate", "costs")]
     ]
+    assert min(walls) > 0
     simclr = next(v for k, v in lines.items() if k.startswith("FedSimCLR"))
     assert simclr["wall_s_mean"] == pytest.approx(statistics.mean(walls), abs=1e-3)
     assert simclr["client_MB_up_mean"] > 0 and "wall s" in (folder / "board.md").read_text()
