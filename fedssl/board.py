@@ -260,13 +260,13 @@ def write_board(folder: Path, pipeline: str, rows: list[dict], wall, records, to
 
 
 # ------------------------------------------------------------------ the budget rule
-def rounds_within(budget_s: float, fixed_s: float, round_s: float) -> int:
+def rounds_within(budget_s: float, fixed_s: float, round_s: float, least: int = 1) -> int:
     """The rounds of a run that gets ``budget_s`` seconds: what is left after its fixed work
     (probes, export, server steps: ``fixed_s``) divided by the seconds of one round, at least
-    one round."""
+    ``least`` rounds (one, or what the method needs to be itself)."""
     if round_s <= 0:
         raise ValueError(f"round_s: a round takes a positive time, got {round_s}")
-    return max(1, math.floor((budget_s - fixed_s) / round_s))
+    return max(least, math.floor((budget_s - fixed_s) / round_s))
 
 
 def per_run_budget(total_s: float, shared_s: float, runs: int) -> float:
@@ -290,7 +290,7 @@ def budget_table(path: Path = BUDGET_FILE) -> list[dict]:
     budget = per_run_budget(BUDGET_TOTAL_S, BUDGET_SHARED_S, runs)
     for line in lines:
         r, f = float(line["round_s"]), float(line["fixed_s"])
-        line["rounds"] = rounds_within(budget, f, r)
+        line["rounds"] = rounds_within(budget, f, r, int(line.get("least_rounds") or 1))
         line["estimate_s"] = round(int(line["runs"]) * (f + line["rounds"] * r))
     return lines
 

@@ -67,6 +67,7 @@ def test_budget_rule_arithmetic():
     assert board.per_run_budget(10800, 60, 240) == pytest.approx(44.75)
     assert board.rounds_within(44.75, 20.0, 6.0) == 4  # floor(24.75 / 6)
     assert board.rounds_within(44.75, 50.0, 6.0) == 1  # at least one round
+    assert board.rounds_within(44.75, 50.0, 6.0, least=3) == 3  # or the method's least
     with pytest.raises(ValueError, match="round_s"):
         board.rounds_within(10, 1, 0)
     with pytest.raises(ValueError, match="runs"):
