@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test lint format recheck test-slurm test-flower bench generate readme clean
+.PHONY: install data run test lint format recheck test-slurm test-flower bench benchmark generate readme clean
 
 install: $(INSTALLED) data
 
@@ -28,6 +28,17 @@ run: install
 	snakemake --cores all --resources gpu=1
 	@echo; cat results/reports/default/report.md
 	@echo "Results: results/reports/default/ (report.md, .csv, .json) and results/experiments/*/metrics.json; artifacts in artifacts/"
+
+# The benchmark board (README 'Benchmark'): every method on the same partitions, seeds 0-2, one
+# budget; resumable (a rerun skips finished stages, a killed one resumes from its checkpoint).
+# Then the board (results/reports/$(BOARD)/board.md, board.json) and the README's block.
+# `make benchmark BOARD=benchmark_gpu` for the GPU-scale board.
+BOARD ?= benchmark
+benchmark: install
+	snakemake --cores all --resources gpu=1 --rerun-incomplete --config pipeline=$(BOARD)
+	$(PY) -m fedssl.board render $(BOARD)
+	$(PY) -m fedssl.board readme
+	$(PY) -m fedssl.pipeline write $(BOARD)
 
 # The suite runs on every core (pytest-xdist), each test module on one worker so that a project
 # its tests share is built once; opt-in parts: `pytest -m slow`, make test-slurm.
@@ -72,6 +83,7 @@ generate: $(INSTALLED)
 # Copy the committed reports' tables into the README (a test fails when they differ).
 readme: $(INSTALLED)
 	$(PY) -m fedssl.report readme
+	$(PY) -m fedssl.board readme
 
 clean:
 	rm -rf artifacts .snakemake
