@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import cached_property
 from pathlib import Path
 
@@ -158,13 +158,21 @@ class StageContext:
         stage's output with meta.json in it."""
         inputs = self.dag.fingerprint_inputs(self.stage_name)
         fingerprint = self.fingerprint
-        if self.stage.gpu:
+        policy, computed = nullcontext(), {}
+        if self.stage.gpu:  # it computes on the device, in the experiment's precision
+            from fedssl import precision
+
             self.device = pick_device()
+            setting = self.exp.precision
+            policy = precision.policy(setting)
+            computed = {"precision": precision.resolved(self.device, setting)}
+            self.info.update(computed)
+            computed["precision_setting"] = setting
         set_threads()
         start = time.time()
         with atomic_dir(Path(self.stage.out)) as out:
             self.out = out
-            with PeakMemory(self.device) as peak:
+            with PeakMemory(self.device) as peak, policy:
                 yield out
             write_json(
                 out / "meta.json",
@@ -184,6 +192,7 @@ class StageContext:
                 "stage": self.stage_name,
                 "wall_seconds": round(time.time() - start, 2),
                 "environment": environment(self.device),
+                **computed,
                 "peak_memory_bytes": peak.bytes,
                 "peak_memory_kind": peak.kind,
                 **self.run_info,
