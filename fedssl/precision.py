@@ -96,6 +96,14 @@ def channels_last(
     return autocast_dtype(where, precision) is not None
 
 
+def laid_out(tensor: torch.Tensor) -> torch.Tensor:
+    """A 4-D tensor (a convolution's weight) in the policy's memory format on its device:
+    channels-last with bf16; as it is otherwise (fp32 never changes a layout)."""
+    if tensor.dim() == 4 and channels_last(tensor):
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor
+
+
 def resolved(
     where: torch.device | torch.Tensor | str, precision: PrecisionSetting | None = None
 ) -> str:

@@ -41,11 +41,12 @@ def cpu_bf16(monkeypatch):
 )
 def test_settings_resolve(cpu_bf16, setting, native, expected):
     cpu_bf16(native)
+    before = precision.active()
     with precision.policy(setting):
         assert precision.autocast_dtype("cpu") is expected
         assert precision.channels_last("cpu") is (expected is not None)
         assert precision.resolved("cpu") == ("fp32" if expected is None else "bf16")
-    assert precision.active() == "auto"  # the block's setting ends with it
+    assert precision.active() == before  # the block's setting ends with it
 
 
 def test_cuda_is_native_and_cpu_detection_reads_torch(monkeypatch):
@@ -155,3 +156,16 @@ def test_committed_results_resolve_to_their_precision():
                 assert presets.load("experiment", name).precision == "fp32", (pipeline, name)
     for name in (*default, "gpu_mfcl_tn", "paper_leakage", "cifar10_mfcl"):
         assert presets.load("experiment", name).precision == "auto", name
+
+
+def test_the_cohort_trains_convolutions_channels_last_under_bf16():
+    """Aggregation returns contiguous weights; the cohort trainer's stacked copy puts them
+    back in the policy's layout every round (fp32: untouched)."""
+    from fedssl.fl.cohort import stack
+
+    state = {"conv": torch.randn(4, 3, 3, 3), "bias": torch.randn(4)}
+    with precision.policy("bf16"):
+        row = stack([state, state])["conv"][1]
+    assert row.is_contiguous(memory_format=torch.channels_last) and not row.is_contiguous()
+    with precision.policy("fp32"):
+        assert stack([state])["conv"][0].is_contiguous()
