@@ -49,6 +49,7 @@ test-slurm: install
 	FEDSSL_SLURM_TEST=1 pytest -q tests/test_slurm.py
 
 bench: install
+	$(PY) benchmarks/step_limits.py
 	$(PY) benchmarks/federated_round.py
 	$(PY) benchmarks/twin_norm.py
 	$(PY) benchmarks/split_step.py
