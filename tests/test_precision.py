@@ -169,3 +169,18 @@ def test_the_cohort_trains_convolutions_channels_last_under_bf16():
     assert row.is_contiguous(memory_format=torch.channels_last) and not row.is_contiguous()
     with precision.policy("fp32"):
         assert stack([state])["conv"][0].is_contiguous()
+
+
+def test_stages_cap_the_kernel_cache_unless_the_user_did(monkeypatch):
+    """oneDNN's kernel cache held memory per batch shape, so peak memory grew with the client
+    count; stages cap it before computing, and a user's own cap wins."""
+    import os
+
+    from fedssl.stage import KERNEL_CACHE, bound_kernel_cache
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    bound_kernel_cache()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(KERNEL_CACHE) == "128"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "7")
+    bound_kernel_cache()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "7"
