@@ -184,3 +184,35 @@ def test_stages_cap_the_kernel_cache_unless_the_user_did(monkeypatch):
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "7")
     bound_kernel_cache()
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "7"
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_stage_computes_in_its_experiments_precision_and_records_it(tmp_path):
+    """A tiny FedSimCLR pretraining set to bf16: it runs under bf16 (its model channels-last)
+    and says so in meta.json (which the report reads) and in its run record."""
+    import json
+
+    from fedssl import stage
+    from tests.fixtures import in_project, make_tiny_project, run_stage
+
+    root = make_tiny_project(tmp_path, git=False)
+    exp = root / "params/experiments/tiny_simclr.yaml"
+    exp.write_text(exp.read_text() + "precision: bf16\n")
+    seen = []
+    with in_project(root) as planned:
+        pretrain = planned("pretrain", "tiny_simclr")
+        real = precision.policy
+
+        def spy(setting):
+            seen.append(setting)
+            return real(setting)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(precision, "policy", spy)
+            run_stage(pretrain, upstream=True)
+        meta = json.loads((Path(pretrain.spec.out) / "meta.json").read_text())
+        record = json.loads((stage.RUNS_DIR / f"{pretrain.name}.json").read_text())
+    assert seen == ["bf16"] and precision.active() == "fp32"
+    assert meta["precision"] == "bf16"
+    assert record["precision"] == "bf16" and record["precision_setting"] == "bf16"
+    assert "precision" in pretrain.spec.params[str(Path("params/experiments/tiny_simclr.yaml"))]
