@@ -66,6 +66,7 @@ test-flower: install
 	FEDSSL_FLOWER_TEST=1 pytest -q tests/test_flower_app.py tests/test_flower_stage.py tests/test_flower_local.py
 
 bench: install
+	$(PY) benchmarks/step_limits.py
 	$(PY) benchmarks/federated_round.py
 	$(PY) benchmarks/twin_norm.py
 	$(PY) benchmarks/split_step.py

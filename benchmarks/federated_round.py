@@ -1,22 +1,28 @@
 """Images per second of one federated client round: the conventional loop against ours, side by
-side in one process on the same clients, data and model.
+side in one process on the same clients, data and model; and the peak memory of our round.
 
 Conventional: per client a deepcopy of the global model, a fresh optimizer, a CPU DataLoader
 over PIL images with torchvision's per-image transforms, clients one after another, FedAvg over
-state dicts. Ours: the data set on the device as uint8, batched per-sample augmentation there,
-the CohortTrainer (clients vectorised with torch.func where the model allows) and the engine's
-FedAvg.
+state dicts, in fp32. Ours: the data set on the device as uint8, batched per-sample augmentation
+there, the CohortTrainer (clients vectorised with torch.func where the model allows) and the
+engine's FedAvg, under the precision policy (``--precision``, default auto).
 
     python benchmarks/federated_round.py [--device cuda] [--max-per-client 400]
 
-prints one line per scenario:
+prints per scenario (SimCLR's CNN and MFCL's autoencoder, 10 and 100 clients):
     <scenario>: conventional <N> img/s, ours <M> img/s, ratio <R>
+      (model steps alone ...)
+      peak memory of our round: <P> MB (<B> MB before it), in a process of its own
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +33,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms as T
 
-from fedssl.data.augment import BatchAugment
+from fedssl import precision
+from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.partition import split_clients, stratified_subset
 from fedssl.data.sources import load_dataset
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
@@ -39,6 +46,7 @@ from fedssl.models.autoencoder import ClientAutoencoder, reconstruction_loss
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.params import AugmentParams, DirichletScheme
 from fedssl.presets import Presets
+from fedssl.stage import bound_kernel_cache
 
 
 # ----------------------------------------------------------------------------- conventional
@@ -176,51 +184,135 @@ def model_steps_alone(make_model, loss_eager, clients, batch_size, lr, image_sha
     return timed(run, device)
 
 
-def compare(
-    name,
-    make_model,
-    make_trainer,
-    loss_eager,
-    augment,
-    batch_size,
-    lr,
-    images,
-    clients,
-    device,
-    workers,
-):
+def compare(sc: dict, device, workers) -> None:
+    """Time the conventional round and ours on the scenario ``sc`` (see :func:`scenarios`)."""
+    images, clients, batch_size, lr = sc["images"], sc["clients"], sc["batch_size"], sc["lr"]
+    make_model, make_trainer, loss_eager = sc["make_model"], sc["make_trainer"], sc["loss_eager"]
     n_images = sum(len(c) for c in clients)
-    transform = pil_transform(augment, images.shape[-1], images.shape[1])
+    transform = pil_transform(sc["augment"], images.shape[-1], images.shape[1])
     images_dev = torch.from_numpy(np.array(images)).to(device)
     # warm up both paths on one small client (allocations, vmap tracing, kernel selection)
     warm = [clients[0][:batch_size]]
-    conventional_round(
-        make_model(), warm, images, transform, batch_size, lr, loss_eager, device, workers
-    )
+    with precision.policy("fp32"):
+        conventional_round(
+            make_model(), warm, images, transform, batch_size, lr, loss_eager, device, workers
+        )
     model = make_model()
     our_round(model, warm, images_dev, make_trainer(model), lr)
-    conv = timed(
-        lambda: conventional_round(
-            make_model(), clients, images, transform, batch_size, lr, loss_eager, device, workers
-        ),
-        device,
-    )
+    with precision.policy("fp32"):
+        conv = timed(
+            lambda: conventional_round(
+                make_model(),
+                clients,
+                images,
+                transform,
+                batch_size,
+                lr,
+                loss_eager,
+                device,
+                workers,
+            ),
+            device,
+        )
     model = make_model()
     trainer = make_trainer(model)
     ours = timed(lambda: our_round(model, clients, images_dev, trainer, lr), device)
-    alone = model_steps_alone(
-        make_model, loss_eager, clients, batch_size, lr, images.shape[1:], device
-    )
+    with precision.policy("fp32"):
+        alone = model_steps_alone(
+            make_model, loss_eager, clients, batch_size, lr, images.shape[1:], device
+        )
     print(
-        f"{name}: conventional {n_images / conv:.0f} img/s, ours {n_images / ours:.0f} img/s, "
-        f"ratio {conv / ours:.2f}",
+        f"{sc['name']}: conventional {n_images / conv:.0f} img/s, ours "
+        f"({precision.resolved(device)}) {n_images / ours:.0f} img/s, ratio {conv / ours:.2f}",
         flush=True,
     )
     print(
-        f"  (model steps alone on ready-made views: {n_images / alone:.0f} img/s, so a faster "
-        f"input pipeline alone could reach at most ratio {conv / alone:.2f})",
+        f"  (model steps alone on ready-made views, fp32: {n_images / alone:.0f} img/s, so a "
+        f"faster input pipeline alone could reach at most ratio {conv / alone:.2f})",
         flush=True,
     )
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def our_memory(sc: dict, device) -> dict:
+    """Our round alone (run in a process of its own): resident memory before it and at peak."""
+    images_dev = torch.from_numpy(np.array(sc["images"])).to(device)
+    model = sc["make_model"]()
+    trainer = sc["make_trainer"](model)
+    before = rss_mb()
+    our_round(model, sc["clients"], images_dev, trainer, sc["lr"])
+    return {"before_mb": before, "peak_mb": rss_mb()}
+
+
+def scenarios(cap: int, device, vmap_clients: bool) -> dict:
+    """Name -> a function building the scenario: its data, clients, models and losses."""
+    p = Presets().load("experiment", "fmnist_fedsimclr").method
+
+    def simclr(num_clients):
+        def build():
+            images, clients = fmnist(cap, num_clients, 20000)
+            return dict(
+                make_model=lambda: seeded_contrastive_model(
+                    p.model, images.shape[1:], p.seed, device
+                ),
+                make_trainer=lambda m: CohortTrainer(
+                    m,
+                    multi_view(BatchAugment(p.augment, images.shape[-1]), views=2),
+                    fedsimclr.simclr_loss(p.temperature),
+                    OptimizerConfig("adam"),
+                    p.batch_size,
+                    1,
+                    parallel=vmap_clients,
+                ),
+                loss_eager=simclr_loss_eager(p.temperature),
+                augment=p.augment,
+                batch_size=p.batch_size,
+                lr=p.lr,
+                images=images,
+                clients=clients,
+            )
+
+        return build
+
+    def mfcl_round(num_clients):
+        def build():
+            images, clients = fmnist(cap, num_clients, 20000)
+
+            def make_model():
+                torch.manual_seed(0)
+                return ClientAutoencoder(
+                    "resnet18", in_channels=1, width=32, norm="tn", channels_per_group=8
+                ).to(device)
+
+            return dict(
+                make_model=make_model,
+                make_trainer=lambda m: CohortTrainer(
+                    m,
+                    mfcl.twin_batch(BatchAugment(p.augment, images.shape[-1])),
+                    mfcl.autoencoder_loss(),
+                    OptimizerConfig("adam"),
+                    32,
+                    1,
+                    parallel=vmap_clients,
+                ),
+                loss_eager=ae_loss_eager,
+                augment=p.augment,
+                batch_size=32,
+                lr=1e-3,
+                images=images,
+                clients=clients,
+            )
+
+        return build
+
+    out = {}
+    for n in (10, 100):
+        out[f"fedsimclr_round_{n}_clients"] = simclr(n)
+        out[f"mfcl_phase1_round_{n}_clients"] = mfcl_round(n)
+    return out
 
 
 def main():
@@ -245,94 +337,43 @@ def main():
         default="auto",
         help="vectorise clients (models without BN stats): auto = on CUDA only, as in the pipeline",
     )
+    ap.add_argument(
+        "--precision", choices=precision.SETTINGS, default="auto", help="our round's precision"
+    )
+    ap.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)  # the child's scenario
     args = ap.parse_args()
+    bound_kernel_cache()  # as every stage does: peak memory flat in the client count
     device = torch.device(args.device)
     vmap_clients = args.parallel == "on" or (args.parallel == "auto" and device.type == "cuda")
     cap = args.max_per_client or (400 if device.type == "cpu" else 10**9)
     workers = args.workers if args.workers is not None else (0 if device.type == "cpu" else 4)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(
-        f"device {device} ({name}), {torch.get_num_threads()} threads, at most {cap} images "
-        f"per client, clients vectorised: {vmap_clients}",
-        flush=True,
-    )
-
-    p = Presets().load("experiment", "fmnist_fedsimclr").method
-    scenarios = {}
-
-    def simclr():
-        images, clients = fmnist(cap, 10, 20000)
-        make_model = (
-            lambda: seeded_contrastive_model(  # noqa: E731
-                p.model, images.shape[1:], p.seed, device
-            )
+    built = scenarios(cap, device, vmap_clients)
+    with precision.policy(args.precision):
+        if args.memory_of:
+            print(json.dumps(our_memory(built[args.memory_of](), device)))
+            return
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        print(
+            f"device {device} ({name}), {torch.get_num_threads()} threads, at most {cap} images "
+            f"per client, clients vectorised: {vmap_clients}, our precision: {args.precision} "
+            f"({precision.resolved(device)})",
+            flush=True,
         )
-        make_trainer = lambda m: CohortTrainer(  # noqa: E731
-            m,
-            fedsimclr.two_views(BatchAugment(p.augment, images.shape[-1])),
-            fedsimclr.simclr_loss(p.temperature),
-            OptimizerConfig("adam"),
-            p.batch_size,
-            1,
-            parallel=vmap_clients,
-        )
-        compare(
-            "fedsimclr_round_smoke",
-            make_model,
-            make_trainer,
-            simclr_loss_eager(p.temperature),
-            p.augment,
-            p.batch_size,
-            p.lr,
-            images,
-            clients,
-            device,
-            workers,
-        )
-
-    scenarios["fedsimclr_round_smoke"] = simclr
-
-    def mfcl_round(num_clients):
-        def run():
-            images, clients = fmnist(cap, num_clients, 20000)
-
-            def make_model():
-                torch.manual_seed(0)
-                return ClientAutoencoder(
-                    "resnet18", in_channels=1, width=32, norm="tn", channels_per_group=8
-                ).to(device)
-
-            make_trainer = lambda m: CohortTrainer(  # noqa: E731
-                m,
-                mfcl.twin_batch(BatchAugment(p.augment, images.shape[-1])),
-                mfcl.autoencoder_loss(),
-                OptimizerConfig("adam"),
-                32,
-                1,
-                parallel=vmap_clients,
-            )
-            compare(
-                f"mfcl_phase1_round_{num_clients}_clients",
-                make_model,
-                make_trainer,
-                ae_loss_eager,
-                p.augment,
-                32,
-                1e-3,
-                images,
-                clients,
-                device,
-                workers,
-            )
-
-        return run
-
-    scenarios["mfcl_phase1_round_10_clients"] = mfcl_round(10)
-    scenarios["mfcl_phase1_round_100_clients"] = mfcl_round(100)
-
-    for name, fn in scenarios.items():
-        if args.only is None or name in args.only:
-            fn()
+        for scenario, build in built.items():
+            if args.only is None or scenario in args.only:
+                compare({"name": scenario, **build()}, device, workers)
+                child = [*sys.argv[:1], "--memory-of", scenario, "--device", args.device]
+                child += ["--max-per-client", str(cap), "--precision", args.precision]
+                child += ["--parallel", args.parallel]
+                run = subprocess.run(
+                    [sys.executable, *child], check=True, capture_output=True, text=True
+                )
+                mem = json.loads(run.stdout.strip().splitlines()[-1])
+                print(
+                    f"  peak memory of our round: {mem['peak_mb']:.0f} MB "
+                    f"({mem['before_mb']:.0f} MB before it), in a process of its own",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pydantic import Field, create_model, model_validator
 
 from fedssl.methods import registry
 from fedssl.params import (
+    PRECISION_HELP,
     SCHEMA_DIR,
     DatasetParams,
     FeatureParams,
@@ -25,6 +26,7 @@ from fedssl.params import (
     PartitionParams,
     PersonalEvalParams,
     PipelinesParams,
+    PrecisionSetting,
     Strict,
     preset_schema,
 )
@@ -39,6 +41,7 @@ class ExperimentBase(Strict):
     linear_probe: LinearProbeParams | None = None
     knn: KnnParams | None = None
     personal: PersonalEvalParams | None = Field(None, description="for personalised methods")
+    precision: PrecisionSetting = Field("auto", description=PRECISION_HELP)
     finetune: FinetuneParams | None = Field(
         None,
         description="also fine-tune the encoder end to end (methods whose encoder "

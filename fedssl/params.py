@@ -210,6 +210,14 @@ class AugmentParams(Strict):
         return self
 
 
+PrecisionSetting = Literal["auto", "fp32", "bf16"]
+PRECISION_HELP = (
+    "what training and evaluation compute in: auto = bf16 autocast and "
+    "channels-last where the device computes bf16 natively (CUDA, CPUs with "
+    "AVX-512 BF16 or AMX), fp32 elsewhere; fp32 or bf16 = that everywhere. "
+    "Each stage records the precision it used (fedssl.precision)"
+)
+
 ParallelClients = Literal["auto", "on", "off"]
 PARALLEL_CLIENTS_HELP = (
     "train clients together with torch.func.vmap (models without BN running "

@@ -1,18 +1,64 @@
 """One precision policy for every forward pass that trains or evaluates: which autocast dtype a
-device runs under and whether image batches go channels-last.
+device runs under and whether convolution models and image batches go channels-last.
 
-``auto`` (today's only setting) means bf16 autocast and channels-last on CUDA, plain fp32 on
-the CPU, so CPU results are those of the fp32 code. ``fp32`` and ``bf16`` force one or the
-other; they are the values a per-experiment ``precision`` setting will take.
+The setting (:data:`fedssl.params.PrecisionSetting`) is each experiment's ``precision``; a stage
+runs its body inside :func:`policy` with it, and the library's forward passes ask
+:func:`autocast` / :func:`channels_last` without naming it. Outside any stage the setting is
+``auto``.
+
+* ``auto``: bf16 autocast and channels-last where the device computes bf16 natively (CUDA; a
+  CPU with AVX-512 BF16 or AMX, detected once), plain fp32 elsewhere;
+* ``fp32``: plain fp32, contiguous layout: the code path of every result made before the
+  setting existed;
+* ``bf16``: bf16 autocast and channels-last wherever it runs (emulated where not native).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from contextlib import contextmanager
+from functools import cache
+from typing import get_args
 
 import torch
 
-Precision = Literal["auto", "fp32", "bf16"]
+from fedssl.params import PrecisionSetting
+
+SETTINGS = get_args(PrecisionSetting)
+_active: PrecisionSetting = "auto"  # the running stage's setting (see policy())
+
+
+def _check(setting: str) -> PrecisionSetting:
+    if setting not in SETTINGS:
+        raise ValueError(f"precision {setting!r}: expected one of {', '.join(SETTINGS)}")
+    return setting
+
+
+@contextmanager
+def policy(setting: PrecisionSetting):
+    """Run the block under ``setting``: every :func:`autocast` and :func:`channels_last` that
+    names no setting of its own follows it."""
+    global _active
+    before, _active = _active, _check(setting)
+    try:
+        yield
+    finally:
+        _active = before
+
+
+def active() -> PrecisionSetting:
+    return _active
+
+
+@cache
+def native_bf16(device_type: str) -> bool:
+    """Whether a device type multiplies bf16 in hardware: CUDA, and CPUs whose capability torch
+    reports as AVX-512 BF16 or AMX tiles (other CPUs emulate it, slower than fp32)."""
+    if device_type == "cuda":
+        return True
+    if device_type != "cpu":
+        return False
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
 def _device(where: torch.device | torch.Tensor | str) -> torch.device:
@@ -22,19 +68,19 @@ def _device(where: torch.device | torch.Tensor | str) -> torch.device:
 
 
 def autocast_dtype(
-    where: torch.device | torch.Tensor | str, precision: Precision = "auto"
+    where: torch.device | torch.Tensor | str, precision: PrecisionSetting | None = None
 ) -> torch.dtype | None:
-    """The dtype autocast runs in on ``where`` (a device or a tensor on it), None for fp32."""
-    if precision == "fp32":
+    """The dtype autocast runs in on ``where`` (a device or a tensor on it), None for fp32.
+    ``precision``: the setting to resolve, by default the active one."""
+    setting = _check(precision or _active)
+    if setting == "fp32":
         return None
-    if precision == "bf16":
+    if setting == "bf16" or native_bf16(_device(where).type):
         return torch.bfloat16
-    if precision != "auto":
-        raise ValueError(f"precision {precision!r}: expected auto, fp32 or bf16")
-    return torch.bfloat16 if _device(where).type == "cuda" else None
+    return None
 
 
-def autocast(where: torch.device | torch.Tensor | str, precision: Precision = "auto"):
+def autocast(where: torch.device | torch.Tensor | str, precision: PrecisionSetting | None = None):
     """The autocast context of the policy: ``with autocast(x): out = model(x)``. Disabled (a
     no-op) where the policy says fp32."""
     device = _device(where)
@@ -42,7 +88,25 @@ def autocast(where: torch.device | torch.Tensor | str, precision: Precision = "a
     return torch.autocast(device.type, dtype or torch.bfloat16, enabled=dtype is not None)
 
 
-def channels_last(where: torch.device | torch.Tensor | str, precision: Precision = "auto") -> bool:
-    """Whether convolution models and image batches use the channels-last memory format: on
-    CUDA, where bf16 convolutions run fastest in it; never on the CPU."""
-    return _device(where).type == "cuda" and precision != "fp32"
+def channels_last(
+    where: torch.device | torch.Tensor | str, precision: PrecisionSetting | None = None
+) -> bool:
+    """Whether convolution models and image batches use the channels-last memory format: with
+    bf16, whose convolutions run fastest in it (oneDNN on the CPU, cuDNN on CUDA)."""
+    return autocast_dtype(where, precision) is not None
+
+
+def laid_out(tensor: torch.Tensor) -> torch.Tensor:
+    """A 4-D tensor (a convolution's weight) in the policy's memory format on its device:
+    channels-last with bf16; as it is otherwise (fp32 never changes a layout)."""
+    if tensor.dim() == 4 and channels_last(tensor):
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor
+
+
+def resolved(
+    where: torch.device | torch.Tensor | str, precision: PrecisionSetting | None = None
+) -> str:
+    """What a setting (by default the active one) computes in on ``where``: ``bf16``
+    (autocast, channels-last) or ``fp32``; stages record it beside their outputs."""
+    return "bf16" if autocast_dtype(where, precision) is not None else "fp32"

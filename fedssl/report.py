@@ -28,6 +28,7 @@ COLUMNS = [
     "partition",
     "method",
     "arch",
+    "precision",
     "rounds",
     "linear_top1",
     "knn_top1",
@@ -73,8 +74,9 @@ RUN_COLUMNS = {
     "client_MB_up": "MB up / client",
     "client_MB_down": "MB down / client",
     "rounds": "rounds",
+    "precision": "precision",
 }
-TEXT_COLUMNS = ("experiment", "row", "column")
+TEXT_COLUMNS = ("experiment", "row", "column", "precision")
 # Mean per-client costs (the `costs` stage; blank for methods without one): column -> (the
 # costs file's key, scale to the column's unit).
 COST_COLUMNS = {
@@ -127,6 +129,8 @@ def experiment_row(
         "method": method.name,
         "arch": method.arch(exp.method),
         "rounds": sum(m.get("rounds", 0) for m in metas),
+        # what the method's steps computed in (blank for runs made before it was recorded)
+        "precision": "/".join(dict.fromkeys(m["precision"] for m in metas if "precision" in m)),
         **steps,
         **metrics,
         **losses,

@@ -13,6 +13,17 @@ TOOLS = str(Path(sys.executable).parent)
 os.environ["PATH"] = os.pathsep.join([TOOLS, os.environ.get("PATH", "")])
 
 
+@pytest.fixture(autouse=True)
+def fp32_library_calls():
+    """Library code called by a test computes in fp32 (tests compare code paths exactly) unless
+    the test or a stage's experiment sets another precision: auto would pick bf16 on a CPU that
+    computes it natively."""
+    from fedssl import precision
+
+    with precision.policy("fp32"):
+        yield
+
+
 @pytest.fixture
 def one_thread():
     """Torch on one thread: tiny models (double backward, many small convs) run far slower when

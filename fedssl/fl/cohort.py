@@ -22,6 +22,7 @@ from torch import nn
 from torch.func import grad_and_value, vmap
 
 from fedssl.models.norms import has_running_stats
+from fedssl.precision import laid_out
 from fedssl.runtime import numpy_rng
 
 Tensors = dict[str, torch.Tensor]
@@ -93,8 +94,9 @@ class StackedOptimizer:
 
 
 def stack(states: list[Tensors]) -> Tensors:
-    """Per-client states -> one client-stacked state (a fresh copy)."""
-    return {k: torch.stack([s[k].detach() for s in states]) for k in states[0]}
+    """Per-client states -> one client-stacked state (a fresh copy), convolution weights in the
+    precision policy's layout (aggregation returns them contiguous)."""
+    return {k: torch.stack([laid_out(s[k].detach()) for s in states]) for k in states[0]}
 
 
 def gather(tree, rows: torch.Tensor):

@@ -278,7 +278,8 @@ class Dag:
         """A per-experiment stage reading ``inputs`` (names of upstream stages). It is named
         after the experiment that owns its content (:meth:`owner`), so experiments that differ
         only downstream of it share it."""
-        reads = _with_name(reads)
+        # a stage that computes on the device computes in the experiment's precision
+        reads = _with_name(reads) + (("precision",) if gpu else ())
         key = content_key(
             kind, self._values(exp_name, reads), [self.content.get(u, u) for u in inputs]
         )
