@@ -45,6 +45,13 @@ def policy(setting: PrecisionSetting):
         _active = before
 
 
+def use(setting: PrecisionSetting) -> None:
+    """Make ``setting`` this process's policy for good: for a process that only ever works for
+    one experiment (a Flower SuperNode), where no block encloses the work."""
+    global _active
+    _active = _check(setting)
+
+
 def active() -> PrecisionSetting:
     return _active
 

@@ -24,6 +24,9 @@ class ClientBuild:
         self.method = method
 
     def __call__(self, context):
+        from fedssl import precision
+
+        precision.use("fp32")  # as the engine's run in this process (tests run in fp32)
         return METHODS[self.method][0](Path("unused"), "client")
 
 

@@ -34,11 +34,13 @@ class StepFederation:
         self.root, self.step, self.experiment = Path(root).resolve(), step, experiment
 
     def __call__(self, context=None):
+        from fedssl import precision
         from fedssl.stage import StageContext, set_threads
 
         os.chdir(self.root)  # the project's params/ and artifacts/ (a SuperNode's own process)
         set_threads()  # FEDSSL_THREADS, as a stage: float sums depend on the thread count
         ctx = StageContext(self.step, self.experiment)
+        precision.use(ctx.exp.precision)  # as the stage's server side computes
         ctx.device = pick_device()
         return call_hook(flower_hook(ctx.method, self.step), ctx)
 
