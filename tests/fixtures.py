@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import gzip
 import os
 import shutil
-import struct
 import subprocess
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,26 +11,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tests.formats import write_fashion_mnist
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def idx_bytes(array: np.ndarray) -> bytes:
-    """The idx format: two zero bytes, type 0x08 (uint8), ndim, big-endian int32 dims, data."""
-    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">i", d) for d in array.shape)
-    return header + array.astype(np.uint8).tobytes()
-
-
-def write_fashion_mnist(folder: Path, splits: dict, gz: bool = True) -> None:
-    """``splits``: {'train'|'t10k': (images [N, 28, 28] uint8, labels [N])}."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for prefix, (images, labels) in splits.items():
-        for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
-            name = folder / f"{prefix}-{kind}-ubyte"
-            if gz:
-                with gzip.open(f"{name}.gz", "wb") as f:
-                    f.write(idx_bytes(array))
-            else:
-                name.write_bytes(idx_bytes(array))
 
 
 def toy_images(n: int, seed: int, num_classes: int = 4) -> tuple[np.ndarray, np.ndarray]:
