@@ -96,9 +96,8 @@ def add_tiny_mfcl(root: Path) -> list[str]:
     return list(names)
 
 
-def make_tiny_project(root: Path, git: bool = True) -> Path:
-    """A copy of the project's code with its own params: a 240-image Fashion-MNIST-format data
-    set, 3 clients, and three experiments (FedSimCLR, random init, raw pixels)."""
+def copy_code(root: Path) -> None:
+    """The project's code (library, stage scripts, workflow) into ``root``."""
     for item in ("fedssl", "stages", "Snakefile", "profiles"):
         src = REPO / item
         (
@@ -106,6 +105,12 @@ def make_tiny_project(root: Path, git: bool = True) -> Path:
             if src.is_dir()
             else shutil.copy(src, root / item)
         )
+
+
+def make_tiny_project(root: Path, git: bool = True) -> Path:
+    """A copy of the project's code with its own params: a 240-image Fashion-MNIST-format data
+    set, 3 clients, and three experiments (FedSimCLR, random init, raw pixels)."""
+    copy_code(root)
     write_fashion_mnist(root / "raw", {"train": toy_images(240, 0), "t10k": toy_images(80, 1)})
     params = root / "params"
     for sub in ("datasets", "partitions", "experiments"):
