@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import yaml
@@ -222,6 +223,18 @@ def in_process(root: Path, pipeline: str) -> None:
     run_stages_in_process(root, [pipeline])
 
 
+def _run(root: Path, pipeline: str, cores: str, here: bool) -> str | None:
+    """Rehearse one pipeline of the project; None, or what went wrong."""
+    if here:
+        try:
+            in_process(root, pipeline)
+        except Exception:
+            return traceback.format_exc()[-4000:]
+        return None
+    proc = snakemake(root, pipeline, cores)
+    return f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}" if proc.returncode else None
+
+
 def main(argv: list[str] | None = None) -> int:
     from fedssl.presets import Presets
 
@@ -229,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("pipelines", nargs="*", help="default: every paper_* pipeline")
     ap.add_argument("--all", action="store_true", help="every experiment, not one per shape")
     ap.add_argument("--cores", default="all")
+    ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the stages in this process, upstream first, instead of through Snakemake "
+        "(one torch import: where starting a process is slow)",
+    )
     ap.add_argument("--root", type=Path, help="build the project here and keep it")
     args = ap.parse_args(argv)
     pipelines = args.pipelines or paper_pipelines(Presets(REPO / "params"))
@@ -242,13 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for pipeline, names in chosen.items():
         start = time.perf_counter()
-        proc = snakemake(root, pipeline, args.cores)
+        problem = _run(root, pipeline, args.cores, args.in_process)
         wall = time.perf_counter() - start
-        status = "ok" if proc.returncode == 0 else "FAILED"
+        status = "FAILED" if problem else "ok"
         print(f"{pipeline:34s} {len(names):3d} experiments {wall:7.1f} s  {status}", flush=True)
-        if proc.returncode:
+        if problem:
             failed.append(pipeline)
-            print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n", flush=True)
+            print(problem, flush=True)
     if failed or args.root:
         print(f"project kept in {root}")
     else:

@@ -4,6 +4,7 @@ through Snakemake behind the opt-in marker ``rehearsal`` (``make rehearse``)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -87,10 +88,11 @@ def test_every_rehearsal_experiment_validates_and_plans(tmp_path):
 
 
 def _family(method: str) -> str:
-    """A method's family: the package of the module that declares it."""
-    return registry.module_of(method).rsplit(".", 1)[0].removeprefix("fedssl.methods.")
+    """A method's family: the module (or package) of the methods package that declares it."""
+    return registry.module_of(method).removeprefix("fedssl.methods.").split(".")[0]
 
 
+@functools.cache
 def _cheapest_by_family() -> dict[str, tuple[str, str]]:
     """Family -> (paper pipeline, experiment): the representative on the smallest images."""
     found: dict[str, tuple] = {}
@@ -139,6 +141,7 @@ def _opted_in(config) -> bool:
 
 
 @pytest.mark.rehearsal
+@pytest.mark.timeout(0)  # hours on a small CPU: paper_mfcl_tab2 has 26 shapes
 @pytest.mark.parametrize("pipeline", PAPER_PIPELINES)
 def test_paper_pipeline_rehearsal(tmp_path, pipeline, request):
     """The pipeline's representatives through Snakemake on the fixtures (opt-in)."""
