@@ -82,9 +82,10 @@ def _dump_py2(obj: dict, path: Path) -> None:
         _Py2Pickler(f, protocol=2).dump(obj)
 
 
-def _cifar_batch(rng, n: int, label_key: bytes, classes: int) -> tuple[dict, np.ndarray, list]:
+def _cifar_batch(rng, labels: np.ndarray, label_key: bytes) -> tuple[dict, np.ndarray, list]:
+    n = len(labels)
     images = pixels(rng, n, 3, 32, 32)
-    labels = [int(x) for x in labels_cycling(rng, n, classes)]
+    labels = [int(x) for x in labels]
     # Each row holds the 1024 red, then green, then blue values of one image, rows in
     # row-major order.
     batch = {
@@ -102,12 +103,12 @@ def write_cifar10(root: Path, n_train: int = 8, n_test: int = 2, seed: int = 0) 
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
     train_images, train_labels = [], []
-    for i, n in enumerate(np.array_split(np.arange(n_train), 5), start=1):
-        batch, images, labels = _cifar_batch(rng, len(n), b"labels", 10)
+    for i, part in enumerate(np.array_split(labels_cycling(rng, n_train, 10), 5), start=1):
+        batch, images, labels = _cifar_batch(rng, part, b"labels")
         _dump_py2(batch, folder / f"data_batch_{i}")
         train_images.append(images)
         train_labels += labels
-    batch, test_images, test_labels = _cifar_batch(rng, n_test, b"labels", 10)
+    batch, test_images, test_labels = _cifar_batch(rng, labels_cycling(rng, n_test, 10), b"labels")
     _dump_py2(batch, folder / "test_batch")
     meta = {
         b"label_names": [b"c%d" % i for i in range(10)],
@@ -128,7 +129,7 @@ def write_cifar100(root: Path, n_train: int = 4, n_test: int = 3, seed: int = 0)
     folder.mkdir(parents=True)
     out = {}
     for name, n in (("train", n_train), ("test", n_test)):
-        batch, images, labels = _cifar_batch(rng, n, b"fine_labels", 100)
+        batch, images, labels = _cifar_batch(rng, labels_cycling(rng, n, 100), b"fine_labels")
         batch[b"coarse_labels"] = [label // 5 for label in labels]
         _dump_py2(batch, folder / name)
         out[name] = (images, labels)

@@ -53,8 +53,8 @@ OVERLAY = {
     # a few clients (a multiple of 2 and 3: class groups and shards split them evenly)
     "num_clients": 6,
     "min_per_client": 2,
-    "major_count": 4,
-    "minor_count": 2,
+    "major_count": 2,
+    "minor_count": 1,
     "per_client": 4,
     "server_holdout": 24,
     "lognormal_mean": 1.0,
@@ -113,15 +113,15 @@ def overlay(tree):
 
 
 # Each data set's rehearsal fixture with about ``n`` training images (enough for six clients of
-# two classes, or twenty of CIFAR-100's), a sixth as many test images, and every split the
-# readers read.
+# two classes, or twenty of CIFAR-100's), two test images per class (a client's test set may
+# copy its training class mix) and every split the readers read.
 FIXTURES = {
-    "fashion_mnist": lambda root, n: write_random_fashion_mnist(root, n, max(n // 6, 10)),
-    "cifar10": lambda root, n: write_cifar10(root, n, max(n // 6, 10)),
-    "cifar100": lambda root, n: write_cifar100(root, max(2 * n, 120), 100),
-    "stl10": lambda root, n: write_stl10(root, n, max(n // 6, 10), max(n // 3, 8)),
-    "tiny_imagenet": lambda root, n: write_random_tiny_imagenet(root, 10, max(n // 10, 2), 1),
-    "femnist": lambda root, n: write_femnist(root, writers=4, per_writer=max(n // 4, 11)),
+    "fashion_mnist": lambda root, n: write_random_fashion_mnist(root, n, 20),
+    "cifar10": lambda root, n: write_cifar10(root, n, 20),
+    "cifar100": lambda root, n: write_cifar100(root, max(2 * n, 120), 200),
+    "stl10": lambda root, n: write_stl10(root, n, 20, max(n // 3, 8)),
+    "tiny_imagenet": lambda root, n: write_random_tiny_imagenet(root, 10, max(n // 10, 2), 2),
+    "femnist": lambda root, n: write_femnist(root, writers=4, per_writer=max(n // 4, 21)),
 }
 IMAGES = 24  # training images per data set: four per client
 
