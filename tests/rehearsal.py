@@ -10,10 +10,10 @@ read or written past its code and params. Its params are the checkout's presets 
 by key name to every experiment and partition, and its pipelines.yaml names only the chosen
 experiments. The overlay caps sizes and never touches architectures or resolutions.
 
-Which experiments: one per *stage shape* (:func:`shape`), the first of each in the pipeline's
+Which experiments: one per *stage shape* (:func:`shape`), the last of each in the pipeline's
 order, unless ``every=True``. ``python -m tests.rehearsal [PIPELINE ...] [--all]`` runs
-pipelines through Snakemake and prints each one's wall time (``make rehearse`` runs the
-pytest marker ``rehearsal`` instead).
+pipelines through Snakemake in one project and prints what each one added in wall time
+(``make rehearse`` runs the pytest marker ``rehearsal``, a project per pipeline).
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ OVERLAY = {
     "major_count": 2,
     "minor_count": 1,
     "per_client": 4,
-    "server_holdout": 24,
+    "server_holdout": 8,
     "lognormal_mean": 1.0,
-    "size_offset": 4.0,
+    "size_offset": 10.0,  # a tenth of every party is its test set: one image at least
     # small batches, queues, banks and samples
     "batch_size": 8,
     "batch_pairs": 8,
