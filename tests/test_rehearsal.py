@@ -111,6 +111,7 @@ def _cheapest_by_family() -> dict[str, tuple[str, str]]:
 FAMILIES = sorted({_family(m.name) for m in registry.all()} - {"none"})
 
 
+@pytest.mark.timeout(1800)  # 15-60 s of CPU each; far longer in wall time on a busy machine
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_paper_experiment_of_each_method_family_runs(tmp_path, family, one_thread):
     """The cheapest paper experiment of the family runs every stage of its pipeline (report
