@@ -87,6 +87,23 @@ def test_every_rehearsal_experiment_validates_and_plans(tmp_path):
                 assert exp.method.model_dump().keys() == original.method.model_dump().keys()
 
 
+def test_the_report_labels_every_paper_partition():
+    """Found by the rehearsal: FEMNIST's cyclic partition had no column label in the report."""
+    from fedssl.report import table_cell
+
+    for pipeline in PAPER_PIPELINES:
+        for name in PRESETS.pipeline_experiments(pipeline):
+            exp = PRESETS.load("experiment", name)
+            part = PRESETS.load("partition", exp.partition)
+            method = registry.get(exp.method.name)
+            dataset = PRESETS.load("dataset", part.dataset).name
+            assert table_cell(exp, method, part, dataset)[1].startswith(dataset_spec(dataset).label)
+    femnist = PRESETS.load("partition", "femnist_c3_m150")
+    exp = PRESETS.load("experiment", "paper_mpf_mpfedcon_femnist")
+    cell = table_cell(exp, registry.get("mpfedcon"), femnist, "femnist")
+    assert cell[1] == "FEMNIST 3 classes/client"
+
+
 def _family(method: str) -> str:
     """A method's family: the module (or package) of the methods package that declares it."""
     return registry.module_of(method).removeprefix("fedssl.methods.").split(".")[0]
