@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test lint format recheck test-slurm test-flower bench benchmark generate readme clean
+.PHONY: install data run test lint format recheck rehearse test-slurm test-flower bench benchmark generate readme clean
 
 install: $(INSTALLED) data
 
@@ -75,6 +75,12 @@ bench: install
 # files with the committed ones (run it on the hardware and thread count that made them).
 recheck: install
 	$(PY) -m fedssl.plan.recheck
+
+# Opt-in: a dress rehearsal of every paper_* pipeline through Snakemake on tiny data sets in
+# their real formats (one round or epoch per stage); `python -m tests.rehearsal --all` runs
+# every experiment, not one per stage shape.
+rehearse: install
+	pytest -q -m rehearsal --durations=0 tests/test_rehearsal.py
 
 # Regenerate the checked-in derived files (a test fails when they are stale).
 generate: $(INSTALLED)

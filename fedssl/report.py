@@ -194,6 +194,7 @@ def table_cell(
         "dirichlet": lambda: f"ξ={scheme.alpha:g}",
         "iid": lambda: "IID",
         "shards": lambda: f"{scheme.classes_per_client} classes/client",
+        "cyclic_lognormal": lambda: f"{scheme.classes_per_client} classes/client",
         "class_groups": lambda: "class groups",
     }[scheme.kind]()
     return row, f"{dataset_spec(dataset_name).label} {split}"

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import atexit
-import gzip
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
 from contextlib import contextmanager
@@ -15,26 +13,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tests.formats import write_fashion_mnist
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def idx_bytes(array: np.ndarray) -> bytes:
-    """The idx format: two zero bytes, type 0x08 (uint8), ndim, big-endian int32 dims, data."""
-    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">i", d) for d in array.shape)
-    return header + array.astype(np.uint8).tobytes()
-
-
-def write_fashion_mnist(folder: Path, splits: dict, gz: bool = True) -> None:
-    """``splits``: {'train'|'t10k': (images [N, 28, 28] uint8, labels [N])}."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for prefix, (images, labels) in splits.items():
-        for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
-            name = folder / f"{prefix}-{kind}-ubyte"
-            if gz:
-                with gzip.open(f"{name}.gz", "wb") as f:
-                    f.write(idx_bytes(array))
-            else:
-                name.write_bytes(idx_bytes(array))
 
 
 def toy_images(n: int, seed: int, num_classes: int = 4) -> tuple[np.ndarray, np.ndarray]:
@@ -132,7 +113,8 @@ def make_tiny_project(root: Path, git: bool = True) -> Path:
     return root
 
 
-def build_tiny_project(root: Path, git: bool) -> Path:
+def copy_code(root: Path) -> None:
+    """The project's code (library, stage scripts, workflow) into ``root``."""
     for item in ("fedssl", "stages", "Snakefile", "profiles"):
         src = REPO / item
         (
@@ -140,6 +122,10 @@ def build_tiny_project(root: Path, git: bool) -> Path:
             if src.is_dir()
             else shutil.copy(src, root / item)
         )
+
+
+def build_tiny_project(root: Path, git: bool) -> Path:
+    copy_code(root)
     write_fashion_mnist(root / "raw", {"train": toy_images(240, 0), "t10k": toy_images(80, 1)})
     params = root / "params"
     for sub in ("datasets", "partitions", "experiments"):

@@ -17,31 +17,7 @@ import pytest
 from fedssl.data.catalog import DATASETS, dataset_spec
 from fedssl.data.sources import load_dataset, missing_data
 from tests.fixtures import REPO, make_tiny_project
-from tests.test_femnist import LETTER_A, pixels, write_leaf_file
-from tests.test_sources import (
-    _write_cifar10,
-    _write_cifar100,
-    _write_fashion,
-    _write_stl10,
-    _write_tiny,
-)
-
-
-def _write_femnist(root: Path) -> None:
-    for split, seed in (("train", 0), ("test", 1)):
-        letters = [LETTER_A + k for k in range(10)] + [3]  # a-j and a digit (dropped)
-        write_leaf_file(root / "data" / split / "x.json", {"w": (pixels(11, seed), letters)})
-
-
-# Each data set's fixture in its real on-disk format (tests/test_sources.py, test_femnist.py)
-WRITERS = {
-    "fashion_mnist": lambda root: _write_fashion(root, gz=True),
-    "cifar10": _write_cifar10,
-    "cifar100": _write_cifar100,
-    "stl10": _write_stl10,
-    "tiny_imagenet": lambda root: _write_tiny(root / "tiny-imagenet-200", val_sorted=False),
-    "femnist": _write_femnist,
-}
+from tests.formats import WRITERS
 
 
 def test_every_entry_has_a_fixture():

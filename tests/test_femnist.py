@@ -2,30 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from fedssl.data.femnist import FemnistSplit, femnist_parties, load_femnist, per_user
 from fedssl.data.sources import DataNotFound
-
-LETTER_A = 36  # LEAF: 0-9 digits, 10-35 upper case, 36-61 lower case
-
-
-def write_leaf_file(path: Path, users: dict[str, tuple[np.ndarray, list[int]]]) -> None:
-    """One LEAF json: pixels as floats in [0, 1], 784 per image, row-major."""
-    blob = {
-        "users": list(users),
-        "num_samples": [len(y) for _, y in users.values()],
-        "user_data": {
-            u: {"x": (x.reshape(len(y), -1) / 255).tolist(), "y": list(y)}
-            for u, (x, y) in users.items()
-        },
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(blob))
+from tests.formats import LETTER_A, write_leaf_file
 
 
 def pixels(n: int, seed: int) -> np.ndarray:

@@ -14,7 +14,8 @@ from fedssl.data.partition import cyclic_lognormal, deal, split_clients
 from fedssl.data.sources import load_dataset
 from fedssl.params import ClientTestSplit, CyclicLognormalScheme, ShardsScheme
 from tests.fixtures import make_tiny_project, run
-from tests.test_femnist import LETTER_A, pixels, write_leaf_file
+from tests.formats import LETTER_A, write_leaf_file
+from tests.test_femnist import pixels
 
 
 def test_femnist_data_set_keeps_the_letters_a_to_j_of_leafs_splits(tmp_path):

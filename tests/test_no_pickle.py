@@ -480,9 +480,9 @@ def write_plain(path: Path, content) -> None:
 def test_a_crafted_pickle_in_a_cifar_folder_is_refused(tmp_path, crafted):
     """CIFAR's release is pickled: its reader builds numpy arrays and refuses anything else."""
     from fedssl.data.sources import load_dataset
-    from tests.test_sources import _write_cifar10
+    from tests.formats import write_cifar10
 
-    _write_cifar10(tmp_path)
+    write_cifar10(tmp_path)
     assert len(load_dataset("cifar10", str(tmp_path))["test"].labels) == 2  # the real format
     marker = tmp_path / "the-pickle-ran"
     (tmp_path / "cifar-10-batches-py" / crafted).write_bytes(

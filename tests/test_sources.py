@@ -1,16 +1,20 @@
 """fedssl.data.sources against tiny fixtures written in each data set's real on-disk format."""
 
 import pickle
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from fedssl.data.catalog import DATASETS, dataset_spec
 from fedssl.data.sources import DataNotFound, Split, load_dataset
-from tests.fixtures import write_fashion_mnist
+from tests.formats import (
+    write_cifar10,
+    write_cifar100,
+    write_fashion_mnist,
+    write_stl10,
+    write_tiny_imagenet,
+)
 
 RNG = np.random.default_rng(0)
 
@@ -97,91 +101,7 @@ def test_real_fashion_mnist():
 # --------------------------------------------------------------------------- CIFAR
 
 
-class _Py2Pickler(pickle._Pickler):
-    """Writes bytes as Python 2 ``str`` opcodes, as the cPickle that made the CIFAR files did.
-
-    That is why the keys read back as b'data' with encoding='bytes' and as 'data' with the
-    encoding='latin1' torchvision uses; Python 3 ``bytes`` would stay bytes under both.
-    """
-
-    dispatch = dict(pickle._Pickler.dispatch)
-
-    def _save_py2_str(self, obj: bytes) -> None:
-        if len(obj) < 256:
-            self.write(pickle.SHORT_BINSTRING + bytes([len(obj)]) + obj)
-        else:
-            self.write(pickle.BINSTRING + struct.pack("<i", len(obj)) + obj)
-        self.memoize(obj)
-
-    dispatch[bytes] = _save_py2_str
-
-
-def _dump_py2(obj: dict, path: Path) -> None:
-    with open(path, "wb") as f:
-        _Py2Pickler(f, protocol=2).dump(obj)
-
-
-def _cifar_batch(n: int, label_key: bytes, num_classes: int) -> tuple[dict, np.ndarray, list]:
-    images = _pixels(n, 3, 32, 32)
-    labels = [int(x) for x in RNG.integers(0, num_classes, size=n)]
-    # Each row holds the 1024 red, then green, then blue values of one image, rows in
-    # row-major order.
-    batch = {
-        b"batch_label": b"fixture",
-        label_key: labels,
-        b"data": images.reshape(n, 3072),
-        b"filenames": [b"img_%d.png" % i for i in range(n)],
-    }
-    return batch, images, labels
-
-
-def _write_cifar10(root: Path) -> dict:
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    train_images, train_labels = [], []
-    for i in range(1, 6):
-        batch, images, labels = _cifar_batch(1 + i % 2, b"labels", 10)
-        _dump_py2(batch, folder / f"data_batch_{i}")
-        train_images.append(images)
-        train_labels += labels
-    batch, test_images, test_labels = _cifar_batch(2, b"labels", 10)
-    _dump_py2(batch, folder / "test_batch")
-    _dump_py2(
-        {
-            b"label_names": [b"c%d" % i for i in range(10)],
-            b"num_cases_per_batch": 10000,
-            b"num_vis": 3072,
-        },
-        folder / "batches.meta",
-    )
-    return {
-        "train": (np.concatenate(train_images), train_labels),
-        "test": (test_images, test_labels),
-    }
-
-
-def _write_cifar100(root: Path) -> dict:
-    folder = root / "cifar-100-python"
-    folder.mkdir(parents=True)
-    out = {}
-    for name, n in (("train", 4), ("test", 3)):
-        batch, images, labels = _cifar_batch(n, b"fine_labels", 100)
-        batch[b"coarse_labels"] = [label // 5 for label in labels]
-        _dump_py2(batch, folder / name)
-        out[name] = (images, labels)
-    _dump_py2(
-        {
-            b"fine_label_names": [b"f%d" % i for i in range(100)],
-            b"coarse_label_names": [b"c%d" % i for i in range(20)],
-        },
-        folder / "meta",
-    )
-    return out
-
-
-@pytest.mark.parametrize(
-    "name, writer", [("cifar10", _write_cifar10), ("cifar100", _write_cifar100)]
-)
+@pytest.mark.parametrize("name, writer", [("cifar10", write_cifar10), ("cifar100", write_cifar100)])
 def test_cifar(tmp_path, name, writer):
     data = writer(tmp_path)
     splits = load_dataset(name, str(tmp_path))
@@ -194,14 +114,14 @@ def test_cifar(tmp_path, name, writer):
 
 
 def test_cifar_fixture_has_real_pickle_keys(tmp_path):
-    _write_cifar10(tmp_path)
+    write_cifar10(tmp_path)
     with open(tmp_path / "cifar-10-batches-py" / "data_batch_1", "rb") as f:
         batch = pickle.load(f, encoding="bytes")  # how the CIFAR web page says to read the files
     assert {b"data", b"labels"} <= set(batch) and batch[b"data"].dtype == np.uint8
 
 
 def test_cifar_missing_file_named(tmp_path):
-    _write_cifar10(tmp_path)
+    write_cifar10(tmp_path)
     (tmp_path / "cifar-10-batches-py" / "batches.meta").unlink()
     with pytest.raises(DataNotFound, match="batches.meta"):
         load_dataset("cifar10", str(tmp_path))
@@ -226,29 +146,8 @@ def test_torchvision_sets_missing(tmp_path, name, folder):
 # --------------------------------------------------------------------------- STL-10
 
 
-def _stl_bytes(images: np.ndarray) -> bytes:
-    # STL-10 stores each channel of each image column by column (Fortran order).
-    return b"".join(channel.tobytes(order="F") for image in images for channel in image)
-
-
-def _write_stl10(root: Path) -> dict:
-    folder = root / "stl10_binary"
-    folder.mkdir(parents=True)
-    data = {
-        "train": (_pixels(3, 3, 96, 96), np.array([1, 10, 4])),  # labels on disk are 1..10
-        "test": (_pixels(2, 3, 96, 96), np.array([2, 1])),
-        "unlabeled": (_pixels(2, 3, 96, 96), None),
-    }
-    for split, (images, labels) in data.items():
-        (folder / f"{split}_X.bin").write_bytes(_stl_bytes(images))
-        if labels is not None:
-            (folder / f"{split}_y.bin").write_bytes(labels.astype(np.uint8).tobytes())
-    (folder / "class_names.txt").write_text("\n".join(f"class{i}" for i in range(10)) + "\n")
-    return data
-
-
 def test_stl10(tmp_path):
-    data = _write_stl10(tmp_path)
+    data = write_stl10(tmp_path)
     splits = load_dataset("stl10", str(tmp_path))
     assert set(splits) == {"train", "test", "unlabeled"}
     for split, (images, labels) in data.items():
@@ -259,7 +158,7 @@ def test_stl10(tmp_path):
 
 
 def test_stl10_column_major_orientation(tmp_path):
-    data = _write_stl10(tmp_path)
+    data = write_stl10(tmp_path)
     raw = np.fromfile(tmp_path / "stl10_binary" / "test_X.bin", dtype=np.uint8)
     # Byte (channel c, column x, row y) of image 0 sits at c*96*96 + x*96 + y.
     c, y, x = 2, 5, 70
@@ -272,38 +171,18 @@ def test_stl10_column_major_orientation(tmp_path):
 
 # --------------------------------------------------------------------------- Tiny-ImageNet
 
-WNIDS = ["n03", "n01", "n02"]  # deliberately unsorted on disk; class index follows sorted order
-COLOURS = {"n01": (200, 30, 30), "n02": (30, 200, 30), "n03": (30, 30, 200)}
-
-
-def _jpeg(path: Path, wnid: str, grey: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    image = Image.new("RGB", (64, 64), COLOURS[wnid])
-    (image.convert("L") if grey else image).save(path, "JPEG", quality=95)
+# wnids.txt lists these deliberately unsorted; a class index follows the sorted order
+COLOURS = {"n03": (30, 30, 200), "n01": (200, 30, 30), "n02": (30, 200, 30)}
+TRAIN = [("n01", 2), ("n02", 1), ("n03", 2)]
+VAL = ["n02", "n03", "n01", "n03"]
 
 
 def _write_tiny(base: Path, val_sorted: bool) -> tuple[list, list]:
-    base.mkdir(parents=True)
-    (base / "wnids.txt").write_text("\n".join(WNIDS) + "\n")
-    train = [("n01", 2), ("n02", 1), ("n03", 2)]
-    for wnid, count in train:
-        for i in range(count):
-            _jpeg(base / "train" / wnid / "images" / f"{wnid}_{i}.JPEG", wnid, grey=(wnid == "n02"))
-        (base / "train" / wnid / f"{wnid}_boxes.txt").write_text(f"{wnid}_0.JPEG\t0\t0\t63\t63\n")
-    val = ["n02", "n03", "n01", "n03"]
-    rows = []
-    for i, wnid in enumerate(val):
-        name = f"val_{i}.JPEG"
-        _jpeg(base / "val" / (wnid if val_sorted else "images") / name, wnid)
-        rows.append(f"{name}\t{wnid}\t0\t0\t63\t63")
-    if not val_sorted:
-        (base / "val" / "val_annotations.txt").write_text("\n".join(rows) + "\n")
-    (base / "test" / "images").mkdir(parents=True)  # official test split: unlabelled, ignored
-    return [w for w, n in train for _ in range(n)], val
+    return write_tiny_imagenet(base, TRAIN, VAL, COLOURS, val_sorted, grey=("n02",))
 
 
 def _check_tiny(splits: dict, train: list, val: list, val_sorted: bool) -> None:
-    index = {w: i for i, w in enumerate(sorted(WNIDS))}
+    index = {w: i for i, w in enumerate(sorted(COLOURS))}
     assert set(splits) == {"train", "test"}
     _check_split(splits["train"], len(train), dataset_spec("tiny_imagenet").shape)
     _check_split(splits["test"], len(val), dataset_spec("tiny_imagenet").shape)
