@@ -19,10 +19,14 @@ from fedssl.runtime import StageFailed, derive_seed, load_checkpoint
 
 
 # ------------------------------------------------------------------ precision policy
-def test_the_policy_keeps_the_cpu_in_fp32_and_puts_cuda_in_bf16():
-    assert autocast_dtype("cpu") is None and not channels_last("cpu")
-    assert autocast_dtype(torch.device("cuda")) is torch.bfloat16
-    assert channels_last(torch.device("cuda"))
+def test_auto_keeps_a_cpu_without_native_bf16_in_fp32_and_puts_cuda_in_bf16(monkeypatch):
+    from fedssl import precision
+
+    monkeypatch.setattr(precision, "native_bf16", lambda device_type: device_type == "cuda")
+    with precision.policy("auto"):
+        assert autocast_dtype("cpu") is None and not channels_last("cpu")
+        assert autocast_dtype(torch.device("cuda")) is torch.bfloat16
+        assert channels_last(torch.device("cuda"))
     assert autocast_dtype("cuda", "fp32") is None and not channels_last("cuda", "fp32")
     assert autocast_dtype("cpu", "bf16") is torch.bfloat16
     with pytest.raises(ValueError, match="precision 'fp16'"):
