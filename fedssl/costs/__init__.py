@@ -202,6 +202,22 @@ def ledger_of(step_dir: Path, sizes: list[int]) -> ClientTraffic:
     )
 
 
+def client_rows(ledger: ClientTraffic, flops_per_sample_round: float, peak_step_bytes: int):
+    """The costs stage's row per client of a federated step: its samples, rounds and bytes
+    from the ledger, β = FLOPs per sample and round × samples × rounds, and the step's memory."""
+    return [
+        {
+            "client": m,
+            "samples": n,
+            "rounds": r,
+            "bytes_actual": b,
+            "beta_flops": flops_per_sample_round * n * r,
+            "peak_step_bytes": peak_step_bytes,
+        }
+        for m, (n, r, b) in enumerate(zip(ledger.samples, ledger.rounds, ledger.sent))
+    ]
+
+
 def average_client_samples(part, dataset: str) -> int:
     """|D_m| of the average client of a partition preset, without splitting anything."""
     train_size = dataset_spec(dataset).train_size

@@ -174,14 +174,4 @@ def client_costs(ctx) -> list[dict]:
     acts = costs.saved_activation_bytes(local, x, loss) * p.batch_size / len(x)
     peak = int(acts + 3 * costs.tensor_bytes(local.parameters()))
     ledger = costs.ledger_of(ctx.input("train"), [len(c) for c in ctx.clients()])
-    return [
-        {
-            "client": m,
-            "samples": n,
-            "rounds": r,
-            "bytes_actual": b,
-            "beta_flops": flops * n * p.local_epochs * r,
-            "peak_step_bytes": peak,
-        }
-        for m, (n, r, b) in enumerate(zip(ledger.samples, ledger.rounds, ledger.sent))
-    ]
+    return costs.client_rows(ledger, flops * p.local_epochs, peak)

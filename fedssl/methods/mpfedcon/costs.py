@@ -82,14 +82,4 @@ def client_costs(ctx) -> list[dict]:
     per_sample_round = sum(ph["flops_per_sample"] * ph["epochs"] for ph in phases)
     peak = max(ph["step_bytes"] for ph in phases)
     ledger = costs.ledger_of(ctx.input("train"), [len(c) for c in ctx.clients()])
-    return [
-        {
-            "client": m,
-            "samples": n,
-            "rounds": r,
-            "bytes_actual": b,
-            "beta_flops": per_sample_round * n * r,
-            "peak_step_bytes": peak,
-        }
-        for m, (n, r, b) in enumerate(zip(ledger.samples, ledger.rounds, ledger.sent))
-    ]
+    return costs.client_rows(ledger, per_sample_round, peak)

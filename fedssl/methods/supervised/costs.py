@@ -50,14 +50,5 @@ def client_costs(ctx) -> list[dict]:
     saved = load_saved(ctx, "cpu")
     ledger = costs.ledger_of(ctx.input("train"), [len(c) for c in ctx.clients()])
     step = step_costs(p, ctx.image_shape, saved["classes"])
-    return [
-        {
-            "client": m,
-            "samples": n,
-            "rounds": r,
-            "bytes_actual": b,
-            "beta_flops": step["flops_per_sample"] * n * p.local_epochs * r,
-            "peak_step_bytes": step["peak_step_bytes"],
-        }
-        for m, (n, r, b) in enumerate(zip(ledger.samples, ledger.rounds, ledger.sent))
-    ]
+    per_sample_round = step["flops_per_sample"] * p.local_epochs
+    return costs.client_rows(ledger, per_sample_round, step["peak_step_bytes"])
