@@ -185,6 +185,16 @@ class ModelParams(Strict):
     proj_dim: PositiveInt = 128
 
 
+class TrainsItsModel(Strict):
+    """A method block whose ``model`` it trains: raw pixels have no weights to train."""
+
+    @model_validator(mode="after")
+    def _has_weights(self):
+        if self.model.arch == "pixels":
+            raise ValueError("model.arch 'pixels' has no weights to train: use method 'none'")
+        return self
+
+
 class AugmentParams(Strict):
     """SimCLR view generation; every sample draws its own parameters."""
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from fedssl.methods.base import MethodParams, PretrainStepMethod
 from fedssl.methods.registry import register
-from fedssl.params import AugmentParams, FederationSettings, ModelParams
+from fedssl.params import AugmentParams, FederationSettings, ModelParams, TrainsItsModel
 
 
-class FeatARCParams(MethodParams, FederationSettings):
+class FeatARCParams(MethodParams, FederationSettings, TrainsItsModel):
     name: Literal["featarc"] = "featarc"
     model: ModelParams
     local_epochs: PositiveInt = 5
@@ -34,12 +34,6 @@ class FeatARCParams(MethodParams, FederationSettings):
         "uniform", description="a cluster model is the uniform (authors) or size-weighted mean"
     )
     augment: AugmentParams = AugmentParams()
-
-    @model_validator(mode="after")
-    def _has_weights(self):
-        if self.model.arch == "pixels":
-            raise ValueError("model.arch 'pixels' has no weights to train: use method 'none'")
-        return self
 
 
 @register

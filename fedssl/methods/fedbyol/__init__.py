@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from fedssl.methods.base import MethodParams, PretrainStepMethod
 from fedssl.methods.registry import register
@@ -33,10 +33,11 @@ from fedssl.params import (
     FederationSettings,
     ModelParams,
     ParallelClients,
+    TrainsItsModel,
 )
 
 
-class FedBYOLParams(MethodParams, FederationSettings):
+class FedBYOLParams(MethodParams, FederationSettings, TrainsItsModel):
     """BYOL on every client (EasyFL's defaults where the smoke scale allows: SGD, cosine over
     rounds, target EMA 0.99 per step). ``model.proj_hidden`` / ``proj_dim`` size both the
     projector and the predictor (Linear-BN-ReLU-Linear, spec §2.3: 4096 / 2048)."""
@@ -55,12 +56,6 @@ class FedBYOLParams(MethodParams, FederationSettings):
     )
     augment: AugmentParams = AugmentParams()
     parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
-
-    @model_validator(mode="after")
-    def _has_weights(self):
-        if self.model.arch == "pixels":
-            raise ValueError("model.arch 'pixels' has no weights to train: use method 'none'")
-        return self
 
 
 class FedEMAParams(FedBYOLParams):

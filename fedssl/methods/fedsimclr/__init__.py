@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from fedssl.methods.base import MethodParams, PretrainStepMethod
 from fedssl.methods.registry import register
@@ -15,10 +15,11 @@ from fedssl.params import (
     FederationSettings,
     ModelParams,
     ParallelClients,
+    TrainsItsModel,
 )
 
 
-class FedSimCLRParams(MethodParams, FederationSettings):
+class FedSimCLRParams(MethodParams, FederationSettings, TrainsItsModel):
     name: Literal["fedsimclr"] = "fedsimclr"
     model: ModelParams
     local_epochs: PositiveInt = 1
@@ -31,12 +32,6 @@ class FedSimCLRParams(MethodParams, FederationSettings):
     temperature: PositiveFloat = 0.5
     augment: AugmentParams = AugmentParams()
     parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
-
-    @model_validator(mode="after")
-    def _has_weights(self):
-        if self.model.arch == "pixels":
-            raise ValueError("model.arch 'pixels' has no weights to train: use method 'none'")
-        return self
 
 
 @register

@@ -11,7 +11,7 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_
 
 from fedssl.methods.base import MethodParams, PretrainStepMethod
 from fedssl.methods.registry import register
-from fedssl.params import AugmentParams, FederationSettings, ModelParams
+from fedssl.params import AugmentParams, FederationSettings, ModelParams, TrainsItsModel
 
 # the authors' views (utils.py): A, and A' with less blur and some solarisation
 ORCHESTRA_AUGMENT = AugmentParams(
@@ -20,7 +20,7 @@ ORCHESTRA_AUGMENT = AugmentParams(
 ORCHESTRA_AUGMENT_PRIME = ORCHESTRA_AUGMENT.model_copy(update={"blur_p": 0.1, "solarize_p": 0.2})
 
 
-class OrchestraParams(MethodParams, FederationSettings):
+class OrchestraParams(MethodParams, FederationSettings, TrainsItsModel):
     name: Literal["orchestra"] = "orchestra"
     model: ModelParams = Field(description="backbone; proj_hidden / proj_dim size the projector")
     rounds: PositiveInt = Field(description="training rounds (a clustering-only round 0 precedes)")
@@ -39,8 +39,6 @@ class OrchestraParams(MethodParams, FederationSettings):
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.model.arch == "pixels":
-            raise ValueError("model.arch 'pixels' has no weights to train: use method 'none'")
         if self.local_clusters > self.memory_size:
             raise ValueError(
                 f"local_clusters ({self.local_clusters}) exceeds memory_size ({self.memory_size})"

@@ -33,12 +33,18 @@ from pydantic import (
 
 from fedssl.methods.base import Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import PARALLEL_CLIENTS_HELP, FederationSettings, ModelParams, ParallelClients
+from fedssl.params import (
+    PARALLEL_CLIENTS_HELP,
+    FederationSettings,
+    ModelParams,
+    ParallelClients,
+    TrainsItsModel,
+)
 
 LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "moon": "MOON"}
 
 
-class SupervisedParams(MethodParams, FederationSettings):
+class SupervisedParams(MethodParams, FederationSettings, TrainsItsModel):
     """One global supervised FL run (defaults: MOON's setup, spec §1 and §6.3)."""
 
     name: Literal["supervised"] = "supervised"
@@ -64,8 +70,6 @@ class SupervisedParams(MethodParams, FederationSettings):
 
     @model_validator(mode="after")
     def _fits(self):
-        if self.model.arch == "pixels":
-            raise ValueError("model.arch 'pixels' has no weights to train")
         if self.variant == "fedavg" and self.mu:
             raise ValueError(f"mu: variant 'fedavg' has no mu (got {self.mu})")
         return self
