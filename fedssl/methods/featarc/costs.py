@@ -41,17 +41,8 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
     peak = costs.measured_step_bytes(
         step, probe, lambda loss, _x: loss, optimizer_slots=2, batch_scale=p.batch_size / k
     )
-    return [
-        {
-            "client": m,
-            "samples": n,
-            "rounds": r,
-            "bytes_actual": b,
-            "beta_flops": (per_image * p.local_epochs + scoring) * n * r,
-            "peak_step_bytes": peak,
-        }
-        for m, (n, r, b) in enumerate(zip(samples, rounds, sent))
-    ]
+    traffic = costs.ClientTraffic(samples, rounds, sent)
+    return costs.client_rows(traffic, per_image * p.local_epochs + scoring, peak)
 
 
 def client_costs(ctx) -> list[dict]:

@@ -27,17 +27,8 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
     slots = 2 if p.optimizer == "adam" else 1
     acts = costs.saved_activation_bytes(model, probe, _loss) * p.batch_size / (probe.shape[0] // 2)
     peak = int(acts + every + online * (1 + slots))  # weights, online grads, optimizer state
-    return [
-        {
-            "client": m,
-            "samples": n,
-            "rounds": r,
-            "bytes_actual": b,
-            "beta_flops": per_sample * n * p.local_epochs * r,
-            "peak_step_bytes": peak,
-        }
-        for m, (n, r, b) in enumerate(zip(samples, rounds, sent))
-    ]
+    traffic = costs.ClientTraffic(samples, rounds, sent)
+    return costs.client_rows(traffic, per_sample * p.local_epochs, peak)
 
 
 def client_costs(ctx) -> list[dict]:
