@@ -58,6 +58,14 @@ TINY_SIMCLR_TRAINING = """\
 """
 
 
+# The probes' sections of a tiny experiment (in a ``str.format`` template: braces doubled).
+TINY_PROBES = """\
+features: {{layer: backbone, train_size: null, batch_size: 256}}
+linear_probe: {{epochs: 5, lr: 0.01, weight_decay: 0.0, batch_size: 64, standardize: true, seed: 0}}
+knn: {{k: 5, temperature: 0.1}}
+"""
+
+
 def tiny_experiment(title: str, arch: str, method: str, rounds: int = 0) -> str:
     training = TINY_SIMCLR_TRAINING.format(rounds=rounds) if method == "fedsimclr" else ""
     return TINY_EXPERIMENT.format(title=title, arch=arch, method=method, training=training)

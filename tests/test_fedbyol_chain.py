@@ -11,6 +11,7 @@ import json
 import pytest
 
 from tests.fixtures import (
+    TINY_PROBES,
     assert_a_killed_stage_resumes,
     run_pretrain_step_chain,
     tiny_chain_project,
@@ -18,7 +19,8 @@ from tests.fixtures import (
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
-EXPERIMENT = """\
+EXPERIMENT = (
+    """\
 title: {title}
 partition: tiny_dir05_m3
 method:
@@ -31,10 +33,9 @@ method:
   lr: 0.05
   augment: {{crop_scale: [0.5, 1.0], jitter_p: 0.0, grayscale_p: 0.0}}
 {extra}  seed: 0
-features: {{layer: backbone, train_size: null, batch_size: 256}}
-linear_probe: {{epochs: 5, lr: 0.01, weight_decay: 0.0, batch_size: 64, standardize: true, seed: 0}}
-knn: {{k: 5, temperature: 0.1}}
 """
+    + TINY_PROBES
+)
 METHODS = {
     "tiny_fedbyol": ("FedBYOL", "fedbyol", ""),
     "tiny_fedema": ("FedEMA", "fedema", "  tau: 0.7\n"),

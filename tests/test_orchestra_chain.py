@@ -9,6 +9,7 @@ import json
 import pytest
 
 from tests.fixtures import (
+    TINY_PROBES,
     assert_a_killed_stage_resumes,
     run_pretrain_step_chain,
     tiny_chain_project,
@@ -16,7 +17,8 @@ from tests.fixtures import (
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
-TINY_ORCHESTRA = """\
+TINY_ORCHESTRA = (
+    """\
 title: Orchestra
 partition: tiny_dir05_m3
 method:
@@ -31,10 +33,9 @@ method:
   local_clusters: 4
   memory_size: 48
   seed: 0
-features: {{layer: backbone, train_size: null, batch_size: 256}}
-linear_probe: {{epochs: 5, lr: 0.01, weight_decay: 0.0, batch_size: 64, standardize: true, seed: 0}}
-knn: {{k: 5, temperature: 0.1}}
 """
+    + TINY_PROBES
+)
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,11 @@ import json
 import pytest
 import torch
 
-from tests.fixtures import make_tiny_project, run
+from tests.fixtures import TINY_PROBES, make_tiny_project, run
 from tests.test_mpfedcon_chain import run_in_process
 
-EXPERIMENT = """\
+EXPERIMENT = (
+    """\
 title: {variant}
 partition: tiny_dir05_m3
 method:
@@ -28,10 +29,9 @@ method:
   mu: {mu}
   augment: crop_flip
   seed: 0
-features: {{layer: backbone, train_size: null, batch_size: 256}}
-linear_probe: {{epochs: 5, lr: 0.01, weight_decay: 0.0, batch_size: 64, standardize: true, seed: 0}}
-knn: {{k: 5, temperature: 0.1}}
 """
+    + TINY_PROBES
+)
 
 FSL = """\
 title: FSL
