@@ -168,6 +168,7 @@ class Calibration(Strict):
     )
 
 
+SHIFT_WORDS = {"invert": "inverted", "rotate90": "rotated 90°"}  # in the report's row labels
 STAGE_KEY = re.compile(r"^s([1-9][0-9]*)$")
 
 
@@ -440,12 +441,12 @@ class LwFedSSL(_Growing):
                 (False, False): " (neither)",
             }[(calibrated, aligned)]
         )
-        label += "" if params.weight_transfer else " w/o WT"
+        if not params.weight_transfer:
+            label += " w/o WT"
         shift = params.calibration.shift
-        return label + (f", D^g {SHIFT_WORDS[shift]}" if calibrated and shift != "none" else "")
-
-
-SHIFT_WORDS = {"invert": "inverted", "rotate90": "rotated 90°"}  # the row label's words
+        if calibrated and shift != "none":
+            label += f", D^g {SHIFT_WORDS[shift]}"
+        return label
 
 
 @register
