@@ -146,7 +146,8 @@ class LwStageOverride(StageOverride):
 
 class Calibration(Strict):
     """LW-FedSSL's server-side calibration: end-to-end MoCo v3 on the partition's
-    ``server_holdout`` (unlabelled use) with the clients' settings, once per round."""
+    ``server_holdout`` (unlabelled use, through ``shift``) with the clients' settings, once
+    per round."""
 
     enabled: bool = True
     timing: Literal["round_start", "round_end"] = Field(
@@ -157,8 +158,17 @@ class Calibration(Strict):
     )
     local_epochs: PositiveInt | None = Field(None, description="None = the stage's")
     batch_size: PositiveInt | None = Field(None, description="None = the stage's")
+    shift: Literal["none", "invert", "rotate90"] = Field(
+        "none",
+        description="how D^g differs from the clients' data: none = the holdout as drawn "
+        "(the clients' distribution); invert = every image's intensities inverted (255 - x); "
+        "rotate90 = every image turned a quarter turn counter-clockwise. The paper calibrates "
+        "on CIFAR-10 for STL-10 clients, the same kind of objects seen differently; a fixed "
+        "transform no view augmentation undoes stands in for that with one data set",
+    )
 
 
+SHIFT_WORDS = {"invert": "inverted", "rotate90": "rotated 90°"}  # in the report's row labels
 STAGE_KEY = re.compile(r"^s([1-9][0-9]*)$")
 
 
@@ -431,7 +441,12 @@ class LwFedSSL(_Growing):
                 (False, False): " (neither)",
             }[(calibrated, aligned)]
         )
-        return label + ("" if params.weight_transfer else " w/o WT")
+        if not params.weight_transfer:
+            label += " w/o WT"
+        shift = params.calibration.shift
+        if calibrated and shift != "none":
+            label += f", D^g {SHIFT_WORDS[shift]}"
+        return label
 
 
 @register

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -312,9 +313,29 @@ class GrowthStrategy(Strategy):
         }
 
 
+CALIBRATION_SHIFTS = {  # ``calibration.shift``: a fixed transform of uint8 [N, C, H, W] images
+    "invert": lambda x: 255 - x,
+    "rotate90": lambda x: torch.rot90(x, 1, dims=(-2, -1)),
+}
+
+
+def calibration_set(clients: LocalData, indices: np.ndarray, shift: str) -> LocalData:
+    """D^g: the server holdout (``indices`` into the clients' image tensor), as drawn (on that
+    very tensor) or a shifted copy of its images."""
+    if shift == "none":
+        return LocalData(clients.images, clients.labels, [indices])
+    height, width = clients.images.shape[-2:]
+    if shift == "rotate90" and height != width:
+        raise ValueError(f"calibration.shift rotate90 needs square images, not {height}x{width}")
+    picked = torch.as_tensor(indices, device=clients.device)
+    images = CALIBRATION_SHIFTS[shift](clients.images[picked]).contiguous()
+    return LocalData(images, clients.labels[picked], [np.arange(len(indices))])
+
+
 def server_data(ctx, clients: LocalData) -> LocalData:
-    """The calibration set: the partition's server holdout, on the clients' image tensor."""
-    return LocalData(clients.images, clients.labels, [ctx.server_indices()])
+    """The calibration set: the partition's server holdout, shifted as the params say."""
+    shift = ctx.exp.method.calibration.shift
+    return calibration_set(clients, ctx.server_indices(), shift)
 
 
 def calibrator(p, model: nn.Module, s: int | None, plan, views, opt, server) -> Calibrator:
