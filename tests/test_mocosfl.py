@@ -472,15 +472,16 @@ def test_the_chain_runs_on_a_tiny_project(tmp_path, monkeypatch):
     text = (report / "report.md").read_text()
     for heading in (
         "accuracy and communication per cut",
-        "misalignment (Eq. 2)",
+        "misalignment, Eq. 2's and the authors'",
         "model inversion per cut",
         "Fig. 3 (analytic)",
     ):
         assert heading in text
     assert "![" in text and (report / "misalignment.png").exists()
-    mis = text.split("misalignment (Eq. 2) around the syncs")[1].split("##")[0]
+    mis = text.split("misalignment, Eq. 2's and the authors'")[1].split("##")[0]
     lines = [line for line in mis.splitlines() if line.startswith("| 3 |")]
     assert len(lines) == 2 and all(" / " in line for line in lines)  # per-sync ratios found
+    assert all(line.rstrip(" |").split("|")[-1].count(" / ") == 2 for line in lines)  # per step
     assert (report / "inversion.png").exists()
     check = json.loads(
         (

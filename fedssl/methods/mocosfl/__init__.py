@@ -104,6 +104,23 @@ class SflTraining(FederationSettings):
     )
     sync_at_round_end: bool = Field(True, description="[code] also sync at a round's last step")
     log_every: PositiveInt = Field(1, description="steps between misalignment/loss log rows")
+    client_lr_schedule: Literal["round", "step_cosine"] = Field(
+        "round",
+        description="round = the clients step the server's per-round rate; step_cosine = "
+        "[code] each client its own cosine over its steps: lr (1 + cos(pi s / T)) / 2 at its "
+        "step s (CosineAnnealingLR stepped per client step, so periodic beyond T)",
+    )
+    client_lr_period: PositiveInt | None = Field(
+        None,
+        description="T of step_cosine, in client steps; None = rounds ([code] T_max = the "
+        "run's epochs, 200/rho)",
+    )
+
+    @model_validator(mode="after")
+    def _period_needs_step_cosine(self):
+        if self.client_lr_period is not None and self.client_lr_schedule != "step_cosine":
+            raise ValueError("client_lr_period applies to client_lr_schedule step_cosine")
+        return self
 
 
 class SflMonitor(Strict):
