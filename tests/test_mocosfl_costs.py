@@ -51,14 +51,21 @@ def test_a_client_step_costs_its_parts_forward_and_backward_only(symmetric):
     assert step["step_bytes"] > 4 * weights + smashed
 
 
-@pytest.mark.parametrize("variant,symmetric", [("mocosfl", True), ("monacosfl", False)])
+@pytest.mark.parametrize(
+    "variant,symmetric,fraction", [("mocosfl", True, 1.0), ("monacosfl", False, 0.67)]
+)
 def test_smashed_bytes_per_step_follow_the_protocol_and_bytes_come_from_the_ledger(
-    tmp_path, variant, symmetric
+    tmp_path, variant, symmetric, fraction
 ):
     """Per full step of B_c images: activations up (query and key rows) and gradients down,
     each s x B_c x |h| x 4 bytes (s = 2 with the symmetric loss); every client's bytes by kind
-    are its ledger's, and its FLOPs scale with the images it processed."""
-    p = params(variant, moco=dict(queue_size=32, symmetric=symmetric))
+    are its ledger's, and its FLOPs scale with the images it processed (2 of 3 clients a round
+    in the second case)."""
+    p = params(
+        variant,
+        moco=dict(queue_size=32, symmetric=symmetric),
+        training=dict(client_fraction=fraction),
+    )
     fed = federation(p, tmp_path)
     state = fed.run(fed.start(None))
     nets = build_nets(p, SHAPE, CPU)
@@ -75,5 +82,6 @@ def test_smashed_bytes_per_step_follow_the_protocol_and_bytes_come_from_the_ledg
         assert row["bytes_actual"] == logged["bytes_up"] + logged["bytes_down"]
         assert row["beta_flops"] == pytest.approx(step["flops_per_image"] * images[row["client"]])
         assert row["flops_per_step"] == step["flops_per_step"]
-    assert sorted(images) == [24, 36, 60]  # 2 rounds of 12 / 18 / 30 images
+    assert [r["images"] for r in rows] == images
+    assert (sorted(images) == [24, 36, 60]) == (fraction == 1.0)  # 2 rounds of 12 / 18 / 30
     assert ("sync_momentum" in rows[0]["up_by_kind"]) == (variant == "monacosfl")

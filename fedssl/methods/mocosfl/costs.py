@@ -51,16 +51,18 @@ def client_step(p, nets: SplitNets, image_shape) -> dict:
     }
 
 
-def smashed_bytes_per_step(ledger_row: dict, images: int, batch_size: int) -> float:
-    """Activation bytes up plus gradient bytes down of one full step (B_c images)."""
-    up = sum(ledger_row["up_by_kind"].get(k, 0) for k in SMASHED_UP)
-    down = sum(ledger_row["down_by_kind"].get(k, 0) for k in SMASHED_DOWN)
+def smashed_bytes_per_step(ledger_rows: list[dict], images: int, batch_size: int) -> float:
+    """Activation bytes up plus gradient bytes down of one client's full step (B_c images), from
+    what all clients sent over the run (the same for every client; 0 before any step)."""
+    up = sum(r["up_by_kind"].get(k, 0) for r in ledger_rows for k in SMASHED_UP)
+    down = sum(r["down_by_kind"].get(k, 0) for r in ledger_rows for k in SMASHED_DOWN)
     return (up + down) / images * batch_size if images else 0.0
 
 
 def client_rows(p, nets: SplitNets, image_shape, ledger: dict, images: list[int]) -> list[dict]:
     """One row per client: its ledger's bytes by kind, its FLOPs and its step's memory."""
     step = client_step(p, nets, image_shape)
+    smashed = smashed_bytes_per_step(ledger["per_client"], sum(images), p.training.batch_size)
     rows = []
     for row in ledger["per_client"]:
         c = row["client"]
@@ -75,9 +77,7 @@ def client_rows(p, nets: SplitNets, image_shape, ledger: dict, images: list[int]
                 "bytes_actual": row["bytes_up"] + row["bytes_down"],
                 "up_by_kind": row["up_by_kind"],
                 "down_by_kind": row["down_by_kind"],
-                "smashed_bytes_per_step": smashed_bytes_per_step(
-                    row, images[c], p.training.batch_size
-                ),
+                "smashed_bytes_per_step": smashed,
                 "flops_per_step": step["flops_per_step"],
                 "beta_flops": step["flops_per_image"] * images[c],
                 "peak_step_bytes": step["step_bytes"],
