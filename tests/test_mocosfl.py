@@ -440,6 +440,7 @@ def test_the_chain_runs_on_a_tiny_project(tmp_path, monkeypatch):
         "inversion",
         "features",
         "evaluate",
+        "costs",
     ]
     assert {s.name for s in dag.stages.values() if s.kind == "pretrain"} == {
         f"pretrain__{n}" for n in names if n != "tiny_mocosfl_c1"
@@ -454,6 +455,8 @@ def test_the_chain_runs_on_a_tiny_project(tmp_path, monkeypatch):
         assert float(r["linear_top1"]) > 0 and float(r["inversion_mse"]) > 0
         assert r["comm_matches_formula"] == "True" and float(r["client_MB_total"]) > 0
         assert float(r["mis_after_sync_mean"]) > 0 and float(r["knn_monitor_last"]) >= 0
+        assert float(r["beta_GFLOPs"]) > 0 and float(r["peak_step_MB"]) > 0  # the costs stage
+        assert float(r["smashed_bytes_per_step"]) > 0
         results = (
             root
             / "results"
@@ -472,15 +475,16 @@ def test_the_chain_runs_on_a_tiny_project(tmp_path, monkeypatch):
     text = (report / "report.md").read_text()
     for heading in (
         "accuracy and communication per cut",
-        "misalignment (Eq. 2)",
+        "misalignment, Eq. 2's and the authors'",
         "model inversion per cut",
         "Fig. 3 (analytic)",
     ):
         assert heading in text
     assert "![" in text and (report / "misalignment.png").exists()
-    mis = text.split("misalignment (Eq. 2) around the syncs")[1].split("##")[0]
+    mis = text.split("misalignment, Eq. 2's and the authors'")[1].split("##")[0]
     lines = [line for line in mis.splitlines() if line.startswith("| 3 |")]
     assert len(lines) == 2 and all(" / " in line for line in lines)  # per-sync ratios found
+    assert all(line.rstrip(" |").split("|")[-1].count(" / ") == 2 for line in lines)  # per step
     assert (report / "inversion.png").exists()
     check = json.loads(
         (

@@ -70,19 +70,21 @@ class StackedOptimizer:
         return state
 
     @torch.no_grad()
-    def step(self, params: Tensors, grads: Tensors, state: dict, lr: float) -> None:
+    def step(self, params: Tensors, grads: Tensors, state: dict, lr: float | torch.Tensor) -> None:
+        """``lr``: one rate for all clients, or a tensor of one rate per client row."""
         c = self.cfg
         state["step"] += 1
         for k, p in params.items():
+            rate = lr.view(-1, *[1] * (p.dim() - 1)) if torch.is_tensor(lr) else lr
             g = grads[k]
             if c.weight_decay and c.kind != "adamw":  # L2 added to the gradient
                 g = g + c.weight_decay * p
             elif c.weight_decay:  # AdamW: decay the weights themselves, before the Adam step
-                p.mul_(1 - lr * c.weight_decay)
+                p.mul_(1 - rate * c.weight_decay)
             m = state["m"][k]
             if c.kind == "sgd":
                 m.mul_(c.momentum).add_(g)
-                p.sub_(lr * m)
+                p.sub_(rate * m)
                 continue
             v = state["v"][k]
             m.mul_(c.betas[0]).add_(g, alpha=1 - c.betas[0])
@@ -90,7 +92,7 @@ class StackedOptimizer:
             shape = (-1,) + (1,) * (p.dim() - 1)
             bc1 = (1 - c.betas[0] ** state["step"]).view(shape)
             bc2 = (1 - c.betas[1] ** state["step"]).view(shape)
-            p.sub_(lr * (m / bc1) / ((v / bc2).sqrt() + c.eps))
+            p.sub_(rate * (m / bc1) / ((v / bc2).sqrt() + c.eps))
 
 
 def stack(states: list[Tensors]) -> Tensors:

@@ -11,8 +11,9 @@ clients' online models are replaced by their data-size-weighted FedAvg; MonAcoSF
 averages the clients' momentum models (§4.2, the alignment).
 
 Steps: ``pretrain`` (the split federation; per-round k-NN monitor on a held-out split, the
-Eq. 2 misalignment every step, communication by kind from the tensors sent) and ``inversion``
-(the model-inversion attack of §5.3 on the final client model's cut-layer activations). The
+misalignment every step as Eq. 2 has it and as the authors log it, communication by kind from
+the tensors sent) and ``inversion`` (the model-inversion attack of §5.3 on the final client
+model's cut-layer activations); the ``costs`` stage reads what a client paid. The
 shared probes read the synced client model + the server's backbone part (projector dropped).
 
 One method with a ``variant`` field: both variants share every setting and the report puts them
@@ -104,6 +105,23 @@ class SflTraining(FederationSettings):
     )
     sync_at_round_end: bool = Field(True, description="[code] also sync at a round's last step")
     log_every: PositiveInt = Field(1, description="steps between misalignment/loss log rows")
+    client_lr_schedule: Literal["round", "step_cosine"] = Field(
+        "round",
+        description="round = the clients step the server's per-round rate; step_cosine = "
+        "[code] each client its own cosine over its steps: lr (1 + cos(pi s / T)) / 2 at its "
+        "step s (CosineAnnealingLR stepped per client step, so periodic beyond T)",
+    )
+    client_lr_period: PositiveInt | None = Field(
+        None,
+        description="T of step_cosine, in client steps; None = rounds ([code] T_max = the "
+        "run's epochs, 200/rho)",
+    )
+
+    @model_validator(mode="after")
+    def _period_needs_step_cosine(self):
+        if self.client_lr_period is not None and self.client_lr_schedule != "step_cosine":
+            raise ValueError("client_lr_period applies to client_lr_schedule step_cosine")
+        return self
 
 
 class SflMonitor(Strict):
@@ -211,6 +229,9 @@ class MocoSfl(Method):
     encoder_reads = ("method.backbone", "method.cut")
     encoder_builder = "fedssl.methods.mocosfl.run:encoder_skeleton"
     encoder_hook = "fedssl.methods.mocosfl.run:encoder"
+    costs_inputs = ("pretrain",)
+    client_costs_hook = "fedssl.methods.mocosfl.costs:client_costs"
+    cost_columns = ("flops_per_step", "smashed_bytes_per_step")
     report_tables = "fedssl.methods.mocosfl.report:tables"
     report_figures = "fedssl.methods.mocosfl.report:figures"
 

@@ -1,6 +1,6 @@
 """The report's MocoSFL / MonAcoSFL tables and figures, in the paper's terms: accuracy and
-communication per cut for both variants (Figs. 1, 4, 6), misalignment around the syncs
-(Fig. 9), the inversion error per cut (Fig. 8), and the analytic Fig. 3 curve.
+communication per cut for both variants (Figs. 1, 4, 6), misalignment as Eq. 2 has it and as
+the authors log it (Fig. 9), the inversion error per cut (Fig. 8), and the analytic Fig. 3 curve.
 
 Rows are the report's rows of this method's experiments (every metric of the steps' and the
 evaluation's metrics.json). Repeats (seeds) of a (clients, cut, variant) cell are shown as
@@ -63,11 +63,26 @@ def steps_of(where: dict, experiment: str) -> list[dict]:
         return list(csv.DictReader(f, delimiter="\t"))
 
 
-def sync_ratios(where: dict, moco: str, monaco: str) -> list[float]:
-    """MocoSFL / MonAcoSFL misalignment right after each sync, for two paired runs."""
-    a = [to_float(s["misalignment"]) for s in steps_of(where, moco) if s["sync"] == "1"]
-    b = [to_float(s["misalignment"]) for s in steps_of(where, monaco) if s["sync"] == "1"]
-    return [x / y for x, y in zip(a, b) if x is not None and y]
+def step_ratios(
+    where: dict, moco: str, monaco: str, column: str, syncs_only: bool = False
+) -> list[float]:
+    """MocoSFL / MonAcoSFL ratio of the steps.tsv ``column`` at each step both paired runs
+    logged (only the sync steps with ``syncs_only``)."""
+
+    def by_step(experiment):
+        return {
+            s["step"]: to_float(s.get(column))
+            for s in steps_of(where, experiment)
+            if s["sync"] == "1" or not syncs_only
+        }
+
+    a, b = by_step(moco), by_step(monaco)
+    return [a[k] / b[k] for k in a if k in b and a[k] is not None and b[k]]
+
+
+def _min_median_max(xs: list[float], which=("min", "median", "max")) -> str:
+    pick = {"min": min, "median": statistics.median, "max": max}
+    return " / ".join(number(pick[w](xs), ".1f") for w in which) if xs else ""
 
 
 def tables(rows: list[dict]) -> dict[str, str]:
@@ -103,7 +118,7 @@ def tables(rows: list[dict]) -> dict[str, str]:
                 "yes" if all(str(r.get("comm_matches_formula")) == "True" for r in both) else "no",
             ]
         )
-        ratios, per_sync = [], []
+        ratios, per_sync, per_step = [], [], []
         moco = {r.get("seed"): r for r in by_variant.get("mocosfl", [])}
         for r in by_variant.get("monacosfl", []):
             m = moco.get(r.get("seed"))
@@ -112,17 +127,16 @@ def tables(rows: list[dict]) -> dict[str, str]:
             a, b = to_float(m.get("mis_after_sync_mean")), to_float(r.get("mis_after_sync_mean"))
             if a is not None and b:
                 ratios.append(a / b)
-            per_sync += sync_ratios(where, m["experiment"], r["experiment"])
+            pair = (where, m["experiment"], r["experiment"])
+            per_sync += step_ratios(*pair, "misalignment", syncs_only=True)
+            per_step += step_ratios(*pair, "misalignment_sq_pre_sync")
         mis.append(
             cell
             + col("mis_pre_sync_mean", ".2e")
             + col("mis_after_sync_mean", ".2e")
-            + [
-                _cell(ratios, ".1f"),
-                f"{number(min(per_sync), '.1f')} / {number(statistics.median(per_sync), '.1f')}"
-                if per_sync
-                else "",
-            ]
+            + [_cell(ratios, ".1f"), _min_median_max(per_sync, ("min", "median"))]
+            + col("mis_sq_pre_sync_mean", ".2e")
+            + [_min_median_max(per_step)]
         )
         inv.append(
             cell
@@ -151,14 +165,23 @@ def tables(rows: list[dict]) -> dict[str, str]:
             acc,
             f"Top-1 % and MB per client, {OVER_SEEDS}",
         ),
-        "MocoSFL / MonAcoSFL: misalignment (Eq. 2) around the syncs": markdown_table(
+        "MocoSFL / MonAcoSFL: misalignment, Eq. 2's and the authors'": markdown_table(
             head
-            + [f"before sync {n}" for n in names]
-            + [f"after sync {n}" for n in names]
-            + ["after-sync ratio Moco/Monaco (mean over syncs)", "per-sync ratio min / median"],
+            + [f"Eq. 2 before sync {n}" for n in names]
+            + [f"Eq. 2 after sync {n}" for n in names]
+            + [
+                "Eq. 2 after sync Moco/Monaco, ratio of the means over syncs",
+                "Eq. 2 after sync Moco/Monaco per sync, min / median",
+            ]
+            + [f"authors' (squared, pre-sync) mean over steps {n}" for n in names]
+            + ["authors' Moco/Monaco per step, min / median / max"],
             mis,
-            f"Mean misalignment before and after the syncs, {OVER_SEEDS}; ratios pair the "
-            "runs of one seed",
+            "Misalignment of the participating clients' online and momentum models per "
+            "parameter element. Eq. 2 = mean |difference| just before / right after each sync, "
+            f"averaged over the syncs ({OVER_SEEDS}); the ratio of means divides MocoSFL's mean "
+            "by MonAcoSFL's per seed. Authors' = their code's log: mean squared difference at "
+            "every step before that step's sync. Ratios pair the runs of one seed; min / "
+            "median / max are over the steps (or syncs) of all seeds",
         ),
         "MocoSFL / MonAcoSFL: model inversion per cut (MSE higher = more private)": markdown_table(
             head
@@ -205,36 +228,40 @@ def figures(rows: list[dict], out_dir: Path) -> dict[str, str]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from fedssl.methods.mocosfl.run import MISALIGNMENT_CURVES
+
     keys = list(groups)
-    fig = Figure(figsize=(4.2 * min(3, len(keys)), 3.0 * -(-len(keys) // 3)))
+    fig = Figure(figsize=(9, 2.8 * len(keys)))
     FigureCanvasAgg(fig)
     for i, key in enumerate(keys):
-        ax = fig.add_subplot(-(-len(keys) // 3), min(3, len(keys)), i + 1)
-        for (variant, name), color in zip(VARIANTS, ("tab:red", "tab:blue")):
-            runs = sorted(groups[key].get(variant, []), key=lambda r: str(r.get("seed")))
-            if not runs:
-                continue
-            steps = steps_of(where, runs[0]["experiment"])
-            ax.plot(
-                [int(s["step"]) for s in steps],
-                [float(s["misalignment"]) for s in steps],
-                color=color,
-                lw=1,
-                label=name,
+        for j, (column, label) in enumerate(MISALIGNMENT_CURVES.items()):
+            ax = fig.add_subplot(len(keys), 2, 2 * i + j + 1)
+            for (variant, name), color in zip(VARIANTS, ("tab:red", "tab:blue")):
+                runs = sorted(groups[key].get(variant, []), key=lambda r: str(r.get("seed")))
+                steps = steps_of(where, runs[0]["experiment"]) if runs else []
+                curve = [(int(s["step"]), to_float(s.get(column))) for s in steps]
+                curve = [(x, y) for x, y in curve if y is not None]
+                if not curve:
+                    continue
+                ax.plot(*zip(*curve), color=color, lw=1, label=name)
+                if variant == "mocosfl":
+                    for s in steps:
+                        if s["sync"] == "1":
+                            ax.axvline(int(s["step"]), color="grey", alpha=0.25, lw=0.6)
+            ax.set_yscale("log")
+            ax.set_title(
+                f"{key[0]} clients, cut " + " ".join(_where(key, [])[2:]) + f": {label}",
+                fontsize=8,
             )
-            for s in steps:
-                if s["sync"] == "1" and variant == "mocosfl":
-                    ax.axvline(int(s["step"]), color="grey", alpha=0.25, lw=0.6)
-        ax.set_yscale("log")
-        ax.set_title(f"{key[0]} clients, cut " + " ".join(_where(key, [])[2:]), fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.set_ylabel("misalignment (Eq. 2)", fontsize=8)
-        ax.legend(fontsize=7)
+            ax.set_xlabel("step", fontsize=8)
+            ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, out_dir / "misalignment.png", dpi=110)
     out = {
-        "misalignment.png": "Misalignment (Eq. 2) of the participating clients' online and "
-        "momentum models per step (grey: syncs), first seed"
+        "misalignment.png": "Misalignment of the participating clients' online and momentum "
+        "models per step (grey: syncs), first seed: Eq. 2 (mean |difference|, after each "
+        "step's sync; left) and the authors' log (mean squared difference, before the sync; "
+        "right)"
     }
     pictures = [
         (

@@ -18,6 +18,7 @@ from fedssl.fl.runner import run_federation, train_data
 from fedssl.methods.mocosfl import paper_layer
 from fedssl.methods.mocosfl.comm import check_ledger
 from fedssl.methods.mocosfl.split import (
+    ClientCosine,
     KnnMonitor,
     SflConfig,
     SflSync,
@@ -28,11 +29,16 @@ from fedssl.methods.mocosfl.split import (
 )
 from fedssl.runtime import derive_seed, torch_save, write_json, write_tsv
 
+# steps.tsv, one row per logged step. Misalignment of this round's clients' online and
+# momentum models, per parameter element: `misalignment_sq_pre_sync` = the authors' log
+# (squared, before this step's sync); `misalignment` / `misalignment_sq` = Eq. 2 (absolute) /
+# squared after the step and its sync; `misalignment_pre_sync` = Eq. 2 just before a sync.
 STEP_FIELDS = [
     "step",
     "round",
     "loss",
     "sync",
+    "misalignment_sq_pre_sync",
     "misalignment_pre_sync",
     "misalignment",
     "misalignment_sq",
@@ -51,6 +57,9 @@ def sfl_config(p) -> SflConfig:
         sgd=OptimizerConfig("sgd", weight_decay=t.weight_decay, momentum=t.momentum),
         seed=p.seed,
         log_every=t.log_every,
+        client_cosine=ClientCosine(t.lr, t.client_lr_period or t.rounds)
+        if t.client_lr_schedule == "step_cosine"
+        else None,
     )
 
 
@@ -153,14 +162,20 @@ def pretrain(ctx) -> None:
         client_parameters=nets.client_numel(),
         **{
             k: summary[k]
-            for k in ("comm_matches_formula", "mis_after_sync_mean", "mis_pre_sync_mean")
+            for k in (
+                "comm_matches_formula",
+                "mis_after_sync_mean",
+                "mis_pre_sync_mean",
+                "mis_sq_pre_sync_mean",
+            )
         },
     )
 
 
 def summarize(p, nets: SplitNets, image_shape, state, sizes: list[int]) -> dict:
-    """The step's report metrics: misalignment around syncs, the last k-NN monitor value,
-    communication per client (measured, protocol formula, paper formula)."""
+    """The step's report metrics: misalignment (Eq. 2's around the syncs, the authors' over
+    every logged step), the last k-NN monitor value, communication per client (measured,
+    protocol formula, paper formula)."""
     steps = state.memo.get("steps", [])
     syncs = [s for s in steps if s["sync"]]
     act = math.prod(nets.activation_shape(image_shape))
@@ -198,6 +213,7 @@ def summarize(p, nets: SplitNets, image_shape, state, sizes: list[int]) -> dict:
         "knn_monitor_last": knn[-1] if knn else "",
         "mis_pre_sync_mean": mean([s["misalignment_pre_sync"] for s in syncs]),
         "mis_after_sync_mean": mean([s["misalignment"] for s in syncs]),
+        "mis_sq_pre_sync_mean": mean([s["misalignment_sq_pre_sync"] for s in steps]),
         "mis_final": steps[-1]["misalignment"] if steps else None,
         "loss_final": state.log[-1]["loss"] if state.log else None,
         "client_MB_total": round(float(np.mean([c["bytes_total"] for c in clients])) / 1e6, 4),
@@ -212,23 +228,31 @@ def summarize(p, nets: SplitNets, image_shape, state, sizes: list[int]) -> dict:
     }
 
 
+# The two misalignment measures of steps.tsv: column -> axis label
+MISALIGNMENT_CURVES = {
+    "misalignment": "Eq. 2: |online - momentum|, after sync",
+    "misalignment_sq_pre_sync": "authors' log: squared, before sync",
+}
+
+
 def plot_misalignment(steps: list[dict], path: Path, title: str) -> None:
-    """Eq. 2 misalignment per step (log scale), syncs marked."""
+    """Both misalignment measures per step (log scale, one panel each), syncs marked."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6, 3.2))
+    fig = Figure(figsize=(10, 3.2))
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    if steps:
-        ax.plot([s["step"] for s in steps], [s["misalignment"] for s in steps], lw=1)
-        for s in steps:
-            if s["sync"]:
-                ax.axvline(s["step"], color="tab:blue", alpha=0.2, lw=0.8)
-        ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("misalignment (Eq. 2)")
-    ax.set_title(title, fontsize=9)
+    for i, (column, label) in enumerate(MISALIGNMENT_CURVES.items()):
+        ax = fig.add_subplot(1, 2, i + 1)
+        if steps:
+            ax.plot([s["step"] for s in steps], [s[column] for s in steps], lw=1)
+            for s in steps:
+                if s["sync"]:
+                    ax.axvline(s["step"], color="tab:blue", alpha=0.2, lw=0.8)
+            ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel(label, fontsize=8)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

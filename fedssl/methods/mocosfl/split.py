@@ -16,13 +16,15 @@ Where things live (all in :class:`~fedssl.fl.engine.FedState`, so the checkpoint
 its SGD momentum), ``queue`` (keys and write pointer), ``sync`` (the latest synced client
 models and how many syncs happened), ``client_init`` (the common initial client model);
 ``state.clients[c]``: client c's online and momentum models, SGD momentum and the sync it last
-saw; ``state.memo``: the global step and the per-step log (loss, Eq. 2 misalignment before and
-after syncs). Every random draw comes from (seed, round): client batches, augmentations; the
-queue starts from a seeded generator.
+saw; ``state.memo``: the global step, each client's step count and the per-step log (loss;
+misalignment as Eq. 2 has it, absolute and after the step's sync, and as the authors' code logs
+it, squared and before the sync). Every random draw comes from (seed, round): client
+batches, augmentations; the queue starts from a seeded generator.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -329,6 +331,24 @@ class KnnMonitor:
 
 # ============================================================================ trainer
 @dataclass(frozen=True)
+class ClientCosine:
+    """[code] Each client's own learning rate: ``lr (1 + cos(pi s / period)) / 2`` at its step s
+    (counted over all its rounds), PyTorch's CosineAnnealingLR stepped after every client step,
+    which keeps oscillating past ``period``."""
+
+    lr: float
+    period: int
+
+    def rates(self, steps: list[int], device) -> torch.Tensor:
+        """One rate per client row, for clients that have taken ``steps`` steps so far."""
+        return torch.tensor(
+            [self.lr * (1 + math.cos(math.pi * s / self.period)) / 2 for s in steps],
+            dtype=torch.float32,
+            device=device,
+        )
+
+
+@dataclass(frozen=True)
 class SflConfig:
     batch_size: int
     temperature: float
@@ -339,6 +359,7 @@ class SflConfig:
     sgd: OptimizerConfig
     seed: int
     log_every: int = 1
+    client_cosine: ClientCosine | None = None  # None: the clients step the round's rate
 
 
 def padded_batch(batches: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -420,6 +441,12 @@ class SplitMocoTrainer:
             rows = [i for i, s in enumerate(schedules) if t < len(s)]
             idx, valid = padded_batch([schedules[i][t] for i in rows], cfg.batch_size)
             clients = [chosen[i] for i in rows]
+            client_steps = state.memo.setdefault("client_steps", [0] * len(data.clients))
+            client_lr = lr
+            if cfg.client_cosine is not None:
+                client_lr = cfg.client_cosine.rates([client_steps[c] for c in clients], device)
+            for c in clients:
+                client_steps[c] += 1
             loss = self.step(
                 state,
                 clients,
@@ -436,6 +463,7 @@ class SplitMocoTrainer:
                 queue,
                 gen,
                 lr,
+                client_lr,
             )
             images += int(valid.sum())
             counters = state.memo.setdefault("images", [0] * len(data.clients))
@@ -456,6 +484,10 @@ class SplitMocoTrainer:
                     "loss": round(loss, 5),
                     "sync": int(due),
                     "misalignment_pre_sync": "",
+                    # the authors' log: squared, this round's clients, before this step's sync
+                    "misalignment_sq_pre_sync": float(
+                        misalignment([online], [momentum], squared=True)
+                    ),
                 }
                 if due:
                     entry["misalignment_pre_sync"] = float(misalignment([online], [momentum]))
@@ -501,10 +533,11 @@ class SplitMocoTrainer:
         queue: FeatureQueue,
         gen: torch.Generator,
         lr: float,
+        client_lr: float | torch.Tensor | None = None,
     ) -> float:
         """One split-learning step of the clients ``rows`` (rows of the stacked states):
-        uploads, the server's MoCo step, the gradients down, the clients' SGD. Returns the
-        server's loss."""
+        uploads, the server's MoCo step (rate ``lr``), the gradients down, the clients' SGD
+        (``client_lr``: one rate, or one per row; None = ``lr``). Returns the server's loss."""
         cfg, ledger, device = self.cfg, state.ledger, data.device
         a, width = idx.shape
         subset = len(rows) < next(iter(online.values())).shape[0]
@@ -554,7 +587,9 @@ class SplitMocoTrainer:
 
         # clients: backward of the returned activation gradients, SGD
         client_grads = torch.autograd.grad(h_q, list(params.values()), g_act)
-        self.optimizer.step(on, dict(zip(params, client_grads)), op, lr)
+        self.optimizer.step(
+            on, dict(zip(params, client_grads)), op, lr if client_lr is None else client_lr
+        )
         if subset:
             scatter(online, sel, on)
             scatter(momentum, sel, mom)

@@ -1,0 +1,97 @@
+"""The ``costs`` stage of MocoSFL / MonAcoSFL: what one client pays in split learning.
+
+* Bytes: up and down by kind from the run's ledger (activations of the query and key views,
+  the gradients returned, the synced models).
+* FLOPs: counted around one client step at the real batch: the online client part's forward
+  and backward (from the activation gradients the server returns) on the query rows, and the
+  momentum client part's forward on the key rows. The server's part (its units, projector and
+  loss) is the server's cost, not the client's. Per image x the images the client processed.
+* Memory: that step's saved activations, the activations it holds and the gradient it
+  receives, plus the client part four times over (online, momentum, gradient, SGD momentum).
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from fedssl import costs
+from fedssl.methods.mocosfl.comm import FLOAT_BYTES
+from fedssl.methods.mocosfl.split import ACT_KEY, ACT_QUERY, GRADIENTS, SplitNets, build_nets
+
+SMASHED_UP, SMASHED_DOWN = (ACT_QUERY, ACT_KEY), (GRADIENTS,)
+CLIENT_COPIES = 4  # online, momentum, gradient, SGD momentum
+
+
+def step_rows(p) -> int:
+    """Query (and key) rows one client step processes: B_c, twice with the symmetric loss."""
+    return (2 if p.moco.symmetric else 1) * p.training.batch_size
+
+
+def client_step(p, nets: SplitNets, image_shape) -> dict:
+    """FLOPs and memory of one client step on a fixed probe batch of the step's real size."""
+    rows = step_rows(p)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand((rows, *image_shape), generator=gen)
+    returned = torch.randn((rows, *nets.activation_shape(image_shape)), generator=gen)
+
+    def backward_from_server(h, _x):  # d(h . g)/dh = g: the backward of the returned gradient
+        return (h * returned).sum()
+
+    client = nets.client.train()
+    flops = costs.train_step_flops(client, x, backward_from_server) + costs.forward_flops(client, x)
+    weights = costs.tensor_bytes(client.parameters())
+    smashed = 2 * returned.numel() * FLOAT_BYTES  # its activations and the gradient back
+    saved = costs.saved_activation_bytes(client, x, backward_from_server)
+    return {
+        "flops_per_step": flops,
+        "flops_per_image": flops / p.training.batch_size,
+        "step_bytes": int(saved + smashed + CLIENT_COPIES * weights),
+    }
+
+
+def smashed_bytes_per_step(ledger_rows: list[dict], images: int, batch_size: int) -> float:
+    """Activation bytes up plus gradient bytes down of one client's full step (B_c images), from
+    what all clients sent over the run (the same for every client; 0 before any step)."""
+    up = sum(r["up_by_kind"].get(k, 0) for r in ledger_rows for k in SMASHED_UP)
+    down = sum(r["down_by_kind"].get(k, 0) for r in ledger_rows for k in SMASHED_DOWN)
+    return (up + down) / images * batch_size if images else 0.0
+
+
+def client_rows(p, nets: SplitNets, image_shape, ledger: dict, images: list[int]) -> list[dict]:
+    """One row per client: its ledger's bytes by kind, its FLOPs and its step's memory."""
+    step = client_step(p, nets, image_shape)
+    smashed = smashed_bytes_per_step(ledger["per_client"], sum(images), p.training.batch_size)
+    rows = []
+    for row in ledger["per_client"]:
+        c = row["client"]
+        rows.append(
+            {
+                "client": c,
+                "samples": row["samples"],
+                "rounds": row["rounds"],
+                "images": images[c],
+                "bytes_up": row["bytes_up"],
+                "bytes_down": row["bytes_down"],
+                "bytes_actual": row["bytes_up"] + row["bytes_down"],
+                "up_by_kind": row["up_by_kind"],
+                "down_by_kind": row["down_by_kind"],
+                "smashed_bytes_per_step": smashed,
+                "flops_per_step": step["flops_per_step"],
+                "beta_flops": step["flops_per_image"] * images[c],
+                "peak_step_bytes": step["step_bytes"],
+            }
+        )
+    return rows
+
+
+def client_costs(ctx) -> list[dict]:
+    p, pretrain = ctx.exp.method, ctx.input("pretrain")
+    ledger = json.loads((pretrain / "communication.json").read_text())
+    check = json.loads((pretrain / "communication_check.json").read_text())
+    images = [0] * len(ledger["per_client"])
+    for row in check["per_client"]:
+        images[row["client"]] = row["images"]
+    nets = build_nets(p, ctx.image_shape, torch.device("cpu"))
+    return client_rows(p, nets, ctx.image_shape, ledger, images)
