@@ -22,7 +22,7 @@ import copy
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad
+from torch.func import functional_call, grad, grad_and_value
 
 from fedssl.data.augment import to_float
 from fedssl.eval.personal import client_outputs
@@ -274,17 +274,25 @@ def perfedavg_loss(alpha: float, order: str, delta: float):
         d, d1, *rest = slices(batch, parts)
         w = part({**params, **buffers}, "net")
         g_in = grad(f)(w, d)
-        adapted = {k: w[k] - alpha * g_in[k].detach() for k in w}
-        outer = f(adapted, d1)
         if order == "first_order":
-            return outer
-        g = grad(f)({k: v.detach() for k, v in adapted.items()}, d1)
-        up = grad(f)({k: w[k].detach() + delta * g[k] for k in w}, rest[0])
-        down = grad(f)({k: w[k].detach() - delta * g[k] for k in w}, rest[0])
-        hvp = {k: (up[k] - down[k]) / (2 * delta) for k in w}
-        return outer - alpha * sum((w[k] * hvp[k].detach()).sum() for k in w)
+            return f({k: w[k] - alpha * g_in[k].detach() for k in w}, d1)
+        return hessian_free_surrogate(f, w, g_in, d1, rest[0], alpha, delta)
 
     return loss
+
+
+def hessian_free_surrogate(f, w: dict, g_in: dict, d1, d2, alpha: float, delta: float):
+    """HF's meta-step as a surrogate: value f(w̃; D') − α <w, hvp> (the meta-objective's value),
+    gradient g − α hvp. g = ∇f(w̃; D') is computed once and serves both the gradient and the
+    finite difference (differentiating f(w̃; D') through w̃ = w − const would repeat it)."""
+    fixed = {k: v.detach() for k, v in w.items()}
+    g, outer = grad_and_value(f)({k: fixed[k] - alpha * g_in[k].detach() for k in w}, d1)
+    up = grad(f)({k: fixed[k] + delta * g[k] for k in w}, d2)
+    down = grad(f)({k: fixed[k] - delta * g[k] for k in w}, d2)
+    hvp = {k: (up[k] - down[k]) / (2 * delta) for k in w}
+    value = outer - alpha * sum((fixed[k] * hvp[k]).sum() for k in w)
+    linear = sum((w[k] * (g[k] - alpha * hvp[k])).sum() for k in w)
+    return value + (linear - linear.detach())  # adds exactly 0 to the value
 
 
 def adapted(net: nn.Module, w: dict, data, alpha: float) -> dict:

@@ -33,10 +33,13 @@ from fedssl.fl.engine import (
 )
 from fedssl.losses import masked_cross_entropy, model_contrastive_loss, proximal_term
 from fedssl.methods.mpfedcon.nets import Anchored, layer_of, net_keys
+from fedssl.models.cnn import LayeredNet
+from fedssl.models.heads import ProjectionHead
 from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_generator
 
 CENTRE_KEYS = ("centres", "has_centre")  # what the server sends: the bank and which rows hold
+ALIVE_BATCH = 128  # images per party for the alive-unit diagnostic (one forward)
 
 
 # ------------------------------------------------------------------ losses
@@ -117,6 +120,25 @@ def test_data(ctx) -> TestData:
         torch.as_tensor(np.asarray(labels), dtype=torch.int64).to(ctx.device),
         ctx.client_tests(),
     )
+
+
+# ------------------------------------------------------------------ diagnostics
+def _sub(weights: dict, prefix: str) -> dict:
+    n = len(prefix) + 1
+    return {k[n:]: v for k, v in weights.items() if k.startswith(prefix + ".")}
+
+
+@torch.no_grad()
+def alive_fractions(net: LayeredNet, weights: dict, data: LocalData, idx) -> dict:
+    """Of the network ``weights`` (keys without ``net.``) on images ``idx`` of ``data``: the
+    fraction of D's output units (ReLU) and of P's hidden units (its pre-activation; absent
+    without a projection head) that are positive for at least one image."""
+    h = functional_call(net.base, _sub(weights, "base"), (to_float(data.images[idx]),))
+    out = {"alive_base": float((h > 0).any(0).float().mean())}
+    if isinstance(net.projector, ProjectionHead):
+        hidden = functional_call(net.projector[0], _sub(weights, "projector.0"), (h,))
+        out["alive_head"] = float((hidden > 0).any(0).float().mean())
+    return out
 
 
 # ------------------------------------------------------------------ the protocol
@@ -272,7 +294,18 @@ class SplitStrategy(Strategy):
 
     def evaluate(self, state: FedState, round_: int) -> dict:
         accs, _, _ = self.outputs(state, round_)
-        return PersonalLog(state.memo).record(accs)
+        return {**PersonalLog(state.memo).record(accs), **self.alive_units(state)}
+
+    def alive_units(self, state: FedState) -> dict:
+        """The round log's view of dying ReLUs: per party, on up to ``ALIVE_BATCH`` of its
+        training images (stored order, no augmentation), the fraction of units that fire on
+        at least one image, in D's output layer and in P's hidden layer; mean over parties.
+        Reads the parties' networks only: no random draw, no training state touched."""
+        data, rows = self.fed.data, []
+        for c in range(len(data.clients)):
+            idx = torch.as_tensor(data.clients[c][:ALIVE_BATCH], device=data.device)
+            rows.append(alive_fractions(self.model.net, self.party_state(state, c), data, idx))
+        return {k: round(float(np.mean([r[k] for r in rows])), 4) for k in rows[0]}
 
     def finetuned_heads(self, state: FedState, round_: int):
         """FedAvg+FT: every party fine-tunes the global model's head (P+O, or O) on its own
