@@ -65,9 +65,10 @@ def paper_tab2() -> dict[tuple[str, str, float], tuple[float, float]]:
 
 def tab2_accuracy(row: dict) -> float | None:
     """The number Tab. 2 reports for a run: the linear probe's top-1 for a self-supervised
-    method, the trained model's own top-1 for a supervised one."""
-    linear = to_float(row.get("linear_top1"))
-    return linear if linear is not None else to_float(row.get("global_top1"))
+    method, the trained model's own top-1 for a supervised one (whose row also carries a probe
+    of its encoder)."""
+    trained = to_float(row.get("global_top1"))
+    return trained if trained is not None else to_float(row.get("linear_top1"))
 
 
 def tab2(rows: list[dict]) -> str | None:
