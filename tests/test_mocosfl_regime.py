@@ -12,30 +12,19 @@ import torch
 from fedssl.fl.cohort import OptimizerConfig, StackedOptimizer
 from fedssl.methods.mocosfl import MocoSflParams
 from tests.test_mocosfl import federation, params
+from tests.test_mocosfl_rules import spy_models
 
 
 def snapshot_models(fed):
     """Copies of the round's stacked online and momentum client models after every step (before
     its sync) and after every sync, taken from the trainer's own tensors."""
-    after_step, after_sync = [], []
-    step, sync = fed.trainer.step, fed.strategy.sync
 
     def copy(online, momentum):
         return {k: v.clone() for k, v in online.items()}, {
             k: v.clone() for k, v in momentum.items()
         }
 
-    def spy_step(state, clients, rows, idx, valid, data, online, momentum, *rest):
-        loss = step(state, clients, rows, idx, valid, data, online, momentum, *rest)
-        after_step.append(copy(online, momentum))
-        return loss
-
-    def spy_sync(state, clients, online, momentum, weights):
-        sync(state, clients, online, momentum, weights)
-        after_sync.append(copy(online, momentum))
-
-    fed.trainer.step, fed.strategy.sync = spy_step, spy_sync
-    return after_step, after_sync
+    return spy_models(fed, copy)
 
 
 def by_hand(models, squared: bool) -> float:

@@ -64,29 +64,34 @@ def test_each_step_moves_every_momentum_model_by_ema_of_its_pre_step_online_mode
     assert not torch.equal(online["0.0.weight"], on0["0.0.weight"])
 
 
-def spy_misalignment(fed):
-    """Eq. 2 (absolute and squared) of the round's stacked clients right after every step, and
-    right after every sync, read from the trainer's own tensors."""
+def spy_models(fed, record):
+    """``record(online, momentum)`` of the round's stacked client models right after every step
+    (before its sync) and right after every sync, called on the trainer's own tensors."""
     after_step, after_sync = [], []
     step, sync = fed.trainer.step, fed.strategy.sync
 
-    def reads(online, momentum):
-        return (
-            float(misalignment([online], [momentum])),
-            float(misalignment([online], [momentum], squared=True)),
-        )
-
     def spy_step(state, clients, rows, idx, valid, data, online, momentum, *rest):
         loss = step(state, clients, rows, idx, valid, data, online, momentum, *rest)
-        after_step.append(reads(online, momentum))
+        after_step.append(record(online, momentum))
         return loss
 
     def spy_sync(state, clients, online, momentum, weights):
         sync(state, clients, online, momentum, weights)
-        after_sync.append(reads(online, momentum))
+        after_sync.append(record(online, momentum))
 
     fed.trainer.step, fed.strategy.sync = spy_step, spy_sync
     return after_step, after_sync
+
+
+def spy_misalignment(fed):
+    """Eq. 2 (absolute and squared) of the round's stacked clients after every step and sync."""
+    return spy_models(
+        fed,
+        lambda online, momentum: (
+            float(misalignment([online], [momentum])),
+            float(misalignment([online], [momentum], squared=True)),
+        ),
+    )
 
 
 @pytest.mark.parametrize("variant", ["mocosfl", "monacosfl"])
