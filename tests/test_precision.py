@@ -2,6 +2,7 @@
 path bit for bit, that bf16 steps stay close to fp32 ones, and that every committed result
 resolves to the precision it was made in."""
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -145,12 +146,15 @@ def second_conv(model):
 
 
 def test_committed_results_resolve_to_their_precision():
-    """Every experiment of a pipeline with a committed report (the default one included) keeps
-    the fp32 it was made in; the paper, GPU and benchmark presets get auto."""
+    """Every experiment of a committed report (the default one included) keeps the precision
+    its row records (fp32 for rows made before it was recorded); the paper, GPU and benchmark
+    presets get auto."""
     presets = Presets()
-    for pipeline in sorted(p.name for p in Path("results/reports").iterdir()):
-        for name in presets.pipeline_experiments(pipeline):
-            assert presets.load("experiment", name).precision == "fp32", (pipeline, name)
+    for report in sorted(Path("results/reports").glob("*/report.json")):
+        for row in json.loads(report.read_text())["rows"]:
+            made_in = row.get("precision") or "fp32"
+            preset = presets.load("experiment", row["experiment"]).precision
+            assert preset == made_in, (report.parent.name, row["experiment"])
     for name in ("gpu_fedsimclr", "gpu_pixels", "gpu_mfcl_tn", "paper_leakage", "cifar10_mfcl"):
         assert presets.load("experiment", name).precision == "auto", name
     assert presets.load("experiment", "bench_fedsimclr_iid_s0").precision == "auto"
