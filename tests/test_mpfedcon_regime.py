@@ -11,7 +11,7 @@ from torch.func import functional_call
 
 from fedssl.fl.cohort import LocalData
 from fedssl.methods.mpfedcon import train as T
-from fedssl.methods.mpfedcon.nets import build_net
+from fedssl.methods.mpfedcon.nets import build_net, part
 from tests.test_mpfedcon import params, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -61,8 +61,8 @@ def test_a_unit_alive_on_a_single_image_counts_as_alive():
     net, data = positive_net(), images()
     w = weights_of(net)
     with torch.no_grad():
-        h = functional_call(net.base, T._sub(w, "base"), (data.images[:2].float() / 255,))
-        pre = functional_call(net.projector[0], T._sub(w, "projector.0"), (h,))
+        h = functional_call(net.base, part(w, "base"), (data.images[:2].float() / 255,))
+        pre = functional_call(net.projector[0], part(w, "projector.0"), (h,))
     assert (pre[0] - pre[1]).abs().min() > 1e-3
     bias = w["projector.0.bias"] - pre.mean(0)
     got = T.alive_fractions(net, {**w, "projector.0.bias": bias}, data, torch.arange(2))

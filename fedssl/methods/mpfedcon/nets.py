@@ -61,3 +61,9 @@ def layer_of(key: str) -> str:
 def net_keys(model: Anchored) -> list[str]:
     """The network's parameter and buffer names (``net.*``), in order."""
     return [k for k in model.state_dict() if k.startswith("net.")]
+
+
+def part(tensors: dict, prefix: str) -> dict:
+    """The ``prefix.*`` entries of a state, without the prefix."""
+    n = len(prefix) + 1
+    return {k[n:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}

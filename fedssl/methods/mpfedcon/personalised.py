@@ -29,7 +29,7 @@ from fedssl.eval.personal import client_outputs
 from fedssl.fl.cohort import Batch
 from fedssl.fl.engine import FedState, Phase, RoundUpdates, fedavg, stacked
 from fedssl.losses import masked_cross_entropy
-from fedssl.methods.mpfedcon.nets import Anchored
+from fedssl.methods.mpfedcon.nets import Anchored, part
 from fedssl.methods.mpfedcon.train import SplitStrategy, _forward, ce_loss
 from fedssl.precision import autocast
 from fedssl.runtime import numpy_rng
@@ -55,12 +55,6 @@ def with_companion(p, model: Anchored) -> Anchored:
     alpha = p.apfl_alpha if p.variant == "apfl" else None
     out = Companioned(model.net, model.centres.shape[0], COMPANION[p.variant], alpha)
     return out.to(model.centres.device)
-
-
-def part(tensors: dict, prefix: str) -> dict:
-    """The ``prefix.*`` entries of a state, without the prefix."""
-    n = len(prefix) + 1
-    return {k[n:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
 
 
 def _ce(net: nn.Module, weights: dict, x: torch.Tensor, labels, valid) -> torch.Tensor:

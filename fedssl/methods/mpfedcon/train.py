@@ -32,7 +32,7 @@ from fedssl.fl.engine import (
     stacked,
 )
 from fedssl.losses import masked_cross_entropy, model_contrastive_loss, proximal_term
-from fedssl.methods.mpfedcon.nets import Anchored, layer_of, net_keys
+from fedssl.methods.mpfedcon.nets import Anchored, layer_of, net_keys, part
 from fedssl.models.cnn import LayeredNet
 from fedssl.models.heads import ProjectionHead
 from fedssl.precision import autocast
@@ -123,20 +123,15 @@ def test_data(ctx) -> TestData:
 
 
 # ------------------------------------------------------------------ diagnostics
-def _sub(weights: dict, prefix: str) -> dict:
-    n = len(prefix) + 1
-    return {k[n:]: v for k, v in weights.items() if k.startswith(prefix + ".")}
-
-
 @torch.no_grad()
 def alive_fractions(net: LayeredNet, weights: dict, data: LocalData, idx) -> dict:
     """Of the network ``weights`` (keys without ``net.``) on images ``idx`` of ``data``: the
     fraction of D's output units (ReLU) and of P's hidden units (its pre-activation; absent
     without a projection head) that are positive for at least one image."""
-    h = functional_call(net.base, _sub(weights, "base"), (to_float(data.images[idx]),))
+    h = functional_call(net.base, part(weights, "base"), (to_float(data.images[idx]),))
     out = {"alive_base": float((h > 0).any(0).float().mean())}
     if isinstance(net.projector, ProjectionHead):
-        hidden = functional_call(net.projector[0], _sub(weights, "projector.0"), (h,))
+        hidden = functional_call(net.projector[0], part(weights, "projector.0"), (h,))
         out["alive_head"] = float((hidden > 0).any(0).float().mean())
     return out
 
