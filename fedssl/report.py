@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fedssl.data.catalog import dataset_spec
 from fedssl.params import setting
-from fedssl.plan.layout import ReportRow
+from fedssl.plan.layout import LOGS, ReportRow
 from fedssl.report_format import markdown_table, number, pivot_markdown, save_figure
 
 COLUMNS = [
@@ -253,26 +253,76 @@ def report_tables(rows: list[dict]) -> dict[str, tuple[str, str]]:
 
 
 def render(
-    pipeline: str, rows: list[dict], figures: dict[str, str], heatmaps: str
+    pipeline: str,
+    rows: list[dict],
+    figures: dict[str, str],
+    heatmaps: str,
+    failed: list[dict] = (),
 ) -> tuple[str, dict[str, str]]:
     """``report.md``'s text and the tables by name, from the rows, the figures already drawn
-    into the report's folder (file -> caption) and the folder of the partition heat-maps."""
+    into the report's folder (file -> caption), the folder of the partition heat-maps and the
+    runs that stopped with an error (:func:`failed_run`; not in the rows)."""
     tables = report_tables(rows)
     sections = "".join(f"## {heading}\n\n{table}\n" for heading, table in tables.values())
     sections += "".join(
         f"## {caption}\n\n![{caption}]({file})\n\n" for file, caption in figures.items()
     )
     text = f"# Pipeline `{pipeline}`\n\n{sections}Partition heat-maps: `{heatmaps}/`\n"
+    text += _sources(rows) + _failed(failed)
     return text, {name: table for name, (_, table) in tables.items()}
 
 
+def _sources(rows: list[dict]) -> str:
+    """Where rows came from when some were taken from other committed reports."""
+    taken: dict[str, int] = {}
+    for r in rows:
+        if r.get("source"):
+            taken[r["source"]] = taken.get(r["source"], 0) + 1
+    if not taken:
+        return ""
+    listed = ", ".join(f"`{p}` ({n} runs)" for p, n in sorted(taken.items()))
+    return (
+        f"\n{sum(taken.values())} of the {len(rows)} rows are those of runs committed with "
+        f"other pipelines' reports, not rerun here: {listed} (column `source`).\n"
+    )
+
+
+def _failed(failed: list[dict]) -> str:
+    if not failed:
+        return ""
+    lines = [[f["experiment"], f["stage"], f["error"]] for f in failed]
+    table = markdown_table(["experiment", "stage", "its error"], lines)
+    return f"\n## Runs that stopped with an error (not in the tables above)\n\n{table}"
+
+
+def failed_run(name: str, stages: list[str], logs: Path = LOGS) -> dict | None:
+    """The first of experiment ``name``'s stages whose Snakemake log ends in the stage's own
+    error line (a diverged loss, ...): what a report lists instead of the run's row."""
+    for stage in stages:
+        log = logs / f"{stage}.log"
+        errors = [
+            line.removeprefix("error: ")
+            for line in (log.read_text().splitlines() if log.exists() else [])
+            if line.startswith("error: ")
+        ]
+        if errors:
+            return {"experiment": name, "stage": stage, "error": errors[-1]}
+    return None
+
+
 def write_report(
-    folder: Path, pipeline: str, rows: list[dict], figures: dict[str, str], heatmaps: str
+    folder: Path,
+    pipeline: str,
+    rows: list[dict],
+    figures: dict[str, str],
+    heatmaps: str,
+    failed: list[dict] = (),
 ) -> None:
     """``report.md``, ``report.csv`` (every column) and ``report.json`` (the rows, the tables
-    by name, and what :func:`rerender` needs besides: the figures, the heat-maps' folder and
-    where each row's steps wrote their committed results) in ``folder``."""
-    text, tables = render(pipeline, rows, figures, heatmaps)
+    by name, and what :func:`rerender` needs besides: the figures, the heat-maps' folder,
+    where each row's steps wrote their committed results and the runs that failed) in
+    ``folder``."""
+    text, tables = render(pipeline, rows, figures, heatmaps, failed)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(text)
     write_csv(rows, folder / "report.csv")
@@ -290,6 +340,7 @@ def write_report(
                 "figures": figures,
                 "heatmaps": heatmaps,
                 "step_results": steps,
+                **({"failed": list(failed)} if failed else {}),
             },
             indent=1,
             ensure_ascii=False,
@@ -313,10 +364,53 @@ def load_saved(folder: Path) -> dict:
     return saved
 
 
+# What must still hold for a committed row to stand for an experiment today.
+IDENTITY = ("title", "partition", "method", "arch")
+
+
+def committed_rows(root: Path | None = None) -> dict[str, ReportRow]:
+    """Every committed report's rows by experiment (the first report, by pipeline name, that
+    holds it), each marked with the pipeline whose run it came from (``source``)."""
+    found: dict[str, ReportRow] = {}
+    for path in sorted((root or REPORTS).glob("*/report.json")):
+        saved = load_saved(path.parent)
+        for row in saved["rows"]:
+            row.setdefault("source", saved["pipeline"])
+            found.setdefault(row["experiment"], row)
+    return found
+
+
+def reused_row(name: str, now: dict, committed: dict[str, ReportRow]) -> ReportRow:
+    """Experiment ``name``'s committed row, for a workspace without its steps' outputs: its
+    :data:`IDENTITY` must equal ``now`` (what the presets give today), and it takes this
+    report's pivot cell (``row``, ``column``) from ``now``."""
+    if name not in committed:
+        raise FileNotFoundError(
+            f"{name}: its steps' outputs are not in this workspace and no committed report "
+            "has its row (run its stages)"
+        )
+    row = committed[name]
+    changed = [k for k in IDENTITY if str(row.get(k)) != str(now[k])]
+    if changed:
+        raise ValueError(
+            f"{name}: the committed row (from {row['source']}) no longer matches its preset "
+            f"in {', '.join(changed)} (run its stages)"
+        )
+    row.update(row=now["row"], column=now["column"])
+    return row
+
+
 def rerender(folder: Path) -> None:
     """Rewrite a committed report from its ``report.json`` (figures stay as they are)."""
     saved = load_saved(folder)
-    write_report(folder, saved["pipeline"], saved["rows"], saved["figures"], saved["heatmaps"])
+    write_report(
+        folder,
+        saved["pipeline"],
+        saved["rows"],
+        saved["figures"],
+        saved["heatmaps"],
+        saved.get("failed", []),
+    )
 
 
 # ------------------------------------------------------------------ README tables

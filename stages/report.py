@@ -1,6 +1,11 @@
 """Stage: the report across a pipeline's experiments (one row per experiment, rendered by
 :func:`fedssl.report.write_report` into ``results/reports/<pipeline>/``, committed: Markdown,
-CSV and JSON), its methods' figures and the round curves, plus the partition heat-maps."""
+CSV and JSON), its methods' figures and the round curves, plus the partition heat-maps.
+
+Run by hand with ``--reuse-committed``, it takes the rows of experiments whose step outputs the
+workspace lacks from the committed reports that hold them (checked to be the same experiment,
+named in the report), so a pipeline sharing runs with a committed one need not rerun them, and
+lists the runs whose stage stopped with an error (their Snakemake log's last error line)."""
 
 from __future__ import annotations
 
@@ -10,19 +15,36 @@ from pathlib import Path
 
 from fedssl.params import setting
 from fedssl.plan.layout import ReportRow, owner_of, report_dir, results_dir
-from fedssl.report import experiment_row, plot_curves, table_cell, write_report
+from fedssl.report import (
+    committed_rows,
+    experiment_row,
+    failed_run,
+    plot_curves,
+    reused_row,
+    table_cell,
+    write_report,
+)
 from fedssl.stage import StageContext, main_guard
 
 
 def run(argv):
     ap = argparse.ArgumentParser(prog="python -m stages.report")
     ap.add_argument("pipeline", help="a pipeline of params/pipelines.yaml")
-    pipeline = ap.parse_args(argv).pipeline
+    ap.add_argument(
+        "--reuse-committed",
+        action="store_true",
+        help="take the rows of experiments whose step outputs this workspace lacks from the "
+        "committed reports that hold them, and list runs that stopped with an error (the "
+        "report says which), instead of failing",
+    )
+    args = ap.parse_args(argv)
+    pipeline = args.pipeline
     ctx = StageContext("report", pipeline)
     dag, presets = ctx.dag, ctx.presets
     from fedssl.methods import registry
 
-    rows, partitions, methods, swept = [], [], {}, []
+    committed = committed_rows() if args.reuse_committed else {}
+    rows, failed, partitions, methods, swept = [], [], [], {}, []
     for name in dag.experiments:
         exp = presets.load("experiment", name)
         method = methods.setdefault(exp.method.name, registry.get(exp.method.name))
@@ -33,21 +55,30 @@ def run(argv):
             for s in stages
             if s.kind in {st.name for st in method.steps_for(exp.method)}
         ]
-        costs = next((Path(s.out) for s in stages if s.kind == "costs"), None)
-        metrics = [Path(m) for s in stages for m in s.metrics]  # probes, fine-tuning, ...
         row, column = table_cell(
             exp, method, part, presets.load("dataset", part.dataset).name, dag.row, dag.column
         )
-        rows.append(
-            ReportRow(
-                {
-                    **experiment_row(name, exp, method, steps, metrics, costs),
-                    "row": row,
-                    "column": column,
-                },
-                {s.kind: results_dir(owner_of(s.out)) for s in stages},
+        if args.reuse_committed and not all((d / "meta.json").exists() for d in steps):
+            stopped = failed_run(name, [s.name for s in stages])
+            if stopped and name not in committed:
+                failed.append(stopped)
+                continue
+            now = {"title": exp.title, "partition": exp.partition, "method": method.name}
+            now.update(arch=method.arch(exp.method), row=row, column=column)
+            rows.append(reused_row(name, now, committed))
+        else:
+            costs = next((Path(s.out) for s in stages if s.kind == "costs"), None)
+            metrics = [Path(m) for s in stages for m in s.metrics]  # probes, fine-tuning, ...
+            rows.append(
+                ReportRow(
+                    {
+                        **experiment_row(name, exp, method, steps, metrics, costs),
+                        "row": row,
+                        "column": column,
+                    },
+                    {s.kind: results_dir(owner_of(s.out)) for s in stages},
+                )
             )
-        )
         partitions += [exp.partition] if exp.partition not in partitions else []
         swept.append(setting(exp, dag.column) if dag.column != "partition" else None)
     rows = in_column_order(rows, swept)
@@ -63,9 +94,11 @@ def run(argv):
         for method in methods.values():
             own = [r for r in rows if r["method"] == method.name]
             figures.update(method.figures(own, results) if own else {})
-        write_report(results, pipeline, rows, figures, str(ctx.stage.out))
-        logs = {
+        write_report(results, pipeline, rows, figures, str(ctx.stage.out), failed)
+        logs = {  # a reused row's round log: the copy its run committed
             name: Path(p)
+            if Path(p).exists()
+            else Path(results_dir(owner_of(dag.stages[s].out))) / Path(p).name
             for name in dag.experiments
             for s in dag.of_experiment[name]
             for p in dag.stages[s].plots

@@ -14,11 +14,14 @@ from fedssl.experiment import experiment_model
 from fedssl.methods import registry
 from fedssl.report import (
     columns_of,
+    committed_rows,
+    failed_run,
     load_saved,
     readme_text,
     render,
     report_tables,
     rerender,
+    reused_row,
     runs_markdown,
     table_cell,
     write_report,
@@ -118,7 +121,13 @@ def test_rendering_the_committed_rows_gives_the_committed_report(folder, monkeyp
     each committed report.json render to its committed report.md and tables."""
     monkeypatch.chdir(REPO)  # a method's tables may read its committed step results
     saved = load_saved(folder)
-    text, tables = render(saved["pipeline"], saved["rows"], saved["figures"], saved["heatmaps"])
+    text, tables = render(
+        saved["pipeline"],
+        saved["rows"],
+        saved["figures"],
+        saved["heatmaps"],
+        saved.get("failed", []),
+    )
     assert text == (folder / "report.md").read_text(), (
         f"{folder.name}: stale, run `python -m fedssl.report render {folder.name}`"
     )
@@ -271,3 +280,54 @@ def test_cpcfl_tables_use_the_population_sd_as_its_paper_and_say_so():
     assert "| CP-CFL | 65.00±5.00 |" in tables["cpcfl_tab3"]
     assert "| CP-CFL | 0.6000±0.1000 |" in tables["cpcfl_tab4"]
     assert all("mean ± population SD over trials" in t for t in tables.values())
+
+
+def _identity(saved: dict, **changes) -> dict:
+    return {**{k: saved[k] for k in ("title", "partition", "method", "arch")}, **changes}
+
+
+def test_a_workspace_without_a_runs_outputs_can_take_its_committed_row(tmp_path):
+    """`stages.report --reuse-committed`: the committed row, in this report's cell, its source
+    named in the row and in the report's text; a preset that changed since gets no row."""
+    shutil.copytree(REPO / "results/reports/mpfedcon_smoke", tmp_path / "mpfedcon_smoke")
+    committed = committed_rows(tmp_path)
+    saved = load_saved(tmp_path / "mpfedcon_smoke")["rows"][0]
+    name = saved["experiment"]
+    now = _identity(saved, row="new row", column="new column")
+    row = reused_row(name, now, committed)
+    assert row["source"] == "mpfedcon_smoke"
+    assert (row["row"], row["column"]) == ("new row", "new column")
+    assert row["personal_top1"] == saved["personal_top1"]
+    assert row.step_results == {
+        k: str(v) for k, v in saved.step_results.items()
+    }  # the method's tables read its committed round logs from there
+    text, _ = render("p", [row, {**row, "source": ""}], {}, "heat")
+    assert "1 of the 2 rows are those of runs committed with other pipelines' reports" in text
+    assert "`mpfedcon_smoke` (1 runs)" in text
+    with pytest.raises(ValueError, match="no longer matches its preset in arch"):
+        reused_row(name, _identity(saved, arch="other", row="r", column="c"), committed)
+    with pytest.raises(FileNotFoundError, match="no committed report has its row"):
+        reused_row("never_run", now, committed)
+
+
+def test_a_run_that_stopped_with_an_error_is_listed_with_it(tmp_path):
+    """A diverged run has no row; the report names it with its stage's last error line, and
+    a rerender keeps the list."""
+    (tmp_path / "train__x.log").write_text(
+        "round 19/30: loss 8.3\nerror: the loss is nan at round 20\n"
+    )
+    (tmp_path / "personal__y.log").write_text("round 30/30: loss 0.1\n")
+    assert failed_run("y", ["personal__y"], tmp_path) is None
+    stopped = failed_run("x", ["partition__p", "train__x"], tmp_path)
+    assert stopped == {
+        "experiment": "x",
+        "stage": "train__x",
+        "error": "the loss is nan at round 20",
+    }
+    source = REPO / "results/reports/mpfedcon_smoke"
+    saved = load_saved(source)
+    write_report(tmp_path / "r", "p", saved["rows"][:2], {}, "heat", [stopped])
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "| x | train__x | the loss is nan at round 20 |" in text
+    rerender(tmp_path / "r")
+    assert (tmp_path / "r" / "report.md").read_text() == text
