@@ -135,7 +135,8 @@ def tab1(rows: list[dict], key: str) -> str:
         f"{key.removeprefix('personal_last')} rounds; {sd_note(SD, n)}; (k) = rank in the "
         "column; the paper's columns (n parties, S classes each; CIFAR-10 where the paper "
         "has not our data set; beside the row of the paper's setting: MpFedcon μ = 10, "
-        "SCAFFOLD and APFL as FedRep's code runs them): compare rankings, not values",
+        "SCAFFOLD and APFL as FedRep's code runs them, Per-FedAvg first-order): compare "
+        "rankings, not values",
     )
 
 
