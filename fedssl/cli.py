@@ -5,6 +5,8 @@ fedssl show EXPERIMENT            # resolved params (extends, grid axes and over
                                   # defaults) as YAML, and the stages it runs
 fedssl run [PIPELINE] [SNAKEMAKE ARGS...]   # snakemake ... --config pipeline=PIPELINE
 fedssl export EXPERIMENT [--out DIR]        # python -m fedssl.export
+fedssl times PIPELINE [--out FILE] [--note TEXT]  # each stage's wall time and peak memory
+                                  # from its last run's record (artifacts/.runs), as a TSV
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -122,6 +125,46 @@ def run_pipeline(presets: Presets, args: list[str]) -> int:
     return subprocess.run(cmd).returncode
 
 
+# ---------------------------------------------------------------------------- times
+TIMES_COLUMNS = (
+    "experiment",
+    "stage",
+    "wall_seconds",
+    "resumed_from_round",
+    "precision",
+    "peak_MiB",
+)
+
+
+def stage_times(dag: Dag, note: str = "") -> str:
+    """A TSV of each stage of the pipeline that has a run record: its experiment (the first
+    that lists it), wall seconds of its last run (a resumed stage counts its last part only:
+    the round it resumed from says so), precision and peak memory; ``note`` (the machine,
+    what ran beside) as comment lines above."""
+    from fedssl.stage import run_record
+
+    lines = [f"# {line}" for line in note.splitlines()] + ["\t".join(TIMES_COLUMNS)]
+    seen = set()
+    for exp in dag.experiments:
+        for stage in dag.of_experiment[exp]:
+            record = run_record(stage)
+            if stage in seen or not record:
+                continue
+            seen.add(stage)
+            row = (
+                exp,
+                dag.stages[stage].kind,
+                f"{record['wall_seconds']:.2f}",
+                str(record.get("resumed_from_round", "")),
+                record.get("precision", ""),
+                f"{record['peak_memory_bytes'] / 2**20:.0f}"
+                if "peak_memory_bytes" in record
+                else "",
+            )
+            lines.append("\t".join(row))
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------------------- command line
 def run(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="fedssl", description=__doc__.split("\n")[0])
@@ -139,6 +182,10 @@ def run(argv: list[str]) -> None:
     ex = sub.add_parser("export", help="write an experiment's trained encoder (safetensors + card)")
     ex.add_argument("experiment")
     ex.add_argument("--out", help="folder to write (default: artifacts/exports/<experiment>)")
+    tm = sub.add_parser("times", help="each stage's wall time and peak memory (TSV)")
+    tm.add_argument("pipeline")
+    tm.add_argument("--out", help="file to write (default: print)")
+    tm.add_argument("--note", default="", help="comment lines above (the machine, ...)")
     if argv[:1] == ["run"]:  # every argument after it is Snakemake's, even -h
         sys.exit(run_pipeline(Presets(), argv[1:]))
     args = ap.parse_args(argv)
@@ -153,6 +200,12 @@ def run(argv: list[str]) -> None:
     elif args.cmd == "show":
         print(show_params(presets, args.experiment), end="", flush=True)
         print(show_stages(presets, args.experiment), end="")  # planning takes a while
+    elif args.cmd == "times":
+        text = stage_times(Dag(args.pipeline), args.note)
+        if args.out:
+            Path(args.out).write_text(text)
+        else:
+            print(text, end="")
     else:
         export_command([args.experiment, *(["--out", args.out] if args.out else [])])
 

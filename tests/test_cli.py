@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -139,3 +140,28 @@ def test_export_of_an_untrained_experiment_says_which_stage_to_run(project):
     assert "run its stage 'prepare_data__tiny' first" in proc.stderr
     proc = fedssl(project, "export", "tiny_sweep_nothing", check=False)
     assert proc.returncode == 2 and "no such params file" in proc.stderr
+
+
+def test_times_lists_each_stage_run_once_with_its_wall_time_and_memory(project):
+    """`fedssl times`: one line per stage that has a run record, under the first experiment
+    that lists it; a shared stage is not counted twice; stages never run are left out."""
+    runs = project / "artifacts" / ".runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    records = {
+        "pretrain__tiny_simclr": {"wall_seconds": 12.345, "peak_memory_bytes": 300 * 2**20},
+        "evaluate__tiny_simclr": {"wall_seconds": 2.0, "precision": "bf16"},
+    }
+    for stage, record in records.items():
+        (runs / f"{stage}.json").write_text(json.dumps({"stage": stage, **record}))
+    out = project / "times.tsv"
+    fedssl(project, "times", "default", "--note", "2 cores\nnothing beside", "--out", str(out))
+    lines = out.read_text().splitlines()
+    assert lines[:3] == [
+        "# 2 cores",
+        "# nothing beside",
+        "experiment\tstage\twall_seconds\tresumed_from_round\tprecision\tpeak_MiB",
+    ]
+    assert sorted(lines[3:]) == [
+        "tiny_simclr\tevaluate\t2.00\t\tbf16\t",
+        "tiny_simclr\tpretrain\t12.35\t\t\t300",
+    ]

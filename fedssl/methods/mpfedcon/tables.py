@@ -56,6 +56,10 @@ def _sd(values: list[float], spec: str = ".2f") -> str:
     return mean_sd(values, SD, spec)
 
 
+def seeds(n: int) -> str:
+    return f"{n} seed{'s' if n != 1 else ''}"
+
+
 def _last_key(rows: list[dict]) -> str | None:
     for r in rows:
         for k in r:
@@ -126,7 +130,7 @@ def tab1(rows: list[dict], key: str) -> str:
             header.append(f"paper {dataset} ({parties},{classes})")
             ranked_columns.append(ranked(theirs))
     lines = [[label, *(col.get(label, "") for col in ranked_columns)] for label in labels]
-    n = f"{runs.pop()} seeds" if len(runs) == 1 else "the seeds of each cell (their number varies)"
+    n = seeds(runs.pop()) if len(runs) == 1 else "the seeds of each cell (their number varies)"
     return markdown_table(
         header,
         lines,
