@@ -88,6 +88,13 @@ COST_COLUMNS = {
 }
 
 
+def _precision(step_metas: list[dict], metrics_files: Path | list[Path]) -> str:
+    files = [metrics_files] if isinstance(metrics_files, Path) else metrics_files
+    evaluations = [Path(f).parent / "meta.json" for f in files]
+    metas = step_metas + [json.loads(m.read_text()) for m in evaluations if m.exists()]
+    return "/".join(dict.fromkeys(m["precision"] for m in metas if "precision" in m))
+
+
 def experiment_row(
     name: str,
     exp,
@@ -129,8 +136,9 @@ def experiment_row(
         "method": method.name,
         "arch": method.arch(exp.method),
         "rounds": sum(m.get("rounds", 0) for m in metas),
-        # what the method's steps computed in (blank for runs made before it was recorded)
-        "precision": "/".join(dict.fromkeys(m["precision"] for m in metas if "precision" in m)),
+        # what its steps, then its evaluations (features, probes), computed in; blank for runs
+        # made before it was recorded
+        "precision": _precision(metas, metrics_files),
         **steps,
         **metrics,
         **losses,
@@ -282,8 +290,9 @@ def _sources(rows: list[dict]) -> str:
         return ""
     listed = ", ".join(f"`{p}` ({n} runs)" for p, n in sorted(taken.items()))
     return (
-        f"\n{sum(taken.values())} of the {len(rows)} rows are those of runs committed with "
-        f"other pipelines' reports, not rerun here: {listed} (column `source`).\n"
+        f"\n{sum(taken.values())} of the {len(rows)} rows are committed rows of earlier runs, "
+        f"not rerun in the workspace that rendered this report, from the reports of {listed} "
+        "(column `source`).\n"
     )
 
 
@@ -368,11 +377,12 @@ def load_saved(folder: Path) -> dict:
 IDENTITY = ("title", "partition", "method", "arch")
 
 
-def committed_rows(root: Path | None = None) -> dict[str, ReportRow]:
-    """Every committed report's rows by experiment (the first report, by pipeline name, that
-    holds it), each marked with the pipeline whose run it came from (``source``)."""
+def committed_rows(pipeline: str = "", root: Path | None = None) -> dict[str, ReportRow]:
+    """Every committed report's rows by experiment, each marked with the pipeline whose run it
+    came from (``source``): ``pipeline``'s own report first, then the others by name."""
     found: dict[str, ReportRow] = {}
-    for path in sorted((root or REPORTS).glob("*/report.json")):
+    paths = sorted((root or REPORTS).glob("*/report.json"))
+    for path in sorted(paths, key=lambda p: p.parent.name != pipeline):
         saved = load_saved(path.parent)
         for row in saved["rows"]:
             row.setdefault("source", saved["pipeline"])

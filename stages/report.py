@@ -43,7 +43,7 @@ def run(argv):
     dag, presets = ctx.dag, ctx.presets
     from fedssl.methods import registry
 
-    committed = committed_rows() if args.reuse_committed else {}
+    committed = committed_rows(pipeline) if args.reuse_committed else {}
     rows, failed, partitions, methods, swept = [], [], [], {}, []
     for name in dag.experiments:
         exp = presets.load("experiment", name)

@@ -290,7 +290,10 @@ def test_a_workspace_without_a_runs_outputs_can_take_its_committed_row(tmp_path)
     """`stages.report --reuse-committed`: the committed row, in this report's cell, its source
     named in the row and in the report's text; a preset that changed since gets no row."""
     shutil.copytree(REPO / "results/reports/mpfedcon_smoke", tmp_path / "mpfedcon_smoke")
-    committed = committed_rows(tmp_path)
+    shutil.copytree(REPO / "results/reports/mpfedcon_leakage", tmp_path / "mpfedcon_leakage")
+    assert committed_rows("", tmp_path)["mpf_smoke_fedavg_s5_seed0"]["source"] == "mpfedcon_leakage"
+    committed = committed_rows("mpfedcon_smoke", tmp_path)  # its own report first
+    assert committed["mpf_smoke_fedavg_s5_seed0"]["source"] == "mpfedcon_smoke"
     saved = load_saved(tmp_path / "mpfedcon_smoke")["rows"][0]
     name = saved["experiment"]
     now = _identity(saved, row="new row", column="new column")
@@ -302,7 +305,7 @@ def test_a_workspace_without_a_runs_outputs_can_take_its_committed_row(tmp_path)
         k: str(v) for k, v in saved.step_results.items()
     }  # the method's tables read its committed round logs from there
     text, _ = render("p", [row, {**row, "source": ""}], {}, "heat")
-    assert "1 of the 2 rows are those of runs committed with other pipelines' reports" in text
+    assert "1 of the 2 rows are committed rows of earlier runs, not rerun" in text
     assert "`mpfedcon_smoke` (1 runs)" in text
     with pytest.raises(ValueError, match="no longer matches its preset in arch"):
         reused_row(name, _identity(saved, arch="other", row="r", column="c"), committed)
