@@ -86,13 +86,13 @@ def mfcl_autoencoder():
 
 def moco_v3_vit():
     """LW-FedSSL's smoke FedMoCo: a 6-block ViT of width 64 with MoCo v3 heads, 2 x 64 views."""
-    from fedssl.methods.lwfedssl.run import initial_online, learner_loss, learner_of, plan_of
+    from fedssl.methods.lwfedssl.run import initial_online, learner_loss, learner_of
 
     p = method_params("smoke_fedmoco")
 
     def build():
         online = initial_online(p, SHAPE, p.vit.depth)
-        return learner_of(p, online, None, plan_of(p))
+        return learner_of(p, online, None, p.plan(None))
 
     return build, learner_loss, batch_of(views(p.schedule.batch_size))
 
