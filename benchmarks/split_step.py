@@ -227,9 +227,15 @@ def main():
     ap.add_argument(
         "--width", type=int, default=None, help="ResNet-18 width (default 8 on CPU, 64 on CUDA)"
     )
+    # One thread by default, as step_limits.py: with torch 2.14.1 on this AVX-512 CPU the loop
+    # path at 20 clients x B_c=5, cut 4 corrupts the heap inside oneDNN's AVX-512 convolution
+    # kernels at 2 threads (not at 1, nor with ONEDNN_MAX_CPU_ISA=AVX2); see README, Speed.
+    ap.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1)")
     args = ap.parse_args()
     device = torch.device(args.device)
     cuda = device.type == "cuda"
+    if not cuda:
+        torch.set_num_threads(args.threads)
     steps = args.steps or (20 if cuda else 3)
     width = args.width or (64 if cuda else 8)
     name = torch.cuda.get_device_name(device) if cuda else "cpu"

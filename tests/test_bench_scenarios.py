@@ -30,3 +30,42 @@ def test_each_step_scenario_builds_steps_and_counts_its_flops(scenario, monkeypa
             counted()
     assert images > 0
     assert flops.get_total_flops() > images * 1e5  # a real network's step, per image
+
+
+def flower_peer():
+    spec = importlib.util.spec_from_file_location("flower_peer", REPO / "benchmarks/flower_peer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_peer_benchmark_samples_the_whole_process_tree():
+    """The Flower side is many processes (Ray's raylet, GCS, workers): a child's memory and CPU
+    count, and a process gone before the end keeps the peak it reached."""
+    import subprocess
+    import sys
+
+    hog = "import time; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); "
+    hog += "time.sleep(1.5)"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {hog!r}])",
+        ]
+    )
+    sampler = flower_peer().TreeSampler(parent.pid, every=0.05)
+    sampler.start()
+    parent.wait()
+    sampler.done.set()
+    sampler.join()
+    assert sampler.peak_mb > 300  # the grandchild's 300 MB, touched page by page
+    assert sampler.peak_mb < 1000
+    assert len(sampler.cpu) >= 2  # parent and child both seen
+
+
+def test_our_side_of_the_peer_benchmark_runs_the_default_fedsimclr(monkeypatch):
+    monkeypatch.chdir(REPO)
+    result = flower_peer().run_ours(clients=4, images=200, rounds=2, setting="fp32")
+    assert len(result["seconds"]) == 2 and all(s > 0 for s in result["seconds"])
+    assert result["precision"] == "fp32"
