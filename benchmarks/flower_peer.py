@@ -125,7 +125,7 @@ def run_flower(clients: int, images: int, rounds: int) -> dict:
                 opt.step()
         reply = {
             "arrays": ArrayRecord(model.state_dict()),
-            "metrics": MetricRecord({"loss": float(loss), "num-examples": len(idx)}),
+            "metrics": MetricRecord({"loss": loss.item(), "num-examples": len(idx)}),
         }
         return Message(RecordDict(reply), reply_to=msg)
 

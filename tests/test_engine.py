@@ -100,6 +100,19 @@ def test_fedavg_weights_by_data_size_and_keeps_integer_buffers():
     assert avg["n"].item() == 7
 
 
+def test_uploads_that_are_the_cohorts_rows_aggregate_without_a_second_copy():
+    """A round holds one copy of the cohort's models: uploads that are the rows of its output,
+    in order, are that tensor; any other uploads are stacked (copied) as before."""
+    cohort = torch.randn(3, 4, 5)
+    rows = [{"w": cohort[i]} for i in range(3)]
+    whole = stacked(rows)["w"]
+    assert whole is cohort and torch.equal(whole, torch.stack([r["w"] for r in rows]))
+    for other in (rows[::-1], rows[:2], [{"w": r["w"].clone()} for r in rows]):
+        again = stacked(other)["w"]
+        assert again.data_ptr() != cohort.data_ptr()
+        assert torch.equal(again, torch.stack([r["w"] for r in other]))
+
+
 def test_client_sampling_by_fraction_is_seeded():
     a = sample_clients(10, 0.3, seed=1, round_=5)
     assert len(a) == 3 and a == sample_clients(10, 0.3, seed=1, round_=5)

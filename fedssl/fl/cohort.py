@@ -189,14 +189,17 @@ class CohortTrainer:
         names = set(self.param_names) if trainable is None else set(trainable)
         if self.parallel:
             return self._train_group(stack(starts), schedules, data, lr, generator, names)
-        results = [
-            self._train_group(stack([s]), [sch], data, lr, generator, names)
-            for s, sch in zip(starts, schedules)
-        ]
-        return (
-            {k: torch.cat([r[0][k] for r in results]) for k in results[0][0]},
-            torch.cat([r[1] for r in results]),
-        )
+        # one client at a time, each written into the stacked result as it finishes: a round
+        # holds one copy of the cohort's models, not a list of them and their concatenation
+        out, losses = None, torch.empty(len(client_ids), device=data.device)
+        for i, (s, sch) in enumerate(zip(starts, schedules)):
+            state, loss = self._train_group(stack([s]), [sch], data, lr, generator, names)
+            if out is None:
+                out = {k: v.new_empty((len(client_ids), *v.shape[1:])) for k, v in state.items()}
+            for k, v in state.items():
+                out[k][i] = v[0]
+            losses[i] = loss[0]
+        return out, losses
 
     def _train_group(self, state: Tensors, schedules, data: LocalData, lr, generator, names):
         n = len(schedules)

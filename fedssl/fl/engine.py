@@ -196,8 +196,31 @@ def model_state(model: nn.Module) -> Tensors:
 
 
 def stacked(uploads: list[Tensors], keys=None) -> Tensors:
+    """The uploads client-stacked. Where they are the rows of the cohort's output in order
+    (uploaded whole, as FedAvg's clients do), that tensor itself: stacking it again would hold
+    a second copy of every client's model, and a round's peak memory would grow by the
+    model's size per client."""
     keys = uploads[0].keys() if keys is None else keys
-    return {k: torch.stack([u[k] for u in uploads]) for k in keys}
+    out = {}
+    for k in keys:
+        rows = [u[k] for u in uploads]
+        whole = _rows_of_one(rows)
+        out[k] = torch.stack(rows) if whole is None else whole
+    return out
+
+
+def _rows_of_one(rows: list[torch.Tensor]) -> torch.Tensor | None:
+    """The contiguous tensor whose rows 0, 1, ... are ``rows`` (views of it), else None."""
+    base = rows[0]._base
+    if base is None or not base.is_contiguous() or base.shape[0] != len(rows):
+        return None
+    row_shape, step = base.shape[1:], base.stride(0)
+    for i, r in enumerate(rows):
+        if r._base is not base or r.shape != row_shape or not r.is_contiguous():
+            return None
+        if r.storage_offset() != base.storage_offset() + i * step:
+            return None
+    return base
 
 
 class Strategy:
