@@ -33,7 +33,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from fedssl.plan.layout import report_dir
+from fedssl.plan.layout import owner_of, report_dir
 from fedssl.report_format import markdown_table, mean_sd, number, save_figure, sd_note, to_float
 
 SD = "sample"
@@ -156,10 +156,15 @@ def table(evaluation: str, cell_list: list[dict], machine: str) -> str:
     )
 
 
-def tables_text(cell_list: list[dict], machine: str, total_wall: float) -> str:
+def tables_text(
+    cell_list: list[dict], machine: str, total_wall: float, pending: list[str] = ()
+) -> str:
     """The board's tables and its total wall time (``board_tables.md``, which the README's
-    block copies)."""
-    parts = [
+    block copies); a board made part by part says how many runs are still to come."""
+    parts = []
+    if pending:
+        parts.append(f"*Partial board: {len(pending)} runs not made yet (named in report.md).*\n")
+    parts += [
         f"**{heading}**\n\n{table(evaluation, cell_list, machine)}\n"
         for evaluation, (heading, _) in EVALUATIONS.items()
         if any(c["evaluation"] == evaluation for c in cell_list)
@@ -236,18 +241,21 @@ def run_records(dag) -> tuple[dict[str, float], list[dict], float]:
     from fedssl.stage import run_record
 
     records = {name: r for name in dag.stages if (r := run_record(name))}
-    wall = {
+    wall = {  # an experiment run elsewhere (a committed row reused here) has no wall time
         exp: sum(records[s]["wall_seconds"] for s in dag.of_experiment[exp] if s in records)
         for exp in dag.experiments
+        if any(s in records and owner_of(dag.stages[s].out) == exp for s in dag.of_experiment[exp])
     }
     total = sum(r["wall_seconds"] for r in records.values())
     return wall, list(records.values()), total
 
 
-def write_board(folder: Path, pipeline: str, rows: list[dict], wall, records, total) -> dict:
+def write_board(
+    folder: Path, pipeline: str, rows: list[dict], wall, records, total, pending=()
+) -> dict:
     """board.md, board.json and the two figures in ``folder``; returns board.json's content."""
     cell_list = cells(rows, wall)
-    tables = tables_text(cell_list, hardware(records), total)
+    tables = tables_text(cell_list, hardware(records), total, pending)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "board_tables.md").write_text(tables)
     (folder / "board.md").write_text(render(pipeline, tables))
@@ -351,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 1
     wall, records, total = run_records(Dag(args.pipeline))
-    write_board(folder, args.pipeline, saved["rows"], wall, records, total)
+    write_board(
+        folder, args.pipeline, saved["rows"], wall, records, total, saved.get("pending", [])
+    )
     print(f"wrote {folder}/board.md, board.json and its figures")
     return 0
 

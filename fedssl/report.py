@@ -266,17 +266,19 @@ def render(
     figures: dict[str, str],
     heatmaps: str,
     failed: list[dict] = (),
+    pending: list[str] = (),
 ) -> tuple[str, dict[str, str]]:
     """``report.md``'s text and the tables by name, from the rows, the figures already drawn
-    into the report's folder (file -> caption), the folder of the partition heat-maps and the
-    runs that stopped with an error (:func:`failed_run`; not in the rows)."""
+    into the report's folder (file -> caption), the folder of the partition heat-maps, the
+    runs that stopped with an error (:func:`failed_run`; not in the rows) and the experiments
+    not run yet (a report made part by part)."""
     tables = report_tables(rows)
     sections = "".join(f"## {heading}\n\n{table}\n" for heading, table in tables.values())
     sections += "".join(
         f"## {caption}\n\n![{caption}]({file})\n\n" for file, caption in figures.items()
     )
     text = f"# Pipeline `{pipeline}`\n\n{sections}Partition heat-maps: `{heatmaps}/`\n"
-    text += _sources(rows) + _failed(failed)
+    text += _sources(rows) + _failed(failed) + _pending(pending)
     return text, {name: table for name, (_, table) in tables.items()}
 
 
@@ -304,6 +306,13 @@ def _failed(failed: list[dict]) -> str:
     return f"\n## Runs that stopped with an error (not in the tables above)\n\n{table}"
 
 
+def _pending(pending: list[str]) -> str:
+    if not pending:
+        return ""
+    names = ", ".join(f"`{n}`" for n in pending)
+    return f"\n## Not run yet ({len(pending)} experiments, not in the tables above)\n\n{names}\n"
+
+
 def failed_run(name: str, stages: list[str], logs: Path = LOGS) -> dict | None:
     """The first of experiment ``name``'s stages whose Snakemake log ends in the stage's own
     error line (a diverged loss, ...): what a report lists instead of the run's row."""
@@ -326,12 +335,13 @@ def write_report(
     figures: dict[str, str],
     heatmaps: str,
     failed: list[dict] = (),
+    pending: list[str] = (),
 ) -> None:
     """``report.md``, ``report.csv`` (every column) and ``report.json`` (the rows, the tables
     by name, and what :func:`rerender` needs besides: the figures, the heat-maps' folder,
     where each row's steps wrote their committed results and the runs that failed) in
     ``folder``."""
-    text, tables = render(pipeline, rows, figures, heatmaps, failed)
+    text, tables = render(pipeline, rows, figures, heatmaps, failed, pending)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(text)
     write_csv(rows, folder / "report.csv")
@@ -350,6 +360,7 @@ def write_report(
                 "heatmaps": heatmaps,
                 "step_results": steps,
                 **({"failed": list(failed)} if failed else {}),
+                **({"pending": list(pending)} if pending else {}),
             },
             indent=1,
             ensure_ascii=False,
@@ -420,6 +431,7 @@ def rerender(folder: Path) -> None:
         saved["figures"],
         saved["heatmaps"],
         saved.get("failed", []),
+        saved.get("pending", []),
     )
 
 

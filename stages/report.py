@@ -5,7 +5,10 @@ CSV and JSON), its methods' figures and the round curves, plus the partition hea
 Run by hand with ``--reuse-committed``, it takes the rows of experiments whose step outputs the
 workspace lacks from the committed reports that hold them (checked to be the same experiment,
 named in the report), so a pipeline sharing runs with a committed one need not rerun them, and
-lists the runs whose stage stopped with an error (their Snakemake log's last error line)."""
+lists the runs whose stage stopped with an error (their Snakemake log's last error line). With
+``--partial`` as well, experiments neither run here nor committed are listed as not run yet
+instead of failing: a long pipeline (the benchmark board) made over several sessions, each
+committing its report, the next reusing those rows."""
 
 from __future__ import annotations
 
@@ -37,14 +40,23 @@ def run(argv):
         "committed reports that hold them, and list runs that stopped with an error (the "
         "report says which), instead of failing",
     )
+    ap.add_argument(
+        "--partial",
+        action="store_true",
+        help="with --reuse-committed: leave out the experiments that have neither outputs here "
+        "nor a committed row, and list them as not run yet (a pipeline made over several "
+        "sessions, part by part)",
+    )
     args = ap.parse_args(argv)
+    if args.partial and not args.reuse_committed:
+        ap.error("--partial goes with --reuse-committed")
     pipeline = args.pipeline
     ctx = StageContext("report", pipeline)
     dag, presets = ctx.dag, ctx.presets
     from fedssl.methods import registry
 
     committed = committed_rows(pipeline) if args.reuse_committed else {}
-    rows, failed, partitions, methods, swept = [], [], [], {}, []
+    rows, failed, pending, partitions, methods, swept = [], [], [], [], {}, []
     for name in dag.experiments:
         exp = presets.load("experiment", name)
         method = methods.setdefault(exp.method.name, registry.get(exp.method.name))
@@ -62,6 +74,9 @@ def run(argv):
             stopped = failed_run(name, [s.name for s in stages])
             if stopped and name not in committed:
                 failed.append(stopped)
+                continue
+            if args.partial and name not in committed:
+                pending.append(name)
                 continue
             now = {"title": exp.title, "partition": exp.partition, "method": method.name}
             now.update(arch=method.arch(exp.method), row=row, column=column)
@@ -94,7 +109,7 @@ def run(argv):
         for method in methods.values():
             own = [r for r in rows if r["method"] == method.name]
             figures.update(method.figures(own, results) if own else {})
-        write_report(results, pipeline, rows, figures, str(ctx.stage.out), failed)
+        write_report(results, pipeline, rows, figures, str(ctx.stage.out), failed, pending)
         logs = {  # a reused row's round log: the copy its run committed
             name: Path(p)
             if Path(p).exists()

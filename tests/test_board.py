@@ -61,6 +61,11 @@ def test_board_files_and_readme_block(tmp_path):
     (tmp_path / "r" / "bench" / "board_tables.md").write_text("T\n")
     assert board.readme_text(readme, tmp_path / "r") == readme.replace("old\n", "T\n")
     assert board.readme_text(readme, tmp_path / "none") == readme  # not run yet: kept
+    assert "Partial board" not in (tmp_path / "board_tables.md").read_text()
+    # a board made part by part over sessions says how many runs are still to come
+    board.write_board(tmp_path / "p", "bench", ROWS, WALL, records, 7200.0, ["a_s1", "b_s0"])
+    tables = (tmp_path / "p" / "board_tables.md").read_text()
+    assert tables.startswith("*Partial board: 2 runs not made yet (named in report.md).*")
 
 
 def test_budget_rule_arithmetic():

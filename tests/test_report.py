@@ -334,3 +334,22 @@ def test_a_run_that_stopped_with_an_error_is_listed_with_it(tmp_path):
     assert "| x | train__x | the loss is nan at round 20 |" in text
     rerender(tmp_path / "r")
     assert (tmp_path / "r" / "report.md").read_text() == text
+
+
+def test_a_report_made_part_by_part_lists_the_runs_not_made_yet(tmp_path):
+    """`stages.report --reuse-committed --partial` (a board run over several sessions): the
+    experiments without outputs or committed rows are named, not in the rows, and a rerender
+    keeps them; --partial alone is refused before anything is read."""
+    from stages.report import run as report_stage
+
+    saved = load_saved(REPO / "results/reports/mpfedcon_smoke")
+    write_report(tmp_path / "r", "p", saved["rows"][:2], {}, "heat", [], ["b_s1", "c_s0"])
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "## Not run yet (2 experiments, not in the tables above)\n\n`b_s1`, `c_s0`" in text
+    assert load_saved(tmp_path / "r")["pending"] == ["b_s1", "c_s0"]
+    rerender(tmp_path / "r")
+    assert (tmp_path / "r" / "report.md").read_text() == text
+    write_report(tmp_path / "q", "p", saved["rows"][:2], {}, "heat")
+    assert "Not run yet" not in (tmp_path / "q" / "report.md").read_text()
+    with pytest.raises(SystemExit):
+        report_stage(["benchmark", "--partial"])
