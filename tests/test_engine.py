@@ -113,6 +113,19 @@ def test_uploads_that_are_the_cohorts_rows_aggregate_without_a_second_copy():
         assert torch.equal(again, torch.stack([r["w"] for r in other]))
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_fedavg_rounds_uploads_reach_aggregation_as_the_cohorts_own_tensor(tmp_path, parallel):
+    """The round itself, not just `stacked`: FedAvg's uploads, from either cohort path, are
+    the rows of one stacked result, so aggregation reads that tensor without copying it."""
+    data, model = toy_data(), tiny_model()
+    fed = make_fed(model, data, tmp_path, parallel=parallel)
+    state = fed.start(model)
+    updates = fed.trainer.train_round(fed, state, [0, 1, 2], 0, 1e-3)
+    for k, whole in stacked(updates.uploads).items():
+        assert whole.data_ptr() == updates.uploads[0][k].data_ptr(), k
+        assert torch.equal(whole, torch.stack([u[k] for u in updates.uploads]))
+
+
 def test_client_sampling_by_fraction_is_seeded():
     a = sample_clients(10, 0.3, seed=1, round_=5)
     assert len(a) == 3 and a == sample_clients(10, 0.3, seed=1, round_=5)
