@@ -11,6 +11,8 @@ report's folder:
   personalised methods by each client's model on its own test split), a line per method,
   encoder and partition, mean ± SD over seeds, the costs beside;
 - ``board.json``: the same numbers, a DVC metric (``dvc metrics diff`` between two boards);
+- ``stage_runs.json``: the run records it read (wall seconds, machine), which the next
+  rendering falls back on, so a board made part by part keeps every part's wall time;
 - ``board_accuracy_vs_MB.png`` and ``board_accuracy_vs_GFLOPs.png`` (the per-round curves are
   the report's ``curves.png``).
 
@@ -37,6 +39,10 @@ from fedssl.plan.layout import owner_of, report_dir
 from fedssl.report_format import markdown_table, mean_sd, number, save_figure, sd_note, to_float
 
 SD = "sample"
+# The stages' run records the board keeps beside itself (committed, so that the wall times
+# of runs made by an earlier session survive a rendering elsewhere), and their fields kept.
+RUNS_FILE = "stage_runs.json"
+KEPT_FIELDS = ("stage", "wall_seconds", "environment")
 # The evaluations the board has a table for: name -> (heading, its accuracy columns: row key
 # -> header). A run belongs to the first evaluation whose first column it has.
 EVALUATIONS = {
@@ -234,20 +240,30 @@ def plot(cell_list: list[dict], costs: tuple[str, ...], label: str, path: Path) 
 
 
 # ------------------------------------------------------------------ run records
-def run_records(dag) -> tuple[dict[str, float], list[dict], float]:
+def run_records(dag, kept: dict | None = None) -> tuple[dict[str, float], list[dict], float]:
     """From the stages' run records (:func:`fedssl.stage.run_record`): wall seconds per
     experiment (its own stages, shared ones counted in each), every record, and the
-    pipeline's total (each stage once)."""
+    pipeline's total (each stage once). ``kept`` (stage -> record, from the board's
+    committed :data:`RUNS_FILE`) fills in the stages this workspace has not run: a board
+    made over several sessions keeps the wall times of the runs an earlier one made."""
     from fedssl.stage import run_record
 
-    records = {name: r for name in dag.stages if (r := run_record(name))}
-    wall = {  # an experiment run elsewhere (a committed row reused here) has no wall time
+    records = {name: r for name in dag.stages if (r := run_record(name) or (kept or {}).get(name))}
+    wall = {  # an experiment run elsewhere, with no record kept, has no wall time
         exp: sum(records[s]["wall_seconds"] for s in dag.of_experiment[exp] if s in records)
         for exp in dag.experiments
         if any(s in records and owner_of(dag.stages[s].out) == exp for s in dag.of_experiment[exp])
     }
     total = sum(r["wall_seconds"] for r in records.values())
     return wall, list(records.values()), total
+
+
+def kept_records(folder: Path) -> dict:
+    """The run records a previous rendering of the board committed (stage -> record)."""
+    try:
+        return json.loads((folder / RUNS_FILE).read_text())
+    except FileNotFoundError:
+        return {}
 
 
 def write_board(
@@ -261,6 +277,8 @@ def write_board(
     (folder / "board.md").write_text(render(pipeline, tables))
     board = {"total_wall_hours": round(total / 3600, 3), "lines": metrics(cell_list)}
     (folder / "board.json").write_text(json.dumps(board, indent=1, ensure_ascii=False) + "\n")
+    kept = {r["stage"]: {k: r.get(k) for k in KEPT_FIELDS} for r in records if "stage" in r}
+    (folder / RUNS_FILE).write_text(json.dumps(dict(sorted(kept.items())), indent=0) + "\n")
     mb = ("client_MB_up", "client_MB_down")
     plot(cell_list, mb, "MB up + down / client", folder / "board_accuracy_vs_MB.png")
     plot(cell_list, ("beta_GFLOPs",), COSTS["beta_GFLOPs"], folder / "board_accuracy_vs_GFLOPs.png")
@@ -358,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, KeyError) as e:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 1
-    wall, records, total = run_records(Dag(args.pipeline))
+    wall, records, total = run_records(Dag(args.pipeline), kept_records(folder))
     write_board(
         folder, args.pipeline, saved["rows"], wall, records, total, saved.get("pending", [])
     )

@@ -68,6 +68,41 @@ def test_board_files_and_readme_block(tmp_path):
     assert tables.startswith("*Partial board: 2 runs not made yet (named in report.md).*")
 
 
+def test_wall_times_of_an_earlier_sessions_runs_are_kept(tmp_path, monkeypatch):
+    """A board made part by part: the records committed beside the board by the first
+    rendering fill in the runs this workspace did not make; its own records win."""
+    from types import SimpleNamespace
+
+    from fedssl import stage
+
+    def stage_of(exp):
+        return SimpleNamespace(out=f"artifacts/experiments/{exp}/pretrain")
+
+    dag = SimpleNamespace(
+        stages={
+            "data": SimpleNamespace(out="artifacts/data"),
+            "pre__a": stage_of("a"),
+            "pre__b": stage_of("b"),
+        },
+        of_experiment={"a": ["data", "pre__a"], "b": ["data", "pre__b"]},
+        experiments=["a", "b"],
+    )
+    env = {"host": "h", "cpu_count": 2}
+    here = {"data": 5.0, "pre__a": 100.0}  # this workspace ran a (and the shared data)
+    monkeypatch.setattr(
+        stage,
+        "run_record",
+        lambda n: {"stage": n, "wall_seconds": here[n], "environment": env} if n in here else {},
+    )
+    wall, records, total = board.run_records(dag, board.kept_records(tmp_path))
+    assert wall == {"a": 105.0} and total == 105.0  # nothing kept yet: b has no wall time
+    board.write_board(tmp_path, "bench", ROWS, WALL, records, total)
+    here.clear()
+    here.update({"data": 6.0, "pre__b": 40.0})  # the next session runs b
+    wall, records, total = board.run_records(dag, board.kept_records(tmp_path))
+    assert wall == {"a": 106.0, "b": 46.0} and total == 146.0
+
+
 def test_budget_rule_arithmetic():
     assert board.per_run_budget(10800, 60, 240) == pytest.approx(44.75)
     assert board.rounds_within(44.75, 20.0, 6.0) == 4  # floor(24.75 / 6)
