@@ -103,6 +103,26 @@ def test_wall_times_of_an_earlier_sessions_runs_are_kept(tmp_path, monkeypatch):
     assert wall == {"a": 106.0, "b": 46.0} and total == 146.0
 
 
+def test_dvc_metrics_diff_between_two_boards(tmp_path):
+    """Two renderings of a board, committed one after the other: ``dvc metrics diff`` names
+    the line whose accuracy moved, with both values."""
+    records = [{"wall_seconds": 60.0, "environment": {"host": "h", "cpu_count": 2}}]
+    folder = tmp_path / "results" / "reports" / "bench"
+    (tmp_path / "dvc.yaml").write_text("metrics:\n- results/reports/bench/board.json\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    run(["git", "init", "-q"], tmp_path)
+    run(["dvc", "init", "-q"], tmp_path)
+    for first in (70.0, 74.0):  # the second board's A ran better in its first seed
+        rows = [{**ROWS[0], "linear_top1": first}, *ROWS[1:]]
+        board.write_board(folder, "bench", rows, WALL, records, 60.0)
+        run(["git", "add", "-A"], tmp_path)
+        run([*git, "commit", "-qm", f"board {first}"], tmp_path)
+    diff = json.loads(run(["dvc", "metrics", "diff", "HEAD~1", "--json"], tmp_path).stdout)
+    moved = diff["results/reports/bench/board.json"]
+    assert moved["lines.A | cnn | IID.linear_top1_mean"] == {"old": 71.0, "new": 73.0, "diff": 2.0}
+    assert "lines.B | cnn | IID.personal_top1_mean" not in moved  # unchanged lines stay out
+
+
 def test_budget_rule_arithmetic():
     assert board.per_run_budget(10800, 60, 240) == pytest.approx(44.75)
     assert board.rounds_within(44.75, 20.0, 6.0) == 4  # floor(24.75 / 6)
