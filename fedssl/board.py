@@ -163,13 +163,25 @@ def table(evaluation: str, cell_list: list[dict], machine: str) -> str:
 
 
 def tables_text(
-    cell_list: list[dict], machine: str, total_wall: float, pending: list[str] = ()
+    cell_list: list[dict],
+    machine: str,
+    total_wall: float,
+    pending: list[str] = (),
+    failed: list[dict] = (),
 ) -> str:
     """The board's tables and its total wall time (``board_tables.md``, which the README's
-    block copies); a board made part by part says how many runs are still to come."""
+    block copies); a board made part by part says how many runs are still to come, and a
+    run that stopped with an error (a diverged loss) is named with it: its line has one run
+    fewer, and the reader should know why."""
     parts = []
     if pending:
         parts.append(f"*Partial board: {len(pending)} runs not made yet (named in report.md).*\n")
+    if failed:
+        named = "; ".join(f"`{f['experiment']}` ({f['stage']}: {f['error']})" for f in failed)
+        parts.append(
+            f"*{len(failed)} run(s) stopped with an error and are left out of their lines "
+            f"(the runs column counts the others): {named}.*\n"
+        )
     parts += [
         f"**{heading}**\n\n{table(evaluation, cell_list, machine)}\n"
         for evaluation, (heading, _) in EVALUATIONS.items()
@@ -267,11 +279,11 @@ def kept_records(folder: Path) -> dict:
 
 
 def write_board(
-    folder: Path, pipeline: str, rows: list[dict], wall, records, total, pending=()
+    folder: Path, pipeline: str, rows: list[dict], wall, records, total, pending=(), failed=()
 ) -> dict:
     """board.md, board.json and the two figures in ``folder``; returns board.json's content."""
     cell_list = cells(rows, wall)
-    tables = tables_text(cell_list, hardware(records), total, pending)
+    tables = tables_text(cell_list, hardware(records), total, pending, failed)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "board_tables.md").write_text(tables)
     (folder / "board.md").write_text(render(pipeline, tables))
@@ -378,7 +390,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     wall, records, total = run_records(Dag(args.pipeline), kept_records(folder))
     write_board(
-        folder, args.pipeline, saved["rows"], wall, records, total, saved.get("pending", [])
+        folder,
+        args.pipeline,
+        saved["rows"],
+        wall,
+        records,
+        total,
+        saved.get("pending", []),
+        saved.get("failed", []),
     )
     print(f"wrote {folder}/board.md, board.json and its figures")
     return 0

@@ -66,6 +66,12 @@ def test_board_files_and_readme_block(tmp_path):
     board.write_board(tmp_path / "p", "bench", ROWS, WALL, records, 7200.0, ["a_s1", "b_s0"])
     tables = (tmp_path / "p" / "board_tables.md").read_text()
     assert tables.startswith("*Partial board: 2 runs not made yet (named in report.md).*")
+    # a run that stopped with an error is named with its error, not counted in its line
+    stopped = [{"experiment": "a_s2", "stage": "train__a_s2", "error": "the loss is nan"}]
+    board.write_board(tmp_path / "f", "bench", ROWS, WALL, records, 7200.0, failed=stopped)
+    tables = (tmp_path / "f" / "board_tables.md").read_text()
+    assert "*1 run(s) stopped with an error" in tables
+    assert "`a_s2` (train__a_s2: the loss is nan)" in tables
 
 
 def test_wall_times_of_an_earlier_sessions_runs_are_kept(tmp_path, monkeypatch):
