@@ -40,9 +40,10 @@ from fedssl.report_format import markdown_table, mean_sd, number, save_figure, s
 
 SD = "sample"
 # The stages' run records the board keeps beside itself (committed, so that the wall times
-# of runs made by an earlier session survive a rendering elsewhere), and their fields kept.
+# of runs made by an earlier session survive a rendering elsewhere): of each, its wall time
+# and what the caption says of its machine (:func:`hardware`), one stage a line.
 RUNS_FILE = "stage_runs.json"
-KEPT_FIELDS = ("stage", "wall_seconds", "environment")
+MACHINE_KEYS = ("host", "cpu_count", "gpu", "torch", "torch_threads", "FEDSSL_THREADS")
 # The evaluations the board has a table for: name -> (heading, its accuracy columns: row key
 # -> header). A run belongs to the first evaluation whose first column it has.
 EVALUATIONS = {
@@ -278,6 +279,17 @@ def kept_records(folder: Path) -> dict:
         return {}
 
 
+def write_kept_records(folder: Path, records: Iterable[dict]) -> None:
+    """:data:`RUNS_FILE`: what :func:`run_records` falls back on at the next rendering."""
+    lines = []
+    for r in sorted((r for r in records if "stage" in r), key=lambda r: r["stage"]):
+        env = r.get("environment", {})
+        machine = {k: env[k] for k in MACHINE_KEYS if k in env}
+        kept = {"stage": r["stage"], "wall_seconds": r["wall_seconds"], "environment": machine}
+        lines.append(f"{json.dumps(r['stage'])}: {json.dumps(kept)}")
+    (folder / RUNS_FILE).write_text("{\n" + ",\n".join(lines) + "\n}\n")
+
+
 def write_board(
     folder: Path, pipeline: str, rows: list[dict], wall, records, total, pending=(), failed=()
 ) -> dict:
@@ -289,8 +301,7 @@ def write_board(
     (folder / "board.md").write_text(render(pipeline, tables))
     board = {"total_wall_hours": round(total / 3600, 3), "lines": metrics(cell_list)}
     (folder / "board.json").write_text(json.dumps(board, indent=1, ensure_ascii=False) + "\n")
-    kept = {r["stage"]: {k: r.get(k) for k in KEPT_FIELDS} for r in records if "stage" in r}
-    (folder / RUNS_FILE).write_text(json.dumps(dict(sorted(kept.items())), indent=0) + "\n")
+    write_kept_records(folder, records)
     mb = ("client_MB_up", "client_MB_down")
     plot(cell_list, mb, "MB up + down / client", folder / "board_accuracy_vs_MB.png")
     plot(cell_list, ("beta_GFLOPs",), COSTS["beta_GFLOPs"], folder / "board_accuracy_vs_GFLOPs.png")

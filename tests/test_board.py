@@ -103,6 +103,8 @@ def test_wall_times_of_an_earlier_sessions_runs_are_kept(tmp_path, monkeypatch):
     wall, records, total = board.run_records(dag, board.kept_records(tmp_path))
     assert wall == {"a": 105.0} and total == 105.0  # nothing kept yet: b has no wall time
     board.write_board(tmp_path, "bench", ROWS, WALL, records, total)
+    kept = board.kept_records(tmp_path)  # what the caption needs of each machine survives
+    assert board.hardware(kept.values()) == board.hardware(records) == "h (2-core CPU, torch ?)"
     here.clear()
     here.update({"data": 6.0, "pre__b": 40.0})  # the next session runs b
     wall, records, total = board.run_records(dag, board.kept_records(tmp_path))
