@@ -18,6 +18,7 @@ This module imports no torch: the front ends validate everything before any comp
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -40,7 +41,41 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Every params model: no unknown keys, no infinite or NaN number, and no YAML boolean
+    (``yes``, ``on``, ``true``) where a number or a name is meant (pydantic reads True as 1)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, data):
+        for key, value in data.items() if isinstance(data, dict) else ():
+            field = cls.model_fields.get(key)
+            if field is not None and _holds_bool(value) and not _admits_bool(field.annotation):
+                raise ValueError(
+                    f"{key}: {value!r} is a yes/no value where a number or a name is meant "
+                    f"(YAML reads yes, no, on, off, true and false as booleans)"
+                )
+        return data
+
+
+def _holds_bool(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_holds_bool(v) for v in value)
+    return isinstance(value, bool)
+
+
+def _admits_bool(annotation) -> bool:
+    """Whether a field's type accepts a boolean (bool or Any anywhere in it)."""
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_admits_bool(a) for a in typing.get_args(annotation) if not isinstance(a, str))
+
+
+# The longest run a params file may ask for: a mistyped count (rounds: 1000000000000) is refused
+# at planning instead of running until it is killed.
+MAX_ROUNDS = 100_000
+Rounds = Annotated[int, Field(ge=1, le=MAX_ROUNDS)]
 
 
 class FederationSettings(Strict):
@@ -49,7 +84,7 @@ class FederationSettings(Strict):
     give it the paper's name, default or bound; :func:`fedssl.fl.engine.federation_config`
     turns any of them into the engine's configuration."""
 
-    rounds: NonNegativeInt = Field(description="communication rounds")
+    rounds: Rounds = Field(description=f"communication rounds (1 to {MAX_ROUNDS})")
     client_fraction: Fraction = Field(1.0, description="clients sampled each round")
     lr: PositiveFloat = Field(description="the clients' (peak) learning rate")
 

@@ -16,6 +16,7 @@ dependencies), so both front ends rerun a stage on the same edits.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 from fedssl import params as P
 from fedssl.data.catalog import dataset_spec
 from fedssl.experiment import experiment_model
+from fedssl.plan.layout import data_dir
 
 PARAMS_DIR = Path("params")
 EXTENDS = "extends"
@@ -55,9 +57,29 @@ def read_yaml(path: Path) -> dict:
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when built with it
 
 
+class _UniqueKeysLoader(SAFE_LOADER):
+    """The safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one
+    silently; DVC refuses such a file: the front ends would disagree)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"found the key {key!r} twice (keep one)",
+                    key_node.start_mark,
+                )
+            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
+        return super().construct_mapping(node, deep)
+
+
 def _safe_yaml(text: str):
-    """``yaml.safe_load``, with libyaml's safe loader when PyYAML was built with it."""
-    loader = SAFE_LOADER(text)
+    """``yaml.safe_load``, with libyaml's safe loader when PyYAML was built with it, refusing
+    duplicate keys."""
+    loader = _UniqueKeysLoader(text)
     try:
         return loader.get_single_data()
     finally:
@@ -347,10 +369,26 @@ def raw_values(entries: dict) -> dict:
     return values
 
 
-def check_partition_fits(part: P.PartitionParams, where: str, dataset: str) -> None:
+def train_size_of(preset: str, dataset: P.DatasetParams) -> int | None:
+    """The training samples of data set preset ``preset`` as far as planning knows them
+    cheaply: its raw files' headers where the format has one (Fashion-MNIST's idx), else its
+    prepared copy's count, else the catalog's figure (None: known only once read)."""
+    from fedssl.data.sources import raw_train_size
+
+    size = raw_train_size(dataset.name, dataset.data_root)
+    if size is None:
+        try:
+            prepared = json.loads((Path(data_dir(preset)) / "dataset.json").read_text())
+            size = int(prepared["splits"]["train"]["count"])
+        except (OSError, ValueError, KeyError, TypeError):
+            size = dataset_spec(dataset.name).train_size
+    return size
+
+
+def check_partition_fits(part: P.PartitionParams, where: str, dataset: P.DatasetParams) -> None:
     """Cross-file check: a partition cannot have more clients than it has samples (skipped
     for data sets whose size is only known once read, e.g. femnist)."""
-    full_size = dataset_spec(dataset).train_size
+    full_size = train_size_of(part.dataset, dataset)
     if full_size is None:
         return
     train_size = full_size - (part.server_holdout or 0)
@@ -369,6 +407,21 @@ def check_partition_fits(part: P.PartitionParams, where: str, dataset: str) -> N
         raise ParamsError(
             f"{where}: num_clients: {part.num_clients} clients but only "
             f"{available} samples to split"
+        )
+
+
+def check_experiment_fits(exp, where: str, part: P.PartitionParams, dataset) -> None:
+    """Cross-file check: the k-NN probe cannot ask for more neighbours than its bank holds
+    (the labelled training images the features stage keeps)."""
+    knn, features = getattr(exp, "knn", None), getattr(exp, "features", None)
+    size = train_size_of(part.dataset, dataset)
+    if knn is None or features is None or size is None:
+        return
+    bank = min(features.train_size or size, size)
+    if knn.k > bank:
+        raise ParamsError(
+            f"{where}: knn.k: {knn.k} neighbours but the bank holds {bank} training images "
+            f"(data set '{part.dataset}'{', features.train_size' if features.train_size else ''})"
         )
 
 

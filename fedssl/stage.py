@@ -11,7 +11,10 @@ the ``dvc.yaml`` writer, so editing those reruns no stage.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -22,7 +25,17 @@ from fedssl.params import ParamsError
 from fedssl.plan.dag import Dag
 from fedssl.plan.fingerprint import output_digest
 from fedssl.plan.layout import data_dir, experiment_dir, partition_dir, results_dir
-from fedssl.runtime import PeakMemory, StageFailed, atomic_dir, environment, pick_device, write_json
+from fedssl.runtime import (
+    PeakMemory,
+    StageFailed,
+    atomic_dir,
+    environment,
+    pick_device,
+    resume_fingerprint,
+    scratch_name,
+    stage_lock,
+    write_json,
+)
 
 RESUME_DIR = Path("artifacts/.resume")  # checkpoints of unfinished stages, outside all outputs
 # How each stage's last run went (wall time, memory, device, host): kept apart from its outputs,
@@ -45,6 +58,10 @@ class StageContext:
         self.device = None
         self.info: dict = {}  # facts of the output, into meta.json
         self.run_info: dict = {}  # facts of this run (timings, resumes), into its run record
+        # committed folder -> this run's scratch copy of it (inside run(): a stage's result
+        # files land beside its outputs when it succeeds, never while it runs)
+        self.landing: dict[Path, Path] = {}
+        self.running = False
 
     # ------------------------------------------------------------------ params
     @cached_property
@@ -81,7 +98,16 @@ class StageContext:
 
     @property
     def results_dir(self) -> Path:
-        path = Path(results_dir(self.name))
+        """Where the stage writes its committed result files (round logs, metrics, plots):
+        inside :meth:`run`, a scratch folder that lands in ``results/`` on success."""
+        return self.committed_dir(Path(results_dir(self.name)))
+
+    def committed_dir(self, path: Path) -> Path:
+        """The folder to write the committed files of ``path`` into (see :attr:`results_dir`)."""
+        if self.running:
+            if path not in self.landing:
+                self.landing[path] = scratch_name(Path(self.stage.out), f"partial-{path.name}")
+            path = self.landing[path]
         path.mkdir(parents=True, exist_ok=True)
         return path
 
@@ -100,7 +126,16 @@ class StageContext:
 
     @property
     def fingerprint(self) -> str:
-        return self.dag.fingerprint(self.stage_name)
+        """What a resume checkpoint must match: the stage's DAG fingerprint and the compute
+        settings of this run (device, threads, precision)."""
+        import sys
+
+        settings = {"device": str(self.device or "cpu")}
+        if "torch" in sys.modules:
+            settings["threads"] = sys.modules["torch"].get_num_threads()
+        if "precision" in self.info:
+            settings["precision"] = self.info["precision"]
+        return resume_fingerprint(self.dag.fingerprint(self.stage_name), settings)
 
     # ------------------------------------------------------------------ data
     @cached_property
@@ -157,7 +192,7 @@ class StageContext:
         """Run the stage's body: yields the scratch output folder; on success it becomes the
         stage's output with meta.json in it."""
         inputs = self.dag.fingerprint_inputs(self.stage_name)
-        fingerprint = self.fingerprint
+        fingerprint = self.dag.fingerprint(self.stage_name)
         policy, computed = nullcontext(), {}
         if self.stage.gpu:  # it computes on the device, in the experiment's precision
             from fedssl import precision
@@ -173,21 +208,30 @@ class StageContext:
         say(f"{self.stage_name}: started on {self.device or 'cpu'}")
         start = time.time()
         try:
-            with atomic_dir(Path(self.stage.out)) as out:
-                self.out = out
-                with PeakMemory(self.device) as peak, policy:
-                    yield out
-                write_json(
-                    out / "meta.json",
-                    {
-                        "stage": self.stage_name,
-                        "fingerprint": fingerprint,
-                        "inputs": inputs,
-                        "output_digest": output_digest(self.stage, out),
-                        "command": self.stage.cmd,
-                        **self.info,
-                    },
-                )
+            with stage_lock(self.stage_name), atomic_dir(Path(self.stage.out)) as out:
+                verify_inputs(self.dag, self.stage_name)
+                self.out, self.running = out, True
+                try:
+                    with PeakMemory(self.device) as peak, policy:
+                        yield out
+                    staged = self.staged_files()
+                    write_json(
+                        out / "meta.json",
+                        {
+                            "stage": self.stage_name,
+                            "fingerprint": fingerprint,
+                            "inputs": inputs,
+                            "output_digest": output_digest(self.stage, out, staged),
+                            "files": file_digests(self.stage, out, staged),
+                            "command": self.stage.cmd,
+                            **self.info,
+                        },
+                    )
+                    self.land(staged)  # then atomic_dir puts the outputs in place
+                finally:
+                    self.running = False
+                    for scratch in self.landing.values():
+                        shutil.rmtree(scratch, ignore_errors=True)
         except BaseException:
             say(f"{self.stage_name}: stopped after {time.time() - start:.1f} s")
             raise
@@ -207,9 +251,75 @@ class StageContext:
             },
         )
 
+    def staged_files(self) -> dict[str, Path]:
+        """Every committed file this run wrote (its path in the repository -> its scratch
+        copy)."""
+        return {
+            str(real / f.relative_to(scratch)): f
+            for real, scratch in self.landing.items()
+            for f in sorted(scratch.rglob("*"))
+            if f.is_file()
+        }
+
+    def land(self, staged: dict[str, Path]) -> None:
+        """Move this run's committed files into place (each file atomically)."""
+        for path, scratch in staged.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(scratch, path)
+
     def done(self) -> None:
         """The stage finished: its resume checkpoint is no longer needed."""
         (RESUME_DIR / f"{self.stage_name}.pt").unlink(missing_ok=True)
+
+
+def file_digests(stage, out: Path, staged: dict[str, Path]) -> dict[str, str]:
+    """SHA-256 of each file the stage wrote: its output folder's (by path inside it, but
+    meta.json) and its committed files' (by path in the repository)."""
+    files = {str(f.relative_to(out)): f for f in sorted(out.rglob("*")) if f.is_file()}
+    files.pop("meta.json", None)
+    files.update({c: Path(staged.get(c, c)) for c in stage.committed})
+    return {name: _sha256(path) for name, path in files.items() if path.is_file()}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_inputs(dag: Dag, name: str) -> None:
+    """Refuse to read an upstream output that changed since its stage wrote it (a flipped
+    byte, a file replaced by hand or by another tool): each file is compared with the SHA-256
+    its producer recorded in its meta.json; the message names the file and the stage to rerun."""
+    for upstream in dag.stages[name].upstream:
+        stage = dag.stages[upstream]
+        meta_path = Path(stage.out) / "meta.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue  # never ran here: the front ends run it first
+        changed = _changed_files(stage, meta)
+        if changed:
+            raise StageFailed(
+                f"{changed[0]}: changed since {upstream} wrote it (its SHA-256 differs from "
+                f"the one in {meta_path}{f' and {len(changed) - 1} more' if changed[1:] else ''}"
+                f"): rerun it (`snakemake {upstream} --forcerun {upstream}` or `dvc repro "
+                f"--force --single-item {upstream}`), or `dvc checkout {stage.out}`"
+            )
+
+
+def _changed_files(stage, meta: dict) -> list[str]:
+    out = Path(stage.out)
+    if "files" not in meta:  # written before per-file digests: the digest of them all
+        same = meta.get("output_digest") in (None, output_digest(stage, out))
+        return [] if same else [str(out)]
+    now = file_digests(stage, out, {})
+    recorded = meta["files"]
+    changed = [f for f in recorded if now.get(f) != recorded[f]]
+    changed += [f for f in now if f not in recorded]
+    return [f if f in stage.committed else str(out / f) for f in changed]
 
 
 def say(line: str) -> None:
