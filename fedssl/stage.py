@@ -34,6 +34,7 @@ from fedssl.runtime import (
     resume_fingerprint,
     scratch_name,
     stage_lock,
+    write_error,
     write_json,
 )
 
@@ -357,10 +358,18 @@ def main_guard(body) -> None:
     """Run a stage's body; params and data problems exit 2 with a one-paragraph message."""
     import pickle
 
+    from fedssl.data.store import ArtifactError
+
     try:
         body(sys.argv[1:])
-    except (ParamsError, StageFailed, FileNotFoundError) as e:
+    except (ParamsError, StageFailed, FileNotFoundError, ArtifactError) as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # out of space, a read-only folder, the file size limit
+        failed = write_error(e)
+        if failed is None:
+            raise
+        print(f"error: {failed}", file=sys.stderr)
         sys.exit(2)
     except pickle.UnpicklingError as e:
         print(
