@@ -373,8 +373,19 @@ def main_guard(body) -> None:
         sys.exit(2)
     except pickle.UnpicklingError as e:
         print(
-            f"error: refusing to load a checkpoint or artifact that holds more than plain "
-            f"tensors and values (loaded with weights_only=True): {str(e).splitlines()[0]}",
+            f"error: {loaded_file(e) or 'a checkpoint or artifact'}: refused, not a file of "
+            f"plain tensors and values (loaded with weights_only=True; nothing in it ran): "
+            f"rerun the stage that writes it: {str(e).splitlines()[0]}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    except (RuntimeError, EOFError) as e:  # torch.load of a truncated or overwritten file
+        path = loaded_file(e)
+        if path is None:
+            raise
+        print(
+            f"error: {path}: not a readable checkpoint or model (truncated or overwritten?): "
+            f"rerun the stage that writes it, or `dvc checkout` it: {str(e).splitlines()[0]}",
             file=sys.stderr,
         )
         sys.exit(2)
@@ -384,6 +395,19 @@ def main_guard(body) -> None:
             file=sys.stderr,
         )
         sys.exit(130)
+
+
+def loaded_file(err: BaseException) -> str | None:
+    """The file ``torch.load`` was reading when ``err`` was raised (None when it was raised
+    elsewhere): a load site anywhere in a method's code is named in the stage's error."""
+    import traceback
+
+    for frame, _ in traceback.walk_tb(err.__traceback__):
+        code = frame.f_code
+        if code.co_name == "load" and code.co_filename.endswith("torch/serialization.py"):
+            f = frame.f_locals.get("f")
+            return str(f) if isinstance(f, (str, os.PathLike)) else None
+    return None
 
 
 def run_record(stage_name: str) -> dict:

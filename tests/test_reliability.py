@@ -196,7 +196,7 @@ TAMPERINGS = {
         PARTITION,
     ),
     "flipped byte in the model's tensor data": (
-        "artifacts/experiments/tiny_simclr/pretrain/encoder.pt",
+        "artifacts/experiments/tiny_simclr/pretrain/model.pt",
         lambda p: flip_byte(p, p.stat().st_size // 2),
         ("features", "tiny_simclr"),
         STAGE,
@@ -291,10 +291,11 @@ def test_the_resume_fingerprint_holds_the_thread_count_and_precision(project):
             two = ctx.fingerprint
             ctx.info["precision"] = "bf16"
             bf16 = ctx.fingerprint
+            params = ctx.dag.fingerprint(STAGE)
     finally:
         torch.set_num_threads(before)
     assert "threads 1" in one and "threads 2" in two and len({one, two, bf16}) == 3
-    assert one.split(" ")[0] == ctx.dag.fingerprint(STAGE)
+    assert one.split(" ")[0] == params and "precision bf16" in bf16
 
 
 def test_a_checkpoint_of_other_compute_settings_is_said_and_not_resumed(tmp_path, capsys):
@@ -386,6 +387,26 @@ def test_damaged_artifacts_and_checkpoints_are_refused_naming_the_file(tmp_path)
     truncate(ck)
     with pytest.raises(StageFailed, match=r"ck.pt: not a readable checkpoint .*delete it"):
         load_checkpoint(ck, "f")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not a checkpoint"])
+def test_a_damaged_model_at_any_load_site_ends_the_stage_in_one_line_naming_it(
+    tmp_path, capsys, damage
+):
+    """A method's own ``torch.load`` of a truncated or foreign file: the stage exits 2 with
+    one line naming the file and what to do."""
+    import torch
+
+    from fedssl.stage import main_guard
+
+    path = tmp_path / "model.pt"
+    torch_save({"w": torch.zeros(999)}, path)
+    truncate(path) if damage == "truncated" else path.write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit) as exit_:
+        main_guard(lambda argv: torch.load(path, weights_only=True))
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and line.startswith(f"error: {path}: ")
+    assert "rerun the stage that writes it" in line
 
 
 def test_a_damaged_raw_data_file_is_refused_naming_it(tmp_path):
