@@ -129,8 +129,6 @@ class StageContext:
     def fingerprint(self) -> str:
         """What a resume checkpoint must match: the stage's DAG fingerprint and the compute
         settings of this run (device, threads, precision)."""
-        import sys
-
         settings = {"device": str(self.device or "cpu")}
         if "torch" in sys.modules:
             settings["threads"] = sys.modules["torch"].get_num_threads()
