@@ -1,5 +1,7 @@
-"""The stage contract, in one place: validate params before any compute, write the declared
-output directory atomically, record what ran (meta.json with the DAG fingerprint).
+"""The stage contract, in one place: validate params before any compute, hold the stage's lock
+(both front ends take it), check every input file against the digest its producer recorded,
+write the declared output directory and the committed result files atomically, on success
+only, and record what ran (meta.json with the DAG fingerprint and each file's SHA-256).
 
 A stage script builds a :class:`StageContext` for its stage (the smallest DAG holding it, so a
 job plans only its own experiment) and runs its body inside :meth:`StageContext.run`. The
