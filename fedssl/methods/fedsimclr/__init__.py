@@ -3,35 +3,36 @@ averaged with FedAvg (the MFCL paper's baseline)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import PositiveFloat
 
 from fedssl.methods.base import MethodParams, PretrainStepMethod
 from fedssl.methods.registry import register
 from fedssl.params import (
-    PARALLEL_CLIENTS_HELP,
     AugmentParams,
-    FederationSettings,
     ModelParams,
-    ParallelClients,
     TrainsItsModel,
+    federation,
+)
+
+SIMCLR_FEDERATION = federation(
+    local_epochs=1,
+    batch_size=256,
+    optimizer="adam",
+    lr=1e-3,
+    lr_schedule="constant",
+    momentum=0.9,
+    weight_decay=0.0,
+    parallel_clients="auto",
 )
 
 
-class FedSimCLRParams(MethodParams, FederationSettings, TrainsItsModel):
+class FedSimCLRParams(MethodParams, SIMCLR_FEDERATION, TrainsItsModel):
     name: Literal["fedsimclr"] = "fedsimclr"
     model: ModelParams
-    local_epochs: PositiveInt = 1
-    batch_size: PositiveInt = 256
-    optimizer: Literal["adam", "sgd"] = "adam"
-    lr: PositiveFloat = 1e-3
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    weight_decay: NonNegativeFloat = 0.0
     temperature: PositiveFloat = 0.5
     augment: AugmentParams = AugmentParams()
-    parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
 
 
 @register
