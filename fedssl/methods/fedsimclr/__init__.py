@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import PositiveFloat
 
-from fedssl.methods.base import MethodParams, PretrainStepMethod
+from fedssl.methods.base import FederatedMethod, MethodParams
 from fedssl.methods.registry import register
 from fedssl.params import (
     AugmentParams,
@@ -35,11 +35,28 @@ class FedSimCLRParams(MethodParams, SIMCLR_FEDERATION, TrainsItsModel):
     augment: AugmentParams = AugmentParams()
 
 
+def simclr_views_loss(z, batch, temperature: float):
+    """NT-Xent between the two views' projections (the rows of ``z``, view 1 then view 2)."""
+    from fedssl.losses import nt_xent
+
+    z1, z2 = z.chunk(2)
+    return nt_xent(z1, z2, temperature, batch.valid)
+
+
+def simclr_loss(temperature: float):
+    """SimCLR as a cohort trainer's loss (for code that builds a trainer by hand)."""
+    from fedssl.fl.cohort import on_outputs
+
+    return on_outputs(lambda z, batch: simclr_views_loss(z, batch, temperature))
+
+
 @register
-class FedSimCLR(PretrainStepMethod):
+class FedSimCLR(FederatedMethod):
     name = "fedsimclr"
     label = "FedSimCLR"
     params = FedSimCLRParams
     package = __name__
-    flower_steps = {"pretrain": "fedssl.methods.fedsimclr.run:federation"}
     encoder_builder = "fedssl.models.encoders:contrastive_encoder"
+
+    def loss(self, outputs, batch, p):
+        return simclr_views_loss(outputs, batch, p.temperature)
