@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedssl.fl.cohort import CohortTrainer, LocalData, Tensors
+from fedssl.fl.cohort import CohortTrainer, LocalData, LossFn, Tensors
 from fedssl.runtime import (
     check_finite,
     load_checkpoint,
@@ -195,6 +195,11 @@ class Strategy:
 
     def init_server(self, model: nn.Module) -> dict[str, Tensors]:
         return {"global": model_state(model)}
+
+    def local_objective(self, loss: LossFn, model: nn.Module) -> LossFn:
+        """The clients' objective around the method's ``loss`` on ``model`` (FedProx adds its
+        proximal term); a method builds its cohort trainer with it. Default: ``loss``."""
+        return loss
 
     def sample(self, state: FedState, round_: int) -> list[int]:
         return sample_clients(

@@ -17,6 +17,7 @@ from fedssl.params import (
     ParallelClients,
     TrainsItsModel,
 )
+from fedssl.strategies.params import FedAvgChoice, StrategyChoice
 
 
 class FedSimCLRParams(MethodParams, FederationSettings, TrainsItsModel):
@@ -32,6 +33,9 @@ class FedSimCLRParams(MethodParams, FederationSettings, TrainsItsModel):
     temperature: PositiveFloat = 0.5
     augment: AugmentParams = AugmentParams()
     parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
+    strategy: StrategyChoice = Field(
+        FedAvgChoice(), description="how the server aggregates (fedavg, or fedprox with its mu)"
+    )
 
 
 @register

@@ -7,7 +7,7 @@ from torch.func import functional_call
 
 from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import Federation, LocalTraining, Strategy, federation_config
+from fedssl.fl.engine import Federation, LocalTraining, federation_config
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import nt_xent
 from fedssl.models.encoders import (
@@ -17,6 +17,7 @@ from fedssl.models.encoders import (
     seeded_contrastive_model,
 )
 from fedssl.precision import autocast
+from fedssl.strategies import choose
 
 
 def simclr_loss(temperature: float):
@@ -33,18 +34,20 @@ def simclr_loss(temperature: float):
 def make_federation(
     p, model: ContrastiveModel, data: LocalData, ckpt, fingerprint: str
 ) -> Federation:
-    """SimCLR on every client, FedAvg of the whole model weighted by data size."""
+    """SimCLR on every client, aggregated by the params' ``strategy`` (FedAvg of the whole
+    model weighted by data size, or FedProx)."""
+    cfg = federation_config(p, p.seed, p.lr_schedule)
+    strategy = choose.strategy(p.strategy, cfg)
     cohort = CohortTrainer(
         model,
         multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=2),
-        simclr_loss(p.temperature),
+        strategy.local_objective(simclr_loss(p.temperature), model),
         OptimizerConfig(kind=p.optimizer, weight_decay=p.weight_decay, momentum=p.momentum),
         batch_size=p.batch_size,
         local_epochs=p.local_epochs,
         parallel=vectorise_clients(p.parallel_clients, data.device),
     )
-    cfg = federation_config(p, p.seed, p.lr_schedule)
-    return Federation(Strategy(cfg), LocalTraining(cohort), data, cfg, ckpt, fingerprint)
+    return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
 
 
 def federation(ctx) -> tuple[ContrastiveModel, Federation]:
