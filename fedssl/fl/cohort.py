@@ -198,28 +198,35 @@ class CohortTrainer:
         seed_parts: tuple,
         generator: torch.Generator,
         trainable: set[str] | None = None,
-    ) -> tuple[Tensors, torch.Tensor]:
+        finished: Callable[[int, Tensors], None] | None = None,
+    ) -> tuple[Tensors | None, torch.Tensor]:
         """Train clients ``client_ids`` (rows of ``data.clients``), client i from ``starts[i]``
         (its parameters and buffers). Returns their client-stacked final states and mean
         losses. A client's batches depend only on (seed_parts, its id), so parallel and
-        one-by-one training see the same data."""
+        one-by-one training see the same data. With ``finished``, each client's final state
+        goes to ``finished(i, state)`` as soon as it is trained, in order, and no stacked
+        state is kept (returned as None): one at a time, a round holds one client's model."""
         schedules = [
             client_batches(data.clients[c], self.batch_size, self.local_epochs, *seed_parts, c)
             for c in client_ids
         ]
         names = set(self.param_names) if trainable is None else set(trainable)
         if self.parallel:
-            return self._train_group(stack(starts), schedules, data, lr, generator, names)
-        # one client at a time, each written into the stacked result as it finishes: a round
-        # holds one copy of the cohort's models, not a list of them and their concatenation
+            out, losses = self._train_group(stack(starts), schedules, data, lr, generator, names)
+            return _hand_over(out, len(client_ids), finished), losses
+        # one client at a time, each written into the stacked result as it finishes (or handed
+        # over): a round holds one copy of the cohort's models, not a list and their concatenation
         out, losses = None, torch.empty(len(client_ids), device=data.device)
         for i, (s, sch) in enumerate(zip(starts, schedules)):
             state, loss = self._train_group(stack([s]), [sch], data, lr, generator, names)
+            losses[i] = loss[0]
+            if finished is not None:
+                finished(i, {k: v[0] for k, v in state.items()})
+                continue
             if out is None:
                 out = {k: v.new_empty((len(client_ids), *v.shape[1:])) for k, v in state.items()}
             for k, v in state.items():
                 out[k][i] = v[0]
-            losses[i] = loss[0]
         return out, losses
 
     def _train_group(self, state: Tensors, schedules, data: LocalData, lr, generator, names):
@@ -284,6 +291,15 @@ class CohortTrainer:
         scatter(trained, sel, t)
         scatter(opt_state, sel, s)
         return loss
+
+
+def _hand_over(out: Tensors, n: int, finished) -> Tensors | None:
+    """``out`` itself, or (with ``finished``) each of its n rows handed over in order."""
+    if finished is None:
+        return out
+    for i in range(n):
+        finished(i, {k: v[i] for k, v in out.items()})
+    return None
 
 
 def _row(x):

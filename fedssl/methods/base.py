@@ -274,10 +274,11 @@ class FederatedMethod(PretrainStepMethod):
         return seeded_contrastive_model(p.model, image_shape, p.seed, device)
 
     def strategy(self, cfg, model, p):
-        """The server's strategy (default: FedAvg of the whole model, weighted by data size)."""
-        from fedssl.fl.engine import Strategy
+        """The server's strategy: by default the one the params' ``strategy`` field chooses
+        from the library (FedAvg, FedProx, ...); it may also wrap the clients' loss."""
+        from fedssl.strategies import choose
 
-        return Strategy(cfg)
+        return choose.strategy(p.strategy, cfg)
 
     def after_step(self, model, p):
         """A callback after every optimizer step (a momentum encoder's EMA), or None."""

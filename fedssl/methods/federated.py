@@ -22,18 +22,19 @@ from fedssl.methods import registry
 def make_federation(p, model: nn.Module, data: LocalData, ckpt, fingerprint) -> Federation:
     """The federation of the method whose params are ``p``, over ``data``, training ``model``."""
     method = registry.get(p.name)
+    cfg = federation_config(p, p.seed, p.lr_schedule)
+    strategy = method.strategy(cfg, model, p)
+    loss = on_outputs(lambda outputs, batch: method.loss(outputs, batch, p))
     cohort = CohortTrainer(
         model,
         multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=method.views),
-        on_outputs(lambda outputs, batch: method.loss(outputs, batch, p)),
+        strategy.local_objective(loss, model),
         OptimizerConfig.of(p),
         batch_size=p.batch_size,
         local_epochs=p.local_epochs,
         parallel=vectorise_clients(p.parallel_clients, data.device),
         after_step=method.after_step(model, p),
     )
-    cfg = federation_config(p, p.seed, p.lr_schedule)
-    strategy = method.strategy(cfg, model, p)
     return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
 
 

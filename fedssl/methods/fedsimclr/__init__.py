@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import PositiveFloat
+from pydantic import Field, PositiveFloat
 
 from fedssl.methods.base import FederatedMethod, MethodParams
 from fedssl.methods.registry import register
@@ -15,6 +15,7 @@ from fedssl.params import (
     TrainsItsModel,
     federation,
 )
+from fedssl.strategies.params import FedAvgChoice, StrategyChoice
 
 SIMCLR_FEDERATION = federation(
     local_epochs=1,
@@ -33,6 +34,9 @@ class FedSimCLRParams(MethodParams, SIMCLR_FEDERATION, TrainsItsModel):
     model: ModelParams
     temperature: PositiveFloat = 0.5
     augment: AugmentParams = AugmentParams()
+    strategy: StrategyChoice = Field(
+        FedAvgChoice(), description="how the server aggregates (fedavg, or fedprox with its mu)"
+    )
 
 
 def simclr_views_loss(z, batch, temperature: float):
