@@ -40,13 +40,26 @@ class Mutant:
     original: str
     mutated: str
     tests: tuple[str, ...]
+    within: str = ""  # a function the line is in, where the line appears more than once
 
     def apply(self, text: str) -> str:
-        """``text`` with the one line holding ``original`` changed to hold ``mutated``."""
+        """``text`` with the one line holding ``original`` (in ``def within``) changed to hold
+        ``mutated``."""
         lines = text.splitlines(keepends=True)
         hits = [i for i, line in enumerate(lines) if self.original in line]
+        if self.within:
+            start = [i for i, line in enumerate(lines) if f"def {self.within}(" in line]
+            end = [
+                i
+                for i, line in enumerate(lines)
+                if start and i > start[0] and (line[:1].isalpha() or line[:1] == "@")
+            ]
+            hits = [i for i in hits if start and start[0] < i < (end[:1] or [len(lines)])[0]]
         if len(hits) != 1:
-            raise ValueError(f"{self.file}: {self.original!r} is on {len(hits)} lines, not 1")
+            where = f" in def {self.within}" if self.within else ""
+            raise ValueError(
+                f"{self.file}: {self.original!r} is on {len(hits)} lines{where}, not 1"
+            )
         lines[hits[0]] = lines[hits[0]].replace(self.original, self.mutated)
         return "".join(lines)
 
@@ -60,7 +73,8 @@ def load(path: Path = MUTANTS) -> list[Mutant]:
             raise ValueError(f"{path}: mutant {i} lacks {sorted(missing)}")
         if m["original"] == m["mutated"]:
             raise ValueError(f"{path}: mutant {i} ({m['rule']}) changes nothing")
-        out.append(Mutant(m["rule"], m["file"], m["original"], m["mutated"], tuple(m["tests"])))
+        fields = (m["rule"], m["file"], m["original"], m["mutated"], tuple(m["tests"]))
+        out.append(Mutant(*fields, m.get("within", "")))
     return out
 
 
