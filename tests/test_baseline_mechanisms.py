@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fedssl.data.augment import BatchAugment
+from fedssl.fl.cohort import OptimizerConfig, StackedOptimizer, clip_grad_norm
 from fedssl.methods.featarc import run as featarc
 from fedssl.methods.fsl import train as fsl
 from fedssl.methods.mpfedcon import personalised as P
@@ -153,3 +154,34 @@ def test_the_fedprox_gradient_is_the_ce_gradient_plus_mu_times_w_minus_the_globa
     # and the loss gives the frozen references no gradient
     assert all(not w.requires_grad for w in model.glob.parameters())
     assert sup.REFERENCES == ("glob", "prev")
+
+
+def test_a_clipped_step_rescales_each_clients_gradient_to_the_norm_as_torch_does():
+    grads = {"a": torch.tensor([[3.0, 4.0], [0.3, 0.4]]), "b": torch.tensor([[12.0], [0.0]])}
+    clipped = clip_grad_norm(grads, 10.0)  # client 0: norm 13 -> 10; client 1: 0.5 stays
+    for i in range(2):
+        params = [torch.zeros(2, requires_grad=True), torch.zeros(1, requires_grad=True)]
+        for w, k in zip(params, grads):
+            w.grad = grads[k][i].clone()
+        torch.nn.utils.clip_grad_norm_(params, 10.0)
+        for w, k in zip(params, grads):
+            assert torch.allclose(clipped[k][i], w.grad, atol=1e-6), (i, k)
+    opt = StackedOptimizer(OptimizerConfig("sgd", momentum=0.0, clip_norm=10.0))
+    params = {k: torch.zeros_like(g) for k, g in grads.items()}
+    opt.step(params, grads, opt.init(params), 0.1)
+    assert all(torch.allclose(params[k], -0.1 * clipped[k]) for k in grads)
+
+
+def test_scaffold_clips_its_steps_only_when_asked(tmp_path):
+    """FedRep's code clips every SCAFFOLD step at norm 10 (scaffold_clip_norm); the default
+    (None) is the canonical unclipped step of the committed results."""
+    moved = {}
+    for clip in (None, 1e-3):
+        p = mpfedcon_params("scaffold", rounds=1, momentum=0.0, scaffold_clip_norm=clip)
+        fed, model = toy_federation(tmp_path, p, f"c{clip}.pt")
+        start = fed.start(model)
+        x0 = {k: v.clone() for k, v in start.server["global"].items()}
+        end = fed.run(start).server["global"]
+        moved[clip] = max(float((end[k] - x0[k]).abs().max()) for k in fed.strategy.net_params)
+    # 2 steps of lr 0.05 at norm <= 1e-3: no weight moves by more than 1e-4 (+ weight decay)
+    assert moved[1e-3] < 2e-4 < moved[None]
