@@ -185,3 +185,47 @@ def test_scaffold_clips_its_steps_only_when_asked(tmp_path):
         moved[clip] = max(float((end[k] - x0[k]).abs().max()) for k in fed.strategy.net_params)
     # 2 steps of lr 0.05 at norm <= 1e-3: no weight moves by more than 1e-4 (+ weight decay)
     assert moved[1e-3] < 2e-4 < moved[None]
+
+
+# ------------------------------------------------------------------ MOON
+def test_a_moon_client_that_never_trained_has_no_negative_even_after_round_one(tmp_path):
+    p = sup_rules.params("moon", 1.0, rounds=3)
+    fed, model = sup_rules.federation(p, tmp_path / "m.pt")
+    state = fed.start(model)
+    state.round = 2  # partial participation: client 2 is sampled for the first time
+    state.clients[0] = {k: v + 1 for k, v in state.server["global"].items()}
+    received = state.server["global"]
+    assert float(fed.strategy.local_start(state, 0, received)["has_prev"]) == 1.0
+    start = fed.strategy.local_start(state, 2, received)
+    assert float(start["has_prev"]) == 0.0  # l_con = 0: CE alone
+
+
+def test_the_authors_first_round_negative_adds_log_2_and_no_gradient():
+    """Their never-trained client's negative is its initial network, in round 1 the global
+    model: the term is the constant log 2, so the step is the CE step, as here."""
+    p, model = sup_rules._perturbed(4)
+    model.prev.load_state_dict(model.glob.state_dict())
+    _, batch = sup_rules._batch()
+    net = list(model.net.parameters())
+    with_term = torch.autograd.grad(sup_rules._loss(p, model, batch), net)
+    model.has_prev.fill_(0.0)
+    without = torch.autograd.grad(sup_rules._loss(p, model, batch), net)
+    for a, b in zip(with_term, without):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_featarc_evaluates_the_cluster_serving_the_most_data_not_cluster_zero(tmp_path):
+    p = featarc_rules.tiny_params()
+    fed, state = featarc_rules.federation(p, tmp_path)
+    s = fed.strategy
+    # toy clients hold 20, 30 and 40 samples: clusters 1 and 2 serve 50 and 40, cluster 0 none
+    state.memo["assignment"] = [1, 1, 2]
+    assert s.served(state) == [0, 50, 40]
+    final = s.final_model(state)
+    for k, v in state.server[featarc.cluster_key(1)].items():
+        assert torch.equal(final[k[len(featarc.NET) :]], v), k
+    state.memo["assignment"] = [1, 0, 2]  # now cluster 2 serves the most (40 against 30, 20)
+    assert torch.equal(
+        s.final_model(state)[s.backbone_keys[0][len(featarc.NET) :]],
+        state.server[featarc.cluster_key(2)][s.backbone_keys[0]],
+    )
