@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test lint format recheck rehearse test-slurm test-flower bench benchmark generate readme clean
+.PHONY: install data run test lint format recheck rehearse test-slurm test-flower bench benchmark mutants generate readme clean
 
 install: $(INSTALLED) data
 
@@ -70,6 +70,11 @@ bench: install
 	$(PY) benchmarks/federated_round.py
 	$(PY) benchmarks/twin_norm.py
 	$(PY) benchmarks/split_step.py
+
+# Opt-in: every one-line mutant of a defining rule (benchmarks/mutants.yaml) applied to a copy of
+# the tree, its killing tests run against it; reports the survivors (exit 1 if any), niced.
+mutants: $(INSTALLED)
+	nice $(PY) benchmarks/mutants.py
 
 # Rerun a sample of every committed pipeline (one experiment each) and compare its result
 # files with the committed ones (run it on the hardware and thread count that made them).
