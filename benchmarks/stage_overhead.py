@@ -3,7 +3,7 @@ a forced rerun of one stage through ``snakemake`` against its command run direct
 ``snakemake -n`` (planning alone), in turns, for each project given (e.g. a checkout before and
 after a change, each with its pipeline run once).
 
-    python benchmarks/stage_overhead.py PROJECT [PROJECT ...] [--stage partition__NAME] [--repeats 3]
+    python benchmarks/stage_overhead.py PROJECT [PROJECT ...] [--stage NAME] [--repeats 3]
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ views, under the precision policy as a stage runs it) at each thread setting, wi
 busy loops (other jobs, one core each) running beside it.
 
     python benchmarks/threads.py [--threads 1 2] [--busy 0 1 2] [--repeats 3] [--seconds 4]
+                                 [--precision auto|fp32|bf16]
 
 Each setting is a process of its own, started once (OpenMP reads ``OMP_WAIT_POLICY`` when it
 loads) and timed in turns with the others, setting after setting within each repeat, so the
@@ -25,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 BUSY_LOOP = "while True: pass"
 
 
-def child(seconds: float) -> None:
+def child(seconds: float, setting: str) -> None:
     """Build the step, warm it up, then on each line of stdin run it for ``seconds`` and print
     images per second."""
     import torch
@@ -38,7 +39,7 @@ def child(seconds: float) -> None:
 
     bound_kernel_cache()
     set_threads()
-    with precision.policy("auto"):
+    with precision.policy(setting):
         step, images, _ = model_step(*simclr_cnn())
         step()
         print(f"ready {torch.get_num_threads()}", flush=True)
@@ -63,10 +64,10 @@ def settings(thread_counts: list[int]) -> dict[str, dict]:
     return out
 
 
-def start(env: dict, seconds: float) -> subprocess.Popen:
+def start(env: dict, seconds: float, setting: str) -> subprocess.Popen:
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--child", "--seconds", str(seconds)],
+        [sys.executable, __file__, "--child", "--seconds", str(seconds), "--precision", setting],
         env={**base, **env},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -93,15 +94,17 @@ def main() -> None:
     ap.add_argument("--busy", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=4.0, help="timed seconds per measurement")
+    ap.add_argument("--precision", default="auto", help="the step's precision setting")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.seconds)
+        child(args.seconds, args.precision)
         return
     from fedssl.hardware import cpu_summary
 
-    print(f"{cpu_summary()}; load average {load()} at the start", flush=True)
-    procs = {label: start(env, args.seconds) for label, env in settings(args.threads).items()}
+    print(f"{cpu_summary()}; precision {args.precision}; load average {load()}", flush=True)
+    envs = settings(args.threads)
+    procs = {label: start(env, args.seconds, args.precision) for label, env in envs.items()}
     table = {}
     try:
         for busy in args.busy:
