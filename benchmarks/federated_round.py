@@ -46,7 +46,7 @@ from fedssl.models.autoencoder import ClientAutoencoder, reconstruction_loss
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.params import AugmentParams, DirichletScheme
 from fedssl.presets import Presets
-from fedssl.stage import bound_kernel_cache
+from fedssl.stage import bound_kernel_cache, set_threads
 
 
 # ----------------------------------------------------------------------------- conventional
@@ -343,6 +343,7 @@ def main():
     ap.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)  # the child's scenario
     args = ap.parse_args()
     bound_kernel_cache()  # as every stage does: peak memory flat in the client count
+    set_threads()  # as every stage does: FEDSSL_THREADS, one thread unless set
     device = torch.device(args.device)
     vmap_clients = args.parallel == "on" or (args.parallel == "auto" and device.type == "cuda")
     cap = args.max_per_client or (400 if device.type == "cpu" else 10**9)

@@ -67,6 +67,12 @@ class OptimizerConfig:
     eps: float = 1e-8
     clip_norm: float | None = None  # each client's gradient rescaled to this global L2 norm
 
+    @classmethod
+    def of(cls, settings) -> OptimizerConfig:
+        """The optimizer a federation block names (``optimizer``, ``weight_decay``,
+        ``momentum``)."""
+        return cls(settings.optimizer, settings.weight_decay, settings.momentum)
+
 
 def clip_grad_norm(grads: Tensors, max_norm: float) -> Tensors:
     """``torch.nn.utils.clip_grad_norm_`` per client row: every client's gradients scaled by
@@ -74,12 +80,6 @@ def clip_grad_norm(grads: Tensors, max_norm: float) -> Tensors:
     norm = torch.stack([g.flatten(1).float().pow(2).sum(1) for g in grads.values()]).sum(0).sqrt()
     scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     return {k: g * scale.to(g.dtype).view(-1, *[1] * (g.dim() - 1)) for k, g in grads.items()}
-
-    @classmethod
-    def of(cls, settings) -> OptimizerConfig:
-        """The optimizer a federation block names (``optimizer``, ``weight_decay``,
-        ``momentum``)."""
-        return cls(settings.optimizer, settings.weight_decay, settings.momentum)
 
 
 class StackedOptimizer:
