@@ -183,7 +183,7 @@ class StageContext:
                         "stage": self.stage_name,
                         "fingerprint": fingerprint,
                         "inputs": inputs,
-                        "output_digest": output_digest(self.stage, out),
+                        "output_digest": output_digest(self.stage.committed, out),
                         "command": self.stage.cmd,
                         **self.info,
                     },

@@ -33,9 +33,15 @@ def _at_repo(monkeypatch):
     codegraph.clear_cache()
 
 
-@pytest.mark.parametrize("top_level", [False, True], ids=["all imports", "module level"])
-def test_the_library_has_no_import_cycle(top_level):
-    graph = codegraph.import_graph(top_level=top_level)
+@pytest.mark.parametrize(
+    "top_level, with_types",
+    [(False, False), (True, False), (False, True)],
+    ids=["all imports", "module level", "type-only imports too"],
+)
+def test_the_library_has_no_import_cycle(top_level, with_types):
+    """Type-only imports included: the method contract names the stage context's type through
+    the ground-floor contract (fedssl.contract), not through the stage runtime."""
+    graph = codegraph.import_graph(top_level=top_level, with_types=with_types)
     assert "fedssl.plan.dag" in graph and "fedssl.methods.base" in graph
     assert codegraph.cycles(graph) == []
 
@@ -66,6 +72,10 @@ def test_the_cycles_command_finds_a_cycle_and_ignores_type_only_imports(
     assert codegraph.main(["cycles"]) == 1
     assert "fedssl.a -> fedssl.b -> fedssl.c -> fedssl.a" in capsys.readouterr().out
     assert codegraph.main(["cycles", "--top-level"]) == 0
+    assert codegraph.cycles(codegraph.import_graph(tmp_path, with_types=True)) == [
+        ["fedssl.a", "fedssl.b", "fedssl.c"],
+        ["fedssl.d", "fedssl.e"],
+    ]
 
 
 def test_nothing_under_methods_imports_planning_or_the_stage_runtime():
@@ -91,6 +101,7 @@ def test_a_method_package_init_only_declares(package):
     module = f"fedssl.methods.{package.name}"
     shared = {
         "fedssl/__init__.py",
+        "fedssl/contract.py",  # the step context's type and the step-input names
         "fedssl/params.py",
         "fedssl/data/__init__.py",  # the data-set registry: facts that params validate against
         "fedssl/data/catalog.py",

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
+from fedssl.contract import DATA, PARTITION, StepContext
 from fedssl.params import Strict
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fedssl.stage import StageContext
-
-DATA, PARTITION = "data", "partition"  # step inputs besides the outputs of earlier steps
+__all__ = ["DATA", "PARTITION", "Method", "MethodParams", "Step", "StepContext", "call_hook"]
 
 
 def hook_module(hook: str) -> str:
@@ -169,7 +167,7 @@ class Method:
         ``costs_inputs``)."""
         return self.costs_inputs
 
-    def run_step(self, step: str, ctx: StageContext) -> None:
+    def run_step(self, step: str, ctx: StepContext) -> None:
         """Run step ``step`` (a name in ``steps_for``): its ``runner``, or ``self.<step>(ctx)``."""
         declared = {s.name: s for s in self.steps_for(ctx.exp.method)}
         if step not in declared:
@@ -182,14 +180,14 @@ class Method:
         else:
             getattr(self, step)(ctx)
 
-    def encoder(self, ctx: StageContext):
+    def encoder(self, ctx: StepContext):
         """The frozen encoder the probes read (an ``nn.Module`` mapping float images in [0, 1]
         to features), built from the outputs of ``encoder_inputs``: ``encoder_hook``'s."""
         if self.encoder_hook is None:
             raise NotImplementedError(f"method '{self.name}' has no frozen encoder for the probes")
         return call_hook(self.encoder_hook, ctx)
 
-    def client_costs(self, ctx: StageContext) -> list[dict]:
+    def client_costs(self, ctx: StepContext) -> list[dict]:
         """Per-client costs (rows of :func:`fedssl.costs.summarize_client_costs`' input)."""
         if self.client_costs_hook is None:
             raise NotImplementedError(f"method '{self.name}' declares no client costs")

@@ -32,7 +32,7 @@ from fedssl import params as P
 from fedssl.codegraph import code_files
 from fedssl.data.catalog import dataset_spec
 from fedssl.methods import registry
-from fedssl.methods.base import DATA, PARTITION
+from fedssl.contract import DATA, PARTITION
 from fedssl.plan.fingerprint import hash_file, recorded
 from fedssl.plan.layout import (
     ARTIFACTS,
@@ -445,7 +445,7 @@ class Dag:
             "cmd": s.cmd,
             "params": raw_values(s.params),
             "code": {c: hash_file(Path(c)) for c in s.code},
-            "upstream": {u: recorded(self.stages[u], "output_digest") for u in s.upstream},
+            "upstream": {u: recorded(self.stages[u].out, "output_digest") for u in s.upstream},
         }
 
     def fingerprint(self, name: str) -> str:
