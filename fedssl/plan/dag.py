@@ -30,9 +30,9 @@ from typing import Any
 
 from fedssl import params as P
 from fedssl.codegraph import code_files
+from fedssl.contract import DATA, PARTITION
 from fedssl.data.catalog import dataset_spec
 from fedssl.methods import registry
-from fedssl.contract import DATA, PARTITION
 from fedssl.plan.fingerprint import hash_file, recorded
 from fedssl.plan.layout import (
     ARTIFACTS,
