@@ -31,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedssl.data.catalog import DATASETS
+from fedssl.data.catalog import datasets
 
 NAME_PATTERN = r"^[a-z0-9_]+$"  # preset names become stage names in Snakemake and DVC
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -59,7 +59,7 @@ class ParamsError(ValueError):
 
 
 # --------------------------------------------------------------------------- data sets
-DatasetName = Literal[tuple(DATASETS)]  # the registry's data sets, in registration order
+DatasetName = Literal[tuple(datasets())]  # the registry's data sets, in registration order
 
 
 class DatasetParams(Strict):

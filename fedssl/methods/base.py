@@ -138,9 +138,9 @@ class Method:
         committed report folder): file name -> caption. By default ``report_figures``'."""
         return call_hook(self.report_figures, rows, out_dir) if self.report_figures else {}
 
-    def hook_modules(self, params: MethodParams, kind: str) -> list[str]:
-        """The modules a stage of kind ``kind`` (a step, or a shared stage that calls a hook)
-        runs of this method, besides its declaration: the stage's code dependencies."""
+    def hooks(self, params: MethodParams, kind: str) -> list[str]:
+        """The ``"module:function"`` hooks a stage of kind ``kind`` (a step, or a shared stage
+        that calls a hook) calls of this method (its plan record names them)."""
         hooks = {
             "features": [self.encoder_hook],
             "finetune": [self.encoder_hook],
@@ -149,7 +149,12 @@ class Method:
         }.get(kind)
         if hooks is None:
             hooks = [s.runner for s in self.steps_for(params) if s.name == kind]
-        return [hook_module(h) for h in hooks if h]
+        return [h for h in hooks if h]
+
+    def hook_modules(self, params: MethodParams, kind: str) -> list[str]:
+        """The modules of :meth:`hooks`, which a stage of kind ``kind`` runs of this method
+        besides its declaration: the stage's code dependencies."""
+        return [hook_module(h) for h in self.hooks(params, kind)]
 
     # ------------------------------------------------------------------ stages
     # The DAG's shape may depend on the method's params (LW-FedSSL: one cached stage per
