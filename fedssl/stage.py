@@ -23,7 +23,13 @@ from pathlib import Path
 from fedssl.params import ParamsError
 from fedssl.plan.fingerprint import output_digest
 from fedssl.plan.layout import data_dir, experiment_dir, partition_dir, results_dir
-from fedssl.plan.record import fingerprint, fingerprint_inputs, read_record, values_digest
+from fedssl.plan.record import (
+    fingerprint,
+    fingerprint_inputs,
+    read_record,
+    values_digest,
+    write_records,
+)
 from fedssl.runtime import PeakMemory, StageFailed, atomic_dir, environment, pick_device, write_json
 
 RESUME_DIR = Path("artifacts/.resume")  # checkpoints of unfinished stages, outside all outputs
@@ -238,16 +244,21 @@ class StageContext:
 
 def plan_record(kind: str, name: str) -> dict:
     """The plan record of stage ``<kind>__<name>``: the one ``pipeline write`` (or the
-    Snakefile) wrote, while the params it reads are as they were then. Else (a stage of an
-    experiment no written pipeline runs, a preset shared with another experiment's stage, or
-    params edited since) the record the DAG makes now, the same the front ends then write;
-    the planner is imported by name, as it is not the stage's code: its record is."""
+    Snakefile) wrote, while the params it reads are as they were then. Else the record the DAG
+    makes now, the same the front ends write: for a stage of an experiment no written pipeline
+    runs, or a preset that shares another experiment's stage (nothing is written), or after a
+    params edit (it replaces the stale record, as ``dvc repro --single-item`` runs no DAG
+    check first: DVC then records the record the stage ran by). The planner is imported by
+    name, as it is not the stage's code: its record is."""
     record = read_record(f"{kind}__{name}")
-    if record is not None and record["params_digest"] == values_digest(
+    current = record is not None and record["params_digest"] == values_digest(
         raw_values(record["params"])
-    ):
+    )
+    if current:
         return record
     dag, stage = importlib.import_module("fedssl.plan.dag").Dag.for_stage(kind, name)
+    if record is not None and record["stage"] == stage:
+        write_records([dag.record(stage)])
     return dag.record(stage)
 
 

@@ -397,7 +397,6 @@ class Dag:
             "inputs": {
                 u: {"kind": self.stages[u].kind, "out": self.stages[u].out} for u in s.upstream
             },
-            "deps": s.deps,
             "outputs": {
                 "out": s.out,
                 "results": s.results,
