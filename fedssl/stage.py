@@ -24,6 +24,7 @@ from fedssl.params import ParamsError
 from fedssl.plan.fingerprint import output_digest
 from fedssl.plan.layout import data_dir, experiment_dir, partition_dir, results_dir
 from fedssl.plan.record import (
+    PRECISION,
     fingerprint,
     fingerprint_inputs,
     read_record,
@@ -75,9 +76,9 @@ class StageContext:
 
     @cached_property
     def method(self):
-        from fedssl.methods import registry
-
-        return registry.get(self.exp.method.name)
+        """The experiment's method plugin (the registry is imported by name: it is code of
+        every stage that loads an experiment's params, through the experiment model)."""
+        return importlib.import_module("fedssl.methods.registry").get(self.exp.method.name)
 
     # ------------------------------------------------------------------ where things are
     @property
@@ -190,7 +191,8 @@ class StageContext:
         fingerprint = self.fingerprint
         policy, computed = nullcontext(), {}
         if self.record["gpu"]:  # it computes on the device, in the experiment's precision
-            from fedssl import precision
+            # by name: only a stage that computes on the device runs it (its record says so)
+            precision = importlib.import_module(PRECISION)
 
             self.device = pick_device()
             setting = self.exp.precision

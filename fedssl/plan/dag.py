@@ -44,8 +44,9 @@ from fedssl.plan.layout import (
     report_dir,
     results_dir,
 )
-from fedssl.plan.record import fingerprint, fingerprint_inputs, values_digest
+from fedssl.plan.record import PRECISION, fingerprint, fingerprint_inputs, values_digest
 from fedssl.presets import (
+    EXPERIMENT_MODEL,
     PARAMS_DIR,
     PIPELINES_FILE,
     Presets,
@@ -274,6 +275,8 @@ class Dag:
             entry = _entry(entry or kind)
             modules = [
                 entry,
+                EXPERIMENT_MODEL,  # it loads the experiment's params
+                *([PRECISION] if gpu else []),
                 *([declaration, *method.hook_modules(exp.method, kind)] if calls_method else []),
             ]
             stage = self._exp_stage(
@@ -337,7 +340,7 @@ class Dag:
         """The report reads every experiment's metrics, the meta and traffic of its method's
         steps, its costs, and the partitions' heat-maps."""
         # the metrics' declarations say how the report shows them
-        modules = {_entry("report"), *evaluations.modules()}
+        modules = {_entry("report"), EXPERIMENT_MODEL, *evaluations.modules()}
         deps, upstream, params, hooks = [], [], {}, set()
         for exp in self.experiments:
             exp_params = self.presets.load("experiment", exp)

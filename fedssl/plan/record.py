@@ -21,6 +21,10 @@ from pathlib import Path
 from fedssl.plan.fingerprint import hash_file, recorded
 from fedssl.plan.layout import PLAN_RECORDS
 
+# The precision policy: the stage runtime imports it by name, for a stage that computes on a
+# device (its record's ``gpu``), so the planner names it among those stages' code only.
+PRECISION = "fedssl.precision"
+
 
 def record_path(stage: str) -> Path:
     return PLAN_RECORDS / f"{stage}.json"
