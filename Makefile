@@ -46,10 +46,13 @@ benchmark: install
 test: install lint
 	pytest -q -n auto --dist loadscope --no-loadscope-reorder
 
-# Lint and format check (ruff); `make format` rewrites the files.
+# Lint and format check (ruff: style, complexity, argument count) and the architecture gate
+# (import-linter: the library's layers, method packages independent; pyproject.toml);
+# `make format` rewrites the files.
 lint: $(INSTALLED)
 	ruff check fedssl stages tests benchmarks
 	ruff format --check fedssl stages tests benchmarks
+	lint-imports
 
 format: $(INSTALLED)
 	ruff format fedssl stages tests benchmarks

@@ -74,12 +74,11 @@ def encoder_context(experiment: str) -> StageContext:
             f"`encoder_builder`, so its encoder cannot be rebuilt from a card"
         )
     ctx = StageContext("features", experiment)
-    for name in ctx.stage.upstream:
-        stage = ctx.dag.stages[name]
-        if not (Path(stage.out) / "meta.json").is_file():
+    for name, stage in ctx.record["inputs"].items():
+        if not (Path(stage["out"]) / "meta.json").is_file():
             raise StageFailed(
-                f"experiment '{experiment}' has no trained '{stage.kind}' output "
-                f"({stage.out} is missing): run its stage '{name}' first, e.g. `snakemake "
+                f"experiment '{experiment}' has no trained '{stage['kind']}' output "
+                f"({stage['out']} is missing): run its stage '{name}' first, e.g. `snakemake "
                 f"--cores all {name}` (add `--config pipeline=NAME` for a pipeline other "
                 f"than default)"
             )
@@ -96,8 +95,8 @@ def card(ctx: StageContext, experiment: str, encoder, weights: Path) -> dict:
         dim = int(encoder(torch.zeros(1, *shape)).shape[-1])
     part = ctx.partition
     trained = {
-        n: json.loads((Path(ctx.dag.stages[n].out) / "meta.json").read_text())
-        for n in ctx.stage.upstream
+        n: json.loads((Path(stage["out"]) / "meta.json").read_text())
+        for n, stage in ctx.record["inputs"].items()
     }
     return {
         "format": FORMAT,
@@ -147,8 +146,11 @@ def card(ctx: StageContext, experiment: str, encoder, weights: Path) -> dict:
 
 def _metrics(ctx: StageContext, experiment: str) -> dict | None:
     """The experiment's evaluation metrics, if it was evaluated."""
-    for name in ctx.dag.of_experiment[experiment]:
-        for path in map(Path, ctx.dag.stages[name].metrics):
+    from fedssl.plan.dag import Dag
+
+    dag = Dag(None, experiments=[experiment], presets=ctx.presets)
+    for name in dag.of_experiment[experiment]:
+        for path in map(Path, dag.stages[name].metrics):
             if path.name == "metrics.json" and path.is_file():
                 return json.loads(path.read_text())
     return None
