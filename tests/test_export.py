@@ -1,6 +1,7 @@
 """Encoders to take away: each method family's trained encoder on a tiny project goes out as
-safetensors + a JSON card and comes back, through `load_encoder` alone, as a module giving the
-very features the probes read."""
+safetensors + a JSON card and as a `torch.export` program, and comes back, through
+`load_encoder` or through `torch.export.load` alone, as a module giving the very features the
+probes read; the Markdown model card states what the JSON card holds."""
 
 from __future__ import annotations
 
@@ -98,13 +99,20 @@ def test_an_exported_encoder_gives_the_probes_features(project, monkeypatch, exp
     state = torch.get_rng_state()
     moved = project / "elsewhere" / experiment  # only the two files travel
     moved.mkdir(parents=True)
-    for f in ("encoder.json", "encoder.safetensors"):
+    for f in ("encoder.json", "encoder.safetensors", "encoder.pt2"):
         shutil.copy(out / f, moved / f)
     loaded = load_encoder(moved)
     assert torch.equal(torch.get_rng_state(), state)  # the builder's seeding stays inside
     assert type(loaded).__module__.startswith("fedssl.") and not loaded.training
     got = extract_features(loaded, images, 64, torch.device("cpu"))
     assert got.shape == expected.shape and np.array_equal(got, expected)
+    program = torch.export.load(moved / "encoder.pt2").module()  # torch alone
+    assert type(program).__module__.startswith("torch.")
+    x = torch.from_numpy(np.array(images[:64])).float() / 255  # what the probes feed it
+    with torch.no_grad():
+        assert np.array_equal(program(x).numpy(), expected[:64])  # the probes' batch
+        one = program(x[:1])  # any batch size (kernels differ by batch: the eager one's)
+        assert torch.equal(one, loaded(x[:1])) and one.shape == (1, expected.shape[1])
     card = json.loads((out / "encoder.json").read_text())
     assert card["architecture"]["feature_dim"] == expected.shape[1]
     assert card["params"]["method"] == card["builder"]["params"]
@@ -161,6 +169,19 @@ def test_the_card_records_metrics_and_versions(project, monkeypatch):
     assert card["params"]["method"]["rounds"] == 2
     assert card["code"]["torch"] == torch.__version__ and card["code"]["git"] is None
     assert set(card["trained_by"]) == {"prepare_data__tiny", "pretrain__tiny_simclr"}
+    used = json.loads(
+        (project / "artifacts/experiments/tiny_simclr/pretrain/meta.json").read_text()
+    )
+    assert used["precision"] in ("fp32", "bf16")  # bf16 on a CPU with native bf16
+    assert card["trained_by"]["pretrain__tiny_simclr"]["precision"] == used["precision"]
+    assert card["features_precision"] in ("fp32", "bf16")
+    page = (project / "artifacts/exports/tiny_simclr/MODEL_CARD.md").read_text()
+    for section in ("Architecture", "Input and normalisation", "Training data and partition"):
+        assert f"## {section}\n" in page
+    assert "`fedssl.models.encoders.SmallCNN`" in page and "partition `tiny_dir05_m3`" in page
+    assert f"`pretrain__tiny_simclr` in {used['precision']}" in page and "rounds 2" in page
+    assert f"| linear_top1 | {metrics['linear_top1']} |" in page
+    assert "torch.export.load('encoder.pt2').module()" in page
 
 
 def test_a_tampered_card_or_weights_file_is_refused(project, monkeypatch, tmp_path):
