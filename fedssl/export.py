@@ -230,8 +230,7 @@ def model_card(info: dict) -> str:
     arch, data, params = info["architecture"], info["data"], info["params"]
     method = params["method"]
     trained = "; ".join(
-        f"`{n}` in {m.get('precision') or 'fp32 (not a device stage)'}"
-        for n, m in info["trained_by"].items()
+        f"`{n}` in {m['precision']}" for n, m in info["trained_by"].items() if m.get("precision")
     )
     lines = [
         f"# {info['label']}: encoder of `{info['experiment']}`",
@@ -246,8 +245,8 @@ def model_card(info: dict) -> str:
         f"- output: {arch['output']}",
         "",
         "## Input and normalisation",
-        "- uint8 pixels divided by 255, nothing else: no mean/std normalisation, no resize "
-        "(the encoder's own layers normalise); the probes feed the test images unaugmented",
+        "- uint8 pixels divided by 255 and nothing else (no mean/std normalisation, no "
+        "resize), at the data set's own size; the probes feed the test images unaugmented",
         "",
         "## Training data and partition",
         f"- data set `{data['dataset']}`: "
@@ -265,7 +264,7 @@ def model_card(info: dict) -> str:
         f"- seed {params.get('seed', method.get('seed', 'n/a'))}",
         "",
         "## Precision actually used",
-        f"- training: {trained}",
+        f"- training: {trained or 'fp32 (no device stage recorded one)'}",
         f"- features for the probes: {info.get('features_precision') or 'not computed yet'}",
         "",
         "## Probe metrics",

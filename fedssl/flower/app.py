@@ -66,14 +66,14 @@ class GridExchange:
             time.sleep(0.5)
         asks = [Message(RecordDict(), dst_node_id=n, message_type="query") for n in nodes]
         node_of = {}
-        for reply in self.grid.send_and_receive(asks):
-            answer = self.check(reply, "answering which client it is")["who"]
+        for node, content in self.replies(asks, "answering which client it is").items():
+            answer = content["who"]
             client = int(answer["client"])
             if client in node_of:
                 raise StageFailed(f"two SuperNodes say they are client {client} ({PARTITION_ID})")
             if self.compare is not None:
                 self.compare(self.facts, dict(answer), client)
-            node_of[client] = reply.metadata.src_node_id
+            node_of[client] = node
         missing = sorted(set(range(clients)) - set(node_of))
         if missing:
             raise StageFailed(
@@ -82,21 +82,25 @@ class GridExchange:
             )
         return node_of
 
-    def check(self, reply: Message, doing: str) -> RecordDict:
-        if reply.has_error():
-            client = self.client_of(reply.metadata.src_node_id)
+    def replies(self, messages: list[Message], doing: str) -> dict[int, RecordDict]:
+        """Each destination node's reply content; a node that failed or was lost (Flower
+        answers for it with an error) stops the run with one line naming it."""
+        got, errors = {}, []
+        for reply in self.grid.send_and_receive(messages):
+            if reply.has_error():
+                errors.append(reply.error.reason.splitlines()[0])
+            else:
+                got[reply.metadata.src_node_id] = reply.content
+        lost = [m.metadata.dst_node_id for m in messages if m.metadata.dst_node_id not in got]
+        if lost:
+            clients = {n: c for c, n in getattr(self, "node_of", {}).items()}
+            who = ", ".join(f"client {clients[n]}" if n in clients else f"node {n}" for n in lost)
             raise StageFailed(
-                f"the SuperNode of {client} failed {doing}: "
-                f"{reply.error.reason.splitlines()[0]} (restart it and submit the run again: "
+                f"the SuperNode of {who} failed {doing}: "
+                f"{errors[0] if errors else 'no reply'} (restart it and submit the run again: "
                 "it resumes from its last checkpoint)"
             )
-        return reply.content
-
-    def client_of(self, node_id: int) -> str:
-        for c, n in getattr(self, "node_of", {}).items():
-            if n == node_id:
-                return f"client {c}"
-        return f"node {node_id}"
+        return got
 
     def __call__(self, tasks: list[Task]) -> list[Result]:
         messages = [
@@ -115,10 +119,7 @@ class GridExchange:
             )
             for t in tasks
         ]
-        by_node = {}
-        for reply in self.grid.send_and_receive(messages):
-            round_ = tasks[0].round
-            by_node[reply.metadata.src_node_id] = self.check(reply, f"in round {round_}")
+        by_node = self.replies(messages, f"in round {tasks[0].round}")
         return [result_of(by_node[self.node_of[t.client]]) for t in tasks]
 
 

@@ -9,6 +9,9 @@ It runs Flower's own ``flower-superlink`` with
   without the deployment's token (``DIR/control.token``; the SuperLink reads only its digest):
   Flower's open-source SuperLink accepts any caller there, so this plugs a bearer-token check
   into its account-authentication hook;
+- its Runtime API (which Flower serves on the same port, for the SuperExec and ServerApp
+  processes it starts on this machine) refused to any other machine: Flower guards its
+  ``acquire-task`` call only in ``--isolation process`` mode;
 - no installation of a submitted app's dependencies;
 - the project root fixed here: the ServerApp runs the stage of the project at ``--root``
   (``FEDSSL_FLOWER_ROOT``), whatever the submitted run config says.
@@ -19,6 +22,7 @@ There is no ``--insecure``: a local simulation needs no SuperLink (``python -m s
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -64,6 +68,32 @@ def token_plugin(expected_digest: str):
     return TokenAuthn()
 
 
+class LocalRuntimeOnly:
+    """ASGI middleware: Runtime API requests (``/v1/runtime/``) from loopback addresses only."""
+
+    PREFIX = "/v1/runtime/"
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith(self.PREFIX):
+            if not is_loopback((scope.get("client") or ("",))[0]):
+                from starlette.responses import PlainTextResponse
+
+                refused = PlainTextResponse("the Runtime API serves this machine only", 403)
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def flower_args(folder: Path, host: str, port: int, database: str | None) -> list[str]:
     """``flower-superlink``'s arguments: TLS, node authentication, no runtime installs."""
     args = [
@@ -82,6 +112,8 @@ def serve(folder: Path, root: Path, host: str, port: int, database: str | None =
     """Run the SuperLink (blocks until it is stopped)."""
     import importlib
 
+    from starlette.middleware import Middleware
+
     superlink = importlib.import_module("flwr.superlink.cli.flower_superlink")
 
     folder, root = Path(folder).resolve(), Path(root).resolve()
@@ -99,6 +131,9 @@ def serve(folder: Path, root: Path, host: str, port: int, database: str | None =
         raise SystemExit(f"--root {root} is not a fedssl project (it has no params/ folder)")
     expected = (folder / credentials.TOKEN_DIGEST).read_text().strip()
     superlink.load_control_authn_plugin = lambda: token_plugin(expected)
+    extensions = importlib.import_module("flwr.superlink.extensions")
+    outer = extensions.get_middleware
+    extensions.get_middleware = lambda: (Middleware(LocalRuntimeOnly), *outer())
     os.environ[ROOT_ENV] = str(root)  # inherited by the SuperExec and its ServerApp processes
     sys.argv = ["flower-superlink", *flower_args(folder, host, port, database)]
     superlink.flower_superlink()
