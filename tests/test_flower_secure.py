@@ -125,3 +125,15 @@ def test_a_node_with_other_params_or_partition_is_named():
     compare(server, {"client": 1, **server}, 1)
     with pytest.raises(StageFailed, match="client 1 has another params or code, partition__p"):
         compare(server, {"fingerprint": "b", "partition__p": "d2"}, 1)
+
+
+def test_the_fedssl_command_makes_the_credentials(tmp_path, capsys):
+    from fedssl.cli import run
+
+    run(["flower", "credentials", str(tmp_path / "c"), "--host", "h.example", "--nodes", "3"])
+    assert "wrote the deployment's credentials" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "c").glob("node-*.pub")) == [
+        "node-0.pub",
+        "node-1.pub",
+        "node-2.pub",
+    ]
