@@ -18,6 +18,17 @@ from tests.fixtures import REPO
 FLOWER = [sys.executable, "-m", "fedssl.flower"]
 
 
+def outward_address() -> str:
+    """This machine's address on its network (what another machine would dial), or
+    127.0.0.1 where it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: only the route is looked up
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -25,10 +36,14 @@ def free_port() -> int:
 
 
 class Deployment:
+    """The SuperLink bound on every interface (as for other machines) and dialled at this
+    machine's network address, which its certificate names."""
+
     def __init__(self, folder: Path, nodes: int):
         self.folder = Path(folder)
         self.port = free_port()
-        self.superlink = f"127.0.0.1:{self.port}"
+        self.address = outward_address()
+        self.superlink = f"{self.address}:{self.port}"
         self.credentials = self.folder / "credentials"
         self.env = {
             **os.environ,
@@ -40,7 +55,7 @@ class Deployment:
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         }
         self.procs: dict[str, subprocess.Popen] = {}
-        self.call("credentials", self.credentials, "--nodes", nodes)
+        self.call("credentials", self.credentials, "--host", self.address, "--nodes", nodes)
 
     def call(self, *args, check=True) -> subprocess.CompletedProcess:
         """``python -m fedssl.flower ARGS`` (or ``flwr ARGS`` when the first is "flwr")."""
@@ -72,7 +87,7 @@ class Deployment:
 
     def start_superlink(self, root: Path) -> None:
         self.start("superlink", "superlink", "--credentials", self.credentials, "--root", root,
-                   "--port", self.port)  # fmt: skip
+                   "--host", "0.0.0.0", "--port", self.port)  # fmt: skip
         wait_for(lambda: "Uvicorn running on https" in self.log("superlink"), 120, "SuperLink")
         self.call("connect", "--credentials", self.credentials, "--superlink", self.superlink)
 

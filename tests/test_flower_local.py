@@ -1,7 +1,8 @@
 """Opt-in (`make test-flower`, which installs `.[flower]`): a real Flower deployment on
 localhost, set up as docs/how-to/flower-two-machines.md sets up two machines
 (tests/flower_deployment.py): a SuperLink with TLS, SuperNode authentication and a Control API
-token, and two SuperNodes, each with its own project root. FedSimCLR's pretraining of a tiny
+token, bound on 0.0.0.0 and dialled at the machine's network address, and two SuperNodes,
+each with its own project root. FedSimCLR's pretraining of a tiny
 two-client project submitted with `flwr run` writes the very files the simulator's stage
 writes, byte for byte; nodes and callers without the deployment's credentials are refused;
 too few nodes and a node lost mid-run end the run with one line and a non-zero exit."""
@@ -87,23 +88,36 @@ def connected(d: Deployment, name: str) -> bool:
 
 
 def test_callers_without_the_credentials_are_refused(deployment):
+    """A caller with the CA certificate but not the token (its own FLWR_HOME: the token lives
+    in the deployment owner's, readable by that user only), and one without TLS."""
     d = deployment
-    flwr_home = Path(d.env["FLWR_HOME"])
-    config = flwr_home / "config.toml"
-    config.write_text(
-        config.read_text() + f'\n[superlink.notoken]\naddress = "{d.superlink}"\n'
+    stranger = d.folder / "stranger_home"
+    stranger.mkdir()
+    (stranger / "config.toml").write_text(
+        f'[superlink]\ndefault = "notoken"\n\n[superlink.notoken]\naddress = "{d.superlink}"\n'
         f'root-certificates = "{d.credentials / "ca.crt"}"\n'
         f'\n[superlink.plain]\naddress = "{d.superlink}"\ninsecure = true\n'
     )
+    as_stranger = {**d.env, "FLWR_HOME": str(stranger)}
+
+    def flwr(*args) -> str:
+        cmd = ["flwr", *map(str, args)]
+        proc = subprocess.run(cmd, env=as_stranger, capture_output=True, text=True, timeout=600)
+        return " ".join((proc.stdout + proc.stderr).split())
+
     started = time.monotonic()
-    for call in (("ls", "notoken"), ("run", APP, "notoken")):
-        out = d.call("flwr", *call, check=False).stdout
-        assert "Authentication failed" in " ".join(out.split()), out
+    assert "Authentication failed" in (out := flwr("ls", "notoken")), out
+    assert "Authentication failed" in (out := flwr("run", APP, "notoken")), out
     seconds = time.monotonic() - started
-    out = d.call("flwr", "ls", "plain", check=False).stdout  # no TLS: nothing answers
-    assert "Connection to the SuperLink is unavailable" in " ".join(out.split()), out
+    assert "Connection to the SuperLink is unavailable" in (out := flwr("ls", "plain")), out
     assert '"runs": []' in d.call("flwr", "ls", "fedssl", "--format", "json").stdout
     print(f"token-less flwr ls and flwr run refused in {seconds:.1f} s")
+    if d.address != "127.0.0.1":  # from another address than loopback: the Runtime API
+        import httpx
+
+        url = f"https://{d.superlink}/v1/runtime/acquire-task"
+        answer = httpx.post(url, verify=str(d.credentials / "ca.crt"), timeout=60)
+        assert answer.status_code == 403 and "this machine only" in answer.text
 
     rogue = d.folder / "rogue"  # a node key the SuperLink was never told of
     subprocess.run(

@@ -119,7 +119,7 @@ class GridExchange:
             )
             for t in tasks
         ]
-        by_node = self.replies(messages, f"in round {tasks[0].round}")
+        by_node = self.replies(messages, f"in round {tasks[0].round + 1}")  # 1-based, as logged
         return [result_of(by_node[self.node_of[t.client]]) for t in tasks]
 
 
