@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -116,7 +117,8 @@ def test_callers_without_the_credentials_are_refused(deployment):
         import httpx
 
         url = f"https://{d.superlink}/v1/runtime/acquire-task"
-        answer = httpx.post(url, verify=str(d.credentials / "ca.crt"), timeout=60)
+        ca = ssl.create_default_context(cafile=d.credentials / "ca.crt")
+        answer = httpx.post(url, verify=ca, timeout=60)
         assert answer.status_code == 403 and "this machine only" in answer.text
 
     rogue = d.folder / "rogue"  # a node key the SuperLink was never told of
