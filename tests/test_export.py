@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
 
 import numpy as np
@@ -182,6 +183,33 @@ def test_the_card_records_metrics_and_versions(project, monkeypatch):
     assert f"`pretrain__tiny_simclr` in {used['precision']}" in page and "rounds 2" in page
     assert f"| linear_top1 | {metrics['linear_top1']} |" in page
     assert "torch.export.load('encoder.pt2').module()" in page
+
+
+def test_the_program_loads_with_torch_alone(project, monkeypatch, tmp_path):
+    """In a fresh interpreter that cannot import fedssl: one line loads it, and its features
+    equal those of the module fedssl rebuilds."""
+    import subprocess
+    import sys
+
+    from fedssl.export import export, load_encoder
+
+    monkeypatch.chdir(project)
+    out = export("tiny_simclr", tmp_path / "enc")
+    script = (
+        "import sys, torch\n"
+        "sys.path = [p for p in sys.path if p not in ('', '.')]\n"
+        f"encoder = torch.export.load({str(out / 'encoder.pt2')!r}).module()\n"
+        "x = torch.linspace(0, 1, 3 * 28 * 28).reshape(3, 1, 28, 28)\n"
+        "with torch.no_grad():\n"
+        f"    torch.save(encoder(x), {str(tmp_path / 'features.pt')!r})\n"
+        "assert 'fedssl' not in sys.modules, 'fedssl was imported'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, check=True)
+    got = torch.load(tmp_path / "features.pt", weights_only=True)
+    x = torch.linspace(0, 1, 3 * 28 * 28).reshape(3, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(got, load_encoder(out)(x))
 
 
 def test_a_tampered_card_or_weights_file_is_refused(project, monkeypatch, tmp_path):
