@@ -34,7 +34,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from fedssl.data.catalog import DATASETS
+from fedssl.data.catalog import datasets
 
 NAME_PATTERN = r"^[a-z0-9_]+$"  # preset names become stage names in Snakemake and DVC
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -143,7 +143,7 @@ class ParamsError(ValueError):
 
 
 # --------------------------------------------------------------------------- data sets
-DatasetName = Literal[tuple(DATASETS)]  # the registry's data sets, in registration order
+DatasetName = Literal[tuple(datasets())]  # the registry's data sets, in registration order
 
 
 class DatasetParams(Strict):

@@ -15,6 +15,7 @@ dependencies), so both front ends rerun a stage on the same edits.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import re
@@ -27,8 +28,6 @@ from pydantic import BaseModel, ValidationError
 
 from fedssl import params as P
 from fedssl.data.catalog import dataset_spec
-from fedssl.experiment import experiment_model
-from fedssl.plan.layout import data_dir
 
 PARAMS_DIR = Path("params")
 EXTENDS = "extends"
@@ -36,13 +35,17 @@ GRIDS_FILE = "grids.yaml"
 PIPELINES_FILE = "pipelines.yaml"
 KINDS = {"dataset": "datasets", "partition": "partitions", "experiment": "experiments"}
 GRID_SECTIONS = {"partition": "partitions", "experiment": "experiments"}
+EXPERIMENT_MODEL = "fedssl.experiment"
 ParamsError = P.ParamsError
 
 
 def model_of(kind: str) -> type[BaseModel]:
-    return {"dataset": P.DatasetParams, "partition": P.PartitionParams}.get(
-        kind
-    ) or experiment_model()
+    """The params model of a preset kind. The experiment model (every method's params) is
+    imported by name: a stage that loads a data set's or a partition's params does not run it,
+    and the planner names it among the code of the stages that load an experiment's."""
+    if kind in ("dataset", "partition"):
+        return {"dataset": P.DatasetParams, "partition": P.PartitionParams}[kind]
+    return importlib.import_module(EXPERIMENT_MODEL).experiment_model()
 
 
 # ---------------------------------------------------------------------------- YAML
@@ -369,26 +372,30 @@ def raw_values(entries: dict) -> dict:
     return values
 
 
-def train_size_of(preset: str, dataset: P.DatasetParams) -> int | None:
-    """The training samples of data set preset ``preset`` as far as planning knows them
-    cheaply: its raw files' headers where the format has one (Fashion-MNIST's idx), else its
-    prepared copy's count, else the catalog's figure (None: known only once read)."""
+def train_size_of(dataset: P.DatasetParams, prepared: Path) -> int | None:
+    """The training samples of a data set as far as planning knows them cheaply: its raw
+    files' headers where the format has one (Fashion-MNIST's idx), else the count of its
+    prepared copy in folder ``prepared``, else the catalog's figure (None: known only once
+    read)."""
     from fedssl.data.sources import raw_train_size
 
     size = raw_train_size(dataset.name, dataset.data_root)
     if size is None:
         try:
-            prepared = json.loads((Path(data_dir(preset)) / "dataset.json").read_text())
-            size = int(prepared["splits"]["train"]["count"])
+            summary = json.loads((Path(prepared) / "dataset.json").read_text())
+            size = int(summary["splits"]["train"]["count"])
         except (OSError, ValueError, KeyError, TypeError):
             size = dataset_spec(dataset.name).train_size
     return size
 
 
-def check_partition_fits(part: P.PartitionParams, where: str, dataset: P.DatasetParams) -> None:
+def check_partition_fits(
+    part: P.PartitionParams, where: str, dataset: P.DatasetParams, prepared: Path
+) -> None:
     """Cross-file check: a partition cannot have more clients than it has samples (skipped
-    for data sets whose size is only known once read, e.g. femnist)."""
-    full_size = train_size_of(part.dataset, dataset)
+    for data sets whose size is only known once read, e.g. femnist); ``prepared``: the data
+    set's prepared folder."""
+    full_size = train_size_of(dataset, prepared)
     if full_size is None:
         return
     train_size = full_size - (part.server_holdout or 0)
@@ -410,11 +417,13 @@ def check_partition_fits(part: P.PartitionParams, where: str, dataset: P.Dataset
         )
 
 
-def check_experiment_fits(exp, where: str, part: P.PartitionParams, dataset) -> None:
+def check_experiment_fits(
+    exp, where: str, part: P.PartitionParams, dataset: P.DatasetParams, prepared: Path
+) -> None:
     """Cross-file check: the k-NN probe cannot ask for more neighbours than its bank holds
     (the labelled training images the features stage keeps)."""
     knn, features = getattr(exp, "knn", None), getattr(exp, "features", None)
-    size = train_size_of(part.dataset, dataset)
+    size = train_size_of(dataset, prepared)
     if knn is None or features is None or size is None:
         return
     bank = min(features.train_size or size, size)

@@ -1,19 +1,21 @@
 """The stage contract, in one place: validate params before any compute, hold the stage's lock
 (both front ends take it), check every input file against the digest its producer recorded,
 write the declared output directory and the committed result files atomically, on success
-only, and record what ran (meta.json with the DAG fingerprint and each file's SHA-256).
+only, and record what ran (meta.json with the stage's fingerprint and each file's SHA-256).
 
-A stage script builds a :class:`StageContext` for its stage (the smallest DAG holding it, so a
-job plans only its own experiment) and runs its body inside :meth:`StageContext.run`. The
-context gives the body its validated params, where its inputs are, a scratch output folder, the
-device, and the ``info`` dict that ends up in meta.json. torch is imported only by stages that
-compute with it. The runtime imports the DAG and the path layout, never the freshness rules or
-the ``dvc.yaml`` writer, so editing those reruns no stage.
+A stage script builds a :class:`StageContext` for its stage and runs its body inside
+:meth:`StageContext.run`. The context reads the stage's plan record (:mod:`fedssl.plan.record`:
+its command, params keys, inputs, outputs, code), not the DAG, so the planner is no code of any
+stage. It gives the body its validated params, where its inputs are, a scratch output folder,
+the device, and the ``info`` dict that ends up in meta.json. torch is imported only by stages
+that compute with it. It implements :class:`fedssl.contract.StepContext`, the type the method
+plugins name.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -25,9 +27,16 @@ from pathlib import Path
 
 from fedssl.hardware import computed_on
 from fedssl.params import ParamsError
-from fedssl.plan.dag import Dag
 from fedssl.plan.fingerprint import output_digest
 from fedssl.plan.layout import data_dir, experiment_dir, partition_dir, results_dir
+from fedssl.plan.record import (
+    PRECISION,
+    fingerprint,
+    fingerprint_inputs,
+    read_record,
+    values_digest,
+    write_records,
+)
 from fedssl.runtime import (
     PeakMemory,
     StageFailed,
@@ -53,11 +62,10 @@ class StageContext:
     """Stage ``<kind>__<name>`` of the project under ``params/``."""
 
     def __init__(self, kind: str, name: str):
-        self.dag, self.stage_name = Dag.for_stage(kind, name)
-        self.stage = self.dag.stages[self.stage_name]
+        self.record = plan_record(kind, name)
+        self.stage_name = self.record["stage"]
         # a shared stage runs with the params of the experiment that owns its content
-        self.kind, self.name = kind, self.stage_name.split("__", 1)[1]
-        self.presets = self.dag.presets
+        self.kind, self.name = kind, self.record["name"]
         self.out: Path | None = None  # the scratch output folder, inside run()
         self.device = None
         self.info: dict = {}  # facts of the output, into meta.json
@@ -68,6 +76,12 @@ class StageContext:
         self.running = False
 
     # ------------------------------------------------------------------ params
+    @cached_property
+    def presets(self):
+        from fedssl.presets import Presets
+
+        return Presets()
+
     @cached_property
     def exp(self):
         return self.presets.load("experiment", self.name)
@@ -83,9 +97,9 @@ class StageContext:
 
     @cached_property
     def method(self):
-        from fedssl.methods import registry
-
-        return registry.get(self.exp.method.name)
+        """The experiment's method plugin (the registry is imported by name: it is code of
+        every stage that loads an experiment's params, through the experiment model)."""
+        return importlib.import_module("fedssl.methods.registry").get(self.exp.method.name)
 
     # ------------------------------------------------------------------ where things are
     @property
@@ -110,7 +124,7 @@ class StageContext:
         """The folder to write the committed files of ``path`` into (see :attr:`results_dir`)."""
         if self.running:
             if path not in self.landing:
-                self.landing[path] = scratch_name(Path(self.stage.out), f"partial-{path.name}")
+                self.landing[path] = scratch_name(self.output_dir, f"partial-{path.name}")
             path = self.landing[path]
         path.mkdir(parents=True, exist_ok=True)
         return path
@@ -118,26 +132,43 @@ class StageContext:
     def input(self, step: str) -> Path:
         """The output folder of the upstream stage of kind ``step`` (an earlier step of this
         experiment's method, or one it shares with another experiment)."""
-        for name in self.stage.upstream:
-            if self.dag.stages[name].kind == step:
-                return Path(self.dag.stages[name].out)
+        for upstream in self.record["inputs"].values():
+            if upstream["kind"] == step:
+                return Path(upstream["out"])
         raise KeyError(f"{self.stage_name} reads no '{step}' stage")
+
+    @property
+    def output_dir(self) -> Path:
+        """Where the stage's output goes when it succeeds (``out`` is its scratch copy)."""
+        return Path(self.record["outputs"]["out"])
+
+    @property
+    def committed(self) -> list[str]:
+        """The small result files it writes under ``results/`` (DVC outs, cache: false)."""
+        outputs = self.record["outputs"]
+        return outputs["results"] + outputs["metrics"] + outputs["plots"]
 
     @property
     def resume_path(self) -> Path:
         RESUME_DIR.mkdir(parents=True, exist_ok=True)
         return RESUME_DIR / f"{self.stage_name}.pt"
 
+    @cached_property
+    def fingerprint_inputs(self) -> dict:
+        """What the output depends on (:func:`fedssl.plan.record.fingerprint_inputs`), as the
+        stage starts."""
+        return fingerprint_inputs(self.record, raw_values(self.record["params"]))
+
     @property
     def fingerprint(self) -> str:
-        """What a resume checkpoint must match: the stage's DAG fingerprint and the compute
+        """What a resume checkpoint must match: the stage's fingerprint and the compute
         settings of this run (device, threads, precision)."""
         settings = {"device": str(self.device or "cpu")}
         if "torch" in sys.modules:
             settings["threads"] = sys.modules["torch"].get_num_threads()
         if "precision" in self.info:
             settings["precision"] = self.info["precision"]
-        return resume_fingerprint(self.dag.fingerprint(self.stage_name), settings)
+        return resume_fingerprint(fingerprint(self.fingerprint_inputs), settings)
 
     # ------------------------------------------------------------------ data
     @cached_property
@@ -193,18 +224,19 @@ class StageContext:
     def run(self):
         """Run the stage's body: yields the scratch output folder; on success it becomes the
         stage's output with meta.json in it."""
-        inputs = self.dag.fingerprint_inputs(self.stage_name)
-        fingerprint = self.dag.fingerprint(self.stage_name)
+        inputs = self.fingerprint_inputs
+        stage_fingerprint = fingerprint(inputs)
         policy, computed = nullcontext(), {}
-        if self.stage.gpu:  # it computes on the device, in the experiment's precision
-            from fedssl import precision
+        if self.record["gpu"]:  # it computes on the device, in the experiment's precision
+            # by name: only a stage that computes on the device runs it (its record says so)
+            precision = importlib.import_module(PRECISION)
 
             self.device = pick_device()
             setting = self.exp.precision
             policy = precision.policy(setting)
             computed = {"precision": precision.resolved(self.device, setting)}
         set_threads()
-        if self.stage.gpu:  # what its numbers depend on: hardware, threads, precision
+        if self.record["gpu"]:  # what its numbers depend on: hardware, threads, precision
             computed["computed_on"] = computed_on(self.device)
             self.info.update(computed)
             computed["precision_setting"] = setting
@@ -212,8 +244,8 @@ class StageContext:
         say(f"{self.stage_name}: started on {self.device or 'cpu'}")
         start = time.time()
         try:
-            with stage_lock(self.stage_name), atomic_dir(Path(self.stage.out)) as out:
-                verify_inputs(self.dag, self.stage_name)
+            with stage_lock(self.stage_name), atomic_dir(self.output_dir) as out:
+                verify_inputs(self.record)
                 self.out, self.running = out, True
                 try:
                     with PeakMemory(self.device) as peak, policy:
@@ -223,11 +255,11 @@ class StageContext:
                         out / "meta.json",
                         {
                             "stage": self.stage_name,
-                            "fingerprint": fingerprint,
+                            "fingerprint": stage_fingerprint,
                             "inputs": inputs,
-                            "output_digest": output_digest(self.stage, out, staged),
-                            "files": file_digests(self.stage, out, staged),
-                            "command": self.stage.cmd,
+                            "output_digest": output_digest(self.committed, out, staged),
+                            "files": file_digests(self.output_dir, out, self.committed, staged),
+                            "command": self.record["command"],
                             **self.info,
                         },
                     )
@@ -276,12 +308,42 @@ class StageContext:
         (RESUME_DIR / f"{self.stage_name}.pt").unlink(missing_ok=True)
 
 
-def file_digests(stage, out: Path, staged: dict[str, Path]) -> dict[str, str]:
-    """SHA-256 of each file the stage wrote: its output folder's (by path inside it, but
-    meta.json) and its committed files' (by path in the repository)."""
-    files = {str(f.relative_to(out)): f for f in sorted(out.rglob("*")) if f.is_file()}
-    files.pop("meta.json", None)
-    files.update({c: Path(staged.get(c, c)) for c in stage.committed})
+def plan_record(kind: str, name: str) -> dict:
+    """The plan record of stage ``<kind>__<name>``: the one ``pipeline write`` (or the
+    Snakefile) wrote, while the params it reads are as they were then. Else the record the DAG
+    makes now, the same the front ends write: for a stage of an experiment no written pipeline
+    runs, or a preset that shares another experiment's stage (nothing is written), or after a
+    params edit (it replaces the stale record, as ``dvc repro --single-item`` runs no DAG
+    check first: DVC then records the record the stage ran by). The planner is imported by
+    name, as it is not the stage's code: its record is."""
+    record = read_record(f"{kind}__{name}")
+    current = record is not None and record["params_digest"] == values_digest(
+        raw_values(record["params"])
+    )
+    if current:
+        return record
+    dag, stage = importlib.import_module("fedssl.plan.dag").Dag.for_stage(kind, name)
+    if record is not None and record["stage"] == stage:
+        write_records([dag.record(stage)])
+    return dag.record(stage)
+
+
+def raw_values(params: dict) -> dict:
+    """The raw values of the params keys a record names (file -> keys)."""
+    from fedssl.presets import raw_values
+
+    return raw_values(params)
+
+
+def file_digests(
+    final: Path, out: Path, committed: list[str], staged: dict[str, Path]
+) -> dict[str, str]:
+    """SHA-256 of each file a stage wrote, by its path in the repository: its output folder's
+    (``out``, to land at ``final``; but meta.json) and its ``committed`` files (``staged``:
+    where those lie until they land)."""
+    files = {str(final / f.relative_to(out)): f for f in sorted(out.rglob("*")) if f.is_file()}
+    files.pop(str(final / "meta.json"), None)
+    files.update({c: Path(staged.get(c, c)) for c in committed})
     return {name: _sha256(path) for name, path in files.items() if path.is_file()}
 
 
@@ -293,37 +355,33 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def verify_inputs(dag: Dag, name: str) -> None:
+def verify_inputs(record: dict) -> None:
     """Refuse to read an upstream output that changed since its stage wrote it (a flipped
     byte, a file replaced by hand or by another tool): each file is compared with the SHA-256
     its producer recorded in its meta.json; the message names the file and the stage to rerun."""
-    for upstream in dag.stages[name].upstream:
-        stage = dag.stages[upstream]
-        meta_path = Path(stage.out) / "meta.json"
+    for upstream, spec in record["inputs"].items():
+        meta_path = Path(spec["out"]) / "meta.json"
         try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
-            continue  # never ran here: the front ends run it first
-        changed = _changed_files(stage, meta)
+            recorded = json.loads(meta_path.read_text())["files"]
+        except (OSError, ValueError, KeyError):
+            continue  # not run here (the front ends run it first), or before files were recorded
+        changed = _changed_files(Path(spec["out"]), recorded)
         if changed:
+            more = f" and {len(changed) - 1} more" if changed[1:] else ""
             raise StageFailed(
                 f"{changed[0]}: changed since {upstream} wrote it (its SHA-256 differs from "
-                f"the one in {meta_path}{f' and {len(changed) - 1} more' if changed[1:] else ''}"
-                f"): rerun it (`snakemake {upstream} --forcerun {upstream}` or `dvc repro "
-                f"--force --single-item {upstream}`), or `dvc checkout {stage.out}`"
+                f"the one in {meta_path}{more}): rerun it (`snakemake {upstream} --forcerun "
+                f"{upstream}` or `dvc repro --force --single-item {upstream}`), or `dvc "
+                f"checkout {spec['out']}`"
             )
 
 
-def _changed_files(stage, meta: dict) -> list[str]:
-    out = Path(stage.out)
-    if "files" not in meta:  # written before per-file digests: the digest of them all
-        same = meta.get("output_digest") in (None, output_digest(stage, out))
-        return [] if same else [str(out)]
-    now = file_digests(stage, out, {})
-    recorded = meta["files"]
-    changed = [f for f in recorded if now.get(f) != recorded[f]]
-    changed += [f for f in now if f not in recorded]
-    return [f if f in stage.committed else str(out / f) for f in changed]
+def _changed_files(out: Path, recorded: dict[str, str]) -> list[str]:
+    """The files of a stage's output folder and committed files that differ from ``recorded``
+    (changed, missing, or new in the folder)."""
+    changed = [f for f in recorded if not Path(f).is_file() or _sha256(Path(f)) != recorded[f]]
+    present = (str(f) for f in sorted(out.rglob("*")) if f.is_file() and f.name != "meta.json")
+    return changed + [f for f in present if f not in recorded]
 
 
 def say(line: str) -> None:

@@ -235,7 +235,7 @@ def test_a_stage_refuses_an_input_that_changed_since_its_producer_wrote_it(proje
     saved = {f: f.read_bytes() for f in files if f.is_file()}
     ran = []
     with in_project(project):
-        out = Path(StageContext(kind, name).stage.out)
+        out = StageContext(kind, name).output_dir
         meta = (out / "meta.json").read_bytes()
         try:
             tamper(path)
@@ -280,6 +280,7 @@ def test_snakemake_refuses_a_tampered_partition_instead_of_training_on_it(projec
 def test_the_resume_fingerprint_holds_the_thread_count_and_precision(project):
     import torch
 
+    from fedssl.plan.record import fingerprint
     from fedssl.stage import StageContext
 
     before = torch.get_num_threads()
@@ -292,7 +293,7 @@ def test_the_resume_fingerprint_holds_the_thread_count_and_precision(project):
             two = ctx.fingerprint
             ctx.info["precision"] = "bf16"
             bf16 = ctx.fingerprint
-            params = ctx.dag.fingerprint(STAGE)
+            params = fingerprint(ctx.fingerprint_inputs)
     finally:
         torch.set_num_threads(before)
     assert "threads 1" in one and "threads 2" in two and len({one, two, bf16}) == 3

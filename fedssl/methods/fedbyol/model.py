@@ -107,3 +107,30 @@ def load_online_encoder(ctx) -> nn.Module:
         {k[len(prefix) :]: v for k, v in ckpt["model"].items() if k.startswith(prefix)}
     )
     return module.to(ctx.device)
+
+
+def seeded_byol_of(p, image_shape, device) -> ByolNet:
+    return seeded_byol(p.model, image_shape, p.seed, device)
+
+
+def target_ema(model: ByolNet, p):
+    """The cohort's after-step hook: the target follows the online encoder by EMA."""
+    from fedssl.fl.momentum import ema_after_step, momentum_pairs
+
+    names = [k for k, _ in model.named_parameters()]
+    return ema_after_step(momentum_pairs(names, TARGET, ("encoder.",)), p.target_ema)
+
+
+def save_online(model: ByolNet, path, image_shape) -> None:
+    """The online network and predictor (the target stays behind)."""
+    from fedssl.runtime import torch_save
+
+    online = {k: v for k, v in model.state_dict().items() if not k.startswith(TARGET)}
+    torch_save({"model": online, "image_shape": tuple(image_shape)}, path)
+
+
+def describe(model: ByolNet) -> dict:
+    return {
+        "parameters": sum(q.numel() for q in model.encoder.parameters()),
+        "predictor_parameters": sum(q.numel() for q in model.predictor.parameters()),
+    }
