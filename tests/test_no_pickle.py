@@ -436,7 +436,7 @@ def test_a_crafted_pickle_at_each_load_site_is_refused(project, key, tmp_path, m
     monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
     # the stage runtime refuses an input that differs from what its producer recorded before
     # any load (tests/test_reliability.py); here the load site itself must refuse the file
-    monkeypatch.setattr("fedssl.stage.verify_inputs", lambda dag, name: None)
+    monkeypatch.setattr("fedssl.stage.verify_inputs", lambda record: None)
     ex = EXERCISES[key]
     marker = tmp_path / "the-pickle-ran"
     with in_project(project) as planned_stage:
