@@ -22,6 +22,7 @@ from fedssl.params import ParamsError
 from fedssl.plan.dag import Dag
 from fedssl.plan.fingerprint import output_digest
 from fedssl.plan.layout import data_dir, experiment_dir, partition_dir, results_dir
+from fedssl.presets import command_line_overrides
 from fedssl.runtime import PeakMemory, StageFailed, atomic_dir, environment, pick_device, write_json
 
 RESUME_DIR = Path("artifacts/.resume")  # checkpoints of unfinished stages, outside all outputs
@@ -168,6 +169,9 @@ class StageContext:
             computed = {"precision": precision.resolved(self.device, setting)}
             self.info.update(computed)
             computed["precision_setting"] = setting
+        overrides = command_line_overrides().get(self.name)
+        if overrides:  # a one-off run's settings stay beside what it made
+            self.info["overrides"] = computed["overrides"] = overrides
         set_threads()
         bound_kernel_cache()
         say(f"{self.stage_name}: started on {self.device or 'cpu'}")

@@ -11,6 +11,7 @@ run (or asked for) have a dvc.yaml; the results of all runs are the root's metri
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from fedssl.methods import registry
 from fedssl.plan.dag import Dag, Stage
 from fedssl.plan.freshness import RAN_LOG, check_data
 from fedssl.plan.layout import RESULTS
-from fedssl.presets import PARAMS_DIR, Presets
+from fedssl.presets import OVERRIDES_ENV, PARAMS_DIR, Presets
 
 EXTRA_PIPELINES_DIR = Path("pipelines")
 DAG_STAGE = "dag"
@@ -176,6 +177,9 @@ def commit_ran(
     sees them as up to date. A failed run leaves the check as it was: the params it failed
     with (a bad edit) are not recorded, so reverting them leaves DVC nothing to do."""
     if not Path(".dvc").is_dir():
+        return []
+    if os.environ.get(OVERRIDES_ENV):  # a one-off run: dvc.lock keeps what the params files make
+        RAN_LOG.unlink(missing_ok=True)
         return []
     names = sorted(set(RAN_LOG.read_text().split())) if RAN_LOG.exists() else []
     if not (succeeded or names):
