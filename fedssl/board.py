@@ -364,7 +364,7 @@ def budget_markdown(lines: list[dict]) -> str:
 _BLOCK = re.compile(r"(<!-- board: (\w+) -->\n)(.*?)(<!-- /board -->)", re.S)
 
 
-def tables_text(text: str, results: Path = Path("results/reports")) -> str:
+def fill_blocks(text: str, results: Path = Path("results/reports")) -> str:
     """``text`` with every ``<!-- board: PIPELINE -->`` block refilled from that pipeline's
     ``board_tables.md``; a block whose board has not run yet stays as it is."""
 

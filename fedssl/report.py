@@ -441,7 +441,7 @@ REPORTS = Path("results/reports")
 _BLOCK = re.compile(r"(<!-- results: (\w+) (.+?) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 
-def tables_text(text: str, results_root: Path = REPORTS) -> str:
+def fill_blocks(text: str, results_root: Path = REPORTS) -> str:
     """``text`` with every block ``<!-- results: PIPELINE TABLE -->...<!-- /results -->``
     refilled from ``results/reports/PIPELINE/report.json`` (a table the report stage wrote)."""
 
@@ -470,9 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--all", action="store_true", help="every pipeline under results/reports")
     args = ap.parse_args(argv)
     names = (
-        sorted(p.parent.name for p in REPORTS.glob("*/report.json"))
-        if args.all
-        else args.pipelines
+        sorted(p.parent.name for p in REPORTS.glob("*/report.json")) if args.all else args.pipelines
     )
     try:
         for name in names:
