@@ -29,6 +29,7 @@ def on_files(files, config):
         )
     files.append(File.generated(config, "reference/params.md", content=params_page()))
     files.append(File.generated(config, "reference/command.md", content=command_page()))
+    files.append(File.generated(config, "reference/stage-kinds.md", content=stage_kinds_page()))
     return files
 
 
@@ -138,4 +139,31 @@ def command_page() -> str:
     ]
     for verb in ("list", "show", "times", *cli.TOOLS):
         lines += ["", f"## fedssl {verb}", "", "```text", help_of([verb, "-h"]).rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- stage kinds
+def stage_kinds_page() -> str:
+    import ast
+
+    contract = ast.get_docstring(ast.parse((ROOT / "fedssl/stage.py").read_text()))
+    lines = [
+        "# Stage kinds",
+        "",
+        "Generated from the stage scripts' docstrings (`stages/*.py`) each time the site is",
+        "built. Every stage is `python -m stages.<kind> <name>`; a method's own steps run",
+        "through `stages/method.py` (`python -m stages.method STEP EXPERIMENT`).",
+        "",
+        "## The stage contract",
+        "",
+        contract.strip(),
+        "",
+        "## The kinds",
+        "",
+    ]
+    for script in sorted((ROOT / "stages").glob("*.py")):
+        doc = ast.get_docstring(ast.parse(script.read_text()))
+        if script.stem in ("__init__", "common") or not doc:
+            continue
+        lines += [f"### {script.stem}", "", doc.strip(), ""]
     return "\n".join(lines) + "\n"
