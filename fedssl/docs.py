@@ -56,15 +56,19 @@ def page_text(text: str, page: Path, results: Path = REPORTS) -> str:
 
 
 def pages(docs: Path = DOCS) -> list[Path]:
-    return sorted(docs.rglob("*.md"))
+    """The site's pages, and the README (its one table comes from the default report)."""
+    return [*sorted(docs.rglob("*.md")), docs.parent / "README.md"]
 
 
 def stale_pages(docs: Path = DOCS, results: Path = REPORTS) -> list[Path]:
     return [
-        p
-        for p in pages(docs)
-        if page_text(p.read_text(), p.relative_to(docs), results) != p.read_text()
+        p for p in pages(docs) if page_text(p.read_text(), where(p, docs), results) != p.read_text()
     ]
+
+
+def where(page: Path, docs: Path = DOCS) -> Path:
+    """A page's path as the site sees it (the README sits beside docs/)."""
+    return page.relative_to(docs) if docs in page.parents else Path(page.name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{p}: stale (run `fedssl docs`)", file=sys.stderr)
         return 1 if stale else 0
     for p in stale:
-        p.write_text(page_text(p.read_text(), p.relative_to(DOCS)))
+        p.write_text(page_text(p.read_text(), where(p)))
     print(f"{len(stale)} of {len(pages())} pages refilled from {REPORTS}")
     return 0
 
