@@ -98,7 +98,7 @@ docs: $(INSTALLED)
 # Opt-in: open the built site in headless Chromium (Debian's `chromium`): every image loaded,
 # no broken link, on the home, a results page and the board page.
 docs-browser: docs
-	FEDSSL_BROWSER_TEST=1 pytest -q -m browser tests/test_docs_browser.py
+	pytest -q -m browser tests/test_docs_browser.py
 
 clean:
 	rm -rf artifacts .snakemake
