@@ -153,6 +153,14 @@ def is_override(arg: str) -> bool:
     return "=" in arg and key.split(".")[0] in model_of("experiment").model_fields
 
 
+def parse_value(text: str):
+    """A value as YAML reads it, and a number in any notation as a number (YAML 1.1 reads
+    ``1e-6`` as a string)."""
+    if re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", text.strip()):
+        return float(text)
+    return yaml.safe_load(text)
+
+
 def sort_run_args(presets: Presets, args: list[str]) -> RunArgs:
     """Targets and overrides in any order among Snakemake's arguments. A name after a
     Snakemake option is that option's value unless it names a pipeline, an experiment or a
@@ -165,14 +173,14 @@ def sort_run_args(presets: Presets, args: list[str]) -> RunArgs:
             out.snakemake.append(arg)
             after_option = None if "=" in arg else arg
             continue
-        ours = after_option not in RULE_VALUED
+        ours = after_option not in RULE_VALUED or "=" in arg  # no stage name holds a '='
         if ours and arg in pipelines and out.pipeline is None:
             out.pipeline = arg
         elif ours and arg in experiments:
             out.experiments.append(arg)
         elif ours and is_override(arg):
             key, value = arg.split("=", 1)
-            out.overrides[key] = yaml.safe_load(value)
+            out.overrides[key] = parse_value(value)
         elif ours and "__" in arg and after_option not in ("--config", "-C"):
             out.stages.append(arg)
         else:

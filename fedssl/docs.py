@@ -57,7 +57,8 @@ def page_text(text: str, page: Path, results: Path = REPORTS) -> str:
 
 def pages(docs: Path = DOCS) -> list[Path]:
     """The site's pages, and the README (its one table comes from the default report)."""
-    return [*sorted(docs.rglob("*.md")), docs.parent / "README.md"]
+    readme = docs.parent / "README.md"
+    return [*sorted(docs.rglob("*.md")), *([readme] if readme.exists() else [])]
 
 
 def stale_pages(docs: Path = DOCS, results: Path = REPORTS) -> list[Path]:
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stale = stale_pages()
     except (FileNotFoundError, KeyError) as e:
-        print(f"error: {e.args[0]}", file=sys.stderr)
+        print(f"error: {e.args[0] if isinstance(e.args[0], str) else e}", file=sys.stderr)
         return 1
     if args.check:
         for p in stale:
