@@ -6,7 +6,7 @@ the probes' and the personalised evaluation's accuracies, the per-client traffic
 time, the machine), groups the runs that differ only in their seed, and writes into the
 report's folder:
 
-- ``board.md`` (and ``board_tables.md``, its tables alone, for the README): one table per
+- ``board.md`` (and ``board_tables.md``, its tables alone, for the docs): one table per
   evaluation (self-supervised methods by their probes,
   personalised methods by each client's model on its own test split), a line per method,
   encoder and partition, mean ± SD over seeds, the costs beside;
@@ -20,7 +20,7 @@ The budget rule that sets each method's rounds (:func:`rounds_within`) lives her
 the table of per-round times it was applied to (``python -m fedssl.board budget``).
 
 ``python -m fedssl.board render PIPELINE`` (``make benchmark`` runs it after the pipeline);
-``python -m fedssl.board readme`` refills the README's ``<!-- board: PIPELINE -->`` block.
+``fedssl docs`` refills the docs' ``<!-- board: PIPELINE -->`` blocks from it.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def tables_text(
     pending: list[str] = (),
     failed: list[dict] = (),
 ) -> str:
-    """The board's tables and its total wall time (``board_tables.md``, which the README's
+    """The board's tables and its total wall time (``board_tables.md``, which the docs'
     block copies); a board made part by part says how many runs are still to come, and a
     run that stopped with an error (a diverged loss) is named with it: its line has one run
     fewer, and the reader should know why."""
@@ -345,7 +345,7 @@ def budget_table(path: Path = BUDGET_FILE) -> list[dict]:
 
 
 def budget_markdown(lines: list[dict]) -> str:
-    """The budget table as the README shows it, with the board's estimated total."""
+    """The budget table as the docs show it, with the board's estimated total."""
     rows = [
         [x["preset"], x["rounds_key"], str(x["runs"]), x["round_s"], x["fixed_s"]]
         + [str(x["rounds"]), number(x["estimate_s"] / 60, ".1f")]
@@ -360,12 +360,11 @@ def budget_markdown(lines: list[dict]) -> str:
     return markdown_table(header + ["estimate min"], rows, caption)
 
 
-# ------------------------------------------------------------------ README
-README = Path("README.md")
+# ------------------------------------------------------------------ the docs' board blocks
 _BLOCK = re.compile(r"(<!-- board: (\w+) -->\n)(.*?)(<!-- /board -->)", re.S)
 
 
-def readme_text(text: str, results: Path = Path("results/reports")) -> str:
+def fill_blocks(text: str, results: Path = Path("results/reports")) -> str:
     """``text`` with every ``<!-- board: PIPELINE -->`` block refilled from that pipeline's
     ``board_tables.md``; a block whose board has not run yet stays as it is."""
 
@@ -377,16 +376,12 @@ def readme_text(text: str, results: Path = Path("results/reports")) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fedssl.board")
+    ap = argparse.ArgumentParser(prog="fedssl board")
     sub = ap.add_subparsers(dest="command", required=True)
     draw = sub.add_parser("render", help="write the board from a pipeline's committed report")
     draw.add_argument("pipeline", nargs="?", default="benchmark")
-    sub.add_parser("readme", help="refill the README's board blocks from board_tables.md")
     sub.add_parser("budget", help="the budget rule applied to benchmarks/board_budget.tsv")
     args = ap.parse_args(argv)
-    if args.command == "readme":
-        README.write_text(readme_text(README.read_text()))
-        return 0
     if args.command == "budget":
         print(budget_markdown(budget_table()))
         return 0

@@ -329,7 +329,7 @@ def load_encoder(path: Path | str):
 
 # ---------------------------------------------------------------------------- command line
 def run(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="python -m fedssl.export", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="fedssl export", description=__doc__.split("\n")[0])
     ap.add_argument("experiment", help="a params/experiments preset (or grid member)")
     ap.add_argument(
         "--out", type=Path, help="folder to write (default: artifacts/exports/<experiment>)"

@@ -2,7 +2,7 @@
 setting across, repeated runs as mean ± SD), each method's own tables (its plugin's tables
 module, in its paper's terms), a short table of the runs, and figures. ``report.md`` is for
 reading; ``report.csv`` and ``report.json`` hold every column of every run, and
-``report.json`` also the tables by name (the README's result blocks copy them).
+``report.json`` also the tables by name (the docs' results pages copy them: `fedssl docs`).
 
 The report stage builds the rows and calls :func:`write_report`; ``python -m fedssl.report
 render`` loads the committed rows and calls the same function, so a change of wording reaches
@@ -430,14 +430,13 @@ def rerender(folder: Path) -> None:
     )
 
 
-# ------------------------------------------------------------------ README tables
-README = Path("README.md")
+# ------------------------------------------------------------------ the docs' tables
 REPORTS = Path("results/reports")
 # TABLE: a key of the report's tables (a method's own tables may have spaces in their names)
 _BLOCK = re.compile(r"(<!-- results: (\w+) (.+?) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 
-def readme_text(text: str, results_root: Path = REPORTS) -> str:
+def fill_blocks(text: str, results_root: Path = REPORTS) -> str:
     """``text`` with every block ``<!-- results: PIPELINE TABLE -->...<!-- /results -->``
     refilled from ``results/reports/PIPELINE/report.json`` (a table the report stage wrote),
     and every number of a sentence marked as a fact (:mod:`fedssl.readme_facts`) regenerated."""
@@ -455,14 +454,8 @@ def readme_text(text: str, results_root: Path = REPORTS) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fedssl.report")
+    ap = argparse.ArgumentParser(prog="fedssl report")
     sub = ap.add_subparsers(dest="command", required=True)
-    readme = sub.add_parser(
-        "readme",
-        help="refill the README's result tables from the "
-        "committed reports (results/reports/*/report.json)",
-    )
-    readme.add_argument("--check", action="store_true", help="only say whether it is current")
     again = sub.add_parser(
         "render",
         help="rewrite committed reports (report.md, .csv, .json) "
@@ -472,33 +465,16 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("pipelines", nargs="*", default=[], help="pipelines to rewrite")
     which.add_argument("--all", action="store_true", help="every pipeline under results/reports")
     args = ap.parse_args(argv)
-    if args.command == "render":
-        names = (
-            sorted(p.parent.name for p in REPORTS.glob("*/report.json"))
-            if args.all
-            else args.pipelines
-        )
-        try:
-            for name in names:
-                rerender(REPORTS / name)
-        except (FileNotFoundError, KeyError) as e:
-            print(f"error: {e.args[0]}", file=sys.stderr)
-            return 1
-        print(f"{REPORTS}: {len(names)} reports rewritten ({', '.join(names)})")
-        return 0
-    old = README.read_text()
-    new = readme_text(old)
-    if args.check:
-        if new != old:
-            print(
-                "README.md: result tables or facts differ from results/reports: run "
-                "`python -m fedssl.report readme`",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    README.write_text(new)
-    print(f"{README}: {len(_BLOCK.findall(new))} result tables refilled")
+    names = (
+        sorted(p.parent.name for p in REPORTS.glob("*/report.json")) if args.all else args.pipelines
+    )
+    try:
+        for name in names:
+            rerender(REPORTS / name)
+    except (FileNotFoundError, KeyError) as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 1
+    print(f"{REPORTS}: {len(names)} reports rewritten ({', '.join(names)})")
     return 0
 
 

@@ -32,6 +32,7 @@ from fedssl.plan.record import (
     values_digest,
     write_records,
 )
+from fedssl.presets import command_line_overrides
 from fedssl.runtime import PeakMemory, StageFailed, atomic_dir, environment, pick_device, write_json
 
 RESUME_DIR = Path("artifacts/.resume")  # checkpoints of unfinished stages, outside all outputs
@@ -204,6 +205,9 @@ class StageContext:
             computed["computed_on"] = computed_on(self.device)
             self.info.update(computed)
             computed["precision_setting"] = setting
+        overrides = command_line_overrides().get(self.name)
+        if overrides:  # a one-off run's settings stay beside what it made
+            self.info["overrides"] = computed["overrides"] = overrides
         bound_kernel_cache()
         say(f"{self.stage_name}: started on {self.device or 'cpu'}")
         start = time.time()

@@ -48,7 +48,7 @@ def test_board_groups_seeds_and_reports_mean_and_sample_sd():
     assert "| B | cnn | IID | 3 | 85.0±5.0 | 1 | 10 | 4 |" in board.table("personal", cells, "")
 
 
-def test_board_files_and_readme_block(tmp_path):
+def test_board_files_and_docs_block(tmp_path):
     records = [{"wall_seconds": 7200.0, "environment": {"host": "h", "cpu_count": 2}}]
     written = board.write_board(tmp_path, "bench", ROWS, WALL, records, 7200.0)
     assert json.loads((tmp_path / "board.json").read_text()) == written
@@ -56,11 +56,11 @@ def test_board_files_and_readme_block(tmp_path):
     for name in ("board.md", "board_tables.md", "board_accuracy_vs_MB.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert "h (2-core CPU, torch ?)" in (tmp_path / "board_tables.md").read_text()
-    readme = "x\n<!-- board: bench -->\nold\n<!-- /board -->\ny\n"
+    page = "x\n<!-- board: bench -->\nold\n<!-- /board -->\ny\n"
     (tmp_path / "r" / "bench").mkdir(parents=True)
     (tmp_path / "r" / "bench" / "board_tables.md").write_text("T\n")
-    assert board.readme_text(readme, tmp_path / "r") == readme.replace("old\n", "T\n")
-    assert board.readme_text(readme, tmp_path / "none") == readme  # not run yet: kept
+    assert board.fill_blocks(page, tmp_path / "r") == page.replace("old\n", "T\n")
+    assert board.fill_blocks(page, tmp_path / "none") == page  # not run yet: kept
     assert "Partial board" not in (tmp_path / "board_tables.md").read_text()
     # a board made part by part over sessions says how many runs are still to come
     board.write_board(tmp_path / "p", "bench", ROWS, WALL, records, 7200.0, ["a_s1", "b_s0"])
