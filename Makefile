@@ -72,8 +72,9 @@ BENCH_BUDGET ?= 900
 bench: install
 	$(PY) benchmarks/bench.py --budget $(BENCH_BUDGET)
 
-# Rerun a sample of every committed pipeline (one experiment each) and compare its result
-# files with the committed ones (run it on the hardware and thread count that made them).
+# Rerun a sample of every committed pipeline (one experiment each, one thread per stage) and
+# compare its result files with the committed ones: identical, within the spread (of seeds,
+# threads, precisions: README 'Reproducing a number') or differs beyond it.
 recheck: install
 	$(PY) -m fedssl.plan.recheck
 
