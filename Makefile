@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test lint format recheck rehearse test-slurm test-flower bench benchmark generate readme clean
+.PHONY: install data run test lint format recheck rehearse test-slurm test-flower bench benchmark mutants generate readme clean
 
 install: $(INSTALLED) data
 
@@ -46,10 +46,13 @@ benchmark: install
 test: install lint
 	pytest -q -n auto --dist loadscope --no-loadscope-reorder
 
-# Lint and format check (ruff); `make format` rewrites the files.
+# Lint and format check (ruff: style, complexity, argument count) and the architecture gate
+# (import-linter: the library's layers, method packages independent; pyproject.toml);
+# `make format` rewrites the files.
 lint: $(INSTALLED)
 	ruff check fedssl stages tests benchmarks
 	ruff format --check fedssl stages tests benchmarks
+	lint-imports
 
 format: $(INSTALLED)
 	ruff format fedssl stages tests benchmarks
@@ -64,13 +67,18 @@ test-slurm: install
 # Opt-in: Flower (the adapter's simulation tests, then a SuperLink and two SuperNodes on localhost).
 test-flower: install
 	$(PY) -m pip install --quiet -e '.[flower]'
-	FEDSSL_FLOWER_TEST=1 pytest -q tests/test_flower_app.py tests/test_flower_stage.py tests/test_flower_local.py
+	FEDSSL_FLOWER_TEST=1 pytest -q tests/test_flower_app.py tests/test_flower_stage.py tests/test_flower_secure.py tests/test_flower_local.py
 
 # The speed benchmarks (README 'Speed'), each stopped after BENCH_BUDGET seconds; the first line
 # names the CPU. Keep a run: make bench | tee results/bench/make_bench_<cpu>.txt
 BENCH_BUDGET ?= 900
 bench: install
 	$(PY) benchmarks/bench.py --budget $(BENCH_BUDGET)
+
+# Opt-in: every one-line mutant of a defining rule (benchmarks/mutants.yaml) applied to a copy of
+# the tree, its killing tests run against it; reports the survivors (exit 1 if any), niced.
+mutants: $(INSTALLED)
+	nice $(PY) benchmarks/mutants.py
 
 # Rerun a sample of every committed pipeline (one experiment each, one thread per stage) and
 # compare its result files with the committed ones: identical, within the spread (of seeds,

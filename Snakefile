@@ -12,6 +12,7 @@ from fedssl.plan.dag import Dag
 from fedssl.plan.dvcfile import commit_ran
 from fedssl.plan.freshness import RAN_LOG, check_data, receipt, sync_receipts
 from fedssl.plan.layout import LOGS
+from fedssl.plan.record import write_records
 
 PIPELINE = config.get("pipeline", "default")
 GPUS = int(config.get("gpus", 1))  # 0: run the training stages without asking for a GPU
@@ -22,6 +23,8 @@ MAX_THREADS = getattr(getattr(workflow, "resource_settings", None), "max_threads
 THREADS = int(config.get("threads") or MAX_THREADS or 1)
 STAGES_DAG = Dag(PIPELINE)            # validates every params file first: errors stop here
 check_data(STAGES_DAG)                # and says how to get a missing data set
+# each stage's plan record, which its job reads (pipelines/plan/; part of its fingerprint)
+write_records([STAGES_DAG.record(name) for name in STAGES_DAG.stages])
 STALE = sync_receipts(STAGES_DAG)     # what changed since each stage last ran
 for name, reasons in STALE.items():
     print(f"{name} will run: {'; '.join(reasons[:4])}" + (" ..." if len(reasons) > 4 else ""),

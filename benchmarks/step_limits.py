@@ -63,12 +63,12 @@ def method_params(experiment: str):
 
 def simclr_cnn():
     """The default pipeline's step: FedSimCLR's BN CNN on 2 x 128 views, NT-Xent."""
-    from fedssl.methods.fedsimclr.run import simclr_loss
+    from fedssl.methods.federated import trainer_loss
     from fedssl.models.encoders import seeded_contrastive_model
 
     p = method_params("fmnist_fedsimclr")
     build = lambda: seeded_contrastive_model(p.model, SHAPE, p.seed, torch.device("cpu"))  # noqa: E731
-    return build, simclr_loss(p.temperature), batch_of(views(p.batch_size))
+    return build, trainer_loss(p), batch_of(views(p.batch_size))
 
 
 def mfcl_autoencoder():

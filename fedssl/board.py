@@ -35,6 +35,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from fedssl import evaluations
 from fedssl.plan.layout import owner_of, report_dir
 from fedssl.report_format import markdown_table, mean_sd, number, save_figure, sd_note, to_float
 
@@ -45,16 +46,15 @@ SD = "sample"
 RUNS_FILE = "stage_runs.json"
 MACHINE_KEYS = ("host", "cpu_count", "gpu", "torch", "torch_threads", "FEDSSL_THREADS")
 # The evaluations the board has a table for: name -> (heading, its accuracy columns: row key
-# -> header). A run belongs to the first evaluation whose first column it has.
+# -> header, the metrics declared for it in fedssl.evaluations). A run belongs to the first
+# evaluation whose first column it has.
 EVALUATIONS = {
-    "ssl": (
-        "Self-supervised and supervised encoders, probed (top-1 %)",
-        {"linear_top1": "linear", "knn_top1": "k-NN", "finetune_top1": "fine-tune"},
-    ),
-    "personal": (
-        "Personalised and clustered methods (top-1 %, each client's model on its own test split)",
-        {"personal_top1": "personal"},
-    ),
+    name: (heading, {m.key: m.label for m in evaluations.metrics() if m.board == name})
+    for name, heading in {
+        "ssl": "Self-supervised and supervised encoders, probed (top-1 %)",
+        "personal": "Personalised and clustered methods (top-1 %, each client's model on its "
+        "own test split)",
+    }.items()
 }
 # The costs beside the accuracies: row key -> header. Per client, averaged over clients, then
 # over seeds. `wall_s` comes from the run records, the others from the report's rows.

@@ -5,6 +5,7 @@ fedssl show EXPERIMENT            # resolved params (extends, grid axes and over
                                   # defaults) as YAML, and the stages it runs
 fedssl run [PIPELINE] [SNAKEMAKE ARGS...]   # snakemake ... --config pipeline=PIPELINE
 fedssl export EXPERIMENT [--out DIR]        # python -m fedssl.export
+fedssl flower COMMAND ...                   # python -m fedssl.flower: a Flower deployment
 fedssl times PIPELINE [--out FILE] [--note TEXT]  # each stage's wall time and peak memory
                                   # from its last run's record (artifacts/.runs), as a TSV
 """
@@ -186,8 +187,17 @@ def run(argv: list[str]) -> None:
     tm.add_argument("pipeline")
     tm.add_argument("--out", help="file to write (default: print)")
     tm.add_argument("--note", default="", help="comment lines above (the machine, ...)")
+    sub.add_parser(
+        "flower",
+        help="credentials | superlink | supernode | connect | submit: a Flower deployment "
+        "with TLS and authentication (= python -m fedssl.flower)",
+    )
     if argv[:1] == ["run"]:  # every argument after it is Snakemake's, even -h
         sys.exit(run_pipeline(Presets(), argv[1:]))
+    if argv[:1] == ["flower"]:  # its own subcommands and options
+        from fedssl.flower.__main__ import main as flower
+
+        return flower(argv[1:])
     args = ap.parse_args(argv)
     presets = Presets()
     if args.cmd == "list":

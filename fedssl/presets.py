@@ -15,6 +15,7 @@ dependencies), so both front ends rerun a stage on the same edits.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -26,7 +27,6 @@ from pydantic import BaseModel, ValidationError
 
 from fedssl import params as P
 from fedssl.data.catalog import dataset_spec
-from fedssl.experiment import experiment_model
 
 PARAMS_DIR = Path("params")
 EXTENDS = "extends"
@@ -34,13 +34,17 @@ GRIDS_FILE = "grids.yaml"
 PIPELINES_FILE = "pipelines.yaml"
 KINDS = {"dataset": "datasets", "partition": "partitions", "experiment": "experiments"}
 GRID_SECTIONS = {"partition": "partitions", "experiment": "experiments"}
+EXPERIMENT_MODEL = "fedssl.experiment"
 ParamsError = P.ParamsError
 
 
 def model_of(kind: str) -> type[BaseModel]:
-    return {"dataset": P.DatasetParams, "partition": P.PartitionParams}.get(
-        kind
-    ) or experiment_model()
+    """The params model of a preset kind. The experiment model (every method's params) is
+    imported by name: a stage that loads a data set's or a partition's params does not run it,
+    and the planner names it among the code of the stages that load an experiment's."""
+    if kind in ("dataset", "partition"):
+        return {"dataset": P.DatasetParams, "partition": P.PartitionParams}[kind]
+    return importlib.import_module(EXPERIMENT_MODEL).experiment_model()
 
 
 # ---------------------------------------------------------------------------- YAML

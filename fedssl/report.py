@@ -17,9 +17,11 @@ import re
 import sys
 from pathlib import Path
 
+from fedssl import evaluations
 from fedssl.data.catalog import dataset_spec
 from fedssl.params import setting
 from fedssl.plan.layout import LOGS, ReportRow
+from fedssl.readme_facts import fill_facts
 from fedssl.report_format import markdown_table, number, pivot_markdown, save_figure
 
 COLUMNS = [
@@ -43,34 +45,18 @@ COLUMNS = [
     "row",
     "column",
 ]
-# The pivots the report opens with, for the metrics its runs have: name -> (metric, title,
-# whether the mean per-client costs stand beside it).
-PIVOTS = {
-    "linear": ("linear_top1", "Linear probe top-1 %", True),
-    "knn": ("knn_top1", "k-NN top-1 %", False),
-    "global": ("global_top1", "Global-model top-1 % (uniform test split, final round)", True),
-    "personal": (
-        "personal_top1",
-        "Personalised top-1 % (each client's model on its own test split, final round)",
-        True,
-    ),
-}
 # The costs beside a pivot (blank for methods without a costs stage): header -> column.
 PIVOT_COSTS = {
     "MB sent / client": "client_MB_sent",
     "GFLOPs / client": "beta_GFLOPs",
     "peak step MB": "peak_step_MB",
 }
-# The short table of runs: column -> its header (a column shows when some run has it).
+# The short table of runs: column -> its header (a column shows when some run has it); the
+# declared metrics (fedssl.evaluations) come between the first three and the rest.
 RUN_COLUMNS = {
     "experiment": "experiment",
     "row": "method",
     "column": "setting",
-    "linear_top1": "linear",
-    "knn_top1": "k-NN",
-    "global_top1": "global",
-    "personal_top1": "personal",
-    "finetune_top1": "fine-tune",
     "client_MB_up": "MB up / client",
     "client_MB_down": "MB down / client",
     "rounds": "rounds",
@@ -208,15 +194,23 @@ def table_cell(
     return row, f"{dataset_spec(dataset_name).label} {split}"
 
 
+def run_columns() -> dict[str, str]:
+    """The runs table's columns: column -> header (:data:`RUN_COLUMNS` with the metrics)."""
+    head = list(RUN_COLUMNS.items())
+    metrics = [(m.key, m.label) for m in evaluations.metrics()]
+    return dict(head[:3] + metrics + head[3:])
+
+
 def runs_markdown(rows: list[dict]) -> str:
-    """One line per run with the columns a reader scans (:data:`RUN_COLUMNS`)."""
-    columns = [c for c in RUN_COLUMNS if any(r.get(c) not in (None, "") for r in rows)]
+    """One line per run with the columns a reader scans (:func:`run_columns`)."""
+    headers = run_columns()
+    columns = [c for c in headers if any(r.get(c) not in (None, "") for r in rows)]
     lines = [
         [str(r.get(c, "")) if c in TEXT_COLUMNS else number(r.get(c), "g") for c in columns]
         for r in rows
     ]
     return markdown_table(
-        [RUN_COLUMNS[c] for c in columns],
+        [headers[c] for c in columns],
         lines,
         "One line per run; every column of every run is in report.csv and report.json",
     )
@@ -242,15 +236,16 @@ def report_tables(rows: list[dict]) -> dict[str, tuple[str, str]]:
     from fedssl.methods import registry
 
     tables = {}
-    for name, (metric, title, costs) in PIVOTS.items():
-        mine = [r for r in rows if r.get(metric) not in (None, "")]
+    for metric in (m for m in evaluations.metrics() if m.pivot):  # its pivot, if it has one
+        mine = [r for r in rows if r.get(metric.key) not in (None, "")]
         if mine:
-            caption = f"{title}, method × setting" + (
+            costs = PIVOT_COSTS if metric.pivot_costs else None
+            caption = f"{metric.pivot}, method × setting" + (
                 ", then mean per-client costs" if costs else ""
             )
-            tables[name] = (
-                title,
-                pivot_markdown(mine, metric, caption, means=PIVOT_COSTS if costs else None),
+            tables[metric.pivot_name] = (
+                metric.pivot,
+                pivot_markdown(mine, metric.key, caption, means=costs),
             )
     for method in dict.fromkeys(r["method"] for r in rows):
         # each sees every row (a paper's table may span its methods)
@@ -444,7 +439,8 @@ _BLOCK = re.compile(r"(<!-- results: (\w+) (.+?) -->\n)(.*?)(<!-- /results -->)"
 
 def readme_text(text: str, results_root: Path = REPORTS) -> str:
     """``text`` with every block ``<!-- results: PIPELINE TABLE -->...<!-- /results -->``
-    refilled from ``results/reports/PIPELINE/report.json`` (a table the report stage wrote)."""
+    refilled from ``results/reports/PIPELINE/report.json`` (a table the report stage wrote),
+    and every number of a sentence marked as a fact (:mod:`fedssl.readme_facts`) regenerated."""
 
     def fill(m: re.Match) -> str:
         path = results_root / m.group(2) / "report.json"
@@ -455,7 +451,7 @@ def readme_text(text: str, results_root: Path = REPORTS) -> str:
             raise KeyError(f"{path}: no table '{m.group(3)}' (has {', '.join(tables)})")
         return m.group(1) + tables[m.group(3)] + m.group(5)
 
-    return _BLOCK.sub(fill, text)
+    return fill_facts(_BLOCK.sub(fill, text), results_root)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -495,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         if new != old:
             print(
-                "README.md: result tables differ from results/reports: run "
+                "README.md: result tables or facts differ from results/reports: run "
                 "`python -m fedssl.report readme`",
                 file=sys.stderr,
             )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 from fedssl.params import setting
 from fedssl.plan.layout import ReportRow, owner_of, report_dir, results_dir
@@ -28,6 +29,19 @@ from fedssl.report import (
     write_report,
 )
 from fedssl.stage import StageContext, main_guard
+
+
+class PipelinePlan:
+    """The pipeline's plan as the report's record holds it (experiments, their stages, the
+    pivot), with the DAG's names for them."""
+
+    def __init__(self, plan: dict):
+        self.row, self.column = plan["row"], plan["column"]
+        self.of_experiment = plan["experiments"]
+        self.experiments = list(self.of_experiment)
+        self.stages = {
+            name: SimpleNamespace(name=name, **stage) for name, stage in plan["stages"].items()
+        }
 
 
 def run(argv):
@@ -52,7 +66,7 @@ def run(argv):
         ap.error("--partial goes with --reuse-committed")
     pipeline = args.pipeline
     ctx = StageContext("report", pipeline)
-    dag, presets = ctx.dag, ctx.presets
+    dag, presets = PipelinePlan(ctx.record["pipeline"]), ctx.presets
     from fedssl.methods import registry
 
     committed = committed_rows(pipeline) if args.reuse_committed else {}
@@ -109,7 +123,7 @@ def run(argv):
         for method in methods.values():
             own = [r for r in rows if r["method"] == method.name]
             figures.update(method.figures(own, results) if own else {})
-        write_report(results, pipeline, rows, figures, str(ctx.stage.out), failed, pending)
+        write_report(results, pipeline, rows, figures, str(ctx.output_dir), failed, pending)
         logs = {  # a reused row's round log: the copy its run committed
             name: Path(p)
             if Path(p).exists()

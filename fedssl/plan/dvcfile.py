@@ -17,12 +17,15 @@ from pathlib import Path
 
 import yaml
 
+from fedssl import evaluations
 from fedssl import params as P
 from fedssl.codegraph import code_files
+from fedssl.data.catalog import datasets
 from fedssl.methods import registry
 from fedssl.plan.dag import Dag, Stage
 from fedssl.plan.freshness import RAN_LOG, check_data
-from fedssl.plan.layout import RESULTS
+from fedssl.plan.layout import PLAN_RECORDS, RESULTS
+from fedssl.plan.record import record_path, record_text
 from fedssl.presets import PARAMS_DIR, Presets
 
 EXTRA_PIPELINES_DIR = Path("pipelines")
@@ -42,19 +45,22 @@ def active_pipelines(
     ]
 
 
-def owners(root: Path = PARAMS_DIR, also: tuple[str, ...] = ()) -> dict[str, tuple[str, Stage]]:
-    """Stage name -> (the pipeline whose dvc.yaml defines it, the stage). A shared stage stays
+def owners(
+    root: Path = PARAMS_DIR, also: tuple[str, ...] = ()
+) -> dict[str, tuple[str, Stage, Dag]]:
+    """Stage name -> (the pipeline whose dvc.yaml defines it, the stage, that pipeline's DAG).
+    A shared stage stays
     in the dvc.yaml that defines it already, so running one pipeline never moves another's
     stages (and their dvc.lock records); a new one goes to the first active pipeline that
     uses it (``default`` first). Later pipelines depend on its outputs without redefining it."""
     presets = Presets(root)
     dags = {p: Dag(p, root, presets=presets) for p in active_pipelines(root, presets, also)}
     defined = {n: p for p in reversed(dags) for n in defined_stages(p) if n in dags[p].stages}
-    owner: dict[str, tuple[str, Stage]] = {}
+    owner: dict[str, tuple[str, Stage, Dag]] = {}
     for pipe, dag in dags.items():
         for name, stage in dag.stages.items():
             if defined.get(name, pipe) == pipe:
-                owner.setdefault(name, (pipe, stage))
+                owner.setdefault(name, (pipe, stage, dag))
     return owner
 
 
@@ -78,7 +84,14 @@ def dvc_file(pipeline: str) -> Path:
 
 
 def _dag_stage(root: Path) -> dict:
-    modules = ["fedssl.pipeline", *[registry.module_of(m.name) for m in registry.all()]]
+    """The DAG check: it reads params/ and the planner's code, with the declarations it finds
+    by name (the methods', the evaluations', the data sets')."""
+    modules = [
+        "fedssl.pipeline",
+        *[registry.module_of(m.name) for m in registry.all()],
+        *evaluations.modules(),
+        *dict.fromkeys(spec.module for spec in datasets().values()),
+    ]
     return {
         "cmd": "python -m fedssl.pipeline check",
         "deps": [str(root), *code_files(*modules)],
@@ -87,7 +100,8 @@ def _dag_stage(root: Path) -> dict:
 
 
 def _entry_of(s: Stage, wdir: bool) -> dict:
-    deps = s.code + s.deps + ([str(DAG_CHECKED)] if s.kind == "prepare_data" else [])
+    deps = [str(record_path(s.name)), *s.code, *s.deps]
+    deps += [str(DAG_CHECKED)] if s.kind == "prepare_data" else []
     entry = {"cmd": s.cmd, "deps": deps}
     if s.params:
         entry["params"] = [
@@ -98,9 +112,11 @@ def _entry_of(s: Stage, wdir: bool) -> dict:
     return {"wdir": "../..", **entry} if wdir else entry
 
 
-def dvc_yaml(pipeline: str, owner: dict[str, tuple[str, Stage]], root: Path = PARAMS_DIR) -> str:
+def dvc_yaml(
+    pipeline: str, owner: dict[str, tuple[str, Stage, Dag]], root: Path = PARAMS_DIR
+) -> str:
     stages = {DAG_STAGE: _dag_stage(root)} if pipeline == "default" else {}
-    for name, (pipe, s) in owner.items():
+    for name, (pipe, s, _) in owner.items():
         if pipe == pipeline:
             stages[name] = _entry_of(s, pipeline != "default")
     doc: dict = {"stages": stages}
@@ -120,18 +136,27 @@ def dvc_yaml(pipeline: str, owner: dict[str, tuple[str, Stage]], root: Path = PA
 
 
 def generated_files(root: Path = PARAMS_DIR, also: tuple[str, ...] = ()) -> dict[Path, str]:
-    """Every dvc.yaml of the active pipelines: path -> text."""
+    """Every dvc.yaml of the active pipelines and the plan record of each of their stages:
+    path -> text."""
     owner = owners(root, also)
-    return {dvc_file(p): dvc_yaml(p, owner, root) for p in active_pipelines(root, None, also)}
+    files = {dvc_file(p): dvc_yaml(p, owner, root) for p in active_pipelines(root, None, also)}
+    files.update((record_path(n), record_text(dag.record(n))) for n, (_, _, dag) in owner.items())
+    return files
 
 
 def write_all(root: Path = PARAMS_DIR, also: tuple[str, ...] = ()) -> list[Path]:
-    """Regenerate the active pipelines' dvc.yaml files; returns those whose text changed."""
+    """Regenerate the active pipelines' dvc.yaml files and their stages' plan records, and
+    remove the records of stages no longer in them; returns the files whose text changed."""
     changed = []
-    for path, text in generated_files(root, also).items():
+    files = generated_files(root, also)
+    for path, text in files.items():
         if not path.exists() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
+            changed.append(path)
+    for path in sorted(PLAN_RECORDS.glob("*.json")):
+        if path not in files:
+            path.unlink()
             changed.append(path)
     return changed
 
@@ -150,7 +175,7 @@ def check(root: Path = PARAMS_DIR) -> int:
             if pipe == "default":
                 raise
             print(f"warning: pipeline {pipe}: {e}", file=sys.stderr)
-    changed = write_all(root)
+    changed = [p for p in write_all(root) if p.name == "dvc.yaml"]  # records are stage deps
     if changed:
         print(
             f"the params changed the pipelines' shape: regenerated {', '.join(map(str, changed))}"

@@ -23,39 +23,40 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat
 
-from fedssl.methods.base import MethodParams, PretrainStepMethod
+from fedssl.methods.base import FederatedMethod, MethodParams
 from fedssl.methods.registry import register
 from fedssl.params import (
-    PARALLEL_CLIENTS_HELP,
     AugmentParams,
-    FederationSettings,
     ModelParams,
-    ParallelClients,
     TrainsItsModel,
+    federation,
+)
+
+BYOL_FEDERATION = federation(
+    local_epochs=5,
+    batch_size=128,
+    optimizer="sgd",
+    lr=0.032,
+    lr_schedule="cosine",
+    momentum=0.9,
+    weight_decay=5e-4,
+    parallel_clients="auto",
 )
 
 
-class FedBYOLParams(MethodParams, FederationSettings, TrainsItsModel):
+class FedBYOLParams(MethodParams, BYOL_FEDERATION, TrainsItsModel):
     """BYOL on every client (EasyFL's defaults where the smoke scale allows: SGD, cosine over
     rounds, target EMA 0.99 per step). ``model.proj_hidden`` / ``proj_dim`` size both the
     projector and the predictor (Linear-BN-ReLU-Linear, spec §2.3: 4096 / 2048)."""
 
     name: Literal["fedbyol"] = "fedbyol"
     model: ModelParams
-    local_epochs: PositiveInt = 5
-    batch_size: PositiveInt = 128
-    optimizer: Literal["adam", "sgd"] = "sgd"
-    lr: PositiveFloat = 0.032
-    lr_schedule: Literal["constant", "cosine"] = "cosine"
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    weight_decay: NonNegativeFloat = 5e-4
     target_ema: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
         0.99, description="the target's EMA decay after every optimizer step"
     )
     augment: AugmentParams = AugmentParams()
-    parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
 
 
 class FedEMAParams(FedBYOLParams):
@@ -79,13 +80,20 @@ class FedUParams(FedBYOLParams):
     )
 
 
-class _FederatedBYOL(PretrainStepMethod):
-    """What the family shares: one federated step (this package's code), the probes on the
-    global online backbone, client costs from the exchanged tensors."""
+class _FederatedBYOL(FederatedMethod):
+    """What the family shares: BYOL on every client (the target follows the online encoder
+    after every step), the family member's strategy on the server, the probes on the global
+    online backbone, client costs from the exchanged tensors."""
 
     package = __name__
-    flower_steps = {"pretrain": "fedssl.methods.fedbyol.run:federation"}
     encoder_builder = "fedssl.methods.fedbyol.model:byol_encoder"
+    loss = "fedssl.losses:byol_views"
+    model = "fedssl.methods.fedbyol.model:seeded_byol_of"
+    strategy = "fedssl.methods.fedbyol.strategy:family_strategy"
+    after_step = "fedssl.methods.fedbyol.model:target_ema"
+    save = "fedssl.methods.fedbyol.model:save_online"
+    describe = "fedssl.methods.fedbyol.model:describe"
+    encoder_loader = "fedssl.methods.fedbyol.model:load_online_encoder"
 
 
 @register

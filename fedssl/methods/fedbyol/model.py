@@ -92,3 +92,45 @@ def byol_encoder(method, image_shape, projection: bool = False) -> nn.Module:
     into: its backbone, or with ``projection`` backbone and projector."""
     enc = ByolEncoder(method.model, image_shape)
     return frozen(enc if projection else enc.backbone)
+
+
+def load_online_encoder(ctx) -> nn.Module:
+    """The global online encoder's backbone (or backbone + projector) a pretraining stage saved,
+    for the probes."""
+    ckpt = torch.load(
+        ctx.input("pretrain") / "model.pt", map_location=ctx.device, weights_only=True
+    )
+    projection = ctx.exp.features.layer == "projection"
+    module = byol_encoder(ctx.exp.method, ckpt["image_shape"], projection)
+    prefix = "encoder." if projection else "encoder.backbone."
+    module.load_state_dict(
+        {k[len(prefix) :]: v for k, v in ckpt["model"].items() if k.startswith(prefix)}
+    )
+    return module.to(ctx.device)
+
+
+def seeded_byol_of(p, image_shape, device) -> ByolNet:
+    return seeded_byol(p.model, image_shape, p.seed, device)
+
+
+def target_ema(model: ByolNet, p):
+    """The cohort's after-step hook: the target follows the online encoder by EMA."""
+    from fedssl.fl.momentum import ema_after_step, momentum_pairs
+
+    names = [k for k, _ in model.named_parameters()]
+    return ema_after_step(momentum_pairs(names, TARGET, ("encoder.",)), p.target_ema)
+
+
+def save_online(model: ByolNet, path, image_shape) -> None:
+    """The online network and predictor (the target stays behind)."""
+    from fedssl.runtime import torch_save
+
+    online = {k: v for k, v in model.state_dict().items() if not k.startswith(TARGET)}
+    torch_save({"model": online, "image_shape": tuple(image_shape)}, path)
+
+
+def describe(model: ByolNet) -> dict:
+    return {
+        "parameters": sum(q.numel() for q in model.encoder.parameters()),
+        "predictor_parameters": sum(q.numel() for q in model.predictor.parameters()),
+    }

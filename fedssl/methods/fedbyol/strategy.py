@@ -120,3 +120,8 @@ class FedEMAStrategy(FedBYOLStrategy):
 
 
 STRATEGIES = {"fedbyol": FedBYOLStrategy, "fedema": FedEMAStrategy, "fedu": FedUStrategy}
+
+
+def family_strategy(cfg: FederationConfig, model: ByolNet, p) -> Strategy:
+    """The family member's strategy (FedBYOL, FedEMA or FedU, by the params' name)."""
+    return STRATEGIES[p.name](cfg, model, p)
