@@ -82,8 +82,9 @@ bench: install
 mutants: $(INSTALLED)
 	nice $(PY) benchmarks/mutants.py
 
-# Rerun a sample of every committed pipeline (one experiment each) and compare its result
-# files with the committed ones (run it on the hardware and thread count that made them).
+# Rerun a sample of every committed pipeline (one experiment each, one thread per stage) and
+# compare its result files with the committed ones: identical, within the spread (of seeds,
+# threads, precisions: README 'Reproducing a number') or differs beyond it.
 recheck: install
 	$(PY) -m fedssl.plan.recheck
 
