@@ -52,6 +52,11 @@ class FederationSettings(Strict):
     rounds: NonNegativeInt = Field(description="communication rounds")
     client_fraction: Fraction = Field(1.0, description="clients sampled each round")
     lr: PositiveFloat = Field(description="the clients' (peak) learning rate")
+    monitor_every: NonNegativeInt = Field(
+        0,
+        description="rounds between k-NN monitor evaluations of the global encoder, logged "
+        "in the round log (0 = off; the last round is always evaluated otherwise)",
+    )
 
 
 class ParamsError(ValueError):

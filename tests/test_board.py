@@ -36,16 +36,189 @@ def test_board_groups_seeds_and_reports_mean_and_sample_sd():
         ("ssl", "A", 2),
         ("personal", "B", 3),
     ]
+    board.compare_lines(cells)
     numbers = board.metrics(cells)
     a, b = numbers["A | cnn | IID"], numbers["B | cnn | IID"]
     assert a["linear_top1_mean"] == 71.0 and a["linear_top1_sd"] == pytest.approx(1.4142, abs=1e-4)
     assert a["beta_GFLOPs_mean"] == 5.0 and a["wall_s_mean"] == 15.0
+    assert a["client_MB_mean"] == 2.0  # up only: the rows have no costs stage's total
+    # 71 ± t(0.975, 1) 1.414 / sqrt 2 = 71 ± 12.706
+    assert a["linear_top1_ci95"] == pytest.approx([58.2938, 83.7062], abs=1e-3)
     assert b["personal_top1_mean"] == 85.0 and b["personal_top1_sd"] == 5.0  # sample SD (n-1)
     assert b["rounds_mean"] == 10 and b["wall_s_mean"] == 4.0 and "linear_top1_mean" not in b
     text = board.table("ssl", cells, "h (2-core CPU)")
-    assert "| A | cnn | IID | 2 | 71.0±1.4 | 61.0±1.4 | 2 | 5 | 15 |" in text
+    assert (
+        "| A | cnn | IID | 2 | 71.0±1.4 | [58.3, 83.7] | best |  | 61.0±1.4 | 2 | 5 | 15 |" in text
+    )
     assert "mean ± sample SD over seeds" in text and "hardware: h (2-core CPU)" in text
-    assert "| B | cnn | IID | 3 | 85.0±5.0 | 1 | 10 | 4 |" in board.table("personal", cells, "")
+    assert "| B | cnn | IID | 3 | 85.0±5.0 | [72.6, 97.4] | best |  | 1 | 10 | 4 |" in board.table(
+        "personal", cells, ""
+    )
+
+
+def test_costs_are_every_byte_from_the_ledger():
+    """A one-shot transfer outside the rounds (MFCL's representation upload) is in the
+    costs stage's ledger total, and the board's MB column is that total, not up + down."""
+    mfcl = _row("m0", "M", "IID", linear_top1=70.0, client_MB_up=0.02, client_MB_down=0.02)
+    mfcl["client_MB_sent"] = "15.1"  # as the report writes it (text)
+    assert board.client_mb(mfcl) == 15.1
+    assert board.client_mb(_row("x", "X", "IID", client_MB_up=1.0, client_MB_down=0.5)) == 1.5
+    assert board.client_mb(_row("y", "Y", "IID")) is None
+
+
+def test_committed_board_costs_equal_the_reports_ledger_totals():
+    """Every line of the committed board, of every method on it: its MB / client is the mean
+    of its runs' ledger totals in the report's rows (MFCL 15.1 MB, not 0.04)."""
+    from fedssl.report_format import to_float
+
+    folder = Path("results/reports/benchmark")
+    rows = json.loads((folder / "report.json").read_text())["rows"]
+    lines = json.loads((folder / "board.json").read_text())["lines"]
+    by_line: dict[str, list[dict]] = {}
+    for r in rows:
+        key = " | ".join(x for x in (r["row"], r.get("arch", ""), r["column"]) if x)
+        by_line.setdefault(key, []).append(r)
+    assert set(lines) <= set(by_line) and len(lines) == 19 * 3 + 14 * 2
+    methods = set()
+    for key, line in lines.items():
+        totals = []
+        for r in by_line[key]:
+            total = to_float(r.get("client_MB_sent"))
+            if total is None:  # no costs stage (random init): the rounds' traffic
+                total = r["client_MB_up"] + r["client_MB_down"]
+            totals.append(total)
+        assert line["client_MB_mean"] == pytest.approx(statistics.mean(totals), abs=1e-4), key
+        methods.add(tuple(key.split(" | ")[:2]))
+    assert len(methods) == 33
+    mfcl = lines["MFCL(TN) | resnet18-tn | F-MNIST IID"]
+    assert mfcl["client_MB_mean"] == pytest.approx(15.1)
+
+
+def test_confidence_on_constructed_data():
+    from fedssl import stats
+
+    lo, hi = stats.interval([1.0, 2.0, 3.0])  # 2 ± t(0.975, 2) / sqrt 3 = 2 ± 2.4841
+    assert (lo, hi) == (pytest.approx(-0.4841, abs=1e-4), pytest.approx(4.4841, abs=1e-4))
+    assert stats.interval([5.0]) is None
+    # paired: differences 1, 2, 3 -> t = 2 / (1 / sqrt 3); with 2 df, p = 1 - t / sqrt(t^2 + 2)
+    a = {"0": 11.0, "1": 12.0, "2": 13.0}
+    b = {"0": 10.0, "1": 10.0, "2": 10.0}
+    c = stats.compare(a, b)
+    t = 2 * 3**0.5
+    assert c.test == "paired t" and c.n == 3 and c.difference == pytest.approx(2.0)
+    assert c.p == pytest.approx(1 - t / (t * t + 2) ** 0.5, abs=1e-9)
+    # the same numbers unpaired would not separate as well: pairing removes the seed's share
+    shifted = {"0": 20.0, "1": 30.0, "2": 40.0}
+    assert stats.compare({s: v + 1 for s, v in shifted.items()}, shifted).p == 0.0
+    welch = stats.compare({s: v + 1 for s, v in shifted.items()}, {"7": 20.0, "8": 40.0})
+    assert welch.test == "Welch t" and welch.p > 0.5
+    assert stats.compare({"0": 1.0}, {"0": 2.0}).test == "untested"
+    assert stats.holm([0.01, 0.04, 0.03, None]) == [
+        pytest.approx(0.03),
+        pytest.approx(0.06),
+        pytest.approx(0.06),
+        None,
+    ]
+
+
+def _line(method, values, mb=1.0, encoder="cnn"):
+    return [
+        {
+            "experiment": f"{method}_s{i}",
+            "row": method,
+            "arch": encoder,
+            "column": "P",
+            "linear_top1": v,
+            "client_MB_up": mb,
+        }
+        for i, v in enumerate(values)
+    ]
+
+
+def test_which_lines_separate_from_the_best_and_from_their_reference():
+    """Constructed lines over three seeds: B sits a steady 5 points under A (separable), C
+    is as good as A on average but noisy (not separable), R exchanges nothing (the untrained
+    twin of the encoder); the board says so, in its table and in words."""
+    rows = (
+        _line("A", [80.0, 82.0, 81.0])
+        + _line("B", [75.0, 77.1, 75.9])
+        + _line("C", [70.0, 90.0, 79.0])
+        + _line("R", [70.0, 72.0, 71.5], mb=0.0)
+    )
+    cells = board.cells(rows, {})
+    board.compare_lines(cells)
+    got = {c["method"]: c for c in cells}
+    assert got["A"]["vs_best"] == {"verdict": "best"}
+    assert got["B"]["vs_best"]["verdict"] == "separable"
+    assert got["B"]["vs_best"]["difference"] == pytest.approx(-5.0, abs=1e-3)
+    assert got["C"]["vs_best"]["verdict"] == "not separable"
+    assert board.is_reference(got["R"]) and "vs_reference" not in got["R"]
+    assert got["A"]["vs_reference"]["verdict"] == "separable"
+    assert got["A"]["vs_reference"]["difference"] == pytest.approx(9.8333, abs=1e-3)
+    assert got["C"]["vs_reference"]["verdict"] == "not separable"
+    # Holm over the partition's three comparisons with the best: B's p is at least its raw p
+    assert got["B"]["vs_best"]["p_holm"] >= got["B"]["vs_best"]["p"]
+    text = board.tables_text(cells, "h", 60.0)
+    assert (
+        "| B | cnn | P | 3 | 76.0±1.1 | [73.4, 78.6] | −5.0 (p < 0.001) | +4.8 (p 0.0041) |" in text
+    )
+    assert "| C | cnn | P | 3 | 79.7±10.0 | [54.8, 104.5] | −1.3 not separable (p 0.82) |" in text
+    assert "best **A** (81.0); not separable from it: C; below it: B, R." in text
+    assert "reference of their encoder: above A, B; not separable C; below none." in text
+
+
+def test_personalised_accuracy_is_the_last_rounds_mean():
+    rows = [
+        {**_row(f"p_s{i}", "P", "X", personal_top1=90.0 + i), "personal_last10": 80.0 + i}
+        for i in range(3)
+    ]
+    (cell,) = board.cells(rows, {})
+    assert board.accuracy_of(cell) == "personal_last" and cell["last_rounds"] == {10}
+    assert "averaged over the last 10 rounds" in board.table("personal", [cell], "")
+    assert "| P | cnn | X | 3 | 81.0±1.0 |" in board.table("personal", [cell], "")
+
+
+def test_rounds_to_the_target_from_the_round_logs():
+    """A personalised line reaches its reference's (SOLO's) accuracy at the median of its
+    runs' first rounds there; MB by the ledger total shared out as the round log's bytes."""
+    solo = [
+        {
+            **_row(f"solo_s{i}", "SOLO", "X", personal_top1=70.0, client_MB_up=0.0),
+            "personal_last2": 70.0,
+        }
+        for i in range(3)
+    ]
+    mine = [
+        {**_row(f"m_s{i}", "M", "X", personal_top1=90.0, client_MB_up=2.0, client_MB_down=2.0,
+                beta_GFLOPs=40.0), "personal_last2": 90.0}
+        for i in range(3)
+    ]  # fmt: skip
+    logs = {
+        f"m_s{i}": [
+            {"round": r + 1, "personal_acc": acc, "bytes_up": 10, "bytes_down": 10}
+            for r, acc in enumerate(curve)
+        ]
+        for i, curve in enumerate([[50, 71, 80, 90], [50, 60, 72, 90], [50, 60, 65, 69]])
+    }
+    cells = board.cells(solo + mine, {})
+    board.rounds_to_target(cells, logs)
+    target = next(c for c in cells if c["method"] == "M")["to_target"]
+    # runs reach 70 at rounds 2, 3 and never: the median is 3; 3 of 4 rounds' bytes of 4 MB
+    assert target == {"target": 70.0, "reached": 2, "of": 3, "rounds": 3, "MB": 3.0, "GFLOPs": 30.0}
+
+
+def test_figure_helpers():
+    from fedssl import figures
+
+    points = [(1.0, 60.0), (2.0, 70.0), (2.0, 65.0), (4.0, 68.0), (8.0, 75.0), (0.5, 50.0)]
+    assert figures.pareto_front(points) == [5, 0, 1, 4]  # by cost; (4, 68) is beaten by (2, 70)
+    median, low, high = figures.band([[1.0, 2.0, 9.0], [3.0, 4.0], [2.0, 3.0, 5.0]])
+    assert (median, low, high) == ([2.0, 3.0], [1.0, 2.0], [3.0, 4.0])
+    assert figures.diverged([1.0, float("nan")], 2, True)
+    assert figures.diverged([1.0, 0.9], 3, False)  # stopped before its line's other runs
+    assert figures.diverged([1.0, 0.9, 0.8, 3.7e13], 4, True)
+    assert not figures.diverged([0.0, 5.0], 2, True)  # a first loss of 0 is not a divergence
+    assert figures.robust_limits([1.0, 3.0, float("inf")]) == (0.9, 3.1)
 
 
 def test_board_files_and_readme_block(tmp_path):
@@ -235,7 +408,7 @@ def test_tiny_board_numbers_come_from_the_runs(tiny_board):
     assert min(walls) > 0
     simclr = next(v for k, v in lines.items() if k.startswith("FedSimCLR"))
     assert simclr["wall_s_mean"] == pytest.approx(statistics.mean(walls), abs=1e-3)
-    assert simclr["client_MB_up_mean"] > 0 and "wall s" in (folder / "board.md").read_text()
+    assert simclr["client_MB_mean"] > 0 and "wall s" in (folder / "board.md").read_text()
     assert Path(folder / "board_accuracy_vs_GFLOPs.png").stat().st_size > 0
 
 
