@@ -699,6 +699,104 @@ def budget_markdown(lines: list[dict]) -> str:
     return markdown_table(header + ["estimate min"], rows, caption)
 
 
+# ------------------------------------------------------------------ the second board's plan
+# Rounds set per family, not by one wall budget: the plan (a line per grid of the `board`
+# pipeline, or per variant of a grid) names the first board's line whose measured wall times
+# it takes (its committed per-stage times, results/runs/benchmark.tsv), its rounds and runs,
+# a factor on the round's time where its local schedule differs (MpFedcon's paper regime:
+# 11 local epochs where the first board ran 3) and its k-NN monitor evaluations.
+PLAN_FILE = Path("benchmarks/board_plan.tsv")
+MEASURED_FILE = Path("results/runs/benchmark.tsv")
+MEASURED_REPORT = Path("results/reports/benchmark/report.json")
+ROUND_STEPS = {"pretrain", "train", "cfl", "grow_1", "grow_2", "grow_3"}  # they run the rounds
+MONITOR_CALL_S = 2.0  # one k-NN monitor evaluation on the small CNN (bank 5,000, queries 2,000)
+STAGES_AT_ONCE = 2  # the 2-core CPU runs two one-thread stages at a time
+
+
+# the grid axes that set a run's partition and seed (params/grids.yaml), not its method
+RUN_AXES = ("bench_part", "bench_seed", "board_run", "board_skew_run", "board_run_mfcl",
+            "board_skew_run_cpcfl")  # fmt: skip
+
+
+def line_of(experiment: str, members: dict) -> str:
+    """A board experiment's line in the plan: its grid, with the labels of its axes other
+    than the partition and seed (``bench_personal:fedrep``)."""
+    grid, labels = members.get(experiment, (experiment, {}))
+    variant = [v for k, v in labels.items() if k not in RUN_AXES]
+    return ":".join([grid, *variant]) if variant else grid
+
+
+def measured_times(
+    runs_file: Path = MEASURED_FILE, report: Path = MEASURED_REPORT, members: dict | None = None
+) -> dict[str, dict]:
+    """Per line of the first board: its runs' mean wall seconds per round (its round steps'
+    wall over its rounds) and of its other stages (probes, costs, export, server steps), from
+    the committed per-stage times (each stage counted with the experiment that owns it)."""
+    if members is None:
+        from fedssl.presets import Presets
+
+        members = Presets().grid_members("experiment")
+    rounds = {r["experiment"]: r["rounds"] for r in json.loads(report.read_text())["rows"]}
+    lines: dict[str, dict] = {}
+    with open(runs_file) as f:
+        for r in csv.DictReader((x for x in f if not x.startswith("#")), delimiter="\t"):
+            line = lines.setdefault(line_of(r["experiment"], members), {"round": {}, "fixed": {}})
+            kind = "round" if r["stage"] in ROUND_STEPS else "fixed"
+            line[kind][r["experiment"]] = line[kind].get(r["experiment"], 0.0) + float(
+                r["wall_seconds"]
+            )
+    out = {}
+    for name, line in lines.items():
+        runs = set(line["round"]) | set(line["fixed"])
+        per_round = [line["round"][e] / rounds[e] for e in line["round"] if rounds.get(e)]
+        out[name] = {
+            "round_s": round(statistics.mean(per_round), 2) if per_round else 0.0,
+            "fixed_s": round(sum(line["fixed"].values()) / len(runs), 2),
+        }
+    return out
+
+
+def plan_table(path: Path = PLAN_FILE, measured: dict | None = None) -> list[dict]:
+    """The plan's lines with their estimated wall seconds on the 2-core CPU (one thread):
+    runs x (rounds x the measured round x its factor + the measured fixed seconds + the
+    monitor's evaluations)."""
+    measured = measured_times() if measured is None else measured
+    lines = list(csv.DictReader(open(path), delimiter="\t"))
+    for line in lines:
+        if line["measured_as"] not in measured:
+            raise KeyError(
+                f"{path}: measured_as '{line['measured_as']}' is no line of {MEASURED_FILE}"
+            )
+        m = measured[line["measured_as"]]
+        run_s = int(line["rounds"]) * m["round_s"] * float(line["round_scale"]) + m["fixed_s"]
+        run_s += int(line["monitor_calls"]) * MONITOR_CALL_S
+        line.update(round_s=m["round_s"], fixed_s=m["fixed_s"], run_s=round(run_s, 1))
+        line["estimate_s"] = round(int(line["runs"]) * run_s)
+    return lines
+
+
+def plan_markdown(lines: list[dict]) -> str:
+    """The plan as the README shows it: a line per grid (or variant), then the hours of each
+    part (two stages at a time on the 2-core CPU) and of the whole board."""
+    rows = [
+        [x["part"], x["grid"], x["rounds"], x["runs"], number(x["round_s"], "g")]
+        + [number(x["fixed_s"], "g"), x["round_scale"], number(x["run_s"] / 60, ".1f")]
+        for x in lines
+    ]
+    header = ["part", "line", "rounds", "runs", "s / round", "fixed s", "round x", "min / run"]
+    parts: dict[str, float] = {}
+    for x in lines:
+        parts[x["part"]] = parts.get(x["part"], 0.0) + x["estimate_s"] / STAGES_AT_ONCE / 3600
+    hours = ", ".join(f"{p} {h:.2f} h" for p, h in parts.items())
+    caption = (
+        f"The second board's plan ({PLAN_FILE}): per-round and fixed wall seconds of each line "
+        f"as the first board measured them ({MEASURED_FILE}; one thread, two stages at a time), "
+        f"the k-NN monitor at {MONITOR_CALL_S:g} s an evaluation; estimated wall hours of the "
+        f"2-core CPU per part: {hours}; in all {sum(parts.values()):.2f} h"
+    )
+    return markdown_table(header, rows, caption)
+
+
 # ------------------------------------------------------------------ README
 README = Path("README.md")
 _BLOCK = re.compile(r"(<!-- board: (\w+) -->\n)(.*?)(<!-- /board -->)", re.S)
@@ -722,12 +820,16 @@ def main(argv: list[str] | None = None) -> int:
     draw.add_argument("pipeline", nargs="?", default="benchmark")
     sub.add_parser("readme", help="refill the README's board blocks from board_tables.md")
     sub.add_parser("budget", help="the budget rule applied to benchmarks/board_budget.tsv")
+    sub.add_parser("plan", help="the second board's parts and their estimated CPU hours")
     args = ap.parse_args(argv)
     if args.command == "readme":
         README.write_text(readme_text(README.read_text()))
         return 0
     if args.command == "budget":
         print(budget_markdown(budget_table()))
+        return 0
+    if args.command == "plan":
+        print(plan_markdown(plan_table()))
         return 0
     from fedssl.plan.dag import Dag
     from fedssl.report import load_saved, round_logs

@@ -428,3 +428,90 @@ def test_benchmark_gpu_is_planned_by_the_dvc_writer():
     assert {"cache": False, "persist": True} in [
         v for out in stages["report__benchmark_gpu"]["outs"] for v in out.values()
     ]
+
+
+def test_the_second_boards_plan_covers_its_pipeline_with_equal_rounds_per_family():
+    """benchmarks/board_plan.tsv: a line for every grid (or variant) of the `board`
+    pipeline, its runs and rounds as the presets set them, the same rounds within a family,
+    and its parts the pipelines board_p1.. that together make the board."""
+    from fedssl.presets import Presets, lookup
+
+    presets = Presets()
+    members = presets.grid_members("experiment")
+    plan = board.plan_table()
+    by_line: dict[str, list[str]] = {}
+    for e in presets.pipeline_experiments("board"):
+        by_line.setdefault(board.line_of(e, members), []).append(e)
+    assert {x["grid"] for x in plan} == set(by_line) and len(plan) == len(by_line)
+    parts: dict[str, list[str]] = {}
+    for x in plan:
+        runs = by_line[x["grid"]]
+        assert int(x["runs"]) == len(runs), x["grid"]
+        for e in runs:
+            params = presets.load("experiment", e).model_dump(mode="json")
+            if x["rounds_key"]:
+                assert lookup(params, x["rounds_key"]) == int(x["rounds"]), e
+        parts.setdefault(x["part"], []).extend(runs)
+    for part, runs in parts.items():
+        assert sorted(presets.pipeline_experiments(part)) == sorted(runs), part
+    rounds = {x["grid"]: int(x["rounds"]) for x in plan}
+    family = {  # equal rounds within a family; a reference (its network at init) trains none
+        50: [g for g in rounds if g.split(":")[0] in {
+            "board_fedsimclr", "board_fedbyol", "board_fedema", "board_fedu", "board_orchestra",
+            "board_featarc", "board_supervised", "board_mfcl", "board_sfl"}],
+        15: [g for g in rounds if g.split(":")[0] in {
+            "board_fedmoco", "board_fedmoco_lw", "board_lw_fedssl", "board_prog_fedssl"}],
+        100: [g for g in rounds if g.startswith("board_personal")],
+        0: [g for g in rounds if g.split(":")[0] in {
+            "board_random_init", "board_mfcl_init", "board_vit_init", "board_sfl_init"}],
+    }  # fmt: skip
+    for n, grids in family.items():
+        assert grids and {rounds[g] for g in grids} == {n}, n
+    # each part fits a session of the 2-core CPU (two stages at a time)
+    hours = {}
+    for x in plan:
+        hours[x["part"]] = hours.get(x["part"], 0) + x["estimate_s"] / 2 / 3600
+    assert max(hours.values()) < 3 and 10 < sum(hours.values()) < 13
+
+
+def test_plan_estimates_from_measured_times(tmp_path):
+    """Per-round and fixed seconds from per-stage wall times, then a line's estimate."""
+    runs = tmp_path / "runs.tsv"
+    runs.write_text(
+        "# header line\nexperiment\tstage\twall_seconds\n"
+        "g_a_s0\tpretrain\t20\ng_a_s0\tevaluate\t3\ng_a_s1\tpretrain\t30\ng_a_s1\tcosts\t5\n"
+    )
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"rows": [{"experiment": "g_a_s0", "rounds": 4},
+                                           {"experiment": "g_a_s1", "rounds": 5}]}))  # fmt: skip
+    members = {"g_a_s0": ("g", {"bench_seed": "0"}), "g_a_s1": ("g", {"bench_seed": "1"})}
+    measured = board.measured_times(runs, report, members)
+    assert measured == {"g": {"round_s": 5.5, "fixed_s": 4.0}}  # (20/4 + 30/5) / 2; 8 / 2
+    plan = tmp_path / "plan.tsv"
+    plan.write_text(
+        "part\tgrid\tmeasured_as\trounds_key\trounds\truns\tround_scale\tmonitor_calls\n"
+        "p\tnew\tg\tmethod.rounds\t10\t3\t2\t5\n"
+    )
+    (line,) = board.plan_table(plan, measured)
+    assert line["run_s"] == 10 * 5.5 * 2 + 4.0 + 5 * board.MONITOR_CALL_S
+    assert line["estimate_s"] == round(3 * line["run_s"])
+    plan.write_text(plan.read_text().replace("\tg\t", "\tnone\t"))
+    with pytest.raises(KeyError, match="measured_as 'none'"):
+        board.plan_table(plan, measured)
+
+
+def test_the_second_board_names_no_stage_of_a_committed_pipeline():
+    """The board's presets sort before most others, and a stage is named after the first
+    experiment that has its content: none of theirs may take over a stage of a pipeline
+    whose results are committed (its results would move); the GPU subset plans the whole
+    training split."""
+    from fedssl.plan.dag import Dag
+
+    for pipeline in ("default", "benchmark", "gpu"):
+        owners = {s.split("__", 1)[1] for s in Dag(pipeline).stages if "__" in s}
+        assert not [o for o in owners if o.startswith("board_")], pipeline
+    gpu = Dag("board_gpu")
+    assert {s for s in gpu.stages if s.startswith("partition__")} == {
+        "partition__gpubench_fmnist_dir01_m10",
+        "partition__fmnist_dir01_m10",  # the untrained twin's (fmnist_random_init) partition
+    }

@@ -28,15 +28,19 @@ BANK_SIZE = 5000  # labelled bank images, from the clients' training data
 QUERY_SIZE = 2000  # query images, from the test split
 
 
+ENCODER_NAMES = ("backbone", "base")  # the encoder submodule's name in the library's models
+
+
 def backbone_of(model: nn.Module) -> nn.Module:
     """The model's encoder: its first submodule named ``backbone`` (SimCLR's, BYOL's online
-    one, a supervised classifier's)."""
+    one, Orchestra's, FeatARC's) or ``base`` (the supervised and personalised nets' D)."""
     for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] == "backbone":
+        if name.rsplit(".", 1)[-1] in ENCODER_NAMES:
             return module
     raise ValueError(
-        f"monitor_every: the k-NN monitor reads a `backbone` of the model, and "
-        f"{type(model).__name__} has none (set monitor_every: 0)"
+        f"monitor_every: the k-NN monitor reads the model's encoder (a submodule named "
+        f"{' or '.join(ENCODER_NAMES)}), and {type(model).__name__} has none (set "
+        "monitor_every: 0)"
     )
 
 
