@@ -638,15 +638,6 @@ def write_board(
     return board
 
 
-def read_logs(paths: dict[str, Path]) -> dict[str, list[dict]]:
-    """The round logs that exist: experiment -> its rows."""
-    return {
-        name: list(csv.DictReader(open(p), delimiter="\t"))
-        for name, p in paths.items()
-        if p.exists()
-    }
-
-
 # ------------------------------------------------------------------ the budget rule
 def rounds_within(budget_s: float, fixed_s: float, round_s: float, least: int = 1) -> int:
     """The rounds of a run that gets ``budget_s`` seconds: what is left after its fixed work
@@ -832,7 +823,7 @@ def main(argv: list[str] | None = None) -> int:
         print(plan_markdown(plan_table()))
         return 0
     from fedssl.plan.dag import Dag
-    from fedssl.report import load_saved, round_logs
+    from fedssl.report import load_saved, read_round_log, round_logs
 
     folder = Path(report_dir(args.pipeline))
     try:
@@ -851,7 +842,7 @@ def main(argv: list[str] | None = None) -> int:
         total,
         saved.get("pending", []),
         saved.get("failed", []),
-        read_logs(round_logs(dag)),
+        {name: read_round_log(paths) for name, paths in round_logs(dag).items()},
     )
     print(f"wrote {folder}/board.md, board.json and its figures")
     return 0

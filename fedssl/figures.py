@@ -209,7 +209,8 @@ def learning_curves(
     names = list(panels)
     loss_panels, log_x = set(loss_panels), set(log_x)
     rows, cols = grid_shape(len(names), columns)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.7 * rows + 0.6), squeeze=False)
+    width = max(3.6 * cols, 6.0)  # room for the title and the key under one panel
+    fig, axes = plt.subplots(rows, cols, figsize=(width, 2.7 * rows + 0.6), squeeze=False)
     lines_all = list(dict.fromkeys(line for lines in panels.values() for line in lines))
     colours = colours_for(plt, lines_all)
     gone = []
@@ -256,14 +257,15 @@ def learning_curves(
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     handles = [plt.Line2D([], [], color=c, lw=2, label=line) for line, c in colours.items()]
-    handles.append(plt.Line2D([], [], marker="x", color="red", ls="none", label="diverged run"))
+    if gone:
+        handles.append(plt.Line2D([], [], marker="x", color="red", ls="none", label="diverged run"))
     fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), fontsize=7,
                frameon=False)  # fmt: skip
     fig.suptitle(
         (title + "\n" if title else "") + "median over seeds, band = min to max",
         fontsize=9,
     )
-    fig.tight_layout(rect=(0, 0.5 / (2.7 * rows + 0.6) + 0.02, 1, 0.97))
+    fig.tight_layout(rect=(0, 0.45 / (2.7 * rows + 0.6), 1, 1 - 0.35 / (2.7 * rows + 0.6)))
     save_figure(fig, path, dpi=80)
     plt.close(fig)
     return gone

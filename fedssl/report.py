@@ -514,20 +514,33 @@ def main(argv: list[str] | None = None) -> int:
 CURVE_METRICS = {"personal_acc": "personal top-1 %", "knn_monitor": "k-NN monitor top-1 %"}
 
 
-def round_logs(dag) -> dict[str, Path]:
-    """Each experiment's round log (``rounds.tsv``): its stage's output in this workspace, or
-    the copy its run committed (a reused row, a report rendered elsewhere)."""
+def round_logs(dag) -> dict[str, list[Path]]:
+    """Each experiment's per-round logs (its stages' TSV plots, in stage order; a layer-wise
+    run has one per growth stage): the stage's output in this workspace, or the copy its run
+    committed (a reused row, a report rendered elsewhere). :func:`read_round_log` keeps
+    those whose first column is ``round``."""
     from fedssl.plan.layout import owner_of, results_dir
 
-    return {
-        name: Path(p)
-        if Path(p).exists()
-        else Path(results_dir(owner_of(dag.stages[s].out))) / Path(p).name
-        for name in dag.experiments
-        for s in dag.of_experiment[name]
-        for p in dag.stages[s].plots
-        if p.endswith("rounds.tsv")
-    }
+    logs: dict[str, list[Path]] = {}
+    for name in dag.experiments:
+        for s in dag.of_experiment[name]:
+            for p in dag.stages[s].plots:
+                if p.endswith(".tsv"):
+                    here = Path(p)
+                    committed = Path(results_dir(owner_of(dag.stages[s].out))) / here.name
+                    logs.setdefault(name, []).append(here if here.exists() else committed)
+    return logs
+
+
+def read_round_log(paths: Path | list[Path]) -> list[dict]:
+    """An experiment's rows, round by round: its round logs that exist and start with a
+    ``round`` column, one after another, rounds renumbered 1, 2, ... across them."""
+    rows = []
+    for path in [paths] if isinstance(paths, Path) else paths:
+        if path.exists():
+            table = list(csv.DictReader(open(path), delimiter="\t"))
+            rows += table if table and next(iter(table[0])) == "round" else []
+    return [{**r, "round": str(i)} for i, r in enumerate(rows, 1)]
 
 
 def _seedless(name: str) -> str:
@@ -541,7 +554,7 @@ def _curve(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
 
 
 def plot_curves(
-    logs: dict[str, Path], path: Path, labels: dict[str, tuple[str, str]] | None = None
+    logs: dict[str, Path | list[Path]], path: Path, labels: dict[str, tuple[str, str]] | None = None
 ) -> list[str]:
     """Per-round curves of a pipeline's experiments (their round logs) as small multiples:
     a panel per method (``labels``: experiment -> (panel, line), e.g. the report's row and
@@ -553,11 +566,7 @@ def plot_curves(
     Snakemake report show it offline. Returns the diverged runs."""
     from fedssl.figures import learning_curves
 
-    series = {
-        name: list(csv.DictReader(open(p), delimiter="\t"))
-        for name, p in logs.items()
-        if p.exists()
-    }
+    series = {name: read_round_log(p) for name, p in logs.items()}
     series = {n: rows for n, rows in series.items() if rows}
     labels = dict(labels or {})
     by_stem = {_seedless(n): label for n, label in labels.items()}

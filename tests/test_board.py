@@ -515,3 +515,31 @@ def test_the_second_board_names_no_stage_of_a_committed_pipeline():
         "partition__gpubench_fmnist_dir01_m10",
         "partition__fmnist_dir01_m10",  # the untrained twin's (fmnist_random_init) partition
     }
+
+
+def test_curves_read_every_round_log_and_name_the_diverged_run(tmp_path):
+    """plot_curves: a layer-wise run's growth-stage logs read as one run (rounds renumbered),
+    a TSV that is not a round log is left out, and a run whose loss explodes and stops
+    early is returned as diverged (and drawn as a marked end point)."""
+    from fedssl.report import plot_curves, read_round_log
+
+    def tsv(name, header, rows):
+        path = tmp_path / name
+        path.write_text(
+            "\t".join(header) + "\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows)
+        )
+        return path
+
+    grow = [tsv(f"g{s}.tsv", ["round", "loss"], [[1, 3.0 - s], [2, 2.5 - s]]) for s in (1, 2)]
+    other = tsv("epochs.tsv", ["epoch", "loss"], [[1, 9.0]])
+    assert [(r["round"], float(r["loss"])) for r in read_round_log([*grow, other])] == [
+        ("1", 2.0), ("2", 1.5), ("3", 1.0), ("4", 0.5)
+    ]  # fmt: skip
+    logs = {
+        f"a_s{i}": tsv(f"a{i}.tsv", ["round", "loss"], [[1, 2.0], [2, 1.0], [3, 0.5]])
+        for i in range(2)
+    }
+    logs["a_s2"] = tsv("a2.tsv", ["round", "loss"], [[1, 2.0], [2, 3.7e13]])
+    labels = {f"a_s{i}": ("A", "IID") for i in range(2)}  # a_s2 failed: no row, its seeds' label
+    gone = plot_curves(logs, tmp_path / "curves.png", labels)
+    assert gone == ["A / IID #2"] and (tmp_path / "curves.png").stat().st_size > 0
