@@ -236,6 +236,9 @@ def learning_curves(
         limits = robust_limits(kept_values)
         if limits:
             ax.set_ylim(*limits)
+        xs_all = {x for runs in panels[name].values() for xs, _ in runs for x in xs}
+        if len(xs_all) == 1 and name not in log_x:  # one round: a point, not a scale of 0.1
+            ax.set_xlim(min(xs_all) - 1, min(xs_all) + 1)
         for x, y in ends:
             if math.isnan(y):
                 continue
