@@ -525,6 +525,17 @@ def plot(cell_list: list[dict], cost: str, label: str, path: Path) -> None:
 
 
 # run_curves' fields the accuracy over the run is drawn against: field -> (axis, panel word)
+def _distinct_levels(marks: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """One level per target value (lines sharing a target, e.g. SOLO's, share its label)."""
+    by_value: dict[float, list[str]] = {}
+    for label, y in marks:
+        by_value.setdefault(round(y, 2), []).append(label)
+    return [
+        (labels[0] if len(labels) == 1 else "target (reference's accuracy)", y)
+        for y, labels in by_value.items()
+    ]
+
+
 OVER_RUN_AXES = {0: ("round", "rounds"), 2: ("MB / client", "MB"), 3: ("GFLOPs / client", "FLOPs")}
 
 
@@ -535,18 +546,23 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path
     from fedssl.figures import learning_curves
 
     rows: dict[str, dict[int, dict]] = {}  # panel_of -> field -> method -> runs
+    marks: dict[str, list[tuple[str, float]]] = {}  # panel_of -> its lines' targets
     for cell in cell_list:
         curves = [c for c in run_curves(cell, logs) if c]
+        target = (cell.get("to_target") or {}).get("target")
+        if curves and target is not None:
+            marks.setdefault(panel_of(cell), []).append((f"target of {cell['method']}", target))
         for j in OVER_RUN_AXES if curves else ():
             runs = [([p[j] for p in c], [p[1] for p in c]) for c in curves]
             if all(x is not None for xs, _ in runs for x in xs):
                 rows.setdefault(panel_of(cell), {}).setdefault(j, {})[cell["method"]] = runs
-    panels, xlabels = {}, {}
+    panels, xlabels, levels = {}, {}, {}
     for where, fields in rows.items():
         for j, (axis, word) in OVER_RUN_AXES.items():
             if j in fields:
                 panels[f"{where} · against {word}"] = fields[j]
                 xlabels[f"{where} · against {word}"] = axis
+                levels[f"{where} · against {word}"] = _distinct_levels(marks.get(where, []))
     if not panels:
         return False
     learning_curves(
@@ -556,7 +572,9 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path
         xlabel=xlabels,
         columns=3,
         log_x=[n for n, axis in xlabels.items() if axis != "round"],
-        title="Accuracy over the run (k-NN monitor; personalised: the clients' mean)",
+        title="Accuracy over the run (k-NN monitor; personalised: the clients' mean); "
+        "dotted: the targets",
+        levels=levels,
     )
     return True
 

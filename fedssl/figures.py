@@ -111,6 +111,7 @@ def _label(ax, xs, ys, texts, fontsize=6) -> None:
             ax=ax,
             arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.5},
             expand=(1.2, 1.4),
+            iter_lim=300,  # a fixed number of steps, not its default 1 s: the same bytes each time
         )
 
 
@@ -194,6 +195,7 @@ def learning_curves(
     title: str = "",
     columns: int = 4,
     log_x: Iterable[str] = (),
+    levels: dict[str, list[tuple[str, float]]] | None = None,
 ) -> list[str]:
     """Small multiples, one panel per method or family: per line (a setting, e.g. a partition)
     the median over its runs (seeds) with a band from the lowest to the highest; a run that
@@ -201,8 +203,8 @@ def learning_curves(
     finite point, pinned to the panel's edge when beyond it, so it never sets the scale.
     ``panels``: panel -> line -> its runs as (x, y) lists; ``ylabels``: panel -> the metric's
     name; ``loss_panels``: panels whose metric is a loss; ``log_x``: panels whose x is a
-    cost (log-scaled). Returns the diverged runs as
-    ``panel / line #i``."""
+    cost (log-scaled); ``levels``: per panel, labelled dotted levels (a target, a
+    reference). Returns the diverged runs as ``panel / line #i``."""
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
@@ -233,7 +235,12 @@ def learning_curves(
             if len(good) > 1:
                 ax.fill_between(xs, low, high, color=colours[line], alpha=0.2, lw=0)
             kept_values += [v for _, y in good for v in y]
-        limits = robust_limits(kept_values)
+        marks = (levels or {}).get(name, [])
+        limits = robust_limits(kept_values + [y for _, y in marks])
+        for label, y in marks:
+            ax.axhline(y, color="0.4", ls=":", lw=1)
+            ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=6,
+                        color="0.3", va="bottom")  # fmt: skip
         if limits:
             ax.set_ylim(*limits)
         xs_all = {x for runs in panels[name].values() for xs, _ in runs for x in xs}
@@ -268,7 +275,9 @@ def learning_curves(
         (title + "\n" if title else "") + "median over seeds, band = min to max",
         fontsize=9,
     )
-    fig.tight_layout(rect=(0, 0.45 / (2.7 * rows + 0.6), 1, 1 - 0.35 / (2.7 * rows + 0.6)))
+    height = 2.7 * rows + 0.6
+    key_rows = math.ceil(len(handles) / min(5, len(handles)))  # the key's lines under the panels
+    fig.tight_layout(rect=(0, (0.2 + 0.16 * key_rows) / height, 1, 1 - 0.35 / height))
     save_figure(fig, path, dpi=80)
     plt.close(fig)
     return gone
