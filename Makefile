@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test lint format recheck rehearse test-slurm test-flower bench benchmark generate readme clean
+.PHONY: install data run test lint format recheck rehearse test-slurm test-flower bench benchmark mutants generate readme clean
 
 install: $(INSTALLED) data
 
@@ -27,6 +27,7 @@ data:
 run: install
 	snakemake --cores all --resources gpu=1
 	@echo; cat results/reports/default/report.md
+	@echo; $(PY) -m fedssl.plan.recheck default --compare-only || true
 	@echo "Results: results/reports/default/ (report.md, .csv, .json) and results/experiments/*/metrics.json; artifacts in artifacts/"
 
 # The benchmark board (README 'Benchmark'): every method on the same partitions, seeds 0-2, one
@@ -65,11 +66,16 @@ test-flower: install
 	$(PY) -m pip install --quiet -e '.[flower]'
 	FEDSSL_FLOWER_TEST=1 pytest -q tests/test_flower_app.py tests/test_flower_stage.py tests/test_flower_local.py
 
+# The speed benchmarks (README 'Speed'), each stopped after BENCH_BUDGET seconds; the first line
+# names the CPU. Keep a run: make bench | tee results/bench/make_bench_<cpu>.txt
+BENCH_BUDGET ?= 900
 bench: install
-	$(PY) benchmarks/step_limits.py
-	$(PY) benchmarks/federated_round.py
-	$(PY) benchmarks/twin_norm.py
-	$(PY) benchmarks/split_step.py
+	$(PY) benchmarks/bench.py --budget $(BENCH_BUDGET)
+
+# Opt-in: every one-line mutant of a defining rule (benchmarks/mutants.yaml) applied to a copy of
+# the tree, its killing tests run against it; reports the survivors (exit 1 if any), niced.
+mutants: $(INSTALLED)
+	nice $(PY) benchmarks/mutants.py
 
 # Rerun a sample of every committed pipeline (one experiment each) and compare its result
 # files with the committed ones (run it on the hardware and thread count that made them).

@@ -37,12 +37,6 @@ def masked_mean(per_row: torch.Tensor, valid: torch.Tensor | None) -> torch.Tens
     return kept.sum() / valid.sum().clamp(min=1)
 
 
-def proximal_term(params: dict, pairs) -> torch.Tensor:
-    """FedProx's ||w - w_g||^2 over (trained key, anchor key) pairs of one parameter dict; the
-    anchor (the round-start global model) gets no gradient."""
-    return sum(((params[w] - params[g].detach()) ** 2).sum() for w, g in pairs)
-
-
 def masked_cross_entropy(
     logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor | None = None
 ) -> torch.Tensor:

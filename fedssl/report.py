@@ -20,6 +20,7 @@ from pathlib import Path
 from fedssl.data.catalog import dataset_spec
 from fedssl.params import setting
 from fedssl.plan.layout import LOGS, ReportRow
+from fedssl.readme_facts import fill_facts
 from fedssl.report_format import markdown_table, number, pivot_markdown, save_figure, to_float
 
 COLUMNS = [
@@ -444,7 +445,8 @@ _BLOCK = re.compile(r"(<!-- results: (\w+) (.+?) -->\n)(.*?)(<!-- /results -->)"
 
 def readme_text(text: str, results_root: Path = REPORTS) -> str:
     """``text`` with every block ``<!-- results: PIPELINE TABLE -->...<!-- /results -->``
-    refilled from ``results/reports/PIPELINE/report.json`` (a table the report stage wrote)."""
+    refilled from ``results/reports/PIPELINE/report.json`` (a table the report stage wrote),
+    and every number of a sentence marked as a fact (:mod:`fedssl.readme_facts`) regenerated."""
 
     def fill(m: re.Match) -> str:
         path = results_root / m.group(2) / "report.json"
@@ -455,7 +457,7 @@ def readme_text(text: str, results_root: Path = REPORTS) -> str:
             raise KeyError(f"{path}: no table '{m.group(3)}' (has {', '.join(tables)})")
         return m.group(1) + tables[m.group(3)] + m.group(5)
 
-    return _BLOCK.sub(fill, text)
+    return fill_facts(_BLOCK.sub(fill, text), results_root)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -498,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         if new != old:
             print(
-                "README.md: result tables differ from results/reports: run "
+                "README.md: result tables or facts differ from results/reports: run "
                 "`python -m fedssl.report readme`",
                 file=sys.stderr,
             )

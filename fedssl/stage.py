@@ -18,6 +18,7 @@ from contextlib import contextmanager, nullcontext
 from functools import cached_property
 from pathlib import Path
 
+from fedssl.hardware import computed_on
 from fedssl.params import ParamsError
 from fedssl.plan.dag import Dag
 from fedssl.plan.fingerprint import output_digest
@@ -166,9 +167,11 @@ class StageContext:
             setting = self.exp.precision
             policy = precision.policy(setting)
             computed = {"precision": precision.resolved(self.device, setting)}
+        set_threads()
+        if self.stage.gpu:  # what its numbers depend on: hardware, threads, precision
+            computed["computed_on"] = computed_on(self.device)
             self.info.update(computed)
             computed["precision_setting"] = setting
-        set_threads()
         bound_kernel_cache()
         say(f"{self.stage_name}: started on {self.device or 'cpu'}")
         start = time.time()
@@ -217,16 +220,26 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
+# One thread per stage unless told: on a CPU shared with other work a second OpenMP thread waits
+# on a descheduled sibling, and the step runs several times slower than on one thread
+# (benchmarks/threads.py, README "Speed"); Snakemake runs stages side by side, one a core.
+DEFAULT_THREADS = 1
+
+
 def set_threads() -> None:
-    """Compute on ``FEDSSL_THREADS`` threads (when set): torch if it is loaded, and, through
-    the OpenMP and MKL variables read when their libraries load, a torch imported later."""
-    threads = int(os.environ.get("FEDSSL_THREADS", "0"))
+    """Compute on ``FEDSSL_THREADS`` threads (default :data:`DEFAULT_THREADS`; 0: torch's own
+    choice, every core): torch if it is loaded, and, through the OpenMP and MKL variables read
+    when their libraries load, a torch imported later, whose idle threads then sleep
+    (``OMP_WAIT_POLICY=PASSIVE``) rather than spin."""
+    threads = int(os.environ.get("FEDSSL_THREADS") or DEFAULT_THREADS)
     if threads <= 0:
         return
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
+    elif threads > 1:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 # oneDNN keeps every CPU kernel it built (one per layer, pass and batch shape; 1,024 by default)

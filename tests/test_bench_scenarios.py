@@ -69,3 +69,31 @@ def test_our_side_of_the_peer_benchmark_runs_the_default_fedsimclr(monkeypatch):
     result = flower_peer().run_ours(clients=4, images=200, rounds=2, setting="fp32")
     assert len(result["seconds"]) == 2 and all(s > 0 for s in result["seconds"])
     assert result["precision"] == "fp32"
+
+
+def test_a_cpu_without_native_bf16_times_no_emulated_bf16(monkeypatch):
+    """One emulated bf16 2048^2 product took over a minute on a CPU without AVX-512 BF16:
+    there the peak is fp32's alone, and the machine line says why."""
+    module = step_limits()
+    monkeypatch.setattr(precision, "native_bf16", lambda device_type: False)
+    assert list(module.matmul_contenders()) == ["fp32"]
+    monkeypatch.setattr(precision, "native_bf16", lambda device_type: True)
+    assert list(module.matmul_contenders()) == ["fp32", "bf16"]
+
+
+def test_the_machine_line_names_the_cpu_and_its_vector_extensions(monkeypatch):
+    from fedssl import hardware
+
+    zen3 = {"model name": "AMD EPYC 7B13", "flags": "fpu sse4_2 avx fma avx2 bmi2 sha_ni"}
+    monkeypatch.setattr(hardware, "_cpuinfo", lambda: zen3)
+    hardware.cpu.cache_clear()
+    try:
+        assert hardware.cpu() == {
+            "cpu_model": "AMD EPYC 7B13",
+            "cpu_vector_extensions": ["sse4_2", "avx", "fma", "avx2"],
+            "cpu_native_bf16": False,
+        }
+        assert "AMD EPYC 7B13" in hardware.cpu_summary()
+        assert hardware.cpu_summary().endswith("sse4_2 avx fma avx2 (no native bf16)")
+    finally:
+        hardware.cpu.cache_clear()

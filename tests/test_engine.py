@@ -25,7 +25,7 @@ from fedssl.fl.engine import (
     sample_clients,
     stacked,
 )
-from fedssl.methods.fedsimclr.run import simclr_loss
+from fedssl.methods.fedsimclr import simclr_loss
 from fedssl.models.encoders import ContrastiveModel
 from fedssl.params import ModelParams
 
@@ -113,12 +113,21 @@ def test_uploads_that_are_the_cohorts_rows_aggregate_without_a_second_copy():
         assert torch.equal(again, torch.stack([r["w"] for r in other]))
 
 
+class ReadsEveryUpload(Strategy):
+    """FedAvg through an ``aggregate`` of its own: the stacked path (every upload kept)."""
+
+    def aggregate(self, state, updates):
+        super().aggregate(state, updates)
+
+
 @pytest.mark.parametrize("parallel", [False, True])
-def test_a_fedavg_rounds_uploads_reach_aggregation_as_the_cohorts_own_tensor(tmp_path, parallel):
-    """The round itself, not just `stacked`: FedAvg's uploads, from either cohort path, are
-    the rows of one stacked result, so aggregation reads that tensor without copying it."""
+def test_a_rounds_uploads_reach_aggregation_as_the_cohorts_own_tensor(tmp_path, parallel):
+    """The round itself, not just `stacked`: for a strategy that reads every upload, the
+    uploads of either cohort path are the rows of one stacked result, so aggregation reads
+    that tensor without copying it. (FedAvg's own round sums them as they come instead:
+    tests/strategies/test_fedavg.py.)"""
     data, model = toy_data(), tiny_model()
-    fed = make_fed(model, data, tmp_path, parallel=parallel)
+    fed = make_fed(model, data, tmp_path, parallel=parallel, strategy=ReadsEveryUpload)
     state = fed.start(model)
     updates = fed.trainer.train_round(fed, state, [0, 1, 2], 0, 1e-3)
     for k, whole in stacked(updates.uploads).items():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedssl.fl.monitor import KnnMonitor, backbone_of
-from fedssl.methods.fedsimclr import run as simclr
+from fedssl.methods import federated
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.params import KnnParams
 from tests.test_engine import toy_data
@@ -22,7 +22,7 @@ def _run(tmp_path, monitored: bool, rounds: int = 3):
     p = tiny_params().model_copy(update={"rounds": rounds})
     model = seeded_contrastive_model(p.model, SHAPE, 0, torch.device("cpu"))
     data = toy_data()
-    fed = simclr.make_federation(p, model, data, tmp_path / f"ck{monitored}.pt", "fp")
+    fed = federated.make_federation(p, model, data, tmp_path / f"ck{monitored}.pt", "fp")
     state = fed.start(model)
     if monitored:
         labels = data.labels.numpy()

@@ -19,10 +19,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch import nn
-from torch.func import grad_and_value, vmap
+from torch.func import functional_call, grad_and_value, vmap
 
 from fedssl.models.norms import has_running_stats
-from fedssl.precision import laid_out
+from fedssl.precision import autocast, laid_out
 from fedssl.runtime import numpy_rng
 
 Tensors = dict[str, torch.Tensor]
@@ -43,6 +43,21 @@ class Batch(NamedTuple):
 LossFn = Callable[[nn.Module, Tensors, Tensors, Batch], torch.Tensor]
 
 
+def on_outputs(loss: Callable[[object, Batch], torch.Tensor]) -> LossFn:
+    """The trainer's loss from a pure loss of the model's outputs: the batch's views go through
+    the model together, under the precision policy, and ``loss(outputs, batch)`` sees the
+    outputs in fp32 (a tensor, or a tuple of them, in the views' order along dim 0)."""
+
+    def loss_fn(model, params, buffers, batch):
+        x = torch.cat(batch.views)
+        with autocast(x):
+            out = functional_call(model, (params, buffers), (x,))
+        out = tuple(o.float() for o in out) if isinstance(out, tuple) else out.float()
+        return loss(out, batch)
+
+    return loss_fn
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     kind: str = "adam"  # adam | adamw (decoupled weight decay) | sgd
@@ -50,6 +65,21 @@ class OptimizerConfig:
     momentum: float = 0.9  # sgd
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    clip_norm: float | None = None  # each client's gradient rescaled to this global L2 norm
+
+    @classmethod
+    def of(cls, settings) -> OptimizerConfig:
+        """The optimizer a federation block names (``optimizer``, ``weight_decay``,
+        ``momentum``)."""
+        return cls(settings.optimizer, settings.weight_decay, settings.momentum)
+
+
+def clip_grad_norm(grads: Tensors, max_norm: float) -> Tensors:
+    """``torch.nn.utils.clip_grad_norm_`` per client row: every client's gradients scaled by
+    min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the L2 norm over all its tensors."""
+    norm = torch.stack([g.flatten(1).float().pow(2).sum(1) for g in grads.values()]).sum(0).sqrt()
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    return {k: g * scale.to(g.dtype).view(-1, *[1] * (g.dim() - 1)) for k, g in grads.items()}
 
 
 class StackedOptimizer:
@@ -74,6 +104,8 @@ class StackedOptimizer:
         """``lr``: one rate for all clients, or a tensor of one rate per client row."""
         c = self.cfg
         state["step"] += 1
+        if c.clip_norm is not None:
+            grads = clip_grad_norm(grads, c.clip_norm)
         for k, p in params.items():
             rate = lr.view(-1, *[1] * (p.dim() - 1)) if torch.is_tensor(lr) else lr
             g = grads[k]
@@ -116,7 +148,11 @@ def scatter(tree, rows: torch.Tensor, new) -> None:
 
 
 def client_batches(indices: np.ndarray, batch_size: int, epochs: int, *seed_parts) -> list:
-    """A client's local schedule: per epoch a seeded shuffle cut into batches (last one short)."""
+    """A client's local schedule: per epoch a seeded shuffle cut into K = ceil(n / B) batches of
+    near-equal size (sizes differ by at most 1, none above B): 600 samples at B = 64 give 10
+    batches of 60, not 9 of 64 and one of 24 as a DataLoader without ``drop_last`` cuts them.
+    The step count K is the reference code's; only the batch sizes differ. Kept (every
+    committed result was trained with it); tested in ``tests/test_cohort_rules.py``."""
     batches = []
     for epoch in range(epochs):
         order = numpy_rng(*seed_parts, epoch).permutation(indices)
@@ -177,28 +213,35 @@ class CohortTrainer:
         seed_parts: tuple,
         generator: torch.Generator,
         trainable: set[str] | None = None,
-    ) -> tuple[Tensors, torch.Tensor]:
+        finished: Callable[[int, Tensors], None] | None = None,
+    ) -> tuple[Tensors | None, torch.Tensor]:
         """Train clients ``client_ids`` (rows of ``data.clients``), client i from ``starts[i]``
         (its parameters and buffers). Returns their client-stacked final states and mean
         losses. A client's batches depend only on (seed_parts, its id), so parallel and
-        one-by-one training see the same data."""
+        one-by-one training see the same data. With ``finished``, each client's final state
+        goes to ``finished(i, state)`` as soon as it is trained, in order, and no stacked
+        state is kept (returned as None): one at a time, a round holds one client's model."""
         schedules = [
             client_batches(data.clients[c], self.batch_size, self.local_epochs, *seed_parts, c)
             for c in client_ids
         ]
         names = set(self.param_names) if trainable is None else set(trainable)
         if self.parallel:
-            return self._train_group(stack(starts), schedules, data, lr, generator, names)
-        # one client at a time, each written into the stacked result as it finishes: a round
-        # holds one copy of the cohort's models, not a list of them and their concatenation
+            out, losses = self._train_group(stack(starts), schedules, data, lr, generator, names)
+            return _hand_over(out, len(client_ids), finished), losses
+        # one client at a time, each written into the stacked result as it finishes (or handed
+        # over): a round holds one copy of the cohort's models, not a list and their concatenation
         out, losses = None, torch.empty(len(client_ids), device=data.device)
         for i, (s, sch) in enumerate(zip(starts, schedules)):
             state, loss = self._train_group(stack([s]), [sch], data, lr, generator, names)
+            losses[i] = loss[0]
+            if finished is not None:
+                finished(i, {k: v[0] for k, v in state.items()})
+                continue
             if out is None:
                 out = {k: v.new_empty((len(client_ids), *v.shape[1:])) for k, v in state.items()}
             for k, v in state.items():
                 out[k][i] = v[0]
-            losses[i] = loss[0]
         return out, losses
 
     def _train_group(self, state: Tensors, schedules, data: LocalData, lr, generator, names):
@@ -263,6 +306,15 @@ class CohortTrainer:
         scatter(trained, sel, t)
         scatter(opt_state, sel, s)
         return loss
+
+
+def _hand_over(out: Tensors, n: int, finished) -> Tensors | None:
+    """``out`` itself, or (with ``finished``) each of its n rows handed over in order."""
+    if finished is None:
+        return out
+    for i in range(n):
+        finished(i, {k: v[i] for k, v in out.items()})
+    return None
 
 
 def _row(x):

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedssl.fl.cohort import CohortTrainer, LocalData, Tensors
+from fedssl.fl.cohort import CohortTrainer, LocalData, LossFn, Tensors
 from fedssl.runtime import (
     check_finite,
     load_checkpoint,
@@ -47,6 +47,7 @@ from fedssl.runtime import (
     torch_save,
     write_tsv,
 )
+from fedssl.strategies.aggregation import RunningMean, fedavg, stacked  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from fedssl.params import FederationSettings
@@ -169,6 +170,7 @@ class RoundUpdates:
     groups: list[int]  # the cluster / pool model each client trained
     losses: torch.Tensor  # mean local loss per client [n]
     images: int  # samples processed (for the throughput log)
+    mean: Tensors | None = None  # FedAvg of the uploads, summed as they came (uploads empty)
 
 
 def sample_clients(num_clients: int, fraction: float, seed: int, round_: int) -> list[int]:
@@ -180,49 +182,9 @@ def cosine_lr(lr: float, round_: int, rounds: int) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * round_ / max(1, rounds)))
 
 
-def fedavg(stacked: Tensors, weights: torch.Tensor) -> Tensors:
-    """Weighted mean over the client axis; integer buffers (BN batch counters) take the max."""
-    w = weights / weights.sum()
-    out = {}
-    for k, v in stacked.items():
-        if v.is_floating_point():
-            out[k] = torch.tensordot(w.to(v.dtype), v, dims=1)
-        else:
-            out[k] = v.max(0).values
-    return out
-
-
 def model_state(model: nn.Module) -> Tensors:
     """A model's parameters and buffers as plain (detached, copied) tensors."""
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def stacked(uploads: list[Tensors], keys=None) -> Tensors:
-    """The uploads client-stacked. Where they are the rows of the cohort's output in order
-    (uploaded whole, as FedAvg's clients do), that tensor itself: stacking it again would hold
-    a second copy of every client's model, and a round's peak memory would grow by the
-    model's size per client."""
-    keys = uploads[0].keys() if keys is None else keys
-    out = {}
-    for k in keys:
-        rows = [u[k] for u in uploads]
-        whole = _rows_of_one(rows)
-        out[k] = torch.stack(rows) if whole is None else whole
-    return out
-
-
-def _rows_of_one(rows: list[torch.Tensor]) -> torch.Tensor | None:
-    """The contiguous tensor whose rows 0, 1, ... are ``rows`` (views of it), else None."""
-    base = rows[0]._base
-    if base is None or not base.is_contiguous() or base.shape[0] != len(rows):
-        return None
-    row_shape, step = base.shape[1:], base.stride(0)
-    for i, r in enumerate(rows):
-        if r._base is not base or r.shape != row_shape or not r.is_contiguous():
-            return None
-        if r.storage_offset() != base.storage_offset() + i * step:
-            return None
-    return base
 
 
 class Strategy:
@@ -235,6 +197,11 @@ class Strategy:
 
     def init_server(self, model: nn.Module) -> dict[str, Tensors]:
         return {"global": model_state(model)}
+
+    def local_objective(self, loss: LossFn, model: nn.Module) -> LossFn:
+        """The clients' objective around the method's ``loss`` on ``model`` (FedProx adds its
+        proximal term); a method builds its cohort trainer with it. Default: ``loss``."""
+        return loss
 
     def sample(self, state: FedState, round_: int) -> list[int]:
         return sample_clients(
@@ -269,8 +236,19 @@ class Strategy:
     def keep(self, state: FedState, client: int, trained: Tensors) -> Tensors | None:
         return None  # nothing persists on the client
 
+    def needs_uploads(self) -> bool:
+        """Whether ``aggregate`` reads each client's upload. If not (FedAvg: only their
+        data-size weighted mean), the trainer sums the uploads as the clients finish
+        (``RoundUpdates.mean``) and a round holds one model's worth of sums, not one model per
+        client. Any strategy that overrides ``aggregate`` gets every upload (the stacked path),
+        unless it says otherwise here."""
+        return type(self).aggregate is not Strategy.aggregate
+
     def aggregate(self, state: FedState, updates: RoundUpdates) -> None:
-        state.server["global"] = fedavg(stacked(updates.uploads), updates.weights)
+        if updates.mean is not None:
+            state.server["global"] = updates.mean
+        else:
+            state.server["global"] = fedavg(stacked(updates.uploads), updates.weights)
 
     def server_step(self, state: FedState, round_: int) -> None:
         pass
@@ -341,36 +319,63 @@ class LocalTraining:
             record(ledger.received, c, received, s.traffic)
             starts.append(s.local_start(state, c, received))
             groups.append(s.group(state, c))
+        sizes = torch.tensor([len(fed.data.clients[c]) for c in chosen], dtype=torch.float64)
+        sizes = sizes.to(fed.data.device)
+        running = None if s.needs_uploads() else RunningMean(sizes)
+        uploads: list[Tensors] = []
+
+        def finished(i: int, row: Tensors) -> None:
+            """Client ``chosen[i]`` is done: its upload, what it keeps; in client order."""
+            c = chosen[i]
+            upload = s.upload(state, c, row)
+            record(ledger.sent, c, upload, s.traffic)
+            kept = s.keep(state, c, row)
+            if kept is not None:
+                state.clients[c] = {k: v.clone() for k, v in kept.items()}
+            if running is None:
+                uploads.append(upload)
+            else:
+                running.add(upload)
+
         gen = torch_generator(fed.data.device, fed.cfg.seed, "augment", round_)
         trained, losses = None, torch.zeros(len(chosen), device=fed.data.device)
-        phases, weighted = self.phases_of(state), 0.0
+        phases, weighted, streamed = self.phases_of(state), 0.0, False
         for i, phase in enumerate(phases):
             if trained is not None:
                 starts = [{k: v[j] for k, v in trained.items()} for j in range(len(chosen))]
             # phase 0 keeps the single-cohort seeds, later phases draw their own batches
             tag = phase.seed_tag if phase.seed_tag is not None else ((i,) if i else ())
             names = phase.trainable(state) if phase.trainable else s.trainable(state)
+            # the last phase hands each client over as it finishes when only the mean is read
+            streamed = running is not None and i == len(phases) - 1
             trained, losses = phase.cohort.train(
-                starts, fed.data, chosen, lr, (fed.cfg.seed, "local", round_, *tag), gen, names
+                starts,
+                fed.data,
+                chosen,
+                lr,
+                (fed.cfg.seed, "local", round_, *tag),
+                gen,
+                names,
+                finished if streamed else None,
             )
             if phase.loss_weight is not None:
                 weighted = weighted + losses * phase.loss_weight
         if phases and phases[-1].loss_weight is not None:
             losses = weighted / sum(p.loss_weight for p in phases)
         epochs = sum(p.cohort.local_epochs for p in phases)
-        if trained is None:  # no phase trains: the clients send back what they started from
-            trained = {k: torch.stack([st[k] for st in starts]) for k in starts[0]}
-        uploads = []
-        for i, c in enumerate(chosen):
-            row = {k: v[i] for k, v in trained.items()}
-            uploads.append(s.upload(state, c, row))
-            record(ledger.sent, c, uploads[-1], s.traffic)
-            kept = s.keep(state, c, row)
-            if kept is not None:
-                state.clients[c] = {k: v.clone() for k, v in kept.items()}
-        sizes = torch.tensor([len(fed.data.clients[c]) for c in chosen], dtype=torch.float64)
+        if not streamed:
+            if trained is None:  # no phase trains: the clients send back what they started from
+                trained = {k: torch.stack([st[k] for st in starts]) for k in starts[0]}
+            for i in range(len(chosen)):
+                finished(i, {k: v[i] for k, v in trained.items()})
         return RoundUpdates(
-            chosen, uploads, sizes.to(fed.data.device), groups, losses, epochs * int(sizes.sum())
+            chosen,
+            uploads,
+            sizes,
+            groups,
+            losses,
+            epochs * int(sizes.sum()),
+            running.result() if running is not None else None,
         )
 
 

@@ -31,12 +31,13 @@ from fedssl.fl.engine import (
     fedavg,
     stacked,
 )
-from fedssl.losses import masked_cross_entropy, model_contrastive_loss, proximal_term
+from fedssl.losses import masked_cross_entropy, model_contrastive_loss
 from fedssl.methods.mpfedcon.nets import Anchored, layer_of, net_keys, part
 from fedssl.models.cnn import LayeredNet
 from fedssl.models.heads import ProjectionHead
 from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_generator
+from fedssl.strategies.fedprox import proximal
 
 CENTRE_KEYS = ("centres", "has_centre")  # what the server sends: the bank and which rows hold
 ALIVE_BATCH = 128  # images per party for the alive-unit diagnostic (one forward)
@@ -71,12 +72,7 @@ def prox_loss(model: Anchored, mu: float):
         for k, _ in model.named_parameters()
         if k.startswith("net.")
     ]
-
-    def loss(model, params, buffers, batch):
-        logits, _, _ = _forward(model, params, buffers, batch)
-        return _masked_ce(logits, batch) + 0.5 * mu * proximal_term(params, pairs)
-
-    return loss
+    return proximal(ce_loss(), mu, pairs)
 
 
 def contrast_loss(mu: float, temperature: float):

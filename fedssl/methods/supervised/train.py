@@ -8,6 +8,13 @@ trainer stacks them per client like any other weight. :class:`GlobalFedAvg` send
 network down, takes the trained one back, keeps ``prev`` on MOON's clients (in
 ``FedState.clients``, so the engine's checkpoint resumes a run exactly) and scores the global
 model on the test split after every round.
+
+A MOON client that has not trained yet has no previous model and no contrastive term
+(``has_prev`` 0). The authors' code gives it its initial network as the negative instead. At
+full participation (every committed MOON run) the two agree: in round 1 that negative is the
+global model itself, so the term is log 2 with zero gradient. Under partial participation they
+differ: a client first sampled after round 1 trains on CE alone here, against the initial
+network there (``tests/test_baseline_mechanisms.py``).
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ from fedssl.eval.personal import client_outputs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import Federation, FedState, LocalTraining, Strategy, federation_config
 from fedssl.fl.runner import run_federation, train_data
-from fedssl.losses import masked_cross_entropy, model_contrastive_loss, proximal_term
+from fedssl.losses import masked_cross_entropy, model_contrastive_loss
 from fedssl.methods.mpfedcon.train import views_of
 from fedssl.models.cnn import LayeredNet, layered_net
 from fedssl.models.encoders import build_backbone, frozen
 from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_save, write_json
+from fedssl.strategies.fedprox import proximal
 
 REFERENCES = ("glob", "prev")  # the frozen copies beside the live network
 
@@ -80,9 +88,9 @@ def seeded_model(p, image_shape, num_classes: int, device) -> WithReferences:
 
 # ------------------------------------------------------------------ the local losses
 def local_loss(p, model: WithReferences):
-    """The variant's loss(model, params, buffers, batch): CE, plus FedProx's proximal term or
-    MOON's model-contrastive term (spec §1, §6.2)."""
-    pairs = [(f"net.{k}", f"glob.{k}") for k, _ in model.net.named_parameters()]
+    """The variant's loss(model, params, buffers, batch): CE, plus FedProx's proximal term
+    towards ``glob`` (:func:`~fedssl.strategies.fedprox.proximal`) or MOON's model-contrastive
+    term (spec §1, §6.2)."""
     moon = p.variant == "moon"
 
     def loss(model, params, buffers, batch):
@@ -90,14 +98,16 @@ def local_loss(p, model: WithReferences):
         with autocast(x):
             out = functional_call(model, (params, buffers), (x, moon))
         ce = masked_cross_entropy(out[0], batch.labels, batch.valid)
-        if p.variant == "fedprox":
-            return ce + 0.5 * p.mu * proximal_term(params, pairs)
         if moon:
             _, z, z_glob, z_prev = (t.float() for t in out)
             rows = batch.valid & (buffers["has_prev"] > 0)  # no previous model: l_con = 0
             return ce + p.mu * model_contrastive_loss(z, z_glob, z_prev, p.temperature, rows)
         return ce
 
+    if p.variant == "fedprox":
+        return proximal(
+            loss, p.mu, [(f"net.{k}", f"glob.{k}") for k, _ in model.net.named_parameters()]
+        )
     return loss
 
 

@@ -1,0 +1,98 @@
+"""Peak memory of one FedSimCLR round against the client count: memory O(model), not
+O(clients).
+
+The default pipeline's FedSimCLR (its model, augmentation, batch, optimizer, precision policy)
+trains one round over the same 20,000 Fashion-MNIST training images split IID into 10, 100 or
+1,000 clients, every client taking part, each size in a fresh process with oneDNN's kernel
+cache capped as in every stage. Prints per size the process's peak resident memory
+(``ru_maxrss``) and its resident memory before the round (data and model loaded):
+
+    python benchmarks/round_memory.py [--clients 10 100 1000] [--images 20000]
+
+    clients   before MB   peak MB   round's own MB
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+PRESET = "fmnist_fedsimclr"
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def one_round(clients: int, images: int, seed: int = 0) -> dict:
+    """One round in this process (a fresh one: ``ru_maxrss`` never goes down)."""
+    from fedssl import precision
+    from fedssl.data.partition import stratified_subset
+    from fedssl.data.sources import load_dataset
+    from fedssl.fl.cohort import LocalData
+    from fedssl.methods import federated
+    from fedssl.models.encoders import seeded_contrastive_model
+    from fedssl.presets import Presets
+    from fedssl.stage import bound_kernel_cache
+
+    bound_kernel_cache()
+    p = Presets().load("experiment", PRESET).method
+    p = p.model_copy(update={"rounds": 1, "client_fraction": 1.0})
+    split = load_dataset("fashion_mnist")["train"]
+    pool = np.random.default_rng(seed).permutation(stratified_subset(split.labels, images, seed))
+    x = torch.from_numpy(np.array(split.images))
+    labels = torch.zeros(len(x), dtype=torch.int64)
+    data = LocalData(x, labels, list(np.array_split(pool, clients)))
+    with precision.policy("auto"), tempfile.TemporaryDirectory() as tmp:
+        model = seeded_contrastive_model(p.model, tuple(x.shape[1:]), p.seed, torch.device("cpu"))
+        fed = federated.make_federation(p, model, data, Path(tmp) / "c.pt", "memory")
+        before = rss_mb()
+        state = fed.run(fed.start(model))
+        used = precision.resolved(torch.device("cpu"))
+    return {
+        "before_mb": before,
+        "peak_mb": rss_mb(),
+        "loss": state.log[-1]["loss"],
+        "precision": used,
+        "parameters": sum(q.numel() for q in model.parameters()),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
+    ap.add_argument("--images", type=int, default=20000)
+    ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # the child's size
+    args = ap.parse_args()
+    if args.one is not None:
+        print(json.dumps(one_round(args.one, args.images)))
+        return
+    rows = []
+    for n in args.clients:
+        child = [sys.executable, __file__, "--one", str(n), "--images", str(args.images)]
+        out = subprocess.run(child, check=True, capture_output=True, text=True).stdout
+        rows.append({"clients": n, **json.loads(out.strip().splitlines()[-1])})
+        r = rows[-1]
+        print(
+            f"{n:>7} clients: before {r['before_mb']:.0f} MB, peak {r['peak_mb']:.0f} MB, "
+            f"round's own {r['peak_mb'] - r['before_mb']:.0f} MB ({r['precision']}, "
+            f"{r['parameters']:,} parameters, loss {r['loss']:.6f})",
+            flush=True,
+        )
+    first = rows[0]["peak_mb"]
+    for r in rows[1:]:
+        print(
+            f"peak at {r['clients']} clients / at {rows[0]['clients']}: {r['peak_mb'] / first:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

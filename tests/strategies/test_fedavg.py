@@ -1,0 +1,75 @@
+"""FedAvg: the weighted mean, summed as the clients finish with the very bits of the stacked
+mean, and a round that keeps no client's model once it is added."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedssl.fl.engine import Strategy
+from fedssl.strategies.aggregation import RunningMean, fedavg
+from fedssl.strategies.fedavg import FedAvg
+from tests.test_engine import ReadsEveryUpload, make_fed, tiny_model, toy_data
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32) if t.dtype == torch.float32 else t
+
+
+@pytest.mark.parametrize("clients", [1, 2, 7, 300])
+def test_running_mean_is_fedavg_of_the_stack_bit_for_bit(clients):
+    """Every dtype and size a model holds: matrices (with negative zeros), a scalar, an
+    integer counter, a float64 tensor; the sums equal the stacked mean in every bit."""
+    g = torch.Generator().manual_seed(clients)
+    stack = {
+        "conv": torch.randn(clients, 8, 3, 3, 3, generator=g),
+        "bias": torch.randn(clients, 8, generator=g).clamp(max=0) * 0.0,  # -0.0 and 0.0
+        "alpha": torch.rand(clients, generator=g),  # numel 1: a dot product, kept apart
+        "count": torch.randint(0, 9, (clients,), generator=g),
+        "double": torch.randn(clients, 5, dtype=torch.float64, generator=g),
+    }
+    weights = torch.randint(1, 900, (clients,), generator=g).double()
+    running = RunningMean(weights)
+    for i in range(clients):
+        running.add({k: v[i] for k, v in stack.items()})
+    got, want = running.result(), fedavg(stack, weights)
+    assert list(got) == list(stack)
+    for k in stack:
+        assert torch.equal(bits(got[k]), bits(want[k])), k
+
+
+def test_running_mean_counts_its_uploads():
+    running = RunningMean(torch.tensor([1.0, 2.0], dtype=torch.float64))
+    running.add({"w": torch.ones(3)})
+    with pytest.raises(ValueError, match="1 uploads added, 2 weights"):
+        running.result()
+    running.add({"w": torch.ones(3)})
+    with pytest.raises(ValueError, match="more uploads than the 2 weights"):
+        running.add({"w": torch.ones(3)})
+
+
+def test_only_strategies_that_keep_fedavgs_aggregate_stream():
+    cfg = None
+    assert not FedAvg(cfg).needs_uploads() and not Strategy(cfg).needs_uploads()
+    assert ReadsEveryUpload(cfg).needs_uploads()
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_fedavg_round_is_the_stacked_rounds_model_and_keeps_no_upload(tmp_path, parallel):
+    """One round of FedAvg streams (no upload kept, the mean in ``updates.mean``) and gives the
+    model of the stacked path bit for bit, on both cohort paths."""
+    data = toy_data()
+    models = {}
+    for strategy in (FedAvg, ReadsEveryUpload):
+        model = tiny_model()
+        fed = make_fed(
+            model, data, tmp_path / strategy.__name__, parallel=parallel, strategy=strategy
+        )
+        state = fed.start(model)
+        updates = fed.trainer.train_round(fed, state, [0, 1, 2], 0, 1e-3)
+        assert (updates.mean is None) == (strategy is ReadsEveryUpload)
+        assert len(updates.uploads) == (3 if strategy is ReadsEveryUpload else 0)
+        fed.strategy.aggregate(state, updates)
+        models[strategy] = state.server["global"]
+    for k, v in models[ReadsEveryUpload].items():
+        assert torch.equal(bits(models[FedAvg][k]), bits(v)), k
