@@ -80,6 +80,18 @@ def round_images_estimate(fed: Federation) -> int:
     return int(epochs * fed.cfg.client_fraction * sum(fed.data.sizes()))
 
 
+def attach_monitor(ctx, fed: Federation, model: nn.Module | None, state: FedState) -> None:
+    """The k-NN monitor on ``fed`` (:mod:`fedssl.fl.monitor`), with the untrained network's
+    accuracy when the run starts at round 0."""
+    from fedssl.fl.monitor import knn_monitor
+
+    if model is None:
+        raise ValueError("monitor_every: this method's federation has no model to monitor")
+    fed.monitor = knn_monitor(ctx, model, fed.cfg.monitor_every, fed.cfg.rounds, fed.cfg.seed)
+    if state.round == 0:
+        fed.monitor.start = fed.monitor.accuracy()
+
+
 def run_federation(
     ctx, fed: Federation, model: nn.Module | None = None, log_name: str = "rounds.tsv"
 ) -> FedState:
@@ -92,6 +104,8 @@ def run_federation(
         fed.trainer = ctx.remote_rounds
     state = fed.start(model)
     ctx.run_info["resumed_from_round"] = state.round
+    if fed.cfg.monitor_every and state.round < fed.cfg.rounds:
+        attach_monitor(ctx, fed, model, state)
     state = run_rounds(fed, state, log_path)
     write_round_log(state.log, log_path)
     ctx.run_info["rounds"] = [
