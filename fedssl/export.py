@@ -181,7 +181,7 @@ def card(ctx: StageContext, experiment: str, encoder, weights: Path) -> dict:
 
 def _features_precision(ctx: StageContext) -> str | None:
     """The precision the probes' features were computed in (None before the stage ran)."""
-    meta = Path(ctx.stage.out) / "meta.json"
+    meta = ctx.output_dir / "meta.json"
     return json.loads(meta.read_text()).get("precision") if meta.is_file() else None
 
 
