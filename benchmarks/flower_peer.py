@@ -92,6 +92,8 @@ def run_ours(clients: int, images: int, rounds: int, setting: str) -> dict:
 def local_data(images: int, clients: int) -> dict:
     """A Flower client's data set, built once per process: every client call in a Ray worker
     reuses it (a Flower app loads its data set once per worker, never per message)."""
+    if str(HERE) not in sys.path:  # the sibling benchmark, imported by a test too
+        sys.path.insert(0, str(HERE))
     from federated_round import pil_transform, simclr_loss_eager
 
     data, shares = clients_of(images, clients)
@@ -210,9 +212,10 @@ def run_flower(clients: int, images: int, rounds: int) -> dict:
 
     @client.train()
     def train(msg: Message, context: Context) -> Message:
+        peer = this_module()  # imports torch, which to_torch_state_dict needs loaded
         weights = msg.content["arrays"].to_torch_state_dict()
         pid, lr = int(context.node_config["partition-id"]), float(msg.content["config"]["lr"])
-        out, n, loss = this_module().train_client(weights, pid, lr, images, clients)
+        out, n, loss = peer.train_client(weights, pid, lr, images, clients)
         reply = {
             "arrays": ArrayRecord(out),
             "metrics": MetricRecord({"loss": loss, "num-examples": n}),

@@ -181,7 +181,7 @@ def card(ctx: StageContext, experiment: str, encoder, weights: Path) -> dict:
 
 def _features_precision(ctx: StageContext) -> str | None:
     """The precision the probes' features were computed in (None before the stage ran)."""
-    meta = Path(ctx.stage.out) / "meta.json"
+    meta = ctx.output_dir / "meta.json"
     return json.loads(meta.read_text()).get("precision") if meta.is_file() else None
 
 
@@ -329,7 +329,7 @@ def load_encoder(path: Path | str):
 
 # ---------------------------------------------------------------------------- command line
 def run(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="python -m fedssl.export", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="fedssl export", description=__doc__.split("\n")[0])
     ap.add_argument("experiment", help="a params/experiments preset (or grid member)")
     ap.add_argument(
         "--out", type=Path, help="folder to write (default: artifacts/exports/<experiment>)"

@@ -45,10 +45,13 @@ def _cpuinfo() -> dict[str, str]:
 
 @cache
 def cpu() -> dict:
-    """{"cpu_model", "cpu_vector_extensions", "cpu_native_bf16"}: the CPU's name and which of
-    :data:`VECTOR_FLAGS` it has."""
+    """{"cpu_model", "cpu_vector_extensions", "cpu_native_bf16"}: the CPU's name (with its
+    family and model numbers where given: a virtual machine's name may say only "AMD EPYC")
+    and which of :data:`VECTOR_FLAGS` it has."""
     info = _cpuinfo()
     model = info.get("model name") or info.get("Model") or platform.processor() or "unknown"
+    if info.get("cpu family") and info.get("model"):
+        model += f" (family {info['cpu family']}, model {info['model']})"
     flags = set((info.get("flags") or info.get("Features") or "").split())
     vector = [f for f in VECTOR_FLAGS if f in flags]
     return {

@@ -116,6 +116,11 @@ class FederationSettings(Strict):
     rounds: Rounds = Field(description=FEDERATION_FIELDS["rounds"][1])
     client_fraction: Fraction = Field(1.0, description=FEDERATION_FIELDS["client_fraction"][1])
     lr: PositiveFloat = Field(description=FEDERATION_FIELDS["lr"][1])
+    monitor_every: NonNegativeInt = Field(
+        0,
+        description="rounds between k-NN monitor evaluations of the global encoder, logged "
+        "in the round log (0 = off; the last round is always evaluated otherwise)",
+    )
 
 
 def federation(**settings: Any) -> type[FederationSettings]:

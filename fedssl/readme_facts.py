@@ -1,9 +1,9 @@
-"""Numbers in the README's sentences, generated from the committed reports like its tables.
+"""Numbers in the docs' sentences, generated from the committed reports like their tables.
 
 A fact is an inline block ``<!-- fact: PIPELINE | KIND | ARG | ... -->TEXT<!-- /fact -->``;
 :func:`fill_facts` rewrites TEXT from ``results/reports/PIPELINE/report.json``'s rows, so a
-sentence cannot drift from its file (``python -m fedssl.report readme`` refills them, and the
-README test fails when one is stale). A cell is the mean over the runs (seeds) of one row
+sentence cannot drift from its file (``fedssl docs`` refills them, and the docs test fails
+when one is stale). A cell is the mean over the runs (seeds) of one row
 (method) and column (setting); rows are named as in the report's tables, several joined by
 ``,``; ``DIGITS`` is the number of decimals. Kinds:
 

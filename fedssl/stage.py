@@ -37,6 +37,7 @@ from fedssl.plan.record import (
     values_digest,
     write_records,
 )
+from fedssl.presets import command_line_overrides
 from fedssl.runtime import (
     PeakMemory,
     StageFailed,
@@ -240,6 +241,9 @@ class StageContext:
             computed["computed_on"] = computed_on(self.device)
             self.info.update(computed)
             computed["precision_setting"] = setting
+        overrides = command_line_overrides().get(self.name)
+        if overrides:  # a one-off run's settings stay beside what it made
+            self.info["overrides"] = computed["overrides"] = overrides
         bound_kernel_cache()
         say(f"{self.stage_name}: started on {self.device or 'cpu'}")
         start = time.time()

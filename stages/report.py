@@ -21,10 +21,12 @@ from fedssl.params import setting
 from fedssl.plan.layout import ReportRow, owner_of, report_dir, results_dir
 from fedssl.report import (
     committed_rows,
+    curve_labels,
     experiment_row,
     failed_run,
     plot_curves,
     reused_row,
+    round_logs,
     table_cell,
     write_report,
 )
@@ -123,16 +125,7 @@ def run(argv):
             own = [r for r in rows if r["method"] == method.name]
             figures.update(method.figures(own, results) if own else {})
         write_report(results, pipeline, rows, figures, str(ctx.output_dir), failed, pending)
-        logs = {  # a reused row's round log: the copy its run committed
-            name: Path(p)
-            if Path(p).exists()
-            else Path(results_dir(owner_of(dag.stages[s].out))) / Path(p).name
-            for name in dag.experiments
-            for s in dag.of_experiment[name]
-            for p in dag.stages[s].plots
-            if p.endswith("rounds.tsv")
-        }
-        plot_curves(logs, results / "curves.png")
+        plot_curves(round_logs(dag), results / "curves.png", curve_labels(rows))
         ctx.info["rows"] = len(rows)
     print(f"wrote {report_dir(pipeline)}/report.md, report.csv, report.json and curves.png")
 

@@ -22,6 +22,7 @@ def project(tmp_path, monkeypatch):
 
 
 def test_every_stage_has_its_record_and_depends_on_it(project):
+    from fedssl.methods import registry
     from fedssl.plan.dag import Dag
 
     dag = Dag("default")
@@ -35,7 +36,9 @@ def test_every_stage_has_its_record_and_depends_on_it(project):
         assert "fedssl/plan/dag.py" not in record["code"]
     pretrain = json.loads(record_path("pretrain__tiny_simclr").read_text())
     assert pretrain["method"] == "fedsimclr" and pretrain["gpu"] is True
-    assert pretrain["hooks"] == ["fedssl.methods.fedsimclr.run:pretrain"]
+    exp = dag.presets.load("experiment", "tiny_simclr")
+    hooks = registry.get("fedsimclr").hooks(exp.method, "pretrain")
+    assert pretrain["hooks"] == hooks and hooks[0].endswith(":pretrain")
     assert pretrain["inputs"]["partition__tiny_dir05_m3"] == {
         "kind": "partition",
         "out": "artifacts/partitions/tiny_dir05_m3",

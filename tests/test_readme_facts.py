@@ -1,6 +1,7 @@
-"""Numbers in README sentences are generated from the committed reports (fedssl.readme_facts):
-each kind of fact computes from a report's rows, the README's facts equal what their files
-give (a drifted number fails), and the sentences issue 39 found untrue are facts now."""
+"""Numbers in the results pages' sentences are generated from the committed reports
+(fedssl.readme_facts): each kind of fact computes from a report's rows, the pages' facts equal
+what their files give (a drifted number fails), and the sentences issue 39 found untrue are
+facts now."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import re
 import pytest
 
 from fedssl.readme_facts import FACT, fact_text, fill_facts
-from fedssl.report import readme_text
+from fedssl.report import fill_blocks
 from tests.fixtures import REPO
 
 ROWS = [
@@ -68,17 +69,24 @@ def test_a_fact_is_refilled_from_its_report_and_follows_it(tmp_path):
         fill_facts(text.replace("demo", "other"), tmp_path)
 
 
-def test_a_drifted_readme_number_fails_the_readme_check(monkeypatch):
+RESULTS_PAGES = sorted((REPO / "docs" / "results").glob("*.md"))
+
+
+def pages_text() -> str:
+    return "".join(p.read_text() for p in RESULTS_PAGES)
+
+
+def test_a_drifted_number_fails_the_pages_check(monkeypatch):
     monkeypatch.chdir(REPO)
-    text = (REPO / "README.md").read_text()
+    text = pages_text()
     facts = FACT.findall(text)
     assert len(facts) >= 8
     drifted = text.replace("79.40-79.88<!-- /fact -->", "79.7-79.9<!-- /fact -->", 1)
-    assert drifted != text and readme_text(drifted) == text
+    assert drifted != text and fill_blocks(drifted) == text
 
 
 def test_the_sentences_issue_39_found_untrue_are_generated_facts():
-    text = (REPO / "README.md").read_text()
+    text = pages_text()
     generated = {m.group(0) for m in FACT.finditer(text)}
     for number in ("79.40-79.88", "0.935-0.947", "67.1<!--", "69.1-70.1"):
         assert any(number in g for g in generated), number

@@ -23,6 +23,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from fedssl.models.norms import has_running_stats
 from fedssl.precision import autocast, laid_out
+from fedssl.progress import advance
 from fedssl.runtime import numpy_rng
 
 Tensors = dict[str, torch.Tensor]
@@ -256,6 +257,7 @@ class CohortTrainer:
             batch = self._gather_batch([schedules[i][step] for i in rows], data, generator)
             losses = self._step(trained, frozen, buffers, opt_state, rows, batch, lr)
             loss_sum[rows] += losses.detach().float()
+            advance(sum(len(schedules[i][step]) for i in rows))
         steps = torch.tensor([len(s) for s in schedules], device=data.device)
         return state, loss_sum / steps
 

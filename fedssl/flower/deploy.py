@@ -68,10 +68,9 @@ def agreement(ctx) -> dict[str, str]:
     import json
 
     facts = {"fingerprint": ctx.fingerprint}
-    for name in ctx.stage.upstream:
-        stage = ctx.dag.stages[name]
-        if stage.kind in DERIVED_KINDS:
-            meta = json.loads((Path(stage.out) / "meta.json").read_text())
+    for name, stage in ctx.record["inputs"].items():
+        if stage["kind"] in DERIVED_KINDS:
+            meta = json.loads((Path(stage["out"]) / "meta.json").read_text())
             facts[name] = meta["output_digest"]
     return facts
 
@@ -79,11 +78,12 @@ def agreement(ctx) -> dict[str, str]:
 def derive_inputs(ctx) -> None:
     """Run, on this node, the data set and partition stages of the step whose outputs are
     missing (the same commands the front ends run)."""
-    stages = [ctx.dag.stages[n] for n in ctx.stage.upstream]
+    from fedssl.stage import plan_record
+
     for kind in DERIVED_KINDS:
-        for stage in stages:
-            if stage.kind == kind and not (Path(stage.out) / "meta.json").is_file():
-                _, *args = stage.cmd.split()
+        for name, stage in ctx.record["inputs"].items():
+            if stage["kind"] == kind and not (Path(stage["out"]) / "meta.json").is_file():
+                _, *args = plan_record(kind, name.split("__", 1)[1])["command"].split()
                 subprocess.run([sys.executable, *args], check=True)
 
 

@@ -180,9 +180,7 @@ def recheck(pipeline: str, presets: Presets, args: argparse.Namespace) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m fedssl.plan.recheck", description=__doc__.split("\n")[0]
-    )
+    ap = argparse.ArgumentParser(prog="fedssl recheck", description=__doc__.split("\n")[0])
     ap.add_argument("pipelines", nargs="*", help="default: every pipeline with a committed report")
     ap.add_argument("--experiment", help="rerun this experiment (default: each pipeline's first)")
     ap.add_argument("--cores", default="all")
