@@ -60,9 +60,10 @@ format: $(INSTALLED)
 	ruff format fedssl stages tests benchmarks docs/hooks.py
 	ruff check --fix fedssl stages tests benchmarks docs/hooks.py
 
-# Opt-in: the pipeline through a real one-node SLURM cluster on localhost (root, Debian).
+# Opt-in: the pipeline through a real one-node SLURM cluster on localhost (root, Debian); the
+# test stops the daemons it started and removes its /etc/slurm/slurm.conf link afterwards.
 test-slurm: install
-	apt-get install -y -qq slurm-wlm munge >/dev/null
+	apt-get update -qq && apt-get install -y -qq slurm-wlm munge >/dev/null
 	$(PY) -m pip install --quiet -e '.[slurm]'
 	FEDSSL_SLURM_TEST=1 pytest -q tests/test_slurm.py
 

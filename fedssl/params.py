@@ -18,6 +18,7 @@ This module imports no torch: the front ends validate everything before any comp
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -42,7 +43,42 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Every params model: no unknown keys, no infinite or NaN number, and no YAML boolean
+    (``yes``, ``on``, ``true``) where a number or a name is meant (pydantic reads True as 1)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, data):
+        for key, value in data.items() if isinstance(data, dict) else ():
+            field = cls.model_fields.get(key)
+            if field is not None and _holds_bool(value) and not _admits_bool(field.annotation):
+                raise ValueError(
+                    f"{key}: {value!r} is a yes/no value where a number or a name is meant "
+                    f"(YAML reads yes, no, on, off, true and false as booleans)"
+                )
+        return data
+
+
+def _holds_bool(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_holds_bool(v) for v in value)
+    return isinstance(value, bool)
+
+
+def _admits_bool(annotation) -> bool:
+    """Whether a field's type accepts a boolean (bool or Any anywhere in it)."""
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_admits_bool(a) for a in typing.get_args(annotation) if not isinstance(a, str))
+
+
+# The longest run a params file may ask for: a mistyped count (rounds: 1000000000000) is refused
+# at planning instead of running until it is killed.
+MAX_ROUNDS = 100_000
+Rounds = Annotated[int, Field(ge=1, le=MAX_ROUNDS)]  # where training is meant
+RoundCount = Annotated[int, Field(ge=0, le=MAX_ROUNDS)]  # where 0 means something (untrained)
 
 
 Momentum = Annotated[float, Field(ge=0.0, lt=1.0)]
@@ -56,7 +92,7 @@ PARALLEL_CLIENTS_HELP = (
 # Every setting a federation block may read, declared once: its type and meaning. A method
 # names those it reads and their defaults (its paper's) with :func:`federation`.
 FEDERATION_FIELDS: dict[str, tuple[Any, str]] = {
-    "rounds": (NonNegativeInt, "communication rounds"),
+    "rounds": (Rounds, f"communication rounds (1 to {MAX_ROUNDS})"),
     "client_fraction": (Fraction, "clients sampled each round"),
     "lr": (PositiveFloat, "the clients' (peak) learning rate"),
     "local_epochs": (PositiveInt, "local epochs per round"),
@@ -72,12 +108,12 @@ FEDERATION_FIELDS: dict[str, tuple[Any, str]] = {
 class FederationSettings(Strict):
     """The settings every federation runs with: rounds, the fraction of clients sampled and the
     clients' learning rate. A method's block of them (its top level or a section such as ``cfl``
-    or ``training``) is built by :func:`federation`, which adds the common settings it reads
+    or ``training``) is built by :func:`federation_block`, which adds the common settings it reads
     from one catalogue (:data:`FEDERATION_FIELDS`), each at the method's default;
     :func:`fedssl.fl.engine.federation_config` turns any of them into the engine's
     configuration."""
 
-    rounds: NonNegativeInt = Field(description=FEDERATION_FIELDS["rounds"][1])
+    rounds: Rounds = Field(description=FEDERATION_FIELDS["rounds"][1])
     client_fraction: Fraction = Field(1.0, description=FEDERATION_FIELDS["client_fraction"][1])
     lr: PositiveFloat = Field(description=FEDERATION_FIELDS["lr"][1])
     monitor_every: NonNegativeInt = Field(
@@ -87,7 +123,7 @@ class FederationSettings(Strict):
     )
 
 
-def federation(**settings: Any) -> type[FederationSettings]:
+def federation_block(**settings: Any) -> type[FederationSettings]:
     """A federation block with the common settings a method reads, at its defaults.
 
     Each keyword names a setting of :data:`FEDERATION_FIELDS` (``rounds``, ``client_fraction``

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -63,9 +64,29 @@ def read_yaml(path: Path) -> dict:
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when built with it
 
 
+class _UniqueKeysLoader(SAFE_LOADER):
+    """The safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one
+    silently; DVC refuses such a file: the front ends would disagree)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"found the key {key!r} twice (keep one)",
+                    key_node.start_mark,
+                )
+            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
+        return super().construct_mapping(node, deep)
+
+
 def _safe_yaml(text: str):
-    """``yaml.safe_load``, with libyaml's safe loader when PyYAML was built with it."""
-    loader = SAFE_LOADER(text)
+    """``yaml.safe_load``, with libyaml's safe loader when PyYAML was built with it, refusing
+    duplicate keys."""
+    loader = _UniqueKeysLoader(text)
     try:
         return loader.get_single_data()
     finally:
@@ -372,10 +393,30 @@ def raw_values(entries: dict) -> dict:
     return values
 
 
-def check_partition_fits(part: P.PartitionParams, where: str, dataset: str) -> None:
+def train_size_of(dataset: P.DatasetParams, prepared: Path) -> int | None:
+    """The training samples of a data set as far as planning knows them cheaply: its raw
+    files' headers where the format has one (Fashion-MNIST's idx), else the count of its
+    prepared copy in folder ``prepared``, else the catalog's figure (None: known only once
+    read)."""
+    from fedssl.data.sources import raw_train_size
+
+    size = raw_train_size(dataset.name, dataset.data_root)
+    if size is None:
+        try:
+            summary = json.loads((Path(prepared) / "dataset.json").read_text())
+            size = int(summary["splits"]["train"]["count"])
+        except (OSError, ValueError, KeyError, TypeError):
+            size = dataset_spec(dataset.name).train_size
+    return size
+
+
+def check_partition_fits(
+    part: P.PartitionParams, where: str, dataset: P.DatasetParams, prepared: Path
+) -> None:
     """Cross-file check: a partition cannot have more clients than it has samples (skipped
-    for data sets whose size is only known once read, e.g. femnist)."""
-    full_size = dataset_spec(dataset).train_size
+    for data sets whose size is only known once read, e.g. femnist); ``prepared``: the data
+    set's prepared folder."""
+    full_size = train_size_of(dataset, prepared)
     if full_size is None:
         return
     train_size = full_size - (part.server_holdout or 0)
@@ -394,6 +435,23 @@ def check_partition_fits(part: P.PartitionParams, where: str, dataset: str) -> N
         raise ParamsError(
             f"{where}: num_clients: {part.num_clients} clients but only "
             f"{available} samples to split"
+        )
+
+
+def check_experiment_fits(
+    exp, where: str, part: P.PartitionParams, dataset: P.DatasetParams, prepared: Path
+) -> None:
+    """Cross-file check: the k-NN probe cannot ask for more neighbours than its bank holds
+    (the labelled training images the features stage keeps)."""
+    knn, features = getattr(exp, "knn", None), getattr(exp, "features", None)
+    size = train_size_of(dataset, prepared)
+    if knn is None or features is None or size is None:
+        return
+    bank = min(features.train_size or size, size)
+    if knn.k > bank:
+        raise ParamsError(
+            f"{where}: knn.k: {knn.k} neighbours but the bank holds {bank} training images "
+            f"(data set '{part.dataset}'{', features.train_size' if features.train_size else ''})"
         )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import json
 import re
 import sys
@@ -591,8 +592,9 @@ def curve_labels(rows: list[dict]) -> dict[str, tuple[str, str]]:
 
 def redraw_curves(folder: Path) -> list[str]:
     """A committed report's ``curves.png`` again, from its rows and its runs' committed round
-    logs (its pipeline's DAG says where they are)."""
-    from fedssl.plan.dag import Dag
+    logs (its pipeline's DAG says where they are). The command line's, not the report stage's:
+    the planner is imported by name, so it is no code dependency of that stage."""
+    Dag = importlib.import_module("fedssl.plan.dag").Dag
 
     saved = load_saved(folder)
     labels = curve_labels(saved["rows"])

@@ -58,19 +58,36 @@ def torch_generator(device: torch.device, *parts: object) -> torch.Generator:
     return gen
 
 
+def scratch_name(path: Path, tag: str = "tmp") -> Path:
+    """A sibling of ``path`` that only this process writes (two processes never share one)."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.{tag}-{os.getpid()}")
+
+
+@contextmanager
+def replacing(path: Path):
+    """Yield a scratch path that replaces ``path`` when the block succeeds (a reader sees the
+    old file or the new one, never half of one); a failed block leaves ``path`` as it was."""
+    path = Path(path)
+    tmp = scratch_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_json(path: Path, obj) -> None:
     """Atomic JSON write: a reader never sees half a file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")
-    os.replace(tmp, path)
+    with writing(path), replacing(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")
 
 
 def write_tsv(rows: list[dict], path: Path, fields: list[str]) -> None:
     """A per-round / per-epoch log that `dvc plots show` reads (header even when empty)."""
     import csv
 
-    with open(path, "w", newline="") as f:
+    with writing(path), replacing(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fields, delimiter="\t")
         writer.writeheader()
         writer.writerows(rows)
@@ -79,19 +96,51 @@ def write_tsv(rows: list[dict], path: Path, fields: list[str]) -> None:
 def torch_save(obj, path: Path) -> None:
     import torch
 
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with writing(path), replacing(path) as tmp:
+        torch.save(obj, tmp)
+
+
+# What a failed write means and what to do about it, by errno: one line naming the path.
+_WRITE_ERRORS = {
+    "ENOSPC": "no space left on the device: free some (or move artifacts/) and run again",
+    "EDQUOT": "disk quota exceeded: free some space and run again",
+    "EROFS": "the file system is read-only: make it writable and run again",
+    "EACCES": "permission denied: make it writable for this user and run again",
+    "EFBIG": "file too large for the file size limit (ulimit -f): raise it and run again",
+}
+
+
+def write_error(err: OSError, path: Path | str | None = None) -> StageFailed | None:
+    """A :class:`StageFailed` naming the path for an out-of-resources write error (no
+    space, read-only, quota, file size limit), None for any other error."""
+    import errno
+
+    name = errno.errorcode.get(err.errno or 0, "")
+    if name not in _WRITE_ERRORS:
+        return None
+    return StageFailed(f"{err.filename or path}: cannot write it: {_WRITE_ERRORS[name]}")
+
+
+@contextmanager
+def writing(path: Path):
+    """Turn a resource error while writing ``path`` into a one-line :class:`StageFailed`."""
+    try:
+        yield
+    except OSError as err:
+        failed = write_error(err, path)
+        if failed is None:
+            raise
+        raise failed from None
 
 
 def load_checkpoint(
     path: Path, fingerprint: str, device: torch.device | str = "cpu"
 ) -> dict | None:
     """The resume checkpoint at ``path`` if it was written by this very configuration, else
-    None (absent, or from other params: a ``fingerprint`` that differs). Loaded with
-    ``weights_only=True``: a file holding anything but tensors, numbers, strings and
-    containers is refused with a message naming it, and no code in it runs."""
+    None (absent, or from other params or other compute settings: a ``fingerprint`` that
+    differs, said in one line). Loaded with ``weights_only=True``: a file holding anything but
+    tensors, numbers, strings and containers is refused with a message naming it, and no code
+    in it runs; so is a file that is not a checkpoint at all (truncated, overwritten)."""
     import pickle
 
     import torch
@@ -104,26 +153,104 @@ def load_checkpoint(
     except pickle.UnpicklingError as err:
         raise StageFailed(
             f"{path}: not a checkpoint of plain tensors and numbers, refused "
-            f"unread (delete it to start afresh): {err}"
+            f"unread (delete it to start afresh): {str(err).splitlines()[0]}"
         ) from None
-    if not isinstance(ck, dict) or ck.get("fingerprint") != fingerprint:
-        print(f"{path.name}: a checkpoint of other params, ignored", flush=True)
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise StageFailed(
+            f"{path}: not a readable checkpoint (truncated or overwritten?): delete it to "
+            f"start afresh: {str(err).splitlines()[0]}"
+        ) from None
+    theirs = ck.get("fingerprint") if isinstance(ck, dict) else None
+    if theirs != fingerprint:
+        print(f"{path.name}: {_why_not_resumed(str(theirs), fingerprint)}", flush=True)
         return None
     return ck
 
 
+def resume_fingerprint(fingerprint: str, settings: dict) -> str:
+    """What a checkpoint must match to be resumed: the stage's ``fingerprint`` (params, code,
+    inputs) and the compute ``settings`` its numbers depend on (device, threads, precision),
+    so a run is never continued under other settings than it started with."""
+    return fingerprint + " (" + ", ".join(f"{k} {v}" for k, v in settings.items()) + ")"
+
+
+def _why_not_resumed(theirs: str, ours: str) -> str:
+    if theirs.split(" ")[0] != ours.split(" ")[0]:
+        return "a checkpoint of other params, ignored"
+    was, now = (f.partition(" ")[2] or "(unrecorded settings)" for f in (theirs, ours))
+    return (
+        f"a checkpoint written under other compute settings {was}, now {now}: starting "
+        f"afresh (a resumed run would mix both; run with the old settings to resume it)"
+    )
+
+
 @contextmanager
 def atomic_dir(final: Path):
-    """Yield a scratch directory that replaces ``final`` only if the block succeeds, so a killed
-    stage never leaves a plausible-looking output behind."""
+    """Yield a scratch directory, this process's own, that replaces ``final`` only if the block
+    succeeds, so a killed stage never leaves a plausible-looking output behind. Scratch folders
+    of processes that died (killed stages) are removed."""
     final = Path(final)
-    tmp = final.with_name(final.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    yield tmp
-    if final.exists():
-        shutil.rmtree(final) if final.is_dir() else final.unlink()
-    os.replace(tmp, final)
+    remove_dead_scratch(final)
+    tmp = scratch_name(final, "partial")
+    with writing(tmp):
+        tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final) if final.is_dir() else final.unlink()
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_dead_scratch(final: Path) -> None:
+    """Remove the scratch folders of ``final`` whose process is gone."""
+    for old in final.parent.glob(f"{final.name}.partial*"):
+        pid = old.name.rpartition("-")[2]
+        if not (pid.isdigit() and _alive(int(pid))):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+LOCKS_DIR = Path("artifacts/.locks")
+
+
+@contextmanager
+def stage_lock(stage: str, locks: Path = LOCKS_DIR):
+    """Hold ``stage``'s lock (an advisory ``flock`` that both front ends take through the stage
+    runtime, released by the kernel when the process dies); a second run of the same stage
+    while it is held is refused with one line naming who holds it."""
+    import fcntl
+
+    with writing(locks):
+        locks.mkdir(parents=True, exist_ok=True)
+    path = locks / f"{stage}.lock"
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise StageFailed(
+                f"{stage} is already running ({holder}; lock {path}): wait for it to finish "
+                f"or stop it, then run again"
+            ) from None
+        f.truncate(0)
+        f.write(f"process {os.getpid()} on {platform.node()}")
+        f.flush()
+        try:
+            yield
+        finally:
+            f.truncate(0)
 
 
 def _version(package: str) -> str:

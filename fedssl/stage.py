@@ -1,5 +1,7 @@
-"""The stage contract, in one place: validate params before any compute, write the declared
-output directory atomically, record what ran (meta.json with the stage's fingerprint).
+"""The stage contract, in one place: validate params before any compute, hold the stage's lock
+(both front ends take it), check every input file against the digest its producer recorded,
+write the declared output directory and the committed result files atomically, on success
+only, and record what ran (meta.json with the stage's fingerprint and each file's SHA-256).
 
 A stage script builds a :class:`StageContext` for its stage and runs its body inside
 :meth:`StageContext.run`. The context reads the stage's plan record (:mod:`fedssl.plan.record`:
@@ -12,8 +14,11 @@ plugins name.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import os
+import shutil
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -33,7 +38,18 @@ from fedssl.plan.record import (
     write_records,
 )
 from fedssl.presets import command_line_overrides
-from fedssl.runtime import PeakMemory, StageFailed, atomic_dir, environment, pick_device, write_json
+from fedssl.runtime import (
+    PeakMemory,
+    StageFailed,
+    atomic_dir,
+    environment,
+    pick_device,
+    resume_fingerprint,
+    scratch_name,
+    stage_lock,
+    write_error,
+    write_json,
+)
 
 RESUME_DIR = Path("artifacts/.resume")  # checkpoints of unfinished stages, outside all outputs
 # How each stage's last run went (wall time, memory, device, host): kept apart from its outputs,
@@ -55,6 +71,10 @@ class StageContext:
         self.device = None
         self.info: dict = {}  # facts of the output, into meta.json
         self.run_info: dict = {}  # facts of this run (timings, resumes), into its run record
+        # committed folder -> this run's scratch copy of it (inside run(): a stage's result
+        # files land beside its outputs when it succeeds, never while it runs)
+        self.landing: dict[Path, Path] = {}
+        self.running = False
 
     # ------------------------------------------------------------------ params
     @cached_property
@@ -97,7 +117,16 @@ class StageContext:
 
     @property
     def results_dir(self) -> Path:
-        path = Path(results_dir(self.name))
+        """Where the stage writes its committed result files (round logs, metrics, plots):
+        inside :meth:`run`, a scratch folder that lands in ``results/`` on success."""
+        return self.committed_dir(Path(results_dir(self.name)))
+
+    def committed_dir(self, path: Path) -> Path:
+        """The folder to write the committed files of ``path`` into (see :attr:`results_dir`)."""
+        if self.running:
+            if path not in self.landing:
+                self.landing[path] = scratch_name(self.output_dir, f"partial-{path.name}")
+            path = self.landing[path]
         path.mkdir(parents=True, exist_ok=True)
         return path
 
@@ -133,7 +162,14 @@ class StageContext:
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint(self.fingerprint_inputs)
+        """What a resume checkpoint must match: the stage's fingerprint and the compute
+        settings of this run (device, threads, precision)."""
+        settings = {"device": str(self.device or "cpu")}
+        if "torch" in sys.modules:
+            settings["threads"] = sys.modules["torch"].get_num_threads()
+        if "precision" in self.info:
+            settings["precision"] = self.info["precision"]
+        return resume_fingerprint(fingerprint(self.fingerprint_inputs), settings)
 
     # ------------------------------------------------------------------ data
     @cached_property
@@ -190,7 +226,7 @@ class StageContext:
         """Run the stage's body: yields the scratch output folder; on success it becomes the
         stage's output with meta.json in it."""
         inputs = self.fingerprint_inputs
-        fingerprint = self.fingerprint
+        stage_fingerprint = fingerprint(inputs)
         policy, computed = nullcontext(), {}
         if self.record["gpu"]:  # it computes on the device, in the experiment's precision
             # by name: only a stage that computes on the device runs it (its record says so)
@@ -212,21 +248,30 @@ class StageContext:
         say(f"{self.stage_name}: started on {self.device or 'cpu'}")
         start = time.time()
         try:
-            with atomic_dir(self.output_dir) as out:
-                self.out = out
-                with PeakMemory(self.device) as peak, policy:
-                    yield out
-                write_json(
-                    out / "meta.json",
-                    {
-                        "stage": self.stage_name,
-                        "fingerprint": fingerprint,
-                        "inputs": inputs,
-                        "output_digest": output_digest(self.committed, out),
-                        "command": self.record["command"],
-                        **self.info,
-                    },
-                )
+            with stage_lock(self.stage_name), atomic_dir(self.output_dir) as out:
+                verify_inputs(self.record)
+                self.out, self.running = out, True
+                try:
+                    with PeakMemory(self.device) as peak, policy:
+                        yield out
+                    staged = self.staged_files()
+                    write_json(
+                        out / "meta.json",
+                        {
+                            "stage": self.stage_name,
+                            "fingerprint": stage_fingerprint,
+                            "inputs": inputs,
+                            "output_digest": output_digest(self.committed, out, staged),
+                            "files": file_digests(self.output_dir, out, self.committed, staged),
+                            "command": self.record["command"],
+                            **self.info,
+                        },
+                    )
+                    self.land(staged)  # then atomic_dir puts the outputs in place
+                finally:
+                    self.running = False
+                    for scratch in self.landing.values():
+                        shutil.rmtree(scratch, ignore_errors=True)
         except BaseException:
             say(f"{self.stage_name}: stopped after {time.time() - start:.1f} s")
             raise
@@ -245,6 +290,22 @@ class StageContext:
                 **self.run_info,
             },
         )
+
+    def staged_files(self) -> dict[str, Path]:
+        """Every committed file this run wrote (its path in the repository -> its scratch
+        copy)."""
+        return {
+            str(real / f.relative_to(scratch)): f
+            for real, scratch in self.landing.items()
+            for f in sorted(scratch.rglob("*"))
+            if f.is_file()
+        }
+
+    def land(self, staged: dict[str, Path]) -> None:
+        """Move this run's committed files into place (each file atomically)."""
+        for path, scratch in staged.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(scratch, path)
 
     def done(self) -> None:
         """The stage finished: its resume checkpoint is no longer needed."""
@@ -276,6 +337,55 @@ def raw_values(params: dict) -> dict:
     from fedssl.presets import raw_values
 
     return raw_values(params)
+
+
+def file_digests(
+    final: Path, out: Path, committed: list[str], staged: dict[str, Path]
+) -> dict[str, str]:
+    """SHA-256 of each file a stage wrote, by its path in the repository: its output folder's
+    (``out``, to land at ``final``; but meta.json) and its ``committed`` files (``staged``:
+    where those lie until they land)."""
+    files = {str(final / f.relative_to(out)): f for f in sorted(out.rglob("*")) if f.is_file()}
+    files.pop(str(final / "meta.json"), None)
+    files.update({c: Path(staged.get(c, c)) for c in committed})
+    return {name: _sha256(path) for name, path in files.items() if path.is_file()}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_inputs(record: dict) -> None:
+    """Refuse to read an upstream output that changed since its stage wrote it (a flipped
+    byte, a file replaced by hand or by another tool): each file is compared with the SHA-256
+    its producer recorded in its meta.json; the message names the file and the stage to rerun."""
+    for upstream, spec in record["inputs"].items():
+        meta_path = Path(spec["out"]) / "meta.json"
+        try:
+            recorded = json.loads(meta_path.read_text())["files"]
+        except (OSError, ValueError, KeyError):
+            continue  # not run here (the front ends run it first), or before files were recorded
+        changed = _changed_files(Path(spec["out"]), recorded)
+        if changed:
+            more = f" and {len(changed) - 1} more" if changed[1:] else ""
+            raise StageFailed(
+                f"{changed[0]}: changed since {upstream} wrote it (its SHA-256 differs from "
+                f"the one in {meta_path}{more}): rerun it (`snakemake {upstream} --forcerun "
+                f"{upstream}` or `dvc repro --force --single-item {upstream}`), or `dvc "
+                f"checkout {spec['out']}`"
+            )
+
+
+def _changed_files(out: Path, recorded: dict[str, str]) -> list[str]:
+    """The files of a stage's output folder and committed files that differ from ``recorded``
+    (changed, missing, or new in the folder)."""
+    changed = [f for f in recorded if not Path(f).is_file() or _sha256(Path(f)) != recorded[f]]
+    present = (str(f) for f in sorted(out.rglob("*")) if f.is_file() and f.name != "meta.json")
+    return changed + [f for f in present if f not in recorded]
 
 
 def say(line: str) -> None:
@@ -323,15 +433,34 @@ def main_guard(body) -> None:
     """Run a stage's body; params and data problems exit 2 with a one-paragraph message."""
     import pickle
 
+    from fedssl.data.store import ArtifactError
+
     try:
         body(sys.argv[1:])
-    except (ParamsError, StageFailed, FileNotFoundError) as e:
+    except (ParamsError, StageFailed, FileNotFoundError, ArtifactError) as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # out of space, a read-only folder, the file size limit
+        failed = write_error(e)
+        if failed is None:
+            raise
+        print(f"error: {failed}", file=sys.stderr)
         sys.exit(2)
     except pickle.UnpicklingError as e:
         print(
-            f"error: refusing to load a checkpoint or artifact that holds more than plain "
-            f"tensors and values (loaded with weights_only=True): {str(e).splitlines()[0]}",
+            f"error: {loaded_file(e) or 'a checkpoint or artifact'}: refused, not a file of "
+            f"plain tensors and values (loaded with weights_only=True; nothing in it ran): "
+            f"rerun the stage that writes it: {str(e).splitlines()[0]}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    except (RuntimeError, EOFError) as e:  # torch.load of a truncated or overwritten file
+        path = loaded_file(e)
+        if path is None:
+            raise
+        print(
+            f"error: {path}: not a readable checkpoint or model (truncated or overwritten?): "
+            f"rerun the stage that writes it, or `dvc checkout` it: {str(e).splitlines()[0]}",
             file=sys.stderr,
         )
         sys.exit(2)
@@ -341,6 +470,19 @@ def main_guard(body) -> None:
             file=sys.stderr,
         )
         sys.exit(130)
+
+
+def loaded_file(err: BaseException) -> str | None:
+    """The file ``torch.load`` was reading when ``err`` was raised (None when it was raised
+    elsewhere): a load site anywhere in a method's code is named in the stage's error."""
+    import traceback
+
+    for frame, _ in traceback.walk_tb(err.__traceback__):
+        code = frame.f_code
+        if code.co_name == "load" and code.co_filename.endswith("torch/serialization.py"):
+            f = frame.f_locals.get("f")
+            return str(f) if isinstance(f, (str, os.PathLike)) else None
+    return None
 
 
 def run_record(stage_name: str) -> dict:

@@ -31,6 +31,14 @@ def run(argv):
     pool = rest[stratified_subset(labels[rest], p.subset, p.seed)] if p.subset else rest
     local = split_clients(labels[pool], p.num_clients, p.scheme, p.seed, num_classes)
     clients = [pool[ix] for ix in local]  # indices into the full training split
+    empty = [i for i, c in enumerate(clients) if len(c) == 0]
+    if empty:
+        where = ctx.presets.resolve("partition", ctx.name).where
+        raise StageFailed(
+            f"{where}: scheme: client(s) {empty} of {p.num_clients} got no samples: set "
+            f"scheme.min_per_client (the draw is repeated until each client has that many) or "
+            f"fewer num_clients"
+        )
     counts = class_counts(labels, clients, num_classes)
     summary = {"clients": counts.tolist(), "sizes": counts.sum(1).tolist()}
     if p.scheme.kind == "class_groups":  # the true groups, for cluster recovery scores

@@ -113,9 +113,8 @@ def run(argv):
         partitions += [exp.partition] if exp.partition not in partitions else []
         swept.append(setting(exp, dag.column) if dag.column != "partition" else None)
     rows = in_column_order(rows, swept)
-    results = Path(report_dir(pipeline))
     with ctx.run() as out:
-        results.mkdir(parents=True, exist_ok=True)
+        results = ctx.committed_dir(Path(report_dir(pipeline)))  # lands on success
         for part in sorted(partitions):
             shutil.copy(
                 Path(dag.stages[f"partition__{part}"].out) / "heatmap.png",
@@ -128,7 +127,7 @@ def run(argv):
         write_report(results, pipeline, rows, figures, str(ctx.output_dir), failed, pending)
         plot_curves(round_logs(dag), results / "curves.png", curve_labels(rows))
         ctx.info["rows"] = len(rows)
-    print(f"wrote {results}/report.md, report.csv, report.json and curves.png")
+    print(f"wrote {report_dir(pipeline)}/report.md, report.csv, report.json and curves.png")
 
 
 def in_column_order(rows: list[dict], values: list) -> list[dict]:

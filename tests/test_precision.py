@@ -3,6 +3,7 @@ path bit for bit, that bf16 steps stay close to fp32 ones, and that every commit
 resolves to the precision it was made in."""
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -69,7 +70,8 @@ def test_bad_setting_is_refused(tmp_path):
     root = tmp_path / "params"
     for sub in ("datasets", "partitions", "experiments"):
         (root / sub).mkdir(parents=True)
-    (root / "experiments/x.yaml").write_text(exp + "precision: fp16\n")
+    bad = re.sub(r"(?m)^precision: .*$", "precision: fp16", exp)  # a key given once
+    (root / "experiments/x.yaml").write_text(bad if bad != exp else exp + "precision: fp16\n")
     with pytest.raises(ParamsError, match=r"x\.yaml.*\n.*precision"):
         Presets(root).load("experiment", "x")
 

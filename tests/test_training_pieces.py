@@ -250,7 +250,9 @@ def test_every_federation_block_is_one_settings_class_and_builds_one_config():
     # a method may restate a field with its paper's bound: CP-CFL's T is positive
     with pytest.raises(ValueError, match="rounds"):
         CflParams(rounds=0)
-    assert FederationSettings(rounds=0, lr=1.0).client_fraction == 1.0
+    assert FederationSettings(rounds=1, lr=1.0).client_fraction == 1.0
+    with pytest.raises(ValueError, match="rounds"):  # training is meant: at least one round
+        FederationSettings(rounds=0, lr=1.0)
 
 
 # ------------------------------------------------------------------ the round runner

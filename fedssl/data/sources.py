@@ -86,15 +86,42 @@ def _downloaded(name: str, target: str, fetch: Callable[[], object], howto: str)
 
 
 def _read_idx(path: Path) -> np.ndarray:
-    """Parse an idx file: 2 zero bytes, a type code (0x08 = uint8), ndim, big-endian int32 dims."""
+    """Parse an idx file: 2 zero bytes, a type code (0x08 = uint8), ndim, big-endian int32 dims.
+    A damaged file (truncated, a flipped byte: gzip checks a CRC) is refused naming it."""
+    import zlib
+
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as err:
+        raise DataNotFound(f"{path}: damaged ({err}): reinstall or download it again") from None
     if raw[:3] != b"\x00\x00\x08":
-        raise ValueError(f"{path} is not an unsigned-byte idx file")
+        raise DataNotFound(f"{path}: not an unsigned-byte idx file: reinstall or download it")
     ndim = raw[3]
     dims = np.frombuffer(raw, dtype=">i4", count=ndim, offset=4)
+    if len(raw) != 4 + 4 * ndim + int(np.prod(dims, dtype=np.int64)):
+        raise DataNotFound(
+            f"{path}: holds {len(raw)} bytes, its header says {4 + 4 * ndim} + "
+            f"{' x '.join(map(str, dims))}: truncated or damaged, reinstall or download it"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def raw_train_size(name: str, root: str | None) -> int | None:
+    """The training samples a data set's raw files hold, read from a header without loading
+    them (Fashion-MNIST's idx labels file); None where there is no such header."""
+    if name != "fashion_mnist":
+        return None
+    path = _find_idx(Path(root or dataset_spec(name).root), "train-labels-idx1-ubyte")
+    if path is None:
+        return None
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            header = f.read(8)
+    except (OSError, EOFError):
+        return None
+    return int.from_bytes(header[4:8], "big") if header[:4] == b"\x00\x00\x08\x01" else None
 
 
 def _find_idx(root: Path, stem: str) -> Path | None:

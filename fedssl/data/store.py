@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -34,14 +35,40 @@ def write_prepared(out_dir: Path, name: str, splits: dict) -> dict:
 
 
 def load_split(data_dir: Path, split: str, verify: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """A prepared split's images (memory-mapped) and labels; ``verify``: compare both with the
+    SHA-256 recorded in dataset.json (the stage runtime checks every input file this way
+    before a stage starts, :func:`fedssl.stage.verify_inputs`)."""
     data_dir = Path(data_dir)
-    images = np.load(data_dir / f"{split}_images.npy", mmap_mode="r")
-    labels = np.load(data_dir / f"{split}_labels.npy")
+    images = _load(data_dir / f"{split}_images.npy", mmap_mode="r")
+    labels = _load(data_dir / f"{split}_labels.npy")
     if verify:
         meta = json.loads((data_dir / "dataset.json").read_text())["splits"][split]
-        if sha256(np.asarray(images)) != meta["images_sha256"]:
-            raise ValueError(f"{data_dir}/{split}_images.npy does not match its checksum")
+        for kind, array in (("images", images), ("labels", labels)):
+            if sha256(np.asarray(array)) != meta[f"{kind}_sha256"]:
+                raise ArtifactError(
+                    f"{data_dir}/{split}_{kind}.npy: does not match the checksum in "
+                    f"{data_dir}/dataset.json: prepare the data set again"
+                )
     return images, labels
+
+
+class ArtifactError(ValueError):
+    """A stored artifact that cannot be used as it is; the message names the file and what to
+    do (the stage runtime prints it without a traceback)."""
+
+
+def _load(path: Path, **kwargs):
+    """``np.load`` of an artifact, its failures (an object array, which would need pickle; a
+    damaged file) said in one line naming it."""
+    try:
+        return np.load(path, **kwargs)
+    except (ValueError, EOFError, OSError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise ArtifactError(
+            f"{path}: not a plain array file ({str(err).splitlines()[0]}): rerun the stage "
+            f"that writes it (or `dvc checkout` it)"
+        ) from None
 
 
 def image_shape(data_dir: Path, split: str = "train") -> tuple[int, int, int]:
@@ -63,5 +90,12 @@ def save_clients(path: Path, clients: list[np.ndarray]) -> None:
 def load_clients(partition_dir: Path, name: str = "clients.npz") -> list[np.ndarray]:
     """Per-client index arrays as the partition stage wrote them: into the training split
     (``clients.npz``), or into the test split (``test_clients.npz``, personalised evaluation)."""
-    with np.load(Path(partition_dir) / name) as z:
-        return [z[f"client_{i}"] for i in range(len(z.files))]
+    path = Path(partition_dir) / name
+    try:
+        with np.load(path) as z:
+            return [z[f"client_{i}"] for i in range(len(z.files))]
+    except (ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        raise ArtifactError(
+            f"{path}: not the partition's client index file ({str(err).splitlines()[0]}): "
+            f"rerun the partition stage (or `dvc checkout` it)"
+        ) from None

@@ -266,7 +266,7 @@ class FederatedMethod(PretrainStepMethod):
     :mod:`fedssl.methods.federated` runs it: model -> views -> cohort trainer -> strategy ->
     federation, resumed from its checkpoint; then the model is saved and the probes get its
     encoder (the Flower adapter builds the same federation). A subclass declares its params (a
-    :func:`fedssl.params.federation` block with ``augment``, and ``strategy`` unless it names
+    :func:`fedssl.params.federation_block` block with ``augment``, and ``strategy`` unless it names
     its own), its ``loss`` and, where they differ from a contrastive model under the library's
     strategies, the other hooks, all ``"module:function"`` strings (the declaration stays free
     of torch, and each hook's module is a code dependency of the stages that run it only). Its

@@ -50,6 +50,7 @@ from fedssl.presets import (
     PARAMS_DIR,
     PIPELINES_FILE,
     Presets,
+    check_experiment_fits,
     check_partition_fits,
     lookup,
     raw_values,
@@ -188,7 +189,7 @@ class Dag:
         part = self.presets.load("partition", name)
         where = self.presets.resolve("partition", name).where
         dataset = self.presets.load("dataset", part.dataset, f"{where}: dataset")
-        check_partition_fits(part, where, dataset.name)
+        check_partition_fits(part, where, dataset, Path(data_dir(part.dataset)))
         up = self._add_dataset(part.dataset)
         stage = f"partition__{name}"
         self._add(
@@ -262,6 +263,8 @@ class Dag:
                 ) from None
         where = self.presets.resolve("experiment", exp_name).where
         part = self.presets.load("partition", exp.partition, f"{where}: partition")
+        dataset = self.presets.load("dataset", part.dataset)
+        check_experiment_fits(exp, where, part, dataset, Path(data_dir(part.dataset)))
         method = registry.get(exp.method.name)
         declaration = registry.module_of(method.name)
         sources = {

@@ -19,9 +19,12 @@ def hash_file(path: Path) -> str:
     return _FILE_HASHES[key]
 
 
-def output_digest(committed: list[str], out_dir: Path) -> str:
+def output_digest(
+    committed: list[str], out_dir: Path, staged: dict[str, Path] | None = None
+) -> str:
     """Hash of everything a stage wrote: its output folder but meta.json, and its
-    ``committed`` result files (metrics, plots)."""
+    ``committed`` result files (metrics, plots); ``staged``: where committed files lie that
+    have not landed yet (path -> scratch copy)."""
     files = sorted(f for f in Path(out_dir).rglob("*") if f.is_file() and f.name != "meta.json")
     h = hashlib.sha256()
     for f in files:
@@ -29,7 +32,8 @@ def output_digest(committed: list[str], out_dir: Path) -> str:
         h.update(hashlib.sha256(f.read_bytes()).digest())
     for extra in committed:
         h.update(extra.encode())
-        h.update(Path(extra).read_bytes() if Path(extra).exists() else b"")
+        path = Path((staged or {}).get(extra, extra))
+        h.update(path.read_bytes() if path.exists() else b"")
     return h.hexdigest()
 
 

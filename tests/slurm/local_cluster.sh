@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # A one-node SLURM cluster on localhost for the opt-in SLURM test (Debian's slurm-wlm and
 # munge; run as root). Usage: local_cluster.sh start|stop DIR. `start` writes DIR/slurm.conf,
-# links it as /etc/slurm/slurm.conf (where jobs' own srun calls look for it), starts munged,
-# slurmctld and slurmd, and waits until the node is idle.
+# links it as /etc/slurm/slurm.conf (where jobs' own srun calls look for it; a config that was
+# there is kept aside), starts munged (unless one runs), slurmctld and slurmd, and waits until
+# the node is idle. `stop` undoes all of it: the daemons it started, the link, the old config.
 set -euo pipefail
 action=$1
 dir=$(realpath -m "$2")
+conf=${SLURM_CONF_LINK:-/etc/slurm/slurm.conf}  # (a test points it elsewhere)
 if [ "$action" = stop ]; then
-  for d in slurmd slurmctld; do pkill -f "$d -f $dir/slurm.conf" || true; done
+  for pidfile in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munged.pid"; do
+    [ -s "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+  done
+  if [ "$(readlink "$conf" 2>/dev/null)" = "$dir/slurm.conf" ]; then rm -f "$conf"; fi
+  if [ -e "$dir/slurm.conf.saved" ]; then mv "$dir/slurm.conf.saved" "$conf"; fi
   exit 0
 fi
 mkdir -p "$dir/state" "$dir/spool" "$dir/log"
@@ -38,10 +44,13 @@ MinJobAge=600
 NodeName=localhost CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=local Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 CONF
-mkdir -p /etc/slurm && ln -sfn "$dir/slurm.conf" /etc/slurm/slurm.conf
+mkdir -p /etc/slurm
+if [ -e "$conf" ] && [ ! -L "$conf" ]; then mv "$conf" "$dir/slurm.conf.saved"; fi
+ln -sfn "$dir/slurm.conf" "$conf"
 if ! pgrep -x munged >/dev/null; then
   mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
   runuser -u munge -- munged 2>/dev/null || munged --force
+  pgrep -nx munged > "$dir/munged.pid"  # ours to stop
 fi
 slurmctld -f "$dir/slurm.conf"
 slurmd -f "$dir/slurm.conf"

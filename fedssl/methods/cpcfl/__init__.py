@@ -32,7 +32,7 @@ from fedssl.params import (
     LinearProbeParams,
     ParallelClients,
     Strict,
-    federation,
+    federation_block,
 )
 
 SSL_KINDS = ("simclr", "byol", "simsiam")
@@ -140,7 +140,7 @@ class SSLParams(Strict):
         return self
 
 
-CFL_FEDERATION = federation(
+CFL_FEDERATION = federation_block(
     rounds=(PositiveInt, Field(description="T")),
     local_epochs=Field(3, description="E_l"),
     batch_size=32,

@@ -12,9 +12,9 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from fedssl.methods.base import MethodParams, PretrainStepMethod
 from fedssl.methods.registry import register
-from fedssl.params import AugmentParams, ModelParams, TrainsItsModel, federation
+from fedssl.params import AugmentParams, ModelParams, TrainsItsModel, federation_block
 
-FEATARC_FEDERATION = federation(local_epochs=5, batch_size=256, lr=1e-3, weight_decay=1e-6)
+FEATARC_FEDERATION = federation_block(local_epochs=5, batch_size=256, lr=1e-3, weight_decay=1e-6)
 
 
 class FeatARCParams(MethodParams, FEATARC_FEDERATION, TrainsItsModel):

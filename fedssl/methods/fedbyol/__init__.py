@@ -31,10 +31,10 @@ from fedssl.params import (
     AugmentParams,
     ModelParams,
     TrainsItsModel,
-    federation,
+    federation_block,
 )
 
-BYOL_FEDERATION = federation(
+BYOL_FEDERATION = federation_block(
     local_epochs=5,
     batch_size=128,
     optimizer="sgd",

@@ -13,11 +13,11 @@ from fedssl.params import (
     AugmentParams,
     ModelParams,
     TrainsItsModel,
-    federation,
+    federation_block,
 )
 from fedssl.strategies.params import FedAvgChoice, StrategyChoice
 
-SIMCLR_FEDERATION = federation(
+SIMCLR_FEDERATION = federation_block(
     local_epochs=1,
     batch_size=256,
     optimizer="adam",

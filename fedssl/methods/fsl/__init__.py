@@ -25,14 +25,14 @@ from pydantic import (
 
 from fedssl.methods.base import Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import ModelParams, federation
+from fedssl.params import ModelParams, federation_block
 
 # Units of each encoder a cut may leave on the client (a conv block, a residual block, ...);
 # the server keeps at least one.
 CUTTABLE_UNITS = {"small_cnn": 4, "resnet18": 9}
 
 
-FSL_FEDERATION = federation(
+FSL_FEDERATION = federation_block(
     local_epochs=1,
     batch_size=64,
     lr=0.01,

@@ -48,8 +48,9 @@ from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
     AugmentParams,
     ParallelClients,
+    RoundCount,
     Strict,
-    federation,
+    federation_block,
 )
 
 
@@ -112,8 +113,8 @@ class VitParams(Strict):
         return self
 
 
-LW_FEDERATION = federation(
-    rounds=Field(15, description="R_s: rounds per stage"),
+LW_FEDERATION = federation_block(
+    rounds=(RoundCount, Field(15, description="R_s: rounds per stage; 0 = the untrained ViT")),
     local_epochs=3,
     batch_size=1024,
     lr=Field(6e-4, description="AdamW peak lr (1.5e-4 x batch / 256)"),

@@ -26,8 +26,9 @@ from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
     AugmentParams,
     ParallelClients,
+    RoundCount,
     Strict,
-    federation,
+    federation_block,
 )
 
 
@@ -68,8 +69,8 @@ class MfclClientModule(Strict):
         return self
 
 
-MFCL_FEDERATION = federation(
-    rounds=Field(description="T (15 in the paper); 0 = random client module"),
+MFCL_FEDERATION = federation_block(
+    rounds=(RoundCount, Field(description="T (15 in the paper); 0 = random client module")),
     local_epochs=1,
     lr=Field(description="Adam learning rate (0.05 C10 / 0.001 Tiny)"),
 )

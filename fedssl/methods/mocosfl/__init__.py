@@ -39,8 +39,9 @@ from fedssl.params import (
     AugmentParams,
     Fraction,
     ParallelClients,
+    RoundCount,
     Strict,
-    federation,
+    federation_block,
 )
 
 VARIANT_LABELS = {"mocosfl": "MocoSFL", "monacosfl": "MonAcoSFL"}
@@ -88,8 +89,11 @@ class SflMoco(Strict):
     )
 
 
-SFL_FEDERATION = federation(
-    rounds=Field(description="200 in the paper ([code] 200/rho when sampling)"),
+SFL_FEDERATION = federation_block(
+    rounds=(
+        RoundCount,
+        Field(description="200 in the paper ([code] 200/rho when sampling); 0 = the untrained net"),
+    ),
     client_fraction=Field(1.0, description="clients drawn each round (rho)"),
     batch_size=Field(description="B_c images per client and step"),
     lr=Field(0.06, description="SGD learning rate, client and server"),

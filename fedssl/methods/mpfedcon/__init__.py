@@ -43,7 +43,7 @@ from fedssl.methods.registry import register
 from fedssl.params import (
     NoiseParams,
     Strict,
-    federation,
+    federation_block,
 )
 
 Variant = Literal[
@@ -107,7 +107,7 @@ class NetParams(Strict):
     projection: tuple[PositiveInt, PositiveInt] | None = (128, 128)
 
 
-MPFEDCON_FEDERATION = federation(
+MPFEDCON_FEDERATION = federation_block(
     rounds=(PositiveInt, Field(description="T")),
     client_fraction=Field(0.1, description="r: parties sampled per round"),
     batch_size=10,

@@ -145,7 +145,7 @@ class SplitStrategy(Strategy):
         names = {k for k, _ in model.named_parameters()}
         self.shared_params = {k for k in self.shared if k in names}
         self.personal_params = {k for k in self.personal if k in names}
-        self.net_params = self.shared_params | self.personal_params
+        self.net_params = dict.fromkeys(k for k in self.keys if k in names).keys()  # ordered
         self.centres = p.variant == "mpfedcon"
         self.prev = self.centres and p.neg_source == "prev_local"
 

@@ -11,7 +11,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from fedssl.methods.base import MethodParams, PretrainStepMethod
 from fedssl.methods.registry import register
-from fedssl.params import AugmentParams, ModelParams, TrainsItsModel, federation
+from fedssl.params import AugmentParams, ModelParams, TrainsItsModel, federation_block
 
 # the authors' views (utils.py): A, and A' with less blur and some solarisation
 ORCHESTRA_AUGMENT = AugmentParams(
@@ -20,7 +20,7 @@ ORCHESTRA_AUGMENT = AugmentParams(
 ORCHESTRA_AUGMENT_PRIME = ORCHESTRA_AUGMENT.model_copy(update={"blur_p": 0.1, "solarize_p": 0.2})
 
 
-ORCHESTRA_FEDERATION = federation(
+ORCHESTRA_FEDERATION = federation_block(
     rounds=(
         PositiveInt,
         Field(description="training rounds (a clustering-only round 0 precedes)"),

@@ -35,13 +35,13 @@ from fedssl.methods.registry import register
 from fedssl.params import (
     ModelParams,
     TrainsItsModel,
-    federation,
+    federation_block,
 )
 
 LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "moon": "MOON"}
 
 
-SUPERVISED_FEDERATION = federation(
+SUPERVISED_FEDERATION = federation_block(
     local_epochs=10,
     batch_size=64,
     lr=0.01,
