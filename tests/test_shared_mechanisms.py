@@ -44,3 +44,11 @@ def test_the_probe_standardises_test_features_with_the_training_statistics():
     shift, scale = np.linspace(50, 500, 10, dtype=np.float32), np.float32(30)
     moved = linear_probe(xtr * scale + shift, ytr, xte * scale + shift, yte, p, CPU)
     assert plain > 97 and abs(moved["linear_top1"] - plain) < 1
+
+
+def test_the_probe_reports_the_test_accuracy_and_the_train_accuracy_apart():
+    xtr, ytr = blobs(600, 10, 0)
+    xte, yte = blobs(300, 10, 1)
+    p = LinearProbeParams(epochs=10, lr=0.01, batch_size=64)
+    out = linear_probe(xtr, ytr, xte, (yte + 1) % 3, p, CPU)  # every test label renamed
+    assert out["linear_train_top1"] > 97 and out["linear_top1"] < 3
