@@ -1,7 +1,8 @@
 """The shared pieces' defining mechanisms that their value tests leave open (each kills a
 one-line mutant of ``benchmarks/mutants.yaml``): FedProx's anchor gets no gradient, k-NN
-votes are weighted by exp(sim / T), and the linear probe standardises the test features with
-the training statistics."""
+votes are weighted by exp(sim / T), the linear probe standardises the test features with the
+training statistics and scores them apart from the training ones, and the ledger counts bytes,
+not elements."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import torch
 
 from fedssl.eval.probes import knn_accuracy, linear_probe
+from fedssl.fl.engine import Ledger, nbytes
 from fedssl.losses import proximal_term
 from fedssl.params import KnnParams, LinearProbeParams
 from tests.test_losses_eval import blobs
@@ -52,3 +54,11 @@ def test_the_probe_reports_the_test_accuracy_and_the_train_accuracy_apart():
     p = LinearProbeParams(epochs=10, lr=0.01, batch_size=64)
     out = linear_probe(xtr, ytr, xte, (yte + 1) % 3, p, CPU)  # every test label renamed
     assert out["linear_train_top1"] > 97 and out["linear_top1"] < 3
+
+
+def test_the_ledger_counts_bytes_by_dtype():
+    ledger = Ledger.empty([5])
+    sent = {"w": torch.zeros(3, 2), "h": torch.zeros(4, dtype=torch.float16)}
+    assert ledger.sent(0, sent) == 3 * 2 * 4 + 4 * 2 == nbytes(sent)
+    ledger.sent(0, {"i": torch.zeros(2, dtype=torch.int64)}, "labels")
+    assert ledger.up[0] == {"model": 32, "labels": 16}
