@@ -1,14 +1,15 @@
 """The shared pieces' defining mechanisms that their value tests leave open (each kills a
 one-line mutant of ``benchmarks/mutants.yaml``): FedProx's anchor gets no gradient, k-NN
 votes are weighted by exp(sim / T), the linear probe standardises the test features with the
-training statistics and scores them apart from the training ones, and the ledger counts bytes,
-not elements."""
+training statistics and scores them apart from the training ones, the ledger counts bytes,
+not elements, and a client's FLOPs count its samples and rounds."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from fedssl import costs
 from fedssl.eval.probes import knn_accuracy, linear_probe
 from fedssl.fl.engine import Ledger, nbytes
 from fedssl.losses import proximal_term
@@ -62,3 +63,14 @@ def test_the_ledger_counts_bytes_by_dtype():
     assert ledger.sent(0, sent) == 3 * 2 * 4 + 4 * 2 == nbytes(sent)
     ledger.sent(0, {"i": torch.zeros(2, dtype=torch.int64)}, "labels")
     assert ledger.up[0] == {"model": 32, "labels": 16}
+
+
+def test_a_clients_cost_row_counts_its_flops_over_its_samples_and_rounds():
+    traffic = costs.ClientTraffic(samples=[10, 20], rounds=[2, 3], sent=[100, 250])
+    rows = costs.client_rows(traffic, flops_per_sample_round=5.0, peak_step_bytes=64)
+    assert [r["beta_flops"] for r in rows] == [5.0 * 10 * 2, 5.0 * 20 * 3]
+    assert [(r["samples"], r["rounds"], r["bytes_actual"]) for r in rows] == [
+        (10, 2, 100),
+        (20, 3, 250),
+    ]
+    assert {r["peak_step_bytes"] for r in rows} == {64}
