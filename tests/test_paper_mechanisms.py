@@ -1,15 +1,19 @@
 """The papers' defining mechanisms that their value tests leave open (each kills a one-line
 mutant of ``benchmarks/mutants.yaml``): MpFedcon's positive is the centre of each sample's own
-class."""
+class; MFCL exports each sample's twin views, in order, encoded together."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from fedssl.data.augment import BatchAugment
 from fedssl.fl.cohort import Batch
+from fedssl.methods.mfcl import run as mfcl
 from fedssl.methods.mpfedcon import run as R
 from fedssl.methods.mpfedcon import train as T
+from fedssl.runtime import torch_generator
+from tests import test_mfcl as mfcl_tests
 from tests.fixtures import toy_images
 from tests.test_mpfedcon import CPU, params
 
@@ -34,3 +38,21 @@ def test_mpfedcons_positive_is_the_global_centre_of_each_samples_own_class():
     expected = F.cross_entropy(logits, y) + 2.0 * l_con
     got = T.contrast_loss(2.0, 0.5)(model, weights, buffers, batch)
     assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_mfcl_exports_each_samples_twin_views_in_order_through_the_frozen_client_module():
+    """Pair r of sample i holds [view 1, view 2] of that sample, encoded together (Twin Norm
+    pairs rows k and k + K), from the generator of (seed, client, pair, chunk)."""
+    exp = mfcl_tests.tiny_exp()
+    images, clients, _ = mfcl_tests.toy_clients()
+    model = mfcl.build_client_module(exp.method, (1, 28, 28), torch.device("cpu"))
+    augment = BatchAugment(exp.method.augment, 28)
+    idx = clients[0][:16]
+    reps = mfcl.export_client(model, images, idx, augment, pairs=2, batch=16, seed=3, client=5)
+    model.eval()
+    for r in range(2):
+        gen = torch_generator(images.device, 3, "export", 5, r, 0)
+        v1, v2 = mfcl.twin_batch(augment)(images[torch.as_tensor(idx)], gen)
+        with torch.no_grad():
+            z = model.encode(torch.cat([v1, v2])).to(torch.float16)
+        assert torch.equal(reps[:, r, 0], z[:16]) and torch.equal(reps[:, r, 1], z[16:])
