@@ -1,19 +1,23 @@
 """The papers' defining mechanisms that their value tests leave open (each kills a one-line
 mutant of ``benchmarks/mutants.yaml``): MpFedcon's positive is the centre of each sample's own
-class; MFCL exports each sample's twin views, in order, encoded together."""
+class; MFCL exports each sample's twin views, in order, encoded together; a split-learning
+client that missed a sync starts from the synced model."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from fedssl.data.augment import BatchAugment
 from fedssl.fl.cohort import Batch
 from fedssl.methods.mfcl import run as mfcl
+from fedssl.methods.mocosfl.split import prefixed
 from fedssl.methods.mpfedcon import run as R
 from fedssl.methods.mpfedcon import train as T
 from fedssl.runtime import torch_generator
 from tests import test_mfcl as mfcl_tests
+from tests import test_mocosfl as mocosfl_tests
 from tests.fixtures import toy_images
 from tests.test_mpfedcon import CPU, params
 
@@ -56,3 +60,28 @@ def test_mfcl_exports_each_samples_twin_views_in_order_through_the_frozen_client
         with torch.no_grad():
             z = model.encode(torch.cat([v1, v2])).to(torch.float16)
         assert torch.equal(reps[:, r, 0], z[:16]) and torch.equal(reps[:, r, 1], z[16:])
+
+
+@pytest.mark.parametrize("variant", ["mocosfl", "monacosfl"])
+def test_a_trained_sfl_client_that_missed_a_sync_starts_from_the_synced_model(tmp_path, variant):
+    fed = mocosfl_tests.federation(mocosfl_tests.params(variant), tmp_path)
+    state = fed.start(None)
+    s = fed.strategy
+    init = state.server["client_init"]
+    own = {k: v + 1 for k, v in init.items()}  # what client 0 trained, before the last sync
+    state.clients[0] = {
+        **prefixed(own, "online"),
+        **prefixed({k: v + 2 for k, v in init.items()}, "momentum"),
+        **prefixed({k: torch.zeros_like(v) for k, v in init.items()}, "opt"),
+        "sync_id": torch.tensor(0),
+    }
+    synced = {k: v - 1 for k, v in init.items()}
+    state.server["sync"].update(prefixed(synced, "online"))
+    state.server["sync"].update(prefixed({k: v - 3 for k, v in init.items()}, "momentum"))
+    state.server["sync"]["count"] = torch.tensor(1)
+    start = s.client_start(state, 0)
+    assert all(torch.equal(start["online"][k], v) for k, v in synced.items())
+    momentum = {k: v - 3 if variant == "monacosfl" else v + 2 for k, v in init.items()}
+    assert all(torch.equal(start["momentum"][k], v) for k, v in momentum.items())
+    state.clients[0]["sync_id"] = torch.tensor(1)  # it saw that sync: it keeps its own
+    assert all(torch.equal(s.client_start(state, 0)["online"][k], v) for k, v in own.items())
