@@ -9,7 +9,7 @@ the unmutated copy: a killing test must pass on the real code.
 
     python benchmarks/mutants.py                 # every mutant
     python benchmarks/mutants.py -k scaffold     # those whose rule or file contains "scaffold"
-    python benchmarks/mutants.py --list          # the table: rule, file, killing tests
+    python benchmarks/mutants.py --list          # the table (markdown): rule, change, tests
 
 Exit status 1 when a mutant survives, a mutant's original line is not found exactly once, or a
 killing test fails on the real code. A new method adds its rules' mutants to the YAML file.
@@ -146,8 +146,11 @@ def main(argv=None) -> int:
     wanted = args.k.lower().split("|")
     mutants = [m for m in load() if any(w in (m.rule + m.file).lower() for w in wanted)]
     if args.list:
+        print("| rule (mutant) | file: original -> mutated | killing tests |\n|---|---|---|")
         for m in mutants:
-            print(f"{m.rule}\t{m.file}\t{m.original} -> {m.mutated}\t{' '.join(m.tests)}")
+            change = f"`{m.original}` -> `{m.mutated}`".replace("|", "\\|")
+            tests = ", ".join(t.replace("tests/", "") for t in m.tests)
+            print(f"| {m.rule} | {m.file}: {change} | {tests} |")
         return 0
     failures = []
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:

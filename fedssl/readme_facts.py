@@ -5,7 +5,8 @@ A fact is an inline block ``<!-- fact: PIPELINE | KIND | ARG | ... -->TEXT<!-- /
 sentence cannot drift from its file (``fedssl docs`` refills them, and the docs test fails
 when one is stale). A cell is the mean over the runs (seeds) of one row
 (method) and column (setting); rows are named as in the report's tables, several joined by
-``,``; ``DIGITS`` is the number of decimals. Kinds:
+``,``, as may be the metrics of ``range``; ``DIGITS`` is the number of decimals (``1%``: as a
+percentage with one decimal) or a format spec (``.2g``). Kinds:
 
 * ``value | ROW | COLUMN | METRIC | DIGITS``: one cell, e.g. ``69.1``;
 * ``range | ROWS | COLUMN | METRIC | DIGITS``: the lowest and highest cell of those rows in
@@ -42,8 +43,14 @@ def _pick(table: dict, names: str, where: str) -> dict[tuple[str, str], float]:
     return {k: v for k, v in table.items() if k[0] in wanted}
 
 
-def _span(lo: float, hi: float, digits: int) -> str:
-    a, b = f"{lo:.{digits}f}", f"{hi:.{digits}f}"
+def _fmt(value: float, digits: str) -> str:
+    if digits.endswith("%"):
+        return f"{100 * value:.{int(digits[:-1])}f}"
+    return format(value, digits) if digits.startswith((".", ",")) else f"{value:.{int(digits)}f}"
+
+
+def _span(lo: float, hi: float, digits: str) -> str:
+    a, b = _fmt(lo, digits), _fmt(hi, digits)
     return a if a == b else f"{a}-{b}"
 
 
@@ -55,26 +62,30 @@ def fact_text(rows: list[dict], spec: list[str], where: str = "") -> str:
         table = cells(rows, metric)
         if (row, column) not in table:
             raise KeyError(f"{where}: no {metric} of row {row!r}, column {column!r}")
-        return f"{table[row, column]:.{int(digits)}f}"
+        return _fmt(table[row, column], digits)
     if kind == "runs" and len(args) == 4:
         row, column, metric, digits = args
         found = [float(r[metric]) for r in rows if (r["row"], r["column"]) == (row, column)]
         if not found:
             raise KeyError(f"{where}: no {metric} of row {row!r}, column {column!r}")
-        return _span(min(found), max(found), int(digits))
+        return _span(min(found), max(found), digits)
     if kind == "range" and len(args) == 4:
-        names, column, metric, digits = args
-        picked = _pick(cells(rows, metric), names, where).items()
-        found = [v for (_, col), v in picked if column in ("*", col)]
+        names, column, metrics, digits = args
+        found = [
+            v
+            for metric in metrics.split(",")
+            for (_, col), v in _pick(cells(rows, metric.strip()), names, where).items()
+            if column in ("*", col)
+        ]
         if not found:
             raise KeyError(f"{where}: no {metric} of rows {names!r} in column {column!r}")
-        return _span(min(found), max(found), int(digits))
+        return _span(min(found), max(found), digits)
     if kind == "gap" and len(args) == 4:
         names, reference, metric, digits = args
         table = cells(rows, metric)
         ref = _pick(table, reference, where)
         gaps = [ref[reference, col] - v for (_, col), v in _pick(table, names, where).items()]
-        return _span(min(gaps), max(gaps), int(digits))
+        return _span(min(gaps), max(gaps), digits)
     raise ValueError(f"{where}: unknown fact {' | '.join(spec)!r} (see fedssl.readme_facts)")
 
 

@@ -11,14 +11,20 @@ import torch
 import torch.nn.functional as F
 
 from fedssl.data.augment import BatchAugment
-from fedssl.fl.cohort import OptimizerConfig, StackedOptimizer, clip_grad_norm
+from fedssl.fl.cohort import Batch, OptimizerConfig, StackedOptimizer, clip_grad_norm
+from fedssl.losses import nt_xent
+from fedssl.methods import federated
 from fedssl.methods.featarc import run as featarc
+from fedssl.methods.fedbyol import FedEMAParams
 from fedssl.methods.fsl import train as fsl
 from fedssl.methods.mpfedcon import personalised as P
 from fedssl.methods.mpfedcon import train as T
 from fedssl.methods.orchestra.model import orchestra_views
 from fedssl.methods.supervised import train as sup
+from fedssl.models.encoders import seeded_contrastive_model
 from tests import test_featarc_rules as featarc_rules
+from tests import test_fedbyol_rules as byol_rules
+from tests import test_fedsimclr_rules as fedsimclr_rules
 from tests import test_fsl_rules as fsl_rules
 from tests import test_supervised_rules as sup_rules
 from tests.test_engine import SHAPE, toy_data
@@ -229,3 +235,30 @@ def test_featarc_evaluates_the_cluster_serving_the_most_data_not_cluster_zero(tm
         s.final_model(state)[s.backbone_keys[0][len(featarc.NET) :]],
         state.server[featarc.cluster_key(2)][s.backbone_keys[0]],
     )
+
+
+# ------------------------------------------------------------------ FedSimCLR, FedEMA
+def test_fedsimclrs_local_loss_leaves_the_padded_rows_of_a_short_batch_out():
+    p = fedsimclr_rules.tiny_params()
+    model = seeded_contrastive_model(p.model, (1, 28, 28), 0, torch.device("cpu"))
+    x = toy_data(8).images.float() / 255
+    v1, v2 = x, x.flip(-1)
+    valid = torch.tensor([True] * 6 + [False] * 2)
+    batch = Batch((v1, v2), torch.zeros(8), valid)
+    weights, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+    got = federated.trainer_loss(p)(model, weights, buffers, batch)
+    with torch.no_grad():
+        z1, z2 = model(torch.cat([v1, v2])).chunk(2)
+    assert torch.allclose(got, nt_xent(z1, z2, p.temperature, valid), atol=1e-5)
+    assert not torch.allclose(got, nt_xent(z1, z2, p.temperature), atol=1e-3)
+
+
+def test_fedemas_decay_is_capped_at_one(tmp_path):
+    p = byol_rules.params(FedEMAParams, tau=0.7, divergence="local_progress")
+    fed, model = byol_rules.federation(p, tmp_path)
+    state = fed.start(model)
+    state.memo["divergence"] = {0: 0.5}
+    state.memo["scaler"] = {0: 0.7 / 0.1}  # fixed at a first divergence of 0.1
+    assert fed.strategy.decay(state, 0, {}, {}) == 1.0  # lambda d = 3.5: capped
+    state.memo["divergence"] = {0: 0.05}
+    assert fed.strategy.decay(state, 0, {}, {}) == pytest.approx(0.35)

@@ -19,7 +19,7 @@ ROWS = [
     {"row": "A", "column": "x", "acc": 72.0},  # two seeds: the cell is 71
     {"row": "A", "column": "y", "acc": 60.0},
     {"row": "B", "column": "x", "acc": 80.0},
-    {"row": "B", "column": "y", "acc": 65.5},
+    {"row": "B", "column": "y", "acc": 65.5, "hit_a": 0.09, "hit_b": 0.08},
     {"row": "C (μ=1)", "column": "x", "acc": None},
 ]
 
@@ -33,6 +33,8 @@ ROWS = [
         ("range | B | x | acc | 2", "80.00"),  # lo = hi: one number
         ("runs | A | x | acc | 0", "70-72"),
         ("gap | A | B | acc | 1", "5.5-9.0"),  # B - A per column: 80 - 71, 65.5 - 60
+        ("range | B | y | hit_a, hit_b | 0%", "8-9"),  # several metrics, as percentages
+        ("value | A | x | acc | .2g", "71"),  # a format spec
     ],
 )
 def test_each_kind_of_fact_computes_from_the_rows(spec, text):

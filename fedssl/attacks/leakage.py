@@ -210,11 +210,12 @@ def _guessed_head(
 
 @dataclass
 class AttackResult:
-    image: torch.Tensor  # final dummy image [1, C, H, W]
-    label: int  # label used (iDLG: inferred; DLG: argmax of the dummy)
+    image: torch.Tensor  # the reconstruction: the dummy where the matching loss was lowest
+    label: int  # label used (iDLG: inferred; DLG: argmax of the dummy label there)
     mse_curve: list[float] = field(default_factory=list)  # vs the true image, per iteration
     match_curve: list[float] = field(default_factory=list)  # gradient-matching loss
     diverged: bool = False  # L-BFGS produced a non-finite loss and was stopped
+    mse: float = float("nan")  # the reconstruction's MSE to the true image (when given)
 
 
 def gradient_attack(
@@ -234,8 +235,12 @@ def gradient_attack(
 
     ``surrogate`` comes from :func:`attacker_model`; only the parameters named in
     ``shared_grads`` are matched. iDLG fixes the label (``label``, or the iDLG rule on the
-    shared gradients); DLG optimises a dummy soft label too. ``true_image`` only feeds the
-    per-iteration MSE curve; the attack never reads it.
+    shared gradients); DLG optimises a dummy soft label too. The attack is bounded by what the
+    attacker can see: it stops when the matching loss turns non-finite, and its
+    reconstruction is the iterate with the lowest matching loss, not the last one (a diverging
+    L-BFGS run ends anywhere: a final MSE of 1e15 on one CPU was 1e19 on another). MSEs are of
+    images clamped to the pixel range [0, 1], so they lie in [0, 1]. ``true_image`` only feeds
+    the MSE curve and ``mse``; the attack never reads it.
     """
     surrogate = surrogate.eval()
     gen = torch.Generator().manual_seed(seed)
@@ -274,16 +279,32 @@ def gradient_attack(
         loss.backward()
         return loss
 
+    def label_now() -> int:
+        return int(soft_target().argmax()) if attack == "dlg" else fixed
+
+    def mse(image: torch.Tensor) -> float:
+        return float(F.mse_loss(image.clamp(0, 1), true_image))
+
+    best = float("inf")
+    result.label = label_now()
     for _ in range(iterations):
         loss = opt.step(closure)
         if not torch.isfinite(loss) or not torch.isfinite(dummy).all():
             result.diverged = True
             break
-        result.match_curve.append(float(loss.detach()))
+        # L-BFGS returns the loss before its step: score the iterate it reached
+        with torch.enable_grad():
+            reached = float(match_loss().detach())
+        if not math.isfinite(reached):
+            result.diverged = True
+            break
+        result.match_curve.append(reached)
         if true_image is not None:
-            result.mse_curve.append(float(F.mse_loss(dummy.detach(), true_image)))
-    result.image = dummy.detach().clone()
-    result.label = int(soft_target().argmax()) if attack == "dlg" else fixed
+            result.mse_curve.append(mse(dummy.detach()))
+        if reached < best:
+            best, result.image, result.label = reached, dummy.detach().clone(), label_now()
+    if true_image is not None:
+        result.mse = mse(result.image)
     return result
 
 

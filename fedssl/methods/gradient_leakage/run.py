@@ -10,7 +10,9 @@ initialised sigmoid LeNet (iDLG's setting; a new random network per image):
 * DLG's label (the argmax of its optimised dummy label) after a short L-BFGS run, over
   ``recon_label_images`` images;
 * DLG and iDLG reconstructions by L-BFGS (lr 1) of ``recon_images`` images: the MSE between the
-  dummy and the real image at every iteration, and the final images.
+  dummy and the real image (both in [0, 1]) at every iteration, and the reconstruction the
+  attacker keeps, the iterate with the lowest gradient-matching loss, with its MSE
+  (``final_mse``; see :func:`fedssl.attacks.leakage.gradient_attack`).
 
 Writes the per-setting metrics (``metrics.json``), the mean MSE curves (``mse_curves.tsv``) and
 a picture of the reconstructions (``reconstructions.png``) into the experiment's results, and
@@ -142,7 +144,7 @@ def run_setting(p, setting, x: torch.Tensor, y: np.ndarray, num_classes: int) ->
                     "attacker_label": r.label,
                     "diverged": r.diverged,
                     "mse_curve": curve,
-                    "final_mse": curve[-1],
+                    "final_mse": r.mse,
                     "final_image": r.image.squeeze(0).clamp(0, 1).tolist(),
                 }
             )

@@ -52,7 +52,9 @@ def leakage_tables(rows: list[dict]) -> dict[str, str]:
             f"{r['title']}: label hit rate of the iDLG rule over {r.get('images_label')} "
             f"images and of DLG over {r.get('images_dlg_label')} (chance {chance}); "
             f"reconstructions of {r.get('images_recon')} images by L-BFGS, "
-            f"{r.get('iterations')} iterations; recovered = final MSE below the threshold",
+            f"{r.get('iterations')} iterations; final MSE = that of the reconstruction the "
+            f"attacker keeps (its lowest gradient-matching loss), pixels in [0, 1]; "
+            f"recovered = final MSE below the threshold",
         )
     return tables
 
