@@ -40,7 +40,7 @@ from fedssl.data.sources import load_dataset
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
 from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
 from fedssl.losses import nt_xent
-from fedssl.methods.fedsimclr import run as fedsimclr
+from fedssl.methods.fedsimclr import simclr_loss
 from fedssl.methods.mfcl import run as mfcl
 from fedssl.models.autoencoder import ClientAutoencoder, reconstruction_loss
 from fedssl.models.encoders import seeded_contrastive_model
@@ -261,7 +261,7 @@ def scenarios(cap: int, device, vmap_clients: bool) -> dict:
                 make_trainer=lambda m: CohortTrainer(
                     m,
                     multi_view(BatchAugment(p.augment, images.shape[-1]), views=2),
-                    fedsimclr.simclr_loss(p.temperature),
+                    simclr_loss(p.temperature),
                     OptimizerConfig("adam"),
                     p.batch_size,
                     1,

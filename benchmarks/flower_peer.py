@@ -62,7 +62,7 @@ def method():
 def run_ours(clients: int, images: int, rounds: int, setting: str) -> dict:
     from fedssl import precision
     from fedssl.fl.cohort import LocalData
-    from fedssl.methods.fedsimclr import run as simclr
+    from fedssl.methods import federated
     from fedssl.models.encoders import seeded_contrastive_model
 
     p = method().model_copy(update={"rounds": rounds, "client_fraction": 1.0})
@@ -71,7 +71,7 @@ def run_ours(clients: int, images: int, rounds: int, setting: str) -> dict:
     with precision.policy(setting), tempfile.TemporaryDirectory() as tmp:
         model = seeded_contrastive_model(p.model, tuple(x.shape[1:]), p.seed, torch.device("cpu"))
         labels = torch.zeros(len(x), dtype=torch.int64)
-        fed = simclr.make_federation(
+        fed = federated.make_federation(
             p, model, LocalData(x, labels, list(shares)), Path(tmp) / "c.pt", "peer"
         )
         state = fed.run(fed.start(model))

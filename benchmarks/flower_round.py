@@ -28,8 +28,8 @@ import torch
 
 from fedssl.fl.cohort import LocalData
 from fedssl.flower.app import simulate
+from fedssl.methods import federated
 from fedssl.methods.fedsimclr import FedSimCLRParams
-from fedssl.methods.fedsimclr import run as simclr
 from fedssl.models.encoders import seeded_contrastive_model
 
 SHAPE = (1, 28, 28)
@@ -62,7 +62,7 @@ class Build:
         data = LocalData(images, torch.zeros(n, dtype=torch.int64), clients)
         model = seeded_contrastive_model(p.model, SHAPE, p.seed, torch.device("cpu"))
         ckpt = Path(self.folder) / f"{name}.pt"
-        return model, simclr.make_federation(p, model, data, ckpt, name)
+        return model, federated.make_federation(p, model, data, ckpt, name)
 
 
 def per_round(state) -> float:

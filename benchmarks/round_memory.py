@@ -38,7 +38,7 @@ def one_round(clients: int, images: int, seed: int = 0) -> dict:
     from fedssl.data.partition import stratified_subset
     from fedssl.data.sources import load_dataset
     from fedssl.fl.cohort import LocalData
-    from fedssl.methods.fedsimclr import run as simclr
+    from fedssl.methods import federated
     from fedssl.models.encoders import seeded_contrastive_model
     from fedssl.presets import Presets
     from fedssl.stage import bound_kernel_cache
@@ -53,7 +53,7 @@ def one_round(clients: int, images: int, seed: int = 0) -> dict:
     data = LocalData(x, labels, list(np.array_split(pool, clients)))
     with precision.policy("auto"), tempfile.TemporaryDirectory() as tmp:
         model = seeded_contrastive_model(p.model, tuple(x.shape[1:]), p.seed, torch.device("cpu"))
-        fed = simclr.make_federation(p, model, data, Path(tmp) / "c.pt", "memory")
+        fed = federated.make_federation(p, model, data, Path(tmp) / "c.pt", "memory")
         before = rss_mb()
         state = fed.run(fed.start(model))
         used = precision.resolved(torch.device("cpu"))

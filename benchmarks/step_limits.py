@@ -62,7 +62,7 @@ def method_params(experiment: str):
 
 def simclr_cnn():
     """The default pipeline's step: FedSimCLR's BN CNN on 2 x 128 views, NT-Xent."""
-    from fedssl.methods.fedsimclr.run import simclr_loss
+    from fedssl.methods.fedsimclr import simclr_loss
     from fedssl.models.encoders import seeded_contrastive_model
 
     p = method_params("fmnist_fedsimclr")

@@ -28,8 +28,10 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    create_model,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
 from fedssl.data.catalog import DATASETS
 
@@ -43,15 +45,61 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class FederationSettings(Strict):
-    """The settings every federation runs with. A method's block of them (its top level or a
-    section such as ``cfl`` or ``training``) inherits this class and may restate a field to
-    give it the paper's name, default or bound; :func:`fedssl.fl.engine.federation_config`
-    turns any of them into the engine's configuration."""
+Momentum = Annotated[float, Field(ge=0.0, lt=1.0)]
+ParallelClients = Literal["auto", "on", "off"]
+PARALLEL_CLIENTS_HELP = (
+    "train clients together with torch.func.vmap (models without BN running "
+    "stats only); auto = on CUDA, off on CPU where grouped convolutions are "
+    "slower"
+)
 
-    rounds: NonNegativeInt = Field(description="communication rounds")
-    client_fraction: Fraction = Field(1.0, description="clients sampled each round")
-    lr: PositiveFloat = Field(description="the clients' (peak) learning rate")
+# Every setting a federation block may read, declared once: its type and meaning. A method
+# names those it reads and their defaults (its paper's) with :func:`federation`.
+FEDERATION_FIELDS: dict[str, tuple[Any, str]] = {
+    "rounds": (NonNegativeInt, "communication rounds"),
+    "client_fraction": (Fraction, "clients sampled each round"),
+    "lr": (PositiveFloat, "the clients' (peak) learning rate"),
+    "local_epochs": (PositiveInt, "local epochs per round"),
+    "batch_size": (PositiveInt, "a client's images per local step"),
+    "optimizer": (Literal["adam", "sgd"], "the clients' optimizer"),
+    "lr_schedule": (Literal["constant", "cosine"], "the learning rate over rounds"),
+    "momentum": (Momentum, "SGD momentum"),
+    "weight_decay": (NonNegativeFloat, "L2 weight decay"),
+    "parallel_clients": (ParallelClients, PARALLEL_CLIENTS_HELP),
+}
+
+
+class FederationSettings(Strict):
+    """The settings every federation runs with: rounds, the fraction of clients sampled and the
+    clients' learning rate. A method's block of them (its top level or a section such as ``cfl``
+    or ``training``) is built by :func:`federation`, which adds the common settings it reads
+    from one catalogue (:data:`FEDERATION_FIELDS`), each at the method's default;
+    :func:`fedssl.fl.engine.federation_config` turns any of them into the engine's
+    configuration."""
+
+    rounds: NonNegativeInt = Field(description=FEDERATION_FIELDS["rounds"][1])
+    client_fraction: Fraction = Field(1.0, description=FEDERATION_FIELDS["client_fraction"][1])
+    lr: PositiveFloat = Field(description=FEDERATION_FIELDS["lr"][1])
+
+
+def federation(**settings: Any) -> type[FederationSettings]:
+    """A federation block with the common settings a method reads, at its defaults.
+
+    Each keyword names a setting of :data:`FEDERATION_FIELDS` (``rounds``, ``client_fraction``
+    and ``lr`` are always there); its value is the default (``...``: required), or a
+    ``Field(...)`` giving the paper's symbol and default, or ``(type, Field(...))`` narrowing
+    the catalogue's type (``rounds`` >= 1, a schedule only one method has)."""
+    fields = {}
+    for name, value in settings.items():
+        kind, meaning = FEDERATION_FIELDS[name]
+        if isinstance(value, tuple):
+            kind, value = value
+        if not isinstance(value, FieldInfo):
+            value = Field(value)
+        if not value.description:
+            value.description = meaning
+        fields[name] = (kind, value)
+    return create_model("Federation", __base__=FederationSettings, **fields)
 
 
 class ParamsError(ValueError):
@@ -226,13 +274,6 @@ PRECISION_HELP = (
     "channels-last where the device computes bf16 natively (CUDA, CPUs with "
     "AVX-512 BF16 or AMX), fp32 elsewhere; fp32 or bf16 = that everywhere. "
     "Each stage records the precision it used (fedssl.precision)"
-)
-
-ParallelClients = Literal["auto", "on", "off"]
-PARALLEL_CLIENTS_HELP = (
-    "train clients together with torch.func.vmap (models without BN running "
-    "stats only); auto = on CUDA, off on CPU where grouped convolutions are "
-    "slower"
 )
 
 

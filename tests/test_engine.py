@@ -25,7 +25,7 @@ from fedssl.fl.engine import (
     sample_clients,
     stacked,
 )
-from fedssl.methods.fedsimclr.run import simclr_loss
+from fedssl.methods.fedsimclr import simclr_loss
 from fedssl.models.encoders import ContrastiveModel
 from fedssl.params import ModelParams
 

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 
 from fedssl.fl.engine import fedavg, nbytes, stacked
 from fedssl.losses import nt_xent
+from fedssl.methods import federated
 from fedssl.methods.featarc import FeatARCParams
 from fedssl.methods.featarc import run as featarc
 from fedssl.methods.fedsimclr import FedSimCLRParams
-from fedssl.methods.fedsimclr import run as simclr
 from fedssl.models.encoders import seeded_contrastive_model
 from tests.test_engine import toy_data
 
@@ -135,7 +135,7 @@ def test_one_cluster_without_alignment_is_fedsimclr_with_uniform_fedavg(tmp_path
     )
     net = seeded_contrastive_model(q.model, SHAPE, q.seed, torch.device("cpu"))
     (tmp_path / "s").mkdir()
-    ref = simclr.make_federation(q, net, toy_data(), tmp_path / "s" / "ck.pt", "fp")
+    ref = federated.make_federation(q, net, toy_data(), tmp_path / "s" / "ck.pt", "fp")
 
     def uniform(st, updates):
         st.server["global"] = fedavg(

@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 
-from fedssl.fl.cohort import Batch
+from fedssl.fl.cohort import Batch, on_outputs
 from fedssl.fl.engine import nbytes
 from fedssl.losses import byol_loss
-from fedssl.methods.fedbyol import FedBYOLParams, FedEMAParams, FedUParams
-from fedssl.methods.fedbyol import run as byol
+from fedssl.methods import federated
+from fedssl.methods.fedbyol import FedBYOL, FedBYOLParams, FedEMAParams, FedUParams
 from fedssl.methods.fedbyol.costs import payload_bytes
 from fedssl.methods.fedbyol.model import (
     TARGET,
@@ -44,7 +44,7 @@ def params(cls=FedBYOLParams, **kw):
 
 def federation(p, tmp_path, name="ck.pt"):
     model = seeded_byol(p.model, SHAPE, p.seed, CPU)
-    return byol.make_federation(p, model, toy_data(), tmp_path / name, "fp"), model
+    return federated.make_federation(p, model, toy_data(), tmp_path / name, "fp"), model
 
 
 def run(p, tmp_path, name="ck.pt", spy=None):
@@ -74,7 +74,7 @@ def test_byol_loss_regresses_each_views_prediction_on_the_others_target():
     x1, x2 = torch.rand(2, 6, *SHAPE, generator=torch.Generator().manual_seed(0))
     batch = Batch((x1, x2), torch.zeros(6), torch.ones(6, dtype=torch.bool))
     weights, buffers = dict(model.named_parameters()), dict(model.named_buffers())
-    got = byol.byol_objective(model, weights, buffers, batch)
+    got = on_outputs(lambda out, b: FedBYOL().loss(out, b, p))(model, weights, buffers, batch)
     with torch.no_grad():
         p_, z_ = model(torch.cat([x1, x2]))  # one batch: the heads' BN sees both views
     (p1, p2), (z1, z2) = p_.chunk(2), z_.chunk(2)

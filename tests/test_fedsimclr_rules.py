@@ -12,7 +12,8 @@ from fedssl.experiment import experiment_model
 from fedssl.fl.cohort import Batch
 from fedssl.fl.engine import fedavg, nbytes, stacked
 from fedssl.losses import nt_xent
-from fedssl.methods.fedsimclr import run as simclr
+from fedssl.methods import federated
+from fedssl.methods.fedsimclr import simclr_loss
 from fedssl.models.encoders import seeded_contrastive_model
 from tests.fixtures import tiny_experiment
 from tests.test_engine import toy_data
@@ -39,7 +40,7 @@ def test_the_local_loss_is_nt_xent_between_two_independent_views():
     weights = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     batch = Batch((v1, v2), torch.zeros(8), torch.ones(8, dtype=torch.bool))
-    got = simclr.simclr_loss(p.temperature)(model, weights, buffers, batch)
+    got = simclr_loss(p.temperature)(model, weights, buffers, batch)
     with torch.no_grad():
         expected = nt_xent(model(v1), model(v2), p.temperature)
     assert torch.allclose(got, expected, atol=1e-5)
@@ -49,7 +50,7 @@ def test_a_round_is_the_size_weighted_fedavg_of_the_whole_model(tmp_path):
     p = tiny_params()
     model = seeded_contrastive_model(p.model, SHAPE, 0, torch.device("cpu"))
     data = toy_data()
-    fed = simclr.make_federation(p, model, data, tmp_path / "ck.pt", "fp")
+    fed = federated.make_federation(p, model, data, tmp_path / "ck.pt", "fp")
     uploads = []
     upload = fed.strategy.upload
     fed.strategy.upload = lambda state, c, trained: (

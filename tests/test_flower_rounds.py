@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from fedssl.flower.rounds import Client, ClientMemory, RemoteRounds, SoloCohort
+from fedssl.methods import federated
 from fedssl.methods.fedbyol import FedEMAParams, FedUParams
-from fedssl.methods.fedsimclr import run as simclr
 from fedssl.methods.mfcl import run as mfcl
 from fedssl.models.encoders import seeded_contrastive_model
 from tests import test_fedbyol_rules as byol
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def simclr_federation(folder, name: str, rounds: int = 2):
     p = tiny_params().model_copy(update={"rounds": rounds, "batch_size": 16})
     model = seeded_contrastive_model(p.model, SHAPE, p.seed, torch.device("cpu"))
-    return model, simclr.make_federation(p, model, toy_data(), folder / f"{name}.pt", name)
+    return model, federated.make_federation(p, model, toy_data(), folder / f"{name}.pt", name)
 
 
 def byol_federation(folder, name: str, cls=byol.FedBYOLParams):

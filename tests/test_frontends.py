@@ -233,7 +233,7 @@ def test_code_dependencies_follow_the_import_graph(project):
     )
     code = json.loads(out.stdout)
     assert "fedssl/losses.py" in code["pretrain__tiny_simclr"]
-    assert "fedssl/methods/fedsimclr/run.py" in code["pretrain__tiny_simclr"]
+    assert "fedssl/methods/federated.py" in code["pretrain__tiny_simclr"]
     assert "fedssl/losses.py" not in code["evaluate__tiny_simclr"]
     assert "fedssl/eval/probes.py" in code["evaluate__tiny_simclr"]
     assert "fedssl/methods/none.py" in code["features__tiny_random"]

@@ -342,7 +342,7 @@ EXERCISES = {
     "fedssl/methods/supervised/train.py::load_saved::torch.load": Exercise(
         "features", "tiny_fedavg", "{in:train}/model.pt"
     ),
-    "fedssl/methods/fedbyol/run.py::encoder::torch.load": Exercise(
+    "fedssl/methods/fedbyol/model.py::load_online_encoder::torch.load": Exercise(
         "features", "tiny_fedbyol", "{in:pretrain}/model.pt"
     ),
     "fedssl/methods/orchestra/run.py::load_model::torch.load": Exercise(

@@ -12,7 +12,7 @@ from torch.func import functional_call
 
 from fedssl import precision
 from fedssl.losses import nt_xent
-from fedssl.methods.fedsimclr.run import simclr_loss
+from fedssl.methods.fedsimclr import simclr_loss
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.params import ModelParams, ParamsError
 from fedssl.presets import Presets

@@ -9,7 +9,14 @@ import importlib
 import pytest
 
 from fedssl.methods import registry
-from fedssl.methods.base import DATA, PARTITION, MethodParams, PretrainStepMethod, hook_module
+from fedssl.methods.base import (
+    DATA,
+    PARTITION,
+    FederatedMethod,
+    MethodParams,
+    PretrainStepMethod,
+    hook_module,
+)
 
 
 class _Shared(PretrainStepMethod):
@@ -48,15 +55,28 @@ def test_a_step_of_its_own_code_depends_on_run_and_costs_on_costs_only():
 
 @pytest.mark.parametrize("name", ["fedsimclr", "featarc", "orchestra", "fedbyol", "fedema", "fedu"])
 def test_every_hook_of_the_plugins_names_a_function_of_their_package(name):
+    """Costs live in the method's package; the training and encoder hooks too, or, for a
+    FederatedMethod, in the one runtime every such method shares."""
     method = registry.get(name)
     assert isinstance(method, PretrainStepMethod)
-    hooks = [
-        method.steps[0].runner,
-        method.encoder_hook,
-        method.client_costs_hook,
-        method.projected_costs_hook,
-    ]
-    for hook in hooks:
-        assert hook_module(hook).startswith(method.package + ".")
+    runs_in = "fedssl.methods.federated" if isinstance(method, FederatedMethod) else method.package
+    hooks = {
+        method.steps[0].runner: runs_in,
+        method.encoder_hook: runs_in,
+        method.client_costs_hook: method.package,
+        method.projected_costs_hook: method.package,
+    }
+    for hook, home in hooks.items():
+        assert hook_module(hook).startswith(home + ".") or hook_module(hook) == home
         module, _, function = hook.partition(":")
         assert callable(getattr(importlib.import_module(module), function))
+
+
+def test_a_federated_method_is_a_loss_on_the_shared_runtime():
+    """FedSimCLR and the BYOL family declare a loss (and hooks), not a training module."""
+    for name in ("fedsimclr", "fedbyol", "fedema", "fedu"):
+        method = registry.get(name)
+        assert isinstance(method, FederatedMethod)
+        assert method.steps[0].runner == "fedssl.methods.federated:pretrain"
+        assert method.flower_steps == {"pretrain": "fedssl.methods.federated:federation"}
+        assert method.hook_modules(None, "pretrain") == ["fedssl.methods.federated"]

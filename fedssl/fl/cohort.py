@@ -19,10 +19,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch import nn
-from torch.func import grad_and_value, vmap
+from torch.func import functional_call, grad_and_value, vmap
 
 from fedssl.models.norms import has_running_stats
-from fedssl.precision import laid_out
+from fedssl.precision import autocast, laid_out
 from fedssl.runtime import numpy_rng
 
 Tensors = dict[str, torch.Tensor]
@@ -43,6 +43,21 @@ class Batch(NamedTuple):
 LossFn = Callable[[nn.Module, Tensors, Tensors, Batch], torch.Tensor]
 
 
+def on_outputs(loss: Callable[[object, Batch], torch.Tensor]) -> LossFn:
+    """The trainer's loss from a pure loss of the model's outputs: the batch's views go through
+    the model together, under the precision policy, and ``loss(outputs, batch)`` sees the
+    outputs in fp32 (a tensor, or a tuple of them, in the views' order along dim 0)."""
+
+    def loss_fn(model, params, buffers, batch):
+        x = torch.cat(batch.views)
+        with autocast(x):
+            out = functional_call(model, (params, buffers), (x,))
+        out = tuple(o.float() for o in out) if isinstance(out, tuple) else out.float()
+        return loss(out, batch)
+
+    return loss_fn
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     kind: str = "adam"  # adam | adamw (decoupled weight decay) | sgd
@@ -50,6 +65,12 @@ class OptimizerConfig:
     momentum: float = 0.9  # sgd
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+
+    @classmethod
+    def of(cls, settings) -> OptimizerConfig:
+        """The optimizer a federation block names (``optimizer``, ``weight_decay``,
+        ``momentum``)."""
+        return cls(settings.optimizer, settings.weight_decay, settings.momentum)
 
 
 class StackedOptimizer:

@@ -21,7 +21,7 @@ tables are not in its training's code, nor its cost formulas.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fedssl.params import Strict
@@ -237,3 +237,68 @@ class PretrainStepMethod(Method):
 
     def arch(self, params: MethodParams) -> str:
         return params.model.arch
+
+
+class FederatedMethod(PretrainStepMethod):
+    """A FedAvg-style self-supervised method: one model, trained on every client's augmented
+    views by a loss of its outputs, the clients' models combined by a strategy.
+
+    :mod:`fedssl.methods.federated` runs it: model -> views -> cohort trainer -> strategy ->
+    federation, resumed from its checkpoint; then the model is saved and the probes get its
+    encoder (the Flower adapter builds the same federation). A subclass declares its params
+    (a :func:`fedssl.params.federation` block with ``augment``), its ``loss`` and, where they
+    differ from a contrastive model under FedAvg, the hooks below. The hooks import torch
+    inside, so the declaration stays light. Its client costs are its package's ``costs``
+    module (``client_costs`` / ``projected_costs``)."""
+
+    views: ClassVar[int] = 2
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if getattr(cls, "package", None) is None:
+            return
+        run = "fedssl.methods.federated"
+        cls.steps = tuple(replace(s, runner=f"{run}:pretrain") for s in cls.steps)
+        cls.encoder_hook = f"{run}:encoder"
+        cls.flower_steps = {"pretrain": f"{run}:federation"}
+
+    def loss(self, outputs, batch, p):
+        """The local objective: a scalar from the model's fp32 outputs on the batch's views
+        (concatenated along dim 0) and ``batch.valid`` (which rows are real)."""
+        raise NotImplementedError
+
+    def build_model(self, p, image_shape, device):
+        """The seeded initial model (every client starts from it)."""
+        from fedssl.models.encoders import seeded_contrastive_model
+
+        return seeded_contrastive_model(p.model, image_shape, p.seed, device)
+
+    def strategy(self, cfg, model, p):
+        """The server's strategy: by default the one the params' ``strategy`` field chooses
+        from the library (FedAvg, FedProx, ...); it may also wrap the clients' loss."""
+        from fedssl.strategies import choose
+
+        return choose.strategy(p.strategy, cfg)
+
+    def after_step(self, model, p):
+        """A callback after every optimizer step (a momentum encoder's EMA), or None."""
+        return None
+
+    def describe(self, model) -> dict:
+        """What the stage's run record says of the trained model."""
+        return {"parameters": sum(q.numel() for q in model.parameters())}
+
+    def save(self, model, path, image_shape) -> None:
+        """Write the trained model (what :meth:`load_encoder` reads)."""
+        from fedssl.models.encoders import save_contrastive_model
+
+        save_contrastive_model(model, path, image_shape)
+
+    def load_encoder(self, ctx):
+        """The frozen encoder for the probes, from the saved model."""
+        from fedssl.models.encoders import load_encoder
+
+        projection = ctx.exp.features.layer == "projection"
+        return load_encoder(
+            ctx.exp.method.model, ctx.input("pretrain") / "model.pt", ctx.device, projection
+        )

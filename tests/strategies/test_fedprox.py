@@ -8,8 +8,8 @@ import torch
 from pydantic import ValidationError
 
 from fedssl.fl.engine import FederationConfig
+from fedssl.methods import federated
 from fedssl.methods.fedsimclr import FedSimCLRParams
-from fedssl.methods.fedsimclr import run as simclr
 from fedssl.strategies.fedavg import FedAvg
 from fedssl.strategies.fedprox import ANCHOR, FedProx, proximal
 from tests.test_engine import ReadsEveryUpload, make_fed, tiny_model, toy_data
@@ -82,7 +82,7 @@ def test_fedsimclr_plus_fedprox_is_a_params_choice(tmp_path):
 
 def make(p, tmp_path):
     model = tiny_model()
-    return simclr.make_federation(p, model, toy_data(), tmp_path / "c.pt", "fp").strategy
+    return federated.make_federation(p, model, toy_data(), tmp_path / "c.pt", "fp").strategy
 
 
 def test_fedprox_refuses_a_client_before_its_objective_is_built():

@@ -29,10 +29,10 @@ from fedssl.methods.registry import register
 from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
     AugmentParams,
-    FederationSettings,
     LinearProbeParams,
     ParallelClients,
     Strict,
+    federation,
 )
 
 SSL_KINDS = ("simclr", "byol", "simsiam")
@@ -140,22 +140,26 @@ class SSLParams(Strict):
         return self
 
 
-class CflParams(FederationSettings):
+CFL_FEDERATION = federation(
+    rounds=(PositiveInt, Field(description="T")),
+    local_epochs=Field(3, description="E_l"),
+    batch_size=32,
+    lr=1e-3,
+)
+
+
+class CflParams(CFL_FEDERATION):
     """Clustered FL with a pool of models (Alg. 2)."""
 
     clusters: PositiveInt = Field(3, description="N (1 = FedAvg)")
-    rounds: PositiveInt = Field(description="T")
     explore_rounds: NonNegativeInt = Field(
         10, description="T_c: random model choice with the encoder frozen (0 = IFCA)"
     )
-    local_epochs: PositiveInt = Field(3, description="E_l")
     encoder_epochs: NonNegativeInt | None = Field(
         None,
         description="E_l,f (Tab. 7): the encoder trains in the first E_l,f local epochs, "
         "the head in all; None = all",
     )
-    batch_size: PositiveInt = 32
-    lr: PositiveFloat = 1e-3
     adam_eps: PositiveFloat = Field(1e-8, description="1e-7 would match Keras (spec §8.14)")
     head: Literal["c", "c-1", "c-2", "c-3"] = Field(
         "c", description="theta_c (one Dense) or with 1-3 hidden ReLU layers (spec §2)"

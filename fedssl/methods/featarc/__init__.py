@@ -12,16 +12,14 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from fedssl.methods.base import MethodParams, PretrainStepMethod
 from fedssl.methods.registry import register
-from fedssl.params import AugmentParams, FederationSettings, ModelParams, TrainsItsModel
+from fedssl.params import AugmentParams, ModelParams, TrainsItsModel, federation
+
+FEATARC_FEDERATION = federation(local_epochs=5, batch_size=256, lr=1e-3, weight_decay=1e-6)
 
 
-class FeatARCParams(MethodParams, FederationSettings, TrainsItsModel):
+class FeatARCParams(MethodParams, FEATARC_FEDERATION, TrainsItsModel):
     name: Literal["featarc"] = "featarc"
     model: ModelParams
-    local_epochs: PositiveInt = 5
-    batch_size: PositiveInt = 256
-    lr: PositiveFloat = 1e-3
-    weight_decay: NonNegativeFloat = 1e-6
     temperature: PositiveFloat = 0.5
     clusters: PositiveInt = Field(2, description="C: cluster models kept by the server")
     align_scale: NonNegativeFloat = Field(1.0, description="s: weight of the alignment term")

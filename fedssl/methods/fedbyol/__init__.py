@@ -23,39 +23,40 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat
 
-from fedssl.methods.base import MethodParams, PretrainStepMethod
+from fedssl.methods.base import FederatedMethod, MethodParams
 from fedssl.methods.registry import register
 from fedssl.params import (
-    PARALLEL_CLIENTS_HELP,
     AugmentParams,
-    FederationSettings,
     ModelParams,
-    ParallelClients,
     TrainsItsModel,
+    federation,
+)
+
+BYOL_FEDERATION = federation(
+    local_epochs=5,
+    batch_size=128,
+    optimizer="sgd",
+    lr=0.032,
+    lr_schedule="cosine",
+    momentum=0.9,
+    weight_decay=5e-4,
+    parallel_clients="auto",
 )
 
 
-class FedBYOLParams(MethodParams, FederationSettings, TrainsItsModel):
+class FedBYOLParams(MethodParams, BYOL_FEDERATION, TrainsItsModel):
     """BYOL on every client (EasyFL's defaults where the smoke scale allows: SGD, cosine over
     rounds, target EMA 0.99 per step). ``model.proj_hidden`` / ``proj_dim`` size both the
     projector and the predictor (Linear-BN-ReLU-Linear, spec §2.3: 4096 / 2048)."""
 
     name: Literal["fedbyol"] = "fedbyol"
     model: ModelParams
-    local_epochs: PositiveInt = 5
-    batch_size: PositiveInt = 128
-    optimizer: Literal["adam", "sgd"] = "sgd"
-    lr: PositiveFloat = 0.032
-    lr_schedule: Literal["constant", "cosine"] = "cosine"
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    weight_decay: NonNegativeFloat = 5e-4
     target_ema: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
         0.99, description="the target's EMA decay after every optimizer step"
     )
     augment: AugmentParams = AugmentParams()
-    parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
 
 
 class FedEMAParams(FedBYOLParams):
@@ -79,13 +80,57 @@ class FedUParams(FedBYOLParams):
     )
 
 
-class _FederatedBYOL(PretrainStepMethod):
-    """What the family shares: one federated step (this package's code), the probes on the
-    global online backbone, client costs from the exchanged tensors."""
+class _FederatedBYOL(FederatedMethod):
+    """What the family shares: BYOL on every client (the target follows the online encoder
+    after every step), the family member's strategy on the server, the probes on the global
+    online backbone, client costs from the exchanged tensors."""
 
     package = __name__
-    flower_steps = {"pretrain": "fedssl.methods.fedbyol.run:federation"}
     encoder_builder = "fedssl.methods.fedbyol.model:byol_encoder"
+
+    def loss(self, outputs, batch, p):
+        """BYOL's symmetric loss on the two views (spec §2.2: the sum of both directions)."""
+        from fedssl.losses import byol_loss
+
+        predictions, targets = outputs
+        return byol_loss(*predictions.chunk(2), *targets.chunk(2), batch.valid)
+
+    def build_model(self, p, image_shape, device):
+        from fedssl.methods.fedbyol.model import seeded_byol
+
+        return seeded_byol(p.model, image_shape, p.seed, device)
+
+    def strategy(self, cfg, model, p):
+        from fedssl.methods.fedbyol.strategy import STRATEGIES
+
+        return STRATEGIES[p.name](cfg, model, p)
+
+    def after_step(self, model, p):
+        from fedssl.fl.momentum import ema_after_step, momentum_pairs
+        from fedssl.methods.fedbyol.model import TARGET
+
+        names = [k for k, _ in model.named_parameters()]
+        return ema_after_step(momentum_pairs(names, TARGET, ("encoder.",)), p.target_ema)
+
+    def save(self, model, path, image_shape) -> None:
+        """The online network and predictor (the target stays behind)."""
+        from fedssl.methods.fedbyol.model import TARGET
+        from fedssl.runtime import torch_save
+
+        online = {k: v for k, v in model.state_dict().items() if not k.startswith(TARGET)}
+        torch_save({"model": online, "image_shape": tuple(image_shape)}, path)
+
+    def describe(self, model) -> dict:
+        return {
+            "parameters": sum(q.numel() for q in model.encoder.parameters()),
+            "predictor_parameters": sum(q.numel() for q in model.predictor.parameters()),
+        }
+
+    def load_encoder(self, ctx):
+        """The global online encoder's backbone (or backbone + projector)."""
+        from fedssl.methods.fedbyol.model import load_online_encoder
+
+        return load_online_encoder(ctx)
 
 
 @register

@@ -92,3 +92,18 @@ def byol_encoder(method, image_shape, projection: bool = False) -> nn.Module:
     into: its backbone, or with ``projection`` backbone and projector."""
     enc = ByolEncoder(method.model, image_shape)
     return frozen(enc if projection else enc.backbone)
+
+
+def load_online_encoder(ctx) -> nn.Module:
+    """The global online encoder's backbone (or backbone + projector) a pretraining stage saved,
+    for the probes."""
+    ckpt = torch.load(
+        ctx.input("pretrain") / "model.pt", map_location=ctx.device, weights_only=True
+    )
+    projection = ctx.exp.features.layer == "projection"
+    module = byol_encoder(ctx.exp.method, ckpt["image_shape"], projection)
+    prefix = "encoder." if projection else "encoder.backbone."
+    module.load_state_dict(
+        {k[len(prefix) :]: v for k, v in ckpt["model"].items() if k.startswith(prefix)}
+    )
+    return module.to(ctx.device)

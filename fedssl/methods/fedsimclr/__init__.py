@@ -3,46 +3,64 @@ averaged with FedAvg (the MFCL paper's baseline)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat
 
-from fedssl.methods.base import MethodParams, PretrainStepMethod
+from fedssl.methods.base import FederatedMethod, MethodParams
 from fedssl.methods.registry import register
 from fedssl.params import (
-    PARALLEL_CLIENTS_HELP,
     AugmentParams,
-    FederationSettings,
     ModelParams,
-    ParallelClients,
     TrainsItsModel,
+    federation,
 )
 from fedssl.strategies.params import FedAvgChoice, StrategyChoice
 
+SIMCLR_FEDERATION = federation(
+    local_epochs=1,
+    batch_size=256,
+    optimizer="adam",
+    lr=1e-3,
+    lr_schedule="constant",
+    momentum=0.9,
+    weight_decay=0.0,
+    parallel_clients="auto",
+)
 
-class FedSimCLRParams(MethodParams, FederationSettings, TrainsItsModel):
+
+class FedSimCLRParams(MethodParams, SIMCLR_FEDERATION, TrainsItsModel):
     name: Literal["fedsimclr"] = "fedsimclr"
     model: ModelParams
-    local_epochs: PositiveInt = 1
-    batch_size: PositiveInt = 256
-    optimizer: Literal["adam", "sgd"] = "adam"
-    lr: PositiveFloat = 1e-3
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    weight_decay: NonNegativeFloat = 0.0
     temperature: PositiveFloat = 0.5
     augment: AugmentParams = AugmentParams()
-    parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
     strategy: StrategyChoice = Field(
         FedAvgChoice(), description="how the server aggregates (fedavg, or fedprox with its mu)"
     )
 
 
+def simclr_views_loss(z, batch, temperature: float):
+    """NT-Xent between the two views' projections (the rows of ``z``, view 1 then view 2)."""
+    from fedssl.losses import nt_xent
+
+    z1, z2 = z.chunk(2)
+    return nt_xent(z1, z2, temperature, batch.valid)
+
+
+def simclr_loss(temperature: float):
+    """SimCLR as a cohort trainer's loss (for code that builds a trainer by hand)."""
+    from fedssl.fl.cohort import on_outputs
+
+    return on_outputs(lambda z, batch: simclr_views_loss(z, batch, temperature))
+
+
 @register
-class FedSimCLR(PretrainStepMethod):
+class FedSimCLR(FederatedMethod):
     name = "fedsimclr"
     label = "FedSimCLR"
     params = FedSimCLRParams
     package = __name__
-    flower_steps = {"pretrain": "fedssl.methods.fedsimclr.run:federation"}
     encoder_builder = "fedssl.models.encoders:contrastive_encoder"
+
+    def loss(self, outputs, batch, p):
+        return simclr_views_loss(outputs, batch, p.temperature)

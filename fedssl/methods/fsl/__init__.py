@@ -14,40 +14,42 @@ probes read the encoder part (w_c then w_s without its classifier).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import (
     Field,
-    NonNegativeFloat,
     NonNegativeInt,
-    PositiveFloat,
     PositiveInt,
     model_validator,
 )
 
 from fedssl.methods.base import Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import PARALLEL_CLIENTS_HELP, FederationSettings, ModelParams, ParallelClients
+from fedssl.params import ModelParams, federation
 
 # Units of each encoder a cut may leave on the client (a conv block, a residual block, ...);
 # the server keeps at least one.
 CUTTABLE_UNITS = {"small_cnn": 4, "resnet18": 9}
 
 
-class FSLParams(MethodParams, FederationSettings):
+FSL_FEDERATION = federation(
+    local_epochs=1,
+    batch_size=64,
+    lr=0.01,
+    momentum=0.9,
+    weight_decay=0.0,
+    parallel_clients="auto",
+)
+
+
+class FSLParams(MethodParams, FSL_FEDERATION):
     name: Literal["fsl"] = "fsl"
     model: ModelParams = Field(description="the encoder (its projection fields are not used)")
     cut: PositiveInt = Field(2, description="encoder units on the client (w_c)")
-    local_epochs: PositiveInt = 1
-    batch_size: PositiveInt = 64
-    lr: PositiveFloat = 0.01
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    weight_decay: NonNegativeFloat = 0.0
     augment: Literal["none", "crop_flip"] = Field(
         "none", description="crop_flip = random crop with zero padding + horizontal flip"
     )
     crop_padding: NonNegativeInt = 4
-    parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
 
     @model_validator(mode="after")
     def _cut(self):

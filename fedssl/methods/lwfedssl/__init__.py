@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -47,9 +47,9 @@ from fedssl.methods.registry import register
 from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
     AugmentParams,
-    FederationSettings,
     ParallelClients,
     Strict,
+    federation,
 )
 
 
@@ -112,22 +112,27 @@ class VitParams(Strict):
         return self
 
 
-class Schedule(FederationSettings):
+LW_FEDERATION = federation(
+    rounds=Field(15, description="R_s: rounds per stage"),
+    local_epochs=3,
+    batch_size=1024,
+    lr=Field(6e-4, description="AdamW peak lr (1.5e-4 x batch / 256)"),
+    lr_schedule=(
+        Literal["cosine", "cyclic", "constant"],
+        Field(
+            "cosine",
+            description="cosine: decays over all rounds of all stages; cyclic: restarts "
+            "every stage (§5.9); constant",
+        ),
+    ),
+    weight_decay=1e-5,
+    momentum=Field(0.99, description="mu of the momentum branch (constant)"),
+)
+
+
+class Schedule(LW_FEDERATION):
     """What every stage uses unless ``stages`` overrides it (spec §3)."""
 
-    rounds: NonNegativeInt = Field(15, description="R_s: rounds per stage")
-    local_epochs: PositiveInt = 3
-    batch_size: PositiveInt = 1024
-    lr: PositiveFloat = Field(6e-4, description="AdamW peak lr (1.5e-4 x batch / 256)")
-    lr_schedule: Literal["cosine", "cyclic", "constant"] = Field(
-        "cosine",
-        description="cosine: decays over all rounds of all stages; cyclic: restarts "
-        "every stage (§5.9); constant",
-    )
-    weight_decay: NonNegativeFloat = 1e-5
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
-        0.99, description="mu of the momentum branch (constant)"
-    )
     temperature: PositiveFloat = 0.2
 
 

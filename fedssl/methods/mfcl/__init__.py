@@ -25,9 +25,9 @@ from fedssl.methods.registry import register
 from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
     AugmentParams,
-    FederationSettings,
     ParallelClients,
     Strict,
+    federation,
 )
 
 
@@ -68,13 +68,17 @@ class MfclClientModule(Strict):
         return self
 
 
-class MfclPhase1(FederationSettings):
+MFCL_FEDERATION = federation(
+    rounds=Field(description="T (15 in the paper); 0 = random client module"),
+    local_epochs=1,
+    lr=Field(description="Adam learning rate (0.05 C10 / 0.001 Tiny)"),
+)
+
+
+class MfclPhase1(MFCL_FEDERATION):
     """Phase 1: FedAvg of the client autoencoder at the gServer (Alg. 1, Tab. 12)."""
 
-    rounds: NonNegativeInt = Field(description="T (15 in the paper); 0 = random client module")
-    local_epochs: PositiveInt = 1
     batch_pairs: PositiveInt = Field(description="K samples per batch (2K twin views)")
-    lr: PositiveFloat = Field(description="Adam learning rate (0.05 C10 / 0.001 Tiny)")
     adam_eps: PositiveFloat = 1e-7
     loss: Literal["bce", "mse"] = "bce"
     secure_aggregation: bool = Field(

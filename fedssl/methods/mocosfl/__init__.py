@@ -26,7 +26,6 @@ from typing import Annotated, Literal
 
 from pydantic import (
     Field,
-    NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -38,10 +37,10 @@ from fedssl.methods.registry import register
 from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
     AugmentParams,
-    FederationSettings,
     Fraction,
     ParallelClients,
     Strict,
+    federation,
 )
 
 VARIANT_LABELS = {"mocosfl": "MocoSFL", "monacosfl": "MonAcoSFL"}
@@ -89,16 +88,20 @@ class SflMoco(Strict):
     )
 
 
-class SflTraining(FederationSettings):
+SFL_FEDERATION = federation(
+    rounds=Field(description="200 in the paper ([code] 200/rho when sampling)"),
+    client_fraction=Field(1.0, description="clients drawn each round (rho)"),
+    batch_size=Field(description="B_c images per client and step"),
+    lr=Field(0.06, description="SGD learning rate, client and server"),
+    momentum=0.9,
+    weight_decay=5e-4,
+    lr_schedule=Field("cosine", description="over rounds"),
+)
+
+
+class SflTraining(SFL_FEDERATION):
     """Rounds (= epochs over the sampled clients' data), SGD on both sides, synchronisation."""
 
-    rounds: NonNegativeInt = Field(description="200 in the paper ([code] 200/rho when sampling)")
-    client_fraction: Fraction = Field(1.0, description="clients drawn each round (rho)")
-    batch_size: PositiveInt = Field(description="B_c images per client and step")
-    lr: PositiveFloat = Field(0.06, description="SGD learning rate, client and server")
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    weight_decay: NonNegativeFloat = 5e-4
-    lr_schedule: Literal["cosine", "constant"] = Field("cosine", description="over rounds")
     sync_every: PositiveInt = Field(
         description="steps between syncs of the client models (counted across rounds when "
         "a round does not end with a sync)"

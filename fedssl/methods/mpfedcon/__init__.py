@@ -41,12 +41,9 @@ from pydantic import (
 from fedssl.methods.base import Method, MethodParams, Step
 from fedssl.methods.registry import register
 from fedssl.params import (
-    PARALLEL_CLIENTS_HELP,
-    FederationSettings,
-    Fraction,
     NoiseParams,
-    ParallelClients,
     Strict,
+    federation,
 )
 
 Variant = Literal[
@@ -110,7 +107,18 @@ class NetParams(Strict):
     projection: tuple[PositiveInt, PositiveInt] | None = (128, 128)
 
 
-class MpFedconParams(MethodParams, FederationSettings):
+MPFEDCON_FEDERATION = federation(
+    rounds=(PositiveInt, Field(description="T")),
+    client_fraction=Field(0.1, description="r: parties sampled per round"),
+    batch_size=10,
+    lr=0.01,
+    momentum=0.5,
+    weight_decay=1e-4,
+    parallel_clients="auto",
+)
+
+
+class MpFedconParams(MethodParams, MPFEDCON_FEDERATION):
     """One personalised-FL run: the variant, its network and split, and Alg. 1's settings."""
 
     name: Literal["mpfedcon"] = "mpfedcon"
@@ -122,8 +130,6 @@ class MpFedconParams(MethodParams, FederationSettings):
         "the variant's split (mpfedcon/fedrep/fedper: base; lg_fedavg: projector + output; "
         "fedavg/fedavg_ft/fedprox: all; solo: none)",
     )
-    rounds: PositiveInt = Field(description="T")
-    client_fraction: Fraction = Field(0.1, description="r: parties sampled per round")
     head_epochs: NonNegativeInt = Field(
         10, description="tau_h: epochs on the local head first (mpfedcon, fedrep)"
     )
@@ -132,10 +138,6 @@ class MpFedconParams(MethodParams, FederationSettings):
         description="tau_0: epochs on the shared base (mpfedcon, fedrep), or of the whole "
         "network trained together (the other variants)",
     )
-    batch_size: PositiveInt = 10
-    lr: PositiveFloat = 0.01
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.5
-    weight_decay: NonNegativeFloat = 1e-4
     mu: NonNegativeFloat = Field(10.0, description="mpfedcon: weight of l_con (Eq. 6)")
     temperature: PositiveFloat = Field(0.5, description="mpfedcon: tau of Eq. 5 (SUG)")
     neg_source: Literal["round_start", "prev_local"] = Field(
@@ -182,7 +184,6 @@ class MpFedconParams(MethodParams, FederationSettings):
         "0.1 (its gradient clipping at norm 10 is not reproduced); apfl's training mixture "
         "alpha v + alpha w",
     )
-    parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
 
     @model_validator(mode="after")
     def _split(self):

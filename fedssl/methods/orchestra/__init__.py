@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from fedssl.methods.base import MethodParams, PretrainStepMethod
 from fedssl.methods.registry import register
-from fedssl.params import AugmentParams, FederationSettings, ModelParams, TrainsItsModel
+from fedssl.params import AugmentParams, ModelParams, TrainsItsModel, federation
 
 # the authors' views (utils.py): A, and A' with less blur and some solarisation
 ORCHESTRA_AUGMENT = AugmentParams(
@@ -20,15 +20,22 @@ ORCHESTRA_AUGMENT = AugmentParams(
 ORCHESTRA_AUGMENT_PRIME = ORCHESTRA_AUGMENT.model_copy(update={"blur_p": 0.1, "solarize_p": 0.2})
 
 
-class OrchestraParams(MethodParams, FederationSettings, TrainsItsModel):
+ORCHESTRA_FEDERATION = federation(
+    rounds=(
+        PositiveInt,
+        Field(description="training rounds (a clustering-only round 0 precedes)"),
+    ),
+    local_epochs=10,
+    batch_size=16,
+    lr=0.003,
+    momentum=0.9,
+    weight_decay=1e-4,
+)
+
+
+class OrchestraParams(MethodParams, ORCHESTRA_FEDERATION, TrainsItsModel):
     name: Literal["orchestra"] = "orchestra"
     model: ModelParams = Field(description="backbone; proj_hidden / proj_dim size the projector")
-    rounds: PositiveInt = Field(description="training rounds (a clustering-only round 0 precedes)")
-    local_epochs: PositiveInt = 10
-    batch_size: PositiveInt = 16
-    lr: PositiveFloat = 0.003
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    weight_decay: NonNegativeFloat = 1e-4
     temperature: PositiveFloat = Field(0.1, description="T of the cluster softmaxes")
     target_momentum: Annotated[float, Field(ge=0.0, le=1.0)] = 0.996
     global_clusters: PositiveInt = Field(128, description="N_G")

@@ -20,31 +20,38 @@ read the global encoder D, so the rows line up with the SSL rows' linear / k-NN 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import (
     Field,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
-    PositiveInt,
     model_validator,
 )
 
 from fedssl.methods.base import Method, MethodParams, Step
 from fedssl.methods.registry import register
 from fedssl.params import (
-    PARALLEL_CLIENTS_HELP,
-    FederationSettings,
     ModelParams,
-    ParallelClients,
     TrainsItsModel,
+    federation,
 )
 
 LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "moon": "MOON"}
 
 
-class SupervisedParams(MethodParams, FederationSettings, TrainsItsModel):
+SUPERVISED_FEDERATION = federation(
+    local_epochs=10,
+    batch_size=64,
+    lr=0.01,
+    momentum=0.9,
+    weight_decay=1e-5,
+    parallel_clients="auto",
+)
+
+
+class SupervisedParams(MethodParams, SUPERVISED_FEDERATION, TrainsItsModel):
     """One global supervised FL run (defaults: MOON's setup, spec §1 and §6.3)."""
 
     name: Literal["supervised"] = "supervised"
@@ -53,11 +60,6 @@ class SupervisedParams(MethodParams, FederationSettings, TrainsItsModel):
         description="D and P: the encoder and projection head (proj_hidden, proj_dim); O "
         "reads P's output"
     )
-    local_epochs: PositiveInt = 10
-    batch_size: PositiveInt = 64
-    lr: PositiveFloat = 0.01
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    weight_decay: NonNegativeFloat = 1e-5
     mu: NonNegativeFloat = Field(
         0.0, description="fedprox: weight of the proximal term; moon: weight of l_con"
     )
@@ -66,7 +68,6 @@ class SupervisedParams(MethodParams, FederationSettings, TrainsItsModel):
         "none", description="crop_flip = random crop with zero padding + horizontal flip"
     )
     crop_padding: NonNegativeInt = 4
-    parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
 
     @model_validator(mode="after")
     def _fits(self):
