@@ -74,8 +74,10 @@ def test_the_hessian_free_step_computes_g_at_the_adapted_weights_once(monkeypatc
     difference gradients), none through w̃ again: the former loss made five."""
     calls = []
     for name in ("grad", "grad_and_value"):
-        real = getattr(P, name)
-        monkeypatch.setattr(P, name, lambda fn, _r=real, _n=name: calls.append(_n) or _r(fn))
+        real = getattr(perfedavg, name)
+        monkeypatch.setattr(
+            perfedavg, name, lambda fn, _r=real, _n=name: calls.append(_n) or _r(fn)
+        )
     p, model, state, buffers = meta_setup("hessian_free")
     meta_gradient(p, model, state, buffers, toy_batch(30))
     assert sorted(calls) == ["grad", "grad", "grad", "grad_and_value"]

@@ -354,7 +354,7 @@ class LocalTraining:
                 (fed.cfg.seed, "local", round_, *tag),
                 gen,
                 names,
-                finished if streamed else None,
+                **({"finished": finished} if streamed else {}),
             )
             if phase.loss_weight is not None:
                 weighted = weighted + losses * phase.loss_weight

@@ -101,21 +101,25 @@ class _FederatedBYOL(FederatedMethod):
         return seeded_byol(p.model, image_shape, p.seed, device)
 
     def strategy(self, cfg, model, p):
-        from fedssl.methods.fedbyol.strategy import STRATEGIES
+        from fedssl.strategies import byol
 
-        return STRATEGIES[p.name](cfg, model, p)
+        if p.name == "fedu":
+            return byol.FedUStrategy(cfg, model, threshold=p.dapu_threshold)
+        if p.name == "fedema":
+            return byol.FedEMAStrategy(cfg, model, tau=p.tau, divergence=p.divergence)
+        return byol.FedBYOLStrategy(cfg, model)
 
     def after_step(self, model, p):
         from fedssl.fl.momentum import ema_after_step, momentum_pairs
-        from fedssl.methods.fedbyol.model import TARGET
+        from fedssl.strategies.byol import TARGET
 
         names = [k for k, _ in model.named_parameters()]
         return ema_after_step(momentum_pairs(names, TARGET, ("encoder.",)), p.target_ema)
 
     def save(self, model, path, image_shape) -> None:
         """The online network and predictor (the target stays behind)."""
-        from fedssl.methods.fedbyol.model import TARGET
         from fedssl.runtime import torch_save
+        from fedssl.strategies.byol import TARGET
 
         online = {k: v for k, v in model.state_dict().items() if not k.startswith(TARGET)}
         torch_save({"model": online, "image_shape": tuple(image_shape)}, path)

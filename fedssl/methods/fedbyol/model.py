@@ -16,10 +16,6 @@ from fedssl.params import ModelParams
 from fedssl.precision import channels_last
 from fedssl.runtime import derive_seed
 
-Tensors = dict[str, torch.Tensor]
-TARGET = "target."  # the target's names: TARGET + the online encoder's
-ONLINE = ("encoder.", "predictor.")  # what travels
-
 
 def mlp(in_dim: int, hidden: int, out_dim: int) -> BNMLP:
     """EasyFL's BYOL projector / predictor: Linear-BN-ReLU-Linear."""
@@ -59,32 +55,6 @@ def seeded_byol(params: ModelParams, image_shape, seed: int, device: torch.devic
     if channels_last(device):
         model = model.to(memory_format=torch.channels_last)
     return model
-
-
-def online_names(model: ByolNet) -> list[str]:
-    """The parameters the clients train (the target's move by EMA only)."""
-    return [k for k, _ in model.named_parameters() if k.startswith(ONLINE)]
-
-
-def conv_weights(model: ByolNet) -> list[str]:
-    """The tensors the divergence is measured on (EasyFL: names with 'conv' and 'weight'):
-    the online backbone's convolution kernels, 1x1 shortcut convolutions excluded."""
-    return [
-        k
-        for k, v in model.named_parameters()
-        if k.startswith("encoder.backbone.") and v.dim() == 4 and ".shortcut." not in k
-    ]
-
-
-@torch.no_grad()
-def divergence(a: Tensors, b: Tensors, keys: list[str]) -> float:
-    """d = (1/J) Σ_j ||a_j - b_j||_2 over the J tensors ``keys`` (spec §2.2 step 4)."""
-    return float(torch.stack([(a[k].double() - b[k].double()).norm() for k in keys]).mean())
-
-
-def target_of(online: Tensors) -> Tensors:
-    """A target equal to the online encoder (a client's first round: ξ <- θ_g)."""
-    return {TARGET + k: v for k, v in online.items() if k.startswith("encoder.")}
 
 
 def byol_encoder(method, image_shape, projection: bool = False) -> nn.Module:

@@ -11,11 +11,12 @@ from fedssl.methods.base import FederatedMethod, MethodParams
 from fedssl.methods.registry import register
 from fedssl.params import (
     AugmentParams,
+    FedAvgChoice,
     ModelParams,
+    StrategyChoice,
     TrainsItsModel,
     federation,
 )
-from fedssl.strategies.params import FedAvgChoice, StrategyChoice
 
 SIMCLR_FEDERATION = federation(
     local_epochs=1,
