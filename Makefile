@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test lint format recheck rehearse test-slurm test-flower bench benchmark generate readme clean
+.PHONY: install data run test lint format recheck rehearse test-slurm test-flower bench benchmark mutants generate docs docs-browser clean
 
 install: $(INSTALLED) data
 
@@ -27,17 +27,18 @@ data:
 run: install
 	snakemake --cores all --resources gpu=1
 	@echo; cat results/reports/default/report.md
+	@echo; $(PY) -m fedssl.plan.recheck default --compare-only || true
 	@echo "Results: results/reports/default/ (report.md, .csv, .json) and results/experiments/*/metrics.json; artifacts in artifacts/"
 
 # The benchmark board (README 'Benchmark'): every method on the same partitions, seeds 0-2, one
 # budget; resumable (a rerun skips finished stages, a killed one resumes from its checkpoint).
-# Then the board (results/reports/$(BOARD)/board.md, board.json) and the README's block.
+# Then the board (results/reports/$(BOARD)/board.md, board.json) and the docs' board page.
 # `make benchmark BOARD=benchmark_gpu` for the GPU-scale board.
 BOARD ?= benchmark
 benchmark: install
 	snakemake --cores all --resources gpu=1 --rerun-incomplete --config pipeline=$(BOARD)
 	$(PY) -m fedssl.board render $(BOARD)
-	$(PY) -m fedssl.board readme
+	$(PY) -m fedssl.docs
 	$(PY) -m fedssl.pipeline write $(BOARD)
 
 # The suite runs on every core (pytest-xdist), each test module on one worker so that a project
@@ -45,14 +46,19 @@ benchmark: install
 test: install lint
 	pytest -q -n auto --dist loadscope --no-loadscope-reorder
 
-# Lint and format check (ruff); `make format` rewrites the files.
+# Lint and format check (ruff: style, complexity, argument count), the architecture gate
+# (import-linter: the library's layers, method packages independent; pyproject.toml), and the
+# documentation site builds with no warning (broken links and anchors included);
+# `make format` rewrites the files.
 lint: $(INSTALLED)
-	ruff check fedssl stages tests benchmarks
-	ruff format --check fedssl stages tests benchmarks
+	ruff check fedssl stages tests benchmarks docs/hooks.py
+	ruff format --check fedssl stages tests benchmarks docs/hooks.py
+	lint-imports
+	NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet
 
 format: $(INSTALLED)
-	ruff format fedssl stages tests benchmarks
-	ruff check --fix fedssl stages tests benchmarks
+	ruff format fedssl stages tests benchmarks docs/hooks.py
+	ruff check --fix fedssl stages tests benchmarks docs/hooks.py
 
 # Opt-in: the pipeline through a real one-node SLURM cluster on localhost (root, Debian).
 test-slurm: install
@@ -63,16 +69,22 @@ test-slurm: install
 # Opt-in: Flower (the adapter's simulation tests, then a SuperLink and two SuperNodes on localhost).
 test-flower: install
 	$(PY) -m pip install --quiet -e '.[flower]'
-	FEDSSL_FLOWER_TEST=1 pytest -q tests/test_flower_app.py tests/test_flower_stage.py tests/test_flower_local.py
+	FEDSSL_FLOWER_TEST=1 pytest -q tests/test_flower_app.py tests/test_flower_stage.py tests/test_flower_secure.py tests/test_flower_local.py
 
+# The speed benchmarks (README 'Speed'), each stopped after BENCH_BUDGET seconds; the first line
+# names the CPU. Keep a run: make bench | tee results/bench/make_bench_<cpu>.txt
+BENCH_BUDGET ?= 900
 bench: install
-	$(PY) benchmarks/step_limits.py
-	$(PY) benchmarks/federated_round.py
-	$(PY) benchmarks/twin_norm.py
-	$(PY) benchmarks/split_step.py
+	$(PY) benchmarks/bench.py --budget $(BENCH_BUDGET)
 
-# Rerun a sample of every committed pipeline (one experiment each) and compare its result
-# files with the committed ones (run it on the hardware and thread count that made them).
+# Opt-in: every one-line mutant of a defining rule (benchmarks/mutants.yaml) applied to a copy of
+# the tree, its killing tests run against it; reports the survivors (exit 1 if any), niced.
+mutants: $(INSTALLED)
+	nice $(PY) benchmarks/mutants.py
+
+# Rerun a sample of every committed pipeline (one experiment each, one thread per stage) and
+# compare its result files with the committed ones: identical, within the spread (of seeds,
+# threads, precisions: README 'Reproducing a number') or differs beyond it.
 recheck: install
 	$(PY) -m fedssl.plan.recheck
 
@@ -87,10 +99,16 @@ generate: $(INSTALLED)
 	$(PY) -m fedssl.experiment
 	$(PY) -m fedssl.pipeline write
 
-# Copy the committed reports' tables into the README (a test fails when they differ).
-readme: $(INSTALLED)
-	$(PY) -m fedssl.report readme
-	$(PY) -m fedssl.board readme
+# Refill the docs' results pages (and the README's table) from the committed reports (a test
+# fails when a page is stale), then build the site into site/ (`mkdocs serve` to browse it).
+docs: $(INSTALLED)
+	$(PY) -m fedssl.docs
+	NO_MKDOCS_2_WARNING=1 mkdocs build --strict
+
+# Opt-in: open the built site in headless Chromium (Debian's `chromium`): every image loaded,
+# no broken link, on the home, a results page and the board page.
+docs-browser: docs
+	pytest -q -m browser tests/test_docs_browser.py
 
 clean:
 	rm -rf artifacts .snakemake

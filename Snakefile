@@ -12,11 +12,19 @@ from fedssl.plan.dag import Dag
 from fedssl.plan.dvcfile import commit_ran
 from fedssl.plan.freshness import RAN_LOG, check_data, receipt, sync_receipts
 from fedssl.plan.layout import LOGS
+from fedssl.plan.record import write_records
 
 PIPELINE = config.get("pipeline", "default")
 GPUS = int(config.get("gpus", 1))  # 0: run the training stages without asking for a GPU
+# A compute stage's threads: one (the stages run side by side, one a core: under load a second
+# thread waits on a descheduled sibling, README "Speed"), or --config threads=N, or a cluster
+# profile's --max-threads (a job with cores of its own). Past one, OpenMP's idle threads sleep.
+MAX_THREADS = getattr(getattr(workflow, "resource_settings", None), "max_threads", None)
+THREADS = int(config.get("threads") or MAX_THREADS or 1)
 STAGES_DAG = Dag(PIPELINE)            # validates every params file first: errors stop here
 check_data(STAGES_DAG)                # and says how to get a missing data set
+# each stage's plan record, which its job reads (pipelines/plan/; part of its fingerprint)
+write_records([STAGES_DAG.record(name) for name in STAGES_DAG.stages])
 STALE = sync_receipts(STAGES_DAG)     # what changed since each stage last ran
 for name, reasons in STALE.items():
     print(f"{name} will run: {'; '.join(reasons[:4])}" + (" ..." if len(reasons) > 4 else ""),
@@ -42,7 +50,7 @@ for stage in STAGES_DAG.stages.values():
             [report(p, category=PIPELINE) for p in stage.committed if stage.kind == "report"],
         log:
             str(LOGS / f"{stage.name}.log"),
-        threads: 1024 if stage.gpu else 1  # capped by --cores (or --max-threads on a cluster)
+        threads: THREADS if stage.gpu else 1  # capped by --cores
         resources:
             gpu=int(stage.gpu and GPUS > 0),
         params:
@@ -51,7 +59,8 @@ for stage in STAGES_DAG.stages.values():
             ran=RAN_LOG,
         shell:
             # tee -i: on Ctrl-C the stage's last words still reach the terminal and the log
-            "FEDSSL_THREADS={threads} {params.cmd} 2>&1 | tee -i {log} && "
+            "FEDSSL_THREADS={threads} OMP_WAIT_POLICY=${{OMP_WAIT_POLICY:-PASSIVE}} "
+            "{params.cmd} 2>&1 | tee -i {log} && "
             "echo {params.name} >> {params.ran} && echo ran > {output}"
 
 

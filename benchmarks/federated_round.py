@@ -40,13 +40,13 @@ from fedssl.data.sources import load_dataset
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
 from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
 from fedssl.losses import nt_xent
-from fedssl.methods.fedsimclr import simclr_loss
+from fedssl.methods.federated import trainer_loss
 from fedssl.methods.mfcl import run as mfcl
 from fedssl.models.autoencoder import ClientAutoencoder, reconstruction_loss
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.params import AugmentParams, DirichletScheme
 from fedssl.presets import Presets
-from fedssl.stage import bound_kernel_cache
+from fedssl.stage import bound_kernel_cache, set_threads
 
 
 # ----------------------------------------------------------------------------- conventional
@@ -261,7 +261,7 @@ def scenarios(cap: int, device, vmap_clients: bool) -> dict:
                 make_trainer=lambda m: CohortTrainer(
                     m,
                     multi_view(BatchAugment(p.augment, images.shape[-1]), views=2),
-                    simclr_loss(p.temperature),
+                    trainer_loss(p),
                     OptimizerConfig("adam"),
                     p.batch_size,
                     1,
@@ -343,6 +343,7 @@ def main():
     ap.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)  # the child's scenario
     args = ap.parse_args()
     bound_kernel_cache()  # as every stage does: peak memory flat in the client count
+    set_threads()  # as every stage does: FEDSSL_THREADS, one thread unless set
     device = torch.device(args.device)
     vmap_clients = args.parallel == "on" or (args.parallel == "auto" and device.type == "cuda")
     cap = args.max_per_client or (400 if device.type == "cpu" else 10**9)

@@ -1,41 +1,48 @@
 """The peer side by side: FedSimCLR rounds on this project's engine against the same rounds as a
-conventional Flower app (the shape of Flower's PyTorch quickstart: a ``ClientApp`` that loads
-the global weights into a fresh model, trains one epoch over a ``DataLoader`` with torchvision's
-PIL transforms and fresh Adam, and replies its weights; Flower's own ``FedAvg`` strategy on the
-``ServerApp``) in Flower's simulation engine (Ray), at 10 / 100 / 1,000 clients over the same
-20,000 Fashion-MNIST training images (a stratified subset split IID into equal clients).
+conventional Flower app, through both of Flower's simulation paths: ``start_simulation`` (a
+``NumPyClient`` per call, the legacy ``FedAvg``) and ``run_simulation`` (a ``ClientApp`` /
+``ServerApp`` pair, Flower's own ``FedAvg`` on the message API). The client is the shape of
+Flower's PyTorch quickstart: it loads the global weights into a fresh model, trains one epoch
+over a ``DataLoader`` with torchvision's PIL transforms and fresh Adam, and replies its weights.
+Its data set is loaded once per Ray worker process (:func:`local_data`, cached in this module,
+which the workers import by name) as a Flower app loads it, never shipped with a message.
+Clients: 10 / 100 / 1,000 equal IID shares of the same Fashion-MNIST training images.
 
 Both sides: the default pipeline's FedSimCLR model, batch, optimizer, learning rate and
-augmentation (``fmnist_fedsimclr``), every client every round, one thread (one Ray actor for
-Flower: its clients in turn, as ours). Ours runs under the precision policy (``--precision``,
-default ``auto``); Flower in fp32, as such an app does. Each (side, size) runs in a process of
-its own while this script samples that process and every process below it (Ray's raylet, GCS
-and workers) every 0.2 s: peak memory is the largest sum of their proportional set sizes (PSS,
-so shared pages count once; RSS where the kernel has no PSS), CPU is the tree's user + system
-seconds. A round's seconds: ours from the engine's round log, Flower's between the calls of the
-strategy's ``evaluate_fn`` (before round 1 and after each round); the median over the rounds
-after the first. Linux only (``/proc`` through psutil).
+augmentation (``fmnist_fedsimclr``), every client every round, one thread, one core (the
+measured process tree is pinned to one CPU, Ray's one actor included, the sampler to another
+where there is one, and its own CPU time is printed). Ours runs under the precision policy
+(``--precision``, default ``auto``); Flower in fp32, as such an app does. Each run is a process
+of its own; the sides of a client count run in turns, ``--pairs`` times. Per run: CPU seconds a
+round (the tree's CPU read at each round's end, median of the rounds after the first), the whole
+run's CPU seconds, and the peak memory: the largest sum of the tree's proportional set sizes
+(PSS, so shared pages count once), sampled every 0.5 s. Linux only (``/proc`` through psutil).
 
     python benchmarks/flower_peer.py [--clients 10 100 1000] [--images 20000] [--rounds 3]
+                                     [--pairs 3] [--sides ours start_simulation run_simulation]
 
-needs ``pip install -e '.[flower]'``; prints a row per client count and the ratios.
+needs ``pip install -e '.[flower]'``; prints a row per run and the medians' ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 import psutil
 import torch
+
+from fedssl.hardware import cpu_summary
 
 HERE = Path(__file__).resolve().parent
 PRESET = "fmnist_fedsimclr"
@@ -74,58 +81,144 @@ def run_ours(clients: int, images: int, rounds: int, setting: str) -> dict:
         fed = federated.make_federation(
             p, model, LocalData(x, labels, list(shares)), Path(tmp) / "c.pt", "peer"
         )
-        state = fed.run(fed.start(model))
+        stamps = [time.time()]
+        state = fed.run(fed.start(model), on_round=lambda _: stamps.append(time.time()))
         used = precision.resolved(torch.device("cpu"))
-    return {"seconds": [r["seconds"] for r in state.log], "precision": used}
+    return {"seconds": [r["seconds"] for r in state.log], "stamps": stamps, "precision": used}
 
 
 # ----------------------------------------------------------------------------- Flower
+@cache
+def local_data(images: int, clients: int) -> dict:
+    """A Flower client's data set, built once per process: every client call in a Ray worker
+    reuses it (a Flower app loads its data set once per worker, never per message)."""
+    if str(HERE) not in sys.path:  # the sibling benchmark, imported by a test too
+        sys.path.insert(0, str(HERE))
+    from federated_round import pil_transform, simclr_loss_eager
+
+    data, shares = clients_of(images, clients)
+    p = method()
+    return {
+        "images": data,
+        "shares": shares,
+        "loss": simclr_loss_eager(p.temperature),
+        "transform": pil_transform(p.augment, data.shape[-1], data.shape[1]),
+    }
+
+
+def new_model():
+    from fedssl.models.encoders import seeded_contrastive_model
+
+    p = method()
+    return seeded_contrastive_model(p.model, (1, 28, 28), p.seed, torch.device("cpu"))
+
+
+def train_client(weights: dict, client: int, lr: float, images: int, clients: int):
+    """The quickstart's client: a fresh model with the global weights, one epoch over its
+    DataLoader with fresh Adam. Returns (weights, images, last loss)."""
+    from federated_round import TwoViews
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(1)
+    c, p = local_data(images, clients), method()
+    idx = c["shares"][client]
+    model = new_model()
+    model.load_state_dict(weights)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    loader = DataLoader(
+        TwoViews(c["images"][idx], c["transform"]), batch_size=p.batch_size, shuffle=True
+    )
+    model.train()
+    for _ in range(p.local_epochs):
+        for v1, v2 in loader:
+            loss = c["loss"](model, v1, v2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return model.state_dict(), len(idx), loss.item()
+
+
+def this_module():
+    """This file as an imported module (not ``__main__``), in a Ray worker too: its cache
+    lives as long as the worker, where functions pickled by value would start empty."""
+    import flower_peer
+
+    return flower_peer
+
+
+RAY = {"num_cpus": 1, "include_dashboard": False}
+
+
+def run_flower_legacy(clients: int, images: int, rounds: int) -> dict:
+    """``start_simulation``: a NumPyClient per call, the legacy FedAvg."""
+    from flwr.client import NumPyClient
+    from flwr.common import ndarrays_to_parameters
+    from flwr.server import ServerConfig
+    from flwr.server.strategy import FedAvg
+    from flwr.simulation import start_simulation
+
+    keys = list(new_model().state_dict())
+    lr = method().lr
+
+    class Client(NumPyClient):
+        def __init__(self, pid: int):
+            self.pid = pid
+
+        def fit(self, parameters, config):
+            peer = this_module()
+            weights = {k: torch.from_numpy(v) for k, v in zip(keys, parameters)}
+            out, n, loss = peer.train_client(weights, self.pid, lr, images, clients)
+            return [v.numpy() for v in out.values()], n, {"loss": loss}
+
+    def client_fn(context):
+        return Client(int(context.node_config["partition-id"])).to_client()
+
+    stamps: list[float] = []
+
+    def stamp(server_round, parameters, config):
+        stamps.append(time.time())
+        return None
+
+    strategy = FedAvg(
+        fraction_fit=1.0,
+        fraction_evaluate=0.0,
+        min_fit_clients=clients,
+        min_available_clients=clients,
+        evaluate_fn=stamp,
+        initial_parameters=ndarrays_to_parameters(
+            [v.numpy() for v in new_model().state_dict().values()]
+        ),
+    )
+    start_simulation(
+        client_fn=client_fn,
+        num_clients=clients,
+        config=ServerConfig(num_rounds=rounds),
+        strategy=strategy,
+        client_resources={"num_cpus": 1, "num_gpus": 0.0},
+        ray_init_args=RAY,
+    )
+    return flower_result(stamps, rounds)
+
+
 def run_flower(clients: int, images: int, rounds: int) -> dict:
-    from federated_round import TwoViews, pil_transform, simclr_loss_eager
+    """``run_simulation``: a ClientApp / ServerApp pair, Flower's FedAvg on the message API."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
     from flwr.serverapp.strategy import FedAvg
     from flwr.simulation import run_simulation
-    from torch.utils.data import DataLoader
-
-    from fedssl.models.encoders import seeded_contrastive_model
-
-    p = method()
-    cache: dict = {}
-
-    def local():  # built once per Ray actor, as a Flower app loads its data set once
-        if not cache:
-            data, shares = clients_of(images, clients)
-            cache.update(images=data, shares=shares, loss=simclr_loss_eager(p.temperature))
-            cache["transform"] = pil_transform(p.augment, data.shape[-1], data.shape[1])
-        return cache
-
-    def new_model():
-        return seeded_contrastive_model(p.model, (1, 28, 28), p.seed, torch.device("cpu"))
 
     client = ClientApp()
 
     @client.train()
     def train(msg: Message, context: Context) -> Message:
-        c = local()
-        idx = c["shares"][int(context.node_config["partition-id"])]
-        model = new_model()
-        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        opt = torch.optim.Adam(model.parameters(), lr=float(msg.content["config"]["lr"]))
-        loader = DataLoader(
-            TwoViews(c["images"][idx], c["transform"]), batch_size=p.batch_size, shuffle=True
-        )
-        model.train()
-        for _ in range(p.local_epochs):
-            for v1, v2 in loader:
-                loss = c["loss"](model, v1, v2)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+        peer = this_module()  # imports torch, which to_torch_state_dict needs loaded
+        weights = msg.content["arrays"].to_torch_state_dict()
+        pid, lr = int(context.node_config["partition-id"]), float(msg.content["config"]["lr"])
+        out, n, loss = peer.train_client(weights, pid, lr, images, clients)
         reply = {
-            "arrays": ArrayRecord(model.state_dict()),
-            "metrics": MetricRecord({"loss": loss.item(), "num-examples": len(idx)}),
+            "arrays": ArrayRecord(out),
+            "metrics": MetricRecord({"loss": loss, "num-examples": n}),
         }
         return Message(RecordDict(reply), reply_to=msg)
 
@@ -137,14 +230,14 @@ def run_flower(clients: int, images: int, rounds: int) -> dict:
         strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=clients)
 
         def stamp(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-            stamps.append(time.perf_counter())
+            stamps.append(time.time())
             return MetricRecord({})
 
         strategy.start(
             grid,
             ArrayRecord(new_model().state_dict()),
             num_rounds=rounds,
-            train_config=ConfigRecord({"lr": p.lr}),
+            train_config=ConfigRecord({"lr": method().lr}),
             evaluate_fn=stamp,
         )
 
@@ -152,14 +245,19 @@ def run_flower(clients: int, images: int, rounds: int) -> dict:
         server,
         client,
         num_supernodes=clients,
-        backend_config={
-            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {"num_cpus": 1, "include_dashboard": False},
-        },
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": RAY},
     )
+    return flower_result(stamps, rounds)
+
+
+def flower_result(stamps: list[float], rounds: int) -> dict:
+    """The rounds' ends (and the start of the first): the sampler reads the CPU at each."""
     if len(stamps) != rounds + 1:
         raise RuntimeError(f"Flower ran {len(stamps) - 1} of {rounds} rounds (see its log above)")
-    return {"seconds": np.diff(stamps).round(3).tolist(), "precision": "fp32"}
+    return {"stamps": stamps, "precision": "fp32"}
+
+
+SIDES = {"ours": None, "start_simulation": run_flower_legacy, "run_simulation": run_flower}
 
 
 # ----------------------------------------------------------------------------- the parent
@@ -170,6 +268,7 @@ class TreeSampler(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.every = psutil.Process(pid), every
         self.peak_mb, self.cpu = 0.0, {}
+        self.series: list[tuple[float, float]] = []  # (time, the tree's CPU seconds so far)
         self.done = threading.Event()
 
     def sample(self) -> None:
@@ -187,19 +286,43 @@ class TreeSampler(threading.Thread):
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         self.peak_mb = max(self.peak_mb, total / 2**20)
+        self.series.append((time.time(), sum(self.cpu.values())))
+
+    def cpu_at(self, t: float) -> float:
+        """The tree's CPU seconds at time ``t``, between the samples around it."""
+        times, cpus = zip(*self.series)
+        return float(np.interp(t, times, cpus))
 
     def run(self) -> None:
         while not self.done.wait(self.every):
             self.sample()
 
 
+def pin(cpus: set[int]) -> None:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+
+
 def measure(side: str, clients: int, args) -> dict:
+    """One run in a process tree of its own, pinned to the last CPU; this process (the
+    sampler) stays on the others."""
     cmd = [sys.executable, __file__, "--side", side, "--clients", str(clients)]
     cmd += ["--images", str(args.images), "--rounds", str(args.rounds)]
     cmd += ["--precision", args.precision]
+    measured = {max(os.sched_getaffinity(0))} if hasattr(os, "sched_getaffinity") else set()
+    path = os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "FEDSSL_THREADS": "1"}
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
-        sampler = TreeSampler(proc.pid)
+        own = time.process_time()
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=(lambda: pin(measured)) if measured else None,
+        )
+        sampler = TreeSampler(proc.pid, every=0.5)
         sampler.start()
         start = time.perf_counter()
         _, err = proc.communicate()
@@ -210,14 +333,15 @@ def measure(side: str, clients: int, args) -> dict:
             raise RuntimeError(f"{side} at {clients} clients failed:\n{err[-4000:]}")
         out.seek(0)
         result = json.loads(out.read().strip().splitlines()[-1])
-    later = result["seconds"][1:] or result["seconds"]
+    round_cpu = np.diff([sampler.cpu_at(t) for t in result["stamps"]])
+    later = round_cpu[1:] if len(round_cpu) > 1 else round_cpu
     return {
         **result,
-        "round_s": statistics.median(later),
-        "img_s": args.images * method().local_epochs / statistics.median(later),
+        "cpu_round": float(statistics.median(later)),
         "peak_mb": sampler.peak_mb,
         "cpu_s": sum(sampler.cpu.values()),
         "wall_s": wall,
+        "sampler_cpu_s": time.process_time() - own,
     }
 
 
@@ -226,15 +350,10 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
     ap.add_argument("--images", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=3, help="runs of each side, in turns")
     ap.add_argument("--precision", default="auto", help="our side's precision policy")
-    ap.add_argument(
-        "--sides",
-        nargs="+",
-        choices=["ours", "flower"],
-        default=["ours", "flower"],
-        help="which sides to run (ours alone: e.g. again in fp32 with --precision fp32)",
-    )
-    ap.add_argument("--side", choices=["ours", "flower"], help=argparse.SUPPRESS)  # the child
+    ap.add_argument("--sides", nargs="+", choices=list(SIDES), default=list(SIDES))
+    ap.add_argument("--side", choices=list(SIDES), help=argparse.SUPPRESS)  # the child
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.side:
@@ -242,33 +361,45 @@ def main() -> None:
         if args.side == "ours":
             result = run_ours(n, args.images, args.rounds, args.precision)
         else:
-            result = run_flower(n, args.images, args.rounds)
+            result = SIDES[args.side](n, args.images, args.rounds)
         print(json.dumps(result))
         return
+    measured = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    if measured is not None and len(os.sched_getaffinity(0)) > 1:
+        pin(os.sched_getaffinity(0) - {measured})
     print(
-        f"FedSimCLR ({PRESET}), {args.images} images, {args.rounds} rounds, one thread; median "
-        "round after the first; peak = the process tree's PSS; CPU = the whole run's",
+        f"FedSimCLR ({PRESET}), {args.images} images, {args.rounds} rounds, one thread, the "
+        f"measured tree on CPU {measured}; CPU s/round: median after the first; peak = the "
+        f"tree's PSS; {cpu_summary()}; load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
-    print("| clients | side | precision | s/round | img/s | peak MB | CPU s | wall s |")
+    print("| clients | side | precision | CPU s/round | CPU s run | peak MB | wall s | sampler s |")
     print("|---|---|---|---|---|---|---|---|")
     for n in args.clients:
-        runs = {side: measure(side, n, args) for side in args.sides}
-        for side, r in runs.items():
+        runs = {side: [] for side in args.sides}
+        for _ in range(args.pairs):
+            for side in args.sides:
+                r = measure(side, n, args)
+                runs[side].append(r)
+                print(
+                    f"| {n} | {side} | {r['precision']} | {r['cpu_round']:.2f} | "
+                    f"{r['cpu_s']:.0f} | {r['peak_mb']:.0f} | {r['wall_s']:.0f} | "
+                    f"{r['sampler_cpu_s']:.1f} |",
+                    flush=True,
+                )
+        med = {
+            side: {k: statistics.median(r[k] for r in rs) for k in ("cpu_round", "peak_mb")}
+            for side, rs in runs.items()
+        }
+        for side in [s for s in args.sides if s != "ours" and "ours" in med]:
             print(
-                f"| {n} | {side.replace('flower', 'Flower')} | {r['precision']} | "
-                f"{r['round_s']:.2f} | {r['img_s']:.0f} | "
-                f"{r['peak_mb']:.0f} | {r['cpu_s']:.0f} | {r['wall_s']:.0f} |"
+                f"{n} clients, {side} / ours (medians of {args.pairs}): CPU a round "
+                f"{med[side]['cpu_round'] / med['ours']['cpu_round']:.2f}x "
+                f"({med[side]['cpu_round']:.1f} / {med['ours']['cpu_round']:.1f} s), peak memory "
+                f"{med[side]['peak_mb']:.0f} / {med['ours']['peak_mb']:.0f} MB; load average "
+                f"{os.getloadavg()[0]:.1f}",
+                flush=True,
             )
-        if len(runs) < 2:
-            continue
-        ours, flower = runs["ours"], runs["flower"]
-        print(
-            f"| {n} | Flower / ours | | {flower['round_s'] / ours['round_s']:.2f} | | "
-            f"{flower['peak_mb'] / ours['peak_mb']:.2f} | {flower['cpu_s'] / ours['cpu_s']:.2f} "
-            f"| {flower['wall_s'] / ours['wall_s']:.2f} |",
-            flush=True,
-        )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedssl import precision
+from fedssl.hardware import cpu_summary
 from fedssl.presets import Presets
 from fedssl.stage import bound_kernel_cache
 
@@ -62,12 +63,12 @@ def method_params(experiment: str):
 
 def simclr_cnn():
     """The default pipeline's step: FedSimCLR's BN CNN on 2 x 128 views, NT-Xent."""
-    from fedssl.methods.fedsimclr import simclr_loss
+    from fedssl.methods.federated import trainer_loss
     from fedssl.models.encoders import seeded_contrastive_model
 
     p = method_params("fmnist_fedsimclr")
     build = lambda: seeded_contrastive_model(p.model, SHAPE, p.seed, torch.device("cpu"))  # noqa: E731
-    return build, simclr_loss(p.temperature), batch_of(views(p.batch_size))
+    return build, trainer_loss(p), batch_of(views(p.batch_size))
 
 
 def mfcl_autoencoder():
@@ -220,9 +221,11 @@ MATMUL_FLOPS = 2 * MATMUL_SIZE**3
 
 
 def matmul_contenders() -> dict:
-    """fp32 / bf16 -> one square matmul (warmed up): the machine's measured peak."""
+    """fp32 / bf16 -> one square matmul (warmed up): the machine's measured peak; fp32 alone on
+    a CPU that emulates bf16 (one emulated 2048^2 product takes minutes there)."""
     out = {}
-    for label, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    dtypes = (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    for label, dt in dtypes if precision.native_bf16("cpu") else dtypes[:1]:
         a, b = (torch.randn(MATMUL_SIZE, MATMUL_SIZE).to(dt) for _ in range(2))
         a @ b
         out[label] = lambda a=a, b=b: a @ b
@@ -235,6 +238,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2, help="steps per timed repeat")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default one core)")
     ap.add_argument("--only", nargs="*", default=None, choices=list(SCENARIOS))
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per scenario at most")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     bound_kernel_cache()  # as every stage does
@@ -243,17 +247,25 @@ def main():
         print(json.dumps(run_scenario(args.child, args.repeats, args.steps)))
         return
     print(
-        f"cpu, {args.threads} thread(s); native bf16: {precision.native_bf16('cpu')}, the "
-        f"policy (auto) computes in {precision.resolved('cpu', 'auto')}; medians of "
-        f"{args.repeats} interleaved repeats; the peak is a {MATMUL_SIZE}^2 matmul timed in "
-        f"the same turns",
+        f"{cpu_summary()}; {args.threads} thread(s); the policy (auto) computes in "
+        f"{precision.resolved('cpu', 'auto')}; medians of {args.repeats} interleaved repeats; "
+        f"the peak is a {MATMUL_SIZE}^2 matmul timed in the same turns",
         flush=True,
     )
+    if not precision.native_bf16("cpu"):
+        print("no native bf16 on this CPU: its emulated bf16 is not timed (fp32 peak only)")
     for name in args.only or SCENARIOS:
         cmd = [sys.executable, __file__, "--child", name, "--repeats", str(args.repeats)]
         cmd += ["--steps", str(args.steps), "--threads", str(args.threads)]
-        r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-        print(report_line(r), flush=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{name}: stopped after {args.timeout:.0f} s (--timeout)", flush=True)
+            continue
+        if proc.returncode:
+            print(f"{name}: failed: {proc.stderr.strip().splitlines()[-1:]}", flush=True)
+            continue
+        print(report_line(json.loads(proc.stdout)), flush=True)
 
 
 def report_line(r: dict) -> str:

@@ -16,6 +16,7 @@ import time
 import torch
 
 from fedssl.models.norms import TwinNorm
+from fedssl.stage import set_threads
 
 
 def direct_twin_norm(x, groups, weight, bias, eps=1e-5):
@@ -44,6 +45,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(ap.parse_args().device)
+    set_threads()  # as a stage: FEDSSL_THREADS, one thread unless set
     # MFCL client-module shapes: smoke (F-MNIST, width 16/32, K=32) and paper (CIFAR, 64, K=64)
     for shape, per_group in [((64, 16, 28, 28), 8), ((64, 32, 28, 28), 8), ((128, 64, 32, 32), 16)]:
         layer = TwinNorm(shape[1], per_group).to(device)

@@ -6,7 +6,7 @@ the probes' and the personalised evaluation's accuracies, the per-client traffic
 time, the machine), groups the runs that differ only in their seed, and writes into the
 report's folder:
 
-- ``board.md`` (and ``board_tables.md``, its tables alone, for the README): one table per
+- ``board.md`` (and ``board_tables.md``, its tables alone, for the docs): one table per
   evaluation (self-supervised methods by their probes,
   personalised methods by each client's model on its own test split), a line per method,
   encoder and partition, mean ± SD over seeds, the costs beside;
@@ -20,7 +20,7 @@ The budget rule that sets each method's rounds (:func:`rounds_within`) lives her
 the table of per-round times it was applied to (``python -m fedssl.board budget``).
 
 ``python -m fedssl.board render PIPELINE`` (``make benchmark`` runs it after the pipeline);
-``python -m fedssl.board readme`` refills the README's ``<!-- board: PIPELINE -->`` block.
+``fedssl docs`` refills the docs' ``<!-- board: PIPELINE -->`` blocks from it.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from fedssl import stats
 from fedssl.plan.layout import owner_of, report_dir
-from fedssl.report_format import markdown_table, mean_sd, number, save_figure, sd_note, to_float
+from fedssl.report_format import markdown_table, mean_sd, number, sd_note, to_float
 
 SD = "sample"
 # The stages' run records the board keeps beside itself (committed, so that the wall times
@@ -44,8 +45,9 @@ SD = "sample"
 # and what the caption says of its machine (:func:`hardware`), one stage a line.
 RUNS_FILE = "stage_runs.json"
 MACHINE_KEYS = ("host", "cpu_count", "gpu", "torch", "torch_threads", "FEDSSL_THREADS")
-# The evaluations the board has a table for: name -> (heading, its accuracy columns: row key
-# -> header). A run belongs to the first evaluation whose first column it has.
+# The evaluations the board has a table for: name -> (heading, its accuracy columns: board
+# column -> header). A run belongs to the first evaluation it has a column of; a line's first
+# column it has is its accuracy (the one compared, plotted and ranked).
 EVALUATIONS = {
     "ssl": (
         "Self-supervised and supervised encoders, probed (top-1 %)",
@@ -53,52 +55,85 @@ EVALUATIONS = {
     ),
     "personal": (
         "Personalised and clustered methods (top-1 %, each client's model on its own test split)",
-        {"personal_top1": "personal"},
+        {"personal_last": "personal", "personal_top1": "last round"},
     ),
 }
-# The costs beside the accuracies: row key -> header. Per client, averaged over clients, then
-# over seeds. `wall_s` comes from the run records, the others from the report's rows.
+# The costs beside the accuracies: board column -> header. Per client, averaged over clients,
+# then over seeds. `client_MB` is every byte a client sent or received (the costs stage's
+# ledger total, one-shot transfers included: MFCL's representation upload), `wall_s` comes
+# from the run records.
 COSTS = {
-    "client_MB_up": "MB up / client",
-    "client_MB_down": "MB down / client",
+    "client_MB": "MB / client",
     "beta_GFLOPs": "GFLOPs / client",
     "peak_step_MB": "peak MB / client",
     "rounds": "rounds",
     "wall_s": "wall s",
 }
+# personal_lastK: the clients' mean personalised accuracy averaged over the last K rounds
+LAST_ROUNDS = re.compile(r"^personal_last(\d+)$")
+SEED = re.compile(r"_s(?:eed)?(\d+)$")
+# Per-round accuracies a round log may hold, by evaluation (the k-NN monitor, the clients'
+# mean personalised accuracy), for the curves and the rounds to a target.
+ROUND_ACCURACY = {"ssl": "knn_monitor", "personal": "personal_acc"}
+TARGET_MARGIN = 3.0  # SSL target: the untrained network's round-0 monitor accuracy + 3 points
 
 
 # ------------------------------------------------------------------ the cells
-def evaluation_of(row: dict) -> str | None:
+def client_mb(row: dict) -> float | None:
+    """Every byte the average client sent or received, in MB: the costs stage's ledger total
+    (``client_MB_sent``, one-shot transfers included), else the rounds' up + down."""
+    total = to_float(row.get("client_MB_sent"))
+    if total is not None:
+        return total
+    up, down = to_float(row.get("client_MB_up")), to_float(row.get("client_MB_down"))
+    return None if up is None and down is None else (up or 0.0) + (down or 0.0)
+
+
+def board_values(row: dict, wall: dict[str, float]) -> dict[str, float]:
+    """A report row's numbers in the board's columns (blanks left out)."""
+    values = {k: to_float(row.get(k)) for k in (*EVALUATIONS["ssl"][1], "personal_top1")}
+    last = [k for k in row if LAST_ROUNDS.match(k)]
+    values["personal_last"] = to_float(row[last[0]]) if last else None
+    values |= {k: to_float(row.get(k)) for k in COSTS if k not in ("client_MB", "wall_s")}
+    values |= {"client_MB": client_mb(row), "wall_s": wall.get(row["experiment"])}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def evaluation_of(values: dict) -> str | None:
     """The board table a run belongs to (None: it has none of the board's accuracies)."""
-    for name, (_, columns) in EVALUATIONS.items():
-        if to_float(row.get(next(iter(columns)))) is not None:
-            return name
-    return None
+    return next((e for e, (_, cols) in EVALUATIONS.items() if any(c in values for c in cols)), None)
+
+
+def seed_of(experiment: str) -> str:
+    """The seed an experiment's name ends with (``_s2``, ``_seed2``), else its name."""
+    m = SEED.search(experiment)
+    return m.group(1) if m else experiment
 
 
 def cells(rows: Iterable[dict], wall: dict[str, float]) -> list[dict]:
     """The board's lines: the runs grouped by evaluation, method (the report's row label),
     encoder and partition (its column), in the order they first appear. Each line holds
     the runs' values of every accuracy and cost column (a list per column, missing ones left
-    out), ``wall_s`` from ``wall`` (experiment -> seconds) and the number of runs."""
+    out; ``by_seed``: seed -> value), the runs' experiments, and the last rounds its
+    personalised accuracy averages (``last_rounds``)."""
     out: dict[tuple, dict] = {}
     for row in rows:
-        evaluation = evaluation_of(row)
+        values = board_values(row, wall)
+        evaluation = evaluation_of(values)
         if evaluation is None:
             continue
         key = (evaluation, row["row"], row.get("arch", ""), row["column"])
         cell = out.setdefault(
             key,
             {"evaluation": evaluation, "method": key[1], "encoder": key[2], "partition": key[3]}
-            | {"runs": 0, "values": {}},
+            | {"runs": 0, "values": {}, "by_seed": {}, "experiments": [], "last_rounds": set()},
         )
         cell["runs"] += 1
-        values = {**row, "wall_s": wall.get(row["experiment"])}
-        for column in [*EVALUATIONS[evaluation][1], *COSTS]:
-            v = to_float(values.get(column))
-            if v is not None:
-                cell["values"].setdefault(column, []).append(v)
+        cell["experiments"].append(row["experiment"])
+        cell["last_rounds"] |= {int(LAST_ROUNDS.match(k)[1]) for k in row if LAST_ROUNDS.match(k)}
+        for column, v in values.items():
+            cell["values"].setdefault(column, []).append(v)
+            cell["by_seed"].setdefault(column, {})[seed_of(row["experiment"])] = v
     return list(out.values())
 
 
@@ -107,9 +142,72 @@ def cell_key(cell: dict) -> str:
     return " | ".join(p for p in (cell["method"], cell["encoder"], cell["partition"]) if p)
 
 
+def accuracy_of(cell: dict) -> str | None:
+    """The line's accuracy column: the first of its evaluation's that it has."""
+    return next((c for c in EVALUATIONS[cell["evaluation"]][1] if c in cell["values"]), None)
+
+
+def is_reference(cell: dict) -> bool:
+    """A line that exchanges nothing: the untrained network (random init) of an encoder, or
+    the clients training alone (SOLO). Every other line of its encoder is read against it."""
+    return cell["values"].get("client_MB", [None]) and not any(cell["values"]["client_MB"])
+
+
+# ------------------------------------------------------------------ confidence
+def compare_lines(cell_list: list[dict]) -> None:
+    """For each evaluation and partition, every line against the best (the highest mean
+    accuracy) and against its reference (:func:`is_reference`, same encoder): the paired
+    t-test over seeds (:func:`fedssl.stats.compare`), Holm-corrected over the partition's
+    comparisons of each kind, into ``cell["vs_best"]`` / ``cell["vs_reference"]``."""
+    groups: dict[tuple, list[dict]] = {}
+    for cell in cell_list:
+        if accuracy_of(cell):
+            groups.setdefault((cell["evaluation"], cell["partition"]), []).append(cell)
+    for mine in groups.values():
+        best = max(mine, key=lambda c: statistics.mean(c["values"][accuracy_of(c)]))
+        best["vs_best"] = {"verdict": "best"}
+        others = [c for c in mine if c is not best]
+        _verdicts(others, [best] * len(others), "vs_best")
+        refs = {c["encoder"]: c for c in mine if is_reference(c)}
+        trained = [c for c in mine if not is_reference(c) and c["encoder"] in refs]
+        _verdicts(trained, [refs[c["encoder"]] for c in trained], "vs_reference")
+
+
+def _verdicts(cells_: list[dict], against: list[dict], name: str) -> None:
+    found = [
+        stats.compare(c["by_seed"][accuracy_of(c)], o["by_seed"].get(accuracy_of(c), {}))
+        for c, o in zip(cells_, against)
+    ]
+    for cell, other, comparison, p in zip(cells_, against, found, stats.holm([f.p for f in found])):
+        verdict = "untested" if p is None else "separable" if p < stats.ALPHA else "not separable"
+        cell[name] = {
+            "against": other["method"],
+            "difference": round(comparison.difference, 4),
+            "p": None if comparison.p is None else round(comparison.p, 4),
+            "p_holm": None if p is None else round(p, 4),
+            "test": comparison.test,
+            "verdict": verdict,
+        }
+
+
+def verdict_text(v: dict | None) -> str:
+    """A comparison as a table cell: "best", "−3.1 (p 0.004)" or "−0.4 not separable (p 0.6)"
+    (the difference in points, the Holm-adjusted p-value)."""
+    if not v:
+        return ""
+    if v["verdict"] == "best":
+        return "best"
+    diff = f"{v['difference']:+.1f}".replace("-", "−")
+    if v["verdict"] == "untested":
+        return f"{diff} (n < 2)"
+    words = " not separable" if v["verdict"] == "not separable" else ""
+    p = "p < 0.001" if v["p_holm"] < 0.001 else f"p {v['p_holm']:.2g}"
+    return f"{diff}{words} ({p})"
+
+
 def metrics(cell_list: list[dict]) -> dict:
     """board.json's numbers: per line, the mean and SD of every column (SD only over two
-    runs or more), and the runs."""
+    runs or more), its accuracy's 95 % interval, its comparisons, and the runs."""
     spread = statistics.stdev if SD == "sample" else statistics.pstdev
     out = {}
     for cell in cell_list:
@@ -118,8 +216,92 @@ def metrics(cell_list: list[dict]) -> dict:
             numbers[f"{column}_mean"] = round(statistics.mean(values), 4)
             if len(values) > 1:
                 numbers[f"{column}_sd"] = round(spread(values), 4)
+        accuracy = accuracy_of(cell)
+        ci = stats.interval(cell["values"][accuracy]) if accuracy else None
+        if ci:
+            numbers[f"{accuracy}_ci95"] = [round(ci[0], 4), round(ci[1], 4)]
+        for name in ("vs_best", "vs_reference", "to_target"):
+            if cell.get(name):
+                numbers[name] = cell[name]
         out[cell_key(cell)] = numbers
     return out
+
+
+# ------------------------------------------------------------------ accuracy over the run
+def run_curves(cell: dict, logs: dict[str, list[dict]]) -> list[list[tuple]]:
+    """Per run of a line, its per-round accuracy (:data:`ROUND_ACCURACY`) as (round, accuracy,
+    MB, GFLOPs): the MB a client had exchanged by that round (the run's ledger total shared
+    out over the rounds as its round log's bytes are) and its GFLOPs (the total, linear in
+    the rounds); empty for a run whose log has none."""
+    key = ROUND_ACCURACY[cell["evaluation"]]
+    out = []
+    for i, exp in enumerate(cell["experiments"]):
+        rows = logs.get(exp, [])
+        traffic = [
+            (to_float(r.get("bytes_up")) or 0) + (to_float(r.get("bytes_down")) or 0) for r in rows
+        ]
+        total_mb = _nth(cell["values"].get("client_MB"), i)
+        gflops = _nth(cell["values"].get("beta_GFLOPs"), i)
+        sent, points = 0.0, []
+        for r, b in zip(rows, traffic):
+            sent += b
+            acc = to_float(r.get(key))
+            if acc is None:
+                continue
+            rnd = int(r["round"])
+            mb = total_mb * sent / sum(traffic) if total_mb and sum(traffic) else None
+            points.append((rnd, acc, mb, gflops * rnd / len(rows) if gflops else None))
+        out.append(points)
+    return out
+
+
+def _nth(values, i):
+    return values[i] if values and i < len(values) else None
+
+
+def targets_of(cell: dict, refs: dict, logs: dict[str, list[dict]]) -> list[float | None]:
+    """Per run of a line, the accuracy it should reach: for a personalised line its
+    reference's (SOLO's) mean, for a self-supervised one its own network's round-0 k-NN
+    monitor accuracy (the untrained twin, logged as ``knn_monitor_round0``) +
+    :data:`TARGET_MARGIN`; None where there is none."""
+    if cell["evaluation"] == "personal":
+        ref = refs.get(("personal", cell["encoder"], cell["partition"]))
+        mean = statistics.mean(ref["values"][accuracy_of(ref)]) if ref else None
+        return [mean] * len(cell["experiments"])
+    starts = [
+        to_float((logs.get(e) or [{}])[0].get("knn_monitor_round0")) for e in cell["experiments"]
+    ]
+    return [None if s is None else s + TARGET_MARGIN for s in starts]
+
+
+def rounds_to_target(cell_list: list[dict], logs: dict[str, list[dict]]) -> None:
+    """The rounds, MB and GFLOPs a line takes to first reach its target (:func:`targets_of`),
+    each the median over its runs (a run that never does counts as never), with how many
+    runs reached it; into ``cell["to_target"]``."""
+    refs = {
+        (c["evaluation"], c["encoder"], c["partition"]): c for c in cell_list if is_reference(c)
+    }
+    for cell in cell_list:
+        curves, targets = run_curves(cell, logs), targets_of(cell, refs, logs)
+        if is_reference(cell) or not any(curves) or all(t is None for t in targets):
+            continue
+        hits = [
+            next((p for p in points if p[1] >= target), None) if target is not None else None
+            for points, target in zip(curves, targets)
+        ]
+
+        def median(j: int) -> float | None:
+            m = statistics.median(math.inf if h is None or h[j] is None else h[j] for h in hits)
+            return None if math.isinf(m) else round(m, 4)
+
+        cell["to_target"] = {
+            "target": round(statistics.mean(t for t in targets if t is not None), 2),
+            "reached": sum(h is not None for h in hits),
+            "of": len(hits),
+            "rounds": median(0),
+            "MB": median(2),
+            "GFLOPs": median(3),
+        }
 
 
 # ------------------------------------------------------------------ the tables
@@ -137,30 +319,116 @@ def hardware(records: Iterable[dict]) -> str:
     return "; ".join(seen) or "no run records"
 
 
+def _interval_text(values: list[float]) -> str:
+    ci = stats.interval(values)
+    return f"[{ci[0]:.1f}, {ci[1]:.1f}]" if ci else ""
+
+
+def _target_text(cell: dict) -> list[str]:
+    t = cell.get("to_target")
+    if not t:
+        return ["", ""]
+    if t["rounds"] is None:
+        return [f"not reached ({t['reached']}/{t['of']})", ""]
+    return [f"{t['rounds']:g}", number(t["MB"], ".3g")]
+
+
 def table(evaluation: str, cell_list: list[dict], machine: str) -> str:
-    """One evaluation's table: a line per method, encoder and partition; accuracies as
-    mean ± SD over seeds, the costs as means."""
+    """One evaluation's table: a line per method, encoder and partition; its accuracy as
+    mean ± SD over seeds with its 95 % interval and its comparisons (with the best line of
+    its partition, with its reference), its other accuracies, then the costs as means and,
+    where its runs log accuracy per round, the rounds and MB to the target."""
     heading, accuracies = EVALUATIONS[evaluation]
     mine = [c for c in cell_list if c["evaluation"] == evaluation]
     shown = [c for c in accuracies if any(c in cell["values"] for cell in mine)]
     costs = [c for c in COSTS if any(c in cell["values"] for cell in mine)]
+    targets = any(c.get("to_target") for c in mine)
     lines = []
     for cell in mine:
-        v = cell["values"]
+        v, first = cell["values"], accuracy_of(cell)
         lines.append(
             [cell["method"], cell["encoder"], cell["partition"], str(cell["runs"])]
-            + [mean_sd(v.get(c, []), SD, ".1f") for c in shown]
+            + [mean_sd(v.get(shown[0], []), SD, ".1f"), _interval_text(v.get(first, []))]
+            + [verdict_text(cell.get("vs_best")), verdict_text(cell.get("vs_reference"))]
+            + [mean_sd(v.get(c, []), SD, ".1f") for c in shown[1:]]
             + [number(statistics.mean(v[c]), ".4g") if c in v else "" for c in costs]
+            + (_target_text(cell) if targets else [])
         )
+    last = sorted({k for c in mine for k in c["last_rounds"]})
+    words = ""
+    if evaluation == "personal" and last:
+        k = "/".join(map(str, last))
+        words = f"; personal = the clients' mean accuracy averaged over the last {k} rounds"
     caption = (
-        f"{heading}: {sd_note(SD, 'seeds')} (n = the runs column); costs are means per "
-        f"client and run (blank: the method has no costs stage); wall s = the run's own "
+        f"{heading}: {sd_note(SD, 'seeds')} (n = the runs column) and its 95 % interval "
+        f"(Student's t){words}; vs best / vs reference: the difference in points from the "
+        "partition's best line / from the line of the same encoder that exchanges nothing "
+        "(the untrained network; SOLO), a paired t-test over seeds, p Holm-adjusted over the "
+        "partition's comparisons, 'not separable' at p ≥ 0.05; MB / client = every byte a "
+        "client sent or received (the ledger, one-shot transfers included); costs are means "
+        "per client and run (blank: the method has no costs stage); wall s = the run's own "
         f"stages (a stage shared by several runs counts in each); hardware: {machine}"
     )
-    header = ["method", "encoder", "partition", "runs"]
-    return markdown_table(
-        header + [accuracies[c] for c in shown] + [COSTS[c] for c in costs], lines, caption
+    header = ["method", "encoder", "partition", "runs", accuracies[shown[0]], "95 % CI"]
+    header += ["vs best", "vs reference"] + [accuracies[c] for c in shown[1:]]
+    header += [COSTS[c] for c in costs] + (["rounds to target", "MB to target"] if targets else [])
+    return markdown_table(header, lines, caption)
+
+
+def significance_text(cell_list: list[dict]) -> str:
+    """The comparisons in words, per evaluation and partition: the best line, the lines
+    separable from it and those not, and which lines beat their reference."""
+    parts = []
+    for evaluation, (heading, accuracies) in EVALUATIONS.items():
+        by_partition: dict[str, list[dict]] = {}
+        for c in cell_list:
+            if c["evaluation"] == evaluation and c.get("vs_best"):
+                by_partition.setdefault(c["partition"], []).append(c)
+        for partition, mine in by_partition.items():
+            best = next(c for c in mine if c["vs_best"]["verdict"] == "best")
+            acc = accuracy_of(best)
+            tied = [c["method"] for c in mine if c["vs_best"]["verdict"] == "not separable"]
+            below = [c["method"] for c in mine if c["vs_best"]["verdict"] == "separable"]
+            untested = [c["method"] for c in mine if c["vs_best"]["verdict"] == "untested"]
+            ref = [c for c in mine if c.get("vs_reference")]
+            above = [
+                c["method"]
+                for c in ref
+                if c["vs_reference"]["verdict"] == "separable"
+                and c["vs_reference"]["difference"] > 0
+            ]
+            under = [
+                c["method"]
+                for c in ref
+                if c["vs_reference"]["verdict"] == "separable"
+                and c["vs_reference"]["difference"] < 0
+            ]
+            level = [c["method"] for c in ref if c["vs_reference"]["verdict"] == "not separable"]
+            text = (
+                f"- **{partition}**, {accuracies[acc]}: best **{best['method']}** "
+                f"({statistics.mean(best['values'][acc]):.1f}); not separable from it: "
+                f"{', '.join(tied) or 'none'}; below it: {', '.join(below) or 'none'}"
+                + (f"; untested (one run): {', '.join(untested)}" if untested else "")
+            )
+            if ref:
+                text += (
+                    f". Against the reference of their encoder: above {_names(above)}; "
+                    f"not separable {_names(level)}; below {_names(under)}"
+                )
+            parts.append(text + ".")
+        if by_partition:
+            parts.insert(len(parts) - len(by_partition), f"\n*{heading}*\n")
+    if not parts:
+        return ""
+    return (
+        "**Which differences are significant** (paired t-test over seeds, Holm-adjusted per "
+        "partition, α = 0.05; with 3 seeds a difference must be large and steady to "
+        "separate):\n" + "\n".join(parts) + "\n"
     )
+
+
+def _names(methods: list[str]) -> str:
+    return ", ".join(methods) or "none"
 
 
 def tables_text(
@@ -170,10 +438,10 @@ def tables_text(
     pending: list[str] = (),
     failed: list[dict] = (),
 ) -> str:
-    """The board's tables and its total wall time (``board_tables.md``, which the README's
-    block copies); a board made part by part says how many runs are still to come, and a
-    run that stopped with an error (a diverged loss) is named with it: its line has one run
-    fewer, and the reader should know why."""
+    """The board's tables, what is significant, and its total wall time
+    (``board_tables.md``, which the docs' block copies); a board made part by part says
+    how many runs are still to come, and a run that stopped with an error (a diverged loss)
+    is named with it: its line has one run fewer, and the reader should know why."""
     parts = []
     if pending:
         parts.append(f"*Partial board: {len(pending)} runs not made yet (named in report.md).*\n")
@@ -188,68 +456,127 @@ def tables_text(
         for evaluation, (heading, _) in EVALUATIONS.items()
         if any(c["evaluation"] == evaluation for c in cell_list)
     ]
+    parts.append(significance_text(cell_list))
     return (
-        "\n".join(parts)
+        "\n".join(p for p in parts if p)
         + f"\nTotal wall time of the pipeline's stages: {total_wall / 3600:.2f} h.\n"
     )
 
 
-def render(pipeline: str, tables: str) -> str:
+FIGURES = {
+    "board_accuracy_vs_MB.png": "accuracy against every byte a client exchanged",
+    "board_accuracy_vs_GFLOPs.png": "accuracy against client GFLOPs",
+    "board_accuracy_over_run.png": "accuracy over the run (rounds, MB, GFLOPs)",
+    "curves.png": "per-round curves of every run (the report's)",
+}
+
+
+def render(pipeline: str, tables: str, figures: Iterable[str] = FIGURES) -> str:
     """board.md's text: the tables and the figures."""
-    return (
-        f"# Benchmark board: pipeline `{pipeline}`\n\n{tables}\n"
-        "![accuracy against communication](board_accuracy_vs_MB.png)\n"
-        "![accuracy against client FLOPs](board_accuracy_vs_GFLOPs.png)\n"
-        "![per-round curves](curves.png)\n"
-    )
+    shown = "".join(f"![{FIGURES[f]}]({f})\n" for f in FIGURES if f in figures)
+    return f"# Benchmark board: pipeline `{pipeline}`\n\n{tables}\n{shown}"
 
 
-def plot(cell_list: list[dict], costs: tuple[str, ...], label: str, path: Path) -> None:
-    """Accuracy (the line's first accuracy column: linear probe or personalised) against a
-    cost (the sum of the means of ``costs``), one point per line with its SD over seeds as
-    the error bar, a panel per evaluation and a marker per partition."""
-    import matplotlib
+def panel_of(cell: dict) -> str:
+    """A line's panel in the board's figures: its partition and evaluation."""
+    kind = "personalised" if cell["evaluation"] == "personal" else "encoders"
+    return f"{cell['partition']} · {kind}"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    evaluations = [e for e in EVALUATIONS if any(c["evaluation"] == e for c in cell_list)]
-    fig, axes = plt.subplots(
-        1, max(1, len(evaluations)), figsize=(7 * max(1, len(evaluations)), 5), squeeze=False
-    )
-    partitions = list(dict.fromkeys(c["partition"] for c in cell_list))
-    markers = dict(zip(partitions, "osD^v<>p*"))
-    for ax, evaluation in zip(axes[0], evaluations):
-        heading, accuracies = EVALUATIONS[evaluation]
-        accuracy = next(iter(accuracies))
-        for cell in (c for c in cell_list if c["evaluation"] == evaluation):
-            ys = cell["values"].get(accuracy)
-            xs = [statistics.mean(cell["values"][c]) for c in costs if c in cell["values"]]
-            if not ys or len(xs) < len(costs):
-                continue
-            sd = statistics.stdev(ys) if len(ys) > 1 else 0.0
-            ax.errorbar(
-                sum(xs),
-                statistics.mean(ys),
-                yerr=sd,
-                marker=markers.get(cell["partition"], "o"),
-                capsize=3,
-                linestyle="none",
+def plot(cell_list: list[dict], cost: str, label: str, path: Path) -> None:
+    """Accuracy (the line's :func:`accuracy_of`) against a cost, one panel per evaluation and
+    partition: a point per line with its SD over seeds, the Pareto front labelled, the lines
+    that exchange nothing (or cost nothing) as dotted levels
+    (:func:`fedssl.figures.accuracy_vs_cost`)."""
+    from fedssl.figures import accuracy_vs_cost
+
+    panels, references, ylabels = {}, {}, {}
+    for cell in cell_list:
+        accuracy = accuracy_of(cell)
+        if not accuracy:
+            continue
+        name = panel_of(cell)
+        ys, xs = cell["values"][accuracy], cell["values"].get(cost)
+        ylabels[name] = f"{EVALUATIONS[cell['evaluation']][1][accuracy]} top-1 %"
+        y = statistics.mean(ys)
+        if not xs or statistics.mean(xs) <= 0:
+            references.setdefault(name, []).append(
+                {"label": f"{cell['method']} ({cell['encoder']}, 0)", "y": y}
             )
-            ax.annotate(cell["method"], (sum(xs), statistics.mean(ys)), fontsize=6)
-        ax.set_xscale("symlog")
-        ax.set_xlabel(label)
-        ax.set_ylabel(f"{accuracies[accuracy]} top-1 % ({sd_note(SD, 'seeds')})")
-        ax.set_title(heading, fontsize=9)
-        ax.grid(alpha=0.3)
-    handles = [
-        plt.Line2D([], [], marker=m, linestyle="none", color="k", label=p)
-        for p, m in markers.items()
+            panels.setdefault(name, [])
+            continue
+        panels.setdefault(name, []).append(
+            {
+                "x": statistics.mean(xs),
+                "y": y,
+                "err": statistics.stdev(ys) if len(ys) > 1 else 0.0,
+                "label": cell["method"],
+                "group": cell["encoder"],
+            }
+        )
+    order = sorted(panels, key=lambda n: (n.endswith("personalised"), list(panels).index(n)))
+    accuracy_vs_cost(
+        {n: panels[n] for n in order},
+        label,
+        ylabels,
+        path,
+        references=references,
+    )
+
+
+# run_curves' fields the accuracy over the run is drawn against: field -> (axis, panel word)
+def _distinct_levels(marks: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """One level per target value (lines sharing a target, e.g. SOLO's, share its label)."""
+    by_value: dict[float, list[str]] = {}
+    for label, y in marks:
+        by_value.setdefault(round(y, 2), []).append(label)
+    return [
+        (labels[0] if len(labels) == 1 else "target (reference's accuracy)", y)
+        for y, labels in by_value.items()
     ]
-    axes[0][0].legend(handles=handles, fontsize=7)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=90)
-    plt.close(fig)
+
+
+OVER_RUN_AXES = {0: ("round", "rounds"), 2: ("MB / client", "MB"), 3: ("GFLOPs / client", "FLOPs")}
+
+
+def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path) -> bool:
+    """Accuracy over the run (median over seeds) against rounds, MB and GFLOPs: a row of
+    panels per partition and evaluation whose runs log accuracy per round (a line per
+    method); False when no run logs one."""
+    from fedssl.figures import learning_curves
+
+    rows: dict[str, dict[int, dict]] = {}  # panel_of -> field -> method -> runs
+    marks: dict[str, list[tuple[str, float]]] = {}  # panel_of -> its lines' targets
+    for cell in cell_list:
+        curves = [c for c in run_curves(cell, logs) if c]
+        target = (cell.get("to_target") or {}).get("target")
+        if curves and target is not None:
+            marks.setdefault(panel_of(cell), []).append((f"target of {cell['method']}", target))
+        for j in OVER_RUN_AXES if curves else ():
+            runs = [([p[j] for p in c], [p[1] for p in c]) for c in curves]
+            if all(x is not None for xs, _ in runs for x in xs):
+                rows.setdefault(panel_of(cell), {}).setdefault(j, {})[cell["method"]] = runs
+    panels, xlabels, levels = {}, {}, {}
+    for where, fields in rows.items():
+        for j, (axis, word) in OVER_RUN_AXES.items():
+            if j in fields:
+                panels[f"{where} · against {word}"] = fields[j]
+                xlabels[f"{where} · against {word}"] = axis
+                levels[f"{where} · against {word}"] = _distinct_levels(marks.get(where, []))
+    if not panels:
+        return False
+    learning_curves(
+        panels,
+        {n: "accuracy, top-1 %" for n in panels},
+        path,
+        xlabel=xlabels,
+        columns=3,
+        log_x=[n for n, axis in xlabels.items() if axis != "round"],
+        title="Accuracy over the run (k-NN monitor; personalised: the clients' mean); "
+        "dotted: the targets",
+        levels=levels,
+    )
+    return True
 
 
 # ------------------------------------------------------------------ run records
@@ -291,20 +618,41 @@ def write_kept_records(folder: Path, records: Iterable[dict]) -> None:
 
 
 def write_board(
-    folder: Path, pipeline: str, rows: list[dict], wall, records, total, pending=(), failed=()
+    folder: Path,
+    pipeline: str,
+    rows: list[dict],
+    wall,
+    records,
+    total,
+    pending=(),
+    failed=(),
+    logs: dict[str, list[dict]] | None = None,
 ) -> dict:
-    """board.md, board.json and the two figures in ``folder``; returns board.json's content."""
+    """board.md, board.json and the figures in ``folder`` (``logs``: experiment -> its round
+    log's rows, for the accuracy over the run); returns board.json's content."""
     cell_list = cells(rows, wall)
+    compare_lines(cell_list)
+    rounds_to_target(cell_list, logs or {})
     tables = tables_text(cell_list, hardware(records), total, pending, failed)
     folder.mkdir(parents=True, exist_ok=True)
+    plot(
+        cell_list,
+        "client_MB",
+        "MB / client (every byte sent or received)",
+        folder / "board_accuracy_vs_MB.png",
+    )
+    plot(cell_list, "beta_GFLOPs", COSTS["beta_GFLOPs"], folder / "board_accuracy_vs_GFLOPs.png")
+    drawn = [f for f in FIGURES if f.startswith("board_accuracy_vs")]
+    over_run = folder / "board_accuracy_over_run.png"
+    if plot_over_run(cell_list, logs or {}, over_run):
+        drawn.append(over_run.name)
+    elif over_run.exists():
+        over_run.unlink()
     (folder / "board_tables.md").write_text(tables)
-    (folder / "board.md").write_text(render(pipeline, tables))
+    (folder / "board.md").write_text(render(pipeline, tables, [*drawn, "curves.png"]))
     board = {"total_wall_hours": round(total / 3600, 3), "lines": metrics(cell_list)}
     (folder / "board.json").write_text(json.dumps(board, indent=1, ensure_ascii=False) + "\n")
     write_kept_records(folder, records)
-    mb = ("client_MB_up", "client_MB_down")
-    plot(cell_list, mb, "MB up + down / client", folder / "board_accuracy_vs_MB.png")
-    plot(cell_list, ("beta_GFLOPs",), COSTS["beta_GFLOPs"], folder / "board_accuracy_vs_GFLOPs.png")
     return board
 
 
@@ -345,7 +693,7 @@ def budget_table(path: Path = BUDGET_FILE) -> list[dict]:
 
 
 def budget_markdown(lines: list[dict]) -> str:
-    """The budget table as the README shows it, with the board's estimated total."""
+    """The budget table as the docs show it, with the board's estimated total."""
     rows = [
         [x["preset"], x["rounds_key"], str(x["runs"]), x["round_s"], x["fixed_s"]]
         + [str(x["rounds"]), number(x["estimate_s"] / 60, ".1f")]
@@ -360,12 +708,109 @@ def budget_markdown(lines: list[dict]) -> str:
     return markdown_table(header + ["estimate min"], rows, caption)
 
 
-# ------------------------------------------------------------------ README
-README = Path("README.md")
+# ------------------------------------------------------------------ the second board's plan
+# Rounds set per family, not by one wall budget: the plan (a line per grid of the `board`
+# pipeline, or per variant of a grid) names the first board's line whose measured wall times
+# it takes (its committed per-stage times, results/runs/benchmark.tsv), its rounds and runs,
+# a factor on the round's time where its local schedule differs (MpFedcon's paper regime:
+# 11 local epochs where the first board ran 3) and its k-NN monitor evaluations.
+PLAN_FILE = Path("benchmarks/board_plan.tsv")
+MEASURED_FILE = Path("results/runs/benchmark.tsv")
+MEASURED_REPORT = Path("results/reports/benchmark/report.json")
+ROUND_STEPS = {"pretrain", "train", "cfl", "grow_1", "grow_2", "grow_3"}  # they run the rounds
+MONITOR_CALL_S = 2.0  # one k-NN monitor evaluation on the small CNN (bank 5,000, queries 2,000)
+STAGES_AT_ONCE = 2  # the 2-core CPU runs two one-thread stages at a time
+
+
+# the grid axes that set a run's partition and seed (params/grids.yaml), not its method
+RUN_AXES = ("bench_part", "bench_seed", "board_run", "board_skew_run", "board_run_mfcl",
+            "board_skew_run_cpcfl")  # fmt: skip
+
+
+def line_of(experiment: str, members: dict) -> str:
+    """A board experiment's line in the plan: its grid, with the labels of its axes other
+    than the partition and seed (``bench_personal:fedrep``)."""
+    grid, labels = members.get(experiment, (experiment, {}))
+    variant = [v for k, v in labels.items() if k not in RUN_AXES]
+    return ":".join([grid, *variant]) if variant else grid
+
+
+def measured_times(
+    runs_file: Path = MEASURED_FILE, report: Path = MEASURED_REPORT, members: dict | None = None
+) -> dict[str, dict]:
+    """Per line of the first board: its runs' mean wall seconds per round (its round steps'
+    wall over its rounds) and of its other stages (probes, costs, export, server steps), from
+    the committed per-stage times (each stage counted with the experiment that owns it)."""
+    if members is None:
+        from fedssl.presets import Presets
+
+        members = Presets().grid_members("experiment")
+    rounds = {r["experiment"]: r["rounds"] for r in json.loads(report.read_text())["rows"]}
+    lines: dict[str, dict] = {}
+    with open(runs_file) as f:
+        for r in csv.DictReader((x for x in f if not x.startswith("#")), delimiter="\t"):
+            line = lines.setdefault(line_of(r["experiment"], members), {"round": {}, "fixed": {}})
+            kind = "round" if r["stage"] in ROUND_STEPS else "fixed"
+            line[kind][r["experiment"]] = line[kind].get(r["experiment"], 0.0) + float(
+                r["wall_seconds"]
+            )
+    out = {}
+    for name, line in lines.items():
+        runs = set(line["round"]) | set(line["fixed"])
+        per_round = [line["round"][e] / rounds[e] for e in line["round"] if rounds.get(e)]
+        out[name] = {
+            "round_s": round(statistics.mean(per_round), 2) if per_round else 0.0,
+            "fixed_s": round(sum(line["fixed"].values()) / len(runs), 2),
+        }
+    return out
+
+
+def plan_table(path: Path = PLAN_FILE, measured: dict | None = None) -> list[dict]:
+    """The plan's lines with their estimated wall seconds on the 2-core CPU (one thread):
+    runs x (rounds x the measured round x its factor + the measured fixed seconds + the
+    monitor's evaluations)."""
+    measured = measured_times() if measured is None else measured
+    lines = list(csv.DictReader(open(path), delimiter="\t"))
+    for line in lines:
+        if line["measured_as"] not in measured:
+            raise KeyError(
+                f"{path}: measured_as '{line['measured_as']}' is no line of {MEASURED_FILE}"
+            )
+        m = measured[line["measured_as"]]
+        run_s = int(line["rounds"]) * m["round_s"] * float(line["round_scale"]) + m["fixed_s"]
+        run_s += int(line["monitor_calls"]) * MONITOR_CALL_S
+        line.update(round_s=m["round_s"], fixed_s=m["fixed_s"], run_s=round(run_s, 1))
+        line["estimate_s"] = round(int(line["runs"]) * run_s)
+    return lines
+
+
+def plan_markdown(lines: list[dict]) -> str:
+    """The plan as the README shows it: a line per grid (or variant), then the hours of each
+    part (two stages at a time on the 2-core CPU) and of the whole board."""
+    rows = [
+        [x["part"], x["grid"], x["rounds"], x["runs"], number(x["round_s"], "g")]
+        + [number(x["fixed_s"], "g"), x["round_scale"], number(x["run_s"] / 60, ".1f")]
+        for x in lines
+    ]
+    header = ["part", "line", "rounds", "runs", "s / round", "fixed s", "round x", "min / run"]
+    parts: dict[str, float] = {}
+    for x in lines:
+        parts[x["part"]] = parts.get(x["part"], 0.0) + x["estimate_s"] / STAGES_AT_ONCE / 3600
+    hours = ", ".join(f"{p} {h:.2f} h" for p, h in parts.items())
+    caption = (
+        f"The second board's plan ({PLAN_FILE}): per-round and fixed wall seconds of each line "
+        f"as the first board measured them ({MEASURED_FILE}; one thread, two stages at a time), "
+        f"the k-NN monitor at {MONITOR_CALL_S:g} s an evaluation; estimated wall hours of the "
+        f"2-core CPU per part: {hours}; in all {sum(parts.values()):.2f} h"
+    )
+    return markdown_table(header, rows, caption)
+
+
+# ------------------------------------------------------------------ the docs' board blocks
 _BLOCK = re.compile(r"(<!-- board: (\w+) -->\n)(.*?)(<!-- /board -->)", re.S)
 
 
-def readme_text(text: str, results: Path = Path("results/reports")) -> str:
+def fill_blocks(text: str, results: Path = Path("results/reports")) -> str:
     """``text`` with every ``<!-- board: PIPELINE -->`` block refilled from that pipeline's
     ``board_tables.md``; a block whose board has not run yet stays as it is."""
 
@@ -377,21 +822,21 @@ def readme_text(text: str, results: Path = Path("results/reports")) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fedssl.board")
+    ap = argparse.ArgumentParser(prog="fedssl board")
     sub = ap.add_subparsers(dest="command", required=True)
     draw = sub.add_parser("render", help="write the board from a pipeline's committed report")
     draw.add_argument("pipeline", nargs="?", default="benchmark")
-    sub.add_parser("readme", help="refill the README's board blocks from board_tables.md")
     sub.add_parser("budget", help="the budget rule applied to benchmarks/board_budget.tsv")
+    sub.add_parser("plan", help="the second board's parts and their estimated CPU hours")
     args = ap.parse_args(argv)
-    if args.command == "readme":
-        README.write_text(readme_text(README.read_text()))
-        return 0
     if args.command == "budget":
         print(budget_markdown(budget_table()))
         return 0
+    if args.command == "plan":
+        print(plan_markdown(plan_table()))
+        return 0
     from fedssl.plan.dag import Dag
-    from fedssl.report import load_saved
+    from fedssl.report import load_saved, read_round_log, round_logs
 
     folder = Path(report_dir(args.pipeline))
     try:
@@ -399,7 +844,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, KeyError) as e:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 1
-    wall, records, total = run_records(Dag(args.pipeline), kept_records(folder))
+    dag = Dag(args.pipeline)
+    wall, records, total = run_records(dag, kept_records(folder))
     write_board(
         folder,
         args.pipeline,
@@ -409,6 +855,7 @@ def main(argv: list[str] | None = None) -> int:
         total,
         saved.get("pending", []),
         saved.get("failed", []),
+        {name: read_round_log(paths) for name, paths in round_logs(dag).items()},
     )
     print(f"wrote {folder}/board.md, board.json and its figures")
     return 0

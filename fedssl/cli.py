@@ -1,32 +1,60 @@
-"""The ``fedssl`` command: a front door to the existing front ends (it replaces none of them).
+"""The ``fedssl`` command: one front door to the pipelines, the presets and the project's tools.
 
-fedssl list pipelines|experiments|methods
-fedssl show EXPERIMENT            # resolved params (extends, grid axes and overlays,
-                                  # defaults) as YAML, and the stages it runs
-fedssl run [PIPELINE] [SNAKEMAKE ARGS...]   # snakemake ... --config pipeline=PIPELINE
-fedssl export EXPERIMENT [--out DIR]        # python -m fedssl.export
-fedssl times PIPELINE [--out FILE] [--note TEXT]  # each stage's wall time and peak memory
-                                  # from its last run's record (artifacts/.runs), as a TSV
+fedssl run [PIPELINE] [EXPERIMENT | STAGE]... [KEY=VALUE]... [SNAKEMAKE ARGS]...
+fedssl list pipelines|experiments|methods [FILTER]
+fedssl show EXPERIMENT            # resolved params and the stages it runs (YAML)
+fedssl times PIPELINE             # each stage's wall time and peak memory (TSV)
+fedssl export | report | board | costs | recheck | flower | flower-sim | codegraph | pipeline
+       | schemas
+                                  # the project's tools (``fedssl VERB -h``)
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import hashlib
+import importlib
+import os
+import re
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from fedssl.export import run as export_command
 from fedssl.methods import registry
 from fedssl.plan.dag import Dag
-from fedssl.presets import Presets
+from fedssl.presets import OVERRIDES_ENV, ParamsError, Presets, deep_merge, model_of
 from fedssl.stage import main_guard
 
 # Snakemake options that say how much to run at once; without one, `fedssl run` runs on all
 # cores with the one GPU slot the training stages ask for (as `make run` does)
 PARALLELISM = ("--cores", "-c", "--jobs", "-j", "--profile", "--workflow-profile")
+# Snakemake options whose values are stage names: a stage name after one stays its value
+RULE_VALUED = ("--until", "-U", "--omit-from", "-O", "--forcerun", "-R", "--prioritize", "-P")
+OVERRIDES_DIR = Path("artifacts/.overrides")
+
+# verb -> (module, its entry point, what it does): the tools the command hands its arguments to
+TOOLS = {
+    "export": ("fedssl.export", "run", "an experiment's trained encoder as safetensors + card"),
+    "report": ("fedssl.report", "main", "rewrite committed reports (render)"),
+    "board": ("fedssl.board", "main", "the benchmark board: render, budget"),
+    "costs": ("fedssl.costs.__main__", "main", "projected full-scale client costs of presets"),
+    "recheck": ("fedssl.plan.recheck", "main", "rerun committed pipelines and compare"),
+    "flower": (
+        "fedssl.flower.__main__",
+        "main",
+        "a Flower deployment with TLS and authentication: credentials | superlink | "
+        "supernode | connect | submit",
+    ),
+    "flower-sim": ("stages.flower", "run", "a method's federated step in Flower's simulation"),
+    "codegraph": ("fedssl.codegraph", "main", "the import graph: cycles, a module's deps"),
+    "pipeline": ("fedssl.pipeline", "main", "write / check / commit / accept / show the DAG"),
+    "schemas": ("fedssl.experiment", "main", "write schemas/ from the params models"),
+    "docs": ("fedssl.docs", "main", "refill the docs' results pages from the reports"),
+}
 
 
 # ---------------------------------------------------------------------------- list
@@ -46,17 +74,40 @@ def list_experiments(presets: Presets) -> list[str]:
     ]
 
 
-def list_methods() -> list[str]:
+def method_labels(presets: Presets) -> dict[str, list[str]]:
+    """Each method's row labels over every experiment preset (its variants, as reports name
+    them)."""
+    labels: dict[str, set[str]] = {}
+    for name in presets.names("experiment"):
+        p = presets.load("experiment", name).method
+        labels.setdefault(p.name, set()).add(registry.get(p.name).row_label(p))
+    return {m: sorted(x for x in v if x) for m, v in labels.items()}
+
+
+def list_methods(presets: Presets) -> list[str]:
+    labels = method_labels(presets)
     lines = []
     for m in registry.all():
         steps = ", ".join(s.name for s in m.steps) or "(steps depend on its params)"
         evaluation = ", ".join(m.evaluation_sections) or "its own steps"
         exportable = "exports its encoder" if m.encoder_builder else "no encoder to export"
+        variants = [x for x in labels.get(m.name, []) if x != m.label]
         lines.append(
-            f"{m.name}: {m.label or '(reference rows)'}; steps: {steps}; "
-            f"evaluated by: {evaluation}; {exportable}"
+            f"{m.name}: {m.label or '(reference rows)'}"
+            + (f" (report rows: {', '.join(variants)})" if variants else "")
+            + f"; steps: {steps}; evaluated by: {evaluation}; {exportable}"
         )
     return lines
+
+
+def matching(lines: list[str], pattern: str | None) -> list[str]:
+    """The lines that hold ``pattern``, in any case; a glob (``*?[``) matches a line's name."""
+    if not pattern:
+        return lines
+    pattern = pattern.lower()
+    if any(c in pattern for c in "*?["):
+        return [x for x in lines if fnmatch.fnmatch(re.split("[: ]", x)[0].lower(), pattern)]
+    return [x for x in lines if pattern in x.lower()]
 
 
 # ---------------------------------------------------------------------------- show
@@ -91,9 +142,100 @@ def show_stages(presets: Presets, experiment: str) -> str:
 
 
 # ---------------------------------------------------------------------------- run
-def snakemake_command(pipeline: str, args: list[str]) -> list[str]:
-    """``snakemake`` with the user's arguments and ``--config pipeline=...`` last (config
-    items the user gave are kept in it; stage names as targets stay before it)."""
+@dataclass
+class RunArgs:
+    """``fedssl run``'s arguments, sorted: what is the command's own, what goes to Snakemake."""
+
+    pipeline: str | None = None
+    experiments: list[str] = field(default_factory=list)
+    stages: list[str] = field(default_factory=list)
+    overrides: dict[str, object] = field(default_factory=dict)  # dotted key -> value
+    snakemake: list[str] = field(default_factory=list)
+
+
+def is_override(arg: str) -> bool:
+    """``KEY=VALUE`` whose first key is a section of the experiment model (``linear_probe.lr=
+    0.05``), not a Snakemake value such as ``gpu=1``."""
+    key = arg.split("=", 1)[0]
+    return "=" in arg and key.split(".")[0] in model_of("experiment").model_fields
+
+
+def parse_value(text: str):
+    """A value as YAML reads it, and a number in any notation as a number (YAML 1.1 reads
+    ``1e-6`` as a string)."""
+    if re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", text.strip()):
+        return float(text)
+    return yaml.safe_load(text)
+
+
+def sort_run_args(presets: Presets, args: list[str]) -> RunArgs:
+    """Targets and overrides in any order among Snakemake's arguments. A name after a
+    Snakemake option is that option's value unless it names a pipeline, an experiment or a
+    stage (``-n evaluate__x``; ``--until evaluate__x`` keeps it)."""
+    pipelines = set(presets.pipelines().pipelines)
+    experiments = set(presets.names("experiment"))
+    out, after_option = RunArgs(), None
+    for arg in args:
+        if arg.startswith("-"):
+            out.snakemake.append(arg)
+            after_option = None if "=" in arg else arg
+            continue
+        ours = after_option not in RULE_VALUED or "=" in arg  # no stage name holds a '='
+        if ours and arg in pipelines and out.pipeline is None:
+            out.pipeline = arg
+        elif ours and arg in experiments:
+            out.experiments.append(arg)
+        elif ours and is_override(arg):
+            key, value = arg.split("=", 1)
+            out.overrides[key] = parse_value(value)
+        elif ours and "__" in arg and after_option not in ("--config", "-C"):
+            out.stages.append(arg)
+        else:
+            out.snakemake.append(arg)
+    return out
+
+
+def pipeline_of(presets: Presets, experiments: list[str]) -> str:
+    """The default pipeline if it runs every experiment named, else the first that does."""
+    names = list(presets.pipelines().pipelines)
+    for name in ["default", *names]:
+        if set(experiments) <= set(presets.pipeline_experiments(name)):
+            return name
+    raise SystemExit(f"error: no pipeline of params/pipelines.yaml runs {', '.join(experiments)}")
+
+
+def nested(overrides: dict[str, object]) -> dict:
+    tree: dict = {}
+    for key, value in overrides.items():
+        for part in reversed(key.split(".")):
+            value = {part: value}
+        tree = deep_merge(tree, value)
+    return tree
+
+
+def write_overrides(presets: Presets, experiments: list[str], overrides: dict) -> Path:
+    """The overrides of each experiment as a file the run's processes read, validated first
+    (as a params file is: the field and the value named)."""
+    doc = {name: nested(overrides) for name in experiments}
+    text = yaml.safe_dump(doc, sort_keys=True)
+    path = OVERRIDES_DIR / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.environ[OVERRIDES_ENV] = str(path)
+    checked = Presets(presets.root)  # reads the overrides now
+    try:
+        for name in experiments:
+            checked.load("experiment", name)
+    except ParamsError:
+        path.unlink()
+        raise
+    return path
+
+
+def snakemake_command(pipeline: str, args: list[str], targets: list[str] = ()) -> list[str]:
+    """``snakemake`` with the targets first (an option such as ``--resources`` takes every
+    word after it), the user's arguments, and ``--config pipeline=...`` last (config items the
+    user gave are kept in it)."""
     config, rest, i = [f"pipeline={pipeline}"], [], 0
     while i < len(args):
         if args[i] in ("--config", "-C"):
@@ -112,15 +254,26 @@ def snakemake_command(pipeline: str, args: list[str]) -> list[str]:
         defaults += ["--cores", "all"]
     if "--resources" not in given and "--res" not in given:
         defaults += ["--resources", "gpu=1"]
-    return ["snakemake", *defaults, *rest, "--config", *config]
+    return ["snakemake", *targets, *defaults, *rest, "--config", *config]
 
 
-def run_pipeline(presets: Presets, args: list[str]) -> int:
-    pipeline = "default"
-    if args and not args[0].startswith("-"):
-        if args[0] in presets.pipelines().pipelines:
-            pipeline, args = args[0], args[1:]
-    cmd = snakemake_command(pipeline, args)
+def run_pipeline(presets: Presets, argv: list[str]) -> int:
+    args = sort_run_args(presets, argv)
+    pipeline = args.pipeline or (
+        pipeline_of(presets, args.experiments) if args.experiments else "default"
+    )
+    targets = list(args.stages)
+    if args.experiments:  # an experiment stands for every stage it runs
+        dag = Dag(None, presets.root, experiments=args.experiments, presets=presets)
+        for exp in args.experiments:
+            targets += [s for s in dag.of_experiment[exp] if s not in targets]
+    if args.overrides:
+        scope = args.experiments or [s.split("__", 1)[1] for s in args.stages]
+        path = write_overrides(
+            presets, sorted(set(scope or presets.pipeline_experiments(pipeline))), args.overrides
+        )
+        print(f"overrides for this run: {path} (dvc.lock is left as it was)", file=sys.stderr)
+    cmd = snakemake_command(pipeline, args.snakemake, targets)
     print("$ " + " ".join(cmd), file=sys.stderr)
     return subprocess.run(cmd).returncode
 
@@ -166,37 +319,78 @@ def stage_times(dag: Dag, note: str = "") -> str:
 
 
 # ---------------------------------------------------------------------------- command line
-def run(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="fedssl", description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    ls = sub.add_parser("list", help="list pipelines, experiments (grid members too) or methods")
-    ls.add_argument("what", choices=("pipelines", "experiments", "methods"))
-    sh = sub.add_parser("show", help="an experiment's effective params and its stages (YAML)")
-    sh.add_argument("experiment")
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return f"fedssl {installed('fedssl')}"
+    except PackageNotFoundError:
+        return "fedssl (not installed)"
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="fedssl",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--version", action="version", version=version())
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="VERB")
     sub.add_parser(
         "run",
-        help="[PIPELINE] [SNAKEMAKE ARGS...]: run a pipeline (default: "
-        "'default') through Snakemake; the arguments after it go to snakemake "
-        "(e.g. -n, a stage name)",
+        help="run a pipeline through Snakemake: [PIPELINE] [EXPERIMENT|STAGE]... "
+        "[KEY=VALUE]... [SNAKEMAKE ARGS]...",
     )
-    ex = sub.add_parser("export", help="write an experiment's trained encoder (safetensors + card)")
-    ex.add_argument("experiment")
-    ex.add_argument("--out", help="folder to write (default: artifacts/exports/<experiment>)")
+    ls = sub.add_parser("list", help="list pipelines, experiments (grid members too) or methods")
+    ls.add_argument("what", choices=("pipelines", "experiments", "methods"))
+    ls.add_argument("filter", nargs="?", help="only lines holding it (a glob with * ? [ ])")
+    sh = sub.add_parser("show", help="an experiment's effective params and its stages (YAML)")
+    sh.add_argument("experiment")
     tm = sub.add_parser("times", help="each stage's wall time and peak memory (TSV)")
     tm.add_argument("pipeline")
     tm.add_argument("--out", help="file to write (default: print)")
     tm.add_argument("--note", default="", help="comment lines above (the machine, ...)")
-    if argv[:1] == ["run"]:  # every argument after it is Snakemake's, even -h
-        sys.exit(run_pipeline(Presets(), argv[1:]))
-    args = ap.parse_args(argv)
+    for verb, (_, _, what) in TOOLS.items():
+        sub.add_parser(verb, help=what, add_help=False)
+    return ap
+
+
+RUN_HELP = """\
+usage: fedssl run [PIPELINE] [EXPERIMENT | STAGE]... [KEY=VALUE]... [SNAKEMAKE ARGS]...
+
+Run a pipeline of params/pipelines.yaml (default: 'default') through Snakemake, in any order:
+  PIPELINE      a pipeline (default: the default pipeline, or the first that runs the
+                experiments named)
+  EXPERIMENT    every stage of that experiment (and what it needs)
+  STAGE         one stage, e.g. evaluate__fmnist_fedsimclr (and what it needs)
+  KEY=VALUE     override a setting of the experiments named (all of the pipeline's when none
+                is), validated as a params file is, e.g. linear_probe.lr=0.05; the run's
+                stages record it in meta.json; dvc.lock is left as it was
+  other words   go to snakemake (-n: dry run, --cores N, --profile ...); without --cores
+                or --resources it runs on all cores with one GPU slot
+"""
+
+
+def run(argv: list[str]) -> int:
+    if argv[:1] == ["run"]:  # every argument after it is Snakemake's or a target, even -n
+        if argv[1:2] in (["-h"], ["--help"]):
+            print(RUN_HELP, end="")
+            return 0
+        return run_pipeline(Presets(), argv[1:])
+    if argv[:1] and argv[0] in TOOLS:
+        module, entry, _ = TOOLS[argv[0]]
+        sys.argv[0] = f"fedssl {argv[0]}"
+        return getattr(importlib.import_module(module), entry)(argv[1:]) or 0
+    args = parser().parse_args(argv)
     presets = Presets()
     if args.cmd == "list":
         lines = {
-            "pipelines": lambda: list_pipelines(presets),
-            "experiments": lambda: list_experiments(presets),
+            "pipelines": list_pipelines,
+            "experiments": list_experiments,
             "methods": list_methods,
-        }[args.what]()
-        print("\n".join(lines))
+        }[args.what](presets)
+        print("\n".join(matching(lines, args.filter)))
     elif args.cmd == "show":
         print(show_params(presets, args.experiment), end="", flush=True)
         print(show_stages(presets, args.experiment), end="")  # planning takes a while
@@ -206,13 +400,25 @@ def run(argv: list[str]) -> None:
             Path(args.out).write_text(text)
         else:
             print(text, end="")
-    else:
-        export_command([args.experiment, *(["--out", args.out] if args.out else [])])
+    return 0
 
 
 def main() -> None:
-    """The console script (errors in params or data: one message, exit 2)."""
-    main_guard(run)
+    """The console script: errors in params or data are one message and exit 2; a reader
+    that closes the pipe early (``| head``) ends it quietly."""
+    code = 0
+
+    def body(argv: list[str]) -> None:
+        nonlocal code
+        code = run(argv)
+
+    try:
+        main_guard(body)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+        code = 0
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ Snakemake alike. Modules found dynamically (the method registry's discovery, the
 ``"module:function"`` hooks a method declares) are named by the caller.
 
 ``python -m fedssl.codegraph cycles`` prints the import cycles of the library (every import,
-lazy ones included; ``--top-level`` counts only the imports that run when a module is loaded).
+lazy ones included; ``--top-level`` counts only the imports that run when a module is loaded,
+``--with-types`` the type-only ones too).
 """
 
 from __future__ import annotations
@@ -44,16 +45,17 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _import_nodes(tree: ast.AST, top_level: bool):
-    """The import statements that can run: not those under ``if TYPE_CHECKING:``, and with
-    ``top_level`` not those inside functions either (they run only when called)."""
+def _import_nodes(tree: ast.AST, top_level: bool, with_types: bool = False):
+    """The import statements that can run: not those under ``if TYPE_CHECKING:`` (unless
+    ``with_types``), and with ``top_level`` not those inside functions either (they run only
+    when called)."""
     todo = [tree]
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
             continue
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not with_types:
             todo += node.orelse
             continue
         if top_level and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
@@ -61,23 +63,30 @@ def _import_nodes(tree: ast.AST, top_level: bool):
         todo += ast.iter_child_nodes(node)
 
 
-def _imported(path: Path, module: str, is_package: bool, top_level: bool = False) -> set[str]:
+def _imported(
+    path: Path, module: str, is_package: bool, top_level: bool = False, with_types: bool = False
+) -> set[str]:
     """Modules an import statement of ``path`` names (``from a import b`` also names ``a.b``,
     which is a module when such a file exists). Remembered by the file's content (see
     :data:`IMPORTS_CACHE`), as parsing is most of what planning costs."""
     text = path.read_text()
-    key = hashlib.sha256(f"{module}\0{is_package}\0{top_level}\0{text}".encode()).hexdigest()
+    flags = f"{module}\0{is_package}\0{top_level}" + ("\0types" if with_types else "")
+    key = hashlib.sha256(f"{flags}\0{text}".encode()).hexdigest()
     known = _known_imports()
     if key not in known:
-        known[key] = sorted(_parse_imports(text, str(path), module, is_package, top_level))
+        known[key] = sorted(
+            _parse_imports(text, str(path), module, is_package, top_level, with_types)
+        )
         _unsaved.append(key)
     return set(known[key])
 
 
-def _parse_imports(text: str, path: str, module: str, is_package: bool, top_level: bool):
+def _parse_imports(
+    text: str, path: str, module: str, is_package: bool, top_level: bool, with_types: bool
+):
     package = module if is_package else module.rpartition(".")[0]
     names: set[str] = set()
-    for node in _import_nodes(ast.parse(text, path), top_level):
+    for node in _import_nodes(ast.parse(text, path), top_level, with_types):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         else:
@@ -165,16 +174,20 @@ def clear_cache() -> None:
 
 # ---------------------------------------------------------------------- cycles
 def import_graph(
-    root: Path = Path("."), top_level: bool = False, packages: tuple[str, ...] = ("fedssl",)
+    root: Path = Path("."),
+    top_level: bool = False,
+    packages: tuple[str, ...] = ("fedssl",),
+    with_types: bool = False,
 ) -> dict[str, set[str]]:
     """Module -> the project modules its import statements name (the parent packages that
-    Python runs first are not edges: a submodule always runs its package's ``__init__``)."""
+    Python runs first are not edges: a submodule always runs its package's ``__init__``);
+    ``with_types``: the type-only imports under ``if TYPE_CHECKING:`` too."""
     graph: dict[str, set[str]] = {}
     for package in packages:
         for path in sorted((root / package).rglob("*.py")):
             parts = path.relative_to(root).with_suffix("").parts
             module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            named = _imported(path, module, path.name == "__init__.py", top_level)
+            named = _imported(path, module, path.name == "__init__.py", top_level, with_types)
             graph[module] = {n for n in named if n != module and module_file(n, root)}
     return graph
 
@@ -243,18 +256,24 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="count only imports that run at module load (not those in functions)",
     )
+    cyc.add_argument(
+        "--with-types",
+        action="store_true",
+        help="count the type-only imports under `if TYPE_CHECKING:` too",
+    )
     deps = sub.add_parser("deps", help="the project files the given modules import")
     deps.add_argument("modules", nargs="+")
     args = ap.parse_args(argv)
     if args.cmd == "deps":
         print("\n".join(code_files(*args.modules)))
         return 0
-    graph = import_graph(top_level=args.top_level)
+    graph = import_graph(top_level=args.top_level, with_types=args.with_types)
     found = cycles(graph)
     for group in found:
         print(f"{len(group)} modules: {' '.join(group)}")
         print(f"  e.g. {' -> '.join(circle(graph, group))}")
     kind = "module-level imports" if args.top_level else "all imports, lazy ones included"
+    kind += ", type-only ones too" if args.with_types else ""
     print(f"{len(found)} import cycle(s) ({kind})", file=sys.stderr)
     return 1 if found else 0
 

@@ -110,5 +110,11 @@ def write_schemas() -> None:
         print(f"wrote {SCHEMA_DIR}/{name}")
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fedssl.experiment`` (``fedssl schemas``): write schemas/."""
     write_schemas()
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -3,14 +3,16 @@
 Writes the frozen encoder the probes read (the method's ``encoder`` hook on the experiment's
 trained artifacts) as ``encoder.safetensors`` beside ``encoder.json``, a card saying how to
 rebuild it (the builder the method declares and its arguments), what it was trained on and how
-well it did. Elsewhere, with fedssl installed::
+well it did; ``encoder.pt2``, the same encoder as a ``torch.export`` program (graph and weights,
+any batch size); and ``MODEL_CARD.md``, the card for people. Elsewhere, with torch alone::
 
-    from fedssl.export import load_encoder
-    encoder = load_encoder("artifacts/exports/fmnist_fedsimclr")  # a plain torch.nn.Module
+    encoder = torch.export.load("encoder.pt2").module()
     features = encoder(images)  # float images in [0, 1], [N, C, H, W] as the card says
 
-Loading unpickles nothing: the weights are safetensors, the card is JSON, and the only code it
-runs is the builder the card's method declares in this version of fedssl.
+or, with fedssl installed, ``fedssl.export.load_encoder(folder)`` rebuilds the module from the
+card and the safetensors. Loading unpickles nothing: the weights are safetensors, the card is
+JSON, and the only code it runs is the builder the card's method declares in this version of
+fedssl (``torch.export.load`` reads a graph and its weights, no Python code).
 """
 
 from __future__ import annotations
@@ -29,7 +31,12 @@ from fedssl.presets import Presets
 from fedssl.runtime import StageFailed, write_json
 from fedssl.stage import StageContext, main_guard
 
-CARD, WEIGHTS = "encoder.json", "encoder.safetensors"
+CARD, WEIGHTS, PROGRAM, MODEL_CARD = (
+    "encoder.json",
+    "encoder.safetensors",
+    "encoder.pt2",
+    "MODEL_CARD.md",
+)
 FORMAT = "fedssl-encoder/1"
 
 
@@ -54,8 +61,31 @@ def export(experiment: str, out: Path | str | None = None) -> Path:
     tmp = out / (WEIGHTS + ".tmp")
     save_file(state, tmp, metadata={"format": FORMAT, "card": CARD})
     os.replace(tmp, out / WEIGHTS)
-    write_json(out / CARD, card(ctx, experiment, encoder, out / WEIGHTS))
+    save_program(encoder, ctx.image_shape, out / PROGRAM)
+    info = card(ctx, experiment, encoder, out / WEIGHTS)
+    write_json(out / CARD, info)
+    write_text(out / MODEL_CARD, model_card(info))
     return out
+
+
+def save_program(encoder, image_shape, path: Path) -> None:
+    """``encoder`` as a ``torch.export`` program taking any batch of images: a graph of ATen
+    ops and the weights, loaded by ``torch.export.load(path).module()`` with no fedssl."""
+    import torch
+
+    example = torch.rand(2, *(int(d) for d in image_shape))
+    program = torch.export.export(
+        encoder.eval(), (example,), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},)
+    )
+    tmp = path.with_name(path.name + ".tmp")
+    torch.export.save(program, tmp)
+    os.replace(tmp, path)
+
+
+def write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def encoder_context(experiment: str) -> StageContext:
@@ -74,12 +104,11 @@ def encoder_context(experiment: str) -> StageContext:
             f"`encoder_builder`, so its encoder cannot be rebuilt from a card"
         )
     ctx = StageContext("features", experiment)
-    for name in ctx.stage.upstream:
-        stage = ctx.dag.stages[name]
-        if not (Path(stage.out) / "meta.json").is_file():
+    for name, stage in ctx.record["inputs"].items():
+        if not (Path(stage["out"]) / "meta.json").is_file():
             raise StageFailed(
-                f"experiment '{experiment}' has no trained '{stage.kind}' output "
-                f"({stage.out} is missing): run its stage '{name}' first, e.g. `snakemake "
+                f"experiment '{experiment}' has no trained '{stage['kind']}' output "
+                f"({stage['out']} is missing): run its stage '{name}' first, e.g. `snakemake "
                 f"--cores all {name}` (add `--config pipeline=NAME` for a pipeline other "
                 f"than default)"
             )
@@ -96,8 +125,8 @@ def card(ctx: StageContext, experiment: str, encoder, weights: Path) -> dict:
         dim = int(encoder(torch.zeros(1, *shape)).shape[-1])
     part = ctx.partition
     trained = {
-        n: json.loads((Path(ctx.dag.stages[n].out) / "meta.json").read_text())
-        for n in ctx.stage.upstream
+        n: json.loads((Path(stage["out"]) / "meta.json").read_text())
+        for n, stage in ctx.record["inputs"].items()
     }
     return {
         "format": FORMAT,
@@ -132,9 +161,14 @@ def card(ctx: StageContext, experiment: str, encoder, weights: Path) -> dict:
         },
         "params": params.model_dump(mode="json"),
         "trained_by": {
-            n: {"fingerprint": m.get("fingerprint"), "output_digest": m.get("output_digest")}
+            n: {
+                "fingerprint": m.get("fingerprint"),
+                "output_digest": m.get("output_digest"),
+                "precision": m.get("precision"),
+            }
             for n, m in trained.items()
         },
+        "features_precision": _features_precision(ctx),
         "metrics": _metrics(ctx, experiment),
         "code": {
             "git": _git_version(),
@@ -145,10 +179,19 @@ def card(ctx: StageContext, experiment: str, encoder, weights: Path) -> dict:
     }
 
 
+def _features_precision(ctx: StageContext) -> str | None:
+    """The precision the probes' features were computed in (None before the stage ran)."""
+    meta = ctx.output_dir / "meta.json"
+    return json.loads(meta.read_text()).get("precision") if meta.is_file() else None
+
+
 def _metrics(ctx: StageContext, experiment: str) -> dict | None:
     """The experiment's evaluation metrics, if it was evaluated."""
-    for name in ctx.dag.of_experiment[experiment]:
-        for path in map(Path, ctx.dag.stages[name].metrics):
+    from fedssl.plan.dag import Dag
+
+    dag = Dag(None, experiments=[experiment], presets=ctx.presets)
+    for name in dag.of_experiment[experiment]:
+        for path in map(Path, dag.stages[name].metrics):
             if path.name == "metrics.json" and path.is_file():
                 return json.loads(path.read_text())
     return None
@@ -181,6 +224,73 @@ def _package_version(package: str) -> str | None:
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------------- model card
+def model_card(info: dict) -> str:
+    """The JSON card as a Markdown page for people (``MODEL_CARD.md``)."""
+    arch, data, params = info["architecture"], info["data"], info["params"]
+    method = params["method"]
+    trained = "; ".join(
+        f"`{n}` in {m['precision']}" for n, m in info["trained_by"].items() if m.get("precision")
+    )
+    lines = [
+        f"# {info['label']}: encoder of `{info['experiment']}`",
+        "",
+        f"{info['title']}. Exported by fedssl {info['code']['fedssl'] or '(not installed)'} at "
+        f"commit `{info['code']['git'] or 'unknown'}` with torch {info['code']['torch']}.",
+        "",
+        "## Architecture",
+        f"- module `{arch['module']}`, {arch['parameters']:,} parameters, output layer "
+        f"`{arch['layer']}`",
+        f"- input: {arch['input']}",
+        f"- output: {arch['output']}",
+        "",
+        "## Input and normalisation",
+        "- uint8 pixels divided by 255 and nothing else (no mean/std normalisation, no "
+        "resize), at the data set's own size; the probes feed the test images unaugmented",
+        "",
+        "## Training data and partition",
+        f"- data set `{data['dataset']}`: "
+        + ", ".join(f"{k} {v}" for k, v in data["dataset_params"].items()),
+        f"- partition `{data['partition']}`: "
+        + ", ".join(f"{k} {_brief(v)}" for k, v in data["partition_params"].items()),
+        "",
+        "## Method and rounds",
+        f"- method `{info['method']}`"
+        + "".join(
+            f", {k} {method[k]}"
+            for k in ("variant", "rounds", "local_epochs", "batch_size", "lr")
+            if k in method
+        ),
+        f"- seed {params.get('seed', method.get('seed', 'n/a'))}",
+        "",
+        "## Precision actually used",
+        f"- training: {trained or 'fp32 (no device stage recorded one)'}",
+        f"- features for the probes: {info.get('features_precision') or 'not computed yet'}",
+        "",
+        "## Probe metrics",
+    ]
+    metrics = info.get("metrics") or {}
+    numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+    if numbers:
+        lines += ["| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in numbers.items()]
+    else:
+        lines.append("not evaluated yet (run the experiment's `evaluate` stage)")
+    lines += [
+        "",
+        "## Files and loading",
+        f"- `{PROGRAM}`: with torch alone, `encoder = torch.export.load('{PROGRAM}').module()`",
+        f"- `{info['weights']['file']}` (sha256 `{info['weights']['sha256']}`) and `{CARD}`: "
+        "with fedssl, `fedssl.export.load_encoder(folder)`",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _brief(value) -> str:
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
 
 
 # ---------------------------------------------------------------------------- loading
@@ -219,7 +329,7 @@ def load_encoder(path: Path | str):
 
 # ---------------------------------------------------------------------------- command line
 def run(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="python -m fedssl.export", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="fedssl export", description=__doc__.split("\n")[0])
     ap.add_argument("experiment", help="a params/experiments preset (or grid member)")
     ap.add_argument(
         "--out", type=Path, help="folder to write (default: artifacts/exports/<experiment>)"
@@ -229,10 +339,10 @@ def run(argv: list[str]) -> None:
     info = json.loads((out / CARD).read_text())
     arch = info["architecture"]
     print(
-        f"wrote {out / WEIGHTS} and {out / CARD}: {arch['module']}, "
+        f"wrote {out / WEIGHTS}, {PROGRAM}, {CARD} and {MODEL_CARD}: {arch['module']}, "
         f"{arch['parameters']:,} parameters, {arch['input']} -> {arch['output']}"
     )
-    print(f"load it with: fedssl.export.load_encoder({str(out)!r})")
+    print(f"load it with torch alone: torch.export.load({str(out / PROGRAM)!r}).module()")
 
 
 if __name__ == "__main__":

@@ -145,3 +145,20 @@ def model_contrastive_loss(
     logits = torch.stack([_cos(z, z_pos.detach()), _cos(z, z_neg.detach())], dim=1) / temperature
     target = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
     return masked_mean(F.cross_entropy(logits, target, reduction="none"), valid)
+
+
+# ---------------------------------------------------------------------- on a model's outputs
+# Pure losses of a model's fp32 outputs on a batch of views concatenated along dim 0 (view 1's
+# rows, then view 2's), the batch (``batch.valid``: which rows are real) and the method's params:
+# what a FederatedMethod names as its ``loss``.
+def simclr_views(z: torch.Tensor, batch, p) -> torch.Tensor:
+    """NT-Xent between the two views' projections (FedSimCLR)."""
+    z1, z2 = z.chunk(2)
+    return nt_xent(z1, z2, p.temperature, batch.valid)
+
+
+def byol_views(outputs: tuple[torch.Tensor, torch.Tensor], batch, p) -> torch.Tensor:
+    """BYOL's symmetric loss: each view's prediction regresses the other view's target (spec
+    §2.2: the sum of both directions)."""
+    predictions, targets = outputs
+    return byol_loss(*predictions.chunk(2), *targets.chunk(2), batch.valid)

@@ -33,7 +33,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from fedssl.data.catalog import DATASETS
+from fedssl.data.catalog import datasets
 
 NAME_PATTERN = r"^[a-z0-9_]+$"  # preset names become stage names in Snakemake and DVC
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -80,6 +80,11 @@ class FederationSettings(Strict):
     rounds: NonNegativeInt = Field(description=FEDERATION_FIELDS["rounds"][1])
     client_fraction: Fraction = Field(1.0, description=FEDERATION_FIELDS["client_fraction"][1])
     lr: PositiveFloat = Field(description=FEDERATION_FIELDS["lr"][1])
+    monitor_every: NonNegativeInt = Field(
+        0,
+        description="rounds between k-NN monitor evaluations of the global encoder, logged "
+        "in the round log (0 = off; the last round is always evaluated otherwise)",
+    )
 
 
 def federation(**settings: Any) -> type[FederationSettings]:
@@ -125,7 +130,7 @@ class ParamsError(ValueError):
 
 
 # --------------------------------------------------------------------------- data sets
-DatasetName = Literal[tuple(DATASETS)]  # the registry's data sets, in registration order
+DatasetName = Literal[tuple(datasets())]  # the registry's data sets, in registration order
 
 
 class DatasetParams(Strict):

@@ -15,7 +15,9 @@ dependencies), so both front ends rerun a stage on the same edits.
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -26,21 +28,27 @@ from pydantic import BaseModel, ValidationError
 
 from fedssl import params as P
 from fedssl.data.catalog import dataset_spec
-from fedssl.experiment import experiment_model
 
 PARAMS_DIR = Path("params")
+# a YAML file of command-line overrides (`fedssl run ... key=value`): experiment -> settings
+# merged over its preset as its nearest layer, in every process of the run
+OVERRIDES_ENV = "FEDSSL_OVERRIDES"
 EXTENDS = "extends"
 GRIDS_FILE = "grids.yaml"
 PIPELINES_FILE = "pipelines.yaml"
 KINDS = {"dataset": "datasets", "partition": "partitions", "experiment": "experiments"}
 GRID_SECTIONS = {"partition": "partitions", "experiment": "experiments"}
+EXPERIMENT_MODEL = "fedssl.experiment"
 ParamsError = P.ParamsError
 
 
 def model_of(kind: str) -> type[BaseModel]:
-    return {"dataset": P.DatasetParams, "partition": P.PartitionParams}.get(
-        kind
-    ) or experiment_model()
+    """The params model of a preset kind. The experiment model (every method's params) is
+    imported by name: a stage that loads a data set's or a partition's params does not run it,
+    and the planner names it among the code of the stages that load an experiment's."""
+    if kind in ("dataset", "partition"):
+        return {"dataset": P.DatasetParams, "partition": P.PartitionParams}[kind]
+    return importlib.import_module(EXPERIMENT_MODEL).experiment_model()
 
 
 # ---------------------------------------------------------------------------- YAML
@@ -206,7 +214,18 @@ class Presets:
     def resolve(self, kind: str, name: str, by: str | None = None) -> Resolved:
         """A preset's merged settings and the layers they come from (nearest first). ``by``:
         where the name was read (file and field), named when there is no such preset."""
-        return self._resolve(kind, name, [], by)
+        resolved = self._resolve(kind, name, [], by)
+        overrides = command_line_overrides().get(name) if kind == "experiment" else None
+        if not overrides:
+            return resolved
+        file = Path(os.environ[OVERRIDES_ENV])
+        return Resolved(
+            kind,
+            name,
+            f"{resolved.where} with the command line's overrides",
+            deep_merge(resolved.merged, overrides),
+            [Layer(file, name, overrides), *resolved.layers],
+        )
 
     def _resolve(self, kind: str, name: str, visiting: list[str], where: str | None):
         key = (kind, name)
@@ -336,6 +355,12 @@ class Presets:
             )
             out += [n for n in names if n not in out]
         return out
+
+
+def command_line_overrides() -> dict[str, dict]:
+    """Experiment -> the settings the command line overrides (``fedssl run ... key=value``)."""
+    path = os.environ.get(OVERRIDES_ENV)
+    return read_yaml(Path(path)) if path else {}
 
 
 def raw_values(entries: dict) -> dict:

@@ -2,7 +2,7 @@
 setting across, repeated runs as mean ± SD), each method's own tables (its plugin's tables
 module, in its paper's terms), a short table of the runs, and figures. ``report.md`` is for
 reading; ``report.csv`` and ``report.json`` hold every column of every run, and
-``report.json`` also the tables by name (the README's result blocks copy them).
+``report.json`` also the tables by name (the docs' results pages copy them: `fedssl docs`).
 
 The report stage builds the rows and calls :func:`write_report`; ``python -m fedssl.report
 render`` loads the committed rows and calls the same function, so a change of wording reaches
@@ -17,10 +17,12 @@ import re
 import sys
 from pathlib import Path
 
+from fedssl import evaluations
 from fedssl.data.catalog import dataset_spec
 from fedssl.params import setting
 from fedssl.plan.layout import LOGS, ReportRow
-from fedssl.report_format import markdown_table, number, pivot_markdown, save_figure
+from fedssl.readme_facts import fill_facts
+from fedssl.report_format import markdown_table, number, pivot_markdown, save_figure, to_float
 
 COLUMNS = [
     "experiment",
@@ -43,34 +45,18 @@ COLUMNS = [
     "row",
     "column",
 ]
-# The pivots the report opens with, for the metrics its runs have: name -> (metric, title,
-# whether the mean per-client costs stand beside it).
-PIVOTS = {
-    "linear": ("linear_top1", "Linear probe top-1 %", True),
-    "knn": ("knn_top1", "k-NN top-1 %", False),
-    "global": ("global_top1", "Global-model top-1 % (uniform test split, final round)", True),
-    "personal": (
-        "personal_top1",
-        "Personalised top-1 % (each client's model on its own test split, final round)",
-        True,
-    ),
-}
 # The costs beside a pivot (blank for methods without a costs stage): header -> column.
 PIVOT_COSTS = {
     "MB sent / client": "client_MB_sent",
     "GFLOPs / client": "beta_GFLOPs",
     "peak step MB": "peak_step_MB",
 }
-# The short table of runs: column -> its header (a column shows when some run has it).
+# The short table of runs: column -> its header (a column shows when some run has it); the
+# declared metrics (fedssl.evaluations) come between the first three and the rest.
 RUN_COLUMNS = {
     "experiment": "experiment",
     "row": "method",
     "column": "setting",
-    "linear_top1": "linear",
-    "knn_top1": "k-NN",
-    "global_top1": "global",
-    "personal_top1": "personal",
-    "finetune_top1": "fine-tune",
     "client_MB_up": "MB up / client",
     "client_MB_down": "MB down / client",
     "rounds": "rounds",
@@ -208,15 +194,23 @@ def table_cell(
     return row, f"{dataset_spec(dataset_name).label} {split}"
 
 
+def run_columns() -> dict[str, str]:
+    """The runs table's columns: column -> header (:data:`RUN_COLUMNS` with the metrics)."""
+    head = list(RUN_COLUMNS.items())
+    metrics = [(m.key, m.label) for m in evaluations.metrics()]
+    return dict(head[:3] + metrics + head[3:])
+
+
 def runs_markdown(rows: list[dict]) -> str:
-    """One line per run with the columns a reader scans (:data:`RUN_COLUMNS`)."""
-    columns = [c for c in RUN_COLUMNS if any(r.get(c) not in (None, "") for r in rows)]
+    """One line per run with the columns a reader scans (:func:`run_columns`)."""
+    headers = run_columns()
+    columns = [c for c in headers if any(r.get(c) not in (None, "") for r in rows)]
     lines = [
         [str(r.get(c, "")) if c in TEXT_COLUMNS else number(r.get(c), "g") for c in columns]
         for r in rows
     ]
     return markdown_table(
-        [RUN_COLUMNS[c] for c in columns],
+        [headers[c] for c in columns],
         lines,
         "One line per run; every column of every run is in report.csv and report.json",
     )
@@ -242,15 +236,16 @@ def report_tables(rows: list[dict]) -> dict[str, tuple[str, str]]:
     from fedssl.methods import registry
 
     tables = {}
-    for name, (metric, title, costs) in PIVOTS.items():
-        mine = [r for r in rows if r.get(metric) not in (None, "")]
+    for metric in (m for m in evaluations.metrics() if m.pivot):  # its pivot, if it has one
+        mine = [r for r in rows if r.get(metric.key) not in (None, "")]
         if mine:
-            caption = f"{title}, method × setting" + (
+            costs = PIVOT_COSTS if metric.pivot_costs else None
+            caption = f"{metric.pivot}, method × setting" + (
                 ", then mean per-client costs" if costs else ""
             )
-            tables[name] = (
-                title,
-                pivot_markdown(mine, metric, caption, means=PIVOT_COSTS if costs else None),
+            tables[metric.pivot_name] = (
+                metric.pivot,
+                pivot_markdown(mine, metric.key, caption, means=costs),
             )
     for method in dict.fromkeys(r["method"] for r in rows):
         # each sees every row (a paper's table may span its methods)
@@ -435,16 +430,16 @@ def rerender(folder: Path) -> None:
     )
 
 
-# ------------------------------------------------------------------ README tables
-README = Path("README.md")
+# ------------------------------------------------------------------ the docs' tables
 REPORTS = Path("results/reports")
 # TABLE: a key of the report's tables (a method's own tables may have spaces in their names)
 _BLOCK = re.compile(r"(<!-- results: (\w+) (.+?) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 
-def readme_text(text: str, results_root: Path = REPORTS) -> str:
+def fill_blocks(text: str, results_root: Path = REPORTS) -> str:
     """``text`` with every block ``<!-- results: PIPELINE TABLE -->...<!-- /results -->``
-    refilled from ``results/reports/PIPELINE/report.json`` (a table the report stage wrote)."""
+    refilled from ``results/reports/PIPELINE/report.json`` (a table the report stage wrote),
+    and every number of a sentence marked as a fact (:mod:`fedssl.readme_facts`) regenerated."""
 
     def fill(m: re.Match) -> str:
         path = results_root / m.group(2) / "report.json"
@@ -455,18 +450,12 @@ def readme_text(text: str, results_root: Path = REPORTS) -> str:
             raise KeyError(f"{path}: no table '{m.group(3)}' (has {', '.join(tables)})")
         return m.group(1) + tables[m.group(3)] + m.group(5)
 
-    return _BLOCK.sub(fill, text)
+    return fill_facts(_BLOCK.sub(fill, text), results_root)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fedssl.report")
+    ap = argparse.ArgumentParser(prog="fedssl report")
     sub = ap.add_subparsers(dest="command", required=True)
-    readme = sub.add_parser(
-        "readme",
-        help="refill the README's result tables from the "
-        "committed reports (results/reports/*/report.json)",
-    )
-    readme.add_argument("--check", action="store_true", help="only say whether it is current")
     again = sub.add_parser(
         "render",
         help="rewrite committed reports (report.md, .csv, .json) "
@@ -475,71 +464,139 @@ def main(argv: list[str] | None = None) -> int:
     which = again.add_mutually_exclusive_group(required=True)
     which.add_argument("pipelines", nargs="*", default=[], help="pipelines to rewrite")
     which.add_argument("--all", action="store_true", help="every pipeline under results/reports")
+    again.add_argument("--curves", action="store_true", help="also redraw curves.png")
     args = ap.parse_args(argv)
-    if args.command == "render":
-        names = (
-            sorted(p.parent.name for p in REPORTS.glob("*/report.json"))
-            if args.all
-            else args.pipelines
-        )
-        try:
-            for name in names:
-                rerender(REPORTS / name)
-        except (FileNotFoundError, KeyError) as e:
-            print(f"error: {e.args[0]}", file=sys.stderr)
-            return 1
-        print(f"{REPORTS}: {len(names)} reports rewritten ({', '.join(names)})")
-        return 0
-    old = README.read_text()
-    new = readme_text(old)
-    if args.check:
-        if new != old:
-            print(
-                "README.md: result tables differ from results/reports: run "
-                "`python -m fedssl.report readme`",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    README.write_text(new)
-    print(f"{README}: {len(_BLOCK.findall(new))} result tables refilled")
+    names = (
+        sorted(p.parent.name for p in REPORTS.glob("*/report.json")) if args.all else args.pipelines
+    )
+    try:
+        for name in names:
+            rerender(REPORTS / name)
+            if args.curves:
+                redraw_curves(REPORTS / name)
+    except (FileNotFoundError, KeyError) as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 1
+    print(f"{REPORTS}: {len(names)} reports rewritten ({', '.join(names)})")
     return 0
 
 
 # ------------------------------------------------------------------ curves
-def plot_curves(logs: dict[str, Path], path: Path) -> None:
-    """Per-round curves of a pipeline's experiments (their committed round logs) as one PNG:
-    the training loss, and the personalised accuracy where a method logs it. Rendered here,
-    so `dvc plots show` and the Snakemake report show it offline."""
-    import matplotlib
+# Per-round metrics a curve panel prefers to the loss, when every run of the panel logs one.
+CURVE_METRICS = {"personal_acc": "personal top-1 %", "knn_monitor": "k-NN monitor top-1 %"}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    series = {
-        name: list(csv.DictReader(open(p), delimiter="\t"))
-        for name, p in logs.items()
-        if p.exists()
-    }
+def round_logs(dag) -> dict[str, list[Path]]:
+    """Each experiment's per-round logs (its stages' TSV plots, in stage order; a layer-wise
+    run has one per growth stage): the stage's output in this workspace, or the copy its run
+    committed (a reused row, a report rendered elsewhere). :func:`read_round_log` keeps
+    those whose first column is ``round``."""
+    from fedssl.plan.layout import owner_of, results_dir
+
+    logs: dict[str, list[Path]] = {}
+    for name in dag.experiments:
+        for s in dag.of_experiment[name]:
+            for p in dag.stages[s].plots:
+                if p.endswith(".tsv"):
+                    here = Path(p)
+                    committed = Path(results_dir(owner_of(dag.stages[s].out))) / here.name
+                    logs.setdefault(name, []).append(here if here.exists() else committed)
+    return logs
+
+
+def read_round_log(paths: Path | list[Path]) -> list[dict]:
+    """An experiment's rows, round by round: its round logs that exist and start with a
+    ``round`` column, one after another, rounds renumbered 1, 2, ... across them."""
+    rows = []
+    for path in [paths] if isinstance(paths, Path) else paths:
+        if path.exists():
+            table = list(csv.DictReader(open(path), delimiter="\t"))
+            rows += table if table and next(iter(table[0])) == "round" else []
+    return [{**r, "round": str(i)} for i, r in enumerate(rows, 1)]
+
+
+def _seedless(name: str) -> str:
+    return re.sub(r"_s(eed)?\d+$", "", name)
+
+
+def _curve(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
+    pairs = [(float(r["round"]), to_float(r.get(key))) for r in rows]
+    pairs = [(x, y) for x, y in pairs if y is not None]
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
+def plot_curves(
+    logs: dict[str, Path | list[Path]], path: Path, labels: dict[str, tuple[str, str]] | None = None
+) -> list[str]:
+    """Per-round curves of a pipeline's experiments (their round logs) as small multiples:
+    a panel per method (``labels``: experiment -> (panel, line), e.g. the report's row and
+    column; a run without one takes its seeds' label, else its name less its seed), a line
+    per setting as the median over its seeds with a band. A panel shows its accuracy per
+    round where every run logs one (:data:`CURVE_METRICS`), the training loss otherwise;
+    diverged runs are marked and kept out of the scales
+    (:func:`fedssl.figures.learning_curves`). Rendered here, so `dvc plots show` and the
+    Snakemake report show it offline. Returns the diverged runs."""
+    from fedssl.figures import learning_curves
+
+    series = {name: read_round_log(p) for name, p in logs.items()}
     series = {n: rows for n, rows in series.items() if rows}
-    panels = ["loss"] + (
-        ["personal_acc"] if any("personal_acc" in r[0] for r in series.values()) else []
-    )
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
-    for ax, key in zip(axes[0], panels):
-        for name, rows in series.items():
-            xs = [int(r["round"]) for r in rows if r.get(key)]
-            ax.plot(xs, [float(r[key]) for r in rows if r.get(key)], label=name, marker=".")
-        ax.set_xlabel("round")
-        ax.set_ylabel(key)
-        ax.grid(alpha=0.3)
-    if series:
-        axes[0][0].legend(fontsize=7)
-    else:
-        axes[0][0].text(0.5, 0.5, "no federated rounds in this pipeline", ha="center")
-    fig.tight_layout()
-    save_figure(fig, path, dpi=90)
-    plt.close(fig)
+    labels = dict(labels or {})
+    by_stem = {_seedless(n): label for n, label in labels.items()}
+    panels: dict[str, dict[str, list]] = {}
+    for name in series:  # a run with no row of its own (it failed): its seeds' label
+        panel, line = labels.get(name) or by_stem.get(_seedless(name), (_seedless(name), "runs"))
+        panels.setdefault(panel, {}).setdefault(line, []).append(name)
+    curves, ylabels, losses = {}, {}, []
+    for panel, lines in panels.items():
+        runs = [n for names in lines.values() for n in names]
+        key = next(
+            (k for k in CURVE_METRICS if all(any(r.get(k) for r in series[n]) for n in runs)),
+            "loss",
+        )
+        ylabels[panel] = CURVE_METRICS.get(key, "training loss")
+        losses += [panel] if key == "loss" else []
+        curves[panel] = {
+            line: [_curve(series[n], key) for n in names] for line, names in lines.items()
+        }
+    if not curves:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 2))
+        ax.text(0.5, 0.5, "no federated rounds in this pipeline", ha="center")
+        ax.axis("off")
+        save_figure(fig, path, dpi=80)
+        plt.close(fig)
+        return []
+    return learning_curves(curves, ylabels, path, loss_panels=losses)
+
+
+def curve_labels(rows: list[dict]) -> dict[str, tuple[str, str]]:
+    """Experiment -> (panel, line) of :func:`plot_curves`: the report's row label, with its
+    encoder where one label names runs on several (a supervised and a personalised FedAvg),
+    and its column."""
+    archs: dict[str, set] = {}
+    for r in rows:
+        archs.setdefault(r["row"], set()).add(r.get("arch", ""))
+    return {
+        r["experiment"]: (
+            r["row"] + (f" · {r.get('arch', '')}" if len(archs[r["row"]]) > 1 else ""),
+            r["column"],
+        )
+        for r in rows
+    }
+
+
+def redraw_curves(folder: Path) -> list[str]:
+    """A committed report's ``curves.png`` again, from its rows and its runs' committed round
+    logs (its pipeline's DAG says where they are)."""
+    from fedssl.plan.dag import Dag
+
+    saved = load_saved(folder)
+    labels = curve_labels(saved["rows"])
+    return plot_curves(round_logs(Dag(saved["pipeline"])), folder / "curves.png", labels)
 
 
 if __name__ == "__main__":

@@ -140,6 +140,8 @@ def environment(device: torch.device | None) -> dict:
     the thread count (results reproduce to the digit only on the same hardware and threads)."""
     import sys
 
+    from fedssl.hardware import cpu
+
     env = {
         "python": platform.python_version(),
         "torch": _version("torch"),
@@ -149,9 +151,10 @@ def environment(device: torch.device | None) -> dict:
         "host": platform.node(),
         "cpu_count": os.cpu_count(),
     }
+    env.update(cpu())  # model and vector extensions: they pick the float kernels
     if "torch" in sys.modules:  # light stages never load it
         env["torch_threads"] = sys.modules["torch"].get_num_threads()
-    for var in ("FEDSSL_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    for var in ("FEDSSL_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY"):
         if os.environ.get(var):
             env[var] = os.environ[var]
     if device is not None and device.type == "cuda":

@@ -21,7 +21,9 @@ def run(argv):
             if split == "train" and f.train_size:
                 keep = stratified_subset(labels, f.train_size, ctx.exp.method.seed)
                 images, labels = images[keep], labels[keep]
-            arrays[f"{split}_x"] = extract_features(encoder, images, f.batch_size, ctx.device)
+            arrays[f"{split}_x"] = extract_features(
+                encoder, images, f.batch_size, ctx.device, f"features ({split})"
+            )
             arrays[f"{split}_y"] = labels
         np.savez(out / "features.npz", **arrays)
         ctx.info.update(

@@ -12,7 +12,7 @@ from fedssl.stage import StageContext, main_guard
 
 
 def run(argv):
-    ap = argparse.ArgumentParser(prog="python -m stages.flower")
+    ap = argparse.ArgumentParser(prog="fedssl flower")
     ap.add_argument("step", help="a step the method runs on Flower (e.g. pretrain)")
     ap.add_argument("experiment", help="a params/experiments preset (or grid member)")
     args = ap.parse_args(argv)

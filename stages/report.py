@@ -15,19 +15,35 @@ from __future__ import annotations
 import argparse
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 from fedssl.params import setting
 from fedssl.plan.layout import ReportRow, owner_of, report_dir, results_dir
 from fedssl.report import (
     committed_rows,
+    curve_labels,
     experiment_row,
     failed_run,
     plot_curves,
     reused_row,
+    round_logs,
     table_cell,
     write_report,
 )
 from fedssl.stage import StageContext, main_guard
+
+
+class PipelinePlan:
+    """The pipeline's plan as the report's record holds it (experiments, their stages, the
+    pivot), with the DAG's names for them."""
+
+    def __init__(self, plan: dict):
+        self.row, self.column = plan["row"], plan["column"]
+        self.of_experiment = plan["experiments"]
+        self.experiments = list(self.of_experiment)
+        self.stages = {
+            name: SimpleNamespace(name=name, **stage) for name, stage in plan["stages"].items()
+        }
 
 
 def run(argv):
@@ -52,7 +68,7 @@ def run(argv):
         ap.error("--partial goes with --reuse-committed")
     pipeline = args.pipeline
     ctx = StageContext("report", pipeline)
-    dag, presets = ctx.dag, ctx.presets
+    dag, presets = PipelinePlan(ctx.record["pipeline"]), ctx.presets
     from fedssl.methods import registry
 
     committed = committed_rows(pipeline) if args.reuse_committed else {}
@@ -109,17 +125,8 @@ def run(argv):
         for method in methods.values():
             own = [r for r in rows if r["method"] == method.name]
             figures.update(method.figures(own, results) if own else {})
-        write_report(results, pipeline, rows, figures, str(ctx.stage.out), failed, pending)
-        logs = {  # a reused row's round log: the copy its run committed
-            name: Path(p)
-            if Path(p).exists()
-            else Path(results_dir(owner_of(dag.stages[s].out))) / Path(p).name
-            for name in dag.experiments
-            for s in dag.of_experiment[name]
-            for p in dag.stages[s].plots
-            if p.endswith("rounds.tsv")
-        }
-        plot_curves(logs, results / "curves.png")
+        write_report(results, pipeline, rows, figures, str(ctx.output_dir), failed, pending)
+        plot_curves(round_logs(dag), results / "curves.png", curve_labels(rows))
         ctx.info["rows"] = len(rows)
     print(f"wrote {results}/report.md, report.csv, report.json and curves.png")
 

@@ -69,3 +69,49 @@ def test_our_side_of_the_peer_benchmark_runs_the_default_fedsimclr(monkeypatch):
     result = flower_peer().run_ours(clients=4, images=200, rounds=2, setting="fp32")
     assert len(result["seconds"]) == 2 and all(s > 0 for s in result["seconds"])
     assert result["precision"] == "fp32"
+    # the start and each round's end, where the sampler reads the tree's CPU
+    assert len(result["stamps"]) == 3 and sorted(result["stamps"]) == result["stamps"]
+
+
+def test_a_flower_client_loads_its_data_set_once_per_process(monkeypatch):
+    """The Flower side's clients reuse one data set per Ray worker, as a Flower app does: it
+    is never rebuilt (nor shipped) per message."""
+    monkeypatch.chdir(REPO)
+    peer = flower_peer()
+    first = peer.local_data(200, 4)
+    assert peer.local_data(200, 4) is first
+    assert [len(s) for s in first["shares"]] == [50, 50, 50, 50]
+    assert peer.local_data.cache_info().misses == 1
+
+
+def test_a_cpu_without_native_bf16_times_no_emulated_bf16(monkeypatch):
+    """One emulated bf16 2048^2 product took over a minute on a CPU without AVX-512 BF16:
+    there the peak is fp32's alone, and the machine line says why."""
+    module = step_limits()
+    monkeypatch.setattr(precision, "native_bf16", lambda device_type: False)
+    assert list(module.matmul_contenders()) == ["fp32"]
+    monkeypatch.setattr(precision, "native_bf16", lambda device_type: True)
+    assert list(module.matmul_contenders()) == ["fp32", "bf16"]
+
+
+def test_the_machine_line_names_the_cpu_and_its_vector_extensions(monkeypatch):
+    from fedssl import hardware
+
+    zen3 = {
+        "model name": "AMD EPYC 7B13",
+        "cpu family": "25",
+        "model": "1",
+        "flags": "fpu sse4_2 avx fma avx2 bmi2 sha_ni",
+    }
+    monkeypatch.setattr(hardware, "_cpuinfo", lambda: zen3)
+    hardware.cpu.cache_clear()
+    try:
+        assert hardware.cpu() == {
+            "cpu_model": "AMD EPYC 7B13 (family 25, model 1)",
+            "cpu_vector_extensions": ["sse4_2", "avx", "fma", "avx2"],
+            "cpu_native_bf16": False,
+        }
+        assert hardware.cpu_summary().startswith("AMD EPYC 7B13 (family 25, model 1), ")
+        assert hardware.cpu_summary().endswith("sse4_2 avx fma avx2 (no native bf16)")
+    finally:
+        hardware.cpu.cache_clear()

@@ -36,19 +36,192 @@ def test_board_groups_seeds_and_reports_mean_and_sample_sd():
         ("ssl", "A", 2),
         ("personal", "B", 3),
     ]
+    board.compare_lines(cells)
     numbers = board.metrics(cells)
     a, b = numbers["A | cnn | IID"], numbers["B | cnn | IID"]
     assert a["linear_top1_mean"] == 71.0 and a["linear_top1_sd"] == pytest.approx(1.4142, abs=1e-4)
     assert a["beta_GFLOPs_mean"] == 5.0 and a["wall_s_mean"] == 15.0
+    assert a["client_MB_mean"] == 2.0  # up only: the rows have no costs stage's total
+    # 71 ± t(0.975, 1) 1.414 / sqrt 2 = 71 ± 12.706
+    assert a["linear_top1_ci95"] == pytest.approx([58.2938, 83.7062], abs=1e-3)
     assert b["personal_top1_mean"] == 85.0 and b["personal_top1_sd"] == 5.0  # sample SD (n-1)
     assert b["rounds_mean"] == 10 and b["wall_s_mean"] == 4.0 and "linear_top1_mean" not in b
     text = board.table("ssl", cells, "h (2-core CPU)")
-    assert "| A | cnn | IID | 2 | 71.0±1.4 | 61.0±1.4 | 2 | 5 | 15 |" in text
+    assert (
+        "| A | cnn | IID | 2 | 71.0±1.4 | [58.3, 83.7] | best |  | 61.0±1.4 | 2 | 5 | 15 |" in text
+    )
     assert "mean ± sample SD over seeds" in text and "hardware: h (2-core CPU)" in text
-    assert "| B | cnn | IID | 3 | 85.0±5.0 | 1 | 10 | 4 |" in board.table("personal", cells, "")
+    assert "| B | cnn | IID | 3 | 85.0±5.0 | [72.6, 97.4] | best |  | 1 | 10 | 4 |" in board.table(
+        "personal", cells, ""
+    )
 
 
-def test_board_files_and_readme_block(tmp_path):
+def test_costs_are_every_byte_from_the_ledger():
+    """A one-shot transfer outside the rounds (MFCL's representation upload) is in the
+    costs stage's ledger total, and the board's MB column is that total, not up + down."""
+    mfcl = _row("m0", "M", "IID", linear_top1=70.0, client_MB_up=0.02, client_MB_down=0.02)
+    mfcl["client_MB_sent"] = "15.1"  # as the report writes it (text)
+    assert board.client_mb(mfcl) == 15.1
+    assert board.client_mb(_row("x", "X", "IID", client_MB_up=1.0, client_MB_down=0.5)) == 1.5
+    assert board.client_mb(_row("y", "Y", "IID")) is None
+
+
+def test_committed_board_costs_equal_the_reports_ledger_totals():
+    """Every line of the committed board, of every method on it: its MB / client is the mean
+    of its runs' ledger totals in the report's rows (MFCL 15.1 MB, not 0.04)."""
+    from fedssl.report_format import to_float
+
+    folder = Path("results/reports/benchmark")
+    rows = json.loads((folder / "report.json").read_text())["rows"]
+    lines = json.loads((folder / "board.json").read_text())["lines"]
+    by_line: dict[str, list[dict]] = {}
+    for r in rows:
+        key = " | ".join(x for x in (r["row"], r.get("arch", ""), r["column"]) if x)
+        by_line.setdefault(key, []).append(r)
+    assert set(lines) <= set(by_line) and len(lines) == 19 * 3 + 14 * 2
+    methods = set()
+    for key, line in lines.items():
+        totals = []
+        for r in by_line[key]:
+            total = to_float(r.get("client_MB_sent"))
+            if total is None:  # no costs stage (random init): the rounds' traffic
+                total = r["client_MB_up"] + r["client_MB_down"]
+            totals.append(total)
+        assert line["client_MB_mean"] == pytest.approx(statistics.mean(totals), abs=1e-4), key
+        methods.add(tuple(key.split(" | ")[:2]))
+    assert len(methods) == 33
+    mfcl = lines["MFCL(TN) | resnet18-tn | F-MNIST IID"]
+    assert mfcl["client_MB_mean"] == pytest.approx(15.1)
+
+
+def test_confidence_on_constructed_data():
+    from fedssl import stats
+
+    lo, hi = stats.interval([1.0, 2.0, 3.0])  # 2 ± t(0.975, 2) / sqrt 3 = 2 ± 2.4841
+    assert (lo, hi) == (pytest.approx(-0.4841, abs=1e-4), pytest.approx(4.4841, abs=1e-4))
+    assert stats.interval([5.0]) is None
+    # paired: differences 1, 2, 3 -> t = 2 / (1 / sqrt 3); with 2 df, p = 1 - t / sqrt(t^2 + 2)
+    a = {"0": 11.0, "1": 12.0, "2": 13.0}
+    b = {"0": 10.0, "1": 10.0, "2": 10.0}
+    c = stats.compare(a, b)
+    t = 2 * 3**0.5
+    assert c.test == "paired t" and c.n == 3 and c.difference == pytest.approx(2.0)
+    assert c.p == pytest.approx(1 - t / (t * t + 2) ** 0.5, abs=1e-9)
+    # the same numbers unpaired would not separate as well: pairing removes the seed's share
+    shifted = {"0": 20.0, "1": 30.0, "2": 40.0}
+    assert stats.compare({s: v + 1 for s, v in shifted.items()}, shifted).p == 0.0
+    welch = stats.compare({s: v + 1 for s, v in shifted.items()}, {"7": 20.0, "8": 40.0})
+    assert welch.test == "Welch t" and welch.p > 0.5
+    assert stats.compare({"0": 1.0}, {"0": 2.0}).test == "untested"
+    assert stats.holm([0.01, 0.04, 0.03, None]) == [
+        pytest.approx(0.03),
+        pytest.approx(0.06),
+        pytest.approx(0.06),
+        None,
+    ]
+
+
+def _line(method, values, mb=1.0, encoder="cnn"):
+    return [
+        {
+            "experiment": f"{method}_s{i}",
+            "row": method,
+            "arch": encoder,
+            "column": "P",
+            "linear_top1": v,
+            "client_MB_up": mb,
+        }
+        for i, v in enumerate(values)
+    ]
+
+
+def test_which_lines_separate_from_the_best_and_from_their_reference():
+    """Constructed lines over three seeds: B sits a steady 5 points under A (separable), C
+    is as good as A on average but noisy (not separable), R exchanges nothing (the untrained
+    twin of the encoder); the board says so, in its table and in words."""
+    rows = (
+        _line("A", [80.0, 82.0, 81.0])
+        + _line("B", [75.0, 77.1, 75.9])
+        + _line("C", [70.0, 90.0, 79.0])
+        + _line("R", [70.0, 72.0, 71.5], mb=0.0)
+    )
+    cells = board.cells(rows, {})
+    board.compare_lines(cells)
+    got = {c["method"]: c for c in cells}
+    assert got["A"]["vs_best"] == {"verdict": "best"}
+    assert got["B"]["vs_best"]["verdict"] == "separable"
+    assert got["B"]["vs_best"]["difference"] == pytest.approx(-5.0, abs=1e-3)
+    assert got["C"]["vs_best"]["verdict"] == "not separable"
+    assert board.is_reference(got["R"]) and "vs_reference" not in got["R"]
+    assert got["A"]["vs_reference"]["verdict"] == "separable"
+    assert got["A"]["vs_reference"]["difference"] == pytest.approx(9.8333, abs=1e-3)
+    assert got["C"]["vs_reference"]["verdict"] == "not separable"
+    # Holm over the partition's three comparisons with the best: B's p is at least its raw p
+    assert got["B"]["vs_best"]["p_holm"] >= got["B"]["vs_best"]["p"]
+    text = board.tables_text(cells, "h", 60.0)
+    assert (
+        "| B | cnn | P | 3 | 76.0±1.1 | [73.4, 78.6] | −5.0 (p < 0.001) | +4.8 (p 0.0041) |" in text
+    )
+    assert "| C | cnn | P | 3 | 79.7±10.0 | [54.8, 104.5] | −1.3 not separable (p 0.82) |" in text
+    assert "best **A** (81.0); not separable from it: C; below it: B, R." in text
+    assert "reference of their encoder: above A, B; not separable C; below none." in text
+
+
+def test_personalised_accuracy_is_the_last_rounds_mean():
+    rows = [
+        {**_row(f"p_s{i}", "P", "X", personal_top1=90.0 + i), "personal_last10": 80.0 + i}
+        for i in range(3)
+    ]
+    (cell,) = board.cells(rows, {})
+    assert board.accuracy_of(cell) == "personal_last" and cell["last_rounds"] == {10}
+    assert "averaged over the last 10 rounds" in board.table("personal", [cell], "")
+    assert "| P | cnn | X | 3 | 81.0±1.0 |" in board.table("personal", [cell], "")
+
+
+def test_rounds_to_the_target_from_the_round_logs():
+    """A personalised line reaches its reference's (SOLO's) accuracy at the median of its
+    runs' first rounds there; MB by the ledger total shared out as the round log's bytes."""
+    solo = [
+        {
+            **_row(f"solo_s{i}", "SOLO", "X", personal_top1=70.0, client_MB_up=0.0),
+            "personal_last2": 70.0,
+        }
+        for i in range(3)
+    ]
+    mine = [
+        {**_row(f"m_s{i}", "M", "X", personal_top1=90.0, client_MB_up=2.0, client_MB_down=2.0,
+                beta_GFLOPs=40.0), "personal_last2": 90.0}
+        for i in range(3)
+    ]  # fmt: skip
+    logs = {
+        f"m_s{i}": [
+            {"round": r + 1, "personal_acc": acc, "bytes_up": 10, "bytes_down": 10}
+            for r, acc in enumerate(curve)
+        ]
+        for i, curve in enumerate([[50, 71, 80, 90], [50, 60, 72, 90], [50, 60, 65, 69]])
+    }
+    cells = board.cells(solo + mine, {})
+    board.rounds_to_target(cells, logs)
+    target = next(c for c in cells if c["method"] == "M")["to_target"]
+    # runs reach 70 at rounds 2, 3 and never: the median is 3; 3 of 4 rounds' bytes of 4 MB
+    assert target == {"target": 70.0, "reached": 2, "of": 3, "rounds": 3, "MB": 3.0, "GFLOPs": 30.0}
+
+
+def test_figure_helpers():
+    from fedssl import figures
+
+    points = [(1.0, 60.0), (2.0, 70.0), (2.0, 65.0), (4.0, 68.0), (8.0, 75.0), (0.5, 50.0)]
+    assert figures.pareto_front(points) == [5, 0, 1, 4]  # by cost; (4, 68) is beaten by (2, 70)
+    median, low, high = figures.band([[1.0, 2.0, 9.0], [3.0, 4.0], [2.0, 3.0, 5.0]])
+    assert (median, low, high) == ([2.0, 3.0], [1.0, 2.0], [3.0, 4.0])
+    assert figures.diverged([1.0, float("nan")], 2, True)
+    assert figures.diverged([1.0, 0.9], 3, False)  # stopped before its line's other runs
+    assert figures.diverged([1.0, 0.9, 0.8, 3.7e13], 4, True)
+    assert not figures.diverged([0.0, 5.0], 2, True)  # a first loss of 0 is not a divergence
+    assert figures.robust_limits([1.0, 3.0, float("inf")]) == (0.9, 3.1)
+
+
+def test_board_files_and_docs_block(tmp_path):
     records = [{"wall_seconds": 7200.0, "environment": {"host": "h", "cpu_count": 2}}]
     written = board.write_board(tmp_path, "bench", ROWS, WALL, records, 7200.0)
     assert json.loads((tmp_path / "board.json").read_text()) == written
@@ -56,11 +229,11 @@ def test_board_files_and_readme_block(tmp_path):
     for name in ("board.md", "board_tables.md", "board_accuracy_vs_MB.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert "h (2-core CPU, torch ?)" in (tmp_path / "board_tables.md").read_text()
-    readme = "x\n<!-- board: bench -->\nold\n<!-- /board -->\ny\n"
+    page = "x\n<!-- board: bench -->\nold\n<!-- /board -->\ny\n"
     (tmp_path / "r" / "bench").mkdir(parents=True)
     (tmp_path / "r" / "bench" / "board_tables.md").write_text("T\n")
-    assert board.readme_text(readme, tmp_path / "r") == readme.replace("old\n", "T\n")
-    assert board.readme_text(readme, tmp_path / "none") == readme  # not run yet: kept
+    assert board.fill_blocks(page, tmp_path / "r") == page.replace("old\n", "T\n")
+    assert board.fill_blocks(page, tmp_path / "none") == page  # not run yet: kept
     assert "Partial board" not in (tmp_path / "board_tables.md").read_text()
     # a board made part by part over sessions says how many runs are still to come
     board.write_board(tmp_path / "p", "bench", ROWS, WALL, records, 7200.0, ["a_s1", "b_s0"])
@@ -235,7 +408,7 @@ def test_tiny_board_numbers_come_from_the_runs(tiny_board):
     assert min(walls) > 0
     simclr = next(v for k, v in lines.items() if k.startswith("FedSimCLR"))
     assert simclr["wall_s_mean"] == pytest.approx(statistics.mean(walls), abs=1e-3)
-    assert simclr["client_MB_up_mean"] > 0 and "wall s" in (folder / "board.md").read_text()
+    assert simclr["client_MB_mean"] > 0 and "wall s" in (folder / "board.md").read_text()
     assert Path(folder / "board_accuracy_vs_GFLOPs.png").stat().st_size > 0
 
 
@@ -255,3 +428,118 @@ def test_benchmark_gpu_is_planned_by_the_dvc_writer():
     assert {"cache": False, "persist": True} in [
         v for out in stages["report__benchmark_gpu"]["outs"] for v in out.values()
     ]
+
+
+def test_the_second_boards_plan_covers_its_pipeline_with_equal_rounds_per_family():
+    """benchmarks/board_plan.tsv: a line for every grid (or variant) of the `board`
+    pipeline, its runs and rounds as the presets set them, the same rounds within a family,
+    and its parts the pipelines board_p1.. that together make the board."""
+    from fedssl.presets import Presets, lookup
+
+    presets = Presets()
+    members = presets.grid_members("experiment")
+    plan = board.plan_table()
+    by_line: dict[str, list[str]] = {}
+    for e in presets.pipeline_experiments("board"):
+        by_line.setdefault(board.line_of(e, members), []).append(e)
+    assert {x["grid"] for x in plan} == set(by_line) and len(plan) == len(by_line)
+    parts: dict[str, list[str]] = {}
+    for x in plan:
+        runs = by_line[x["grid"]]
+        assert int(x["runs"]) == len(runs), x["grid"]
+        for e in runs:
+            params = presets.load("experiment", e).model_dump(mode="json")
+            if x["rounds_key"]:
+                assert lookup(params, x["rounds_key"]) == int(x["rounds"]), e
+        parts.setdefault(x["part"], []).extend(runs)
+    for part, runs in parts.items():
+        assert sorted(presets.pipeline_experiments(part)) == sorted(runs), part
+    rounds = {x["grid"]: int(x["rounds"]) for x in plan}
+    family = {  # equal rounds within a family; a reference (its network at init) trains none
+        50: [g for g in rounds if g.split(":")[0] in {
+            "board_fedsimclr", "board_fedbyol", "board_fedema", "board_fedu", "board_orchestra",
+            "board_featarc", "board_supervised", "board_mfcl", "board_sfl"}],
+        15: [g for g in rounds if g.split(":")[0] in {
+            "board_fedmoco", "board_fedmoco_lw", "board_lw_fedssl", "board_prog_fedssl"}],
+        100: [g for g in rounds if g.startswith("board_personal")],
+        0: [g for g in rounds if g.split(":")[0] in {
+            "board_random_init", "board_mfcl_init", "board_vit_init", "board_sfl_init"}],
+    }  # fmt: skip
+    for n, grids in family.items():
+        assert grids and {rounds[g] for g in grids} == {n}, n
+    # each part fits a session of the 2-core CPU (two stages at a time)
+    hours = {}
+    for x in plan:
+        hours[x["part"]] = hours.get(x["part"], 0) + x["estimate_s"] / 2 / 3600
+    assert max(hours.values()) < 3 and 10 < sum(hours.values()) < 13
+
+
+def test_plan_estimates_from_measured_times(tmp_path):
+    """Per-round and fixed seconds from per-stage wall times, then a line's estimate."""
+    runs = tmp_path / "runs.tsv"
+    runs.write_text(
+        "# header line\nexperiment\tstage\twall_seconds\n"
+        "g_a_s0\tpretrain\t20\ng_a_s0\tevaluate\t3\ng_a_s1\tpretrain\t30\ng_a_s1\tcosts\t5\n"
+    )
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"rows": [{"experiment": "g_a_s0", "rounds": 4},
+                                           {"experiment": "g_a_s1", "rounds": 5}]}))  # fmt: skip
+    members = {"g_a_s0": ("g", {"bench_seed": "0"}), "g_a_s1": ("g", {"bench_seed": "1"})}
+    measured = board.measured_times(runs, report, members)
+    assert measured == {"g": {"round_s": 5.5, "fixed_s": 4.0}}  # (20/4 + 30/5) / 2; 8 / 2
+    plan = tmp_path / "plan.tsv"
+    plan.write_text(
+        "part\tgrid\tmeasured_as\trounds_key\trounds\truns\tround_scale\tmonitor_calls\n"
+        "p\tnew\tg\tmethod.rounds\t10\t3\t2\t5\n"
+    )
+    (line,) = board.plan_table(plan, measured)
+    assert line["run_s"] == 10 * 5.5 * 2 + 4.0 + 5 * board.MONITOR_CALL_S
+    assert line["estimate_s"] == round(3 * line["run_s"])
+    plan.write_text(plan.read_text().replace("\tg\t", "\tnone\t"))
+    with pytest.raises(KeyError, match="measured_as 'none'"):
+        board.plan_table(plan, measured)
+
+
+def test_the_second_board_names_no_stage_of_a_committed_pipeline():
+    """The board's presets sort before most others, and a stage is named after the first
+    experiment that has its content: none of theirs may take over a stage of a pipeline
+    whose results are committed (its results would move); the GPU subset plans the whole
+    training split."""
+    from fedssl.plan.dag import Dag
+
+    for pipeline in ("default", "benchmark", "gpu"):
+        owners = {s.split("__", 1)[1] for s in Dag(pipeline).stages if "__" in s}
+        assert not [o for o in owners if o.startswith("board_")], pipeline
+    gpu = Dag("board_gpu")
+    assert {s for s in gpu.stages if s.startswith("partition__")} == {
+        "partition__gpubench_fmnist_dir01_m10",
+        "partition__fmnist_dir01_m10",  # the untrained twin's (fmnist_random_init) partition
+    }
+
+
+def test_curves_read_every_round_log_and_name_the_diverged_run(tmp_path):
+    """plot_curves: a layer-wise run's growth-stage logs read as one run (rounds renumbered),
+    a TSV that is not a round log is left out, and a run whose loss explodes and stops
+    early is returned as diverged (and drawn as a marked end point)."""
+    from fedssl.report import plot_curves, read_round_log
+
+    def tsv(name, header, rows):
+        path = tmp_path / name
+        path.write_text(
+            "\t".join(header) + "\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows)
+        )
+        return path
+
+    grow = [tsv(f"g{s}.tsv", ["round", "loss"], [[1, 3.0 - s], [2, 2.5 - s]]) for s in (1, 2)]
+    other = tsv("epochs.tsv", ["epoch", "loss"], [[1, 9.0]])
+    assert [(r["round"], float(r["loss"])) for r in read_round_log([*grow, other])] == [
+        ("1", 2.0), ("2", 1.5), ("3", 1.0), ("4", 0.5)
+    ]  # fmt: skip
+    logs = {
+        f"a_s{i}": tsv(f"a{i}.tsv", ["round", "loss"], [[1, 2.0], [2, 1.0], [3, 0.5]])
+        for i in range(2)
+    }
+    logs["a_s2"] = tsv("a2.tsv", ["round", "loss"], [[1, 2.0], [2, 3.7e13]])
+    labels = {f"a_s{i}": ("A", "IID") for i in range(2)}  # a_s2 failed: no row, its seeds' label
+    gone = plot_curves(logs, tmp_path / "curves.png", labels)
+    assert gone == ["A / IID #2"] and (tmp_path / "curves.png").stat().st_size > 0

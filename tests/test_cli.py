@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from fedssl.cli import snakemake_command
-from tests.fixtures import make_tiny_project, run
+from tests.fixtures import REPO, make_tiny_project, run
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -165,3 +165,107 @@ def test_times_lists_each_stage_run_once_with_its_wall_time_and_memory(project):
         "tiny_simclr\tevaluate\t2.00\t\tbf16\t",
         "tiny_simclr\tpretrain\t12.35\t\t\t300",
     ]
+
+
+# ------------------------------------------------------------------ one command (as in the README)
+def test_run_sorts_targets_overrides_and_snakemake_words_in_any_order(project):
+    from fedssl.cli import sort_run_args
+    from fedssl.presets import Presets
+
+    args = sort_run_args(
+        Presets(project / "params"),
+        ["-n", "evaluate__tiny_pixels", "linear_probe.lr=0.05", "--cores", "2", "tiny_simclr"]
+        + ["default", "--resources", "gpu=0", "--until", "features__tiny_simclr", "knn.k=5"],
+    )
+    assert args.pipeline == "default"
+    assert args.experiments == ["tiny_simclr"] and args.stages == ["evaluate__tiny_pixels"]
+    assert args.overrides == {"linear_probe.lr": 0.05, "knn.k": 5}
+    assert args.snakemake == [
+        "-n", "--cores", "2", "--resources", "gpu=0", "--until", "features__tiny_simclr",
+    ]  # fmt: skip
+    # the targets go first: `--resources gpu=1` would take every word after it
+    assert snakemake_command("default", ["-n"], ["evaluate__x"])[:2] == ["snakemake", "evaluate__x"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return make_tiny_project(tmp_path_factory.mktemp("cli_runs"), git=False)
+
+
+def metrics_of(root, experiment: str) -> dict:
+    return json.loads((root / f"results/experiments/{experiment}/metrics.json").read_text())
+
+
+def test_run_a_stage_then_an_override_that_is_validated_and_recorded(runs):
+    """`fedssl run evaluate__X` runs that stage and what it needs (the wrapper once put it
+    after `--resources`, which swallowed it); `KEY=VALUE` changes it for one run, is checked
+    as a params file is, and is written beside what it made; a plain run makes it again."""
+    fedssl(runs, "run", "evaluate__tiny_pixels", "--cores", "1")
+    plain = metrics_of(runs, "tiny_pixels")
+    assert not (runs / "artifacts/experiments/tiny_simclr").exists()  # only what it needs
+
+    bad = fedssl(runs, "run", "tiny_pixels", "linear_probe.lr=-1", "--cores", "1", check=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "with the command line's overrides: invalid parameters" in bad.stderr
+    assert "linear_probe.lr: Input should be greater than 0" in bad.stderr
+    assert "$ snakemake" not in bad.stderr  # stopped before running anything
+
+    # a probe that barely trains: one epoch at a learning rate of 1e-6
+    fedssl(runs, "run", "linear_probe.epochs=1", "tiny_pixels", "linear_probe.lr=1e-6", "-c1")
+    meta = json.loads((runs / "artifacts/experiments/tiny_pixels/evaluate/meta.json").read_text())
+    assert meta["overrides"] == {"linear_probe": {"epochs": 1, "lr": 1e-6}}
+    record = json.loads((runs / "artifacts/.runs/evaluate__tiny_pixels.json").read_text())
+    assert record["overrides"] == meta["overrides"]
+    assert metrics_of(runs, "tiny_pixels")["linear_top1"] < plain["linear_top1"] - 20
+
+    fedssl(runs, "run", "tiny_pixels", "--cores", "1")  # without: the preset's result again
+    assert metrics_of(runs, "tiny_pixels") == plain
+    meta = json.loads((runs / "artifacts/experiments/tiny_pixels/evaluate/meta.json").read_text())
+    assert "overrides" not in meta
+
+
+LIST_EXPERIMENTS = f"{sys.executable} -m fedssl.cli list experiments"
+
+
+def test_version_and_a_reader_that_stops_early():
+    version = run([sys.executable, "-m", "fedssl.cli", "--version"], REPO).stdout
+    assert re.fullmatch(r"fedssl \d+\.\d+\.\d+\S*\n", version)
+    # 1,400 experiments: more than one pipe buffer, so the reader leaves before the end
+    proc = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"set -o pipefail; {sys.executable} -m fedssl.cli list experiments | head -1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout == "bench_cpcfl\n"
+
+
+def test_list_filters_and_names_every_row_label_the_reports_use():
+    def lines(*args):
+        return run([sys.executable, "-m", "fedssl.cli", "list", *args], REPO).stdout.splitlines()
+
+    methods = "\n".join(lines("methods"))
+    for label in ("SCAFFOLD (canonical, η_g=1)", "Ditto (λ=1)", "MOON (μ=1)", "FedProx (μ=0.01)"):
+        assert label in methods
+    assert [x.split(":")[0] for x in lines("methods", "scaffold")] == ["mpfedcon"]
+    assert lines("experiments", "smoke_mfcl_*_dir001") == [
+        f"smoke_mfcl_{n}_dir001  (grid smoke_mfcl)" for n in ("tn", "gn", "bn")
+    ]
+    assert lines("pipelines", "DEFAULT") == [
+        "default: fmnist_fedsimclr, fmnist_random_init, fmnist_pixels"
+    ]
+
+
+def test_the_tools_are_verbs(project):
+    helps = {v: fedssl(project, v, "-h").stdout for v in ("report", "board", "costs", "recheck")}
+    assert all(text.startswith(f"usage: fedssl {v}") for v, text in helps.items())
+    deps = fedssl(project, "codegraph", "deps", "fedssl.progress").stdout.split()
+    assert deps == ["fedssl/__init__.py", "fedssl/progress.py"]
+    shown = fedssl(project, "pipeline", "show", "default").stdout
+    assert "evaluate__tiny_pixels" in shown
+    assert fedssl(project, "docs", "--check", check=False).returncode == 0  # no docs/: none stale

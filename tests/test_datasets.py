@@ -1,5 +1,6 @@
 """The data-set registry (fedssl/data/catalog.py): every entry agrees with what its reader
-loads, it is the only place naming data sets, and a new data set is one entry plus its reader."""
+loads, the data-set files (fedssl/data/sets/) and the readers are the only places naming data
+sets, and a new data set is one drop-in file (its entry and reader)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedssl.data.catalog import DATASETS, dataset_spec
+from fedssl.data.catalog import dataset_spec, datasets
 from fedssl.data.sources import load_dataset, missing_data
 from tests.fixtures import REPO, make_tiny_project
 from tests.formats import WRITERS
+
+DATASETS = datasets()
 
 
 def test_every_entry_has_a_fixture():
@@ -81,8 +84,8 @@ def _string_literals(path: Path):
 
 
 def test_only_the_registry_and_the_readers_name_data_sets():
-    readers = {f"{spec.source_module.replace('.', '/')}.py" for spec in DATASETS.values()}
-    allowed = {"fedssl/data/catalog.py", *readers}
+    modules = {m for spec in DATASETS.values() for m in (spec.source_module, spec.module)}
+    allowed = {f"{m.replace('.', '/')}.py" for m in modules}
     names = re.compile(r"\b(" + "|".join(DATASETS) + r")\b")
     found = [
         f"{path.relative_to(REPO)}:{line}: {text!r}"
@@ -120,7 +123,9 @@ def _load(root, download):
 STRIPES = Source(_load, _check)
 '''
 TOY_ENTRY = """
-register(DatasetSpec("stripes", "Stripes", 3, (1, 8, 8), 60, "fedssl.data.stripes:STRIPES"))
+from fedssl.data.catalog import DatasetSpec, register
+
+register(DatasetSpec("stripes", "Stripes", 3, (1, 8, 8), 60, "fedssl.data.sets.stripes:STRIPES"))
 """
 
 
@@ -136,15 +141,13 @@ def _stage(root: Path, kind: str, name: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(600)
-def test_a_new_data_set_is_one_entry_and_its_reader(tmp_path):
+def test_a_new_data_set_is_one_drop_in_file(tmp_path):
     root = make_tiny_project(tmp_path, git=False)
     before = {p: p.read_bytes() for p in (root / "fedssl").rglob("*.py")}
-    (root / "fedssl/data/stripes.py").write_text(TOY_READER)
-    with open(root / "fedssl/data/catalog.py", "a") as f:
-        f.write(TOY_ENTRY)
+    (root / "fedssl/data/sets/stripes.py").write_text(TOY_READER + TOY_ENTRY)
     after = {p: p.read_bytes() for p in (root / "fedssl").rglob("*.py")}
     changed = {p.relative_to(root).as_posix() for p in after if before.get(p) != after[p]}
-    assert changed == {"fedssl/data/catalog.py", "fedssl/data/stripes.py"}
+    assert changed == {"fedssl/data/sets/stripes.py"}
     (root / "params/datasets/stripes.yaml").write_text("name: stripes\ndata_root: raw_stripes\n")
     (root / "params/partitions/stripes_iid_m3.yaml").write_text(
         "dataset: stripes\nnum_clients: 3\nscheme: {kind: iid}\nsubset: null\nseed: 0\n"

@@ -4,6 +4,8 @@ losses, a server step with server data, a trainer of its own such as split learn
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedssl.data.augment import to_float
-from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, on_outputs
 from fedssl.fl.engine import (
     Federation,
     FederationConfig,
@@ -25,11 +27,18 @@ from fedssl.fl.engine import (
     sample_clients,
     stacked,
 )
-from fedssl.methods.fedsimclr import simclr_loss
+from fedssl.losses import simclr_views
 from fedssl.models.encoders import ContrastiveModel
 from fedssl.params import ModelParams
 
 SHAPE = (1, 28, 28)
+
+
+def simclr_loss(temperature: float):
+    """FedSimCLR's cohort loss at ``temperature`` (the method's own loss, on its outputs)."""
+    return on_outputs(
+        lambda z, batch: simclr_views(z, batch, SimpleNamespace(temperature=temperature))
+    )
 
 
 def tiny_model(norm: str = "gn", seed: int = 0) -> ContrastiveModel:

@@ -105,13 +105,20 @@ def test_cluster_metrics_for_perfect_renamed_and_collapsed_clusterings():
     assert clusters_used([0, 5, 5, 7]) == 3 and not collapsed([0, 5])
 
 
-def test_ari_agrees_with_scikit_learn_on_random_labelings():
-    from sklearn.metrics import adjusted_rand_score
-
+def test_purity_counts_each_clusters_majority_and_bad_labelings_are_refused():
+    """Purity is not symmetric: the clusters are the first argument (counted by brute force
+    here); ARI is, both from scikit-learn."""
     rng = np.random.default_rng(0)
     for _ in range(20):
         a, b = rng.integers(0, 4, 30), rng.integers(0, 3, 30)
-        assert adjusted_rand_index(a, b) == pytest.approx(adjusted_rand_score(b, a))
+        majorities = sum(np.bincount(b[a == c]).max() for c in np.unique(a))
+        assert purity(a, b) == pytest.approx(majorities / 30)
+        assert adjusted_rand_index(a, b) == adjusted_rand_index(b, a)
+    for bad in ([], [0, 1, 2]):
+        with pytest.raises(ValueError, match="equal, non-empty 1-D"):
+            purity(bad, [0, 1])
+        with pytest.raises(ValueError, match="equal, non-empty 1-D"):
+            adjusted_rand_index(bad, [0, 1])
 
 
 def test_relevance_score_by_hand():

@@ -1,11 +1,13 @@
 """Encoders to take away: each method family's trained encoder on a tiny project goes out as
-safetensors + a JSON card and comes back, through `load_encoder` alone, as a module giving the
-very features the probes read."""
+safetensors + a JSON card and as a `torch.export` program, and comes back, through
+`load_encoder` or through `torch.export.load` alone, as a module giving the very features the
+probes read; the Markdown model card states what the JSON card holds."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
 
 import numpy as np
@@ -98,13 +100,20 @@ def test_an_exported_encoder_gives_the_probes_features(project, monkeypatch, exp
     state = torch.get_rng_state()
     moved = project / "elsewhere" / experiment  # only the two files travel
     moved.mkdir(parents=True)
-    for f in ("encoder.json", "encoder.safetensors"):
+    for f in ("encoder.json", "encoder.safetensors", "encoder.pt2"):
         shutil.copy(out / f, moved / f)
     loaded = load_encoder(moved)
     assert torch.equal(torch.get_rng_state(), state)  # the builder's seeding stays inside
     assert type(loaded).__module__.startswith("fedssl.") and not loaded.training
     got = extract_features(loaded, images, 64, torch.device("cpu"))
     assert got.shape == expected.shape and np.array_equal(got, expected)
+    program = torch.export.load(moved / "encoder.pt2").module()  # torch alone
+    assert type(program).__module__.startswith("torch.")
+    x = torch.from_numpy(np.array(images[:64])).float() / 255  # what the probes feed it
+    with torch.no_grad():
+        assert np.array_equal(program(x).numpy(), expected[:64])  # the probes' batch
+        one = program(x[:1])  # any batch size (kernels differ by batch: the eager one's)
+        assert torch.equal(one, loaded(x[:1])) and one.shape == (1, expected.shape[1])
     card = json.loads((out / "encoder.json").read_text())
     assert card["architecture"]["feature_dim"] == expected.shape[1]
     assert card["params"]["method"] == card["builder"]["params"]
@@ -161,6 +170,46 @@ def test_the_card_records_metrics_and_versions(project, monkeypatch):
     assert card["params"]["method"]["rounds"] == 2
     assert card["code"]["torch"] == torch.__version__ and card["code"]["git"] is None
     assert set(card["trained_by"]) == {"prepare_data__tiny", "pretrain__tiny_simclr"}
+    used = json.loads(
+        (project / "artifacts/experiments/tiny_simclr/pretrain/meta.json").read_text()
+    )
+    assert used["precision"] in ("fp32", "bf16")  # bf16 on a CPU with native bf16
+    assert card["trained_by"]["pretrain__tiny_simclr"]["precision"] == used["precision"]
+    assert card["features_precision"] in ("fp32", "bf16")
+    page = (project / "artifacts/exports/tiny_simclr/MODEL_CARD.md").read_text()
+    for section in ("Architecture", "Input and normalisation", "Training data and partition"):
+        assert f"## {section}\n" in page
+    assert "`fedssl.models.encoders.SmallCNN`" in page and "partition `tiny_dir05_m3`" in page
+    assert f"`pretrain__tiny_simclr` in {used['precision']}" in page and "rounds 2" in page
+    assert f"| linear_top1 | {metrics['linear_top1']} |" in page
+    assert "torch.export.load('encoder.pt2').module()" in page
+
+
+def test_the_program_loads_with_torch_alone(project, monkeypatch, tmp_path):
+    """In a fresh interpreter that cannot import fedssl: one line loads it, and its features
+    equal those of the module fedssl rebuilds."""
+    import subprocess
+    import sys
+
+    from fedssl.export import export, load_encoder
+
+    monkeypatch.chdir(project)
+    out = export("tiny_simclr", tmp_path / "enc")
+    script = (
+        "import sys, torch\n"
+        "sys.path = [p for p in sys.path if p not in ('', '.')]\n"
+        f"encoder = torch.export.load({str(out / 'encoder.pt2')!r}).module()\n"
+        "x = torch.linspace(0, 1, 3 * 28 * 28).reshape(3, 1, 28, 28)\n"
+        "with torch.no_grad():\n"
+        f"    torch.save(encoder(x), {str(tmp_path / 'features.pt')!r})\n"
+        "assert 'fedssl' not in sys.modules, 'fedssl was imported'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, check=True)
+    got = torch.load(tmp_path / "features.pt", weights_only=True)
+    x = torch.linspace(0, 1, 3 * 28 * 28).reshape(3, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(got, load_encoder(out)(x))
 
 
 def test_a_tampered_card_or_weights_file_is_refused(project, monkeypatch, tmp_path):

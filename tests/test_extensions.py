@@ -1,6 +1,6 @@
 """The README's extension points, each dropped into a copy of the project and run through the
 stage runner (``python -m stages.<kind> <name>``, as both front ends run it): a shared
-evaluation is one declaration in fedssl/plan/dag.py plus one stage script. (A method:
+evaluation is one declaration file in fedssl/evaluations/ plus one stage script. (A method:
 tests/test_plugins.py; a data set: tests/test_datasets.py.)"""
 
 from __future__ import annotations
@@ -20,10 +20,19 @@ from tests.fixtures import REPO, make_tiny_project
 
 pytestmark = pytest.mark.timeout(600)
 
-DECLARATION = """
-EVALUATIONS += (
-    Evaluation("client_balance", ("partition",), (PARTITION,), lambda method, exp: True,
-               metrics=("balance.json",)),
+DECLARATION = """from fedssl.evaluations import PARTITION, Evaluation, Metric, register
+
+register(
+    Evaluation(
+        "client_balance",
+        ("partition",),
+        (PARTITION,),
+        lambda method, exp: True,
+        order=60,
+        metrics=("balance.json",),
+        declares=(Metric("largest_share", "largest client share", order=60, unit="",
+                         higher_is_better=False),),
+    )
 )
 """
 
@@ -44,14 +53,13 @@ def test_a_new_evaluation_is_one_declaration_and_one_stage_script(tmp_path):
     root = make_tiny_project(tmp_path, git=False)
     before = {p: p.read_bytes() for p in root.rglob("*.py")}
     shutil.copy(REPO / "tests" / "toy_evaluation.py", root / "stages" / "client_balance.py")
-    with open(root / "fedssl/plan/dag.py", "a") as f:
-        f.write(DECLARATION)
+    (root / "fedssl/evaluations/client_balance.py").write_text(DECLARATION)
     changed = {
         p.relative_to(root).as_posix()
         for p in root.rglob("*.py")
         if before.get(p) != p.read_bytes()
     }
-    assert changed == {"fedssl/plan/dag.py", "stages/client_balance.py"}
+    assert changed == {"fedssl/evaluations/client_balance.py", "stages/client_balance.py"}
 
     _run(root, "fedssl.pipeline", "write")
     dvc = (root / "dvc.yaml").read_text()

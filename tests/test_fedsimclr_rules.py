@@ -13,7 +13,6 @@ from fedssl.fl.cohort import Batch
 from fedssl.fl.engine import fedavg, nbytes, stacked
 from fedssl.losses import nt_xent
 from fedssl.methods import federated
-from fedssl.methods.fedsimclr import simclr_loss
 from fedssl.models.encoders import seeded_contrastive_model
 from tests.fixtures import tiny_experiment
 from tests.test_engine import toy_data
@@ -40,7 +39,7 @@ def test_the_local_loss_is_nt_xent_between_two_independent_views():
     weights = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     batch = Batch((v1, v2), torch.zeros(8), torch.ones(8, dtype=torch.bool))
-    got = simclr_loss(p.temperature)(model, weights, buffers, batch)
+    got = federated.trainer_loss(p)(model, weights, buffers, batch)
     with torch.no_grad():
         expected = nt_xent(model(v1), model(v2), p.temperature)
     assert torch.allclose(got, expected, atol=1e-5)

@@ -83,8 +83,7 @@ def tiny(name: str, rounds: int = 2):
 
 def run(name: str, ckpt, stop_after: int | None = None):
     p = tiny(name)
-    method = registry.get(name)
-    model = method.build_model(p, SHAPE, CPU)
+    model = federated.build_model(p, SHAPE, CPU)
     fed = federated.make_federation(p, model, toy_data(), ckpt, "contract")
 
     def stop(state):
@@ -101,8 +100,7 @@ def run(name: str, ckpt, stop_after: int | None = None):
 def test_a_federated_method_trains_resumes_and_hands_the_probes_its_encoder(name, tmp_path):
     model, whole = run(name, tmp_path / "whole.pt")
     before = {
-        k: v.clone()
-        for k, v in registry.get(name).build_model(tiny(name), SHAPE, CPU).state_dict().items()
+        k: v.clone() for k, v in federated.build_model(tiny(name), SHAPE, CPU).state_dict().items()
     }
     moved = [k for k, v in whole.server["global"].items() if not torch.equal(v, before[k])]
     assert moved, "two rounds of training changed nothing"
@@ -140,8 +138,8 @@ class _Ctx:
 @pytest.mark.parametrize("name", FEDERATED)
 def test_the_saved_model_gives_a_frozen_encoder(name, tmp_path):
     method, p = registry.get(name), tiny(name)
-    model = method.build_model(p, SHAPE, CPU)
-    method.save(model, tmp_path / "model.pt", SHAPE)
+    model = federated.build_model(p, SHAPE, CPU)
+    call_hook(method.save, model, tmp_path / "model.pt", SHAPE)
     encoder = call_hook(method.encoder_hook, _Ctx(p, tmp_path))
     assert not any(q.requires_grad for q in encoder.parameters())
     x = torch.rand(3, *SHAPE, generator=torch.Generator().manual_seed(0))

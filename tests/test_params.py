@@ -24,9 +24,13 @@ def test_json_schemas_are_up_to_date():
 
 
 def test_dvc_files_are_generated_from_the_dag(monkeypatch):
+    """The dvc.yaml files and the stages' plan records, and no record of a stage gone."""
     monkeypatch.chdir(REPO)
-    for path, text in generated_files().items():
+    files = generated_files()
+    for path, text in files.items():
         assert (REPO / path).read_text() == text, f"{path} is stale: run `make generate`"
+    records = {p.relative_to(REPO) for p in (REPO / "pipelines/plan").glob("*.json")}
+    assert records == {p for p in files if p.suffix == ".json"}, "run `make generate`"
 
 
 def schema(kind: str) -> jsonschema.Draft202012Validator:

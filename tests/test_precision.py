@@ -12,10 +12,10 @@ from torch.func import functional_call
 
 from fedssl import precision
 from fedssl.losses import nt_xent
-from fedssl.methods.fedsimclr import simclr_loss
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.params import ModelParams, ParamsError
 from fedssl.presets import Presets
+from tests.test_engine import simclr_loss
 
 SHAPE = (1, 16, 16)
 MODEL = ModelParams(arch="small_cnn", norm="bn", width=8, proj_hidden=32, proj_dim=16)

@@ -55,8 +55,8 @@ def recheck(project):
 def test_committed_results_that_the_code_produces_pass(project):
     proc = recheck(project)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "same  results/experiments/tiny_simclr/metrics.json" in proc.stdout
-    assert "same  results/experiments/tiny_simclr/rounds.tsv" in proc.stdout
+    assert "identical  results/experiments/tiny_simclr/metrics.json" in proc.stdout
+    assert "identical  results/experiments/tiny_simclr/rounds.tsv" in proc.stdout
 
 
 @pytest.mark.slow
@@ -67,5 +67,38 @@ def test_a_committed_number_the_code_no_longer_produces_is_named(project):
     run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "stale"], project)
     proc = recheck(project)
     assert proc.returncode == 1
-    assert "differs  results/experiments/tiny_simclr/metrics.json" in proc.stdout
+    assert "differs beyond the spread  results/experiments/tiny_simclr/metrics.json" in proc.stdout
+    assert "linear_top1:" in proc.stdout  # the metric past its tolerance, named
     assert json.loads(metrics.read_text()) == true  # the rerun wrote what the code gives
+
+
+def test_a_metric_within_its_spread_is_told_apart_from_one_beyond(tmp_path, monkeypatch):
+    """Tolerances come from the committed results: the median SD over an experiment's seeds
+    (x 2 sqrt 2) and the largest fp32 -> bf16 twin gap; a change inside them is 'within the
+    spread', one past them names the metric."""
+    from fedssl.plan import recheck as rc
+
+    runs = {
+        "exp_s0": {"linear_top1": 70.0, "knn_top1": 71.0},
+        "exp_s1": {"linear_top1": 71.0, "knn_top1": 71.0},
+        "twin": {"linear_top1": 70.0, "knn_top1": 70.0},
+        "twin_bf16": {"linear_top1": 70.5, "knn_top1": 70.25},
+    }
+    for name, metrics in runs.items():
+        (tmp_path / "experiments" / name).mkdir(parents=True)
+        (tmp_path / "experiments" / name / "metrics.json").write_text(json.dumps(metrics))
+    monkeypatch.setattr(rc, "RESULTS", tmp_path)
+    monkeypatch.setattr(rc, "method_of", lambda name: "m")
+    rc.spread.cache_clear()
+    try:
+        # SD of (70, 71) = 0.707 -> 2 sqrt 2 x 0.707 = 2.0; the twins' gaps 0.5 and 0.25
+        assert rc.tolerance("exp_s0", "linear_top1") == pytest.approx(2.0)
+        assert rc.tolerance("exp_s0", "knn_top1") == pytest.approx(0.25)
+        old = {"linear_top1": 70.0, "knn_top1": 71.0}
+        inside = {"linear_top1": 71.9, "knn_top1": 70.8}
+        assert rc.judge_metrics("exp_s0", old, inside) == ("within the spread", [])
+        verdict, beyond = rc.judge_metrics("exp_s0", old, {**inside, "knn_top1": 70.5})
+        assert verdict == "differs beyond the spread"
+        assert beyond == ["knn_top1: 71 -> 70.5 (tolerance 0.25)"]
+    finally:
+        rc.spread.cache_clear()

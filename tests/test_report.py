@@ -1,5 +1,5 @@
 """The generic report: pivot cells, the rows, the short Markdown table beside the full CSV,
-rendering the committed reports again, the README blocks, and its vocabulary."""
+rendering the committed reports again, the docs' table blocks, and its vocabulary."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from fedssl.report import (
     columns_of,
     committed_rows,
     failed_run,
+    fill_blocks,
     load_saved,
-    readme_text,
     render,
     report_tables,
     rerender,
@@ -204,25 +204,18 @@ def test_mfcl_lays_out_its_costs_and_rserver_loss_in_its_own_tables():
     assert MFCL.tables(rows[1:]) == {}  # no MFCL run: no MFCL table
 
 
-def test_readme_tables_are_refilled_from_the_committed_reports(tmp_path):
+def test_page_tables_are_refilled_from_the_committed_reports(tmp_path):
     report = tmp_path / "demo" / "report.json"
     report.parent.mkdir()
     report.write_text('{"tables": {"linear": "| a |\\n|---|\\n| 1 |\\n"}}')
     text = "intro\n<!-- results: demo linear -->\nold table\n<!-- /results -->\nend\n"
-    assert readme_text(text, tmp_path) == (
+    assert fill_blocks(text, tmp_path) == (
         "intro\n<!-- results: demo linear -->\n| a |\n|---|\n| 1 |\n<!-- /results -->\nend\n"
     )
     with pytest.raises(KeyError, match="no table 'knn'"):
-        readme_text(text.replace("linear", "knn"), tmp_path)
+        fill_blocks(text.replace("linear", "knn"), tmp_path)
     with pytest.raises(FileNotFoundError, match="pipeline 'other'"):
-        readme_text(text.replace("demo", "other"), tmp_path)
-
-
-def test_the_readme_matches_the_committed_reports(monkeypatch):
-    monkeypatch.chdir(REPO)
-    text = (REPO / "README.md").read_text()
-    assert "<!-- results:" in text
-    assert readme_text(text) == text, "README.md is stale: run `python -m fedssl.report readme`"
+        fill_blocks(text.replace("demo", "other"), tmp_path)
 
 
 def test_a_row_holds_the_metrics_its_method_steps_wrote(tmp_path):

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedssl.data.catalog import DATASETS, dataset_spec
+from fedssl.data.catalog import dataset_spec, datasets
 from fedssl.data.sources import DataNotFound, Split, load_dataset
 from tests.formats import (
     write_cifar10,
@@ -223,12 +223,12 @@ def test_tiny_imagenet_missing(tmp_path):
 def test_unknown_name_lists_known():
     with pytest.raises(ValueError) as err:
         load_dataset("imagenet21k")
-    for name in DATASETS:
+    for name in datasets():
         assert name in str(err.value)
 
 
 def test_default_roots():
     assert issubclass(DataNotFound, FileNotFoundError)
     assert all(
-        spec.root == f"data/{name}" for name, spec in DATASETS.items() if name != "fashion_mnist"
+        spec.root == f"data/{name}" for name, spec in datasets().items() if name != "fashion_mnist"
     )

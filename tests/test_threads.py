@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from fedssl.hardware import cpu
 from tests.fixtures import make_tiny_project, run
 
 pytestmark = pytest.mark.timeout(900)
@@ -27,6 +28,8 @@ def run_pretrain(project, threads: int, keep) -> dict:
     ``keep``; return its run record."""
     env = {**os.environ, "FEDSSL_THREADS": str(threads), "FEDSSL_DEVICE": "cpu"}
     env.pop("OMP_NUM_THREADS", None)
+    if threads > 1:  # as the Snakefile runs a stage given more than one thread
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
     proc = subprocess.run(
         [sys.executable, "-m", "stages.method", "pretrain", "tiny_simclr"],
         cwd=project,
@@ -52,6 +55,16 @@ def test_same_threads_same_bytes_other_threads_within_float_noise(tmp_path):
         env = records[name]["environment"]
         assert env["torch_threads"] == threads and env["FEDSSL_THREADS"] == str(threads)
         assert env["device"] == "cpu" and env["cpu_count"] == os.cpu_count()
+        assert env["cpu_model"] == cpu()["cpu_model"]
+        # the outputs' own record says what their numbers depend on: CPU, threads, precision
+        meta = json.loads((tmp_path / name / "meta.json").read_text())
+        assert meta["precision"] in ("fp32", "bf16")
+        assert meta["computed_on"] == {
+            "cpu": cpu()["cpu_model"],
+            "vector_extensions": cpu()["cpu_vector_extensions"],
+            "threads": threads,
+            "wait_policy": "passive" if threads > 1 else "default",
+        }
 
     files = sorted(p.name for p in (tmp_path / "one").iterdir())
     assert "model.pt" in files and "meta.json" in files
@@ -84,3 +97,25 @@ def test_fedssl_threads_holds_whenever_the_stage_imports_torch(torch_first):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert proc.stdout.split() == ["1"]
+
+
+@pytest.mark.skipif(os.cpu_count() == 1, reason="torch's default is already one thread")
+@pytest.mark.parametrize(
+    ("threads", "computes_on", "wait_policy"),
+    [(None, "1", None), ("2", "2", "PASSIVE"), ("0", str(os.cpu_count()), None)],
+    ids=["unset: one", "two: idle threads sleep", "0: torch's choice"],
+)
+def test_a_stage_computes_on_one_thread_unless_told(threads, computes_on, wait_policy):
+    """One thread per stage by default (under load a second one waits on a descheduled
+    sibling: benchmarks/threads.py); more when asked, with OpenMP's idle threads asleep."""
+    code = (
+        "import os\nfrom fedssl.stage import set_threads\nset_threads()\nimport torch\n"
+        "print(torch.get_num_threads(), os.environ.get('OMP_WAIT_POLICY'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if "THREADS" not in k and "OMP_" not in k}
+    if threads is not None:
+        env["FEDSSL_THREADS"] = threads
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert proc.stdout.split() == [computes_on, str(wait_policy)]

@@ -1,6 +1,6 @@
 """A toy shared evaluation's stage script: how evenly a partition spreads the training images
-over the clients. The test copies it to a project's stages/client_balance.py and adds its
-declaration to fedssl/plan/dag.py's EVALUATIONS (see README, "Adding an evaluation")."""
+over the clients. The test copies it to a project's stages/client_balance.py and drops its
+declaration into fedssl/evaluations/ (see README, "Adding an evaluation")."""
 
 from __future__ import annotations
 

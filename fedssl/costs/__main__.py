@@ -16,7 +16,7 @@ from fedssl.presets import Presets
 def main(argv: list[str] | None = None) -> int:
     """``python -m fedssl.costs EXPERIMENT...``: the average client's projected full-scale
     costs of each experiment preset, as a Markdown table (nothing is run or written)."""
-    ap = argparse.ArgumentParser(prog="python -m fedssl.costs", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="fedssl costs", description=main.__doc__)
     ap.add_argument("experiments", nargs="+", help="params/experiments/<name>.yaml presets")
     names = ap.parse_args(argv).experiments
     print(

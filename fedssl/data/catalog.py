@@ -1,6 +1,10 @@
-"""The data-set registry: one :class:`DatasetSpec` per supported data set, the only place that
-names them. Params validation, planning checks, costs, the report's labels and the prepare stage
-all read it, so a new data set is one entry here plus the reader it names.
+"""The data-set registry: one :class:`DatasetSpec` per supported data set. Params validation,
+planning checks, costs, the report's labels and the prepare stage all read it.
+
+A data set is one drop-in file under :mod:`fedssl.data.sets` that registers its entry, found
+like the methods: every module there is imported when the registry is first read (by name, so
+no stage's code depends on the other data sets' files: adding one reruns nothing). A stage that
+reads a data set's entry (its prepare stage, the report) depends on that file.
 
 The entry names its reader as ``"module:object"`` (an object with ``load(root, download)``
 and ``check(root)``, see :class:`fedssl.data.sources.Source`), imported only when data is read
@@ -12,7 +16,8 @@ numpy.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+import pkgutil
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,7 @@ class DatasetSpec:
     source: str  # "module:object" reading it (load / check)
     default_root: str = ""  # where it is read from when params give no data_root; "" = data/<name>
     downloadable: bool = True  # `download: true` can fetch it
+    module: str = ""  # the module that registers it (set when it is discovered)
 
     @property
     def root(self) -> str:
@@ -50,8 +56,16 @@ def register(spec: DatasetSpec) -> DatasetSpec:
     return spec
 
 
+def datasets() -> dict[str, DatasetSpec]:
+    """Every registered data set: name -> entry (the files of :mod:`fedssl.data.sets` are
+    imported on the first call)."""
+    _discover()
+    return DATASETS
+
+
 def dataset_spec(name: str) -> DatasetSpec:
     """The entry of data set ``name`` ('-' and upper case accepted, e.g. 'Tiny-ImageNet')."""
+    _discover()
     key = name.lower().replace("-", "_")
     if key not in DATASETS:
         raise ValueError(
@@ -60,40 +74,22 @@ def dataset_spec(name: str) -> DatasetSpec:
     return DATASETS[key]
 
 
-_SOURCES = "fedssl.data.sources"
-register(
-    DatasetSpec(
-        "fashion_mnist",
-        "F-MNIST",
-        10,
-        (1, 28, 28),
-        60000,
-        f"{_SOURCES}:FASHION_MNIST",
-        default_root="/usr/share/datasets/fashion-mnist",  # Debian's dataset-fashion-mnist
-    )
-)
-register(DatasetSpec("cifar10", "CIFAR-10", 10, (3, 32, 32), 50000, f"{_SOURCES}:CIFAR10"))
-register(DatasetSpec("cifar100", "CIFAR-100", 100, (3, 32, 32), 50000, f"{_SOURCES}:CIFAR100"))
-register(DatasetSpec("stl10", "STL-10", 10, (3, 96, 96), 5000, f"{_SOURCES}:STL10"))
-register(
-    DatasetSpec(
-        "tiny_imagenet",
-        "Tiny",
-        200,
-        (3, 64, 64),
-        100000,
-        f"{_SOURCES}:TINY_IMAGENET",
-        downloadable=False,  # the archive needs unzipping by hand
-    )
-)
-register(
-    DatasetSpec(
-        "femnist",
-        "FEMNIST",
-        10,  # LEAF's letters a-j
-        (1, 28, 28),
-        None,  # depends on the sampling options LEAF's preprocess.sh was run with
-        "fedssl.data.femnist:FEMNIST",
-        downloadable=False,  # built with LEAF's scripts
-    )
-)
+_discovered = False
+
+
+def _discover() -> None:
+    """Import every data-set file of :mod:`fedssl.data.sets` (alphabetically) and note in each
+    entry the module that registered it. On first use, not when this module is imported: a
+    data-set file may import a reader module that imports this one."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    import fedssl.data.sets as sets
+
+    for info in pkgutil.iter_modules(sets.__path__):
+        module = f"{sets.__name__}.{info.name}"
+        before = set(DATASETS)
+        importlib.import_module(module)
+        for name in set(DATASETS) - before:
+            DATASETS[name] = replace(DATASETS[name], module=module)

@@ -10,20 +10,27 @@ from torch import nn
 from fedssl.data.augment import to_float
 from fedssl.params import KnnParams, LinearProbeParams
 from fedssl.precision import autocast
+from fedssl.progress import Progress, advance
 from fedssl.runtime import derive_seed
 
 
 @torch.no_grad()
 def extract_features(
-    encoder: nn.Module, images: np.ndarray, batch_size: int, device: torch.device
+    encoder: nn.Module,
+    images: np.ndarray,
+    batch_size: int,
+    device: torch.device,
+    desc: str = "features",
 ) -> np.ndarray:
     """Encoder outputs for uint8 images (no augmentation, eval mode), as float32 numpy."""
     encoder.eval()
     out = []
-    for start in range(0, len(images), batch_size):
-        x = to_float(torch.from_numpy(np.array(images[start : start + batch_size])).to(device))
-        with autocast(device):
-            out.append(encoder(x).float().cpu())
+    with Progress(desc, len(images)):
+        for start in range(0, len(images), batch_size):
+            x = to_float(torch.from_numpy(np.array(images[start : start + batch_size])).to(device))
+            with autocast(device):
+                out.append(encoder(x).float().cpu())
+            advance(len(x))
     return torch.cat(out).numpy()
 
 
@@ -49,14 +56,16 @@ def linear_probe(
     opt = torch.optim.Adam(clf.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     steps_per_epoch = -(-len(xtr) // p.batch_size)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, p.epochs * steps_per_epoch)
-    for _ in range(p.epochs):
-        order = torch.randperm(len(xtr), generator=gen).to(device)
-        for idx in order.split(p.batch_size):
-            loss = F.cross_entropy(clf(xtr[idx]), ytr[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
+    with Progress("linear probe", p.epochs * len(xtr)):
+        for _ in range(p.epochs):
+            order = torch.randperm(len(xtr), generator=gen).to(device)
+            for idx in order.split(p.batch_size):
+                loss = F.cross_entropy(clf(xtr[idx]), ytr[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+                advance(len(idx))
     with torch.no_grad():
         train_acc = (clf(xtr).argmax(1) == ytr).float().mean().item()
         test_acc = (clf(xte).argmax(1) == yte).float().mean().item()

@@ -23,6 +23,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from fedssl.models.norms import has_running_stats
 from fedssl.precision import autocast, laid_out
+from fedssl.progress import advance
 from fedssl.runtime import numpy_rng
 
 Tensors = dict[str, torch.Tensor]
@@ -65,12 +66,21 @@ class OptimizerConfig:
     momentum: float = 0.9  # sgd
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    clip_norm: float | None = None  # each client's gradient rescaled to this global L2 norm
 
     @classmethod
     def of(cls, settings) -> OptimizerConfig:
         """The optimizer a federation block names (``optimizer``, ``weight_decay``,
         ``momentum``)."""
         return cls(settings.optimizer, settings.weight_decay, settings.momentum)
+
+
+def clip_grad_norm(grads: Tensors, max_norm: float) -> Tensors:
+    """``torch.nn.utils.clip_grad_norm_`` per client row: every client's gradients scaled by
+    min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the L2 norm over all its tensors."""
+    norm = torch.stack([g.flatten(1).float().pow(2).sum(1) for g in grads.values()]).sum(0).sqrt()
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    return {k: g * scale.to(g.dtype).view(-1, *[1] * (g.dim() - 1)) for k, g in grads.items()}
 
 
 class StackedOptimizer:
@@ -95,6 +105,8 @@ class StackedOptimizer:
         """``lr``: one rate for all clients, or a tensor of one rate per client row."""
         c = self.cfg
         state["step"] += 1
+        if c.clip_norm is not None:
+            grads = clip_grad_norm(grads, c.clip_norm)
         for k, p in params.items():
             rate = lr.view(-1, *[1] * (p.dim() - 1)) if torch.is_tensor(lr) else lr
             g = grads[k]
@@ -137,7 +149,11 @@ def scatter(tree, rows: torch.Tensor, new) -> None:
 
 
 def client_batches(indices: np.ndarray, batch_size: int, epochs: int, *seed_parts) -> list:
-    """A client's local schedule: per epoch a seeded shuffle cut into batches (last one short)."""
+    """A client's local schedule: per epoch a seeded shuffle cut into K = ceil(n / B) batches of
+    near-equal size (sizes differ by at most 1, none above B): 600 samples at B = 64 give 10
+    batches of 60, not 9 of 64 and one of 24 as a DataLoader without ``drop_last`` cuts them.
+    The step count K is the reference code's; only the batch sizes differ. Kept (every
+    committed result was trained with it); tested in ``tests/test_cohort_rules.py``."""
     batches = []
     for epoch in range(epochs):
         order = numpy_rng(*seed_parts, epoch).permutation(indices)
@@ -241,6 +257,7 @@ class CohortTrainer:
             batch = self._gather_batch([schedules[i][step] for i in rows], data, generator)
             losses = self._step(trained, frozen, buffers, opt_state, rows, batch, lr)
             loss_sum[rows] += losses.detach().float()
+            advance(sum(len(schedules[i][step]) for i in rows))
         steps = torch.tensor([len(s) for s in schedules], device=data.device)
         return state, loss_sum / steps
 

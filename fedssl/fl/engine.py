@@ -63,6 +63,7 @@ class FederationConfig:
     lr: float
     lr_schedule: str = "constant"  # constant | cosine (over rounds)
     seed: int = 0
+    monitor_every: int = 0  # rounds between k-NN monitor evaluations (0: off)
 
 
 def federation_config(
@@ -76,6 +77,7 @@ def federation_config(
         lr=settings.lr,
         lr_schedule=lr_schedule,
         seed=seed,
+        monitor_every=settings.monitor_every,
     )
 
 
@@ -402,6 +404,10 @@ class Federation:
         self.server_data = server_data
         self.ckpt_path, self.fingerprint = Path(ckpt_path), fingerprint
         strategy.fed = self
+        # A hook that only logs: (federation, state, round index) -> columns for the round's
+        # row (the k-NN monitor, fedssl.fl.monitor); it must not draw from the training's
+        # random streams. None: nothing is logged beyond the strategy's own metrics.
+        self.monitor: Callable[[Federation, FedState, int], dict] | None = None
 
     def start(self, model: nn.Module) -> FedState:
         """The last checkpoint of this very configuration, or round 0 from ``model``."""
@@ -438,6 +444,8 @@ class Federation:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
         extra = s.evaluate(state, r) or {}
+        if self.monitor is not None:  # outside the round's timing
+            extra.update(self.monitor(self, state, r))
         for c in chosen:
             state.ledger.rounds[c] += 1
         up, down = (a - b for a, b in zip(_ledger_totals(state.ledger), bytes_before))

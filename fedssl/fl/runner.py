@@ -19,6 +19,7 @@ from fedssl.fl.engine import (
     client_data,
     write_round_log,
 )
+from fedssl.progress import Progress, say
 from fedssl.runtime import write_json
 
 
@@ -53,15 +54,42 @@ def run_rounds(
     label = f"{label} " if label else ""
     if state.round:
         print(f"{label}resuming from round {state.round}", flush=True)
+    rounds_left = fed.cfg.rounds - state.round
+    done = 0  # images this run has trained on
 
     def after_round(s: FedState) -> None:
+        nonlocal done
         if log_path is not None:
             write_round_log(s.log, log_path)
-        print(progress_line(s.log[-1], fed.cfg.rounds, label), flush=True)
+        row = s.log[-1]
+        round_images = round(row["images_per_s"] * row["seconds"])
+        done += round_images
+        bar.retotal(done + (fed.cfg.rounds - s.round) * round_images, done)
+        say(progress_line(row, fed.cfg.rounds, label))
         if on_round is not None:
             on_round(s)
 
-    return fed.run(state, on_round=after_round)
+    with Progress(f"{label}rounds", rounds_left * round_images_estimate(fed)) as bar:
+        return fed.run(state, on_round=after_round)
+
+
+def round_images_estimate(fed: Federation) -> int:
+    """The images a round trains on: the sampled share of the clients' data, times the local
+    epochs where the trainer says them (corrected after every round)."""
+    epochs = getattr(fed.trainer, "local_epochs", 0) or 1
+    return int(epochs * fed.cfg.client_fraction * sum(fed.data.sizes()))
+
+
+def attach_monitor(ctx, fed: Federation, model: nn.Module | None, state: FedState) -> None:
+    """The k-NN monitor on ``fed`` (:mod:`fedssl.fl.monitor`), with the untrained network's
+    accuracy when the run starts at round 0."""
+    from fedssl.fl.monitor import knn_monitor
+
+    if model is None:
+        raise ValueError("monitor_every: this method's federation has no model to monitor")
+    fed.monitor = knn_monitor(ctx, model, fed.cfg.monitor_every, fed.cfg.rounds, fed.cfg.seed)
+    if state.round == 0:
+        fed.monitor.start = fed.monitor.accuracy()
 
 
 def run_federation(
@@ -76,6 +104,8 @@ def run_federation(
         fed.trainer = ctx.remote_rounds
     state = fed.start(model)
     ctx.run_info["resumed_from_round"] = state.round
+    if fed.cfg.monitor_every and state.round < fed.cfg.rounds:
+        attach_monitor(ctx, fed, model, state)
     state = run_rounds(fed, state, log_path)
     write_round_log(state.log, log_path)
     ctx.run_info["rounds"] = [

@@ -26,6 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedssl.fl.cohort import Tensors
 from fedssl.flower.rounds import Client, ClientMemory, RemoteRounds, Result, Task
+from fedssl.runtime import StageFailed
 
 PARTITION_ID = "partition-id"  # Flower's node config key for which client a SuperNode is
 
@@ -40,29 +41,66 @@ def from_record(record: ArrayRecord) -> Tensors:
 
 # ---------------------------------------------------------------------------- server side
 class GridExchange:
-    """Sends a round's tasks to the SuperNodes that are those clients; returns their results."""
+    """Sends a round's tasks to the SuperNodes that are those clients; returns their results.
 
-    def __init__(self, grid: Grid, clients: int, timeout: float = 600.0):
+    At start it waits up to ``wait`` seconds for ``clients`` nodes and asks each which client
+    it is; with ``facts`` it hands each node's answer to ``compare(facts, answer, client)``,
+    which raises where the node's params or data differ. Fewer nodes, a client no node is, or
+    a node lost mid-run stop the run with a :class:`~fedssl.runtime.StageFailed` of one line."""
+
+    def __init__(self, grid: Grid, clients: int, wait: float = 600.0, facts=None, compare=None):
         self.grid = grid
-        self.node_of = self.find_clients(clients, timeout)
+        self.facts, self.compare = facts or {}, compare
+        self.node_of = self.find_clients(clients, wait)
 
-    def find_clients(self, clients: int, timeout: float) -> dict[int, int]:
-        """client -> node id, from each node's answer to a ``query`` (waits for ``clients``
-        nodes to connect)."""
-        deadline = time.monotonic() + timeout
+    def find_clients(self, clients: int, wait: float) -> dict[int, int]:
+        """client -> node id, from each node's answer to a ``query``."""
+        deadline = time.monotonic() + wait
         while len(nodes := list(self.grid.get_node_ids())) < clients:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(nodes)} of {clients} SuperNodes connected")
+                raise StageFailed(
+                    f"{len(nodes)} of {clients} SuperNodes connected within {wait:.0f} s: the "
+                    f"experiment has {clients} clients, start one SuperNode per client "
+                    f"({PARTITION_ID} 0 to {clients - 1})"
+                )
             time.sleep(0.5)
         asks = [Message(RecordDict(), dst_node_id=n, message_type="query") for n in nodes]
         node_of = {}
-        for reply in self.grid.send_and_receive(asks):
-            check(reply)
-            node_of[int(reply.content["who"]["client"])] = reply.metadata.src_node_id
+        for node, content in self.replies(asks, "answering which client it is").items():
+            answer = content["who"]
+            client = int(answer["client"])
+            if client in node_of:
+                raise StageFailed(f"two SuperNodes say they are client {client} ({PARTITION_ID})")
+            if self.compare is not None:
+                self.compare(self.facts, dict(answer), client)
+            node_of[client] = node
         missing = sorted(set(range(clients)) - set(node_of))
         if missing:
-            raise RuntimeError(f"no SuperNode has {PARTITION_ID} {missing} (got {sorted(node_of)})")
+            raise StageFailed(
+                f"no SuperNode has {PARTITION_ID} {missing} (the connected ones are clients "
+                f"{sorted(node_of)})"
+            )
         return node_of
+
+    def replies(self, messages: list[Message], doing: str) -> dict[int, RecordDict]:
+        """Each destination node's reply content; a node that failed or was lost (Flower
+        answers for it with an error) stops the run with one line naming it."""
+        got, errors = {}, []
+        for reply in self.grid.send_and_receive(messages):
+            if reply.has_error():
+                errors.append(reply.error.reason.splitlines()[0])
+            else:
+                got[reply.metadata.src_node_id] = reply.content
+        lost = [m.metadata.dst_node_id for m in messages if m.metadata.dst_node_id not in got]
+        if lost:
+            clients = {n: c for c, n in getattr(self, "node_of", {}).items()}
+            who = ", ".join(f"client {clients[n]}" if n in clients else f"node {n}" for n in lost)
+            raise StageFailed(
+                f"the SuperNode of {who} failed {doing}: "
+                f"{errors[0] if errors else 'no reply'} (restart it and submit the run again: "
+                "it resumes from its last checkpoint)"
+            )
+        return got
 
     def __call__(self, tasks: list[Task]) -> list[Result]:
         messages = [
@@ -81,10 +119,7 @@ class GridExchange:
             )
             for t in tasks
         ]
-        by_node = {}
-        for reply in self.grid.send_and_receive(messages):
-            check(reply)
-            by_node[reply.metadata.src_node_id] = reply.content
+        by_node = self.replies(messages, f"in round {tasks[0].round + 1}")  # 1-based, as logged
         return [result_of(by_node[self.node_of[t.client]]) for t in tasks]
 
 
@@ -96,11 +131,6 @@ def result_of(content: RecordDict) -> Result:
         int(content["result"]["images"]),
         None if kept is None else from_record(kept),
     )
-
-
-def check(reply: Message) -> None:
-    if reply.has_error():
-        raise RuntimeError(f"a ClientApp failed: {reply.error.reason}")
 
 
 def server_app(run: Callable[[RemoteRounds], None], clients: int) -> ServerApp:
@@ -145,10 +175,14 @@ def _int_keys(d: dict) -> dict:
     return {int(k) if k.lstrip("-").isdigit() else k: v for k, v in d.items()}
 
 
-def client_app(federation: Callable[[Context], tuple]) -> ClientApp:
+def client_app(
+    federation: Callable[[Context], tuple],
+    who: Callable[[Context], ConfigRecord] | None = None,
+) -> ClientApp:
     """A ``ClientApp`` that trains its client's part of each round of the method's federation:
     ``federation(context)`` returns (model, Federation), built once per process from the same
-    params and partition (the run's config says which)."""
+    params and partition (the run's config says which). It answers the server's ``query``
+    once built, with ``who(context)`` (default: its client, the node's ``partition-id``)."""
     app = ClientApp()
     built: list[Client] = []
 
@@ -158,9 +192,13 @@ def client_app(federation: Callable[[Context], tuple]) -> ClientApp:
         return built[0]
 
     @app.query()
-    def who(msg: Message, context: Context) -> Message:
-        me = int(context.node_config[PARTITION_ID])
-        return Message(RecordDict({"who": ConfigRecord({"client": me})}), reply_to=msg)
+    def query(msg: Message, context: Context) -> Message:
+        client(context)
+        if who is not None:
+            answer = who(context)
+        else:
+            answer = ConfigRecord({"client": int(context.node_config[PARTITION_ID])})
+        return Message(RecordDict({"who": answer}), reply_to=msg)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:

@@ -22,14 +22,21 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
+from fedssl.contract import DATA, PARTITION, StepContext
 from fedssl.params import Strict
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fedssl.stage import StageContext
-
-DATA, PARTITION = "data", "partition"  # step inputs besides the outputs of earlier steps
+__all__ = [
+    "DATA",
+    "PARTITION",
+    "FederatedMethod",
+    "Method",
+    "MethodParams",
+    "Step",
+    "StepContext",
+    "call_hook",
+]
 
 
 def hook_module(hook: str) -> str:
@@ -38,10 +45,15 @@ def hook_module(hook: str) -> str:
     return hook.partition(":")[0]
 
 
+def resolve_hook(hook: str):
+    """The function a ``"module:function"`` hook names (its module imported)."""
+    module, _, function = hook.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def call_hook(hook: str, *args):
     """Import the function a ``"module:function"`` hook names and call it."""
-    module, _, function = hook.partition(":")
-    return getattr(importlib.import_module(module), function)(*args)
+    return resolve_hook(hook)(*args)
 
 
 class MethodParams(Strict):
@@ -140,9 +152,9 @@ class Method:
         committed report folder): file name -> caption. By default ``report_figures``'."""
         return call_hook(self.report_figures, rows, out_dir) if self.report_figures else {}
 
-    def hook_modules(self, params: MethodParams, kind: str) -> list[str]:
-        """The modules a stage of kind ``kind`` (a step, or a shared stage that calls a hook)
-        runs of this method, besides its declaration: the stage's code dependencies."""
+    def hooks(self, params: MethodParams, kind: str) -> list[str]:
+        """The ``"module:function"`` hooks a stage of kind ``kind`` (a step, or a shared stage
+        that calls a hook) calls of this method (its plan record names them)."""
         hooks = {
             "features": [self.encoder_hook],
             "finetune": [self.encoder_hook],
@@ -151,7 +163,12 @@ class Method:
         }.get(kind)
         if hooks is None:
             hooks = [s.runner for s in self.steps_for(params) if s.name == kind]
-        return [hook_module(h) for h in hooks if h]
+        return [h for h in hooks if h]
+
+    def hook_modules(self, params: MethodParams, kind: str) -> list[str]:
+        """The modules of :meth:`hooks`, which a stage of kind ``kind`` runs of this method
+        besides its declaration: the stage's code dependencies."""
+        return [hook_module(h) for h in self.hooks(params, kind)]
 
     # ------------------------------------------------------------------ stages
     # The DAG's shape may depend on the method's params (LW-FedSSL: one cached stage per
@@ -169,7 +186,7 @@ class Method:
         ``costs_inputs``)."""
         return self.costs_inputs
 
-    def run_step(self, step: str, ctx: StageContext) -> None:
+    def run_step(self, step: str, ctx: StepContext) -> None:
         """Run step ``step`` (a name in ``steps_for``): its ``runner``, or ``self.<step>(ctx)``."""
         declared = {s.name: s for s in self.steps_for(ctx.exp.method)}
         if step not in declared:
@@ -182,14 +199,14 @@ class Method:
         else:
             getattr(self, step)(ctx)
 
-    def encoder(self, ctx: StageContext):
+    def encoder(self, ctx: StepContext):
         """The frozen encoder the probes read (an ``nn.Module`` mapping float images in [0, 1]
         to features), built from the outputs of ``encoder_inputs``: ``encoder_hook``'s."""
         if self.encoder_hook is None:
             raise NotImplementedError(f"method '{self.name}' has no frozen encoder for the probes")
         return call_hook(self.encoder_hook, ctx)
 
-    def client_costs(self, ctx: StageContext) -> list[dict]:
+    def client_costs(self, ctx: StepContext) -> list[dict]:
         """Per-client costs (rows of :func:`fedssl.costs.summarize_client_costs`' input)."""
         if self.client_costs_hook is None:
             raise NotImplementedError(f"method '{self.name}' declares no client costs")
@@ -239,66 +256,42 @@ class PretrainStepMethod(Method):
         return params.model.arch
 
 
+RUNTIME = "fedssl.methods.federated"  # the code that runs every FederatedMethod
+
+
 class FederatedMethod(PretrainStepMethod):
-    """A FedAvg-style self-supervised method: one model, trained on every client's augmented
-    views by a loss of its outputs, the clients' models combined by a strategy.
+    """A FedAvg-style self-supervised method: a loss and a model. Every client trains the model
+    on its augmented views by the loss of the model's outputs; a strategy combines them.
 
     :mod:`fedssl.methods.federated` runs it: model -> views -> cohort trainer -> strategy ->
     federation, resumed from its checkpoint; then the model is saved and the probes get its
-    encoder (the Flower adapter builds the same federation). A subclass declares its params
-    (a :func:`fedssl.params.federation` block with ``augment``), its ``loss`` and, where they
-    differ from a contrastive model under FedAvg, the hooks below. The hooks import torch
-    inside, so the declaration stays light. Its client costs are its package's ``costs``
-    module (``client_costs`` / ``projected_costs``)."""
+    encoder (the Flower adapter builds the same federation). A subclass declares its params (a
+    :func:`fedssl.params.federation` block with ``augment``, and ``strategy`` unless it names
+    its own), its ``loss`` and, where they differ from a contrastive model under the library's
+    strategies, the other hooks, all ``"module:function"`` strings (the declaration stays free
+    of torch, and each hook's module is a code dependency of the stages that run it only). Its
+    client costs are its package's ``costs`` module."""
 
     views: ClassVar[int] = 2
+    loss: ClassVar[str]  # (outputs in fp32, batch, params) -> scalar
+    model: ClassVar[str] = f"{RUNTIME}:contrastive_model"  # (params, image shape, device)
+    strategy: ClassVar[str] = f"{RUNTIME}:chosen_strategy"  # (config, model, params)
+    after_step: ClassVar[str | None] = None  # (model, params) -> the cohort's after_step
+    save: ClassVar[str] = f"{RUNTIME}:save_contrastive"  # (model, path, image shape)
+    describe: ClassVar[str] = f"{RUNTIME}:parameter_count"  # (model) -> run-record facts
+    encoder_loader: ClassVar[str] = f"{RUNTIME}:contrastive_encoder"  # (stage context)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if getattr(cls, "package", None) is None:
             return
-        run = "fedssl.methods.federated"
-        cls.steps = tuple(replace(s, runner=f"{run}:pretrain") for s in cls.steps)
-        cls.encoder_hook = f"{run}:encoder"
-        cls.flower_steps = {"pretrain": f"{run}:federation"}
+        cls.steps = tuple(replace(s, runner=f"{RUNTIME}:pretrain") for s in cls.steps)
+        cls.encoder_hook = cls.encoder_loader
+        cls.flower_steps = {"pretrain": f"{RUNTIME}:federation"}
 
-    def loss(self, outputs, batch, p):
-        """The local objective: a scalar from the model's fp32 outputs on the batch's views
-        (concatenated along dim 0) and ``batch.valid`` (which rows are real)."""
-        raise NotImplementedError
-
-    def build_model(self, p, image_shape, device):
-        """The seeded initial model (every client starts from it)."""
-        from fedssl.models.encoders import seeded_contrastive_model
-
-        return seeded_contrastive_model(p.model, image_shape, p.seed, device)
-
-    def strategy(self, cfg, model, p):
-        """The server's strategy: by default the one the params' ``strategy`` field chooses
-        from the library (FedAvg, FedProx, ...); it may also wrap the clients' loss."""
-        from fedssl.strategies import choose
-
-        return choose.strategy(p.strategy, cfg)
-
-    def after_step(self, model, p):
-        """A callback after every optimizer step (a momentum encoder's EMA), or None."""
-        return None
-
-    def describe(self, model) -> dict:
-        """What the stage's run record says of the trained model."""
-        return {"parameters": sum(q.numel() for q in model.parameters())}
-
-    def save(self, model, path, image_shape) -> None:
-        """Write the trained model (what :meth:`load_encoder` reads)."""
-        from fedssl.models.encoders import save_contrastive_model
-
-        save_contrastive_model(model, path, image_shape)
-
-    def load_encoder(self, ctx):
-        """The frozen encoder for the probes, from the saved model."""
-        from fedssl.models.encoders import load_encoder
-
-        projection = ctx.exp.features.layer == "projection"
-        return load_encoder(
-            ctx.exp.method.model, ctx.input("pretrain") / "model.pt", ctx.device, projection
-        )
+    def hook_modules(self, params, kind: str) -> list[str]:
+        """Training runs the runtime and every hook it calls."""
+        if kind != "pretrain":
+            return super().hook_modules(params, kind)
+        hooks = (self.loss, self.model, self.strategy, self.after_step, self.save, self.describe)
+        return [RUNTIME] + sorted({hook_module(h) for h in hooks if h} - {RUNTIME})

@@ -165,7 +165,9 @@ class MfclEncoder(nn.Module):
     def forward(self, x):
         if self.client.norm_kind == "tn":
             twin = x.flip(-1) if self.tn_eval_pair == "hflip" else x
-            z = self.client.encode(torch.cat([x, twin]))[: len(x)]
+            z = self.client.encode(torch.cat([x, twin]))[
+                : x.shape[0]
+            ]  # len() would fix the batch in an export
         else:
             z = self.client.encode(x)
         h = self.rserver.embed(z.to(x.dtype))

@@ -203,7 +203,9 @@ class VisionTransformer(nn.Module):
         tokens = self.patch_embed(x) + self.pos_embed.to(x.dtype)
         if self.cls_token is None:
             return tokens
-        return torch.cat([self.cls_token.expand(len(x), -1, -1).to(tokens.dtype), tokens], dim=1)
+        return torch.cat(
+            [self.cls_token.expand(x.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1
+        )
 
     def tokens(self, x: Tensor, skip: Collection[int] = ()) -> Tensor:
         """All output tokens after the first ``depth`` blocks and the final LayerNorm. Blocks

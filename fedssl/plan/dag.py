@@ -4,7 +4,7 @@ The Snakefile builds its rules from :class:`Dag`; ``dvc.yaml`` (and one file per
 that was run, under ``pipelines/``) is generated from it (:mod:`fedssl.plan.dvcfile`) and a test
 fails when the checked-in files drift from it. Stages come from the experiments' methods (the
 registry in :mod:`fedssl.methods`) plus the shared ones: prepare data, partition, the
-evaluations declared in :data:`EVALUATIONS` (features, evaluate, personal, finetune, costs) and
+evaluations (:mod:`fedssl.evaluations`: features, evaluate, personal, finetune, costs) and
 the report. A per-experiment stage is named after the experiment that
 owns its content (:meth:`Dag.owners`), so experiments that differ only downstream share it.
 
@@ -15,7 +15,8 @@ stage script, the method's declaration and, by name, only the module of the hook
 step's ``runner``, the ``encoder``, ``client_costs`` or report functions), so a method's report
 code is not a dependency of its training and the reverse. DVC compares these itself; for
 Snakemake every stage has a *fingerprint* of the same things (:meth:`Dag.fingerprint`, checked
-by :mod:`fedssl.plan.freshness`).
+by :mod:`fedssl.plan.freshness`). All of it is in each stage's plan record (:meth:`Dag.record`,
+:mod:`fedssl.plan.record`), which the stage reads instead of this module.
 """
 
 from __future__ import annotations
@@ -23,17 +24,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from fedssl import evaluations
 from fedssl import params as P
 from fedssl.codegraph import code_files
+from fedssl.contract import DATA, PARTITION
 from fedssl.data.catalog import dataset_spec
 from fedssl.methods import registry
-from fedssl.methods.base import DATA, PARTITION
-from fedssl.plan.fingerprint import hash_file, recorded
+from fedssl.plan.fingerprint import hash_file
 from fedssl.plan.layout import (
     ARTIFACTS,
     data_dir,
@@ -44,7 +44,9 @@ from fedssl.plan.layout import (
     report_dir,
     results_dir,
 )
+from fedssl.plan.record import PRECISION, fingerprint, fingerprint_inputs, values_digest
 from fedssl.presets import (
+    EXPERIMENT_MODEL,
     PARAMS_DIR,
     PIPELINES_FILE,
     Presets,
@@ -54,72 +56,6 @@ from fedssl.presets import (
 )
 
 REPORT_READS = ("title", "partition", "method")
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """A shared per-experiment stage ``<kind>__<experiment>``, run by ``stages/<kind>.py``.
-
-    ``reads``: the experiment params it reads; ``inputs``: ``data``, ``partition`` or earlier
-    evaluations' kinds. ``uses``: what it takes from the experiment's method, which adds that
-    part's params and steps to its reads and inputs (:func:`_method_part`): ``"encoder"`` (the
-    frozen encoder, built by the method's hook), ``"personal"`` (the steps that logged
-    personalised results) or ``"costs"`` (the client-costs hook and the steps it reads).
-    ``applies(method, experiment params)``: whether the experiment has this stage. ``metrics``
-    and ``plots``: the files it writes under the experiment's ``results/`` folder."""
-
-    kind: str
-    reads: tuple[str, ...]
-    inputs: tuple[str, ...]
-    applies: Callable[[Any, Any], bool]
-    uses: str | None = None
-    gpu: bool = False
-    metrics: tuple[str, ...] = ()
-    plots: tuple[str, ...] = ()
-
-
-def _evaluated_by(section: str) -> Callable[[Any, Any], bool]:
-    """Applies when the method is evaluated through ``section`` of the experiment params."""
-    return lambda method, exp: section in method.evaluation_sections
-
-
-# The shared evaluations, in the order they join an experiment (after the method's steps).
-EVALUATIONS = (
-    Evaluation(
-        "personal",
-        ("personal",),
-        (PARTITION,),
-        _evaluated_by("personal"),
-        uses="personal",
-        metrics=("metrics.json",),
-    ),
-    Evaluation("features", ("features",), (DATA,), _evaluated_by("features"), "encoder", True),
-    Evaluation(
-        "evaluate",
-        ("linear_probe", "knn"),
-        ("features",),
-        _evaluated_by("features"),
-        gpu=True,
-        metrics=("metrics.json",),
-    ),
-    Evaluation(
-        "finetune",
-        ("finetune",),
-        (DATA,),
-        lambda method, exp: exp.finetune is not None,
-        uses="encoder",
-        gpu=True,
-        metrics=("finetune.json",),
-        plots=("finetune_epochs.tsv",),
-    ),
-    Evaluation(
-        "costs",
-        (),
-        (PARTITION,),
-        lambda method, exp: method.costs_inputs_for(exp.method) is not None,
-        uses="costs",
-    ),
-)
 
 
 def _method_part(method, params, uses: str | None) -> tuple[tuple, tuple, bool]:
@@ -145,6 +81,8 @@ class Stage:
     params: dict[str, list[str] | None] = field(default_factory=dict)  # file -> keys (None=all)
     code: list[str] = field(default_factory=list)  # project files its code imports
     gpu: bool = False
+    hooks: list[str] = field(default_factory=list)  # "module:function"s it calls by name
+    method: str | None = None  # the method whose step it is, or whose hook it calls
     # Small result files committed with the code (DVC outs with cache: false)
     results: list[str] = field(default_factory=list)
     metrics: list[str] = field(default_factory=list)
@@ -231,6 +169,7 @@ class Dag:
         stage = f"prepare_data__{name}"
         if stage in self.stages:
             return stage
+        spec = dataset_spec(params.name)
         self._add(
             Stage(
                 stage,
@@ -238,8 +177,9 @@ class Dag:
                 f"python -m stages.prepare_data {name}",
                 data_dir(name),
                 params=self.presets.tracked("dataset", name, None),
-                # the reader the registry names for it is imported by name, not statically
-                code=code_files(_entry("prepare_data"), dataset_spec(params.name).source_module),
+                # its entry's file and the reader it names are imported by name, not statically
+                code=code_files(_entry("prepare_data"), spec.module, spec.source_module),
+                hooks=[spec.source],
             )
         )
         return stage
@@ -335,11 +275,15 @@ class Dag:
             entry = _entry(entry or kind)
             modules = [
                 entry,
+                EXPERIMENT_MODEL,  # it loads the experiment's params
+                *([PRECISION] if gpu else []),
                 *([declaration, *method.hook_modules(exp.method, kind)] if calls_method else []),
             ]
             stage = self._exp_stage(
                 kind, exp_name, entry, reads, [sources[i] for i in inputs], modules, gpu
             )
+            if calls_method:
+                stage.method, stage.hooks = method.name, method.hooks(exp.method, kind)
             sources[kind] = stage.name
             return stage
 
@@ -348,7 +292,7 @@ class Dag:
             results = results_dir(owner_of(stage.out))
             stage.plots = [f"{results}/{p}" for p in step.plots]
             stage.metrics = [f"{results}/{m}" for m in step.metrics]
-        for ev in EVALUATIONS:
+        for ev in evaluations.all():
             if ev.applies(method, exp):
                 reads, inputs, calls_method = _method_part(method, exp.method, ev.uses)
                 stage = add(
@@ -395,7 +339,9 @@ class Dag:
     def _add_report(self) -> None:
         """The report reads every experiment's metrics, the meta and traffic of its method's
         steps, its costs, and the partitions' heat-maps."""
-        deps, upstream, params, modules = [], [], {}, {_entry("report")}
+        # the metrics' declarations say how the report shows them
+        modules = {_entry("report"), EXPERIMENT_MODEL, *evaluations.modules()}
+        deps, upstream, params, hooks = [], [], {}, set()
         for exp in self.experiments:
             exp_params = self.presets.load("experiment", exp)
             method = registry.get(exp_params.method.name)
@@ -414,7 +360,10 @@ class Dag:
                     else merged + [k for k in keys if k not in merged]
                 )
             modules.add(registry.module_of(method.name))
+            part = self.presets.load("partition", exp_params.partition)
+            modules.add(dataset_spec(self.presets.load("dataset", part.dataset).name).module)
             modules.update(method.hook_modules(exp_params.method, "report"))
+            hooks.update(method.hooks(exp_params.method, "report"))
         parts = [s for s in self.stages.values() if s.kind == "partition"]
         deps += [s.out for s in parts]
         upstream += [s.name for s in parts]
@@ -430,27 +379,61 @@ class Dag:
                 upstream=upstream,
                 params=params,
                 code=code_files(*sorted(modules)),
+                hooks=sorted(hooks),
                 results=[f"{out}/report.md", f"{out}/report.csv", f"{out}/report.json"],
                 plots=[f"{out}/curves.png"],
             )
         )
 
-    # ------------------------------------------------------------------ fingerprints
-    def fingerprint_inputs(self, name: str) -> dict:
-        """What a stage's output depends on, as both front ends see it: its command, the raw
-        params values it reads, the hashes of the code it imports, and the output digests
-        its upstream stages recorded."""
+    # ------------------------------------------------------------------ records, fingerprints
+    def record(self, name: str) -> dict:
+        """The stage's plan record (:mod:`fedssl.plan.record`): what the stage runtime reads
+        instead of this DAG."""
         s = self.stages[name]
         return {
-            "cmd": s.cmd,
-            "params": raw_values(s.params),
-            "code": {c: hash_file(Path(c)) for c in s.code},
-            "upstream": {u: recorded(self.stages[u], "output_digest") for u in s.upstream},
+            "stage": s.name,
+            "kind": s.kind,
+            "name": s.name.split("__", 1)[1],
+            "command": s.cmd,
+            "params": s.params,
+            "params_digest": values_digest(raw_values(s.params)),
+            "inputs": {
+                u: {"kind": self.stages[u].kind, "out": self.stages[u].out} for u in s.upstream
+            },
+            "outputs": {
+                "out": s.out,
+                "results": s.results,
+                "metrics": s.metrics,
+                "plots": s.plots,
+            },
+            "code": s.code,
+            "hooks": s.hooks,
+            "method": s.method,
+            "gpu": s.gpu,
+            **({"pipeline": self._pipeline_plan()} if s.kind == "report" else {}),
         }
 
+    def _pipeline_plan(self) -> dict:
+        """What the report reads of its pipeline's plan: its experiments (in order) with their
+        stages, each stage's kind and outputs, and the report's pivot."""
+        return {
+            "row": self.row,
+            "column": self.column,
+            "experiments": {e: self.of_experiment[e] for e in self.experiments},
+            "stages": {
+                n: {"kind": s.kind, "out": s.out, "metrics": s.metrics, "plots": s.plots}
+                for n, s in self.stages.items()
+                if s.kind != "report"
+            },
+        }
+
+    def fingerprint_inputs(self, name: str) -> dict:
+        """What a stage's output depends on, as both front ends see it (see
+        :func:`fedssl.plan.record.fingerprint_inputs`)."""
+        return fingerprint_inputs(self.record(name), raw_values(self.stages[name].params))
+
     def fingerprint(self, name: str) -> str:
-        payload = json.dumps(self.fingerprint_inputs(name), sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()
+        return fingerprint(self.fingerprint_inputs(name))
 
     def param_values(self, s: Stage) -> dict:
         """What the stage ran with, for its meta.json: the raw values it reads."""

@@ -6,24 +6,29 @@ the code that builds the DAG, runs `python -m fedssl.pipeline check` (validate e
 pipeline, regenerate any stale dvc.yaml and stop with a message if one was) and writes a file
 of constant content that every prepare stage depends on, so `dvc repro` always runs it first
 and stops before any stage when the params changed the DAG's shape. Only pipelines that were
-run (or asked for) have a dvc.yaml; the results of all runs are the root's metrics and plots.
+run (or asked for) have a dvc.yaml; each stage declares its metrics and plots (the loss
+over rounds or epochs, drawn by `dvc plots show`).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
+from fedssl import evaluations
 from fedssl import params as P
 from fedssl.codegraph import code_files
+from fedssl.data.catalog import datasets
 from fedssl.methods import registry
 from fedssl.plan.dag import Dag, Stage
 from fedssl.plan.freshness import RAN_LOG, check_data
-from fedssl.plan.layout import RESULTS
-from fedssl.presets import PARAMS_DIR, Presets
+from fedssl.plan.layout import PLAN_RECORDS
+from fedssl.plan.record import record_path, record_text
+from fedssl.presets import OVERRIDES_ENV, PARAMS_DIR, Presets
 
 EXTRA_PIPELINES_DIR = Path("pipelines")
 DAG_STAGE = "dag"
@@ -42,19 +47,22 @@ def active_pipelines(
     ]
 
 
-def owners(root: Path = PARAMS_DIR, also: tuple[str, ...] = ()) -> dict[str, tuple[str, Stage]]:
-    """Stage name -> (the pipeline whose dvc.yaml defines it, the stage). A shared stage stays
+def owners(
+    root: Path = PARAMS_DIR, also: tuple[str, ...] = ()
+) -> dict[str, tuple[str, Stage, Dag]]:
+    """Stage name -> (the pipeline whose dvc.yaml defines it, the stage, that pipeline's DAG).
+    A shared stage stays
     in the dvc.yaml that defines it already, so running one pipeline never moves another's
     stages (and their dvc.lock records); a new one goes to the first active pipeline that
     uses it (``default`` first). Later pipelines depend on its outputs without redefining it."""
     presets = Presets(root)
     dags = {p: Dag(p, root, presets=presets) for p in active_pipelines(root, presets, also)}
     defined = {n: p for p in reversed(dags) for n in defined_stages(p) if n in dags[p].stages}
-    owner: dict[str, tuple[str, Stage]] = {}
+    owner: dict[str, tuple[str, Stage, Dag]] = {}
     for pipe, dag in dags.items():
         for name, stage in dag.stages.items():
             if defined.get(name, pipe) == pipe:
-                owner.setdefault(name, (pipe, stage))
+                owner.setdefault(name, (pipe, stage, dag))
     return owner
 
 
@@ -78,7 +86,14 @@ def dvc_file(pipeline: str) -> Path:
 
 
 def _dag_stage(root: Path) -> dict:
-    modules = ["fedssl.pipeline", *[registry.module_of(m.name) for m in registry.all()]]
+    """The DAG check: it reads params/ and the planner's code, with the declarations it finds
+    by name (the methods', the evaluations', the data sets')."""
+    modules = [
+        "fedssl.pipeline",
+        *[registry.module_of(m.name) for m in registry.all()],
+        *evaluations.modules(),
+        *dict.fromkeys(spec.module for spec in datasets().values()),
+    ]
     return {
         "cmd": "python -m fedssl.pipeline check",
         "deps": [str(root), *code_files(*modules)],
@@ -87,30 +102,55 @@ def _dag_stage(root: Path) -> dict:
 
 
 def _entry_of(s: Stage, wdir: bool) -> dict:
-    deps = s.code + s.deps + ([str(DAG_CHECKED)] if s.kind == "prepare_data" else [])
+    deps = [str(record_path(s.name)), *s.code, *s.deps]
+    deps += [str(DAG_CHECKED)] if s.kind == "prepare_data" else []
     entry = {"cmd": s.cmd, "deps": deps}
     if s.params:
         entry["params"] = [
             {f: list(keys)} if keys is not None else {f: None} for f, keys in s.params.items()
         ]
-    committed = [{r: {"cache": False, "persist": True}} for r in s.results + s.metrics + s.plots]
-    entry["outs"] = [{s.out: {"persist": True}}] + committed
+    kept = {"cache": False, "persist": True}  # committed in git, kept in place before a rerun
+    entry["outs"] = [{s.out: {"persist": True}}] + [{r: kept} for r in s.results]
+    if s.metrics:
+        entry["metrics"] = [{m: kept} for m in s.metrics]
+    if s.plots:
+        entry["plots"] = [{p: {**kept, **plot_axes(p)}} for p in s.plots]
     return {"wdir": "../..", **entry} if wdir else entry
 
 
-def dvc_yaml(pipeline: str, owner: dict[str, tuple[str, Stage]], root: Path = PARAMS_DIR) -> str:
+# a step's log (by the end of its name) -> the column across and the column drawn (None: DVC's
+# default, the last column)
+PLOT_AXES = (
+    ("rounds.tsv", "round", "loss"),
+    ("_epochs.tsv", "epoch", "loss"),
+    ("steps.tsv", "step", "loss"),
+    ("choices.tsv", "round", None),
+    ("mse_curves.tsv", "iteration", None),
+)
+
+
+def plot_axes(path: str) -> dict:
+    """How `dvc plots show` draws a step's log: its loss over rounds, epochs or steps (a
+    figure is shown as it is)."""
+    name = Path(path).name
+    if name.startswith("grow_") and name.endswith(".tsv"):  # LW-FedSSL's growth stages
+        name = "rounds.tsv"
+    for end, x, y in PLOT_AXES:
+        if name.endswith(end):
+            return {"template": "linear", "x": x, **({"y": y} if y else {})}
+    return {}
+
+
+def dvc_yaml(
+    pipeline: str, owner: dict[str, tuple[str, Stage, Dag]], root: Path = PARAMS_DIR
+) -> str:
     stages = {DAG_STAGE: _dag_stage(root)} if pipeline == "default" else {}
-    for name, (pipe, s) in owner.items():
+    for name, (pipe, s, _) in owner.items():
         if pipe == pipeline:
             stages[name] = _entry_of(s, pipeline != "default")
+    # each stage declares its own metrics and plots: the root's `dvc metrics show` and `dvc
+    # plots show` show the default pipeline (and the pipelines run here); others by path
     doc: dict = {"stages": stages}
-    if pipeline == "default":  # every committed result, whichever pipeline wrote it
-        doc["metrics"] = sorted(
-            str(p)
-            for g in ("experiments/*/metrics.json", "reports/*/board.json")
-            for p in RESULTS.glob(g)
-        )
-        doc["plots"] = sorted(str(p) for p in RESULTS.glob("reports/*/*.png"))
     header = (
         "# Generated by `python -m fedssl.pipeline write` from the DAG (fedssl/plan/)"
         " and params/.\n# Do not edit by hand: a test fails when this file drifts.\n"
@@ -120,18 +160,27 @@ def dvc_yaml(pipeline: str, owner: dict[str, tuple[str, Stage]], root: Path = PA
 
 
 def generated_files(root: Path = PARAMS_DIR, also: tuple[str, ...] = ()) -> dict[Path, str]:
-    """Every dvc.yaml of the active pipelines: path -> text."""
+    """Every dvc.yaml of the active pipelines and the plan record of each of their stages:
+    path -> text."""
     owner = owners(root, also)
-    return {dvc_file(p): dvc_yaml(p, owner, root) for p in active_pipelines(root, None, also)}
+    files = {dvc_file(p): dvc_yaml(p, owner, root) for p in active_pipelines(root, None, also)}
+    files.update((record_path(n), record_text(dag.record(n))) for n, (_, _, dag) in owner.items())
+    return files
 
 
 def write_all(root: Path = PARAMS_DIR, also: tuple[str, ...] = ()) -> list[Path]:
-    """Regenerate the active pipelines' dvc.yaml files; returns those whose text changed."""
+    """Regenerate the active pipelines' dvc.yaml files and their stages' plan records, and
+    remove the records of stages no longer in them; returns the files whose text changed."""
     changed = []
-    for path, text in generated_files(root, also).items():
+    files = generated_files(root, also)
+    for path, text in files.items():
         if not path.exists() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
+            changed.append(path)
+    for path in sorted(PLAN_RECORDS.glob("*.json")):
+        if path not in files:
+            path.unlink()
             changed.append(path)
     return changed
 
@@ -150,7 +199,7 @@ def check(root: Path = PARAMS_DIR) -> int:
             if pipe == "default":
                 raise
             print(f"warning: pipeline {pipe}: {e}", file=sys.stderr)
-    changed = write_all(root)
+    changed = [p for p in write_all(root) if p.name == "dvc.yaml"]  # records are stage deps
     if changed:
         print(
             f"the params changed the pipelines' shape: regenerated {', '.join(map(str, changed))}"
@@ -176,6 +225,9 @@ def commit_ran(
     sees them as up to date. A failed run leaves the check as it was: the params it failed
     with (a bad edit) are not recorded, so reverting them leaves DVC nothing to do."""
     if not Path(".dvc").is_dir():
+        return []
+    if os.environ.get(OVERRIDES_ENV):  # a one-off run: dvc.lock keeps what the params files make
+        RAN_LOG.unlink(missing_ok=True)
         return []
     names = sorted(set(RAN_LOG.read_text().split())) if RAN_LOG.exists() else []
     if not (succeeded or names):

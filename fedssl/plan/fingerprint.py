@@ -7,10 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fedssl.plan.dag import Stage
 
 _FILE_HASHES: dict[tuple[str, int, int], str] = {}
 
@@ -23,22 +19,24 @@ def hash_file(path: Path) -> str:
     return _FILE_HASHES[key]
 
 
-def output_digest(stage: Stage, out_dir: Path) -> str:
-    """Hash of everything a stage wrote (its output folder but meta.json, metrics, plots)."""
+def output_digest(committed: list[str], out_dir: Path) -> str:
+    """Hash of everything a stage wrote: its output folder but meta.json, and its
+    ``committed`` result files (metrics, plots)."""
     files = sorted(f for f in Path(out_dir).rglob("*") if f.is_file() and f.name != "meta.json")
     h = hashlib.sha256()
     for f in files:
         h.update(str(f.relative_to(out_dir)).encode())
         h.update(hashlib.sha256(f.read_bytes()).digest())
-    for extra in stage.committed:
+    for extra in committed:
         h.update(extra.encode())
         h.update(Path(extra).read_bytes() if Path(extra).exists() else b"")
     return h.hexdigest()
 
 
-def recorded(stage: Stage, key: str) -> str | None:
-    """A value the stage's last run recorded in its meta.json (None when it has not run)."""
+def recorded(out: str, key: str) -> str | None:
+    """A value recorded in the meta.json of the stage whose output folder is ``out`` by its
+    last run (None when it has not run)."""
     try:
-        return json.loads((Path(stage.out) / "meta.json").read_text()).get(key)
+        return json.loads((Path(out) / "meta.json").read_text()).get(key)
     except (OSError, ValueError):
         return None

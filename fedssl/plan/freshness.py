@@ -38,6 +38,7 @@ def why_stale(dag: Dag, name: str) -> list[str]:
         return []
     old, new = meta.get("inputs", {}), dag.fingerprint_inputs(name)
     reasons = ["command changed"] if old.get("cmd") != new["cmd"] else []
+    reasons += ["plan record changed"] if old.get("plan") != new["plan"] else []
     for file, values in new["params"].items():
         before = old.get("params", {}).get(file, {})
         keys = values if isinstance(values, dict) and isinstance(before, dict) else {}

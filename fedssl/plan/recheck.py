@@ -11,15 +11,23 @@ again. Numbers reproduce to the digit only on the hardware and thread count that
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import re
+import statistics
 import subprocess
 import sys
+from collections import Counter, defaultdict
+from functools import cache
 from pathlib import Path
 
+from fedssl.hardware import cpu_summary
 from fedssl.plan.dag import Dag
 from fedssl.plan.layout import RESULTS
 from fedssl.presets import Presets
 
 SHARED_KINDS = ("prepare_data", "partition", "report")
+BAD = ("differs beyond the spread", "missing", "failed")
 
 
 def committed_pipelines(presets: Presets) -> list[str]:
@@ -39,8 +47,88 @@ def sample(dag: Dag, experiment: str | None = None) -> tuple[str, list[str]]:
     return name, list(dict.fromkeys(stages))
 
 
+# ------------------------------------------------------------------ the spread
+SEEDED = re.compile(r"(.*)_s(?:eed)?(\d+)$")  # bench_fedsimclr_iid_s1, smoke_lw_fedssl_seed1
+TWIN = "_bf16"  # an experiment's bf16 twin of its fp32 run: smoke_fedsimclr_dir01_bf16
+
+
+@cache
+def spread() -> dict[tuple[str, str], float]:
+    """(method, metric) -> tolerance, and ("", metric) over every method: how far a committed
+    metric may move when nothing but the floats' rounding changes (another CPU, thread count or
+    precision), measured on the committed results.
+
+    Rounding differences grow through training into what a change of seed gives, so a metric's
+    tolerance is the larger of 2*sqrt(2) times its median sample SD over the method's committed
+    seed groups (an experiment run with seeds 0, 1, ...: the 95 % range of the difference of two
+    runs with that spread) and the largest change between a committed fp32 run and its bf16
+    twin."""
+    metrics = {
+        p.parent.name: json.loads(p.read_text())
+        for p in sorted(RESULTS.glob("experiments/*/metrics.json"))
+    }
+    groups: dict[str, list[str]] = defaultdict(list)
+    for name in metrics:
+        seeded = SEEDED.fullmatch(name)
+        groups[seeded[1] if seeded else name].append(name)
+    sds = defaultdict(list)
+    for names in groups.values():
+        runs = [numbers(metrics[n]) for n in names]
+        for key in set.intersection(*(set(r) for r in runs)) if len(runs) > 1 else ():
+            sd = statistics.stdev(r[key] for r in runs)
+            sds[method_of(names[0]), key].append(sd)
+            sds["", key].append(sd)
+    tolerance = {k: 2 * math.sqrt(2) * statistics.median(v) for k, v in sds.items()}
+    for name, m in metrics.items():
+        fp32 = numbers(metrics.get(name.removesuffix(TWIN), {})) if name.endswith(TWIN) else {}
+        for key, value in numbers(m).items():
+            if key in fp32:
+                for k in ((method_of(name), key), ("", key)):
+                    tolerance[k] = max(tolerance.get(k, 0.0), abs(value - fp32[key]))
+    return tolerance
+
+
+def tolerance(experiment: str, metric: str) -> float:
+    """The metric's tolerance for the experiment's method (over every method where its own
+    seeds give none); 0 where nothing committed measures one."""
+    table = spread()
+    return table.get((method_of(experiment), metric), table.get(("", metric), 0.0))
+
+
+@cache
+def method_of(experiment: str) -> str:
+    try:
+        return Presets(Path("params")).load("experiment", experiment).method.name
+    except Exception:  # results of an experiment the params no longer define
+        return ""
+
+
+def numbers(metrics: dict) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def judge_metrics(experiment: str, old: dict, new: dict) -> tuple[str, list[str]]:
+    """'within the spread' or 'differs beyond the spread', with the metrics past it."""
+    old_n, new_n = numbers(old), numbers(new)
+    beyond = []
+    for key in sorted(old_n.keys() | new_n.keys()):
+        if key not in old_n or key not in new_n:
+            beyond.append(f"{key}: {old_n.get(key, 'absent')} -> {new_n.get(key, 'absent')}")
+            continue
+        gap, tol = abs(new_n[key] - old_n[key]), tolerance(experiment, key)
+        if gap > tol + 1e-9:
+            beyond.append(f"{key}: {old_n[key]:g} -> {new_n[key]:g} (tolerance {tol:.3g})")
+    return ("differs beyond the spread" if beyond else "within the spread"), beyond
+
+
 def compare(files: list[str]) -> dict[str, str]:
-    """file -> 'same' | 'differs' | 'not committed' | 'missing', against git's HEAD."""
+    """file -> 'identical' | 'within the spread' | 'differs beyond the spread' | 'differs'
+    (a file with no tolerance of its own: its experiment's metrics.json judges the run) |
+    'not committed' | 'missing', against git's HEAD."""
     out = {}
     for f in files:
         old = subprocess.run(["git", "show", f"HEAD:{f}"], capture_output=True)
@@ -48,20 +136,28 @@ def compare(files: list[str]) -> dict[str, str]:
             out[f] = "not committed"
         elif not Path(f).exists():
             out[f] = "missing"
+        elif Path(f).read_bytes() == old.stdout:
+            out[f] = "identical"
+        elif f.endswith("metrics.json"):
+            new = json.loads(Path(f).read_text())
+            verdict, beyond = judge_metrics(Path(f).parent.name, json.loads(old.stdout), new)
+            out[f] = verdict
+            for line in beyond:
+                print(f"  {f}: {line}")
         else:
-            out[f] = "same" if Path(f).read_bytes() == old.stdout else "differs"
+            out[f] = "differs"
     return out
 
 
-def recheck(
-    pipeline: str, presets: Presets, experiment: str | None, cores: str, dry_run: bool
-) -> dict[str, str]:
+def recheck(pipeline: str, presets: Presets, args: argparse.Namespace) -> dict[str, str]:
     dag = Dag(pipeline, presets=presets)
-    name, stages = sample(dag, experiment)
+    if args.compare_only:
+        return compare([f for s in dag.stages.values() for f in s.committed])
+    name, stages = sample(dag, args.experiment)
     files = [f for s in stages for f in dag.stages[s].committed]
-    verb = "would rerun" if dry_run else "rerunning"
+    verb = "would rerun" if args.dry_run else "rerunning"
     print(f"{pipeline}: {verb} {name} ({', '.join(stages)})", flush=True)
-    if dry_run:
+    if args.dry_run:
         return {f: "not run" for f in files}
     cmd = [
         "snakemake",
@@ -69,11 +165,12 @@ def recheck(
         "--forcerun",
         *stages,
         "--cores",
-        cores,
+        args.cores,
         "--resources",
         "gpu=1",
         "--config",
         f"pipeline={pipeline}",
+        f"threads={args.threads}",
     ]
     bin_dir = Path(sys.executable).parent
     cmd[0] = str(bin_dir / "snakemake") if (bin_dir / "snakemake").exists() else "snakemake"
@@ -83,30 +180,32 @@ def recheck(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m fedssl.plan.recheck", description=__doc__.split("\n")[0]
-    )
+    ap = argparse.ArgumentParser(prog="fedssl recheck", description=__doc__.split("\n")[0])
     ap.add_argument("pipelines", nargs="*", help="default: every pipeline with a committed report")
     ap.add_argument("--experiment", help="rerun this experiment (default: each pipeline's first)")
     ap.add_argument("--cores", default="all")
+    ap.add_argument("--threads", type=int, default=1, help="per stage (default: one, as committed)")
     ap.add_argument("-n", "--dry-run", action="store_true", help="say what would rerun")
+    ap.add_argument(
+        "--compare-only", action="store_true", help="rerun nothing: judge the files as they are"
+    )
     args = ap.parse_args(argv)
     presets = Presets(Path("params"))
     results = {}
     for pipeline in args.pipelines or committed_pipelines(presets):
-        results.update(recheck(pipeline, presets, args.experiment, args.cores, args.dry_run))
+        results.update(recheck(pipeline, presets, args))
     if args.dry_run:
         for f in results:
             print(f"would compare  {f}")
         print(f"dry run: nothing ran, nothing compared ({len(results)} committed files would be)")
         return 0
     for f, status in results.items():
-        print(f"{status:>13}  {f}")
-    bad = [f for f, s in results.items() if s in ("differs", "missing", "failed")]
-    print(
-        f"{len(results) - len(bad)} of {len(results)} committed files reproduced"
-        + (f"; {len(bad)} did not" if bad else "")
-    )
+        print(f"{status:>25}  {f}")
+    counts = ", ".join(f"{n} {s}" for s, n in Counter(results.values()).most_common())
+    print(f"{len(results)} committed files: {counts}; this machine: {cpu_summary()}")
+    bad = [f for f, s in results.items() if s in BAD]
+    if any(s == "within the spread" for s in results.values()):
+        print("within the spread: every metric moved less than its tolerance (README, Reproducing)")
     return 1 if bad else 0
 
 

@@ -33,15 +33,16 @@ def perfedavg_loss(ce: Callable, weights_of: Callable, alpha: float, order: str,
         g_in = grad(f)(w, d)
         if order == "first_order":
             return f({k: w[k] - alpha * g_in[k].detach() for k in w}, d1)
-        return hessian_free_surrogate(f, w, g_in, d1, rest[0], alpha, delta)
+        return hessian_free_surrogate(f, w, g_in, (d1, rest[0]), alpha, delta)
 
     return loss
 
 
-def hessian_free_surrogate(f, w: dict, g_in: dict, d1, d2, alpha: float, delta: float):
+def hessian_free_surrogate(f, w: dict, g_in: dict, slices_: tuple, alpha: float, delta: float):
     """HF's meta-step as a surrogate: value f(w̃; D') − α <w, hvp> (the meta-objective's value),
     gradient g − α hvp. g = ∇f(w̃; D') is computed once and serves both the gradient and the
     finite difference (differentiating f(w̃; D') through w̃ = w − const would repeat it)."""
+    d1, d2 = slices_  # D' and D''
     fixed = {k: v.detach() for k, v in w.items()}
     g, outer = grad_and_value(f)({k: fixed[k] - alpha * g_in[k].detach() for k in w}, d1)
     up = grad(f)({k: fixed[k] + delta * g[k] for k in w}, d2)

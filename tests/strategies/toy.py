@@ -42,9 +42,9 @@ def linear(seed: int = 0) -> nn.Module:
     return nn.Linear(DIM, 1)
 
 
-def federation(strategy, data: LocalData, tmp_path, rounds=1, lr=0.1, steps=5, model=None):
+def federation(strategy, data: LocalData, tmp_path, rounds=1, lr=0.1, steps=5):
     """``strategy(cfg)`` over ``data`` with full-batch SGD for ``steps`` local epochs."""
-    model = model or linear()
+    model = linear()
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = FederationConfig(rounds=rounds, client_fraction=1.0, lr=lr)
     s = strategy(cfg)

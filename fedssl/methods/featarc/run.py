@@ -8,7 +8,9 @@ the client's last trained model L_k (at first, cluster k mod C). The sampled cli
 SimCLR from G_{a_k} plus s·L_align, the pull of their features toward h_{a_k} of the same
 images, computed by a frozen copy of G_{a_k}'s backbone (fixed for the round, as the authors'
 bank). Each cluster model becomes the mean of its members' uploads; a cluster without members
-keeps its weights. The encoder evaluated is the cluster model serving the most data.
+keeps its weights. The encoder evaluated is the cluster model serving the most data (the spec's
+|D|-weighted choice; the authors' code reports the best test accuracy over the C cluster models,
+an oracle choice made on the test set, which is not reproduced).
 The network is the project's SimCLR model (its head has no BN, the authors' has one after the
 hidden layer), so C = 1, s = 0 is FedSimCLR with uniform FedAvg exactly.
 """

@@ -87,54 +87,13 @@ class _FederatedBYOL(FederatedMethod):
 
     package = __name__
     encoder_builder = "fedssl.methods.fedbyol.model:byol_encoder"
-
-    def loss(self, outputs, batch, p):
-        """BYOL's symmetric loss on the two views (spec §2.2: the sum of both directions)."""
-        from fedssl.losses import byol_loss
-
-        predictions, targets = outputs
-        return byol_loss(*predictions.chunk(2), *targets.chunk(2), batch.valid)
-
-    def build_model(self, p, image_shape, device):
-        from fedssl.methods.fedbyol.model import seeded_byol
-
-        return seeded_byol(p.model, image_shape, p.seed, device)
-
-    def strategy(self, cfg, model, p):
-        from fedssl.strategies import byol
-
-        if p.name == "fedu":
-            return byol.FedUStrategy(cfg, model, threshold=p.dapu_threshold)
-        if p.name == "fedema":
-            return byol.FedEMAStrategy(cfg, model, tau=p.tau, divergence=p.divergence)
-        return byol.FedBYOLStrategy(cfg, model)
-
-    def after_step(self, model, p):
-        from fedssl.fl.momentum import ema_after_step, momentum_pairs
-        from fedssl.strategies.byol import TARGET
-
-        names = [k for k, _ in model.named_parameters()]
-        return ema_after_step(momentum_pairs(names, TARGET, ("encoder.",)), p.target_ema)
-
-    def save(self, model, path, image_shape) -> None:
-        """The online network and predictor (the target stays behind)."""
-        from fedssl.runtime import torch_save
-        from fedssl.strategies.byol import TARGET
-
-        online = {k: v for k, v in model.state_dict().items() if not k.startswith(TARGET)}
-        torch_save({"model": online, "image_shape": tuple(image_shape)}, path)
-
-    def describe(self, model) -> dict:
-        return {
-            "parameters": sum(q.numel() for q in model.encoder.parameters()),
-            "predictor_parameters": sum(q.numel() for q in model.predictor.parameters()),
-        }
-
-    def load_encoder(self, ctx):
-        """The global online encoder's backbone (or backbone + projector)."""
-        from fedssl.methods.fedbyol.model import load_online_encoder
-
-        return load_online_encoder(ctx)
+    loss = "fedssl.losses:byol_views"
+    model = "fedssl.methods.fedbyol.model:seeded_byol_of"
+    strategy = "fedssl.methods.fedbyol.model:family_strategy"
+    after_step = "fedssl.methods.fedbyol.model:target_ema"
+    save = "fedssl.methods.fedbyol.model:save_online"
+    describe = "fedssl.methods.fedbyol.model:describe"
+    encoder_loader = "fedssl.methods.fedbyol.model:load_online_encoder"
 
 
 @register

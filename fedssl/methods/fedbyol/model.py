@@ -15,6 +15,7 @@ from fedssl.models.heads import BNMLP
 from fedssl.params import ModelParams
 from fedssl.precision import channels_last
 from fedssl.runtime import derive_seed
+from fedssl.strategies.byol import TARGET
 
 
 def mlp(in_dim: int, hidden: int, out_dim: int) -> BNMLP:
@@ -77,3 +78,41 @@ def load_online_encoder(ctx) -> nn.Module:
         {k[len(prefix) :]: v for k, v in ckpt["model"].items() if k.startswith(prefix)}
     )
     return module.to(ctx.device)
+
+
+def seeded_byol_of(p, image_shape, device) -> ByolNet:
+    return seeded_byol(p.model, image_shape, p.seed, device)
+
+
+def target_ema(model: ByolNet, p):
+    """The cohort's after-step hook: the target follows the online encoder by EMA."""
+    from fedssl.fl.momentum import ema_after_step, momentum_pairs
+
+    names = [k for k, _ in model.named_parameters()]
+    return ema_after_step(momentum_pairs(names, TARGET, ("encoder.",)), p.target_ema)
+
+
+def save_online(model: ByolNet, path, image_shape) -> None:
+    """The online network and predictor (the target stays behind)."""
+    from fedssl.runtime import torch_save
+
+    online = {k: v for k, v in model.state_dict().items() if not k.startswith(TARGET)}
+    torch_save({"model": online, "image_shape": tuple(image_shape)}, path)
+
+
+def describe(model: ByolNet) -> dict:
+    return {
+        "parameters": sum(q.numel() for q in model.encoder.parameters()),
+        "predictor_parameters": sum(q.numel() for q in model.predictor.parameters()),
+    }
+
+
+def family_strategy(cfg, model: ByolNet, p):
+    """The family member's strategy from the library (FedBYOL, FedEMA or FedU, by name)."""
+    from fedssl.strategies import byol
+
+    if p.name == "fedu":
+        return byol.FedUStrategy(cfg, model, threshold=p.dapu_threshold)
+    if p.name == "fedema":
+        return byol.FedEMAStrategy(cfg, model, tau=p.tau, divergence=p.divergence)
+    return byol.FedBYOLStrategy(cfg, model)

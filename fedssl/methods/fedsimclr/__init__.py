@@ -40,21 +40,6 @@ class FedSimCLRParams(MethodParams, SIMCLR_FEDERATION, TrainsItsModel):
     )
 
 
-def simclr_views_loss(z, batch, temperature: float):
-    """NT-Xent between the two views' projections (the rows of ``z``, view 1 then view 2)."""
-    from fedssl.losses import nt_xent
-
-    z1, z2 = z.chunk(2)
-    return nt_xent(z1, z2, temperature, batch.valid)
-
-
-def simclr_loss(temperature: float):
-    """SimCLR as a cohort trainer's loss (for code that builds a trainer by hand)."""
-    from fedssl.fl.cohort import on_outputs
-
-    return on_outputs(lambda z, batch: simclr_views_loss(z, batch, temperature))
-
-
 @register
 class FedSimCLR(FederatedMethod):
     name = "fedsimclr"
@@ -62,6 +47,4 @@ class FedSimCLR(FederatedMethod):
     params = FedSimCLRParams
     package = __name__
     encoder_builder = "fedssl.models.encoders:contrastive_encoder"
-
-    def loss(self, outputs, batch, p):
-        return simclr_views_loss(outputs, batch, p.temperature)
+    loss = "fedssl.losses:simclr_views"

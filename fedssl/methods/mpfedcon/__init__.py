@@ -162,6 +162,11 @@ class MpFedconParams(MethodParams, MPFEDCON_FEDERATION):
     scaffold_server_lr: PositiveFloat | None = Field(
         None, description="scaffold: eta_g; None = 1 (canonical), 0.1 with fedrep_code"
     )
+    scaffold_clip_norm: PositiveFloat | None = Field(
+        None,
+        description="scaffold: clip each local step's gradient (CE + correction) to this L2 "
+        "norm, as FedRep's code does with 10; None = no clipping",
+    )
     apfl_alpha: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
         0.5, description="apfl: the mixing weight alpha of the personal model (its start value)"
     )
@@ -181,8 +186,8 @@ class MpFedconParams(MethodParams, MPFEDCON_FEDERATION):
     fedrep_code: bool = Field(
         False,
         description="reproduce FedRep's code (MpFedcon's baseline numbers): scaffold eta_g "
-        "0.1 (its gradient clipping at norm 10 is not reproduced); apfl's training mixture "
-        "alpha v + alpha w",
+        "0.1 (its gradient clipping at norm 10: scaffold_clip_norm 10); apfl's training "
+        "mixture alpha v + alpha w",
     )
 
     @model_validator(mode="after")

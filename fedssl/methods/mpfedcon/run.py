@@ -53,7 +53,8 @@ def local_phases(p, model: Anchored, strategy: SplitStrategy, parallel: bool) ->
     """The variant's local schedule: head epochs (CE) then body epochs (CE, or CE + mu l_con
     for MpFedcon), or the whole network together (CE, or FedProx's objective), or a
     personalised baseline's own phases."""
-    opt = OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum)
+    clip = p.scaffold_clip_norm if p.variant == "scaffold" else None
+    opt = OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum, clip_norm=clip)
 
     def cohort(loss, epochs: int, batch_size=p.batch_size, after_step=None) -> CohortTrainer:
         return CohortTrainer(

@@ -8,6 +8,13 @@ trainer stacks them per client like any other weight. :class:`GlobalFedAvg` send
 network down, takes the trained one back, keeps ``prev`` on MOON's clients (in
 ``FedState.clients``, so the engine's checkpoint resumes a run exactly) and scores the global
 model on the test split after every round.
+
+A MOON client that has not trained yet has no previous model and no contrastive term
+(``has_prev`` 0). The authors' code gives it its initial network as the negative instead. At
+full participation (every committed MOON run) the two agree: in round 1 that negative is the
+global model itself, so the term is log 2 with zero gradient. Under partial participation they
+differ: a client first sampled after round 1 trains on CE alone here, against the initial
+network there (``tests/test_baseline_mechanisms.py``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,132 @@
+"""The shared evaluations and the metrics they report, one drop-in file each, found like the
+methods: every module of this package is imported when the registry is first read.
+
+An evaluation is a per-experiment stage ``<kind>__<experiment>`` run by ``stages/<kind>.py``
+(:class:`Evaluation`: what it reads, its inputs, which experiments have it, what it writes); a
+:class:`Metric` is one number the report and the board show (its key in the report's rows, its
+label, unit and direction, and the report pivot or board table it heads). The planner
+(:mod:`fedssl.plan.dag`), the report and the board read them here; nothing else describes a
+metric. This package imports nothing of the project but the step-input names, and its files are
+found by name, so adding one edits no file any stage runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fedssl.contract import DATA, PARTITION
+
+__all__ = [
+    "DATA",
+    "PARTITION",
+    "Evaluation",
+    "Metric",
+    "all",
+    "declare",
+    "evaluated_by",
+    "metrics",
+    "modules",
+    "register",
+]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A number of a report row (a key of a metrics file an evaluation or a step writes).
+
+    ``order``: its place among the report's pivots, the runs table's columns and the board's
+    columns. ``pivot``: the title of the report's pivot table of it (None: no pivot) and
+    ``pivot_costs`` whether the mean per-client costs stand beside it. ``board``: the board
+    table whose column it is (None: none)."""
+
+    key: str
+    label: str  # its column header (runs table, board)
+    order: int
+    unit: str = "%"
+    higher_is_better: bool = True
+    pivot: str | None = None
+    pivot_name: str | None = None  # the pivot's name among the report's tables
+    pivot_costs: bool = False
+    board: str | None = None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A shared per-experiment stage ``<kind>__<experiment>``, run by ``stages/<kind>.py``.
+
+    ``reads``: the experiment params it reads; ``inputs``: ``data``, ``partition`` or earlier
+    evaluations' kinds. ``uses``: what it takes from the experiment's method, which adds that
+    part's params and steps to its reads and inputs: ``"encoder"`` (the frozen encoder, built
+    by the method's hook), ``"personal"`` (the steps that logged personalised results) or
+    ``"costs"`` (the client-costs hook and the steps it reads). ``applies(method, experiment
+    params)``: whether the experiment has this stage. ``metrics`` and ``plots``: the files it
+    writes under the experiment's ``results/`` folder; ``declares``: the metrics in them.
+    ``order``: its place among the evaluations joining an experiment (after the method's
+    steps; an evaluation comes after those whose outputs it reads)."""
+
+    kind: str
+    reads: tuple[str, ...]
+    inputs: tuple[str, ...]
+    applies: Callable[[Any, Any], bool]
+    order: int
+    uses: str | None = None
+    gpu: bool = False
+    metrics: tuple[str, ...] = ()
+    plots: tuple[str, ...] = ()
+    declares: tuple[Metric, ...] = ()
+
+
+_EVALUATIONS: dict[str, Evaluation] = {}
+_METRICS: dict[str, Metric] = {}
+_discovered = False
+
+
+def register(evaluation: Evaluation) -> Evaluation:
+    """Make an evaluation (and the metrics it declares) known to the planner and the report."""
+    if evaluation.kind in _EVALUATIONS:
+        raise ValueError(f"evaluation {evaluation.kind!r} is registered twice")
+    _EVALUATIONS[evaluation.kind] = evaluation
+    declare(*evaluation.declares)
+    return evaluation
+
+
+def declare(*declared: Metric) -> None:
+    """Make metrics known to the report and the board (those of an evaluation, or that a
+    method's own steps write)."""
+    for metric in declared:
+        if _METRICS.setdefault(metric.key, metric) != metric:
+            raise ValueError(f"metric {metric.key!r} is declared twice, differently")
+
+
+def modules() -> list[str]:
+    """The declaration files, as modules (what the report's look of its metrics depends on)."""
+    return [f"{__name__}.{info.name}" for info in pkgutil.iter_modules(__path__)]
+
+
+def _discover() -> None:
+    global _discovered
+    if not _discovered:
+        _discovered = True
+        for module in modules():
+            importlib.import_module(module)
+
+
+def all() -> list[Evaluation]:  # noqa: A001 - evaluations.all() reads well at call sites
+    """The evaluations, in the order they join an experiment."""
+    _discover()
+    return sorted(_EVALUATIONS.values(), key=lambda e: (e.order, e.kind))
+
+
+def metrics() -> list[Metric]:
+    """Every declared metric, in order."""
+    _discover()
+    return sorted(_METRICS.values(), key=lambda m: (m.order, m.key))
+
+
+def evaluated_by(section: str) -> Callable[[Any, Any], bool]:
+    """Applies when the method is evaluated through ``section`` of the experiment params."""
+    return lambda method, exp: section in method.evaluation_sections

@@ -1,0 +1,283 @@
+"""Figures for reading, shared by the reports and the board: small multiples (one panel per
+partition or per method), the Pareto front of accuracy against a cost, labels placed without
+overlap (adjustText), learning curves as the median with a band over seeds, and diverged
+runs drawn as a marked end point that never sets an axis' scale.
+
+The numbers are worked out by small pure functions (:func:`pareto_front`, :func:`band`,
+:func:`diverged`, :func:`robust_limits`), tested on their own; the drawing functions only lay
+them out."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from fedssl.report_format import save_figure
+
+# A run's loss this many times its median over rounds (or a value that is not finite) is a
+# divergence, not a curve to read.
+DIVERGED_FACTOR = 10.0
+
+
+# ------------------------------------------------------------------ the numbers
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats: none has a lower-or-equal cost (x) and a
+    higher-or-equal accuracy (y) with one of them strictly better; in order of cost."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front, best = [], -math.inf
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def band(runs: Sequence[Sequence[float]]) -> tuple[list[float], list[float], list[float]]:
+    """Median, low and high (min and max) over runs at each step, over the steps every run
+    has (the curves of one line over its seeds)."""
+    steps = min((len(r) for r in runs), default=0)
+    columns = [[r[i] for r in runs] for i in range(steps)]
+    return (
+        [statistics.median(c) for c in columns],
+        [min(c) for c in columns],
+        [max(c) for c in columns],
+    )
+
+
+def diverged(values: Sequence[float], steps: int, is_loss: bool) -> bool:
+    """Whether a run's curve is a divergence: a value that is not finite, a log that stops
+    before its line's other runs (``steps``: theirs), or a loss grown past
+    :data:`DIVERGED_FACTOR` times its median over the run."""
+    if not values or any(not math.isfinite(v) for v in values) or len(values) < steps:
+        return True
+    return is_loss and max(values) > DIVERGED_FACTOR * abs(statistics.median(values))
+
+
+def robust_limits(values: Iterable[float], pad: float = 0.05) -> tuple[float, float] | None:
+    """Axis limits that hold every (finite) value with a margin; None without values."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return None
+    lo, hi = min(finite), max(finite)
+    margin = (hi - lo) * pad or abs(hi) * pad or 1.0
+    return lo - margin, hi + margin
+
+
+def grid_shape(panels: int, columns: int = 4) -> tuple[int, int]:
+    """Rows and columns of a small-multiples grid."""
+    cols = max(1, min(columns, panels))
+    return max(1, math.ceil(panels / cols)), cols
+
+
+# ------------------------------------------------------------------ drawing
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def log_axis(ax) -> None:
+    """A log-scaled x axis whose ticks read as plain numbers (1, 2, 5, 10, ...), also over
+    less than a decade."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def colours_for(plt, names: list[str]) -> dict:
+    """A distinct colour per name (tab10, or tab20 beyond ten)."""
+    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    return {n: cmap(i % cmap.N) for i, n in enumerate(names)}
+
+
+def _label(ax, xs, ys, texts, fontsize=6) -> None:
+    """Point labels moved apart from each other and from the points (adjustText)."""
+    from adjustText import adjust_text
+
+    labels = [ax.text(x, y, t, fontsize=fontsize) for x, y, t in zip(xs, ys, texts)]
+    if labels:
+        adjust_text(
+            labels,
+            x=list(xs),
+            y=list(ys),
+            ax=ax,
+            arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.5},
+            expand=(1.2, 1.4),
+            iter_lim=300,  # a fixed number of steps, not its default 1 s: the same bytes each time
+        )
+
+
+def accuracy_vs_cost(
+    panels: dict[str, list[dict]],
+    xlabel: str,
+    ylabels: dict[str, str],
+    path: Path,
+    title: str = "",
+    references: dict[str, list[dict]] | None = None,
+) -> None:
+    """Small multiples, one panel per partition: each line a point (``x`` its cost, ``y`` its
+    mean accuracy, ``err`` its SD, ``label``, ``group`` its colour), the cost axis log-scaled,
+    the Pareto front (the lines no other line beats in both) drawn and its points labelled by
+    name, the others by number with their names in the key below the panels (no legend over
+    data). ``references`` (per panel: ``label``, ``y``) are untrained networks: a dotted
+    level at their accuracy."""
+    plt = _pyplot()
+    names = list(panels)
+    rows, cols = grid_shape(len(names), 3)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.4 * rows), squeeze=False)
+    groups = list(dict.fromkeys(p["group"] for pts in panels.values() for p in pts))
+    colours = colours_for(plt, groups)
+    numbered: dict[str, int] = {}  # lines off the front: number -> name, shared by all panels
+    for ax, name in zip(axes.flat, names):
+        points = [p for p in panels[name] if p["x"] is not None and p["x"] > 0]
+        for p in points:
+            ax.errorbar(
+                p["x"], p["y"], yerr=p.get("err") or 0, marker="o", ms=4, capsize=2,
+                linestyle="none", color=colours[p["group"]],
+            )  # fmt: skip
+        front = pareto_front([(p["x"], p["y"]) for p in points])
+        if front:
+            xs = [points[i]["x"] for i in front]
+            ax.step(xs, [points[i]["y"] for i in front], where="post", color="k", lw=0.8,
+                    alpha=0.6, label="Pareto front")  # fmt: skip
+        texts = []
+        for i, p in enumerate(points):
+            if i in front:
+                texts.append(p["label"])
+            else:
+                texts.append(str(numbered.setdefault(p["label"], len(numbered) + 1)))
+        _label(ax, [p["x"] for p in points], [p["y"] for p in points], texts)
+        for ref in (references or {}).get(name, []):
+            ax.axhline(ref["y"], color="0.4", ls=":", lw=1)
+            ax.annotate(ref["label"], (0.01, ref["y"]), xycoords=("axes fraction", "data"),
+                        fontsize=6, color="0.3", va="bottom")  # fmt: skip
+        log_axis(ax)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabels.get(name, ""), fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3, which="both")
+    for ax in list(axes.flat)[len(names) :]:
+        ax.axis("off")
+    key = "   ".join(f"{n}: {label}" for label, n in numbered.items())
+    handles = [
+        plt.Line2D([], [], marker="o", ls="none", color=c, label=g) for g, c in colours.items()
+    ]
+    handles.append(plt.Line2D([], [], color="k", lw=0.8, label="Pareto front (labelled)"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7,
+               frameon=False, bbox_to_anchor=(0.5, 0.0))  # fmt: skip
+    if key:
+        import textwrap
+
+        fig.text(0.01, 0.045, "\n".join(textwrap.wrap("Off the front: " + key, 230)), fontsize=6,
+                 va="bottom")  # fmt: skip
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 0.97 if title else 1))
+    save_figure(fig, path, dpi=90)
+    plt.close(fig)
+
+
+def learning_curves(
+    panels: dict[str, dict[str, list[tuple[list[float], list[float]]]]],
+    ylabels: dict[str, str],
+    path: Path,
+    xlabel: str | dict[str, str] = "round",
+    loss_panels: Iterable[str] = (),
+    title: str = "",
+    columns: int = 4,
+    log_x: Iterable[str] = (),
+    levels: dict[str, list[tuple[str, float]]] | None = None,
+) -> list[str]:
+    """Small multiples, one panel per method or family: per line (a setting, e.g. a partition)
+    the median over its runs (seeds) with a band from the lowest to the highest; a run that
+    diverged (:func:`diverged`) is left out of its band and drawn as a red ``x`` at its last
+    finite point, pinned to the panel's edge when beyond it, so it never sets the scale.
+    ``panels``: panel -> line -> its runs as (x, y) lists; ``ylabels``: panel -> the metric's
+    name; ``loss_panels``: panels whose metric is a loss; ``log_x``: panels whose x is a
+    cost (log-scaled); ``levels``: per panel, labelled dotted levels (a target, a
+    reference). Returns the diverged runs as ``panel / line #i``."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    names = list(panels)
+    loss_panels, log_x = set(loss_panels), set(log_x)
+    rows, cols = grid_shape(len(names), columns)
+    width = max(3.6 * cols, 6.0)  # room for the title and the key under one panel
+    fig, axes = plt.subplots(rows, cols, figsize=(width, 2.7 * rows + 0.6), squeeze=False)
+    lines_all = list(dict.fromkeys(line for lines in panels.values() for line in lines))
+    colours = colours_for(plt, lines_all)
+    gone = []
+    for ax, name in zip(axes.flat, names):
+        kept_values, ends = [], []
+        for line, runs in panels[name].items():
+            steps = max(len(y) for _, y in runs)
+            good = [(x, y) for x, y in runs if not diverged(y, steps, name in loss_panels)]
+            for i, (x, y) in enumerate(runs):
+                if (x, y) not in good:
+                    finite = [(a, b) for a, b in zip(x, y) if math.isfinite(b)]
+                    ends.append(finite[-1] if finite else (x[0], math.nan))
+                    gone.append(f"{name} / {line} #{i}")
+            if not good:
+                continue
+            xs = min((x for x, _ in good), key=len)
+            median, low, high = band([y for _, y in good])
+            xs = xs[: len(median)]
+            ax.plot(xs, median, color=colours[line], lw=1.2, marker="." if len(xs) < 12 else None)
+            if len(good) > 1:
+                ax.fill_between(xs, low, high, color=colours[line], alpha=0.2, lw=0)
+            kept_values += [v for _, y in good for v in y]
+        marks = (levels or {}).get(name, [])
+        limits = robust_limits(kept_values + [y for _, y in marks])
+        for label, y in marks:
+            ax.axhline(y, color="0.4", ls=":", lw=1)
+            ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=6,
+                        color="0.3", va="bottom")  # fmt: skip
+        if limits:
+            ax.set_ylim(*limits)
+        xs_all = {x for runs in panels[name].values() for xs, _ in runs for x in xs}
+        if len(xs_all) == 1 and name not in log_x:  # one round: a point, not a scale of 0.1
+            ax.set_xlim(min(xs_all) - 1, min(xs_all) + 1)
+        for x, y in ends:
+            if math.isnan(y):
+                continue
+            top = limits[1] if limits else y
+            shown = min(y, top)
+            ax.plot([x], [shown], marker="x", color="red", ms=7, mew=2, clip_on=False)
+            if y > top:
+                ax.annotate(f"diverged ({y:.2g})", (x, shown), fontsize=6, color="red",
+                            ha="right", va="top")  # fmt: skip
+        if name in log_x:
+            log_axis(ax)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel(xlabel if isinstance(xlabel, str) else xlabel.get(name, ""), fontsize=7)
+        ax.set_ylabel(ylabels.get(name, ""), fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(names) :]:
+        ax.axis("off")
+    handles = [plt.Line2D([], [], color=c, lw=2, label=line) for line, c in colours.items()]
+    if gone:
+        handles.append(plt.Line2D([], [], marker="x", color="red", ls="none", label="diverged run"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), fontsize=7,
+               frameon=False)  # fmt: skip
+    fig.suptitle(
+        (title + "\n" if title else "") + "median over seeds, band = min to max",
+        fontsize=9,
+    )
+    height = 2.7 * rows + 0.6
+    key_rows = math.ceil(len(handles) / min(5, len(handles)))  # the key's lines under the panels
+    fig.tight_layout(rect=(0, (0.2 + 0.16 * key_rows) / height, 1, 1 - 0.35 / height))
+    save_figure(fig, path, dpi=80)
+    plt.close(fig)
+    return gone

@@ -1,0 +1,236 @@
+"""The documentation: its results pages match the committed reports, and every code block of
+the README, the tutorials and the how-tos runs, as written, in a copy of the project.
+
+A block says how it is tested in the comment above it:
+``<!-- test: cheap -->`` (its lines run in the default suite), ``<!-- test: slow -->``
+(``pytest -m slow``), ``<!-- test: file PATH -->`` (it is written to PATH, for the blocks
+after it), ``<!-- test: excerpt PATH -->`` (it is a verbatim part of PATH, a file another
+test runs), ``<!-- test: needs WHAT -->`` (it needs what a test machine lacks: a fresh clone,
+a SLURM cluster). A block with no such comment fails the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fedssl import docs
+from tests.fixtures import REPO
+
+pytestmark = pytest.mark.timeout(900)
+
+PAGES = [
+    REPO / "README.md",
+    *sorted((REPO / "docs" / "tutorials").glob("*.md")),
+    *sorted((REPO / "docs" / "how-to").glob("*.md")),
+]
+_BLOCK = re.compile(
+    r"(?:<!-- test: (?P<mark>[^>]*?) -->\n)?```(?P<lang>\w*)[^\n]*\n(?P<body>.*?)```", re.S
+)
+RUNS = {"bash", "python", "yaml", "sh"}  # what a reader would run or write; text is output
+
+
+@dataclass
+class Block:
+    page: str
+    line: int
+    lang: str
+    mark: str
+    body: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    text = page.read_text()
+    return [
+        Block(
+            str(page.relative_to(REPO)),
+            text.count("\n", 0, m.start()) + 1,
+            m["lang"],
+            (m["mark"] or "").strip(),
+            m["body"],
+        )
+        for m in _BLOCK.finditer(text)
+        if m["lang"] in RUNS
+    ]
+
+
+# ------------------------------------------------------------------ the results pages
+def test_the_pages_match_the_committed_reports(monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert docs.stale_pages() == [], "stale pages: run `fedssl docs` (make docs)"
+
+
+def test_a_page_gets_its_tables_and_every_figure_of_its_report(tmp_path):
+    report = tmp_path / "demo"
+    report.mkdir()
+    (report / "report.json").write_text('{"tables": {"linear": "| a |\\n|---|\\n| 1 |\\n"}}')
+    for name in ("curves.png", "board.png"):
+        (report / name).write_bytes(b"png")
+    text = (
+        "<!-- results: demo linear -->\nold\n<!-- /results -->\n"
+        "<!-- figures: demo -->\nold\n<!-- /figures -->\n"
+    )
+    filled = docs.page_text(text, Path("results/demo.md"), tmp_path)
+    assert filled == (
+        "<!-- results: demo linear -->\n| a |\n|---|\n| 1 |\n<!-- /results -->\n"
+        "<!-- figures: demo -->\n![demo: board](../reports/demo/board.png)\n\n"
+        "![demo: curves](../reports/demo/curves.png)\n<!-- /figures -->\n"
+    )
+    with pytest.raises(FileNotFoundError, match="pipeline 'other'"):
+        docs.page_text(text.replace("demo", "other"), Path("x.md"), tmp_path)
+
+
+# ------------------------------------------------------------------ the code blocks
+def test_every_block_says_how_it_is_tested():
+    unmarked = [b.where for p in PAGES for b in blocks(p) if not b.mark]
+    assert not unmarked, "blocks with no <!-- test: ... --> comment: " + ", ".join(unmarked)
+    kinds = {b.mark.split()[0] for p in PAGES for b in blocks(p)}
+    assert kinds <= {"cheap", "slow", "file", "excerpt", "needs"}, kinds
+
+
+def test_excerpts_are_verbatim_parts_of_the_files_they_quote():
+    for page in PAGES:
+        for b in blocks(page):
+            if b.mark.startswith("excerpt "):
+                source = (REPO / b.mark.split()[1]).read_text()
+                assert b.body in source, f"{b.where}: not a part of {b.mark.split()[1]}"
+
+
+def clone(root: Path) -> Path:
+    """The checkout's files (tracked and new, not ignored) in a git repository of their own
+    at ``root``, so DVC's commands see what a fresh clone has."""
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    for name in filter(None, files):
+        if (REPO / name).is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, root / name)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], [*git, "commit", "-qm", "clone"]):
+        subprocess.run(cmd, cwd=root, check=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return clone(tmp_path_factory.mktemp("docs") / "project")
+
+
+@pytest.fixture(scope="module")
+def ran() -> set[str]:
+    """The command lines that ran in the module's project."""
+    return set()
+
+
+def commands(body: str) -> list[str]:
+    """A bash block's command lines (a here-document with the line that starts it)."""
+    out, end = [], None
+    for line in textwrap.dedent(body).splitlines():
+        if end is not None:
+            out[-1] += "\n" + line
+            end = None if line == end else end
+        elif line.strip() and not line.lstrip().startswith("#"):
+            out.append(line)
+            heredoc = re.search(r"<<'(\w+)'", line)
+            end = heredoc[1] if heredoc else None
+    return out
+
+
+def run_blocks(page: Path, root: Path, slow: bool, done: set[str]) -> None:
+    """Run a page's blocks in order in ``root``, each command line as written (one that
+    already ran in ``root`` is not run again)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "FEDSSL_THREADS": "1",
+    }
+    for b in blocks(page):
+        kind, _, arg = b.mark.partition(" ")
+        if kind in ("needs", "excerpt") or (kind == "slow" and not slow):
+            continue  # excerpts: checked above
+        if kind == "file":
+            (root / arg).write_text(b.body)
+            continue
+        if b.lang == "python":
+            proc = subprocess.run(
+                [sys.executable, "-c", b.body], cwd=root, env=env, capture_output=True, text=True
+            )
+            assert proc.returncode == 0, f"{b.where}:\n{proc.stderr[-3000:]}"
+            continue
+        for cmd in commands(b.body):
+            key = re.sub(r"\s+# .*$", "", cmd)  # the same command, whatever it says of itself
+            if key in done:
+                continue
+            proc = subprocess.run(
+                ["bash", "-c", "set -euo pipefail\n" + cmd],
+                cwd=root,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            out = proc.stdout + proc.stderr
+            assert proc.returncode == 0 and "Traceback" not in out, (
+                f"{b.where}: {cmd}\n{out[-3000:]}"
+            )
+            done.add(cmd)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_the_cheap_blocks_run_as_written(page, project, ran):
+    if not any(b.mark == "cheap" for b in blocks(page)):
+        pytest.skip("no cheap block")
+    run_blocks(page, project, slow=False, done=ran)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_every_block_runs_as_written(page, tmp_path):
+    if not any(b.mark == "slow" for b in blocks(page)):
+        pytest.skip("no slow block")
+    run_blocks(page, clone(tmp_path / "p"), slow=True, done=set())
+
+
+# ------------------------------------------------------------------ what DVC shows
+def dvc(root: Path, *args: str) -> str:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    proc = subprocess.run(["dvc", *args], cwd=root, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_the_root_dvc_views_show_the_default_pipeline(project):
+    """`dvc metrics show` lists the default pipeline's runs (not every committed one), and
+    `dvc plots show` draws its round log as the loss over rounds, offline."""
+    metrics = json.loads(dvc(project, "metrics", "show", "--json"))[""]["data"]
+    assert sorted(metrics) == [
+        f"results/experiments/{e}/metrics.json"
+        for e in ("fmnist_fedsimclr", "fmnist_pixels", "fmnist_random_init")
+    ]
+    plots = json.loads(dvc(project, "plots", "show", "--json"))["data"]
+    rounds = plots["results/experiments/fmnist_fedsimclr/rounds.tsv"][0]["content"]
+    assert rounds["encoding"]["x"]["field"] == "round"
+    assert rounds["layer"][0]["encoding"]["y"]["field"] == "loss"
+    assert "results/reports/default/curves.png" in plots
+    # another pipeline's results, by path
+    other = json.loads(
+        dvc(project, "metrics", "show", "--json", "results/experiments/smoke_mfcl/metrics.json")
+    )
+    assert other[""]["data"]["results/experiments/smoke_mfcl/metrics.json"]["data"]

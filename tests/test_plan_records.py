@@ -1,0 +1,82 @@
+"""The plan as data: `pipeline write` leaves one record per stage (pipelines/plan/), each a
+dependency of its stage in dvc.yaml, and the stage runtime runs by its record, not the DAG: a
+stale one (params edited since) is made anew and replaces it, and a stage of no written
+pipeline plans its own without writing one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from fedssl.plan.record import record_path, record_text
+from tests.fixtures import make_tiny_project
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    root = make_tiny_project(tmp_path, git=False)
+    monkeypatch.chdir(root)
+    return root
+
+
+def test_every_stage_has_its_record_and_depends_on_it(project):
+    from fedssl.methods import registry
+    from fedssl.plan.dag import Dag
+
+    dag = Dag("default")
+    records = {p.stem for p in (project / "pipelines/plan").glob("*.json")}
+    assert records == set(dag.stages)
+    stages = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
+    for name in dag.stages:
+        assert stages[name]["deps"][0] == str(record_path(name))
+        record = json.loads(record_path(name).read_text())
+        assert record == dag.record(name) and record["command"] == stages[name]["cmd"]
+        assert "fedssl/plan/dag.py" not in record["code"]
+    pretrain = json.loads(record_path("pretrain__tiny_simclr").read_text())
+    assert pretrain["method"] == "fedsimclr" and pretrain["gpu"] is True
+    exp = dag.presets.load("experiment", "tiny_simclr")
+    hooks = registry.get("fedsimclr").hooks(exp.method, "pretrain")
+    assert pretrain["hooks"] == hooks and hooks[0].endswith(":pretrain")
+    assert pretrain["inputs"]["partition__tiny_dir05_m3"] == {
+        "kind": "partition",
+        "out": "artifacts/partitions/tiny_dir05_m3",
+    }
+
+
+def test_the_stage_runs_by_its_record(project):
+    from fedssl.stage import StageContext
+
+    path = record_path("partition__tiny_dir05_m3")
+    record = json.loads(path.read_text())
+    record["outputs"]["out"] = "artifacts/elsewhere"  # no DAG says so: only the record
+    path.write_text(record_text(record))
+    ctx = StageContext("partition", "tiny_dir05_m3")
+    assert str(ctx.output_dir) == "artifacts/elsewhere"
+    assert ctx.input("prepare_data") == project.joinpath("artifacts/data/tiny").relative_to(project)
+
+
+def test_a_record_the_params_moved_on_from_is_made_anew(project):
+    from fedssl.stage import StageContext
+
+    path = record_path("partition__tiny_dir05_m3")
+    before = json.loads(path.read_text())
+    partition = project / "params/partitions/tiny_dir05_m3.yaml"
+    partition.write_text(partition.read_text().replace("seed: 0", "seed: 1"))
+    ctx = StageContext("partition", "tiny_dir05_m3")
+    after = json.loads(path.read_text())
+    assert after["params_digest"] != before["params_digest"]
+    assert ctx.record == after and ctx.presets.load("partition", ctx.name).seed == 1
+
+
+def test_a_stage_of_no_written_pipeline_plans_its_own_record(project):
+    from fedssl.stage import StageContext
+
+    (project / "params/experiments/tiny_random_w8.yaml").write_text(
+        "extends: tiny_random\ntitle: Random init, width 8\nmethod: {model: {width: 8}}\n"
+    )
+    ctx = StageContext("features", "tiny_random_w8")
+    assert ctx.stage_name == "features__tiny_random_w8"
+    assert ctx.input("pretrain").as_posix() == "artifacts/experiments/tiny_random_w8/pretrain"
+    assert not record_path("features__tiny_random_w8").exists()

@@ -1,0 +1,94 @@
+"""Numbers in the results pages' sentences are generated from the committed reports
+(fedssl.readme_facts): each kind of fact computes from a report's rows, the pages' facts equal
+what their files give (a drifted number fails), and the sentences issue 39 found untrue are
+facts now."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from fedssl.readme_facts import FACT, fact_text, fill_facts
+from fedssl.report import fill_blocks
+from tests.fixtures import REPO
+
+ROWS = [
+    {"row": "A", "column": "x", "acc": 70.0},
+    {"row": "A", "column": "x", "acc": 72.0},  # two seeds: the cell is 71
+    {"row": "A", "column": "y", "acc": 60.0},
+    {"row": "B", "column": "x", "acc": 80.0},
+    {"row": "B", "column": "y", "acc": 65.5},
+    {"row": "C (μ=1)", "column": "x", "acc": None},
+]
+
+
+@pytest.mark.parametrize(
+    "spec,text",
+    [
+        ("value | A | x | acc | 1", "71.0"),
+        ("range | A | * | acc | 0", "60-71"),
+        ("range | A,B | x | acc | 1", "71.0-80.0"),
+        ("range | B | x | acc | 2", "80.00"),  # lo = hi: one number
+        ("runs | A | x | acc | 0", "70-72"),
+        ("gap | A | B | acc | 1", "5.5-9.0"),  # B - A per column: 80 - 71, 65.5 - 60
+    ],
+)
+def test_each_kind_of_fact_computes_from_the_rows(spec, text):
+    assert fact_text(ROWS, [a.strip() for a in spec.split("|")]) == text
+
+
+@pytest.mark.parametrize(
+    "spec,error",
+    [
+        ("value | Z | x | acc | 1", KeyError),
+        ("range | A,Z | * | acc | 1", KeyError),
+        ("value | C (μ=1) | x | acc | 1", KeyError),  # a missing metric is not a number
+        ("mean | A | acc | 1", ValueError),
+    ],
+)
+def test_a_fact_without_its_data_names_the_file(spec, error):
+    with pytest.raises(error, match="r.json"):
+        fact_text(ROWS, [a.strip() for a in spec.split("|")], "r.json")
+
+
+def test_a_fact_is_refilled_from_its_report_and_follows_it(tmp_path):
+    report = tmp_path / "demo" / "report.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps({"rows": ROWS}))
+    text = "B sits <!-- fact: demo | gap | A | B | acc | 1 -->2 or so<!-- /fact --> points up.\n"
+    filled = fill_facts(text, tmp_path)
+    assert filled == text.replace("2 or so", "5.5-9.0")
+    report.write_text(
+        json.dumps({"rows": [{**r, "acc": 0.0} if r["row"] == "B" else r for r in ROWS]})
+    )
+    assert "-60.0--71.0<!--" not in fill_facts(filled, tmp_path)  # it moved with the file
+    assert fill_facts(filled, tmp_path) != filled
+    with pytest.raises(FileNotFoundError, match="pipeline 'other'"):
+        fill_facts(text.replace("demo", "other"), tmp_path)
+
+
+RESULTS_PAGES = sorted((REPO / "docs" / "results").glob("*.md"))
+
+
+def pages_text() -> str:
+    return "".join(p.read_text() for p in RESULTS_PAGES)
+
+
+def test_a_drifted_number_fails_the_pages_check(monkeypatch):
+    monkeypatch.chdir(REPO)
+    text = pages_text()
+    facts = FACT.findall(text)
+    assert len(facts) >= 8
+    drifted = text.replace("79.40-79.88<!-- /fact -->", "79.7-79.9<!-- /fact -->", 1)
+    assert drifted != text and fill_blocks(drifted) == text
+
+
+def test_the_sentences_issue_39_found_untrue_are_generated_facts():
+    text = pages_text()
+    generated = {m.group(0) for m in FACT.finditer(text)}
+    for number in ("79.40-79.88", "0.935-0.947", "67.1<!--", "69.1-70.1"):
+        assert any(number in g for g in generated), number
+    assert not re.search(r"about 2 points below FedSimCLR|below every SSL probe;", text)
+    assert "0.94-0.97" not in text
