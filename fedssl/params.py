@@ -143,6 +143,24 @@ def federation_block(**settings: Any) -> type[FederationSettings]:
     return create_model("Federation", __base__=FederationSettings, **fields)
 
 
+# The ``strategy:`` field: which library strategy (fedssl/strategies/) a method's federation
+# runs, with its own settings; fedssl.strategies.choose builds it.
+class FedAvgChoice(Strict):
+    """FedAvg: the data-size weighted mean of the clients' models."""
+
+    kind: Literal["fedavg"] = "fedavg"
+
+
+class FedProxChoice(Strict):
+    """FedProx: the local objective plus (mu / 2) ||w - w^t||^2, then FedAvg."""
+
+    kind: Literal["fedprox"] = "fedprox"
+    mu: PositiveFloat = Field(description="weight of the proximal term")
+
+
+StrategyChoice = Annotated[FedAvgChoice | FedProxChoice, Field(discriminator="kind")]
+
+
 class ParamsError(ValueError):
     """A params file that cannot be used; the message names the file and the field."""
 

@@ -18,14 +18,9 @@ from fedssl.losses import byol_loss
 from fedssl.methods import federated
 from fedssl.methods.fedbyol import FedBYOLParams, FedEMAParams, FedUParams
 from fedssl.methods.fedbyol.costs import payload_bytes
-from fedssl.methods.fedbyol.model import (
-    TARGET,
-    conv_weights,
-    divergence,
-    online_names,
-    seeded_byol,
-)
+from fedssl.methods.fedbyol.model import seeded_byol
 from fedssl.params import ModelParams
+from fedssl.strategies.byol import TARGET, conv_weights, divergence, online_names
 from tests.test_engine import SHAPE, toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,6 +15,8 @@ from fedssl.methods.mpfedcon import personalised as P
 from fedssl.methods.mpfedcon import run as R
 from fedssl.methods.mpfedcon import train as T
 from fedssl.runtime import numpy_rng
+from fedssl.strategies import perfedavg
+from fedssl.strategies import scaffold as S
 from tests.fixtures import make_tiny_project, toy_images
 from tests.test_mpfedcon import CPU, params, run, toy_federation
 from tests.test_mpfedcon_chain import EXPERIMENT, PARTITION, run_in_process
@@ -55,10 +57,10 @@ def quadratic_run(rounds: int, scaffold: bool, steps: int = 20, lr: float = 0.05
                 g = a[i] * (y - b[i])
                 y = y - lr * (g - c_i[i]["w"] + c["w"] if scaffold else g)
             ys.append({"w": y})
-            new = P.option_two(c_i[i], c, x, ys[-1], steps, lr) if scaffold else c_i[i]
+            new = S.option_two(c_i[i], c, x, ys[-1], steps, lr) if scaffold else c_i[i]
             dcs.append({"w": new["w"] - c_i[i]["w"]})
             c_i[i] = new
-        x, c = P.scaffold_server(x, c, ys, dcs, 1.0, 2)
+        x, c = S.scaffold_server(x, c, ys, dcs, 1.0, 2)
     optimum = (a[0] * b[0] + a[1] * b[1]) / sum(a)
     return x["w"], optimum
 
@@ -74,7 +76,7 @@ def test_the_server_control_variate_grows_by_the_sum_of_updates_over_all_clients
     x, c = {"w": torch.zeros(3)}, {"w": torch.ones(3)}
     ys = [{"w": torch.full((3,), 2.0)}, {"w": torch.full((3,), 4.0)}]
     dcs = [{"w": torch.full((3,), 4.0)}, {"w": torch.full((3,), 8.0)}]
-    new_x, new_c = P.scaffold_server(x, c, ys, dcs, 0.5, 6)  # 2 of N = 6 clients sampled
+    new_x, new_c = S.scaffold_server(x, c, ys, dcs, 0.5, 6)  # 2 of N = 6 clients sampled
     assert torch.equal(new_x["w"], torch.full((3,), 1.5))  # eta_g * mean(y - x)
     assert torch.equal(new_c["w"], torch.full((3,), 3.0))  # 1 + 12 / 6, not 12 / 2
 
@@ -232,7 +234,7 @@ def test_first_order_per_fedavg_steps_along_the_gradient_at_the_adapted_weights(
     p, model, state, buffers = meta_setup("first_order")
     batch = toy_batch(20)
     got = meta_gradient(p, model, state, buffers, batch)
-    d, d1 = P.slices(batch, 2)
+    d, d1 = perfedavg.slices(batch, 2)
     w = {k[len("net.") :]: v.clone().requires_grad_(True) for k, v in net_of(state).items()}
     g_in = torch.autograd.grad(ce_of(model, w, d), list(w.values()))
     adapted = {k: (v - 0.1 * g).detach().requires_grad_(True) for (k, v), g in zip(w.items(), g_in)}
@@ -247,7 +249,7 @@ def test_hessian_free_per_fedavg_matches_exact_maml_within_a_percent():
     p, model, state, buffers = meta_setup("hessian_free")
     batch = toy_batch(30)
     got = meta_gradient(p, model, state, buffers, batch)
-    d, d1, d2 = P.slices(batch, 3)
+    d, d1, d2 = perfedavg.slices(batch, 3)
     w = {k[len("net.") :]: v.clone().double() for k, v in net_of(state).items()}
     model = model.double()
 

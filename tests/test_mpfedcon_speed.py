@@ -10,6 +10,7 @@ from torch.func import grad
 
 from fedssl.methods.mpfedcon import personalised as P
 from fedssl.methods.mpfedcon import run as R
+from fedssl.strategies import perfedavg
 from tests.test_mpfedcon import CPU, params, run
 from tests.test_mpfedcon_personalised import meta_gradient, meta_setup, toy_batch
 
@@ -25,7 +26,7 @@ def former_perfedavg_loss(alpha: float, order: str, delta: float):
         def f(weights, data):
             return P._ce(model.net, weights, *data)
 
-        d, d1, d2 = P.slices(batch, 3)
+        d, d1, d2 = perfedavg.slices(batch, 3)
         w = P.part({**params, **buffers}, "net")
         g_in = grad(f)(w, d)
         adapted = {k: w[k] - alpha * g_in[k].detach() for k in w}
@@ -73,8 +74,10 @@ def test_the_hessian_free_step_computes_g_at_the_adapted_weights_once(monkeypatc
     difference gradients), none through w̃ again: the former loss made five."""
     calls = []
     for name in ("grad", "grad_and_value"):
-        real = getattr(P, name)
-        monkeypatch.setattr(P, name, lambda fn, _r=real, _n=name: calls.append(_n) or _r(fn))
+        real = getattr(perfedavg, name)
+        monkeypatch.setattr(
+            perfedavg, name, lambda fn, _r=real, _n=name: calls.append(_n) or _r(fn)
+        )
     p, model, state, buffers = meta_setup("hessian_free")
     meta_gradient(p, model, state, buffers, toy_batch(30))
     assert sorted(calls) == ["grad", "grad", "grad", "grad_and_value"]

@@ -381,3 +381,11 @@ def _gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, ksize: int) -> torch.Te
     y = F.conv2d(y, kern, groups=b * c)  # horizontal
     y = F.conv2d(y, kern.transpose(2, 3), groups=b * c)  # vertical
     return y.view(b, c, h, w)
+
+
+def views_of(p):
+    """The training view of a batch for a supervised method (its params' ``augment`` and
+    ``crop_padding``): the image, or its padded random crop + flip."""
+    if p.augment == "crop_flip":
+        return lambda batch, gen: (pad_crop_flip(to_float(batch), p.crop_padding, gen),)
+    return lambda batch, gen: (to_float(batch),)

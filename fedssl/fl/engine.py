@@ -240,9 +240,9 @@ class Strategy:
         """Whether ``aggregate`` reads each client's upload. If not (FedAvg: only their
         data-size weighted mean), the trainer sums the uploads as the clients finish
         (``RoundUpdates.mean``) and a round holds one model's worth of sums, not one model per
-        client. Any strategy that overrides ``aggregate`` gets every upload (the stacked path),
-        unless it says otherwise here."""
-        return type(self).aggregate is not Strategy.aggregate
+        client. Any strategy that overrides ``aggregate`` (in a subclass, or on the instance)
+        gets every upload (the stacked path), unless it says otherwise here."""
+        return getattr(self.aggregate, "__func__", None) is not Strategy.aggregate
 
     def aggregate(self, state: FedState, updates: RoundUpdates) -> None:
         if updates.mean is not None:
@@ -356,7 +356,7 @@ class LocalTraining:
                 (fed.cfg.seed, "local", round_, *tag),
                 gen,
                 names,
-                finished if streamed else None,
+                **({"finished": finished} if streamed else {}),
             )
             if phase.loss_weight is not None:
                 weighted = weighted + losses * phase.loss_weight

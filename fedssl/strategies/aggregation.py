@@ -24,6 +24,18 @@ def fedavg(stacked: Tensors, weights: torch.Tensor) -> Tensors:
     return out
 
 
+def fedavg_by_group(
+    uploads: list[Tensors], weights: torch.Tensor, groups: list[int], keys=None
+) -> dict[int, Tensors]:
+    """:func:`fedavg` within each group of clients (a model of a pool, a cluster), for the
+    groups that have a member, in increasing order (IFCA's pool, FeatARC's clusters)."""
+    out = {}
+    for g in sorted(set(groups)):
+        rows = [i for i, h in enumerate(groups) if h == g]
+        out[g] = fedavg(stacked([uploads[i] for i in rows], keys), weights[rows])
+    return out
+
+
 def stacked(uploads: list[Tensors], keys=None) -> Tensors:
     """The uploads client-stacked. Where they are the rows of the cohort's output in order
     (uploaded whole, as FedAvg's clients do), that tensor itself: stacking it again would hold

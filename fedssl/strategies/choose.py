@@ -1,11 +1,11 @@
-"""The strategy a ``strategy:`` params field names (:mod:`fedssl.strategies.params`)."""
+"""The strategy a ``strategy:`` params field names (:data:`fedssl.params.StrategyChoice`)."""
 
 from __future__ import annotations
 
 from fedssl.fl.engine import FederationConfig, Strategy
+from fedssl.params import FedAvgChoice, FedProxChoice
 from fedssl.strategies.fedavg import FedAvg
 from fedssl.strategies.fedprox import FedProx
-from fedssl.strategies.params import FedAvgChoice, FedProxChoice
 
 
 def strategy(choice: FedAvgChoice | FedProxChoice, cfg: FederationConfig) -> Strategy:

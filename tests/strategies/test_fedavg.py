@@ -52,6 +52,9 @@ def test_only_strategies_that_keep_fedavgs_aggregate_stream():
     cfg = None
     assert not FedAvg(cfg).needs_uploads() and not Strategy(cfg).needs_uploads()
     assert ReadsEveryUpload(cfg).needs_uploads()
+    patched = FedAvg(cfg)
+    patched.aggregate = lambda state, updates: None  # a test's own rule on one instance
+    assert patched.needs_uploads()
 
 
 @pytest.mark.parametrize("parallel", [False, True])

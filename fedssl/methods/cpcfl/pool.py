@@ -23,9 +23,10 @@ from torch.func import functional_call
 from fedssl.data.augment import to_float
 from fedssl.eval.metrics import adjusted_rand_index
 from fedssl.eval.personal import PersonalLog, client_outputs
-from fedssl.fl.engine import FederationConfig, FedState, Strategy, fedavg, stacked
+from fedssl.fl.engine import FederationConfig, FedState, Strategy
 from fedssl.methods.cpcfl.models import PoolModel
 from fedssl.runtime import numpy_rng
+from fedssl.strategies.aggregation import fedavg, fedavg_by_group, stacked
 
 Tensors = dict[str, torch.Tensor]
 
@@ -138,9 +139,8 @@ class PoolStrategy(Strategy):
         # only what trained is averaged: a frozen encoder stays bit-identical (an average of
         # equal float tensors need not be exactly that tensor)
         keys = self.heads if self.encoder_frozen(state) else list(updates.uploads[0])
-        for n in sorted(set(updates.groups)):  # an empty cluster keeps its model
-            rows = [i for i, g in enumerate(updates.groups) if g == n]
-            avg = fedavg(stacked([updates.uploads[i] for i in rows], keys), updates.weights[rows])
+        pooled = fedavg_by_group(updates.uploads, updates.weights, updates.groups, keys)
+        for n, avg in pooled.items():  # an empty cluster keeps its model
             state.server[f"pool{n}"] = {**self.model(state, n), **avg}
         if self.c.global_encoder and not self.encoder_frozen(state):
             shared = fedavg(stacked(updates.uploads, self.encoder), updates.weights)

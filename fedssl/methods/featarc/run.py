@@ -32,10 +32,8 @@ from fedssl.fl.engine import (
     LocalTraining,
     RoundUpdates,
     Strategy,
-    fedavg,
     federation_config,
     model_state,
-    stacked,
 )
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import masked_mean, nt_xent
@@ -48,6 +46,7 @@ from fedssl.models.encoders import (
 )
 from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_save
+from fedssl.strategies.aggregation import fedavg_by_group
 
 NET, ANCHOR, LAST = "net.", "anchor.", "last."
 
@@ -181,16 +180,11 @@ class FeatARCStrategy(Strategy):
         return {LAST + k: trained[k] for k in self.backbone_keys}
 
     def aggregate(self, state: FedState, updates: RoundUpdates) -> None:
-        for c in range(self.p.clusters):
-            rows = [i for i, g in enumerate(updates.groups) if g == c]
-            if not rows:
-                continue  # no member this round: the model stays
-            weights = updates.weights[rows] if self.p.weighting == "size" else None
-            if weights is None:
-                weights = torch.ones(len(rows), dtype=torch.float64, device=updates.weights.device)
-            state.server[cluster_key(c)] = fedavg(
-                stacked([updates.uploads[i] for i in rows]), weights
-            )
+        weights = updates.weights
+        if self.p.weighting != "size":
+            weights = torch.ones_like(weights)
+        for c, avg in fedavg_by_group(updates.uploads, weights, updates.groups).items():
+            state.server[cluster_key(c)] = avg  # no member this round: the model stays
 
     def evaluate(self, state: FedState, round_: int) -> dict:
         counts = [state.memo["assignment"].count(c) for c in range(self.p.clusters)]

@@ -10,7 +10,8 @@ from fedssl import costs
 from fedssl.data.catalog import dataset_spec
 from fedssl.fl.engine import nbytes
 from fedssl.losses import byol_loss
-from fedssl.methods.fedbyol.model import TARGET, seeded_byol
+from fedssl.methods.fedbyol.model import seeded_byol
+from fedssl.strategies.byol import TARGET
 
 
 def _loss(output, _inputs):

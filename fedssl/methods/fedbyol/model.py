@@ -15,10 +15,7 @@ from fedssl.models.heads import BNMLP
 from fedssl.params import ModelParams
 from fedssl.precision import channels_last
 from fedssl.runtime import derive_seed
-
-Tensors = dict[str, torch.Tensor]
-TARGET = "target."  # the target's names: TARGET + the online encoder's
-ONLINE = ("encoder.", "predictor.")  # what travels
+from fedssl.strategies.byol import TARGET
 
 
 def mlp(in_dim: int, hidden: int, out_dim: int) -> BNMLP:
@@ -59,32 +56,6 @@ def seeded_byol(params: ModelParams, image_shape, seed: int, device: torch.devic
     if channels_last(device):
         model = model.to(memory_format=torch.channels_last)
     return model
-
-
-def online_names(model: ByolNet) -> list[str]:
-    """The parameters the clients train (the target's move by EMA only)."""
-    return [k for k, _ in model.named_parameters() if k.startswith(ONLINE)]
-
-
-def conv_weights(model: ByolNet) -> list[str]:
-    """The tensors the divergence is measured on (EasyFL: names with 'conv' and 'weight'):
-    the online backbone's convolution kernels, 1x1 shortcut convolutions excluded."""
-    return [
-        k
-        for k, v in model.named_parameters()
-        if k.startswith("encoder.backbone.") and v.dim() == 4 and ".shortcut." not in k
-    ]
-
-
-@torch.no_grad()
-def divergence(a: Tensors, b: Tensors, keys: list[str]) -> float:
-    """d = (1/J) Σ_j ||a_j - b_j||_2 over the J tensors ``keys`` (spec §2.2 step 4)."""
-    return float(torch.stack([(a[k].double() - b[k].double()).norm() for k in keys]).mean())
-
-
-def target_of(online: Tensors) -> Tensors:
-    """A target equal to the online encoder (a client's first round: ξ <- θ_g)."""
-    return {TARGET + k: v for k, v in online.items() if k.startswith("encoder.")}
 
 
 def byol_encoder(method, image_shape, projection: bool = False) -> nn.Module:
@@ -134,3 +105,14 @@ def describe(model: ByolNet) -> dict:
         "parameters": sum(q.numel() for q in model.encoder.parameters()),
         "predictor_parameters": sum(q.numel() for q in model.predictor.parameters()),
     }
+
+
+def family_strategy(cfg, model: ByolNet, p):
+    """The family member's strategy from the library (FedBYOL, FedEMA or FedU, by name)."""
+    from fedssl.strategies import byol
+
+    if p.name == "fedu":
+        return byol.FedUStrategy(cfg, model, threshold=p.dapu_threshold)
+    if p.name == "fedema":
+        return byol.FedEMAStrategy(cfg, model, tau=p.tau, divergence=p.divergence)
+    return byol.FedBYOLStrategy(cfg, model)

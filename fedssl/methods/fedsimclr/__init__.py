@@ -11,11 +11,12 @@ from fedssl.methods.base import FederatedMethod, MethodParams
 from fedssl.methods.registry import register
 from fedssl.params import (
     AugmentParams,
+    FedAvgChoice,
     ModelParams,
+    StrategyChoice,
     TrainsItsModel,
     federation_block,
 )
-from fedssl.strategies.params import FedAvgChoice, StrategyChoice
 
 SIMCLR_FEDERATION = federation_block(
     local_epochs=1,

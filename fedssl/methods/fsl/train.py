@@ -17,12 +17,12 @@ from torch import nn
 from torch.func import functional_call
 
 from fedssl import costs
+from fedssl.data.augment import views_of
+from fedssl.eval.global_model import global_accuracy, load_saved, num_classes, test_split
 from fedssl.fl.cohort import CohortTrainer, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import Federation, FedState, LocalTraining, Strategy, federation_config
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import masked_cross_entropy
-from fedssl.methods.mpfedcon.train import views_of
-from fedssl.methods.supervised.train import global_accuracy, load_saved, num_classes, test_split
 from fedssl.models.encoders import build_backbone, frozen
 from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_save, write_json

@@ -19,7 +19,6 @@ from fedssl.epochs import run_epochs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import Federation, LocalTraining, Strategy, federation_config, write_round_log
 from fedssl.fl.runner import run_federation, train_data
-from fedssl.fl.secure_agg import SecureAggregation
 from fedssl.losses import nt_xent
 from fedssl.models.autoencoder import (
     ClientAutoencoder,
@@ -31,6 +30,7 @@ from fedssl.models.rserver import MfclEncoder, RServerModel
 from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
 from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, numpy_rng, torch_generator, torch_save, write_tsv
+from fedssl.strategies.secure_fedavg import SecureFedAvg
 
 
 def twin_batch(augment: BatchAugment):
@@ -94,10 +94,6 @@ def build_rserver(p, in_channels: int, device) -> RServerModel:
         restandardize=rs.restandardize,
         channels_per_group=cm.channels_per_group,
     ).to(device)
-
-
-class SecureFedAvg(SecureAggregation, Strategy):
-    """FedAvg through pairwise-masked uploads (the gServer sees only the sum)."""
 
 
 def make_phase1_federation(

@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from fedssl.data.augment import views_of
 from fedssl.eval.personal import PersonalLog
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import (
@@ -27,7 +28,6 @@ from fedssl.methods.mpfedcon.train import (
     contrast_loss,
     prox_loss,
     test_data,
-    views_of,
 )
 from fedssl.runtime import StageFailed, derive_seed, torch_save
 

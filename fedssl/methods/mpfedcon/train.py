@@ -19,7 +19,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedssl.attacks.leakage import add_gradient_noise
-from fedssl.data.augment import pad_crop_flip, to_float
+from fedssl.data.augment import to_float
 from fedssl.data.store import to_device
 from fedssl.eval.personal import PersonalLog, client_outputs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
@@ -90,13 +90,6 @@ def contrast_loss(mu: float, temperature: float):
         return _masked_ce(logits, batch) + mu * l_con
 
     return loss
-
-
-def views_of(p):
-    """The training view of a batch: the image, or its padded random crop + flip."""
-    if p.augment == "crop_flip":
-        return lambda batch, gen: (pad_crop_flip(to_float(batch), p.crop_padding, gen),)
-    return lambda batch, gen: (to_float(batch),)
 
 
 # ------------------------------------------------------------------ evaluation data

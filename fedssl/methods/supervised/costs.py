@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from fedssl import costs
+from fedssl.eval.global_model import load_saved
 from fedssl.fl.cohort import Batch
-from fedssl.methods.supervised.train import load_saved, local_loss, seeded_model
+from fedssl.methods.supervised.train import local_loss, seeded_model
 
 REFERENCES_HELD = {"fedavg": 0, "fedprox": 1, "moon": 2}  # frozen model copies a step reads
 

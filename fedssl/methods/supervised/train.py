@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call
 
-from fedssl.data.store import to_device
-from fedssl.eval.personal import client_outputs
+from fedssl.data.augment import views_of
+from fedssl.eval.global_model import global_accuracy, load_saved, num_classes, test_split
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import Federation, FedState, LocalTraining, Strategy, federation_config
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import masked_cross_entropy, model_contrastive_loss
-from fedssl.methods.mpfedcon.train import views_of
 from fedssl.models.cnn import LayeredNet, layered_net
 from fedssl.models.encoders import build_backbone, frozen
 from fedssl.precision import autocast
@@ -153,23 +151,6 @@ class GlobalFedAvg(Strategy):
         }
 
 
-@torch.no_grad()
-def global_accuracy(net: nn.Module, weights: dict, tests: LocalData) -> float:
-    """Top-1 % of ``net`` with ``weights`` (eval mode) on every image of ``tests``."""
-    was = net.training
-    net.eval()
-    try:
-        (acc,), _, _ = client_outputs(
-            lambda _c, x: functional_call(net, weights, (x,)),
-            tests.images,
-            tests.labels,
-            tests.clients,
-        )
-    finally:
-        net.train(was)
-    return acc
-
-
 def make_federation(
     p, model: WithReferences, data: LocalData, tests: LocalData, ckpt, fingerprint: str
 ) -> Federation:
@@ -188,17 +169,6 @@ def make_federation(
 
 
 # ------------------------------------------------------------------ the stage
-def test_split(ctx) -> LocalData:
-    """The uniform test split on the stage's device, as one 'client' holding all of it."""
-    images, labels = ctx.split("test")
-    labels = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
-    return LocalData(to_device(images, ctx.device), labels.to(ctx.device), [np.arange(len(labels))])
-
-
-def num_classes(data: LocalData, tests: LocalData) -> int:
-    return int(max(data.labels.max(), tests.labels.max())) + 1
-
-
 def train(ctx) -> None:
     """The ``train`` step: the federation (resumable), then the global network (``model.pt``)
     and its test accuracy (``global.json``)."""
@@ -223,13 +193,6 @@ def train(ctx) -> None:
         classes=classes,
         parameters=sum(q.numel() for q in model.net.parameters()),
     )
-
-
-def load_saved(ctx, device=None) -> dict:
-    """The ``train`` step's ``model.pt`` (weights, image shape, classes): this method's and
-    FSL's one load site, tensors only."""
-    path = ctx.input("train") / "model.pt"
-    return torch.load(path, map_location=device or ctx.device, weights_only=True)
 
 
 def global_encoder(net: LayeredNet, projection: bool = False) -> nn.Module:

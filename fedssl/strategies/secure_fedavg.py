@@ -32,6 +32,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from fedssl.fl.engine import Strategy
+from fedssl.runtime import derive_seed
+from fedssl.strategies.aggregation import fedavg, stacked
+
 DEFAULT_MASK_STD = 1.0e6
 
 
@@ -136,15 +140,12 @@ class SecureAggregation:
     """A strategy mixin: clients upload pairwise-masked, size-weighted states, so the server
     learns only their sum, hence the FedAvg mean. Integer buffers (BN batch counters) are
     aggregated in the clear, as plain FedAvg does. Use as ``class S(SecureAggregation,
-    Strategy)``."""
+    Strategy)``. It reads every client's masked upload (the stacked path)."""
 
     mask_std: float = DEFAULT_MASK_STD
     session_secret: str = ""
 
     def aggregate(self, state, updates) -> None:
-        from fedssl.fl.engine import fedavg, stacked
-        from fedssl.runtime import derive_seed
-
         stack = stacked(updates.uploads)
         floats = {k: v for k, v in stack.items() if v.is_floating_point()}
         out = fedavg({k: v for k, v in stack.items() if k not in floats}, updates.weights)
@@ -164,3 +165,7 @@ class SecureAggregation:
             out[k] = mean[start : start + size].view(v.shape[1:]).to(v.device, v.dtype)
             start += size
         state.server["global"] = {k: out[k] for k in stack}
+
+
+class SecureFedAvg(SecureAggregation, Strategy):
+    """FedAvg through pairwise-masked uploads (the server sees only the sum)."""

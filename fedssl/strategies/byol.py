@@ -1,35 +1,62 @@
-"""How a client of the family starts its round (spec §2.2 step 2, §3.2 step 2), as engine
-strategies. A client's first round starts from the global model with a target equal to the
-global encoder; afterwards it keeps its own target and, per method, takes the global online
-network and predictor (FedBYOL), a DAPU choice of predictor (FedU) or an EMA blend (FedEMA).
-Everything a client carries (its last trained network, its divergence d_k, FedEMA's scaler
-λ_k) lives in the federation's state, so a resumed run continues exactly."""
+"""The BYOL family's federation (FedBYOL, FedU, FedEMA; spec §2.2 step 2, §3.2 step 2): how
+a client of a BYOL-style model starts its round. A client's first round starts from the global
+model with a target equal to the global encoder; afterwards it keeps its own target and, per
+strategy, takes the global online network and predictor (FedBYOL), a DAPU choice of predictor
+(FedU) or an EMA blend (FedEMA). The server averages the online network and predictor as FedAvg
+does (summed as the clients finish). Everything a client carries (its last trained network,
+its divergence d_k, FedEMA's scaler λ_k) lives in the federation's state, so a resumed run
+continues exactly.
+
+The model's contract: its online encoder and predictor are named ``encoder.*`` and
+``predictor.*`` (what travels), its target ``target.encoder.*`` (what stays on the client).
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
 import torch
+from torch import nn
 
 from fedssl.fl.engine import FederationConfig, FedState, Strategy, model_state
-from fedssl.methods.fedbyol.model import (
-    TARGET,
-    ByolNet,
-    Tensors,
-    conv_weights,
-    divergence,
-    online_names,
-    target_of,
-)
+
+Tensors = dict[str, torch.Tensor]
+TARGET = "target."  # the target's names: TARGET + the online encoder's
+ONLINE = ("encoder.", "predictor.")  # what travels
+
+
+def online_names(model: nn.Module) -> list[str]:
+    """The parameters the clients train (the target's move by EMA only)."""
+    return [k for k, _ in model.named_parameters() if k.startswith(ONLINE)]
+
+
+def conv_weights(model: nn.Module) -> list[str]:
+    """The tensors the divergence is measured on (EasyFL: names with 'conv' and 'weight'):
+    the online backbone's convolution kernels, 1x1 shortcut convolutions excluded."""
+    return [
+        k
+        for k, v in model.named_parameters()
+        if k.startswith("encoder.backbone.") and v.dim() == 4 and ".shortcut." not in k
+    ]
+
+
+@torch.no_grad()
+def divergence(a: Tensors, b: Tensors, keys: list[str]) -> float:
+    """d = (1/J) Σ_j ||a_j - b_j||_2 over the J tensors ``keys`` (spec §2.2 step 4)."""
+    return float(torch.stack([(a[k].double() - b[k].double()).norm() for k in keys]).mean())
+
+
+def target_of(online: Tensors) -> Tensors:
+    """A target equal to the online encoder (a client's first round: ξ <- θ_g)."""
+    return {TARGET + k: v for k, v in online.items() if k.startswith("encoder.")}
 
 
 class FedBYOLStrategy(Strategy):
     """The online network and predictor travel and are averaged; a returning client replaces
     both with the global ones and keeps its target."""
 
-    def __init__(self, cfg: FederationConfig, model: ByolNet, p):
+    def __init__(self, cfg: FederationConfig, model: nn.Module):
         super().__init__(cfg)
-        self.p = p
         self.online = set(online_names(model))
         self.convs = conv_weights(model)
         self._starts: dict[int, Tensors] = {}  # this round: each client's starting conv weights
@@ -87,8 +114,12 @@ class FedUStrategy(FedBYOLStrategy):
     """DAPU: the global predictor only when the client's last divergence is below the
     threshold (the decision is taken at its next participation, as in the authors' code)."""
 
+    def __init__(self, cfg: FederationConfig, model: nn.Module, threshold: float):
+        super().__init__(cfg, model)
+        self.threshold = threshold
+
     def online_start(self, state, client, received, kept):
-        keep_local = state.memo["divergence"][client] >= self.p.dapu_threshold
+        keep_local = state.memo["divergence"][client] >= self.threshold
         self._stats["local_predictor"].append(float(keep_local))
         if not keep_local:
             return received
@@ -97,7 +128,13 @@ class FedUStrategy(FedBYOLStrategy):
 
 class FedEMAStrategy(FedBYOLStrategy):
     """The divergence-aware EMA: θ, φ <- (1-μ)·global + μ·own previous, parameters only (BN
-    buffers come from the global model), μ = min(λ_k·d_k, 1)."""
+    buffers come from the global model), μ = min(λ_k·d_k, 1). ``divergence``: d_k of the
+    client's last local training (``local_progress``) or between the global model and the
+    client's own (``global_vs_local``)."""
+
+    def __init__(self, cfg: FederationConfig, model: nn.Module, tau: float, divergence: str):
+        super().__init__(cfg, model)
+        self.tau, self.measure = tau, divergence
 
     def online_start(self, state, client, received, kept):
         mu = self.decay(state, client, received, kept)
@@ -109,19 +146,11 @@ class FedEMAStrategy(FedBYOLStrategy):
     def decay(self, state: FedState, client: int, received: Tensors, kept: Tensors) -> float:
         """μ_k; the autoscaler fixes λ_k = τ / d_k at the first blend with d_k > 0 (so that
         blend has μ = τ; until then μ = 0, spec §2.6 pitfall 2)."""
-        if self.p.divergence == "global_vs_local":
+        if self.measure == "global_vs_local":
             d = divergence(received, kept, self.convs)
         else:
             d = state.memo["divergence"][client]
         scalers = state.memo.setdefault("scaler", {})
         if client not in scalers and d > 0:
-            scalers[client] = self.p.tau / d
+            scalers[client] = self.tau / d
         return min(scalers.get(client, 0.0) * d, 1.0)
-
-
-STRATEGIES = {"fedbyol": FedBYOLStrategy, "fedema": FedEMAStrategy, "fedu": FedUStrategy}
-
-
-def family_strategy(cfg: FederationConfig, model: ByolNet, p) -> Strategy:
-    """The family member's strategy (FedBYOL, FedEMA or FedU, by the params' name)."""
-    return STRATEGIES[p.name](cfg, model, p)

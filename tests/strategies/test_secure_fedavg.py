@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from fedssl.fl.secure_agg import mask_update, pair_mask, pair_seed, secure_fedavg, unmask_sum
+from fedssl.strategies.secure_fedavg import (
+    mask_update,
+    pair_mask,
+    pair_seed,
+    secure_fedavg,
+    unmask_sum,
+)
 
 N = 10_000
 

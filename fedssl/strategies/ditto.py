@@ -1,0 +1,27 @@
+"""Ditto (Li et al., 2021): the global model w trains as in FedAvg; each client also trains its
+personal model v (:class:`~fedssl.strategies.personal.PersonalModel`) on the very batches w
+stepped on, each SGD step of v followed by the exact proximal step towards the round-start
+global model w^t: v <- (v + ηλ w^t) / (1 + ηλ), stable for any ηλ. A client is scored with v."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def ditto_prox(lam: float, lr: float, anchor_of: Callable[[str], str | None]):
+    """The trainer's ``after_step``: Ditto's proximal step on every trained entry whose
+    round-start global value ``anchor_of(key)`` names (None: not a personal entry). η is the
+    configured lr (a constant schedule)."""
+    k_ = lr * lam
+
+    @torch.no_grad()
+    def after(trained, frozen, buffers) -> None:
+        fixed = {**frozen, **buffers}
+        for k, v in trained.items():
+            anchor = anchor_of(k)
+            if anchor is not None:
+                v.add_(fixed[anchor], alpha=k_).div_(1 + k_)
+
+    return after
