@@ -65,6 +65,7 @@ OVERLAY = {
     "queue_size": 32,
     "memory_size": 32,
     "bank_size": 32,
+    "k": 5,  # k-NN neighbours: no more than the fixture's bank
     "query_size": 16,
     "size": 32,
     "train_size": 32,

@@ -339,7 +339,7 @@ EXERCISES = {
     "fedssl/methods/mocosfl/run.py::load_final::torch.load": Exercise(
         "features", "tiny_mocosfl", "{in:pretrain}/model.pt"
     ),
-    "fedssl/methods/supervised/train.py::load_saved::torch.load": Exercise(
+    "fedssl/eval/global_model.py::load_saved::torch.load": Exercise(
         "features", "tiny_fedavg", "{in:train}/model.pt"
     ),
     "fedssl/methods/fedbyol/model.py::load_online_encoder::torch.load": Exercise(

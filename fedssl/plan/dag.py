@@ -263,7 +263,8 @@ class Dag:
                 ) from None
         where = self.presets.resolve("experiment", exp_name).where
         part = self.presets.load("partition", exp.partition, f"{where}: partition")
-        dataset = self.presets.load("dataset", part.dataset)
+        part_where = self.presets.resolve("partition", exp.partition).where
+        dataset = self.presets.load("dataset", part.dataset, f"{part_where}: dataset")
         check_experiment_fits(exp, where, part, dataset, Path(data_dir(part.dataset)))
         method = registry.get(exp.method.name)
         declaration = registry.module_of(method.name)
