@@ -14,6 +14,12 @@ from fedssl.plan.dvcfile import check, commit_ran, dvc_file, owners, write_all
 from fedssl.plan.freshness import accept
 
 
+def downstream_of(dag: Dag, name: str, stages: list[str]) -> bool:
+    """Whether stage ``name`` reads, directly or not, the output of one of ``stages``."""
+    up = dag.stages[name].upstream
+    return any(u in stages or downstream_of(dag, u, stages) for u in up)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m fedssl.pipeline",
@@ -47,17 +53,21 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "commit":
             commit_ran()
         elif args.cmd == "accept":
-            names = accept(Dag(args.pipeline), args.stages or None)
+            dag = Dag(args.pipeline)
+            names = accept(dag, args.stages or None)
             print("accepted: " + (", ".join(names) or "nothing was stale"))
             if names and Path(".dvc").is_dir():
                 owner = owners()
+                # an accepted stage's meta.json is part of its output, so DVC sees every stage
+                # that reads it as changed too: commit those as well
+                commit = [n for n in dag.stages if n in names or downstream_of(dag, n, names)]
                 subprocess.run(
                     [
                         "dvc",
                         "commit",
                         "--force",
                         "--quiet",
-                        *[f"{dvc_file(owner[n][0])}:{n}" for n in names if n in owner],
+                        *[f"{dvc_file(owner[n][0])}:{n}" for n in commit if n in owner],
                     ]
                 )
         else:
