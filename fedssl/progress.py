@@ -64,6 +64,11 @@ class Progress:
 
     def advance(self, images: int) -> None:
         self.n += images
+        # the total is an estimate (clients' shards differ in size): never report past 100%
+        if self.n > self.total:
+            self.total = self.n
+            if self.bar is not None:
+                self.bar.total = self.total
         if self.bar is not None:
             self.bar.update(images)
             return
