@@ -74,7 +74,6 @@ def test_dvc_sees_nothing_to_do_after_snakemake(project):
     assert planned_jobs(project) == set()
 
 
-
 def test_dvc_plots_show_draws_each_probe_curve_offline(project):
     """The linear probe's curve is a DVC plot: its test top-1 over its epochs, ending at the
     top-1 in metrics.json; the rounds' loss beside it."""
@@ -90,6 +89,7 @@ def test_dvc_plots_show_draws_each_probe_curve_offline(project):
         top1 = json.loads((project / results / "metrics.json").read_text())["linear_top1"]
         assert float(rows[-1]["test_top1"]) == top1
     assert "results/experiments/tiny_simclr/rounds.tsv" in plots["data"]
+
 
 def test_param_edit_reruns_only_downstream_in_both_front_ends(project):
     set_probe_lr(project, "tiny_simclr", 0.05)
