@@ -4,14 +4,20 @@ A fact is an inline block ``<!-- fact: PIPELINE | KIND | ARG | ... -->TEXT<!-- /
 :func:`fill_facts` rewrites TEXT from ``results/reports/PIPELINE/report.json``'s rows, so a
 sentence cannot drift from its file (``fedssl docs`` refills them, and the docs test fails
 when one is stale). A cell is the mean over the runs (seeds) of one row
-(method) and column (setting); rows are named as in the report's tables, several joined by
-``,``, as may be the metrics of ``range``; ``DIGITS`` is the number of decimals (``1%``: as a
+(method) and column (setting); rows are named as in the report's tables (or one run by its
+experiment), several joined by ``,``, as may be the metrics of ``range``; ``DIGITS`` is the number of decimals (``1%``: as a
 percentage with one decimal) or a format spec (``.2g``). Kinds:
 
 * ``value | ROW | COLUMN | METRIC | DIGITS``: one cell, e.g. ``69.1``;
 * ``range | ROWS | COLUMN | METRIC | DIGITS``: the lowest and highest cell of those rows in
   that column (``*``: every column), ``lo-hi`` (one number when they are equal);
 * ``runs | ROW | COLUMN | METRIC | DIGITS``: the lowest and highest run (seed) of one cell;
+* ``sd | ROWS | COLUMN | METRIC | DIGITS``: the sample SD over the runs of a cell (the ± of
+  the report's tables), the lowest and highest over those rows and columns;
+* ``spread | ROWS | METRIC | DIGITS``: the rows' largest difference in one column (the
+  highest cell minus the lowest), the largest over the columns;
+* ``diff | ROW | OTHER | COLUMN | METRIC | DIGITS``: ROW's cell minus OTHER's in one column
+  (``+1``: one decimal with its sign); ``ratio | ...``: ROW's cell over OTHER's.
 * ``gap | ROWS | REFERENCE | METRIC | DIGITS``: over the columns, the smallest and largest
   difference between REFERENCE's cell and the rows' cells, ``lo-hi``.
 """
@@ -20,19 +26,32 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
 FACT = re.compile(r"<!-- fact: (\w+) \| (.+?) -->(.*?)<!-- /fact -->", re.S)
 
 
-def cells(rows: list[dict], metric: str) -> dict[tuple[str, str], float]:
-    """(row, column) -> mean of ``metric`` over its runs (runs without it are left out)."""
+def names_of(row: dict) -> set[str]:
+    """What a fact may call a report row by: its table row, or its experiment (one run)."""
+    return {row["row"], row.get("experiment", row["row"])}
+
+
+def runs_of(rows: list[dict], metric: str, column: str = "*") -> dict[tuple[str, str], list]:
+    """(row, column) -> ``metric`` of each of its runs (runs without it are left out); each
+    run also under (its experiment, column)."""
     runs = defaultdict(list)
     for r in rows:
-        if r.get(metric) is not None:
-            runs[r["row"], r["column"]].append(float(r[metric]))
-    return {k: sum(v) / len(v) for k, v in runs.items()}
+        if r.get(metric) is not None and column in ("*", r["column"]):
+            for name in names_of(r):
+                runs[name, r["column"]].append(float(r[metric]))
+    return runs
+
+
+def cells(rows: list[dict], metric: str) -> dict[tuple[str, str], float]:
+    """(row, column) -> mean of ``metric`` over its runs (see :func:`runs_of`)."""
+    return {k: sum(v) / len(v) for k, v in runs_of(rows, metric).items()}
 
 
 def _pick(table: dict, names: str, where: str) -> dict[tuple[str, str], float]:
@@ -44,6 +63,8 @@ def _pick(table: dict, names: str, where: str) -> dict[tuple[str, str], float]:
 
 
 def _fmt(value: float, digits: str) -> str:
+    if digits.startswith("+"):
+        return f"{value:+.{int(digits[1:])}f}"
     if digits.endswith("%"):
         return f"{100 * value:.{int(digits[:-1])}f}"
     return format(value, digits) if digits.startswith((".", ",")) else f"{value:.{int(digits)}f}"
@@ -65,10 +86,31 @@ def fact_text(rows: list[dict], spec: list[str], where: str = "") -> str:
         return _fmt(table[row, column], digits)
     if kind == "runs" and len(args) == 4:
         row, column, metric, digits = args
-        found = [float(r[metric]) for r in rows if (r["row"], r["column"]) == (row, column)]
+        found = runs_of(rows, metric, column).get((row, column))
         if not found:
             raise KeyError(f"{where}: no {metric} of row {row!r}, column {column!r}")
         return _span(min(found), max(found), digits)
+    if kind == "sd" and len(args) == 4:
+        names, column, metric, digits = args
+        runs = _pick(runs_of(rows, metric, column), names, where)
+        sds = [statistics.stdev(v) for v in runs.values() if len(v) > 1]
+        if not sds:
+            raise KeyError(f"{where}: no two runs of {metric}, rows {names!r}, {column!r}")
+        return _span(min(sds), max(sds), digits)
+    if kind == "spread" and len(args) == 3:
+        names, metric, digits = args
+        columns = defaultdict(list)
+        for (_, col), v in _pick(cells(rows, metric), names, where).items():
+            columns[col].append(v)
+        return _fmt(max(max(v) - min(v) for v in columns.values()), digits)
+    if kind in ("diff", "ratio") and len(args) == 5:
+        row, other, column, metric, digits = args
+        table = cells(rows, metric)
+        for name in (row, other):
+            if (name, column) not in table:
+                raise KeyError(f"{where}: no {metric} of row {name!r}, column {column!r}")
+        a, b = table[row, column], table[other, column]
+        return _fmt(a - b if kind == "diff" else a / b, digits)
     if kind == "range" and len(args) == 4:
         names, column, metrics, digits = args
         found = [

@@ -16,7 +16,7 @@ from tests.fixtures import REPO
 
 ROWS = [
     {"row": "A", "column": "x", "acc": 70.0},
-    {"row": "A", "column": "x", "acc": 72.0},  # two seeds: the cell is 71
+    {"row": "A", "column": "x", "acc": 72.0, "experiment": "e2"},  # two seeds: the cell is 71
     {"row": "A", "column": "y", "acc": 60.0},
     {"row": "B", "column": "x", "acc": 80.0},
     {"row": "B", "column": "y", "acc": 65.5, "hit_a": 0.09, "hit_b": 0.08},
@@ -35,6 +35,13 @@ ROWS = [
         ("gap | A | B | acc | 1", "5.5-9.0"),  # B - A per column: 80 - 71, 65.5 - 60
         ("range | B | y | hit_a, hit_b | 0%", "8-9"),  # several metrics, as percentages
         ("value | A | x | acc | .2g", "71"),  # a format spec
+        ("sd | A | x | acc | 2", "1.41"),  # the sample SD of 70 and 72
+        ("sd | A,B | * | acc | 1", "1.4"),  # only A's x cell has two runs
+        ("spread | A,B | acc | 1", "9.0"),  # per column 80 - 71 and 65.5 - 60: the larger
+        ("diff | A | B | x | acc | +1", "-9.0"),
+        ("diff | B | A | y | acc | +1", "+5.5"),
+        ("ratio | B | A | y | acc | 2", "1.09"),
+        ("value | e2 | x | acc | 0", "72"),  # one run, by its experiment
     ],
 )
 def test_each_kind_of_fact_computes_from_the_rows(spec, text):
@@ -48,6 +55,8 @@ def test_each_kind_of_fact_computes_from_the_rows(spec, text):
         ("range | A,Z | * | acc | 1", KeyError),
         ("value | C (μ=1) | x | acc | 1", KeyError),  # a missing metric is not a number
         ("mean | A | acc | 1", ValueError),
+        ("sd | B | x | acc | 1", KeyError),  # one run has no SD
+        ("diff | A | Z | x | acc | 1", KeyError),
     ],
 )
 def test_a_fact_without_its_data_names_the_file(spec, error):
