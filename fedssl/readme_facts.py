@@ -3,10 +3,11 @@
 A fact is an inline block ``<!-- fact: PIPELINE | KIND | ARG | ... -->TEXT<!-- /fact -->``;
 :func:`fill_facts` rewrites TEXT from ``results/reports/PIPELINE/report.json``'s rows, so a
 sentence cannot drift from its file (``fedssl docs`` refills them, and the docs test fails
-when one is stale). A cell is the mean over the runs (seeds) of one row
-(method) and column (setting); rows are named as in the report's tables (or one run by its
-experiment), several joined by ``,``, as may be the metrics of ``range``; ``DIGITS`` is the number of decimals (``1%``: as a
-percentage with one decimal) or a format spec (``.2g``). Kinds:
+when one is stale). A cell is the mean over the runs (seeds) of one row (method) and column
+(setting); rows are named as in the report's tables (or one run by its experiment), several
+joined by ``,``, as may be the metrics of ``range``; ``DIGITS`` is the number of decimals
+(``1%``: as a percentage with one decimal; ``+1``: with its sign) or a format spec (``.2g``).
+Kinds:
 
 * ``value | ROW | COLUMN | METRIC | DIGITS``: one cell, e.g. ``69.1``;
 * ``range | ROWS | COLUMN | METRIC | DIGITS``: the lowest and highest cell of those rows in
@@ -16,8 +17,8 @@ percentage with one decimal) or a format spec (``.2g``). Kinds:
   the report's tables), the lowest and highest over those rows and columns;
 * ``spread | ROWS | METRIC | DIGITS``: the rows' largest difference in one column (the
   highest cell minus the lowest), the largest over the columns;
-* ``diff | ROW | OTHER | COLUMN | METRIC | DIGITS``: ROW's cell minus OTHER's in one column
-  (``+1``: one decimal with its sign); ``ratio | ...``: ROW's cell over OTHER's.
+* ``diff | ROW | OTHER | COLUMN | METRIC | DIGITS``: ROW's cell minus OTHER's in one column;
+  ``ratio | ...``: ROW's cell over OTHER's;
 * ``gap | ROWS | REFERENCE | METRIC | DIGITS``: over the columns, the smallest and largest
   difference between REFERENCE's cell and the rows' cells, ``lo-hi``.
 """
@@ -29,6 +30,7 @@ import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 FACT = re.compile(r"<!-- fact: (\w+) \| (.+?) -->(.*?)<!-- /fact -->", re.S)
 
@@ -75,60 +77,95 @@ def _span(lo: float, hi: float, digits: str) -> str:
     return a if a == b else f"{a}-{b}"
 
 
+def _cell(table: dict, row: str, column: str, metric: str, where: str) -> float:
+    if (row, column) not in table:
+        raise KeyError(f"{where}: no {metric} of row {row!r}, column {column!r}")
+    return table[row, column]
+
+
+class Report(NamedTuple):
+    """A report's rows, and where they come from (for the messages)."""
+
+    rows: list[dict]
+    where: str
+
+
+def _value(r: Report, row, column, metric, digits):
+    return _fmt(_cell(cells(r.rows, metric), row, column, metric, r.where), digits)
+
+
+def _runs(r: Report, row, column, metric, digits):
+    found = runs_of(r.rows, metric, column).get((row, column))
+    if not found:
+        raise KeyError(f"{r.where}: no {metric} of row {row!r}, column {column!r}")
+    return _span(min(found), max(found), digits)
+
+
+def _sd(r: Report, names, column, metric, digits):
+    runs = _pick(runs_of(r.rows, metric, column), names, r.where)
+    sds = [statistics.stdev(v) for v in runs.values() if len(v) > 1]
+    if not sds:
+        raise KeyError(f"{r.where}: no two runs of {metric}, rows {names!r}, column {column!r}")
+    return _span(min(sds), max(sds), digits)
+
+
+def _spread(r: Report, names, metric, digits):
+    columns = defaultdict(list)
+    for (_, col), v in _pick(cells(r.rows, metric), names, r.where).items():
+        columns[col].append(v)
+    return _fmt(max(max(v) - min(v) for v in columns.values()), digits)
+
+
+def _diff(r: Report, row, other, column, metric, digits):
+    table = cells(r.rows, metric)
+    a, b = (_cell(table, name, column, metric, r.where) for name in (row, other))
+    return _fmt(a - b, digits)
+
+
+def _ratio(r: Report, row, other, column, metric, digits):
+    table = cells(r.rows, metric)
+    a, b = (_cell(table, name, column, metric, r.where) for name in (row, other))
+    return _fmt(a / b, digits)
+
+
+def _range(r: Report, names, column, metrics, digits):
+    found = [
+        v
+        for metric in metrics.split(",")
+        for (_, col), v in _pick(cells(r.rows, metric.strip()), names, r.where).items()
+        if column in ("*", col)
+    ]
+    if not found:
+        raise KeyError(f"{r.where}: no {metrics} of rows {names!r} in column {column!r}")
+    return _span(min(found), max(found), digits)
+
+
+def _gap(r: Report, names, reference, metric, digits):
+    table = cells(r.rows, metric)
+    ref = _pick(table, reference, r.where)
+    gaps = [ref[reference, col] - v for (_, col), v in _pick(table, names, r.where).items()]
+    return _span(min(gaps), max(gaps), digits)
+
+
+KINDS = {
+    "value": _value,
+    "runs": _runs,
+    "sd": _sd,
+    "spread": _spread,
+    "diff": _diff,
+    "ratio": _ratio,
+    "range": _range,
+    "gap": _gap,
+}
+
+
 def fact_text(rows: list[dict], spec: list[str], where: str = "") -> str:
     """The text of the fact ``spec`` (KIND and its arguments) over a report's rows."""
     kind, *args = spec
-    if kind == "value" and len(args) == 4:
-        row, column, metric, digits = args
-        table = cells(rows, metric)
-        if (row, column) not in table:
-            raise KeyError(f"{where}: no {metric} of row {row!r}, column {column!r}")
-        return _fmt(table[row, column], digits)
-    if kind == "runs" and len(args) == 4:
-        row, column, metric, digits = args
-        found = runs_of(rows, metric, column).get((row, column))
-        if not found:
-            raise KeyError(f"{where}: no {metric} of row {row!r}, column {column!r}")
-        return _span(min(found), max(found), digits)
-    if kind == "sd" and len(args) == 4:
-        names, column, metric, digits = args
-        runs = _pick(runs_of(rows, metric, column), names, where)
-        sds = [statistics.stdev(v) for v in runs.values() if len(v) > 1]
-        if not sds:
-            raise KeyError(f"{where}: no two runs of {metric}, rows {names!r}, {column!r}")
-        return _span(min(sds), max(sds), digits)
-    if kind == "spread" and len(args) == 3:
-        names, metric, digits = args
-        columns = defaultdict(list)
-        for (_, col), v in _pick(cells(rows, metric), names, where).items():
-            columns[col].append(v)
-        return _fmt(max(max(v) - min(v) for v in columns.values()), digits)
-    if kind in ("diff", "ratio") and len(args) == 5:
-        row, other, column, metric, digits = args
-        table = cells(rows, metric)
-        for name in (row, other):
-            if (name, column) not in table:
-                raise KeyError(f"{where}: no {metric} of row {name!r}, column {column!r}")
-        a, b = table[row, column], table[other, column]
-        return _fmt(a - b if kind == "diff" else a / b, digits)
-    if kind == "range" and len(args) == 4:
-        names, column, metrics, digits = args
-        found = [
-            v
-            for metric in metrics.split(",")
-            for (_, col), v in _pick(cells(rows, metric.strip()), names, where).items()
-            if column in ("*", col)
-        ]
-        if not found:
-            raise KeyError(f"{where}: no {metric} of rows {names!r} in column {column!r}")
-        return _span(min(found), max(found), digits)
-    if kind == "gap" and len(args) == 4:
-        names, reference, metric, digits = args
-        table = cells(rows, metric)
-        ref = _pick(table, reference, where)
-        gaps = [ref[reference, col] - v for (_, col), v in _pick(table, names, where).items()]
-        return _span(min(gaps), max(gaps), digits)
-    raise ValueError(f"{where}: unknown fact {' | '.join(spec)!r} (see fedssl.readme_facts)")
+    compute = KINDS.get(kind)
+    if compute is None or len(args) != compute.__code__.co_argcount - 1:
+        raise ValueError(f"{where}: unknown fact {' | '.join(spec)!r} (see fedssl.readme_facts)")
+    return compute(Report(rows, where), *args)
 
 
 def fill_facts(text: str, results_root: Path) -> str:
