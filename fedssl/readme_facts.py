@@ -5,9 +5,9 @@ A fact is an inline block ``<!-- fact: PIPELINE | KIND | ARG | ... -->TEXT<!-- /
 sentence cannot drift from its file (``fedssl docs`` refills them, and the docs test fails
 when one is stale). A cell is the mean over the runs (seeds) of one row (method) and column
 (setting); rows are named as in the report's tables (or one run by its experiment), several
-joined by ``,``, as may be the metrics of ``range``; ``DIGITS`` is the number of decimals
-(``1%``: as a percentage with one decimal; ``+1``: with its sign) or a format spec (``.2g``).
-Kinds:
+joined by ``,`` (a comma and a space stay part of a name), as may be the metrics of
+``range``; ``DIGITS`` is the number of decimals (``1%``: as a percentage with one decimal;
+``+1``: with its sign) or a format spec (``.2g``). Kinds:
 
 * ``value | ROW | COLUMN | METRIC | DIGITS``: one cell, e.g. ``69.1``;
 * ``range | ROWS | COLUMN | METRIC | DIGITS``: the lowest and highest cell of those rows in
@@ -57,7 +57,7 @@ def cells(rows: list[dict], metric: str) -> dict[tuple[str, str], float]:
 
 
 def _pick(table: dict, names: str, where: str) -> dict[tuple[str, str], float]:
-    wanted = [n.strip() for n in names.split(",")]
+    wanted = [n.strip() for n in re.split(r",(?! )", names)]  # "A (x, y)" is one name
     missing = [n for n in wanted if not any(row == n for row, _ in table)]
     if missing:
         raise KeyError(f"{where}: no row {', '.join(missing)}")
