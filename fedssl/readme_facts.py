@@ -14,7 +14,8 @@ joined by ``,`` (a comma and a space stay part of a name), as may be the metrics
   that column (``*``: every column), ``lo-hi`` (one number when they are equal);
 * ``runs | ROW | COLUMN | METRIC | DIGITS``: the lowest and highest run (seed) of one cell;
 * ``sd | ROWS | COLUMN | METRIC | DIGITS``: the sample SD over the runs of a cell (the ± of
-  the report's tables), the lowest and highest over those rows and columns;
+  the report's tables), the lowest and highest over those rows and columns; ``psd``: the
+  population SD (CP-CFL's tables, as its paper);
 * ``spread | ROWS | METRIC | DIGITS``: the rows' largest difference in one column (the
   highest cell minus the lowest), the largest over the columns;
 * ``diff | ROW | OTHER | COLUMN | METRIC | DIGITS``: ROW's cell minus OTHER's in one column;
@@ -101,12 +102,20 @@ def _runs(r: Report, row, column, metric, digits):
     return _span(min(found), max(found), digits)
 
 
-def _sd(r: Report, names, column, metric, digits):
+def _sds(r: Report, names, column, metric, digits, sd=statistics.stdev):
     runs = _pick(runs_of(r.rows, metric, column), names, r.where)
-    sds = [statistics.stdev(v) for v in runs.values() if len(v) > 1]
+    sds = [sd(v) for v in runs.values() if len(v) > 1]
     if not sds:
         raise KeyError(f"{r.where}: no two runs of {metric}, rows {names!r}, column {column!r}")
     return _span(min(sds), max(sds), digits)
+
+
+def _sd(r: Report, names, column, metric, digits):
+    return _sds(r, names, column, metric, digits)
+
+
+def _psd(r: Report, names, column, metric, digits):
+    return _sds(r, names, column, metric, digits, statistics.pstdev)
 
 
 def _spread(r: Report, names, metric, digits):
@@ -151,6 +160,7 @@ KINDS = {
     "value": _value,
     "runs": _runs,
     "sd": _sd,
+    "psd": _psd,
     "spread": _spread,
     "diff": _diff,
     "ratio": _ratio,

@@ -37,6 +37,7 @@ ROWS = [
         ("value | A | x | acc | .2g", "71"),  # a format spec
         ("sd | A | x | acc | 2", "1.41"),  # the sample SD of 70 and 72
         ("sd | A,B | * | acc | 1", "1.4"),  # only A's x cell has two runs
+        ("psd | A | x | acc | 1", "1.0"),  # the population SD (CP-CFL's tables)
         ("spread | A,B | acc | 1", "9.0"),  # per column 80 - 71 and 65.5 - 60: the larger
         ("diff | A | B | x | acc | +1", "-9.0"),
         ("diff | B | A | y | acc | +1", "+5.5"),
