@@ -42,11 +42,11 @@ def names_of(row: dict) -> set[str]:
 
 
 def runs_of(rows: list[dict], metric: str, column: str = "*") -> dict[tuple[str, str], list]:
-    """(row, column) -> ``metric`` of each of its runs (runs without it are left out); each
-    run also under (its experiment, column)."""
+    """(row, column) -> ``metric`` of each of its runs (runs without it, or with a blank, are
+    left out); each run also under (its experiment, column)."""
     runs = defaultdict(list)
     for r in rows:
-        if r.get(metric) is not None and column in ("*", r["column"]):
+        if r.get(metric) not in (None, "") and column in ("*", r["column"]):
             for name in names_of(r):
                 runs[name, r["column"]].append(float(r[metric]))
     return runs
