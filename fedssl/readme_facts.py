@@ -190,3 +190,33 @@ def fill_facts(text: str, results_root: Path) -> str:
         return f"<!-- fact: {m.group(1)} | {m.group(2)} -->{value}<!-- /fact -->"
 
     return FACT.sub(fill, text)
+
+
+# what a page's prose is, for :func:`typed_figures`: generated blocks, facts, code and table
+# rows are not
+_NOT_PROSE = re.compile(
+    r"<!-- (results|board|figures): [^>]*-->.*?<!-- /\1 -->|<!-- fact: .*? -->.*?<!-- /fact -->"
+    r"|```.*?```|^\|.*$",
+    re.S | re.M,
+)
+_SCORES = re.compile(r"top1|auroc|personal|^ari$|^purity$")  # the metrics a sentence quotes
+_FIGURE = re.compile(r"(?<![\w.])\d+\.\d{1,2}(?![\d.]*\d)")  # 79.4, 79.40; not 1.2.3
+
+
+def typed_figures(text: str, results_root: Path) -> list[str]:
+    """Numbers in a page's prose, outside its facts, that equal a score cell (to their
+    decimals) of a report the page names (a results, board or fact block, or `PIPELINE` in
+    backticks): a figure typed by hand from a committed file, which would not follow it."""
+    names = set(re.findall(r"<!-- (?:results|fact|board): (\w+)", text))
+    names |= set(re.findall(r"`(\w+)`", text))
+    cells_text = set()
+    for name in names:
+        path = results_root / name / "report.json"
+        if not path.exists():
+            continue
+        rows = json.loads(path.read_text())["rows"]
+        for metric in {k for r in rows for k in r if _SCORES.search(k)}:
+            for value in cells(rows, metric).values():
+                cells_text |= {f"{value:.1f}", f"{value:.2f}"}
+    prose = _NOT_PROSE.sub("", text)
+    return [n for n in _FIGURE.findall(prose) if float(n) >= 1 and n in cells_text]

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from fedssl.readme_facts import FACT, fact_text, fill_facts
+from fedssl.readme_facts import FACT, fact_text, fill_facts, typed_figures
 from fedssl.report import fill_blocks
 from tests.fixtures import REPO
 
@@ -82,6 +82,63 @@ def test_a_fact_is_refilled_from_its_report_and_follows_it(tmp_path):
 
 
 RESULTS_PAGES = sorted((REPO / "docs" / "results").glob("*.md"))
+
+
+PAGES = [*sorted((REPO / "docs").rglob("*.md")), REPO / "README.md"]
+
+# Numbers in the pages' prose that equal a committed cell by coincidence: the words around
+# each, which say where it comes from instead (the paper, a round log, a budget, another
+# machine); an entry whose words are gone from its page fails the test.
+NOT_FROM_REPORTS = {
+    "docs/results/mfcl.md": [
+        "(paper 79.6 and 83.3 against 78.8)",
+        "(paper: FedSimCLR 65.6 at ξ = 0.01 against 81.9 at ξ = 200)",
+        "paper 65.4 against 70.8",
+    ],
+    "docs/results/mpfedcon.md": [
+        "(50.0 % from round 14",
+        "seed 20.0, 67.3 and 31.6 %",
+        "the paper 82.3 against 42.7",
+        "the paper 67.2 against 51.8",
+    ],
+    "docs/results/board.md": [
+        "peaks at round 20 (74.85) and ends at 73.8",
+        "= 43.7 s",
+        "equal share (43.7 s)",
+    ],
+    "docs/how-to/reproduce-a-number.md": [
+        "issue 36: 79.40 linear / 80.08 k-NN",
+        "but 67.0 against",
+    ],
+}
+
+
+def test_no_committed_figure_is_typed_by_hand():
+    """Every score a page's prose quotes from a committed report is a fact."""
+    typed = {}
+    for page in PAGES:
+        name = str(page.relative_to(REPO))
+        text = page.read_text()
+        for words in NOT_FROM_REPORTS.get(name, []):
+            assert words in text, f"{name}: no longer says {words!r}"
+            text = text.replace(words, "")
+        if found := typed_figures(text, REPO / "results" / "reports"):
+            typed[name] = found
+    assert not typed, f"typed by hand, make them facts (fedssl.readme_facts): {typed}"
+
+
+def test_a_figure_typed_from_a_report_is_found(tmp_path):
+    report = tmp_path / "demo" / "report.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps({"rows": [{"row": "A", "column": "x", "linear_top1": 79.4}]}))
+    page = "<!-- results: demo linear -->\n| A | 79.40 |\n<!-- /results -->\n"
+    assert typed_figures(page + "A probes at 79.40 (79.4), lr 0.01, 3.5 rounds.\n", tmp_path) == [
+        "79.40",
+        "79.4",
+    ]
+    fact = "<!-- fact: demo | value | A | x | linear_top1 | 1 -->79.4<!-- /fact -->"
+    assert typed_figures(page + f"A probes at {fact}.\n", tmp_path) == []
+    assert typed_figures("`demo` probes at 79.4.\n", tmp_path) == ["79.4"]  # named in backticks
 
 
 def pages_text() -> str:
