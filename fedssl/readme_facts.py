@@ -22,6 +22,12 @@ joined by ``,`` (a comma and a space stay part of a name), as may be the metrics
   ``ratio | ...``: ROW's cell over OTHER's;
 * ``gap | ROWS | REFERENCE | METRIC | DIGITS``: over the columns, the smallest and largest
   difference between REFERENCE's cell and the rows' cells, ``lo-hi``.
+
+A number of a committed log (a round log, a stage-times table: tab-separated with a header,
+``#`` lines skipped) is ``<!-- fact: file | PATH | WHICH | COLUMN | DIGITS -->``, PATH from
+the project's root; WHICH picks the row: ``KEY=VALUE`` (the first with that value),
+``first`` or ``last`` (of the rows with a COLUMN value), ``max`` or ``min`` (of COLUMN), or
+``sum`` of COLUMN (``sum KEY=VALUE``: over the rows with that value).
 """
 
 from __future__ import annotations
@@ -178,14 +184,42 @@ def fact_text(rows: list[dict], spec: list[str], where: str = "") -> str:
     return compute(Report(rows, where), *args)
 
 
+def log_fact(path: Path, which: str, column: str, digits: str) -> str:
+    """One number of a committed tab-separated log (see the module doc)."""
+    lines = [x for x in path.read_text().splitlines() if x and not x.startswith("#")]
+    rows = [dict(zip(lines[0].split("\t"), x.split("\t"))) for x in lines[1:]]
+    if rows and column not in rows[0]:
+        raise KeyError(f"{path}: no column {column!r}")
+    values = [(r, float(r[column])) for r in rows if r.get(column, "") != ""]
+    if which.startswith("sum"):
+        key, _, wanted = which[3:].strip().partition("=")
+        values = [({}, sum(v for r, v in values if not key or r.get(key) == wanted))]
+    elif "=" in which:
+        key, _, wanted = which.partition("=")
+        values = [(r, v) for r, v in values if r.get(key) == wanted][:1]
+    elif which in ("first", "last"):
+        values = values[:1] if which == "first" else values[-1:]
+    elif which in ("max", "min"):
+        values = [(max if which == "max" else min)(values, key=lambda rv: rv[1])] if values else []
+    else:
+        raise ValueError(f"{path}: unknown row {which!r} (KEY=VALUE, first, last, max, min)")
+    if not values:
+        raise KeyError(f"{path}: no {column} in the row {which!r}")
+    return _fmt(values[0][1], digits)
+
+
 def fill_facts(text: str, results_root: Path) -> str:
-    """``text`` with every fact block's TEXT regenerated from its pipeline's report."""
+    """``text`` with every fact block's TEXT regenerated from its pipeline's report (or its
+    log, under the project's root: ``results_root``'s grandparent)."""
 
     def fill(m: re.Match) -> str:
+        spec = [a.strip() for a in m.group(2).split("|")]
+        if m.group(1) == "file" and len(spec) == 4:
+            value = log_fact(results_root.parent.parent / spec[0], *spec[1:])
+            return f"<!-- fact: file | {m.group(2)} -->{value}<!-- /fact -->"
         path = results_root / m.group(1) / "report.json"
         if not path.exists():
             raise FileNotFoundError(f"{path}: no report of pipeline '{m.group(1)}' (run it)")
-        spec = [a.strip() for a in m.group(2).split("|")]
         value = fact_text(json.loads(path.read_text())["rows"], spec, str(path))
         return f"<!-- fact: {m.group(1)} | {m.group(2)} -->{value}<!-- /fact -->"
 
