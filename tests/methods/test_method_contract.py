@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -145,3 +146,22 @@ def test_the_saved_model_gives_a_frozen_encoder(name, tmp_path):
     x = torch.rand(3, *SHAPE, generator=torch.Generator().manual_seed(0))
     features = encoder.eval()(x)
     assert features.shape[0] == 3 and torch.isfinite(features).all()
+
+
+def test_the_tests_mirror_the_package():
+    """Each method package has its tests in tests/methods/<name>/, and no test module at the top
+    of tests/ is named after a method (a new method's tests go beside the others)."""
+    import fedssl.methods
+
+    root = Path(fedssl.methods.__file__).parent
+    tests = Path(__file__).parent
+    packages = sorted(p.name for p in root.iterdir() if (p / "__init__.py").exists())
+    assert packages, root
+    missing = [n for n in packages if not list((tests / n).glob("test_*.py"))]
+    assert not missing, f"method packages without tests/methods/<name>/: {missing}"
+    stray = [
+        f.name
+        for f in tests.parent.glob("test_*.py")
+        if any(f.stem[5:] == n or f.stem[5:].startswith(n + "_") for n in packages)
+    ]
+    assert not stray, f"method tests at the top of tests/: {stray}"
