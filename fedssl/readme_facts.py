@@ -28,6 +28,9 @@ A number of a committed log (a round log, a stage-times table: tab-separated wit
 the project's root; WHICH picks the row: ``KEY=VALUE`` (the first with that value),
 ``first`` or ``last`` (of the rows with a COLUMN value), ``max`` or ``min`` (of COLUMN), or
 ``sum`` of COLUMN (``sum KEY=VALUE``: over the rows with that value).
+
+:func:`typed_figures` finds a score a page quotes from a report by hand, outside a fact (a
+test keeps the pages free of them).
 """
 
 from __future__ import annotations
