@@ -354,8 +354,11 @@ class Dag:
                 s = self.stages[name]
                 if s.kind != "features":
                     upstream.append(name)
-                    # a method step's meta and traffic are read, besides any metrics it wrote
-                    deps += [*s.metrics, s.out] if s.kind in steps else (s.metrics or [s.out])
+                    # a method step's meta and traffic are read, besides any metrics it wrote;
+                    # an evaluation's committed files are its output (as Snakemake's digest has
+                    # it: a new probe curve reruns the report in both front ends)
+                    committed = [*s.metrics, *s.plots]
+                    deps += [*s.metrics, s.out] if s.kind in steps else (committed or [s.out])
             for file, keys in self.presets.tracked("experiment", exp, REPORT_READS).items():
                 merged = params.get(file, [])
                 params[file] = (

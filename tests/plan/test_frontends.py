@@ -116,15 +116,24 @@ def evaluated_lr(project: Path, exp: str) -> float:
 
 
 def test_one_stage_by_name_in_both_front_ends(project):
-    """The probe on toy data scores 100% whatever the lr, so metrics.json comes out identical and
-    the report, which reads only that, stays up to date, in both front ends."""
+    """The probe on toy data scores 100% whatever the lr, so metrics.json comes out identical,
+    but its curve (the loss per epoch) does not: the report, downstream of both, is then what
+    both front ends would run next, and nothing else."""
     set_probe_lr(project, "tiny_random", 0.03)
     run(["snakemake", "--cores", "1", "evaluate__tiny_random"], project)
     assert evaluated_lr(project, "tiny_random") == 0.03
-    assert planned_jobs(project) == set() and dvc_stale(project) == set()
+    assert (
+        json.loads((project / "results/experiments/tiny_random/metrics.json").read_text())[
+            "linear_top1"
+        ]
+        == 100.0
+    )
+    assert planned_jobs(project) == {"report__default"} == dvc_stale(project)
     set_probe_lr(project, "tiny_random", 0.04)
     run(["dvc", "repro", "--single-item", "evaluate__tiny_random"], project)
     assert evaluated_lr(project, "tiny_random") == 0.04
+    assert planned_jobs(project) == {"report__default"} == dvc_stale(project)
+    run(["dvc", "repro"], project)
     assert planned_jobs(project) == set() and dvc_stale(project) == set()
 
 
