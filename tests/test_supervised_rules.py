@@ -210,3 +210,13 @@ def test_a_step_costs_more_flops_and_memory_with_more_reference_models():
 def test_fedavg_has_no_mu():
     with pytest.raises(ValueError, match="mu"):
         params("fedavg", 0.1)
+
+
+def test_the_report_row_names_the_variant_and_its_mu():
+    from fedssl.methods import registry
+
+    method = registry.get("supervised")
+    labels = [
+        method.row_label(params(v, mu)) for v, mu in (("fedavg", 0), ("moon", 1), ("fedprox", 0.01))
+    ]
+    assert labels == ["FedAvg", "MOON (μ=1)", "FedProx (μ=0.01)"]

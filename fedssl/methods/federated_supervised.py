@@ -90,13 +90,18 @@ def train(ctx) -> None:
     fed = make_federation(p, model, data, tests, ctx.resume_path, ctx.fingerprint)
     state = run_federation(ctx, fed, model)
     net = network_of(model)
-    saved = {"model": net.state_dict(), "image_shape": tuple(ctx.image_shape), "classes": classes}
-    torch_save(saved, ctx.out / "model.pt")
+    save_network(net, ctx.out / "model.pt", ctx.image_shape, classes)
     top1 = global_accuracy(net, state.server["global"], tests)
     write_json(ctx.results_dir / "global.json", {"global_top1": round(top1, 4)})
     ctx.info.update(classes=classes, parameters=sum(q.numel() for q in net.parameters()))
     if method.describe:
         ctx.info.update(call_hook(method.describe, fed, p))
+
+
+def save_network(net: nn.Module, path, image_shape, classes: int) -> None:
+    """The global network as the ``train`` step's ``model.pt`` (weights, image shape, classes)."""
+    saved = {"model": net.state_dict(), "image_shape": tuple(image_shape), "classes": classes}
+    torch_save(saved, path)
 
 
 def load_network(ctx, device=None) -> nn.Module:
