@@ -1,8 +1,9 @@
 """The training of a :class:`fedssl.methods.base.SupervisedFederatedMethod` (imported when its
 ``train`` step runs): the seeded network (in its wrapper), the clients' labelled views, the
-cohort trainer running the method's loss under the precision policy, the method's strategy and
-the federation resumed from its checkpoint; then the global network, its test accuracy and the
-frozen encoder the probes read. :class:`ScoredFedAvg` is the default strategy."""
+cohort trainer running the method's loss under the precision policy (as
+:mod:`fedssl.methods.federated` does), the method's strategy and the federation resumed from
+its checkpoint; then the global network, its test accuracy and the frozen encoder the probes
+read. :class:`ScoredFedAvg` is the default strategy."""
 
 from __future__ import annotations
 
@@ -11,17 +12,12 @@ from torch import nn
 
 from fedssl.data.augment import views_of
 from fedssl.eval.global_model import global_accuracy, load_saved, num_classes, test_split
-from fedssl.fl.cohort import (
-    CohortTrainer,
-    LocalData,
-    OptimizerConfig,
-    on_outputs,
-    vectorise_clients,
-)
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import Federation, FedState, LocalTraining, Strategy, federation_config
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.methods import registry
-from fedssl.methods.base import call_hook, resolve_hook
+from fedssl.methods.base import call_hook
+from fedssl.methods.federated import trainer_loss
 from fedssl.runtime import derive_seed, torch_save, write_json
 
 
@@ -56,12 +52,6 @@ def build_model(p, image_shape, classes: int, device) -> nn.Module:
     if method.wrapper:
         model = call_hook(method.wrapper, p, model)
     return model.to(device)
-
-
-def trainer_loss(p):
-    """The method's loss of the model's outputs, the forward run under the precision policy."""
-    loss = resolve_hook(registry.get(p.name).loss)
-    return on_outputs(lambda outputs, batch: loss(outputs, batch, p))
 
 
 def make_federation(p, model, data: LocalData, tests: LocalData, ckpt, fingerprint) -> Federation:

@@ -10,7 +10,8 @@ from torch import nn
 from fedssl import costs
 from fedssl.eval.global_model import load_saved
 from fedssl.fl.cohort import Batch
-from fedssl.methods.federated_supervised import build_model, trainer_loss
+from fedssl.methods.federated import trainer_loss
+from fedssl.methods.federated_supervised import build_model
 from fedssl.methods.supervised.train import with_proximal
 
 REFERENCES_HELD = {"fedavg": 0, "fedprox": 1, "moon": 2}  # frozen model copies a step reads
