@@ -50,7 +50,7 @@ def on_outputs(loss: Callable[[object, Batch], torch.Tensor]) -> LossFn:
     outputs in fp32 (a tensor, or a tuple of them, in the views' order along dim 0)."""
 
     def loss_fn(model, params, buffers, batch):
-        x = batch.views[0] if len(batch.views) == 1 else torch.cat(batch.views)
+        x = torch.cat(batch.views)
         with autocast(x):
             out = functional_call(model, (params, buffers), (x,))
         out = tuple(o.float() for o in out) if isinstance(out, tuple) else out.float()
