@@ -6,11 +6,11 @@ its stages' code dependencies are importable modules. Every method on a base
 (:class:`FederatedMethod`, :class:`SupervisedFederatedMethod`, :class:`PretrainStepMethod`;
 its tiny params in ``EXTRA`` where the common ones do not do): its stages run on a tiny project
 through the report (its training step, the probes on its encoder, its client costs; the costs'
-code none of the training's), and a killed training stage resumes to the uninterrupted outputs.
-Every method on a shared runtime (a loss and a model): in process, a tiny federation learns,
-a run killed after its first round resumes to the uninterrupted result, the saved model gives
-the probes a frozen encoder that the export builder rebuilds, and the ledger counts a payload
-both ways each round."""
+code none of the training's); a SIGKILLed training stage resumes to the uninterrupted outputs
+(each method not on a runtime, and one of each runtime). Every method on a shared runtime (a
+loss and a model): in process, a tiny federation learns, a run killed after its first round
+resumes to the uninterrupted result, the saved model gives the probes a frozen encoder that the
+export builder rebuilds, and the ledger counts a payload both ways each round."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ KILLED = [n for n in ON_A_BASE if n not in ON_A_RUNTIME] + [FEDERATED[0], SUPERV
 EXTRA = {
     "supervised": {"variant": "moon", "mu": 1.0, "augment": "crop_flip"},
     "fsl": {"augment": "crop_flip"},
-    "featarc": {"model": {**TINY_MODEL, "proj_dim": 16}, "lr": 0.001},  # proj = backbone width
+    "featarc": {"model": {**TINY_MODEL, "proj_dim": 16}, "lr": 0.001, "augment": AUGMENT},
     "orchestra": {"global_clusters": 6, "local_clusters": 4, "memory_size": 48, "lr": 0.01},
 }
 
@@ -115,7 +115,7 @@ def section(name: str, rounds: int = 2, batch_size: int = 16) -> dict:
         "lr": 0.05,
         "seed": 0,
     }
-    if isinstance(registry.get(name), FederatedMethod) or name == "featarc":
+    if isinstance(registry.get(name), FederatedMethod):
         common["augment"] = AUGMENT
     return {**common, **EXTRA.get(name, {})}
 
