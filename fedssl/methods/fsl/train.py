@@ -14,17 +14,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
 from fedssl import costs
 from fedssl.data.augment import views_of
 from fedssl.eval.global_model import global_accuracy, load_saved, num_classes, test_split
-from fedssl.fl.cohort import CohortTrainer, OptimizerConfig, vectorise_clients
+from fedssl.fl.cohort import CohortTrainer, OptimizerConfig, forward, vectorise_clients
 from fedssl.fl.engine import Federation, FedState, LocalTraining, Strategy, federation_config
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import masked_cross_entropy
 from fedssl.models.encoders import build_backbone, frozen
-from fedssl.precision import autocast
+from fedssl.precision import under_policy
 from fedssl.runtime import derive_seed, torch_save, write_json
 
 SMASHED, LABELS = "smashed_data", "labels"  # ledger kinds besides the models
@@ -61,9 +60,7 @@ def seeded_model(p, image_shape, classes: int, device) -> SplitClassifier:
 
 def fsl_loss(model, params, buffers, batch):
     """The client's local loss plus its server copy's loss on the same smashed batch."""
-    x = batch.views[0]
-    with autocast(x):
-        local, server = functional_call(model, (params, buffers), (x, True))
+    local, server = forward(model, (params, buffers), batch.views[0], True)
     return masked_cross_entropy(local, batch.labels, batch.valid) + masked_cross_entropy(
         server, batch.labels, batch.valid
     )
@@ -74,8 +71,8 @@ def smashed_sample(model: SplitClassifier, images: torch.Tensor) -> torch.Tensor
     x = images[:1].float() / 255
     model.client.eval()  # leaves the BN statistics alone
     try:
-        with torch.no_grad(), autocast(x):
-            return model.client(x)[0]
+        with torch.no_grad():
+            return under_policy(x, model.client, x)[0]
     finally:
         model.client.train()
 

@@ -23,17 +23,15 @@ import copy
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from fedssl.data.augment import views_of
 from fedssl.eval.global_model import global_accuracy, load_saved, num_classes, test_split
-from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward, vectorise_clients
 from fedssl.fl.engine import Federation, FedState, LocalTraining, Strategy, federation_config
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import masked_cross_entropy, model_contrastive_loss
 from fedssl.models.cnn import LayeredNet, layered_net
 from fedssl.models.encoders import build_backbone, frozen
-from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_save, write_json
 from fedssl.strategies.fedprox import proximal
 
@@ -92,9 +90,7 @@ def local_loss(p, model: WithReferences):
     moon = p.variant == "moon"
 
     def loss(model, params, buffers, batch):
-        x = batch.views[0]
-        with autocast(x):
-            out = functional_call(model, (params, buffers), (x, moon))
+        out = forward(model, (params, buffers), batch.views[0], moon)
         ce = masked_cross_entropy(out[0], batch.labels, batch.valid)
         if moon:
             _, z, z_glob, z_prev = (t.float() for t in out)
