@@ -6,7 +6,7 @@ runs its body inside :func:`policy` with it, and the library's forward passes as
 :func:`under_policy` / :func:`channels_last` without naming it. Outside any stage the setting is
 ``auto``. :func:`under_policy` is the one place autocast is applied: local training reaches it
 through :func:`fedssl.fl.cohort.forward`, the probes, fine-tuning and a method's own loops call
-it; no method names autocast (``tests/test_precision.py`` scans for it).
+it; no method names autocast (``tests/fl/test_precision.py`` scans for it).
 
 * ``auto``: bf16 autocast and channels-last where the device computes bf16 natively (CUDA; a
   CPU with AVX-512 BF16 or AMX, detected once), plain fp32 elsewhere;
