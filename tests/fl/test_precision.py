@@ -274,6 +274,26 @@ def test_a_methods_local_training_computes_in_the_policys_precision(name, settin
 
 
 @pytest.mark.parametrize("setting, dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
+def test_a_methods_own_loss_computes_in_the_policys_precision(setting, dtype):
+    """MFCL's reconstruction loss (a loss of its own, not on the model's outputs) calls its
+    autoencoder through the cohort's forward: bf16 activations under bf16, fp32 otherwise; the
+    loss itself is fp32 either way."""
+    from fedssl.fl.cohort import Batch
+    from fedssl.methods.mfcl.run import autoencoder_loss
+    from fedssl.models.autoencoder import ClientAutoencoder
+
+    torch.manual_seed(0)
+    model = ClientAutoencoder(in_channels=1, width=4, norm="tn", channels_per_group=2)
+    seen = activation_dtypes(model)
+    views = (torch.rand(4, *SHAPE), torch.rand(4, *SHAPE))
+    batch = Batch(views, torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.bool))
+    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+    with precision.policy(setting):
+        loss = autoencoder_loss("bce")(model, params, buffers, batch)
+    assert seen == {dtype} and loss.dtype == torch.float32
+
+
+@pytest.mark.parametrize("setting, dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
 def test_the_probes_features_are_computed_in_the_policys_precision(setting, dtype):
     """The probes' feature pass runs the encoder under the policy and hands back fp32."""
     import numpy as np
