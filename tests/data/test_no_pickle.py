@@ -24,13 +24,11 @@ from tests.fixtures import REPO, TINY_MFCL_EXPERIMENT, in_project, make_tiny_pro
 from tests.lwfedssl_fixtures import TINY_PARTITION as LW_PARTITION
 from tests.lwfedssl_fixtures import TINY_SCRATCH, tiny_text
 from tests.methods.cpcfl.test_cpcfl import add_tiny_cpcfl
-from tests.methods.fedbyol.test_fedbyol_chain import EXPERIMENT as BYOL
 from tests.methods.mocosfl.test_mocosfl import TINY as TINY_MOCOSFL
 from tests.methods.mpfedcon.test_mpfedcon_chain import EXPERIMENT as MPF_EXPERIMENT
 from tests.methods.mpfedcon.test_mpfedcon_chain import LEAKAGE
 from tests.methods.mpfedcon.test_mpfedcon_chain import PARTITION as SHARDS
-from tests.methods.orchestra.test_orchestra_chain import TINY_ORCHESTRA
-from tests.methods.supervised.test_supervised_chain import EXPERIMENT as SUPERVISED
+from tests.methods.test_method_contract import experiment
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
@@ -369,9 +367,9 @@ def project(tmp_path_factory):
         "experiments/tiny_leakage.yaml": LEAKAGE,
         "experiments/tiny_mfcl.yaml": TINY_MFCL_EXPERIMENT.format(norm="gn", secure="false"),
         "experiments/tiny_mocosfl.yaml": TINY_MOCOSFL.format(title="m", variant="mocosfl", cut=1),
-        "experiments/tiny_fedavg.yaml": SUPERVISED.format(variant="fedavg", mu=0.0),
-        "experiments/tiny_fedbyol.yaml": BYOL.format(title="b", name="fedbyol", extra=""),
-        "experiments/tiny_orchestra.yaml": TINY_ORCHESTRA.format(rounds=1),
+        "experiments/tiny_fedavg.yaml": experiment("supervised", variant="fedavg", mu=0.0),
+        "experiments/tiny_fedbyol.yaml": experiment("fedbyol"),
+        "experiments/tiny_orchestra.yaml": experiment("orchestra", rounds=1),
     }
     for name, text in files.items():
         (params / name).write_text(text)
