@@ -59,10 +59,10 @@ def test_the_family_runs_through_the_stage_runner(project, monkeypatch):
     assert {rows[n]["row"] for n in METHODS} == {"FedBYOL", "FedEMA", "FedU"}
     for name in METHODS:
         assert 0 <= rows[name]["linear_top1"] <= 100 and 0 <= rows[name]["knn_top1"] <= 100
-        assert float(rows[name]["client_MB_sent"]) == pytest.approx(
+        assert float(rows[name]["client_MB_exchanged"]) == pytest.approx(
             6 * rows[name]["round_MB_up"], rel=5e-3
         )  # 3 rounds, the online network and predictor each way
-        assert float(rows[name]["beta_GFLOPs"]) > 0
+        assert float(rows[name]["client_GFLOPs"]) > 0
         comm = json.loads(
             (project / f"artifacts/experiments/{name}/pretrain/communication.json").read_text()
         )

@@ -94,7 +94,9 @@ def test_supervised_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatc
     assert (results / "tiny_fsl" / "global.json").exists()
     for r in rows.values():
         assert {"global_top1", "linear_top1", "knn_top1"} <= set(r)
-        assert all(float(r[c]) > 0 for c in ("client_MB_sent", "beta_GFLOPs", "peak_step_MB"))
+        assert all(
+            float(r[c]) > 0 for c in ("client_MB_exchanged", "client_GFLOPs", "peak_step_MB")
+        )
     assert "global" in report["tables"]
     out = run(["snakemake", "-n", "--cores", "1", "--config", "pipeline=sup"], root).stdout
     assert "Nothing to be done" in out
