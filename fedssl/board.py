@@ -46,17 +46,24 @@ SD = "sample"
 # and what the caption says of its machine (:func:`hardware`), one stage a line.
 RUNS_FILE = "stage_runs.json"
 MACHINE_KEYS = ("host", "cpu_count", "gpu", "torch", "torch_threads", "FEDSSL_THREADS")
+
+
+def _declared(table: str, label: str | None = None) -> dict[str, str]:
+    """The declared accuracies whose ``board`` is ``table``: column -> header (their label,
+    or ``label``)."""
+    return {m.key: label or m.label for m in evaluations.accuracies() if m.board == table}
+
+
 # The evaluations the board has a table for: name -> (heading, its accuracy columns: board
-# column -> header). A run belongs to the first evaluation it has a column of; a line's first
-# column it has is its accuracy (the one compared, plotted and ranked).
+# column -> header, the declared metrics of that table). A run belongs to the first evaluation
+# it has a column of; a line's first column it has is its accuracy (the one compared, plotted
+# and ranked): for the personalised table the mean over the last rounds, then the declared
+# final-round accuracy.
 EVALUATIONS = {
-    "ssl": (
-        "Self-supervised and supervised encoders, probed (top-1 %)",
-        {"linear_top1": "linear", "knn_top1": "k-NN", "finetune_top1": "fine-tune"},
-    ),
+    "ssl": ("Self-supervised and supervised encoders, probed (top-1 %)", _declared("ssl")),
     "personal": (
         "Personalised and clustered methods (top-1 %, each client's model on its own test split)",
-        {"personal_last": "personal", "personal_top1": "last round"},
+        {"personal_last": "personal"} | _declared("personal", "last round"),
     ),
 }
 # The costs beside the accuracies (:func:`cost_columns`), per client, averaged over clients,
@@ -96,7 +103,7 @@ def client_mb(row: dict) -> float | None:
 
 def board_values(row: dict, wall: dict[str, float]) -> dict[str, float]:
     """A report row's numbers in the board's columns (blanks left out)."""
-    values = {k: to_float(row.get(k)) for k in (*EVALUATIONS["ssl"][1], "personal_top1")}
+    values = {k: to_float(row.get(k)) for k in (*_declared("ssl"), *_declared("personal"))}
     last = [k for k in row if LAST_ROUNDS.match(k)]
     values["personal_last"] = to_float(row[last[0]]) if last else None
     values |= {k: to_float(row.get(k)) for k in cost_columns() if k not in (MB, "wall_s")}
