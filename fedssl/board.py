@@ -551,7 +551,13 @@ def _distinct_levels(marks: list[tuple[str, float]]) -> list[tuple[str, float]]:
     ]
 
 
-OVER_RUN_AXES = {0: ("round", "rounds"), 2: ("MB / client", "MB"), 3: ("GFLOPs / client", "FLOPs")}
+# A point's field -> (its axis label, the panel's word): its round, the client's MB and GFLOPs
+# by that round (the declared costs' labels).
+OVER_RUN_AXES = {
+    0: ("round", "rounds"),
+    2: (CLIENT_MB_EXCHANGED.label, "MB"),
+    3: (CLIENT_GFLOPS.label, "FLOPs"),
+}
 
 
 def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path) -> bool:
