@@ -242,9 +242,12 @@ def metrics(cell_list: list[dict]) -> dict:
 # ------------------------------------------------------------------ accuracy over the run
 def run_curves(cell: dict, logs: dict[str, list[dict]]) -> list[list[tuple]]:
     """Per run of a line, its per-round accuracy (:data:`ROUND_ACCURACY`) as (round, accuracy,
-    MB, GFLOPs): the MB a client had exchanged by that round (the run's ledger total shared
-    out over the rounds as its round log's bytes are) and its GFLOPs (the total, linear in
-    the rounds); empty for a run whose log has none."""
+    MB, GFLOPs, wall minutes): the MB a client had exchanged by that round (the run's ledger
+    total shared out over the rounds as its round log's bytes are), its GFLOPs (the total,
+    linear in the rounds) and its wall time so far (the rounds' logged seconds where the log
+    keeps them, as the workspace's does; else, as in a committed log, which drops timings, the
+    wall time of the run's stages shared out evenly over its rounds); empty for a run whose
+    log has none."""
     key = ROUND_ACCURACY[cell["evaluation"]]
     out = []
     for i, exp in enumerate(cell["experiments"]):
@@ -253,16 +256,20 @@ def run_curves(cell: dict, logs: dict[str, list[dict]]) -> list[list[tuple]]:
             (to_float(r.get("bytes_up")) or 0) + (to_float(r.get("bytes_down")) or 0) for r in rows
         ]
         total_mb = _nth(cell["values"].get(MB), i)
-        gflops = _nth(cell["values"].get("client_GFLOPs"), i)
-        sent, points = 0.0, []
+        gflops = _nth(cell["values"].get(CLIENT_GFLOPS.key), i)
+        run_s = _nth(cell["values"].get("wall_s"), i)
+        sent, seconds, points = 0.0, 0.0, []
         for r, b in zip(rows, traffic):
             sent += b
+            seconds += to_float(r.get("seconds")) or 0.0
             acc = to_float(r.get(key))
             if acc is None:
                 continue
             rnd = int(r["round"])
             mb = total_mb * sent / sum(traffic) if total_mb and sum(traffic) else None
-            points.append((rnd, acc, mb, gflops * rnd / len(rows) if gflops else None))
+            flops = gflops * rnd / len(rows) if gflops else None
+            wall_s = seconds or (run_s * rnd / len(rows) if run_s else None)
+            points.append((rnd, acc, mb, flops, wall_s / 60 if wall_s else None))
         out.append(points)
     return out
 
@@ -551,17 +558,19 @@ def _distinct_levels(marks: list[tuple[str, float]]) -> list[tuple[str, float]]:
     ]
 
 
-# A point's field -> (its axis label, the panel's word): its round, the client's MB and GFLOPs
-# by that round (the declared costs' labels).
+# A point's field -> (its axis label, the panel's word): its round, the run's wall minutes,
+# the client's MB and GFLOPs by that round (the declared costs' labels, on log scales).
+COST_AXES = (CLIENT_MB_EXCHANGED.label, CLIENT_GFLOPS.label)
 OVER_RUN_AXES = {
     0: ("round", "rounds"),
-    2: (CLIENT_MB_EXCHANGED.label, "MB"),
-    3: (CLIENT_GFLOPS.label, "FLOPs"),
+    4: ("wall minutes", "wall time"),
+    2: (COST_AXES[0], "MB"),
+    3: (COST_AXES[1], "FLOPs"),
 }
 
 
 def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path) -> bool:
-    """Accuracy over the run (median over seeds) against rounds, MB and GFLOPs: a row of
+    """Accuracy over the run (median over seeds) against rounds, wall time, MB and GFLOPs: a row of
     panels per partition and evaluation whose runs log accuracy per round (a line per
     method); False when no run logs one."""
     from fedssl.figures import learning_curves
@@ -591,8 +600,8 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path
         {n: "accuracy, top-1 %" for n in panels},
         path,
         xlabel=xlabels,
-        columns=3,
-        log_x=[n for n, axis in xlabels.items() if axis != "round"],
+        columns=len(OVER_RUN_AXES),
+        log_x=[n for n, axis in xlabels.items() if axis in COST_AXES],
         title="Accuracy over the run (k-NN monitor; personalised: the clients' mean); "
         "dotted: the targets",
         levels=levels,
