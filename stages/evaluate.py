@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedssl.eval.probes import knn_accuracy, linear_probe
-from fedssl.runtime import write_json
+from fedssl.runtime import write_json, write_tsv
 from fedssl.stage import main_guard
 from stages.common import context
 
@@ -16,12 +16,14 @@ def run(argv):
         f = {k: z[k] for k in z.files}
     split = (f["train_x"], f["train_y"], f["test_x"], f["test_y"])
     with ctx.run():
+        curve: list[dict] = []
         metrics = {
-            **linear_probe(*split, ctx.exp.linear_probe, ctx.device),
+            **linear_probe(*split, ctx.exp.linear_probe, ctx.device, curve),
             **knn_accuracy(*split, ctx.exp.knn, ctx.device),
         }
         metrics = {k: round(v, 2) for k, v in metrics.items()}
         write_json(ctx.results_dir / "metrics.json", metrics)
+        write_tsv(curve, ctx.results_dir / "linear_epochs.tsv", ["epoch", "loss", "test_top1"])
         ctx.info["metrics"] = metrics
 
 

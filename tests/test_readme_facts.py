@@ -10,13 +10,13 @@ import re
 
 import pytest
 
-from fedssl.readme_facts import FACT, fact_text, fill_facts
+from fedssl.readme_facts import FACT, fact_text, fill_facts, typed_figures
 from fedssl.report import fill_blocks
 from tests.fixtures import REPO
 
 ROWS = [
     {"row": "A", "column": "x", "acc": 70.0},
-    {"row": "A", "column": "x", "acc": 72.0},  # two seeds: the cell is 71
+    {"row": "A", "column": "x", "acc": 72.0, "experiment": "e2"},  # two seeds: the cell is 71
     {"row": "A", "column": "y", "acc": 60.0},
     {"row": "B", "column": "x", "acc": 80.0},
     {"row": "B", "column": "y", "acc": 65.5, "hit_a": 0.09, "hit_b": 0.08},
@@ -35,6 +35,14 @@ ROWS = [
         ("gap | A | B | acc | 1", "5.5-9.0"),  # B - A per column: 80 - 71, 65.5 - 60
         ("range | B | y | hit_a, hit_b | 0%", "8-9"),  # several metrics, as percentages
         ("value | A | x | acc | .2g", "71"),  # a format spec
+        ("sd | A | x | acc | 2", "1.41"),  # the sample SD of 70 and 72
+        ("sd | A,B | * | acc | 1", "1.4"),  # only A's x cell has two runs
+        ("psd | A | x | acc | 1", "1.0"),  # the population SD (CP-CFL's tables)
+        ("spread | A,B | acc | 1", "9.0"),  # per column 80 - 71 and 65.5 - 60: the larger
+        ("diff | A | B | x | acc | +1", "-9.0"),
+        ("diff | B | A | y | acc | +1", "+5.5"),
+        ("ratio | B | A | y | acc | 2", "1.09"),
+        ("value | e2 | x | acc | 0", "72"),  # one run, by its experiment
     ],
 )
 def test_each_kind_of_fact_computes_from_the_rows(spec, text):
@@ -48,11 +56,44 @@ def test_each_kind_of_fact_computes_from_the_rows(spec, text):
         ("range | A,Z | * | acc | 1", KeyError),
         ("value | C (μ=1) | x | acc | 1", KeyError),  # a missing metric is not a number
         ("mean | A | acc | 1", ValueError),
+        ("sd | B | x | acc | 1", KeyError),  # one run has no SD
+        ("diff | A | Z | x | acc | 1", KeyError),
     ],
 )
 def test_a_fact_without_its_data_names_the_file(spec, error):
     with pytest.raises(error, match="r.json"):
         fact_text(ROWS, [a.strip() for a in spec.split("|")], "r.json")
+
+
+def test_a_fact_of_a_log_picks_its_row_and_follows_the_file(tmp_path):
+    log = tmp_path / "results" / "experiments" / "e" / "rounds.tsv"
+    log.parent.mkdir(parents=True)
+    log.write_text("# a comment\nround\tloss\tknn\n1\t4.99\t70.1\n2\t4.5\t\n3\t3.13\t72.25\n")
+    reports = tmp_path / "results" / "reports"
+    path = "results/experiments/e/rounds.tsv"
+    cases = {
+        "first | loss | 2": "4.99",
+        "last | loss | 2": "3.13",
+        "round=2 | loss | 1": "4.5",
+        "last | knn | 1": "72.2",  # the last row with a value; 72.25 to one decimal, half-even
+        "max | loss | 1": "5.0",
+        "min | knn | 0": "70",
+        "sum | loss | 2": "12.62",
+        "sum round=3 | knn | 2": "72.25",
+    }
+    for spec, text in cases.items():
+        block = f"<!-- fact: file | {path} | {spec} -->?<!-- /fact -->"
+        assert fill_facts(block, reports) == block.replace("?", text), spec
+    log.write_text("round\tloss\tknn\n1\t2.5\t\n")
+    block = f"<!-- fact: file | {path} | first | loss | 2 -->4.99<!-- /fact -->"
+    assert fill_facts(block, reports) == block.replace("4.99", "2.50")
+    for spec, error in [
+        ("round=9 | loss | 1", KeyError),
+        ("middle | loss | 1", ValueError),
+        ("first | acc | 1", KeyError),
+    ]:
+        with pytest.raises(error, match="rounds.tsv"):
+            fill_facts(f"<!-- fact: file | {path} | {spec} -->?<!-- /fact -->", reports)
 
 
 def test_a_fact_is_refilled_from_its_report_and_follows_it(tmp_path):
@@ -72,6 +113,62 @@ def test_a_fact_is_refilled_from_its_report_and_follows_it(tmp_path):
 
 
 RESULTS_PAGES = sorted((REPO / "docs" / "results").glob("*.md"))
+
+
+PAGES = [*sorted((REPO / "docs").rglob("*.md")), REPO / "README.md"]
+
+# Numbers in the pages' prose that equal a committed cell by coincidence: the words around
+# each, which say where it comes from instead (the paper, a budget, another machine, several
+# round logs at once); an entry whose words are gone from its page fails the test.
+NOT_FROM_REPORTS = {
+    "docs/results/mfcl.md": [
+        "(paper 79.6 and 83.3 against 78.8)",
+        "(paper: FedSimCLR 65.6 at ξ = 0.01 against 81.9 at ξ = 200)",
+        "paper 65.4 against 70.8",
+    ],
+    "docs/results/mpfedcon.md": [
+        "(50.0 % from round 14",
+        "seed 20.0, 67.3 and 31.6 %",
+        "the paper 82.3 against 42.7",
+        "the paper 67.2 against 51.8",
+    ],
+    "docs/results/board.md": [
+        "= 43.7 s",
+        "equal share (43.7 s)",
+    ],
+    "docs/how-to/reproduce-a-number.md": [
+        "issue 36: 79.40 linear / 80.08 k-NN",
+        "but 67.0 against",
+    ],
+}
+
+
+def test_no_committed_figure_is_typed_by_hand():
+    """Every score a page's prose quotes from a committed report is a fact."""
+    typed = {}
+    for page in PAGES:
+        name = str(page.relative_to(REPO))
+        text = page.read_text()
+        for words in NOT_FROM_REPORTS.get(name, []):
+            assert words in text, f"{name}: no longer says {words!r}"
+            text = text.replace(words, "")
+        if found := typed_figures(text, REPO / "results" / "reports"):
+            typed[name] = found
+    assert not typed, f"typed by hand, make them facts (fedssl.readme_facts): {typed}"
+
+
+def test_a_figure_typed_from_a_report_is_found(tmp_path):
+    report = tmp_path / "demo" / "report.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps({"rows": [{"row": "A", "column": "x", "linear_top1": 79.4}]}))
+    page = "<!-- results: demo linear -->\n| A | 79.40 |\n<!-- /results -->\n"
+    assert typed_figures(page + "A probes at 79.40 (79.4), lr 0.01, 3.5 rounds.\n", tmp_path) == [
+        "79.40",
+        "79.4",
+    ]
+    fact = "<!-- fact: demo | value | A | x | linear_top1 | 1 -->79.4<!-- /fact -->"
+    assert typed_figures(page + f"A probes at {fact}.\n", tmp_path) == []
+    assert typed_figures("`demo` probes at 79.4.\n", tmp_path) == ["79.4"]  # named in backticks
 
 
 def pages_text() -> str:

@@ -9,7 +9,7 @@ from torch import nn
 
 from fedssl.data.augment import to_float
 from fedssl.params import KnnParams, LinearProbeParams
-from fedssl.precision import autocast
+from fedssl.precision import under_policy
 from fedssl.progress import Progress, advance
 from fedssl.runtime import derive_seed
 
@@ -28,8 +28,7 @@ def extract_features(
     with Progress(desc, len(images)):
         for start in range(0, len(images), batch_size):
             x = to_float(torch.from_numpy(np.array(images[start : start + batch_size])).to(device))
-            with autocast(device):
-                out.append(encoder(x).float().cpu())
+            out.append(under_policy(device, encoder, x).float().cpu())
             advance(len(x))
     return torch.cat(out).numpy()
 
@@ -41,8 +40,11 @@ def linear_probe(
     test_y: np.ndarray,
     p: LinearProbeParams,
     device: torch.device,
+    curve: list[dict] | None = None,
 ) -> dict:
-    """Multinomial logistic regression on fixed features (Adam, cosine schedule)."""
+    """Multinomial logistic regression on fixed features (Adam, cosine schedule). When
+    ``curve`` is a list, one row per epoch is appended to it: the epoch's mean training loss
+    and the test top-1 after it (the probe's learning curve; measuring it changes nothing)."""
     xtr, xte = (torch.from_numpy(a).float().to(device) for a in (train_x, test_x))
     ytr, yte = (torch.from_numpy(a).long().to(device) for a in (train_y, test_y))
     if p.standardize:
@@ -57,19 +59,32 @@ def linear_probe(
     steps_per_epoch = -(-len(xtr) // p.batch_size)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, p.epochs * steps_per_epoch)
     with Progress("linear probe", p.epochs * len(xtr)):
-        for _ in range(p.epochs):
+        for epoch in range(p.epochs):
             order = torch.randperm(len(xtr), generator=gen).to(device)
+            loss_sum = torch.zeros((), device=device)
             for idx in order.split(p.batch_size):
                 loss = F.cross_entropy(clf(xtr[idx]), ytr[idx])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
                 sched.step()
+                loss_sum += loss.detach()
                 advance(len(idx))
-    with torch.no_grad():
-        train_acc = (clf(xtr).argmax(1) == ytr).float().mean().item()
-        test_acc = (clf(xte).argmax(1) == yte).float().mean().item()
+            if curve is not None:
+                curve.append(
+                    {
+                        "epoch": epoch + 1,
+                        "loss": round(loss_sum.item() / steps_per_epoch, 5),
+                        "test_top1": round(100 * _accuracy(clf, xte, yte), 2),
+                    }
+                )
+    train_acc, test_acc = _accuracy(clf, xtr, ytr), _accuracy(clf, xte, yte)
     return {"linear_top1": 100 * test_acc, "linear_train_top1": 100 * train_acc}
+
+
+@torch.no_grad()
+def _accuracy(clf: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    return (clf(x).argmax(1) == y).float().mean().item()
 
 
 @torch.no_grad()

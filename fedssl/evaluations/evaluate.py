@@ -22,6 +22,7 @@ register(
         order=30,
         gpu=True,
         metrics=("metrics.json",),
+        plots=("linear_epochs.tsv",),  # the linear probe's loss and test top-1 per epoch
         declares=(LINEAR_TOP1, KNN_TOP1),
     )
 )

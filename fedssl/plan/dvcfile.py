@@ -122,6 +122,7 @@ def _entry_of(s: Stage, wdir: bool) -> dict:
 # default, the last column)
 PLOT_AXES = (
     ("rounds.tsv", "round", "loss"),
+    ("linear_epochs.tsv", "epoch", "test_top1"),  # the linear probe: its test top-1 per epoch
     ("_epochs.tsv", "epoch", "loss"),
     ("steps.tsv", "step", "loss"),
     ("choices.tsv", "round", None),
@@ -130,8 +131,8 @@ PLOT_AXES = (
 
 
 def plot_axes(path: str) -> dict:
-    """How `dvc plots show` draws a step's log: its loss over rounds, epochs or steps (a
-    figure is shown as it is)."""
+    """How `dvc plots show` draws a step's log: its loss over rounds, epochs or steps, the
+    linear probe's test top-1 over its epochs (a figure is shown as it is)."""
     name = Path(path).name
     if name.startswith("grow_") and name.endswith(".tsv"):  # LW-FedSSL's growth stages
         name = "rounds.tsv"

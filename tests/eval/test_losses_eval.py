@@ -65,6 +65,21 @@ def test_linear_probe_separates_blobs_and_not_noise():
     assert acc < 50  # labels unrelated to the features: near chance (33%)
 
 
+def test_the_probe_curve_is_its_loss_and_test_top1_per_epoch_and_changes_nothing():
+    xtr, ytr = blobs(600, 10, 0, sep=1.5)
+    xte, yte = blobs(300, 10, 1, sep=1.5)
+    p = LinearProbeParams(epochs=6, lr=0.01, batch_size=64)
+    curve: list[dict] = []
+    measured = linear_probe(xtr, ytr, xte, yte, p, CPU, curve)
+    assert measured == linear_probe(xtr, ytr, xte, yte, p, CPU)  # the same probe, bit for bit
+    assert [r["epoch"] for r in curve] == [1, 2, 3, 4, 5, 6]
+    assert curve[-1]["test_top1"] == round(measured["linear_top1"], 2)
+    losses = [r["loss"] for r in curve]
+    assert losses == sorted(losses, reverse=True) and losses[-1] < 0.8 * losses[0]
+    # the first epoch's loss is the mean over its 10 batches, near log(3) at the start
+    assert 0.5 < losses[0] < math.log(3)
+
+
 def test_knn_votes_by_nearest_neighbours():
     train = np.array([[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], dtype=np.float32)
     labels = np.array([0, 0, 1, 1])

@@ -270,7 +270,7 @@ def test_a_method_on_a_base_runs_through_its_stages_to_the_report(name, project,
     report = json.loads((project / f"results/reports/{PIPELINE}/report.json").read_text())
     row = {r["experiment"]: r for r in report["rows"]}[exp]
     assert row["row"] == method.row_label(p) and row["arch"] == method.arch(p)
-    assert all(float(row[c]) > 0 for c in ("client_MB_sent", "beta_GFLOPs", "peak_step_MB"))
+    assert all(float(row[c]) > 0 for c in ("client_MB_exchanged", "client_GFLOPs", "peak_step_MB"))
     if name in SUPERVISED:  # the global model's accuracy: each round's and the final one
         top1 = json.loads((results / "global.json").read_text())["global_top1"]
         assert float(log[-1]["global_top1"]) == top1 == row["global_top1"]

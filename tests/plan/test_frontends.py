@@ -74,6 +74,23 @@ def test_dvc_sees_nothing_to_do_after_snakemake(project):
     assert planned_jobs(project) == set()
 
 
+def test_dvc_plots_show_draws_each_probe_curve_offline(project):
+    """The linear probe's curve is a DVC plot: its test top-1 over its epochs, ending at the
+    top-1 in metrics.json; the rounds' loss beside it."""
+    plots = json.loads(run(["dvc", "plots", "show", "--json"], project).stdout)
+    assert not plots.get("errors"), plots["errors"]
+    for exp in ("tiny_simclr", "tiny_random", "tiny_pixels"):
+        results = f"results/experiments/{exp}"
+        content = plots["data"][f"{results}/linear_epochs.tsv"][0]["content"]
+        assert content["encoding"]["x"]["field"] == "epoch"
+        assert content["layer"][0]["encoding"]["y"]["field"] == "test_top1"
+        rows = content["data"]["values"]
+        assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4, 5]  # the probe's 5 epochs
+        top1 = json.loads((project / results / "metrics.json").read_text())["linear_top1"]
+        assert float(rows[-1]["test_top1"]) == top1
+    assert "results/experiments/tiny_simclr/rounds.tsv" in plots["data"]
+
+
 def test_param_edit_reruns_only_downstream_in_both_front_ends(project):
     set_probe_lr(project, "tiny_simclr", 0.05)
     assert planned_jobs(project) == {"evaluate__tiny_simclr", "report__default"}

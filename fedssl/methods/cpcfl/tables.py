@@ -99,8 +99,8 @@ def tab3(rows: list[dict]) -> str:
             groups_found(runs, after_tc=False),
             groups_found(runs, after_tc=True),
             _mean(numbers(runs, "relevance"), ".4f"),
-            _mean(numbers(runs, "client_MB_sent")),
-            _mean(numbers(runs, "beta_GFLOPs")),
+            _mean(numbers(runs, "client_MB_exchanged")),
+            _mean(numbers(runs, "client_GFLOPs")),
             _mean(numbers(runs, "peak_step_MB")),
         ]
         lines.append(cells)

@@ -20,7 +20,7 @@ from fedssl.fl.engine import FedState
 from fedssl.losses import masked_cross_entropy
 from fedssl.methods.federated_supervised import ScoredFedAvg
 from fedssl.models.encoders import build_backbone, frozen
-from fedssl.precision import autocast
+from fedssl.precision import under_policy
 
 SMASHED, LABELS = "smashed_data", "labels"  # ledger kinds besides the models
 
@@ -64,8 +64,8 @@ def smashed_sample(model: SplitClassifier, images: torch.Tensor) -> torch.Tensor
     x = images[:1].float() / 255
     model.client.eval()  # leaves the BN statistics alone
     try:
-        with torch.no_grad(), autocast(x):
-            return model.client(x)[0]
+        with torch.no_grad():
+            return under_policy(x, model.client, x)[0]
     finally:
         model.client.train()
 

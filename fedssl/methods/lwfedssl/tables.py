@@ -30,7 +30,7 @@ def tab3(rows: list[dict]) -> dict[str, str]:
     costs = {
         "Mem": "peak_step_MB",
         "FLOPs": "paper_flops",
-        "FLOPs (measured)": "beta_GFLOPs",
+        "FLOPs (measured)": "client_GFLOPs",
         "Comm": "encoder_bytes",
         "Comm (blocks)": "block_bytes",
     }

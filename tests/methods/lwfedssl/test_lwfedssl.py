@@ -336,9 +336,9 @@ def test_the_family_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
             ]
             for s in (1, 2, 3)
         ]
-        assert cost["bytes_actual"] == sum(c["bytes_up"] + c["bytes_down"] for c in ledgers)
+        assert cost["bytes_exchanged"] == sum(c["bytes_up"] + c["bytes_down"] for c in ledgers)
         heads = sum(c["up_by_kind"]["heads"] + c["down_by_kind"]["heads"] for c in ledgers)
-        assert cost["encoder_bytes"] == cost["bytes_actual"] - heads
+        assert cost["encoder_bytes"] == cost["bytes_exchanged"] - heads
     # blocks exchanged over the 3 stages (one round each), in blocks of fp32 width-16 blocks:
     # FedMoCo 3 x 3 x 2 = 18, LW 6 down + 3 up, Prog 2 x 6, FedMoCo-LW 3 x 2
     unit = 2_224 * 4
