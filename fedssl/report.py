@@ -25,22 +25,10 @@ from fedssl.plan.layout import LOGS, ReportRow
 from fedssl.readme_facts import fill_facts
 from fedssl.report_format import markdown_table, number, pivot_markdown, save_figure, to_float
 
-# The full table's fixed columns; the declared client costs (fedssl.evaluations) come between
-# the two parts.
-COLUMNS_HEAD = [
-    "experiment",
-    "title",
-    "partition",
-    "method",
-    "arch",
-    "precision",
-    "rounds",
-    "linear_top1",
-    "knn_top1",
-    "client_MB_up",
-    "client_MB_down",
-    "parameters",
-]
+# The full table's fixed columns: the declared accuracies (fedssl.evaluations) come after the
+# first part, the declared client costs after the second.
+COLUMNS_HEAD = ["experiment", "title", "partition", "method", "arch", "precision", "rounds"]
+COLUMNS_TRAFFIC = ["client_MB_up", "client_MB_down", "parameters"]
 COLUMNS_TAIL = ["row", "column"]
 # The short table of runs: column -> its header (a column shows when some run has it); the
 # declared metrics (fedssl.evaluations) come between the first three and the rest.
@@ -65,8 +53,10 @@ RENAMED = {
 
 
 def full_columns() -> list[str]:
-    """The full table's fixed columns, the declared client costs among them."""
-    return COLUMNS_HEAD + [m.key for m in evaluations.client_costs()] + COLUMNS_TAIL
+    """The full table's fixed columns, the declared metrics among them."""
+    accuracies = [m.key for m in evaluations.accuracies()]
+    costs = [m.key for m in evaluations.client_costs()]
+    return COLUMNS_HEAD + accuracies + COLUMNS_TRAFFIC + costs + COLUMNS_TAIL
 
 
 def pivot_costs() -> dict[str, str]:
