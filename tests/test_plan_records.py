@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from fedssl.plan.record import record_path, record_text
+from fedssl.record import record_path, record_text
 from tests.fixtures import make_tiny_project
 
 
