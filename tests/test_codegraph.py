@@ -128,6 +128,24 @@ def test_the_stage_runtime_reads_plan_records_not_the_planner():
     assert not any(f.startswith("fedssl/data/sets/") and "__init__" not in f for f in runtime)
 
 
+def test_the_prepare_stage_runs_by_its_record_alone():
+    """Preparing Fashion-MNIST runs its stage script, the stage contract with the record it
+    reads, and the reader and store of the data: no presets, params models, data-set registry,
+    planner or method (their edits rerun every other stage, not this one)."""
+    assert codegraph.code_files("stages.prepare_data", "fedssl.data.sources") == [
+        "fedssl/__init__.py",
+        "fedssl/data/__init__.py",
+        "fedssl/data/sources.py",  # the readers (the record names Fashion-MNIST's)
+        "fedssl/data/store.py",  # the prepared-data artifact
+        "fedssl/hardware.py",  # the machine, in the run record
+        "fedssl/record.py",  # the record, its hashes, the params files' raw values
+        "fedssl/runtime.py",  # atomic writes, the lock, the run's environment
+        "fedssl/stagebase.py",  # the stage contract
+        "stages/__init__.py",
+        "stages/prepare_data.py",
+    ]
+
+
 def declared_hooks(method: Method) -> list[str]:
     hooks = [s.runner for s in method.steps if s.runner] + list(method.flower_steps.values())
     hooks += [
