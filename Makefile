@@ -70,7 +70,7 @@ test-slurm: install
 # Opt-in: Flower (the adapter's simulation tests, then a SuperLink and two SuperNodes on localhost).
 test-flower: install
 	$(PY) -m pip install --quiet -e '.[flower]'
-	FEDSSL_FLOWER_TEST=1 pytest -q tests/test_flower_app.py tests/test_flower_stage.py tests/test_flower_secure.py tests/test_flower_local.py
+	FEDSSL_FLOWER_TEST=1 pytest -q tests/flower/test_flower_app.py tests/flower/test_flower_stage.py tests/flower/test_flower_secure.py tests/flower/test_flower_local.py
 
 # The speed benchmarks (README 'Speed'), each stopped after BENCH_BUDGET seconds; the first line
 # names the CPU. Keep a run: make bench | tee results/bench/make_bench_<cpu>.txt

@@ -46,7 +46,7 @@ from fedssl.models.autoencoder import ClientAutoencoder, reconstruction_loss
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.params import AugmentParams, DirichletScheme
 from fedssl.presets import Presets
-from fedssl.stage import bound_kernel_cache, set_threads
+from fedssl.stagebase import bound_kernel_cache, set_threads
 
 
 # ----------------------------------------------------------------------------- conventional

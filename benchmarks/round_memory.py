@@ -41,7 +41,7 @@ def one_round(clients: int, images: int, seed: int = 0) -> dict:
     from fedssl.methods import federated
     from fedssl.models.encoders import seeded_contrastive_model
     from fedssl.presets import Presets
-    from fedssl.stage import bound_kernel_cache
+    from fedssl.stagebase import bound_kernel_cache
 
     bound_kernel_cache()
     p = Presets().load("experiment", PRESET).method

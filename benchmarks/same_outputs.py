@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 
 CHAINS = (
-    "tests/test_cpcfl.py::test_the_cpcfl_chain_runs_end_to_end_on_a_tiny_project",
-    "tests/test_mfcl.py::test_mfcl_chain_runs_end_to_end_on_a_tiny_project",
-    "tests/test_mocosfl.py::test_the_chain_runs_on_a_tiny_project",
-    "tests/test_mpfedcon_chain.py::test_mpfedcon_chain_runs_end_to_end_on_a_tiny_project",
-    "tests/test_lwfedssl.py::test_the_family_runs_end_to_end_on_a_tiny_project",
+    "tests/methods/cpcfl/test_cpcfl.py::test_the_cpcfl_chain_runs_end_to_end_on_a_tiny_project",
+    "tests/methods/mfcl/test_mfcl.py::test_mfcl_chain_runs_end_to_end_on_a_tiny_project",
+    "tests/methods/mocosfl/test_mocosfl.py::test_the_chain_runs_on_a_tiny_project",
+    "tests/methods/mpfedcon/test_mpfedcon_chain.py::test_mpfedcon_chain_runs_end_to_end_on_a_tiny_project",
+    "tests/methods/lwfedssl/test_lwfedssl.py::test_the_family_runs_end_to_end_on_a_tiny_project",
 )
 
 

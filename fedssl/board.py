@@ -230,9 +230,12 @@ def metrics(cell_list: list[dict]) -> dict:
 # ------------------------------------------------------------------ accuracy over the run
 def run_curves(cell: dict, logs: dict[str, list[dict]]) -> list[list[tuple]]:
     """Per run of a line, its per-round accuracy (:data:`ROUND_ACCURACY`) as (round, accuracy,
-    MB, GFLOPs): the MB a client had exchanged by that round (the run's ledger total shared
-    out over the rounds as its round log's bytes are) and its GFLOPs (the total, linear in
-    the rounds); empty for a run whose log has none."""
+    MB, GFLOPs, wall minutes): the MB a client had exchanged by that round (the run's ledger
+    total shared out over the rounds as its round log's bytes are), its GFLOPs (the total,
+    linear in the rounds) and its wall time so far (the rounds' logged seconds where the log
+    keeps them, as the workspace's does; else, as in a committed log, which drops timings, the
+    wall time of the run's stages shared out evenly over its rounds); empty for a run whose
+    log has none."""
     key = ROUND_ACCURACY[cell["evaluation"]]
     out = []
     for i, exp in enumerate(cell["experiments"]):
@@ -242,15 +245,19 @@ def run_curves(cell: dict, logs: dict[str, list[dict]]) -> list[list[tuple]]:
         ]
         total_mb = _nth(cell["values"].get("client_MB"), i)
         gflops = _nth(cell["values"].get("beta_GFLOPs"), i)
-        sent, points = 0.0, []
+        run_s = _nth(cell["values"].get("wall_s"), i)
+        sent, seconds, points = 0.0, 0.0, []
         for r, b in zip(rows, traffic):
             sent += b
+            seconds += to_float(r.get("seconds")) or 0.0
             acc = to_float(r.get(key))
             if acc is None:
                 continue
             rnd = int(r["round"])
             mb = total_mb * sent / sum(traffic) if total_mb and sum(traffic) else None
-            points.append((rnd, acc, mb, gflops * rnd / len(rows) if gflops else None))
+            flops = gflops * rnd / len(rows) if gflops else None
+            wall_s = seconds or (run_s * rnd / len(rows) if run_s else None)
+            points.append((rnd, acc, mb, flops, wall_s / 60 if wall_s else None))
         out.append(points)
     return out
 
@@ -536,11 +543,17 @@ def _distinct_levels(marks: list[tuple[str, float]]) -> list[tuple[str, float]]:
     ]
 
 
-OVER_RUN_AXES = {0: ("round", "rounds"), 2: ("MB / client", "MB"), 3: ("GFLOPs / client", "FLOPs")}
+OVER_RUN_AXES = {
+    0: ("round", "rounds"),
+    4: ("wall minutes", "wall time"),
+    2: ("MB / client", "MB"),
+    3: ("GFLOPs / client", "FLOPs"),
+}
+COST_AXES = ("MB / client", "GFLOPs / client")  # drawn on log scales
 
 
 def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path) -> bool:
-    """Accuracy over the run (median over seeds) against rounds, MB and GFLOPs: a row of
+    """Accuracy over the run (median over seeds) against rounds, wall time, MB and GFLOPs: a row of
     panels per partition and evaluation whose runs log accuracy per round (a line per
     method); False when no run logs one."""
     from fedssl.figures import learning_curves
@@ -570,8 +583,8 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path
         {n: "accuracy, top-1 %" for n in panels},
         path,
         xlabel=xlabels,
-        columns=3,
-        log_x=[n for n, axis in xlabels.items() if axis != "round"],
+        columns=len(OVER_RUN_AXES),
+        log_x=[n for n, axis in xlabels.items() if axis in COST_AXES],
         title="Accuracy over the run (k-NN monitor; personalised: the clients' mean); "
         "dotted: the targets",
         levels=levels,

@@ -12,7 +12,7 @@ import torch
 TOOLS = str(Path(sys.executable).parent)
 os.environ["PATH"] = os.pathsep.join([TOOLS, os.environ.get("PATH", "")])
 # No timed progress lines in the tests' stage output (on a loaded machine a toy round may last
-# long enough for one); tests/test_progress.py sets its own interval.
+# long enough for one); tests/fl/test_progress.py sets its own interval.
 os.environ.setdefault("FEDSSL_PROGRESS_SECONDS", "1e9")
 
 

@@ -207,6 +207,43 @@ def test_rounds_to_the_target_from_the_round_logs():
     assert target == {"target": 70.0, "reached": 2, "of": 3, "rounds": 3, "MB": 3.0, "GFLOPs": 30.0}
 
 
+def test_accuracy_over_the_run_also_reads_against_wall_time(tmp_path):
+    """Each monitored round gives (round, accuracy, MB, GFLOPs, wall minutes so far), the wall
+    time summed from the round log's seconds, or where the log has none shared out from the
+    run's; the figure has a panel per axis, wall time on a linear scale beside the log-scaled
+    costs."""
+    rows = [
+        {**_row(f"m_s{i}", "M", "X", knn_top1=60.0, client_MB_up=1.0, client_MB_down=1.0,
+                beta_GFLOPs=20.0), "evaluation": "ssl"}
+        for i in range(2)
+    ]  # fmt: skip
+    logs = {
+        f"m_s{i}": [
+            {"round": 1, "knn_monitor": 40.0 + i, "seconds": 30, "bytes_up": 5, "bytes_down": 5},
+            {"round": 2, "knn_monitor": "", "seconds": 60, "bytes_up": 5, "bytes_down": 5},
+            {"round": 3, "knn_monitor": 50.0 + i, "seconds": 90, "bytes_up": 5, "bytes_down": 5},
+        ]
+        for i in range(2)
+    }
+    (cell,) = board.cells(rows, {})
+    curves = board.run_curves(cell, logs)
+    assert [p[4] for p in curves[0]] == [0.5, 3.0]  # 30 s, then 30 + 60 + 90 s, in minutes
+    assert [p[0] for p in curves[1]] == [1, 3] and [p[1] for p in curves[1]] == [41.0, 51.0]
+    assert curves[0][1][2:4] == (2.0, 20.0)  # every byte and FLOP by the last round
+    assert board.plot_over_run([cell], logs, tmp_path / "over_run.png")
+    assert (tmp_path / "over_run.png").stat().st_size > 0
+    assert [axis for axis, _ in board.OVER_RUN_AXES.values()][:2] == [
+        "round", "wall minutes"
+    ]  # fmt: skip
+    assert "wall minutes" not in board.COST_AXES
+    # a committed log keeps no timings: the run's wall time (its stages) shared over its rounds
+    for rows_of in logs.values():
+        for r in rows_of:
+            del r["seconds"]
+    (cell,) = board.cells(rows, {"m_s0": 600.0, "m_s1": 900.0})
+    assert [p[4] for p in board.run_curves(cell, logs)[0]] == [600 / 60 / 3, 600 / 60]
+
+
 def test_figure_helpers():
     from fedssl import figures
 

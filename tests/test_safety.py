@@ -279,7 +279,7 @@ def test_ctrl_c_stops_cleanly_and_resumes(long_project):
 
 
 def test_a_diverged_loss_stops_with_a_clear_error_keeping_the_last_checkpoint(tmp_path):
-    from tests.test_engine import make_fed, simclr_loss, tiny_model, toy_data
+    from tests.fl.test_engine import make_fed, simclr_loss, tiny_model, toy_data
 
     calls = {"n": 0}
     base = simclr_loss(0.5)

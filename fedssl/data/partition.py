@@ -18,7 +18,7 @@ Schemes
     ``n_c - 1`` and the class's last sample falls through to the last client, whose share may
     be ~1e-51. At ``alpha = 0.1`` over 10 clients the last client holds ~4 single-sample
     classes against ~0.4 on the others, which shows in its label-skew statistics and heat-map
-    row (``tests/test_partition_rules.py``). ``min_per_client`` guard: up to ``MAX_REDRAWS``
+    row (``tests/data/test_partition_rules.py``). ``min_per_client`` guard: up to ``MAX_REDRAWS``
     fresh draws of the proportions; if none passes, the draw with the smallest total shortfall
     is repaired deterministically by moving samples from the largest clients (taking from
     their biggest classes first) to the starved ones. The repair keeps every class's total, so

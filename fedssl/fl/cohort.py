@@ -153,7 +153,7 @@ def client_batches(indices: np.ndarray, batch_size: int, epochs: int, *seed_part
     near-equal size (sizes differ by at most 1, none above B): 600 samples at B = 64 give 10
     batches of 60, not 9 of 64 and one of 24 as a DataLoader without ``drop_last`` cuts them.
     The step count K is the reference code's; only the batch sizes differ. Kept (every
-    committed result was trained with it); tested in ``tests/test_cohort_rules.py``."""
+    committed result was trained with it); tested in ``tests/fl/test_cohort_rules.py``."""
     batches = []
     for epoch in range(epochs):
         order = numpy_rng(*seed_parts, epoch).permutation(indices)

@@ -9,7 +9,7 @@ import torch
 from fedssl.fl.engine import Strategy
 from fedssl.strategies.aggregation import RunningMean, fedavg
 from fedssl.strategies.fedavg import FedAvg
-from tests.test_engine import ReadsEveryUpload, make_fed, tiny_model, toy_data
+from tests.fl.test_engine import ReadsEveryUpload, make_fed, tiny_model, toy_data
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from fedssl.methods import federated
 from fedssl.methods.fedsimclr import FedSimCLRParams
 from fedssl.strategies.fedavg import FedAvg
 from fedssl.strategies.fedprox import ANCHOR, FedProx, proximal
-from tests.test_engine import ReadsEveryUpload, make_fed, tiny_model, toy_data
+from tests.fl.test_engine import ReadsEveryUpload, make_fed, tiny_model, toy_data
 
 
 def test_the_proximal_term_adds_mu_half_the_squared_distance_and_pulls_only_w():

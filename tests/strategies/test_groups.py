@@ -21,3 +21,14 @@ def test_keys_restrict_what_is_averaged():
     uploads = [{"head": torch.ones(2) * i, "body": torch.ones(2)} for i in range(2)]
     out = fedavg_by_group(uploads, torch.ones(2, dtype=torch.float64), [0, 0], keys=["head"])
     assert list(out[0]) == ["head"] and torch.equal(out[0]["head"], torch.full((2,), 0.5))
+
+
+def test_a_first_group_with_no_member_is_left_out_too():
+    """Cluster 0 empty this round (every client assigned elsewhere): no average for it, so
+    the caller keeps its weights; a group index is never added for being the first."""
+    uploads = [{"w": torch.tensor([float(i)])} for i in range(3)]
+    out = fedavg_by_group(uploads, torch.ones(3, dtype=torch.float64), [1, 2, 1])
+    assert list(out) == [1, 2]
+    assert torch.equal(out[1]["w"], torch.tensor([1.0])) and torch.equal(
+        out[2]["w"], torch.tensor([1.0])
+    )

@@ -14,7 +14,7 @@ A MOON client that has not trained yet has no previous model and no contrastive 
 full participation (every committed MOON run) the two agree: in round 1 that negative is the
 global model itself, so the term is log 2 with zero gradient. Under partial participation they
 differ: a client first sampled after round 1 trains on CE alone here, against the initial
-network there (``tests/test_baseline_mechanisms.py``).
+network there (``tests/methods/test_baseline_mechanisms.py``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,74 @@
+"""The k-NN monitor (fedssl.fl.monitor) as the engine's logging hook: it logs the global
+encoder's k-NN accuracy at its rounds and the untrained network's in round 1's row, and it
+moves nothing of the training (losses, weights, the random streams)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedssl.fl.monitor import KnnMonitor, backbone_of
+from fedssl.methods import federated
+from fedssl.models.encoders import seeded_contrastive_model
+from fedssl.params import KnnParams
+from tests.fl.test_engine import toy_data
+from tests.methods.fedsimclr.test_fedsimclr_rules import SHAPE, tiny_params
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _run(tmp_path, monitored: bool, rounds: int = 3):
+    p = tiny_params().model_copy(update={"rounds": rounds})
+    model = seeded_contrastive_model(p.model, SHAPE, 0, torch.device("cpu"))
+    data = toy_data()
+    fed = federated.make_federation(p, model, data, tmp_path / f"ck{monitored}.pt", "fp")
+    state = fed.start(model)
+    if monitored:
+        labels = data.labels.numpy()
+        fed.monitor = KnnMonitor(
+            model, data.images, labels, data.images[:30], labels[:30], 2, rounds, KnnParams(k=5)
+        )
+        fed.monitor.start = fed.monitor.accuracy()
+    torch.manual_seed(123)  # the global stream: the monitor must not draw from it either
+    state = fed.run(state)
+    return state, torch.rand(1).item(), fed.monitor
+
+
+def test_the_monitor_logs_and_moves_nothing(tmp_path):
+    plain, after_plain, _ = _run(tmp_path, monitored=False)
+    watched, after_watched, monitor = _run(tmp_path, monitored=True)
+    assert [r["loss"] for r in watched.log] == [r["loss"] for r in plain.log]
+    for k, v in plain.server["global"].items():
+        assert torch.equal(watched.server["global"][k], v), k
+    assert after_watched == after_plain
+    # every 2nd round and the last (rounds 2 and 3), the untrained network in round 1's row
+    assert [("knn_monitor" in r) for r in watched.log] == [False, True, True]
+    assert watched.log[0]["knn_monitor_round0"] == monitor.start
+    assert not any(k.startswith("knn_monitor") for r in plain.log for k in r)
+    # what it logged is the accuracy of the global model of that round
+    assert watched.log[-1]["knn_monitor"] == monitor.accuracy(watched.server["global"])
+    assert 0.0 <= monitor.start <= 100.0
+
+
+def test_monitor_accuracy_is_k_nn_of_the_backbone():
+    """On features that separate the classes perfectly, the monitor reads 100 %; a model
+    without a backbone is refused with a message naming the setting."""
+
+    class Ident(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = torch.nn.Flatten()
+
+    labels = np.array([0, 1] * 10)
+    images = torch.zeros(20, 1, 2, 2, dtype=torch.uint8)
+    images[labels == 1, 0, 0, 0] = 255
+    images[labels == 0, 0, 1, 1] = 255
+    monitor = KnnMonitor(Ident(), images, labels, images, labels, 1, 1, KnnParams(k=3))
+    assert monitor.accuracy() == 100.0
+    assert (
+        monitor.due(0)
+        and KnnMonitor(Ident(), images, labels, images, labels, 0, 1, KnnParams()).due(0) is False
+    )
+    with pytest.raises(ValueError, match="monitor_every"):
+        backbone_of(torch.nn.Linear(2, 2))

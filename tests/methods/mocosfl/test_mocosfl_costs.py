@@ -1,0 +1,87 @@
+"""MocoSFL / MonAcoSFL's costs stage: a client step's FLOPs are its part's (online forward and
+backward, momentum forward; never the server's), the smashed data per step follow the
+protocol's formula, and each client's bytes by kind come from the ledger."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fedssl.methods.mocosfl.costs import client_rows, client_step
+from fedssl.methods.mocosfl.split import build_nets
+from tests.methods.mocosfl.test_mocosfl import SHAPE, federation, params
+
+CPU = torch.device("cpu")
+
+
+def conv_flops_per_image(client: nn.Module) -> list[int]:
+    """2 x MACs of every convolution of the client part on one image, in call order."""
+    flops = []
+
+    def hook(m, _inp, out):
+        flops.append(2 * out[0].numel() * (m.in_channels // m.groups) * math.prod(m.kernel_size))
+
+    handles = [m.register_forward_hook(hook) for m in client.modules() if isinstance(m, nn.Conv2d)]
+    with torch.no_grad():
+        client(torch.zeros(1, *SHAPE))
+    for h in handles:
+        h.remove()
+    return flops
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_a_client_step_costs_its_parts_forward_and_backward_only(symmetric):
+    """Per query row: the online forward F, its backward 2F less the first convolution's
+    gradient with respect to the images (none is needed), the momentum forward F. The server's
+    units and projector run on the server and do not count."""
+    p = params("mocosfl", cut=3, moco=dict(queue_size=32, symmetric=symmetric))
+    nets = build_nets(p, SHAPE, CPU)
+    convs = conv_flops_per_image(nets.client)
+    rows = (2 if symmetric else 1) * p.training.batch_size
+    step = client_step(p, nets, SHAPE)
+    assert step["flops_per_step"] == rows * (4 * sum(convs) - convs[0])
+    assert step["flops_per_image"] == step["flops_per_step"] / p.training.batch_size
+    # memory: four copies of the client part, its activations and the gradient back, plus
+    # what autograd saves (some of it)
+    weights = sum(t.numel() * 4 for t in nets.client.parameters())
+    smashed = 2 * rows * math.prod(nets.activation_shape(SHAPE)) * 4
+    assert step["step_bytes"] > 4 * weights + smashed
+
+
+@pytest.mark.parametrize(
+    "variant,symmetric,fraction", [("mocosfl", True, 1.0), ("monacosfl", False, 0.67)]
+)
+def test_smashed_bytes_per_step_follow_the_protocol_and_bytes_come_from_the_ledger(
+    tmp_path, variant, symmetric, fraction
+):
+    """Per full step of B_c images: activations up (query and key rows) and gradients down,
+    each s x B_c x |h| x 4 bytes (s = 2 with the symmetric loss); every client's bytes by kind
+    are its ledger's, and its FLOPs scale with the images it processed (2 of 3 clients a round
+    in the second case)."""
+    p = params(
+        variant,
+        moco=dict(queue_size=32, symmetric=symmetric),
+        training=dict(client_fraction=fraction),
+    )
+    fed = federation(p, tmp_path)
+    state = fed.run(fed.start(None))
+    nets = build_nets(p, SHAPE, CPU)
+    ledger = state.ledger.summary()
+    images = state.memo["images"]
+    rows = client_rows(p, nets, SHAPE, ledger, images)
+    act = math.prod(nets.activation_shape(SHAPE))
+    s, batch = (2 if symmetric else 1), p.training.batch_size
+    step = client_step(p, nets, SHAPE)
+    for row, logged in zip(rows, ledger["per_client"], strict=True):
+        assert row["smashed_bytes_per_step"] == 3 * s * batch * act * 4  # query, key up; grad down
+        assert row["up_by_kind"] == logged["up_by_kind"]
+        assert row["down_by_kind"] == logged["down_by_kind"]
+        assert row["bytes_actual"] == logged["bytes_up"] + logged["bytes_down"]
+        assert row["beta_flops"] == pytest.approx(step["flops_per_image"] * images[row["client"]])
+        assert row["flops_per_step"] == step["flops_per_step"]
+    assert [r["images"] for r in rows] == images
+    assert (sorted(images) == [24, 36, 60]) == (fraction == 1.0)  # 2 rounds of 12 / 18 / 30
+    assert ("sync_momentum" in rows[0]["up_by_kind"]) == (variant == "monacosfl")

@@ -1,0 +1,462 @@
+"""Nothing lost and nothing consumed unseen (issue 37), on a tiny project run by Snakemake:
+
+* a stage killed under a params edit leaves every committed file as it was, and once the edit
+  is reverted both front ends see nothing to do (its round log lands only on success);
+* a stage refuses an input that changed since its producer wrote it, naming the file and the
+  stage to rerun (eight tamperings);
+* one lock per stage, taken by both front ends: a second run of a running stage is refused
+  in one line (Snakemake running it, DVC asked to);
+* a checkpoint is resumed only under the compute settings it was written with;
+* saved bytes do not depend on Python's hash seed (SCAFFOLD's control variates);
+* resource errors and damaged files end in one line naming the file.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedssl.runtime import (
+    StageFailed,
+    atomic_dir,
+    load_checkpoint,
+    resume_fingerprint,
+    stage_lock,
+    torch_save,
+    write_error,
+    write_json,
+)
+from tests.fixtures import REPO, in_project, make_tiny_project, run
+
+pytestmark = pytest.mark.timeout(900)
+STAGE = "pretrain__tiny_simclr"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = make_tiny_project(tmp_path_factory.mktemp("reliability"))
+    run(["snakemake", "--cores", "2", "--resources", "gpu=1"], root)
+    return root
+
+
+def committed(root: Path) -> dict[str, bytes]:
+    """Every file git would commit of a run: the results and dvc.lock."""
+    files = [*sorted((root / "results").rglob("*")), root / "dvc.lock"]
+    return {str(f.relative_to(root)): f.read_bytes() for f in files if f.is_file()}
+
+
+def planned_jobs(root: Path) -> set[str]:
+    out = run(["snakemake", "-n", "--cores", "1"], root).stdout
+    return {m.group(1) for m in re.finditer(r"^(\w+__\w+)\s+\d+$", out, re.M)}
+
+
+def dvc_stale(root: Path) -> set[str]:
+    out = run(["dvc", "status", "--json"], root).stdout
+    return set(json.loads(out or "{}")) - {"dag"}
+
+
+def stage_pid(root: Path, stage: str) -> int | None:
+    """The process holding ``stage``'s lock (it writes itself into the lock file)."""
+    lock = root / "artifacts/.locks" / f"{stage}.lock"
+    found = re.search(r"process (\d+)", lock.read_text()) if lock.exists() else None
+    return int(found.group(1)) if found else None
+
+
+# ------------------------------------------------------------------ 1 and 3: kill, lock
+def test_a_killed_stage_under_an_edit_leaves_committed_files_and_both_front_ends_as_they_were(
+    project,
+):
+    """Snakemake runs the pretraining under an edited lr and 5000 rounds; while it runs, DVC is
+    asked to run the same stage and is refused in one line (the stage's lock); the stage is
+    killed with SIGKILL after its second round; the edit is reverted. Every committed file is
+    byte for byte what it was, and neither front end has anything to do."""
+    before = committed(project)
+    params = project / "params/experiments/tiny_simclr.yaml"
+    good = params.read_text()
+    params.write_text(good.replace("rounds: 2", "rounds: 5000").replace("lr: 0.001", "lr: 0.003"))
+    log = project / f"artifacts/logs/{STAGE}.log"
+    log.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        ["snakemake", STAGE, "--cores", "1"],
+        cwd=project,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 600
+        while "round 2/5000" not in (log.read_text() if log.exists() else ""):
+            assert proc.poll() is None and time.time() < deadline, "the stage did not start"
+            time.sleep(0.05)
+        pid = stage_pid(project, STAGE)
+        second = run(["dvc", "repro", "--single-item", STAGE], project, check=False)
+        said = (second.stdout + second.stderr).splitlines()
+        refusals = [ln for ln in said if "already running" in ln]
+        assert second.returncode != 0 and len(refusals) == 1, said[-20:]
+        assert f"{STAGE} is already running (process {pid} on " in refusals[0]
+        os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=120) != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        params.write_text(good)
+    assert committed(project) == before
+    assert planned_jobs(project) == set()
+    assert dvc_stale(project) == set()
+
+
+def test_a_second_run_of_a_running_stage_is_refused_by_both_front_ends(project):
+    """The stage's lock held (as by a run in progress): Snakemake forced to run it and DVC
+    forced to run it both stop with the same one line, and nothing changes."""
+    before = committed(project)
+    with in_project(project), stage_lock(STAGE):
+        for cmd in (
+            ["snakemake", STAGE, "--forcerun", STAGE, "--cores", "1"],
+            ["dvc", "repro", "--force", "--single-item", STAGE],
+        ):
+            proc = run(cmd, project, check=False)
+            lines = (proc.stdout + proc.stderr).splitlines()
+            said = [ln for ln in lines if f"{STAGE} is already running" in ln]
+            assert proc.returncode != 0 and said, (cmd, proc.stderr[-2000:])
+            assert f"(process {os.getpid()} on " in said[0]
+    assert committed(project) == before
+    assert planned_jobs(project) == set()
+
+
+def test_each_process_writes_its_own_scratch_folder_and_a_dead_ones_is_removed(tmp_path):
+    final = tmp_path / "out"
+    dead = tmp_path / "out.partial-999999999"  # no such process
+    alive = tmp_path / f"out.partial-{os.getppid()}"  # another live process's
+    for d in (dead, alive):
+        d.mkdir()
+    with atomic_dir(final) as scratch:
+        assert scratch.name == f"out.partial-{os.getpid()}"
+        (scratch / "x").write_text("1")
+        assert not dead.exists() and alive.exists()
+    assert (final / "x").read_text() == "1" and not scratch.exists()
+
+
+# ------------------------------------------------------------------ 2: tampered inputs
+def flip_byte(path: Path, offset: int = -1) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def rewrite_clients(path: Path) -> None:
+    """A valid clients.npz of another split (the clients' indices rotated)."""
+    with np.load(path) as z:
+        clients = [z[k] for k in sorted(z.files)]
+    np.savez(path, **{f"client_{i}": c for i, c in enumerate(clients[1:] + clients[:1])})
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def drop_a_file(folder: Path) -> None:
+    (folder / "extra.npy").write_bytes(b"")
+
+
+PARTITION, DATA = "partition__tiny_dir05_m3", "prepare_data__tiny"
+# (what is tampered with, how, the stage that reads it, the stage that wrote it)
+TAMPERINGS = {
+    "flipped byte in train_images.npy": (
+        "artifacts/data/tiny/train_images.npy",
+        flip_byte,
+        ("partition", "tiny_dir05_m3"),
+        DATA,
+    ),
+    "flipped byte in train_labels.npy": (
+        "artifacts/data/tiny/train_labels.npy",
+        flip_byte,
+        ("features", "tiny_simclr"),
+        DATA,
+    ),
+    "rewritten valid clients.npz": (
+        "artifacts/partitions/tiny_dir05_m3/clients.npz",
+        rewrite_clients,
+        ("pretrain", "tiny_simclr"),
+        PARTITION,
+    ),
+    "edited class_counts.json": (
+        "artifacts/partitions/tiny_dir05_m3/class_counts.json",
+        lambda p: p.write_text(p.read_text().replace("]", " ]", 1)),
+        ("pretrain", "tiny_simclr"),
+        PARTITION,
+    ),
+    "flipped byte in the model's tensor data": (
+        "artifacts/experiments/tiny_simclr/pretrain/model.pt",
+        lambda p: flip_byte(p, p.stat().st_size // 2),
+        ("features", "tiny_simclr"),
+        STAGE,
+    ),
+    "truncated features": (
+        "artifacts/experiments/tiny_simclr/features/features.npz",
+        truncate,
+        ("evaluate", "tiny_simclr"),
+        "features__tiny_simclr",
+    ),
+    "a file added to an output folder": (
+        "artifacts/experiments/tiny_simclr/features",
+        drop_a_file,
+        ("evaluate", "tiny_simclr"),
+        "features__tiny_simclr",
+    ),
+    "edited committed round log": (
+        "results/experiments/tiny_simclr/rounds.tsv",
+        lambda p: p.write_text(p.read_text() + "2\n"),
+        ("features", "tiny_simclr"),
+        STAGE,
+    ),
+}
+
+
+@pytest.mark.parametrize("tampering", TAMPERINGS)
+def test_a_stage_refuses_an_input_that_changed_since_its_producer_wrote_it(project, tampering):
+    """Through the stage runtime (what both front ends run): the stage stops before its body
+    with one line naming the file and the stage to rerun; its output is left as it was."""
+    from fedssl.stage import StageContext
+
+    target, tamper, (kind, name), producer = TAMPERINGS[tampering]
+    path = project / target
+    files = sorted(path.rglob("*")) if path.is_dir() else [path]
+    saved = {f: f.read_bytes() for f in files if f.is_file()}
+    ran = []
+    with in_project(project):
+        out = StageContext(kind, name).output_dir
+        meta = (out / "meta.json").read_bytes()
+        try:
+            tamper(path)
+            with pytest.raises(StageFailed) as refused:
+                with StageContext(kind, name).run():
+                    ran.append(kind)
+        finally:
+            for extra in set(path.rglob("*") if path.is_dir() else []) - set(saved):
+                extra.unlink()
+            for f, content in saved.items():
+                f.write_bytes(content)
+        assert (out / "meta.json").read_bytes() == meta
+    message = str(refused.value)
+    shown = str(path.relative_to(project)) if path.is_file() else target + "/extra.npy"
+    assert message.startswith(f"{shown}: changed since {producer} wrote it"), message
+    assert f"rerun it (`snakemake {producer} --forcerun {producer}`" in message
+    assert "\n" not in message and not ran
+
+
+def test_snakemake_refuses_a_tampered_partition_instead_of_training_on_it(project):
+    """The issue's probe: a rewritten (valid) clients.npz and an lr edit: Snakemake's
+    pretraining stops with the file and the stage to rerun; nothing committed changes."""
+    before = committed(project)
+    clients = project / "artifacts/partitions/tiny_dir05_m3/clients.npz"
+    params = project / "params/experiments/tiny_simclr.yaml"
+    good, saved = params.read_text(), clients.read_bytes()
+    try:
+        rewrite_clients(clients)
+        params.write_text(good.replace("lr: 0.001", "lr: 0.002"))
+        proc = run(["snakemake", STAGE, "--cores", "1"], project, check=False)
+    finally:
+        clients.write_bytes(saved)
+        params.write_text(good)
+    log = (project / f"artifacts/logs/{STAGE}.log").read_text()
+    assert proc.returncode != 0
+    assert f"artifacts/partitions/tiny_dir05_m3/clients.npz: changed since {PARTITION}" in log
+    assert "Traceback" not in log
+    assert committed(project) == before and planned_jobs(project) == set()
+
+
+# ------------------------------------------------------------------ 4: resume settings
+def test_the_resume_fingerprint_holds_the_thread_count_and_precision(project):
+    import torch
+
+    from fedssl.record import fingerprint
+    from fedssl.stage import StageContext
+
+    before = torch.get_num_threads()
+    try:
+        with in_project(project):
+            ctx = StageContext("pretrain", "tiny_simclr")
+            torch.set_num_threads(1)
+            one = ctx.fingerprint
+            torch.set_num_threads(2)
+            two = ctx.fingerprint
+            ctx.info["precision"] = "bf16"
+            bf16 = ctx.fingerprint
+            params = fingerprint(ctx.fingerprint_inputs)
+    finally:
+        torch.set_num_threads(before)
+    assert "threads 1" in one and "threads 2" in two and len({one, two, bf16}) == 3
+    assert one.split(" ")[0] == params and "precision bf16" in bf16
+
+
+def test_a_checkpoint_of_other_compute_settings_is_said_and_not_resumed(tmp_path, capsys):
+    path = tmp_path / "ck.pt"
+    written = resume_fingerprint("abc", {"device": "cpu", "threads": 2})
+    torch_save({"fingerprint": written, "round": 3}, path)
+    assert load_checkpoint(path, written)["round"] == 3
+    assert load_checkpoint(path, resume_fingerprint("abc", {"device": "cpu", "threads": 1})) is None
+    said = capsys.readouterr().out
+    assert "ck.pt: a checkpoint written under other compute settings " in said
+    assert "settings (device cpu, threads 2), now (device cpu, threads 1): start" in said
+    assert load_checkpoint(path, resume_fingerprint("xyz", {"threads": 2})) is None
+    assert "a checkpoint of other params, ignored" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ 5: hash seed
+HASH_SEED_PROBE = """
+import hashlib, io, sys, torch
+sys.path.insert(0, {repo!r})
+from tests.methods.mpfedcon.test_mpfedcon import params, toy_federation
+fed, model = toy_federation(__import__("pathlib").Path({tmp!r}), params("scaffold", rounds=1))
+state = fed.run(fed.start(model))
+buf = io.BytesIO()
+torch.save({{"server": state.server, "clients": state.clients}}, buf)
+print(hashlib.sha256(buf.getvalue()).hexdigest())
+"""
+
+
+def test_scaffold_saves_the_same_bytes_under_any_python_hash_seed(tmp_path):
+    digests = set()
+    for seed in ("1", "2"):
+        folder = tmp_path / seed
+        folder.mkdir()
+        code = HASH_SEED_PROBE.format(repo=str(REPO), tmp=str(folder))
+        env = {**os.environ, "PYTHONHASHSEED": seed, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        digests.add(proc.stdout.split()[-1])
+    assert len(digests) == 1
+
+
+# ------------------------------------------------------------------ errors in one line
+def test_a_resource_error_is_one_line_naming_the_path():
+    for code, said in (
+        (errno.ENOSPC, "no space left"),
+        (errno.EROFS, "read-only"),
+        (errno.EFBIG, "file size limit"),
+    ):
+        failed = write_error(OSError(code, os.strerror(code), "artifacts/x/model.pt"))
+        assert str(failed).startswith("artifacts/x/model.pt: cannot write it: ") and said in str(
+            failed
+        )
+    assert write_error(OSError(errno.ENOENT, "missing", "x")) is None
+
+
+def test_the_file_size_limit_stops_a_stage_with_one_line(tmp_path):
+    """A real EFBIG: under `ulimit -f 1` a stage's write fails; it exits 2 with one line."""
+    code = (
+        "from fedssl.stage import main_guard\n"
+        "from fedssl.runtime import write_json\n"
+        f"main_guard(lambda argv: write_json({str(tmp_path / 'big.json')!r}, ['x' * 9999] * 99))"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", f'ulimit -f 1 && exec "{sys.executable}" -c "$0"', code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {tmp_path}/big.json") and "file size limit" in line
+    assert not list(tmp_path.iterdir())  # no half-written scratch file left
+
+
+def test_damaged_artifacts_and_checkpoints_are_refused_naming_the_file(tmp_path):
+    from fedssl.data.store import ArtifactError, load_clients, load_split
+
+    np.save(tmp_path / "train_images.npy", np.array([{"a": 1}], dtype=object))
+    np.save(tmp_path / "train_labels.npy", np.arange(3))
+    with pytest.raises(ArtifactError, match=r"train_images.npy: not a plain array file"):
+        load_split(tmp_path, "train")
+    (tmp_path / "clients.npz").write_bytes(b"PK\x03\x04 not a zip")
+    with pytest.raises(ArtifactError, match=r"clients.npz: not the partition's client index"):
+        load_clients(tmp_path)
+    ck = tmp_path / "ck.pt"
+    torch_save({"fingerprint": "f", "weights": list(range(999))}, ck)
+    truncate(ck)
+    with pytest.raises(StageFailed, match=r"ck.pt: not a readable checkpoint .*delete it"):
+        load_checkpoint(ck, "f")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not a checkpoint"])
+def test_a_damaged_model_at_any_load_site_ends_the_stage_in_one_line_naming_it(
+    tmp_path, capsys, damage
+):
+    """A method's own ``torch.load`` of a truncated or foreign file: the stage exits 2 with
+    one line naming the file and what to do."""
+    import torch
+
+    from fedssl.stage import main_guard
+
+    path = tmp_path / "model.pt"
+    torch_save({"w": torch.zeros(999)}, path)
+    truncate(path) if damage == "truncated" else path.write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit) as exit_:
+        main_guard(lambda argv: torch.load(path, weights_only=True))
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and line.startswith(f"error: {path}: ")
+    assert "rerun the stage that writes it" in line
+
+
+def test_a_damaged_raw_data_file_is_refused_naming_it(tmp_path):
+    from fedssl.data.catalog import load_dataset
+    from fedssl.data.sources import DataNotFound
+    from tests.fixtures import toy_images
+    from tests.formats import write_fashion_mnist
+
+    write_fashion_mnist(tmp_path, {"train": toy_images(40, 0), "t10k": toy_images(8, 1)})
+    gz = sorted(tmp_path.rglob("train-images-idx3-ubyte*"))[0]
+    good = gz.read_bytes()
+    for damage in (good[: len(good) // 2], good[:-9] + bytes([good[-9] ^ 0xFF]) + good[-8:]):
+        gz.write_bytes(damage)
+        with pytest.raises(DataNotFound, match=re.escape(str(gz)) + r": .*(damaged|truncated)"):
+            load_dataset("fashion_mnist", str(tmp_path))
+
+
+def test_json_writes_replace_whole_files_through_a_per_process_scratch(tmp_path):
+    path = tmp_path / "m.json"
+    write_json(path, {"a": 1})
+    write_json(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 2} and [p.name for p in tmp_path.iterdir()] == [
+        "m.json"
+    ]
+    assert hashlib.sha256(path.read_bytes()).hexdigest()  # a whole, readable file
+
+
+# ------------------------------------------------------------------ 8: make test-slurm
+def test_the_local_slurm_cluster_stops_what_it_started_and_removes_its_config_link(tmp_path):
+    """`local_cluster.sh stop` kills the daemons whose pid files `start` wrote (munged too,
+    when it started it) and removes the config link it made; `make test-slurm` updates the
+    package lists before installing."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "slurm.conf").write_text("")
+    link = tmp_path / "slurm.conf"
+    link.symlink_to(state / "slurm.conf")
+    daemons = {n: subprocess.Popen(["sleep", "300"]) for n in ("munged", "slurmd", "slurmctld")}
+    for name, proc in daemons.items():
+        (state / f"{name}.pid").write_text(f"{proc.pid}\n")
+    script = REPO / "tests/slurm/local_cluster.sh"
+    env = {**os.environ, "SLURM_CONF_LINK": str(link)}
+    try:
+        subprocess.run([script, "stop", state], check=True, env=env)
+        assert all(p.wait(timeout=10) == -signal.SIGTERM for p in daemons.values())
+    finally:
+        for p in daemons.values():
+            p.kill() if p.poll() is None else None
+    assert not link.exists() and not link.is_symlink()
+    recipe = (REPO / "Makefile").read_text().split("test-slurm:")[-1].split("\n\n")[0]
+    assert "apt-get update -qq && apt-get install" in recipe
