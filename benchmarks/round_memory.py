@@ -35,13 +35,13 @@ def rss_mb() -> float:
 def one_round(clients: int, images: int, seed: int = 0) -> dict:
     """One round in this process (a fresh one: ``ru_maxrss`` never goes down)."""
     from fedssl import precision
+    from fedssl.data.catalog import load_dataset
     from fedssl.data.partition import stratified_subset
-    from fedssl.data.sources import load_dataset
     from fedssl.fl.cohort import LocalData
     from fedssl.methods import federated
     from fedssl.models.encoders import seeded_contrastive_model
     from fedssl.presets import Presets
-    from fedssl.stage import bound_kernel_cache
+    from fedssl.stagebase import bound_kernel_cache
 
     bound_kernel_cache()
     p = Presets().load("experiment", PRESET).method
