@@ -26,15 +26,7 @@ from fedssl.models.vit import VisionTransformer
 from tests.fixtures import make_tiny_project, toy_images
 from tests.lwfedssl_fixtures import add_tiny_lw, tiny_text
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the 2-core machine is shared, and small ops slow down badly when
-    threads oversubscribe it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_exp(method: str, extra: str = ""):

@@ -19,13 +19,7 @@ from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, StackedO
 from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
 from tests.fixtures import toy_images
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_adamw_decays_the_weights_apart_from_the_adam_step():
