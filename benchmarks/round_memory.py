@@ -4,11 +4,12 @@ O(clients).
 The default pipeline's FedSimCLR (its model, augmentation, batch, optimizer, precision policy)
 trains one round over the same 20,000 Fashion-MNIST training images split IID into 10, 100 or
 1,000 clients, every client taking part, each size in a fresh process with oneDNN's kernel
-cache capped as in every stage. Prints per size the process's peak resident memory
-(``ru_maxrss``) and its resident memory before the round (data and model loaded). FedAvg sums
-each client's upload as it finishes (``RunningMean``); ``--stacked`` makes the strategy read
-every upload instead (the path of strategies that need each client's model, and FedAvg's
-before the running sum), to compare the two in one session:
+cache capped and the threads set as in every stage (one unless ``FEDSSL_THREADS`` says).
+Prints per size the process's peak resident memory (``ru_maxrss``) and its resident memory
+before the round (data and model loaded). FedAvg sums each client's upload as it finishes
+(``RunningMean``); ``--stacked`` makes the strategy read every upload instead (the path of
+strategies that need each client's model, and FedAvg's before the running sum), to compare
+the two in one session:
 
     python benchmarks/round_memory.py [--clients 10 100 1000] [--images 20000] [--stacked]
 
@@ -44,9 +45,10 @@ def one_round(clients: int, images: int, stacked: bool = False, seed: int = 0) -
     from fedssl.methods import federated
     from fedssl.models.encoders import seeded_contrastive_model
     from fedssl.presets import Presets
-    from fedssl.stage import bound_kernel_cache
+    from fedssl.stage import bound_kernel_cache, set_threads
 
     bound_kernel_cache()
+    set_threads()
     p = Presets().load("experiment", PRESET).method
     p = p.model_copy(update={"rounds": 1, "client_fraction": 1.0})
     split = load_dataset("fashion_mnist")["train"]
@@ -68,6 +70,7 @@ def one_round(clients: int, images: int, stacked: bool = False, seed: int = 0) -
         "peak_mb": rss_mb(),
         "loss": state.log[-1]["loss"],
         "precision": used,
+        "threads": torch.get_num_threads(),
         "parameters": sum(q.numel() for q in model.parameters()),
     }
 
@@ -92,6 +95,7 @@ def main() -> None:
         print(
             f"{n:>7} clients: before {r['before_mb']:.0f} MB, peak {r['peak_mb']:.0f} MB, "
             f"round's own {r['peak_mb'] - r['before_mb']:.0f} MB ({r['precision']}, "
+            f"{r['threads']} thread(s), "
             f"{r['parameters']:,} parameters, loss {r['loss']:.6f})",
             flush=True,
         )
