@@ -39,13 +39,13 @@ def rss_mb() -> float:
 def one_round(clients: int, images: int, stacked: bool = False, seed: int = 0) -> dict:
     """One round in this process (a fresh one: ``ru_maxrss`` never goes down)."""
     from fedssl import precision
+    from fedssl.data.catalog import load_dataset
     from fedssl.data.partition import stratified_subset
-    from fedssl.data.sources import load_dataset
     from fedssl.fl.cohort import LocalData
     from fedssl.methods import federated
     from fedssl.models.encoders import seeded_contrastive_model
     from fedssl.presets import Presets
-    from fedssl.stage import bound_kernel_cache, set_threads
+    from fedssl.stagebase import bound_kernel_cache, set_threads
 
     bound_kernel_cache()
     set_threads()

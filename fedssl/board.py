@@ -611,7 +611,7 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path
 
 # ------------------------------------------------------------------ run records
 def run_records(dag, kept: dict | None = None) -> tuple[dict[str, float], list[dict], float]:
-    """From the stages' run records (:func:`fedssl.stage.run_record`): wall seconds per
+    """From the stages' run records (:func:`fedssl.stagebase.run_record`): wall seconds per
     experiment (its own stages, shared ones counted in each), every record, and the
     pipeline's total (each stage once). ``kept`` (stage -> record, from the board's
     committed :data:`RUNS_FILE`) fills in the stages this workspace has not run: a board

@@ -25,22 +25,10 @@ from fedssl.plan.layout import LOGS, ReportRow
 from fedssl.readme_facts import fill_facts
 from fedssl.report_format import markdown_table, number, pivot_markdown, save_figure, to_float
 
-# The full table's fixed columns; the declared client costs (fedssl.evaluations) come between
-# the two parts.
-COLUMNS_HEAD = [
-    "experiment",
-    "title",
-    "partition",
-    "method",
-    "arch",
-    "precision",
-    "rounds",
-    "linear_top1",
-    "knn_top1",
-    "client_MB_up",
-    "client_MB_down",
-    "parameters",
-]
+# The full table's fixed columns: the declared accuracies (fedssl.evaluations) come after the
+# first part, the declared client costs after the second.
+COLUMNS_HEAD = ["experiment", "title", "partition", "method", "arch", "precision", "rounds"]
+COLUMNS_TRAFFIC = ["client_MB_up", "client_MB_down", "parameters"]
 COLUMNS_TAIL = ["row", "column"]
 # The short table of runs: column -> its header (a column shows when some run has it); the
 # declared metrics (fedssl.evaluations) come between the first three and the rest.
@@ -65,8 +53,10 @@ RENAMED = {
 
 
 def full_columns() -> list[str]:
-    """The full table's fixed columns, the declared client costs among them."""
-    return COLUMNS_HEAD + [m.key for m in evaluations.client_costs()] + COLUMNS_TAIL
+    """The full table's fixed columns, the declared metrics among them."""
+    accuracies = [m.key for m in evaluations.accuracies()]
+    costs = [m.key for m in evaluations.client_costs()]
+    return COLUMNS_HEAD + accuracies + COLUMNS_TRAFFIC + costs + COLUMNS_TAIL
 
 
 def pivot_costs() -> dict[str, str]:
@@ -75,9 +65,12 @@ def pivot_costs() -> dict[str, str]:
     return {m.label: m.key for m in evaluations.client_costs() if m.beside}
 
 
+def _files(metrics_files: Path | list[Path]) -> list[Path]:
+    return [metrics_files] if isinstance(metrics_files, Path) else metrics_files
+
+
 def _precision(step_metas: list[dict], metrics_files: Path | list[Path]) -> str:
-    files = [metrics_files] if isinstance(metrics_files, Path) else metrics_files
-    evaluations = [Path(f).parent / "meta.json" for f in files]
+    evaluations = [Path(f).parent / "meta.json" for f in _files(metrics_files)]
     metas = step_metas + [json.loads(m.read_text()) for m in evaluations if m.exists()]
     return "/".join(dict.fromkeys(m["precision"] for m in metas if "precision" in m))
 
@@ -96,17 +89,10 @@ def experiment_row(
     traffic they logged, and its per-client costs (the declared client costs, then any other
     mean a method's costs stage reports, under its own name without ``mean_``)."""
     metrics = {}
-    for f in [metrics_files] if isinstance(metrics_files, Path) else metrics_files:
+    for f in _files(metrics_files):
         metrics.update(json.loads(Path(f).read_text()))
     metas = [json.loads((d / "meta.json").read_text()) for d in step_dirs]
-    up = down = 0.0
-    per_round: dict[str, float] = {}  # one client's traffic in one round it took part in
-    for d in step_dirs:
-        if (d / "communication.json").exists():
-            per_client = json.loads((d / "communication.json").read_text())["per_client"]
-            up += sum(c["bytes_up"] for c in per_client) / len(per_client) / 1e6
-            down += sum(c["bytes_down"] for c in per_client) / len(per_client) / 1e6
-            per_round.update(_per_round_traffic(per_client))
+    up, down, per_round = _mean_traffic(step_dirs)
     losses = {
         f"{d.name}_final_loss": _final_loss(m)
         for d, m in zip(step_dirs, metas)
@@ -134,6 +120,27 @@ def experiment_row(
         **per_round,
         "parameters": next((m["parameters"] for m in metas if "parameters" in m), ""),
     }
+    _add_client_costs(row, costs_dir)
+    return row
+
+
+def _mean_traffic(step_dirs: list[Path]) -> tuple[float, float, dict[str, float]]:
+    """MB a client sends and receives over the steps (the mean over the clients each step
+    logged in its communication.json), and one client's traffic in one round it took part in."""
+    up = down = 0.0
+    per_round: dict[str, float] = {}
+    for d in step_dirs:
+        if (d / "communication.json").exists():
+            per_client = json.loads((d / "communication.json").read_text())["per_client"]
+            up += sum(c["bytes_up"] for c in per_client) / len(per_client) / 1e6
+            down += sum(c["bytes_down"] for c in per_client) / len(per_client) / 1e6
+            per_round.update(_per_round_traffic(per_client))
+    return up, down, per_round
+
+
+def _add_client_costs(row: dict, costs_dir: Path | None) -> None:
+    """Set ``row``'s declared client costs from the costs stage's costs.json (blank without
+    one), then any other mean it reports under its own name without ``mean_``."""
     cost_file = costs_dir / "costs.json" if costs_dir else None
     cost = json.loads(cost_file.read_text()) if cost_file and cost_file.exists() else {}
     for metric in evaluations.client_costs():
@@ -144,7 +151,6 @@ def experiment_row(
         column = key.removeprefix("mean_")
         if key.startswith("mean_") and key not in known and column not in row:
             row[column] = float(number(value, ".4g"))
-    return row
 
 
 def _final_loss(meta: dict) -> float | None:

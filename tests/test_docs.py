@@ -218,16 +218,25 @@ def dvc(root: Path, *args: str) -> str:
 
 def test_the_root_dvc_views_show_the_default_pipeline(project):
     """`dvc metrics show` lists the default pipeline's runs (not every committed one), and
-    `dvc plots show` draws its round log as the loss over rounds, offline."""
+    `dvc plots show` draws its round log as the loss over rounds and each probe's test top-1
+    over its epochs, offline."""
     metrics = json.loads(dvc(project, "metrics", "show", "--json"))[""]["data"]
     assert sorted(metrics) == [
         f"results/experiments/{e}/metrics.json"
         for e in ("fmnist_fedsimclr", "fmnist_pixels", "fmnist_random_init")
     ]
-    plots = json.loads(dvc(project, "plots", "show", "--json"))["data"]
+    shown = json.loads(dvc(project, "plots", "show", "--json"))
+    assert not shown.get("errors"), shown["errors"]  # every declared plot is committed
+    plots = shown["data"]
     rounds = plots["results/experiments/fmnist_fedsimclr/rounds.tsv"][0]["content"]
     assert rounds["encoding"]["x"]["field"] == "round"
     assert rounds["layer"][0]["encoding"]["y"]["field"] == "loss"
+    probe = plots["results/experiments/fmnist_fedsimclr/linear_epochs.tsv"][0]["content"]
+    assert (probe["encoding"]["x"]["field"], probe["layer"][0]["encoding"]["y"]["field"]) == (
+        "epoch",
+        "test_top1",
+    )
+    assert probe["data"]["values"][-1]["test_top1"] == "79.32"  # metrics.json's linear_top1
     assert "results/reports/default/curves.png" in plots
     # another pipeline's results, by path
     other = json.loads(

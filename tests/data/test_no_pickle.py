@@ -434,7 +434,7 @@ def test_a_crafted_pickle_at_each_load_site_is_refused(project, key, tmp_path, m
     monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
     # the stage runtime refuses an input that differs from what its producer recorded before
     # any load (tests/plan/test_reliability.py); here the load site itself must refuse the file
-    monkeypatch.setattr("fedssl.stage.verify_inputs", lambda record: None)
+    monkeypatch.setattr("fedssl.stagebase.verify_inputs", lambda record: None)
     ex = EXERCISES[key]
     marker = tmp_path / "the-pickle-ran"
     with in_project(project) as planned_stage:
@@ -480,7 +480,7 @@ def write_plain(path: Path, content) -> None:
 @pytest.mark.parametrize("crafted", ["data_batch_1", "test_batch", "batches.meta"])
 def test_a_crafted_pickle_in_a_cifar_folder_is_refused(tmp_path, crafted):
     """CIFAR's release is pickled: its reader builds numpy arrays and refuses anything else."""
-    from fedssl.data.sources import load_dataset
+    from fedssl.data.catalog import load_dataset
     from tests.formats import write_cifar10
 
     write_cifar10(tmp_path)

@@ -187,7 +187,7 @@ def test_stages_cap_the_kernel_cache_unless_the_user_did(monkeypatch):
     count; stages cap it before computing, and a user's own cap wins."""
     import os
 
-    from fedssl.stage import KERNEL_CACHE, bound_kernel_cache
+    from fedssl.stagebase import KERNEL_CACHE, bound_kernel_cache
 
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     bound_kernel_cache()

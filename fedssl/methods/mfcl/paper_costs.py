@@ -1,6 +1,7 @@
 """The MFCL paper's client cost formulas (§5.4, Eqs. 4-6, Tab. 3), in its conventions.
 
-Analytic formulas (paper convention, "bits_paper"):
+Analytic formulas (paper convention; a cost row's ``paper_bits`` = α, ``paper_memory_bytes`` = γ
+and ``flops`` = β counted, the names every method's costs share):
 
 * Eq. 4, phase-1 traffic:  α₁ = (|θ_fed| + |θ_m|) · 32 · T · (1/R)
 * Eq. 5, phase-2 traffic:  α₂ = (|z_m| · ρ) · 32 · (1/R),   |z_m| = per-view size · |D_m|
@@ -15,7 +16,7 @@ Conventions (spec ``methods/mfcl.md`` §5 and §8 A3/A12):
 * **Representation size.** The paper counts one 32×32×64 (pre-MaxPool) map per "representation
   vector" (one view) and ρ = 8 vectors per sample (:data:`PAPER_REP_NUMEL_RESNET18`), although its
   prose says each vector holds two views and the model really exports 64×16×16 after the pool.
-  The ``*_paper`` numbers follow the paper's counting; use
+  The ``paper_*`` numbers follow the paper's counting; use
   :func:`fedssl.costs.tensor_bytes` on the tensors
   actually sent for the physical byte count (``bytes_exchanged``).
 * **Phase-1 payload.** Alg. 1 sends the whole autoencoder (encoder + decoder) both ways, so the

@@ -192,16 +192,11 @@ def summarize(p, nets: SplitNets, image_shape, state, sizes: list[int]) -> dict:
     )
     clients = check["per_client"]
     knn = [r["knn_monitor"] for r in state.log if "knn_monitor" in r]
+    kinds = _mean_mb_by_kind(clients, n)
 
     def mean(xs):
         return float(np.mean(xs)) if xs else None
 
-    kinds: dict[str, float] = {}
-    for c in clients:
-        for direction in ("up_by_kind", "down_by_kind"):
-            for kind, b in c[direction].items():
-                key = f"MB_{direction[:-8]}_{kind}"
-                kinds[key] = kinds.get(key, 0.0) + b / 1e6 / n
     return {
         "variant": p.variant,
         "clients": n,
@@ -226,6 +221,18 @@ def summarize(p, nets: SplitNets, image_shape, state, sizes: list[int]) -> dict:
         "comm_matches_formula": check["exact"],
         "_check": check,
     }
+
+
+def _mean_mb_by_kind(clients: list[dict], n: int) -> dict[str, float]:
+    """MB a client sends (``MB_up_<kind>``) and receives (``MB_down_<kind>``) per kind of
+    tensor, the mean over the ``n`` clients of the ledger check."""
+    kinds: dict[str, float] = {}
+    for c in clients:
+        for direction in ("up_by_kind", "down_by_kind"):
+            for kind, b in c[direction].items():
+                key = f"MB_{direction[:-8]}_{kind}"
+                kinds[key] = kinds.get(key, 0.0) + b / 1e6 / n
+    return kinds
 
 
 # The two misalignment measures of steps.tsv: column -> axis label
