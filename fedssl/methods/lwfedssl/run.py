@@ -25,10 +25,8 @@ from fedssl.fl.engine import (
     RoundUpdates,
     Strategy,
     cosine_lr,
-    fedavg,
     federation_config,
     sample_clients,
-    stacked,
 )
 from fedssl.fl.momentum import ema_after_step
 from fedssl.fl.runner import run_federation, train_data
@@ -303,11 +301,11 @@ class GrowthStrategy(Strategy):
             kinds.setdefault(kind_of(k), {})[k] = v
         return kinds
 
+    def needs_uploads(self) -> bool:
+        return False  # FedAvg of what came back: summed as the clients finish
+
     def aggregate(self, state: FedState, updates: RoundUpdates) -> None:
-        state.server["global"] = {
-            **state.server["global"],
-            **fedavg(stacked(updates.uploads), updates.weights),
-        }
+        state.server["global"] = {**state.server["global"], **self.mean(updates)}
 
 
 CALIBRATION_SHIFTS = {  # ``calibration.shift``: a fixed transform of uint8 [N, C, H, W] images
