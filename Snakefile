@@ -12,7 +12,7 @@ from fedssl.plan.dag import Dag
 from fedssl.plan.dvcfile import commit_ran
 from fedssl.plan.freshness import RAN_LOG, check_data, receipt, sync_receipts
 from fedssl.plan.layout import LOGS
-from fedssl.plan.record import write_records
+from fedssl.record import write_records
 
 PIPELINE = config.get("pipeline", "default")
 GPUS = int(config.get("gpus", 1))  # 0: run the training stages without asking for a GPU

@@ -35,8 +35,8 @@ from torchvision import transforms as T
 
 from fedssl import precision
 from fedssl.data.augment import BatchAugment, multi_view
+from fedssl.data.catalog import load_dataset
 from fedssl.data.partition import split_clients, stratified_subset
-from fedssl.data.sources import load_dataset
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
 from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
 from fedssl.losses import nt_xent
@@ -46,7 +46,7 @@ from fedssl.models.autoencoder import ClientAutoencoder, reconstruction_loss
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.params import AugmentParams, DirichletScheme
 from fedssl.presets import Presets
-from fedssl.stage import bound_kernel_cache, set_threads
+from fedssl.stagebase import bound_kernel_cache, set_threads
 
 
 # ----------------------------------------------------------------------------- conventional

@@ -50,8 +50,8 @@ PRESET = "fmnist_fedsimclr"
 
 def clients_of(images: int, clients: int, seed: int = 0) -> tuple[np.ndarray, list]:
     """The training split's images and ``clients`` equal IID shares of a stratified subset."""
+    from fedssl.data.catalog import load_dataset
     from fedssl.data.partition import stratified_subset
-    from fedssl.data.sources import load_dataset
 
     split = load_dataset("fashion_mnist")["train"]
     pool = stratified_subset(split.labels, images, seed)

@@ -30,7 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fedssl import precision
 from fedssl.hardware import cpu_summary
 from fedssl.presets import Presets
-from fedssl.stage import bound_kernel_cache
+from fedssl.stagebase import bound_kernel_cache
 
 SHAPE = (1, 28, 28)
 HERE = Path(__file__).resolve().parent

@@ -35,7 +35,7 @@ def child(seconds: float, setting: str) -> None:
     from step_limits import model_step, simclr_cnn
 
     from fedssl import precision
-    from fedssl.stage import bound_kernel_cache, set_threads
+    from fedssl.stagebase import bound_kernel_cache, set_threads
 
     bound_kernel_cache()
     set_threads()

@@ -35,7 +35,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from fedssl import stats
+from fedssl import evaluations, stats
+from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED
 from fedssl.plan.layout import owner_of, report_dir
 from fedssl.report_format import markdown_table, mean_sd, number, sd_note, to_float
 
@@ -45,30 +46,41 @@ SD = "sample"
 # and what the caption says of its machine (:func:`hardware`), one stage a line.
 RUNS_FILE = "stage_runs.json"
 MACHINE_KEYS = ("host", "cpu_count", "gpu", "torch", "torch_threads", "FEDSSL_THREADS")
+
+
+def _declared(table: str, label: str | None = None) -> dict[str, str]:
+    """The declared accuracies whose ``board`` is ``table``: column -> header (their label,
+    or ``label``)."""
+    return {m.key: label or m.label for m in evaluations.accuracies() if m.board == table}
+
+
 # The evaluations the board has a table for: name -> (heading, its accuracy columns: board
-# column -> header). A run belongs to the first evaluation it has a column of; a line's first
-# column it has is its accuracy (the one compared, plotted and ranked).
+# column -> header, the declared metrics of that table). A run belongs to the first evaluation
+# it has a column of; a line's first column it has is its accuracy (the one compared, plotted
+# and ranked): for the personalised table the mean over the last rounds, then the declared
+# final-round accuracy.
 EVALUATIONS = {
-    "ssl": (
-        "Self-supervised and supervised encoders, probed (top-1 %)",
-        {"linear_top1": "linear", "knn_top1": "k-NN", "finetune_top1": "fine-tune"},
-    ),
+    "ssl": ("Self-supervised and supervised encoders, probed (top-1 %)", _declared("ssl")),
     "personal": (
         "Personalised and clustered methods (top-1 %, each client's model on its own test split)",
-        {"personal_last": "personal", "personal_top1": "last round"},
+        {"personal_last": "personal"} | _declared("personal", "last round"),
     ),
 }
-# The costs beside the accuracies: board column -> header. Per client, averaged over clients,
-# then over seeds. `client_MB` is every byte a client sent or received (the costs stage's
-# ledger total, one-shot transfers included: MFCL's representation upload), `wall_s` comes
-# from the run records.
-COSTS = {
-    "client_MB": "MB / client",
-    "beta_GFLOPs": "GFLOPs / client",
-    "peak_step_MB": "peak MB / client",
-    "rounds": "rounds",
-    "wall_s": "wall s",
-}
+# The costs beside the accuracies (:func:`cost_columns`), per client, averaged over clients,
+# then over seeds: the client costs declared to stand beside the accuracies
+# (fedssl.evaluations.costs), then the rounds and the run's wall time (from the run records).
+# `client_MB_exchanged` is every byte a client sent or received (the costs stage's ledger
+# total, one-shot transfers included: MFCL's representation upload; else the rounds' traffic).
+MB = CLIENT_MB_EXCHANGED.key
+RUN_COSTS = {"rounds": "rounds", "wall_s": "wall s"}
+
+
+def cost_columns() -> dict[str, str]:
+    """The board's cost columns: column -> header."""
+    beside = {m.key: m.label for m in evaluations.client_costs() if m.beside}
+    return beside | RUN_COSTS
+
+
 # personal_lastK: the clients' mean personalised accuracy averaged over the last K rounds
 LAST_ROUNDS = re.compile(r"^personal_last(\d+)$")
 SEED = re.compile(r"_s(?:eed)?(\d+)$")
@@ -81,8 +93,8 @@ TARGET_MARGIN = 3.0  # SSL target: the untrained network's round-0 monitor accur
 # ------------------------------------------------------------------ the cells
 def client_mb(row: dict) -> float | None:
     """Every byte the average client sent or received, in MB: the costs stage's ledger total
-    (``client_MB_sent``, one-shot transfers included), else the rounds' up + down."""
-    total = to_float(row.get("client_MB_sent"))
+    (:data:`MB`, one-shot transfers included), else the rounds' up + down."""
+    total = to_float(row.get(MB))
     if total is not None:
         return total
     up, down = to_float(row.get("client_MB_up")), to_float(row.get("client_MB_down"))
@@ -91,11 +103,11 @@ def client_mb(row: dict) -> float | None:
 
 def board_values(row: dict, wall: dict[str, float]) -> dict[str, float]:
     """A report row's numbers in the board's columns (blanks left out)."""
-    values = {k: to_float(row.get(k)) for k in (*EVALUATIONS["ssl"][1], "personal_top1")}
+    values = {k: to_float(row.get(k)) for k in (*_declared("ssl"), *_declared("personal"))}
     last = [k for k in row if LAST_ROUNDS.match(k)]
     values["personal_last"] = to_float(row[last[0]]) if last else None
-    values |= {k: to_float(row.get(k)) for k in COSTS if k not in ("client_MB", "wall_s")}
-    values |= {"client_MB": client_mb(row), "wall_s": wall.get(row["experiment"])}
+    values |= {k: to_float(row.get(k)) for k in cost_columns() if k not in (MB, "wall_s")}
+    values |= {MB: client_mb(row), "wall_s": wall.get(row["experiment"])}
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -150,7 +162,7 @@ def accuracy_of(cell: dict) -> str | None:
 def is_reference(cell: dict) -> bool:
     """A line that exchanges nothing: the untrained network (random init) of an encoder, or
     the clients training alone (SOLO). Every other line of its encoder is read against it."""
-    return cell["values"].get("client_MB", [None]) and not any(cell["values"]["client_MB"])
+    return cell["values"].get(MB, [None]) and not any(cell["values"][MB])
 
 
 # ------------------------------------------------------------------ confidence
@@ -243,8 +255,8 @@ def run_curves(cell: dict, logs: dict[str, list[dict]]) -> list[list[tuple]]:
         traffic = [
             (to_float(r.get("bytes_up")) or 0) + (to_float(r.get("bytes_down")) or 0) for r in rows
         ]
-        total_mb = _nth(cell["values"].get("client_MB"), i)
-        gflops = _nth(cell["values"].get("beta_GFLOPs"), i)
+        total_mb = _nth(cell["values"].get(MB), i)
+        gflops = _nth(cell["values"].get(CLIENT_GFLOPS.key), i)
         run_s = _nth(cell["values"].get("wall_s"), i)
         sent, seconds, points = 0.0, 0.0, []
         for r, b in zip(rows, traffic):
@@ -348,7 +360,8 @@ def table(evaluation: str, cell_list: list[dict], machine: str) -> str:
     heading, accuracies = EVALUATIONS[evaluation]
     mine = [c for c in cell_list if c["evaluation"] == evaluation]
     shown = [c for c in accuracies if any(c in cell["values"] for cell in mine)]
-    costs = [c for c in COSTS if any(c in cell["values"] for cell in mine)]
+    headers = cost_columns()
+    costs = [c for c in headers if any(c in cell["values"] for cell in mine)]
     targets = any(c.get("to_target") for c in mine)
     lines = []
     for cell in mine:
@@ -371,14 +384,16 @@ def table(evaluation: str, cell_list: list[dict], machine: str) -> str:
         f"(Student's t){words}; vs best / vs reference: the difference in points from the "
         "partition's best line / from the line of the same encoder that exchanges nothing "
         "(the untrained network; SOLO), a paired t-test over seeds, p Holm-adjusted over the "
-        "partition's comparisons, 'not separable' at p ≥ 0.05; MB / client = every byte a "
-        "client sent or received (the ledger, one-shot transfers included); costs are means "
+        "partition's comparisons, 'not separable' at p ≥ 0.05; MB sent + received: every byte "
+        "the ledger counted, one-shot transfers included; costs are means "
         "per client and run (blank: the method has no costs stage); wall s = the run's own "
         f"stages (a stage shared by several runs counts in each); hardware: {machine}"
     )
     header = ["method", "encoder", "partition", "runs", accuracies[shown[0]], "95 % CI"]
     header += ["vs best", "vs reference"] + [accuracies[c] for c in shown[1:]]
-    header += [COSTS[c] for c in costs] + (["rounds to target", "MB to target"] if targets else [])
+    header += [headers[c] for c in costs] + (
+        ["rounds to target", "MB to target"] if targets else []
+    )
     return markdown_table(header, lines, caption)
 
 
@@ -543,13 +558,15 @@ def _distinct_levels(marks: list[tuple[str, float]]) -> list[tuple[str, float]]:
     ]
 
 
+# A point's field -> (its axis label, the panel's word): its round, the run's wall minutes,
+# the client's MB and GFLOPs by that round (the declared costs' labels, on log scales).
+COST_AXES = (CLIENT_MB_EXCHANGED.label, CLIENT_GFLOPS.label)
 OVER_RUN_AXES = {
     0: ("round", "rounds"),
     4: ("wall minutes", "wall time"),
-    2: ("MB / client", "MB"),
-    3: ("GFLOPs / client", "FLOPs"),
+    2: (COST_AXES[0], "MB"),
+    3: (COST_AXES[1], "FLOPs"),
 }
-COST_AXES = ("MB / client", "GFLOPs / client")  # drawn on log scales
 
 
 def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path) -> bool:
@@ -594,7 +611,7 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path
 
 # ------------------------------------------------------------------ run records
 def run_records(dag, kept: dict | None = None) -> tuple[dict[str, float], list[dict], float]:
-    """From the stages' run records (:func:`fedssl.stage.run_record`): wall seconds per
+    """From the stages' run records (:func:`fedssl.stagebase.run_record`): wall seconds per
     experiment (its own stages, shared ones counted in each), every record, and the
     pipeline's total (each stage once). ``kept`` (stage -> record, from the board's
     committed :data:`RUNS_FILE`) fills in the stages this workspace has not run: a board
@@ -648,13 +665,10 @@ def write_board(
     rounds_to_target(cell_list, logs or {})
     tables = tables_text(cell_list, hardware(records), total, pending, failed)
     folder.mkdir(parents=True, exist_ok=True)
-    plot(
-        cell_list,
-        "client_MB",
-        "MB / client (every byte sent or received)",
-        folder / "board_accuracy_vs_MB.png",
-    )
-    plot(cell_list, "beta_GFLOPs", COSTS["beta_GFLOPs"], folder / "board_accuracy_vs_GFLOPs.png")
+    headers = cost_columns()
+    plot(cell_list, MB, headers[MB], folder / "board_accuracy_vs_MB.png")
+    gflops = CLIENT_GFLOPS.key
+    plot(cell_list, gflops, headers[gflops], folder / "board_accuracy_vs_GFLOPs.png")
     drawn = [f for f in FIGURES if f.startswith("board_accuracy_vs")]
     over_run = folder / "board_accuracy_over_run.png"
     if plot_over_run(cell_list, logs or {}, over_run):

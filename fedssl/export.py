@@ -121,27 +121,13 @@ def card(ctx: StageContext, experiment: str, encoder, weights: Path) -> dict:
 
     method, params = ctx.method, ctx.presets.load("experiment", experiment)
     shape = [int(d) for d in ctx.image_shape]
-    with torch.no_grad():
-        dim = int(encoder(torch.zeros(1, *shape)).shape[-1])
-    part = ctx.partition
-    trained = {
-        n: json.loads((Path(stage["out"]) / "meta.json").read_text())
-        for n, stage in ctx.record["inputs"].items()
-    }
     return {
         "format": FORMAT,
         "experiment": experiment,
         "title": params.title,
         "method": method.name,
         "label": method.row_label(params.method) or params.title,
-        "architecture": {
-            "module": f"{type(encoder).__module__}.{type(encoder).__qualname__}",
-            "input": f"float images in [0, 1], shape [N, {', '.join(map(str, shape))}]",
-            "output": f"features, shape [N, {dim}]",
-            "feature_dim": dim,
-            "layer": params.features.layer,
-            "parameters": sum(p.numel() for p in encoder.parameters()),
-        },
+        "architecture": _architecture(encoder, shape, params.features.layer),
         "builder": {
             "function": method.encoder_builder,
             "params": params.method.model_dump(mode="json"),
@@ -153,21 +139,9 @@ def card(ctx: StageContext, experiment: str, encoder, weights: Path) -> dict:
             "sha256": _sha256(weights),
             "tensors": len(encoder.state_dict()),
         },
-        "data": {
-            "dataset": part.dataset,
-            "dataset_params": ctx.presets.load("dataset", part.dataset).model_dump(mode="json"),
-            "partition": params.partition,
-            "partition_params": part.model_dump(mode="json"),
-        },
+        "data": _training_data(ctx, params.partition),
         "params": params.model_dump(mode="json"),
-        "trained_by": {
-            n: {
-                "fingerprint": m.get("fingerprint"),
-                "output_digest": m.get("output_digest"),
-                "precision": m.get("precision"),
-            }
-            for n, m in trained.items()
-        },
+        "trained_by": _trained_by(ctx),
         "features_precision": _features_precision(ctx),
         "metrics": _metrics(ctx, experiment),
         "code": {
@@ -176,6 +150,49 @@ def card(ctx: StageContext, experiment: str, encoder, weights: Path) -> dict:
             "fedssl": _package_version("fedssl"),
             "safetensors": _package_version("safetensors"),
         },
+    }
+
+
+def _architecture(encoder, shape: list[int], layer: str) -> dict:
+    """The encoder's class, input and output (its feature size measured on a zero image)."""
+    import torch
+
+    with torch.no_grad():
+        dim = int(encoder(torch.zeros(1, *shape)).shape[-1])
+    return {
+        "module": f"{type(encoder).__module__}.{type(encoder).__qualname__}",
+        "input": f"float images in [0, 1], shape [N, {', '.join(map(str, shape))}]",
+        "output": f"features, shape [N, {dim}]",
+        "feature_dim": dim,
+        "layer": layer,
+        "parameters": sum(p.numel() for p in encoder.parameters()),
+    }
+
+
+def _training_data(ctx: StageContext, partition: str) -> dict:
+    """The data set and partition the encoder was trained on, with their params."""
+    part = ctx.partition
+    return {
+        "dataset": part.dataset,
+        "dataset_params": ctx.presets.load("dataset", part.dataset).model_dump(mode="json"),
+        "partition": partition,
+        "partition_params": part.model_dump(mode="json"),
+    }
+
+
+def _trained_by(ctx: StageContext) -> dict:
+    """Per training stage the card was made from: what identifies its output, and its precision."""
+    trained = {
+        n: json.loads((Path(stage["out"]) / "meta.json").read_text())
+        for n, stage in ctx.record["inputs"].items()
+    }
+    return {
+        n: {
+            "fingerprint": m.get("fingerprint"),
+            "output_digest": m.get("output_digest"),
+            "precision": m.get("precision"),
+        }
+        for n, m in trained.items()
     }
 
 
@@ -229,11 +246,7 @@ def _sha256(path: Path) -> str:
 # ---------------------------------------------------------------------------- model card
 def model_card(info: dict) -> str:
     """The JSON card as a Markdown page for people (``MODEL_CARD.md``)."""
-    arch, data, params = info["architecture"], info["data"], info["params"]
-    method = params["method"]
-    trained = "; ".join(
-        f"`{n}` in {m['precision']}" for n, m in info["trained_by"].items() if m.get("precision")
-    )
+    arch = info["architecture"]
     lines = [
         f"# {info['label']}: encoder of `{info['experiment']}`",
         "",
@@ -250,6 +263,28 @@ def model_card(info: dict) -> str:
         "- uint8 pixels divided by 255 and nothing else (no mean/std normalisation, no "
         "resize), at the data set's own size; the probes feed the test images unaugmented",
         "",
+        *_training_lines(info),
+        "",
+        "## Probe metrics",
+        *_metric_lines(info.get("metrics") or {}),
+        "",
+        "## Files and loading",
+        f"- `{PROGRAM}`: with torch alone, `encoder = torch.export.load('{PROGRAM}').module()`",
+        f"- `{info['weights']['file']}` (sha256 `{info['weights']['sha256']}`) and `{CARD}`: "
+        "with fedssl, `fedssl.export.load_encoder(folder)`",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _training_lines(info: dict) -> list[str]:
+    """The model card's sections on the training data, the method and the precision used."""
+    data, params = info["data"], info["params"]
+    method = params["method"]
+    trained = "; ".join(
+        f"`{n}` in {m['precision']}" for n, m in info["trained_by"].items() if m.get("precision")
+    )
+    return [
         "## Training data and partition",
         f"- data set `{data['dataset']}`: "
         + ", ".join(f"{k} {v}" for k, v in data["dataset_params"].items()),
@@ -268,25 +303,15 @@ def model_card(info: dict) -> str:
         "## Precision actually used",
         f"- training: {trained or 'fp32 (no device stage recorded one)'}",
         f"- features for the probes: {info.get('features_precision') or 'not computed yet'}",
-        "",
-        "## Probe metrics",
     ]
-    metrics = info.get("metrics") or {}
+
+
+def _metric_lines(metrics: dict) -> list[str]:
+    """The numeric probe metrics as a table, or a line saying there are none yet."""
     numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
-    if numbers:
-        lines += ["| metric | value |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in numbers.items()]
-    else:
-        lines.append("not evaluated yet (run the experiment's `evaluate` stage)")
-    lines += [
-        "",
-        "## Files and loading",
-        f"- `{PROGRAM}`: with torch alone, `encoder = torch.export.load('{PROGRAM}').module()`",
-        f"- `{info['weights']['file']}` (sha256 `{info['weights']['sha256']}`) and `{CARD}`: "
-        "with fedssl, `fedssl.export.load_encoder(folder)`",
-        "",
-    ]
-    return "\n".join(lines)
+    if not numbers:
+        return ["not evaluated yet (run the experiment's `evaluate` stage)"]
+    return ["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in numbers.items()]
 
 
 def _brief(value) -> str:

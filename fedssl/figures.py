@@ -115,6 +115,52 @@ def _label(ax, xs, ys, texts, fontsize=6) -> None:
         )
 
 
+def _levels(ax, marks: Iterable[tuple[str, float]]) -> None:
+    """Labelled dotted levels across a panel (a target, an untrained network's accuracy)."""
+    for label, y in marks:
+        ax.axhline(y, color="0.4", ls=":", lw=1)
+        ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=6,
+                    color="0.3", va="bottom")  # fmt: skip
+
+
+def _cost_panel(ax, points: list[dict], colours: dict, numbered: dict[str, int]) -> None:
+    """One partition's points with their error bars, the Pareto front as a step line, and
+    the labels: a name on the front, a number (shared by all panels: ``numbered``) off it."""
+    for p in points:
+        ax.errorbar(
+            p["x"], p["y"], yerr=p.get("err") or 0, marker="o", ms=4, capsize=2,
+            linestyle="none", color=colours[p["group"]],
+        )  # fmt: skip
+    front = pareto_front([(p["x"], p["y"]) for p in points])
+    if front:
+        xs = [points[i]["x"] for i in front]
+        ax.step(xs, [points[i]["y"] for i in front], where="post", color="k", lw=0.8,
+                alpha=0.6, label="Pareto front")  # fmt: skip
+    texts = []
+    for i, p in enumerate(points):
+        if i in front:
+            texts.append(p["label"])
+        else:
+            texts.append(str(numbered.setdefault(p["label"], len(numbered) + 1)))
+    _label(ax, [p["x"] for p in points], [p["y"] for p in points], texts)
+
+
+def _cost_key(plt, fig, colours: dict, numbered: dict[str, int]) -> None:
+    """The key under the panels: a colour per group, the front, and the numbered lines."""
+    key = "   ".join(f"{n}: {label}" for label, n in numbered.items())
+    handles = [
+        plt.Line2D([], [], marker="o", ls="none", color=c, label=g) for g, c in colours.items()
+    ]
+    handles.append(plt.Line2D([], [], color="k", lw=0.8, label="Pareto front (labelled)"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7,
+               frameon=False, bbox_to_anchor=(0.5, 0.0))  # fmt: skip
+    if key:
+        import textwrap
+
+        fig.text(0.01, 0.045, "\n".join(textwrap.wrap("Off the front: " + key, 230)), fontsize=6,
+                 va="bottom")  # fmt: skip
+
+
 def accuracy_vs_cost(
     panels: dict[str, list[dict]],
     xlabel: str,
@@ -138,27 +184,8 @@ def accuracy_vs_cost(
     numbered: dict[str, int] = {}  # lines off the front: number -> name, shared by all panels
     for ax, name in zip(axes.flat, names):
         points = [p for p in panels[name] if p["x"] is not None and p["x"] > 0]
-        for p in points:
-            ax.errorbar(
-                p["x"], p["y"], yerr=p.get("err") or 0, marker="o", ms=4, capsize=2,
-                linestyle="none", color=colours[p["group"]],
-            )  # fmt: skip
-        front = pareto_front([(p["x"], p["y"]) for p in points])
-        if front:
-            xs = [points[i]["x"] for i in front]
-            ax.step(xs, [points[i]["y"] for i in front], where="post", color="k", lw=0.8,
-                    alpha=0.6, label="Pareto front")  # fmt: skip
-        texts = []
-        for i, p in enumerate(points):
-            if i in front:
-                texts.append(p["label"])
-            else:
-                texts.append(str(numbered.setdefault(p["label"], len(numbered) + 1)))
-        _label(ax, [p["x"] for p in points], [p["y"] for p in points], texts)
-        for ref in (references or {}).get(name, []):
-            ax.axhline(ref["y"], color="0.4", ls=":", lw=1)
-            ax.annotate(ref["label"], (0.01, ref["y"]), xycoords=("axes fraction", "data"),
-                        fontsize=6, color="0.3", va="bottom")  # fmt: skip
+        _cost_panel(ax, points, colours, numbered)
+        _levels(ax, [(ref["label"], ref["y"]) for ref in (references or {}).get(name, [])])
         log_axis(ax)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
@@ -167,23 +194,90 @@ def accuracy_vs_cost(
         ax.grid(alpha=0.3, which="both")
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
-    key = "   ".join(f"{n}: {label}" for label, n in numbered.items())
-    handles = [
-        plt.Line2D([], [], marker="o", ls="none", color=c, label=g) for g, c in colours.items()
-    ]
-    handles.append(plt.Line2D([], [], color="k", lw=0.8, label="Pareto front (labelled)"))
-    fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7,
-               frameon=False, bbox_to_anchor=(0.5, 0.0))  # fmt: skip
-    if key:
-        import textwrap
-
-        fig.text(0.01, 0.045, "\n".join(textwrap.wrap("Off the front: " + key, 230)), fontsize=6,
-                 va="bottom")  # fmt: skip
+    _cost_key(plt, fig, colours, numbered)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.1, 1, 0.97 if title else 1))
     save_figure(fig, path, dpi=90)
     plt.close(fig)
+
+
+def _curves(ax, lines: dict, colours: dict, is_loss: bool, name: str, gone: list[str]):
+    """Draw one panel's lines (median and band over the runs that did not diverge); returns
+    the values drawn (they set the scale) and the diverged runs' last finite points, and
+    appends those runs' names to ``gone``."""
+    kept_values, ends = [], []
+    for line, runs in lines.items():
+        steps = max(len(y) for _, y in runs)
+        good = [(x, y) for x, y in runs if not diverged(y, steps, is_loss)]
+        for i, (x, y) in enumerate(runs):
+            if (x, y) not in good:
+                finite = [(a, b) for a, b in zip(x, y) if math.isfinite(b)]
+                ends.append(finite[-1] if finite else (x[0], math.nan))
+                gone.append(f"{name} / {line} #{i}")
+        if not good:
+            continue
+        xs = min((x for x, _ in good), key=len)
+        median, low, high = band([y for _, y in good])
+        xs = xs[: len(median)]
+        ax.plot(xs, median, color=colours[line], lw=1.2, marker="." if len(xs) < 12 else None)
+        if len(good) > 1:
+            ax.fill_between(xs, low, high, color=colours[line], alpha=0.2, lw=0)
+        kept_values += [v for _, y in good for v in y]
+    return kept_values, ends
+
+
+def _diverged_ends(ax, ends: list[tuple[float, float]], limits) -> None:
+    """A red ``x`` at each diverged run's last finite point, pinned to the panel's top (and
+    labelled with its value) when beyond it, so it never sets the scale."""
+    for x, y in ends:
+        if math.isnan(y):
+            continue
+        top = limits[1] if limits else y
+        shown = min(y, top)
+        ax.plot([x], [shown], marker="x", color="red", ms=7, mew=2, clip_on=False)
+        if y > top:
+            ax.annotate(f"diverged ({y:.2g})", (x, shown), fontsize=6, color="red",
+                        ha="right", va="top")  # fmt: skip
+
+
+def _curve_panel(
+    ax, name: str, lines: dict, colours: dict, gone: list[str], *, is_loss: bool, log: bool,
+    marks: list[tuple[str, float]], xlabel: str, ylabel: str,
+) -> None:  # fmt: skip
+    """One panel of :func:`learning_curves`: its lines, levels and diverged runs, scaled to
+    what did not diverge."""
+    from matplotlib.ticker import MaxNLocator
+
+    kept_values, ends = _curves(ax, lines, colours, is_loss, name, gone)
+    limits = robust_limits(kept_values + [y for _, y in marks])
+    _levels(ax, marks)
+    if limits:
+        ax.set_ylim(*limits)
+    xs_all = {x for runs in lines.values() for xs, _ in runs for x in xs}
+    if len(xs_all) == 1 and not log:  # one round: a point, not a scale of 0.1
+        ax.set_xlim(min(xs_all) - 1, min(xs_all) + 1)
+    _diverged_ends(ax, ends, limits)
+    if log:
+        log_axis(ax)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(name, fontsize=8)
+    ax.set_xlabel(xlabel, fontsize=7)
+    ax.set_ylabel(ylabel, fontsize=7)
+    ax.tick_params(labelsize=6)
+    ax.grid(alpha=0.3)
+
+
+def _curve_key(plt, fig, colours: dict, diverged_runs: bool) -> int:
+    """The key under the panels (a colour per line, the diverged-run mark if any); returns
+    how many lines of text it takes."""
+    handles = [plt.Line2D([], [], color=c, lw=2, label=line) for line, c in colours.items()]
+    if diverged_runs:
+        handles.append(plt.Line2D([], [], marker="x", color="red", ls="none", label="diverged run"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), fontsize=7,
+               frameon=False)  # fmt: skip
+    return math.ceil(len(handles) / min(5, len(handles)))
 
 
 def learning_curves(
@@ -206,8 +300,6 @@ def learning_curves(
     cost (log-scaled); ``levels``: per panel, labelled dotted levels (a target, a
     reference). Returns the diverged runs as ``panel / line #i``."""
     plt = _pyplot()
-    from matplotlib.ticker import MaxNLocator
-
     names = list(panels)
     loss_panels, log_x = set(loss_panels), set(log_x)
     rows, cols = grid_shape(len(names), columns)
@@ -217,66 +309,22 @@ def learning_curves(
     colours = colours_for(plt, lines_all)
     gone = []
     for ax, name in zip(axes.flat, names):
-        kept_values, ends = [], []
-        for line, runs in panels[name].items():
-            steps = max(len(y) for _, y in runs)
-            good = [(x, y) for x, y in runs if not diverged(y, steps, name in loss_panels)]
-            for i, (x, y) in enumerate(runs):
-                if (x, y) not in good:
-                    finite = [(a, b) for a, b in zip(x, y) if math.isfinite(b)]
-                    ends.append(finite[-1] if finite else (x[0], math.nan))
-                    gone.append(f"{name} / {line} #{i}")
-            if not good:
-                continue
-            xs = min((x for x, _ in good), key=len)
-            median, low, high = band([y for _, y in good])
-            xs = xs[: len(median)]
-            ax.plot(xs, median, color=colours[line], lw=1.2, marker="." if len(xs) < 12 else None)
-            if len(good) > 1:
-                ax.fill_between(xs, low, high, color=colours[line], alpha=0.2, lw=0)
-            kept_values += [v for _, y in good for v in y]
-        marks = (levels or {}).get(name, [])
-        limits = robust_limits(kept_values + [y for _, y in marks])
-        for label, y in marks:
-            ax.axhline(y, color="0.4", ls=":", lw=1)
-            ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=6,
-                        color="0.3", va="bottom")  # fmt: skip
-        if limits:
-            ax.set_ylim(*limits)
-        xs_all = {x for runs in panels[name].values() for xs, _ in runs for x in xs}
-        if len(xs_all) == 1 and name not in log_x:  # one round: a point, not a scale of 0.1
-            ax.set_xlim(min(xs_all) - 1, min(xs_all) + 1)
-        for x, y in ends:
-            if math.isnan(y):
-                continue
-            top = limits[1] if limits else y
-            shown = min(y, top)
-            ax.plot([x], [shown], marker="x", color="red", ms=7, mew=2, clip_on=False)
-            if y > top:
-                ax.annotate(f"diverged ({y:.2g})", (x, shown), fontsize=6, color="red",
-                            ha="right", va="top")  # fmt: skip
-        if name in log_x:
-            log_axis(ax)
-        else:
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(name, fontsize=8)
-        ax.set_xlabel(xlabel if isinstance(xlabel, str) else xlabel.get(name, ""), fontsize=7)
-        ax.set_ylabel(ylabels.get(name, ""), fontsize=7)
-        ax.tick_params(labelsize=6)
-        ax.grid(alpha=0.3)
+        _curve_panel(
+            ax, name, panels[name], colours, gone,
+            is_loss=name in loss_panels,
+            log=name in log_x,
+            marks=(levels or {}).get(name, []),
+            xlabel=xlabel if isinstance(xlabel, str) else xlabel.get(name, ""),
+            ylabel=ylabels.get(name, ""),
+        )  # fmt: skip
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
-    handles = [plt.Line2D([], [], color=c, lw=2, label=line) for line, c in colours.items()]
-    if gone:
-        handles.append(plt.Line2D([], [], marker="x", color="red", ls="none", label="diverged run"))
-    fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), fontsize=7,
-               frameon=False)  # fmt: skip
+    key_rows = _curve_key(plt, fig, colours, bool(gone))
     fig.suptitle(
         (title + "\n" if title else "") + "median over seeds, band = min to max",
         fontsize=9,
     )
     height = 2.7 * rows + 0.6
-    key_rows = math.ceil(len(handles) / min(5, len(handles)))  # the key's lines under the panels
     fig.tight_layout(rect=(0, (0.2 + 0.16 * key_rows) / height, 1, 1 - 0.35 / height))
     save_figure(fig, path, dpi=80)
     plt.close(fig)

@@ -35,6 +35,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from fedssl.data.catalog import datasets
+from fedssl.record import ParamsError
 
 NAME_PATTERN = r"^[a-z0-9_]+$"  # preset names become stage names in Snakemake and DVC
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -159,10 +160,6 @@ class FedProxChoice(Strict):
 
 
 StrategyChoice = Annotated[FedAvgChoice | FedProxChoice, Field(discriminator="kind")]
-
-
-class ParamsError(ValueError):
-    """A params file that cannot be used; the message names the file and the field."""
 
 
 # --------------------------------------------------------------------------- data sets

@@ -3,8 +3,10 @@ device runs under and whether convolution models and image batches go channels-l
 
 The setting (:data:`fedssl.params.PrecisionSetting`) is each experiment's ``precision``; a stage
 runs its body inside :func:`policy` with it, and the library's forward passes ask
-:func:`autocast` / :func:`channels_last` without naming it. Outside any stage the setting is
-``auto``.
+:func:`under_policy` / :func:`channels_last` without naming it. Outside any stage the setting is
+``auto``. :func:`under_policy` is the one place autocast is applied: local training reaches it
+through :func:`fedssl.fl.cohort.forward`, the probes, fine-tuning and a method's own loops call
+it; no method names autocast (``tests/fl/test_precision.py`` scans for it).
 
 * ``auto``: bf16 autocast and channels-last where the device computes bf16 natively (CUDA; a
   CPU with AVX-512 BF16 or AMX, detected once), plain fp32 elsewhere;
@@ -15,15 +17,17 @@ runs its body inside :func:`policy` with it, and the library's forward passes as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 from functools import cache
-from typing import get_args
+from typing import TypeVar, get_args
 
 import torch
 
 from fedssl.params import PrecisionSetting
 
 SETTINGS = get_args(PrecisionSetting)
+T = TypeVar("T")
 _active: PrecisionSetting = "auto"  # the running stage's setting (see policy())
 
 
@@ -35,7 +39,7 @@ def _check(setting: str) -> PrecisionSetting:
 
 @contextmanager
 def policy(setting: PrecisionSetting):
-    """Run the block under ``setting``: every :func:`autocast` and :func:`channels_last` that
+    """Run the block under ``setting``: every :func:`under_policy` and :func:`channels_last` that
     names no setting of its own follows it."""
     global _active
     before, _active = _active, _check(setting)
@@ -87,12 +91,19 @@ def autocast_dtype(
     return None
 
 
-def autocast(where: torch.device | torch.Tensor | str, precision: PrecisionSetting | None = None):
-    """The autocast context of the policy: ``with autocast(x): out = model(x)``. Disabled (a
-    no-op) where the policy says fp32."""
+def under_policy(
+    where: torch.device | torch.Tensor | str, fn: Callable[..., T], *args, **kwargs
+) -> T:
+    """``fn(*args, **kwargs)`` computed under the active policy on ``where`` (a device, or a
+    tensor on it): inside bf16 autocast where the policy says bf16, in plain fp32 otherwise (a
+    disabled autocast: the fp32 code path bit for bit). Results come back as computed (bf16
+    where autocast made them so). One call is one autocast region: forwards that share weights
+    in one region share their bf16 weight casts, and their gradients sum in bf16 there, so a
+    call keeps together what must stay bit for bit as it ran."""
     device = _device(where)
-    dtype = autocast_dtype(device, precision)
-    return torch.autocast(device.type, dtype or torch.bfloat16, enabled=dtype is not None)
+    dtype = autocast_dtype(device)
+    with torch.autocast(device.type, dtype or torch.bfloat16, enabled=dtype is not None):
+        return fn(*args, **kwargs)
 
 
 def channels_last(

@@ -21,14 +21,13 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from fedssl import params as P
 from fedssl.data.catalog import dataset_spec
+from fedssl.record import ParamsError, lookup, read_yaml
 
 PARAMS_DIR = Path("params")
 # a YAML file of command-line overrides (`fedssl run ... key=value`): experiment -> settings
@@ -40,7 +39,6 @@ PIPELINES_FILE = "pipelines.yaml"
 KINDS = {"dataset": "datasets", "partition": "partitions", "experiment": "experiments"}
 GRID_SECTIONS = {"partition": "partitions", "experiment": "experiments"}
 EXPERIMENT_MODEL = "fedssl.experiment"
-ParamsError = P.ParamsError
 
 
 def model_of(kind: str) -> type[BaseModel]:
@@ -50,58 +48,6 @@ def model_of(kind: str) -> type[BaseModel]:
     if kind in ("dataset", "partition"):
         return {"dataset": P.DatasetParams, "partition": P.PartitionParams}[kind]
     return importlib.import_module(EXPERIMENT_MODEL).experiment_model()
-
-
-# ---------------------------------------------------------------------------- YAML
-def read_yaml(path: Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ParamsError(f"{path}: no such params file")
-    stat = path.stat()
-    return _read_yaml(str(path), stat.st_mtime_ns, stat.st_size)
-
-
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when built with it
-
-
-class _UniqueKeysLoader(SAFE_LOADER):
-    """The safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one
-    silently; DVC refuses such a file: the front ends would disagree)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while reading a mapping",
-                    node.start_mark,
-                    f"found the key {key!r} twice (keep one)",
-                    key_node.start_mark,
-                )
-            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
-        return super().construct_mapping(node, deep)
-
-
-def _safe_yaml(text: str):
-    """``yaml.safe_load``, with libyaml's safe loader when PyYAML was built with it, refusing
-    duplicate keys."""
-    loader = _UniqueKeysLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
-@cache
-def _read_yaml(path: str, _mtime: int, _size: int) -> dict:
-    try:
-        raw = _safe_yaml(Path(path).read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ParamsError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ParamsError(f"{path}: expected a mapping of settings at the top level")
-    return raw
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -114,15 +60,6 @@ def deep_merge(base: dict, override: dict) -> dict:
             else value
         )
     return out
-
-
-def lookup(tree, dotted: str):
-    """The value at a dotted key of a nested mapping; KeyError when absent."""
-    for part in dotted.split(".") if dotted else []:
-        if not isinstance(tree, dict) or part not in tree:
-            raise KeyError(dotted)
-        tree = tree[part]
-    return tree
 
 
 def has_key(tree, dotted: str) -> bool:
@@ -384,15 +321,6 @@ def command_line_overrides() -> dict[str, dict]:
     return read_yaml(Path(path)) if path else {}
 
 
-def raw_values(entries: dict) -> dict:
-    """The raw values a stage's DVC params entries point at (what both front ends compare)."""
-    values = {}
-    for file, keys in entries.items():
-        raw = read_yaml(Path(file))
-        values[file] = raw if keys is None else {k: lookup(raw, k) for k in keys}
-    return values
-
-
 def train_size_of(dataset: P.DatasetParams, prepared: Path) -> int | None:
     """The training samples of a data set as far as planning knows them cheaply: its raw
     files' headers where the format has one (Fashion-MNIST's idx), else the count of its
@@ -400,7 +328,7 @@ def train_size_of(dataset: P.DatasetParams, prepared: Path) -> int | None:
     read)."""
     from fedssl.data.sources import raw_train_size
 
-    size = raw_train_size(dataset.name, dataset.data_root)
+    size = raw_train_size(dataset.name, dataset.data_root or dataset_spec(dataset.name).root)
     if size is None:
         try:
             summary = json.loads((Path(prepared) / "dataset.json").read_text())

@@ -25,33 +25,11 @@ from fedssl.plan.layout import LOGS, ReportRow
 from fedssl.readme_facts import fill_facts
 from fedssl.report_format import markdown_table, number, pivot_markdown, save_figure, to_float
 
-COLUMNS = [
-    "experiment",
-    "title",
-    "partition",
-    "method",
-    "arch",
-    "precision",
-    "rounds",
-    "linear_top1",
-    "knn_top1",
-    "client_MB_up",
-    "client_MB_down",
-    "parameters",
-    "alpha_bits",
-    "client_MB_sent",
-    "beta_GFLOPs",
-    "gamma_eq6_MB",
-    "peak_step_MB",
-    "row",
-    "column",
-]
-# The costs beside a pivot (blank for methods without a costs stage): header -> column.
-PIVOT_COSTS = {
-    "MB sent / client": "client_MB_sent",
-    "GFLOPs / client": "beta_GFLOPs",
-    "peak step MB": "peak_step_MB",
-}
+# The full table's fixed columns: the declared accuracies (fedssl.evaluations) come after the
+# first part, the declared client costs after the second.
+COLUMNS_HEAD = ["experiment", "title", "partition", "method", "arch", "precision", "rounds"]
+COLUMNS_TRAFFIC = ["client_MB_up", "client_MB_down", "parameters"]
+COLUMNS_TAIL = ["row", "column"]
 # The short table of runs: column -> its header (a column shows when some run has it); the
 # declared metrics (fedssl.evaluations) come between the first three and the rest.
 RUN_COLUMNS = {
@@ -64,20 +42,35 @@ RUN_COLUMNS = {
     "precision": "precision",
 }
 TEXT_COLUMNS = ("experiment", "row", "column", "precision")
-# Mean per-client costs (the `costs` stage; blank for methods without one): column -> (the
-# costs file's key, scale to the column's unit).
-COST_COLUMNS = {
-    "alpha_bits": ("mean_alpha_bits_paper", 1.0),
-    "client_MB_sent": ("mean_bytes_actual", 1e-6),
-    "beta_GFLOPs": ("mean_beta_flops", 1e-9),
-    "gamma_eq6_MB": ("mean_gamma_eq6_bytes", 1e-6),
-    "peak_step_MB": ("mean_peak_step_bytes", 1e-6),
+# Report columns renamed since a committed report.json was written: old -> new (the client
+# costs took generic names; a paper's own symbols head only its plugin's tables).
+RENAMED = {
+    "alpha_bits": "paper_bits",
+    "client_MB_sent": "client_MB_exchanged",
+    "beta_GFLOPs": "client_GFLOPs",
+    "gamma_eq6_MB": "paper_memory_MB",
 }
 
 
+def full_columns() -> list[str]:
+    """The full table's fixed columns, the declared metrics among them."""
+    accuracies = [m.key for m in evaluations.accuracies()]
+    costs = [m.key for m in evaluations.client_costs()]
+    return COLUMNS_HEAD + accuracies + COLUMNS_TRAFFIC + costs + COLUMNS_TAIL
+
+
+def pivot_costs() -> dict[str, str]:
+    """The mean per-client costs beside a pivot (blank for methods without a costs stage):
+    header -> column."""
+    return {m.label: m.key for m in evaluations.client_costs() if m.beside}
+
+
+def _files(metrics_files: Path | list[Path]) -> list[Path]:
+    return [metrics_files] if isinstance(metrics_files, Path) else metrics_files
+
+
 def _precision(step_metas: list[dict], metrics_files: Path | list[Path]) -> str:
-    files = [metrics_files] if isinstance(metrics_files, Path) else metrics_files
-    evaluations = [Path(f).parent / "meta.json" for f in files]
+    evaluations = [Path(f).parent / "meta.json" for f in _files(metrics_files)]
     metas = step_metas + [json.loads(m.read_text()) for m in evaluations if m.exists()]
     return "/".join(dict.fromkeys(m["precision"] for m in metas if "precision" in m))
 
@@ -93,20 +86,13 @@ def experiment_row(
     """One experiment's row: its evaluation metrics (every metrics file of its stages: probes,
     fine-tuning, ...), rounds, parameters and final losses of its method's steps,
     the metrics the steps wrote (a ``metrics.json`` in a step's output), the per-client
-    traffic they logged, and its per-client costs (:data:`COST_COLUMNS`, then any other mean a
-    method's costs stage reports, under its own name without ``mean_``)."""
+    traffic they logged, and its per-client costs (the declared client costs, then any other
+    mean a method's costs stage reports, under its own name without ``mean_``)."""
     metrics = {}
-    for f in [metrics_files] if isinstance(metrics_files, Path) else metrics_files:
+    for f in _files(metrics_files):
         metrics.update(json.loads(Path(f).read_text()))
     metas = [json.loads((d / "meta.json").read_text()) for d in step_dirs]
-    up = down = 0.0
-    per_round: dict[str, float] = {}  # one client's traffic in one round it took part in
-    for d in step_dirs:
-        if (d / "communication.json").exists():
-            per_client = json.loads((d / "communication.json").read_text())["per_client"]
-            up += sum(c["bytes_up"] for c in per_client) / len(per_client) / 1e6
-            down += sum(c["bytes_down"] for c in per_client) / len(per_client) / 1e6
-            per_round.update(_per_round_traffic(per_client))
+    up, down, per_round = _mean_traffic(step_dirs)
     losses = {
         f"{d.name}_final_loss": _final_loss(m)
         for d, m in zip(step_dirs, metas)
@@ -134,16 +120,37 @@ def experiment_row(
         **per_round,
         "parameters": next((m["parameters"] for m in metas if "parameters" in m), ""),
     }
+    _add_client_costs(row, costs_dir)
+    return row
+
+
+def _mean_traffic(step_dirs: list[Path]) -> tuple[float, float, dict[str, float]]:
+    """MB a client sends and receives over the steps (the mean over the clients each step
+    logged in its communication.json), and one client's traffic in one round it took part in."""
+    up = down = 0.0
+    per_round: dict[str, float] = {}
+    for d in step_dirs:
+        if (d / "communication.json").exists():
+            per_client = json.loads((d / "communication.json").read_text())["per_client"]
+            up += sum(c["bytes_up"] for c in per_client) / len(per_client) / 1e6
+            down += sum(c["bytes_down"] for c in per_client) / len(per_client) / 1e6
+            per_round.update(_per_round_traffic(per_client))
+    return up, down, per_round
+
+
+def _add_client_costs(row: dict, costs_dir: Path | None) -> None:
+    """Set ``row``'s declared client costs from the costs stage's costs.json (blank without
+    one), then any other mean it reports under its own name without ``mean_``."""
     cost_file = costs_dir / "costs.json" if costs_dir else None
     cost = json.loads(cost_file.read_text()) if cost_file and cost_file.exists() else {}
-    for col, (key, scale) in COST_COLUMNS.items():
-        row[col] = number(cost[key] * scale) if key in cost else ""
-    known = {key for key, _ in COST_COLUMNS.values()}
+    for metric in evaluations.client_costs():
+        key = f"mean_{metric.costs}"
+        row[metric.key] = number(cost[key] * metric.scale) if key in cost else ""
+    known = {f"mean_{m.costs}" for m in evaluations.client_costs()}
     for key, value in cost.items():
         column = key.removeprefix("mean_")
         if key.startswith("mean_") and key not in known and column not in row:
             row[column] = float(number(value, ".4g"))
-    return row
 
 
 def _final_loss(meta: dict) -> float | None:
@@ -198,7 +205,7 @@ def table_cell(
 def run_columns() -> dict[str, str]:
     """The runs table's columns: column -> header (:data:`RUN_COLUMNS` with the metrics)."""
     head = list(RUN_COLUMNS.items())
-    metrics = [(m.key, m.label) for m in evaluations.metrics()]
+    metrics = [(m.key, m.label) for m in evaluations.accuracies()]
     return dict(head[:3] + metrics + head[3:])
 
 
@@ -220,8 +227,9 @@ def runs_markdown(rows: list[dict]) -> str:
 def columns_of(rows: list[dict]) -> list[str]:
     """The full table's columns: the fixed ones (those some row has), then every other."""
     present = {k for r in rows for k in r}
-    extra = [k for r in rows for k in r if k not in COLUMNS]
-    return [c for c in COLUMNS if c in present] + list(dict.fromkeys(extra))
+    fixed = full_columns()
+    extra = [k for r in rows for k in r if k not in fixed]
+    return [c for c in fixed if c in present] + list(dict.fromkeys(extra))
 
 
 def write_csv(rows: list[dict], path: Path, columns=None) -> None:
@@ -240,7 +248,7 @@ def report_tables(rows: list[dict]) -> dict[str, tuple[str, str]]:
     for metric in (m for m in evaluations.metrics() if m.pivot):  # its pivot, if it has one
         mine = [r for r in rows if r.get(metric.key) not in (None, "")]
         if mine:
-            costs = PIVOT_COSTS if metric.pivot_costs else None
+            costs = pivot_costs() if metric.pivot_costs else None
             caption = f"{metric.pivot}, method × setting" + (
                 ", then mean per-client costs" if costs else ""
             )
@@ -376,7 +384,10 @@ def load_saved(folder: Path) -> dict:
     if missing:
         raise KeyError(f"{path}: lacks {', '.join(missing)} (rerun its report stage)")
     steps = saved.get("step_results", {})
-    saved["rows"] = [ReportRow(r, steps.get(r["experiment"], {})) for r in saved["rows"]]
+    saved["rows"] = [
+        ReportRow({RENAMED.get(k, k): v for k, v in r.items()}, steps.get(r["experiment"], {}))
+        for r in saved["rows"]
+    ]
     return saved
 
 

@@ -24,6 +24,11 @@ class StageFailed(RuntimeError):
     the message without a traceback and exits 2."""
 
 
+class ArtifactError(ValueError):
+    """A stored artifact that cannot be used as it is; the message names the file and what to
+    do (the stage runtime prints it without a traceback)."""
+
+
 def check_finite(loss: float, where: str, kept: str) -> None:
     """Stop a training stage whose loss became NaN or infinite, keeping what it saved last."""
     if not math.isfinite(loss):

@@ -1,22 +1,25 @@
-"""Stage: read a data set from its usual on-disk layout once and store it as a uint8 artifact."""
+"""Stage: read a data set from its usual on-disk layout once and store it as a uint8 artifact.
+
+It runs by its plan record alone: the record names the data set's reader (its one hook) and
+says where to read from (its params, validated by the planner, with the registry's default
+place filled in), so no params models, presets or registry code run here."""
 
 from __future__ import annotations
 
-from fedssl.data.sources import DataNotFound, load_dataset
+from fedssl.data.sources import DataNotFound
 from fedssl.data.store import write_prepared
-from fedssl.stage import StageFailed, main_guard
-from stages.common import context
+from fedssl.stagebase import Stage, StageFailed, main_guard
 
 
 def run(argv):
-    ctx = context("prepare_data", argv, "a params/datasets/<name>.yaml preset")
-    params = ctx.presets.load("dataset", ctx.name)
+    ctx = Stage.from_argv("prepare_data", argv, "a params/datasets/<name>.yaml preset")
+    dataset = ctx.record["dataset"]
     try:
-        splits = load_dataset(params.name, params.data_root, params.download)
+        splits = ctx.hook().load(dataset["root"], dataset["download"])
     except DataNotFound as e:
         raise StageFailed(str(e)) from None
     with ctx.run() as out:
-        ctx.info["data"] = write_prepared(out, params.name, splits)
+        ctx.info["data"] = write_prepared(out, dataset["name"], splits)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ def _row(experiment, method, partition, **values):
 
 
 ROWS = [
-    _row("a0", "A", "IID", linear_top1=70.0, knn_top1=60.0, client_MB_up=2.0, beta_GFLOPs=4.0),
-    _row("a1", "A", "IID", linear_top1=72.0, knn_top1=62.0, client_MB_up=2.0, beta_GFLOPs=6.0),
+    _row("a0", "A", "IID", linear_top1=70.0, knn_top1=60.0, client_MB_up=2.0, client_GFLOPs=4.0),
+    _row("a1", "A", "IID", linear_top1=72.0, knn_top1=62.0, client_MB_up=2.0, client_GFLOPs=6.0),
     _row("b0", "B", "IID", personal_top1=80.0, client_MB_up=1.0, rounds=10),
     _row("b1", "B", "IID", personal_top1=90.0, client_MB_up=1.0, rounds=10),
     _row("b2", "B", "IID", personal_top1=85.0, client_MB_up=1.0, rounds=10),
@@ -40,8 +40,8 @@ def test_board_groups_seeds_and_reports_mean_and_sample_sd():
     numbers = board.metrics(cells)
     a, b = numbers["A | cnn | IID"], numbers["B | cnn | IID"]
     assert a["linear_top1_mean"] == 71.0 and a["linear_top1_sd"] == pytest.approx(1.4142, abs=1e-4)
-    assert a["beta_GFLOPs_mean"] == 5.0 and a["wall_s_mean"] == 15.0
-    assert a["client_MB_mean"] == 2.0  # up only: the rows have no costs stage's total
+    assert a["client_GFLOPs_mean"] == 5.0 and a["wall_s_mean"] == 15.0
+    assert a["client_MB_exchanged_mean"] == 2.0  # up only: the rows have no costs stage's total
     # 71 ± t(0.975, 1) 1.414 / sqrt 2 = 71 ± 12.706
     assert a["linear_top1_ci95"] == pytest.approx([58.2938, 83.7062], abs=1e-3)
     assert b["personal_top1_mean"] == 85.0 and b["personal_top1_sd"] == 5.0  # sample SD (n-1)
@@ -60,7 +60,7 @@ def test_costs_are_every_byte_from_the_ledger():
     """A one-shot transfer outside the rounds (MFCL's representation upload) is in the
     costs stage's ledger total, and the board's MB column is that total, not up + down."""
     mfcl = _row("m0", "M", "IID", linear_top1=70.0, client_MB_up=0.02, client_MB_down=0.02)
-    mfcl["client_MB_sent"] = "15.1"  # as the report writes it (text)
+    mfcl["client_MB_exchanged"] = "15.1"  # as the report writes it (text)
     assert board.client_mb(mfcl) == 15.1
     assert board.client_mb(_row("x", "X", "IID", client_MB_up=1.0, client_MB_down=0.5)) == 1.5
     assert board.client_mb(_row("y", "Y", "IID")) is None
@@ -83,15 +83,17 @@ def test_committed_board_costs_equal_the_reports_ledger_totals():
     for key, line in lines.items():
         totals = []
         for r in by_line[key]:
-            total = to_float(r.get("client_MB_sent"))
+            total = to_float(r.get("client_MB_exchanged"))
             if total is None:  # no costs stage (random init): the rounds' traffic
                 total = r["client_MB_up"] + r["client_MB_down"]
             totals.append(total)
-        assert line["client_MB_mean"] == pytest.approx(statistics.mean(totals), abs=1e-4), key
+        assert line["client_MB_exchanged_mean"] == pytest.approx(
+            statistics.mean(totals), abs=1e-4
+        ), key
         methods.add(tuple(key.split(" | ")[:2]))
     assert len(methods) == 33
     mfcl = lines["MFCL(TN) | resnet18-tn | F-MNIST IID"]
-    assert mfcl["client_MB_mean"] == pytest.approx(15.1)
+    assert mfcl["client_MB_exchanged_mean"] == pytest.approx(15.1)
 
 
 def test_confidence_on_constructed_data():
@@ -190,7 +192,7 @@ def test_rounds_to_the_target_from_the_round_logs():
     ]
     mine = [
         {**_row(f"m_s{i}", "M", "X", personal_top1=90.0, client_MB_up=2.0, client_MB_down=2.0,
-                beta_GFLOPs=40.0), "personal_last2": 90.0}
+                client_GFLOPs=40.0), "personal_last2": 90.0}
         for i in range(3)
     ]  # fmt: skip
     logs = {
@@ -214,7 +216,7 @@ def test_accuracy_over_the_run_also_reads_against_wall_time(tmp_path):
     costs."""
     rows = [
         {**_row(f"m_s{i}", "M", "X", knn_top1=60.0, client_MB_up=1.0, client_MB_down=1.0,
-                beta_GFLOPs=20.0), "evaluation": "ssl"}
+                client_GFLOPs=20.0), "evaluation": "ssl"}
         for i in range(2)
     ]  # fmt: skip
     logs = {
@@ -445,7 +447,7 @@ def test_tiny_board_numbers_come_from_the_runs(tiny_board):
     assert min(walls) > 0
     simclr = next(v for k, v in lines.items() if k.startswith("FedSimCLR"))
     assert simclr["wall_s_mean"] == pytest.approx(statistics.mean(walls), abs=1e-3)
-    assert simclr["client_MB_mean"] > 0 and "wall s" in (folder / "board.md").read_text()
+    assert simclr["client_MB_exchanged_mean"] > 0 and "wall s" in (folder / "board.md").read_text()
     assert Path(folder / "board_accuracy_vs_GFLOPs.png").stat().st_size > 0
 
 

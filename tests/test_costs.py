@@ -187,14 +187,14 @@ def test_projected_paper_scale_client_costs_from_the_shipped_presets(monkeypatch
         )
 
     m, f = project("cifar10_mfcl_tn_dir01"), project("cifar10_fedsimclr_dir01")
-    assert costs.table_format(m["mean_alpha_bits_paper"]) == "25e10"
-    assert 1.7e12 <= f["mean_alpha_bits_paper"] < 1.9e12
-    assert 0.002 < m["mean_beta_flops"] / f["mean_beta_flops"] < 0.01
-    assert m["mean_gamma_eq6_bytes"] / f["mean_gamma_eq6_bytes"] < 0.01
-    assert m["mean_bytes_actual"] / f["mean_bytes_actual"] < 0.05
+    assert costs.table_format(m["mean_paper_bits"]) == "25e10"
+    assert 1.7e12 <= f["mean_paper_bits"] < 1.9e12
+    assert 0.002 < m["mean_flops"] / f["mean_flops"] < 0.01
+    assert m["mean_paper_memory_bytes"] / f["mean_paper_memory_bytes"] < 0.01
+    assert m["mean_bytes_exchanged"] / f["mean_bytes_exchanged"] < 0.05
     # MFCL sends 5,000 samples x 8 pairs x 2 views of 64x16x16 fp16 once, plus 15 rounds of
     # the autoencoder (77,853 fp32 values) both ways
-    assert m["mean_bytes_actual"] == 5000 * 8 * 2 * 64 * 16 * 16 * 2 + 15 * 2 * 77_853 * 4
+    assert m["mean_bytes_exchanged"] == 5000 * 8 * 2 * 64 * 16 * 16 * 2 + 15 * 2 * 77_853 * 4
 
 
 def test_cost_summaries_leave_out_what_a_method_does_not_measure():
@@ -202,12 +202,12 @@ def test_cost_summaries_leave_out_what_a_method_does_not_measure():
     from fedssl.costs import summarize_client_costs
 
     rows = [
-        {"alpha_bits_paper": 8.0, "bytes_actual": 1, "beta_flops": 10.0, "peak_step_bytes": 4},
-        {"alpha_bits_paper": 16.0, "bytes_actual": 3, "beta_flops": 30.0, "peak_step_bytes": 6},
+        {"paper_bits": 8.0, "bytes_exchanged": 1, "flops": 10.0, "peak_step_bytes": 4},
+        {"paper_bits": 16.0, "bytes_exchanged": 3, "flops": 30.0, "peak_step_bytes": 6},
     ]
     assert summarize_client_costs(rows) == {
-        "mean_alpha_bits_paper": 12.0,
-        "mean_bytes_actual": 2.0,
-        "mean_beta_flops": 20.0,
+        "mean_paper_bits": 12.0,
+        "mean_bytes_exchanged": 2.0,
+        "mean_flops": 20.0,
         "mean_peak_step_bytes": 5.0,
     }

@@ -63,8 +63,8 @@ def row(method, column, acc, sent=""):
         "column": column,
         "method": "fedsimclr",
         "linear_top1": acc,
-        "client_MB_sent": sent,
-        "beta_GFLOPs": "",
+        "client_MB_exchanged": sent,
+        "client_GFLOPs": "",
         "peak_step_MB": "",
     }
 
@@ -80,7 +80,8 @@ def test_the_pivot_puts_methods_down_settings_across_and_costs_beside():
     lines = table.splitlines()
     assert heading == "Linear probe top-1 %" and "mean ± sample SD over runs" in lines[0]
     assert lines[2] == (
-        "| method | ξ=0.01 | ξ=200 | MB sent / client | GFLOPs / client | peak step MB |"
+        "| method | ξ=0.01 | ξ=200 | MB sent + received / client | GFLOPs / client "
+        "| peak step MB / client |"
     )
     assert lines[4] == "| MFCL(TN) | 84.50±0.71 | 85.30 | 50.3 |  |  |"
     assert lines[5] == "| FedSimCLR |  | 81.90 |  |  |  |"  # no run, no costs: blank cells
@@ -164,7 +165,7 @@ def test_the_generic_report_speaks_no_papers_vocabulary():
         "MpFedcon",
         "FedSimCLR",
     )
-    for module in ("fedssl/report.py", "fedssl/report_format.py"):
+    for module in ("fedssl/report.py", "fedssl/report_format.py", "fedssl/evaluations/costs.py"):
         text = (REPO / module).read_text()
         assert [w for w in papers if w in text] == [], module
 
@@ -175,27 +176,27 @@ def test_mfcl_lays_out_its_costs_and_rserver_loss_in_its_own_tables():
             "method": "mfcl",
             "row": "MFCL(TN)",
             "column": "c",
-            "alpha_bits": "4.82e+09",
-            "beta_GFLOPs": "305",
-            "gamma_eq6_MB": "7.73",
-            "client_MB_sent": "50.3",
+            "paper_bits": "4.82e+09",
+            "client_GFLOPs": "305",
+            "paper_memory_MB": "7.73",
+            "client_MB_exchanged": "50.3",
             "rserver_final_loss": 4.5,
         },
         {
             "method": "fedsimclr",
             "row": "FedSimCLR",
             "column": "c",
-            "alpha_bits": "1.26e+08",
-            "beta_GFLOPs": "718",
-            "gamma_eq6_MB": "197",
-            "client_MB_sent": "5.28",
+            "paper_bits": "1.26e+08",
+            "client_GFLOPs": "718",
+            "paper_memory_MB": "197",
+            "client_MB_exchanged": "5.28",
         },
         {"method": "none", "row": "Raw pixels", "column": "c"},
     ]
     tables = MFCL.tables(rows)
     assert list(tables) == ["mfcl_tab3", "mfcl_rserver_loss"]
     assert tables["mfcl_tab3"].splitlines()[2:] == [
-        "| method | α (bits) | β (GFLOPs) | γ Eq. 6 (MB) | sent (MB) |",
+        "| method | α (bits) | β (GFLOPs) | γ Eq. 6 (MB) | sent + received (MB) |",
         "|---|---|---|---|---|",
         "| MFCL(TN) | 4.82e+09 | 305 | 7.73 | 50.3 |",
         "| FedSimCLR | 1.26e+08 | 718 | 197 | 5.28 |",

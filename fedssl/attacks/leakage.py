@@ -218,6 +218,22 @@ class AttackResult:
     mse: float = float("nan")  # the reconstruction's MSE to the true image (when given)
 
 
+def _label_target(attack: str, surrogate, shared_grads, label, num_classes: int, gen):
+    """The label the dummy image is matched under, as a function returning its soft target,
+    and the label variables L-BFGS optimises: iDLG's fixed one-hot label (none to optimise),
+    or DLG's dummy soft label (drawn from ``gen`` after the dummy image)."""
+    if attack == "idlg":
+        fixed = infer_label_from_gradients(surrogate, shared_grads) if label is None else label
+        # With the head hidden the rule names a hidden unit, possibly >= num_classes; folding it
+        # into range keeps the attack running with a label that is as good as a guess.
+        fixed = fixed % num_classes
+        return (lambda: F.one_hot(torch.tensor([fixed]), num_classes).float()), []
+    if attack == "dlg":
+        dummy_label = torch.randn((1, num_classes), generator=gen).requires_grad_(True)
+        return (lambda: F.softmax(dummy_label, dim=-1)), [dummy_label]
+    raise ValueError(f"unknown attack {attack!r}; use 'dlg' or 'idlg'")
+
+
 def gradient_attack(
     surrogate: nn.Sequential,
     shared_grads: Gradients,
@@ -245,24 +261,21 @@ def gradient_attack(
     surrogate = surrogate.eval()
     gen = torch.Generator().manual_seed(seed)
     dummy = torch.rand((1, *image_shape), generator=gen).requires_grad_(True)
+    soft_target, label_variables = _label_target(
+        attack, surrogate, shared_grads, label, num_classes, gen
+    )
+    match_loss = _matching_loss(surrogate, shared_grads, dummy, soft_target)
+    opt = torch.optim.LBFGS([dummy, *label_variables], lr=lr, max_iter=lbfgs_max_iter)
+    return _descend(opt, match_loss, dummy, soft_target, iterations, true_image)
+
+
+def _matching_loss(surrogate, shared_grads: Gradients, dummy: torch.Tensor, soft_target):
+    """The gradient-matching loss of the dummy: the squared distance between the gradients
+    it gives the shared parameters and the shared gradients."""
     names = list(shared_grads)
     params = dict(surrogate.named_parameters())
     targets = [shared_grads[n].detach() for n in names]
     matched = [params[n] for n in names]
-
-    if attack == "idlg":
-        fixed = infer_label_from_gradients(surrogate, shared_grads) if label is None else label
-        # With the head hidden the rule names a hidden unit, possibly >= num_classes; folding it
-        # into range keeps the attack running with a label that is as good as a guess.
-        fixed = fixed % num_classes
-        soft_target = lambda: F.one_hot(torch.tensor([fixed]), num_classes).float()  # noqa: E731
-        variables = [dummy]
-    elif attack == "dlg":
-        dummy_label = torch.randn((1, num_classes), generator=gen).requires_grad_(True)
-        soft_target = lambda: F.softmax(dummy_label, dim=-1)  # noqa: E731
-        variables = [dummy, dummy_label]
-    else:
-        raise ValueError(f"unknown attack {attack!r}; use 'dlg' or 'idlg'")
 
     def match_loss() -> torch.Tensor:
         log_probs = F.log_softmax(surrogate(dummy), dim=-1)
@@ -270,8 +283,13 @@ def gradient_attack(
         grads = torch.autograd.grad(loss, matched, create_graph=True)
         return sum(((g - t) ** 2).sum() for g, t in zip(grads, targets))
 
+    return match_loss
+
+
+def _descend(opt, match_loss, dummy, soft_target, iterations: int, true_image) -> AttackResult:
+    """Up to ``iterations`` L-BFGS steps on the matching loss, stopped when it turns
+    non-finite; the result keeps the iterate with the lowest matching loss."""
     result = AttackResult(image=dummy.detach(), label=-1)
-    opt = torch.optim.LBFGS(variables, lr=lr, max_iter=lbfgs_max_iter)
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
@@ -279,8 +297,8 @@ def gradient_attack(
         loss.backward()
         return loss
 
-    def label_now() -> int:
-        return int(soft_target().argmax()) if attack == "dlg" else fixed
+    def label_now() -> int:  # iDLG's one-hot target names its fixed label
+        return int(soft_target().argmax())
 
     def mse(image: torch.Tensor) -> float:
         return float(F.mse_loss(image.clamp(0, 1), true_image))

@@ -135,7 +135,8 @@ def saved_activation_bytes(
 
 
 def tensor_bytes(tensors: Iterable[Tensor]) -> int:
-    """Σ numel · element_size: the physical size of what is actually sent ("bytes_actual")."""
+    """Σ numel · element_size: the physical size of what is actually sent (``bytes_exchanged``
+    sums it over what a client sent and received)."""
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -152,10 +153,16 @@ def table_format(x: float) -> str:
 
 
 # ------------------------------------------------------------------ per-client cost summaries
-# The pipeline's `costs` stage: α (bits, paper convention, and bytes actually exchanged), β
-# (FLOPs counted with FlopCounterMode on a small probe batch, scaled per sample × the samples a
-# client processes; convolution and matmul FLOPs are linear in the batch) and γ (Eq. 6 and a
-# measured one-step figure). Same recipe for MFCL and the end-to-end baselines.
+# The pipeline's `costs` stage: per client, bits by its paper's formula (where the method has
+# one), bytes actually exchanged (the ledger), FLOPs counted with FlopCounterMode on a small
+# probe batch, scaled per sample × the samples a client processes (convolution and matmul FLOPs
+# are linear in the batch), memory by its paper's formula and a measured one-step peak, under
+# the same names for every method (a paper's own symbols head only its plugin's tables). How
+# the report and the board show each (label, unit, scale) is declared in
+# fedssl.evaluations.costs.
+CLIENT_COSTS = ("paper_bits", "bytes_exchanged", "flops", "paper_memory_bytes", "peak_step_bytes")
+
+
 def measured_step_bytes(
     model: nn.Module, inputs: Tensor, loss_fn, optimizer_slots: int, batch_scale: float = 1.0
 ) -> int:
@@ -168,10 +175,10 @@ def measured_step_bytes(
 
 
 def summarize_client_costs(rows: list[dict], extra: tuple[str, ...] = ()) -> dict:
-    """Mean over clients of every per-client number of the report's cost columns (those of
-    Tab. 3 the rows have) and of the ``extra`` keys a method adds (``Method.cost_columns``)."""
-    keys = ["alpha_bits_paper", "bytes_actual", "beta_flops", "gamma_eq6_bytes", "peak_step_bytes"]
-    keys = [k for k in keys if all(k in r for r in rows)] + [k for k in extra if k not in keys]
+    """Mean over clients of every per-client number of :data:`CLIENT_COSTS` the rows have and
+    of the ``extra`` keys a method adds (``Method.cost_columns``): ``mean_<key>``."""
+    keys = [k for k in CLIENT_COSTS if all(k in r for r in rows)]
+    keys += [k for k in extra if k not in keys]
     return {f"mean_{k}": sum(r[k] for r in rows) / len(rows) for k in keys if rows}
 
 
@@ -204,14 +211,15 @@ def ledger_of(step_dir: Path, sizes: list[int]) -> ClientTraffic:
 
 def client_rows(ledger: ClientTraffic, flops_per_sample_round: float, peak_step_bytes: int):
     """The costs stage's row per client of a federated step: its samples, rounds and bytes
-    from the ledger, β = FLOPs per sample and round × samples × rounds, and the step's memory."""
+    from the ledger, its FLOPs = FLOPs per sample and round × samples × rounds, and the step's
+    memory."""
     return [
         {
             "client": m,
             "samples": n,
             "rounds": r,
-            "bytes_actual": b,
-            "beta_flops": flops_per_sample_round * n * r,
+            "bytes_exchanged": b,
+            "flops": flops_per_sample_round * n * r,
             "peak_step_bytes": peak_step_bytes,
         }
         for m, (n, r, b) in enumerate(zip(ledger.samples, ledger.rounds, ledger.sent))

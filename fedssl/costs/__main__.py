@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fedssl.costs import table_format
+from fedssl.costs import CLIENT_COSTS, table_format
 from fedssl.methods import registry
 from fedssl.params import ParamsError
 from fedssl.presets import Presets
@@ -20,8 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("experiments", nargs="+", help="params/experiments/<name>.yaml presets")
     names = ap.parse_args(argv).experiments
     print(
-        "| experiment | α bits (Eqs. 4-5) | MB sent | β FLOPs | γ Eq. 6 MB | step peak MB "
-        "| other (method's own) |"
+        "| experiment | bits (paper's formula) | MB sent + received | FLOPs "
+        "| memory MB (paper's formula) | step peak MB | other (method's own) |"
     )
     print("|---|---|---|---|---|---|---|")
     presets = Presets()
@@ -38,21 +38,15 @@ def main(argv: list[str] | None = None) -> int:
         def cell(key, fmt):
             return fmt(c[key]) if key in c else ""
 
-        shown = {
-            "mean_alpha_bits_paper",
-            "mean_bytes_actual",
-            "mean_beta_flops",
-            "mean_gamma_eq6_bytes",
-            "mean_peak_step_bytes",
-        }
+        shown = {f"mean_{key}" for key in CLIENT_COSTS}
         other = ", ".join(
             f"{k.removeprefix('mean_')}={v:.4g}" for k, v in c.items() if k not in shown
         )
         print(
-            f"| {name} | {cell('mean_alpha_bits_paper', table_format)} "
-            f"| {cell('mean_bytes_actual', lambda v: f'{v / 1e6:.4g}')} "
-            f"| {cell('mean_beta_flops', table_format)} "
-            f"| {cell('mean_gamma_eq6_bytes', lambda v: f'{v / 1e6:.3g}')} "
+            f"| {name} | {cell('mean_paper_bits', table_format)} "
+            f"| {cell('mean_bytes_exchanged', lambda v: f'{v / 1e6:.4g}')} "
+            f"| {cell('mean_flops', table_format)} "
+            f"| {cell('mean_paper_memory_bytes', lambda v: f'{v / 1e6:.3g}')} "
             f"| {cell('mean_peak_step_bytes', lambda v: f'{v / 1e6:.3g}')} | {other} |",
             flush=True,
         )

@@ -8,9 +8,10 @@ reads a data set's entry (its prepare stage, the report) depends on that file.
 
 The entry names its reader as ``"module:object"`` (an object with ``load(root, download)``
 and ``check(root)``, see :class:`fedssl.data.sources.Source`), imported only when data is read
-or checked: planning and every other stage read the facts here without the readers' code, and
-the prepare stage depends on the module the entry names. This module imports no torch and no
-numpy.
+or checked (:func:`load_dataset`, :func:`missing_data`): planning and every other stage read
+the facts here without the readers' code. The prepare stage runs none of this module: its
+record holds the entry's facts it needs and names the reader, whose module is its code. This
+module imports no torch and no numpy.
 """
 
 from __future__ import annotations
@@ -93,3 +94,26 @@ def _discover() -> None:
         importlib.import_module(module)
         for name in set(DATASETS) - before:
             DATASETS[name] = replace(DATASETS[name], module=module)
+
+
+def load_dataset(name: str, root: str | None = None, download: bool = False):
+    """The named data set's splits, e.g. {'train': Split, 'test': Split}, read from ``root``
+    (None: the entry's default place)."""
+    spec = dataset_spec(name)
+    return spec.reader().load(root or spec.root, download)
+
+
+def missing_data(name: str, root: str | None = None, download: bool = False) -> str | None:
+    """Why data set ``name`` cannot be loaded from ``root`` and how to get it, or None when its
+    files are there (or it will be downloaded). Reads no data: the front ends call this while
+    planning, so a missing data set stops them before any stage runs. (A reader's ``check``
+    raises :class:`fedssl.data.sources.DataNotFound`, a FileNotFoundError: caught as such,
+    so that the registry imports no reader.)"""
+    spec = dataset_spec(name)
+    if download and spec.downloadable:
+        return None
+    try:
+        spec.reader().check(root or spec.root)
+    except FileNotFoundError as e:
+        return str(e)
+    return None

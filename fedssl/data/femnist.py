@@ -22,9 +22,8 @@ from typing import NamedTuple
 import numpy as np
 
 from fedssl.data.catalog import dataset_spec
-from fedssl.data.errors import DataNotFound
 from fedssl.data.partition import deal
-from fedssl.data.sources import Source, Split
+from fedssl.data.sources import DataNotFound, Source, Split
 
 DEFAULT_ROOT = dataset_spec("femnist").root
 LOWERCASE_OFFSET = 36  # LEAF label of 'a'

@@ -2,8 +2,11 @@
 
 Here: Fashion-MNIST (idx files), CIFAR-10/100 and STL-10 (torchvision layouts), Tiny-ImageNet
 (the official ``tiny-imagenet-200`` folder tree); FEMNIST's reader is in :mod:`fedssl.data.femnist`.
-Each is a :class:`Source` that an entry of the registry (:mod:`fedssl.data.catalog`) names.
-Everything is loaded into memory at once; callers cache or partition the arrays themselves.
+Each is a :class:`Source` that an entry of the registry (:mod:`fedssl.data.catalog`) names
+(the registry reads a data set by name: :func:`fedssl.data.catalog.load_dataset`). This module
+imports nothing of the project, so the prepare stage, which calls the reader its record names,
+runs no registry code. Everything is loaded into memory at once; callers cache or partition
+the arrays themselves.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedssl.data.catalog import dataset_spec
-from fedssl.data.errors import DataNotFound
+
+class DataNotFound(FileNotFoundError):
+    """A data set is not on disk; the message says where we looked and how to get it."""
 
 
 class Split(NamedTuple):
@@ -40,26 +44,6 @@ _TORCHVISION_HOWTO = (
     "set `download: true` in params/datasets/{name}.yaml and run once on a machine with internet "
     "access, or place torchvision's layout ({folder}/) under the root"
 )
-
-
-def load_dataset(name: str, root: str | None = None, download: bool = False) -> dict[str, Split]:
-    """Return the named data set's splits, e.g. {'train': Split, 'test': Split}."""
-    spec = dataset_spec(name)
-    return spec.reader().load(root or spec.root, download)
-
-
-def missing_data(name: str, root: str | None = None, download: bool = False) -> str | None:
-    """Why data set ``name`` cannot be loaded from ``root`` and how to get it, or None when its
-    files are there (or it will be downloaded). Reads no data: the front ends call this while
-    planning, so a missing data set stops them before any stage runs."""
-    spec = dataset_spec(name)
-    if download and spec.downloadable:
-        return None
-    try:
-        spec.reader().check(root or spec.root)
-    except DataNotFound as e:
-        return str(e)
-    return None
 
 
 def _not_found(name: str, looked_at: str, howto: str) -> DataNotFound:
@@ -83,6 +67,9 @@ def _downloaded(name: str, target: str, fetch: Callable[[], object], howto: str)
 
 
 # --------------------------------------------------------------------------- Fashion-MNIST
+# Where Debian's package dataset-fashion-mnist installs the idx files (a read-only system folder):
+# the data set's default root (fedssl/data/sets/fashion_mnist.py).
+DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
 
 def _read_idx(path: Path) -> np.ndarray:
@@ -108,12 +95,13 @@ def _read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-def raw_train_size(name: str, root: str | None) -> int | None:
-    """The training samples a data set's raw files hold, read from a header without loading
-    them (Fashion-MNIST's idx labels file); None where there is no such header."""
+def raw_train_size(name: str, root: str) -> int | None:
+    """The training samples a data set's raw files under ``root`` hold, read from a header
+    without loading them (Fashion-MNIST's idx labels file); None where there is no such
+    header."""
     if name != "fashion_mnist":
         return None
-    path = _find_idx(Path(root or dataset_spec(name).root), "train-labels-idx1-ubyte")
+    path = _find_idx(Path(root), "train-labels-idx1-ubyte")
     if path is None:
         return None
     try:
@@ -150,8 +138,7 @@ def _load_fashion_mnist(root: str, download: bool) -> dict[str, Split]:
         return splits
     if download:
         # The default root is a read-only system folder, so download next to the other data sets.
-        spec = dataset_spec("fashion_mnist")
-        target = f"data/{spec.name}" if root == spec.default_root else root
+        target = "data/fashion_mnist" if root == DEBIAN_FASHION_MNIST else root
         import torchvision.datasets as tvd
 
         _downloaded(
@@ -159,7 +146,7 @@ def _load_fashion_mnist(root: str, download: bool) -> dict[str, Split]:
             target,  # fetches both splits' raw files
             lambda: tvd.FashionMNIST(target, train=True, download=True),
             f"`apt-get install dataset-fashion-mnist` and set data_root to "
-            f"{spec.default_root}, or copy the four idx files from a "
+            f"{DEBIAN_FASHION_MNIST}, or copy the four idx files from a "
             f"machine with internet access into {os.path.abspath(target)}",
         )
         return _load_fashion_mnist(target, download=False)

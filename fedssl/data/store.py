@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedssl.runtime import ArtifactError
+
 
 def sha256(array: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).data).hexdigest()
@@ -37,7 +39,7 @@ def write_prepared(out_dir: Path, name: str, splits: dict) -> dict:
 def load_split(data_dir: Path, split: str, verify: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """A prepared split's images (memory-mapped) and labels; ``verify``: compare both with the
     SHA-256 recorded in dataset.json (the stage runtime checks every input file this way
-    before a stage starts, :func:`fedssl.stage.verify_inputs`)."""
+    before a stage starts, :func:`fedssl.stagebase.verify_inputs`)."""
     data_dir = Path(data_dir)
     images = _load(data_dir / f"{split}_images.npy", mmap_mode="r")
     labels = _load(data_dir / f"{split}_labels.npy")
@@ -50,11 +52,6 @@ def load_split(data_dir: Path, split: str, verify: bool = False) -> tuple[np.nda
                     f"{data_dir}/dataset.json: prepare the data set again"
                 )
     return images, labels
-
-
-class ArtifactError(ValueError):
-    """A stored artifact that cannot be used as it is; the message names the file and what to
-    do (the stage runtime prints it without a traceback)."""
 
 
 def _load(path: Path, **kwargs):

@@ -15,7 +15,7 @@ from fedssl.data.augment import BatchAugment, to_float
 from fedssl.epochs import run_epochs
 from fedssl.optim import warmup_cosine
 from fedssl.params import FinetuneParams
-from fedssl.precision import autocast
+from fedssl.precision import under_policy
 from fedssl.runtime import derive_seed, torch_generator
 
 
@@ -34,9 +34,13 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch
     correct = 0
     for start in range(0, len(images), batch):
         x = to_float(images[start : start + batch])
-        with autocast(x):
-            correct += (model(x).argmax(1) == labels[start : start + batch]).sum().item()
+        logits = under_policy(x, model, x)
+        correct += (logits.argmax(1) == labels[start : start + batch]).sum().item()
     return 100.0 * correct / len(images)
+
+
+def _cross_entropy(model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(x).float(), labels)
 
 
 def finetune(
@@ -78,8 +82,7 @@ def finetune(
             for group in opt.param_groups:
                 group["lr"] = warmup_cosine(epoch * steps + i, total, warmup, p.lr)
             x = augment(xtr[idx], gen)
-            with autocast(x):
-                loss = F.cross_entropy(model(x).float(), ytr[idx])
+            loss = under_policy(x, _cross_entropy, model, x, ytr[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

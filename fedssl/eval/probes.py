@@ -9,7 +9,7 @@ from torch import nn
 
 from fedssl.data.augment import to_float
 from fedssl.params import KnnParams, LinearProbeParams
-from fedssl.precision import autocast
+from fedssl.precision import under_policy
 from fedssl.progress import Progress, advance
 from fedssl.runtime import derive_seed
 
@@ -28,8 +28,7 @@ def extract_features(
     with Progress(desc, len(images)):
         for start in range(0, len(images), batch_size):
             x = to_float(torch.from_numpy(np.array(images[start : start + batch_size])).to(device))
-            with autocast(device):
-                out.append(encoder(x).float().cpu())
+            out.append(under_policy(device, encoder, x).float().cpu())
             advance(len(x))
     return torch.cat(out).numpy()
 

@@ -25,7 +25,9 @@ __all__ = [
     "PARTITION",
     "Evaluation",
     "Metric",
+    "accuracies",
     "all",
+    "client_costs",
     "declare",
     "evaluated_by",
     "metrics",
@@ -41,7 +43,12 @@ class Metric:
     ``order``: its place among the report's pivots, the runs table's columns and the board's
     columns. ``pivot``: the title of the report's pivot table of it (None: no pivot) and
     ``pivot_costs`` whether the mean per-client costs stand beside it. ``board``: the board
-    table whose column it is (None: none)."""
+    table whose column it is (None: none).
+
+    A client cost (``costs``, set): the mean of the ``costs`` stage's file it is read from
+    (``costs.json``'s ``mean_<costs>``), times ``scale`` into its unit; ``beside``: it stands
+    beside the pivots and on the board (else it is a column of the full table, which a
+    method's own tables may show)."""
 
     key: str
     label: str  # its column header (runs table, board)
@@ -52,6 +59,9 @@ class Metric:
     pivot_name: str | None = None  # the pivot's name among the report's tables
     pivot_costs: bool = False
     board: str | None = None
+    costs: str | None = None
+    scale: float = 1.0
+    beside: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,6 +135,16 @@ def metrics() -> list[Metric]:
     """Every declared metric, in order."""
     _discover()
     return sorted(_METRICS.values(), key=lambda m: (m.order, m.key))
+
+
+def accuracies() -> list[Metric]:
+    """The declared metrics that are not client costs (the pivots' and the runs' columns)."""
+    return [m for m in metrics() if m.costs is None]
+
+
+def client_costs() -> list[Metric]:
+    """The declared client costs, in order (the ``costs`` stage's columns of a report row)."""
+    return [m for m in metrics() if m.costs is not None]
 
 
 def evaluated_by(section: str) -> Callable[[Any, Any], bool]:

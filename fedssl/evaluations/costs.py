@@ -1,6 +1,58 @@
-"""Client costs, from the method's cost hook and the steps it reads (``stages/costs.py``)."""
+"""Client costs, from the method's cost hook and the steps it reads (``stages/costs.py``), and
+the per-client means it reports, under the same names for every method (a paper's own symbols
+head only the tables of its plugin)."""
 
-from fedssl.evaluations import PARTITION, Evaluation, register
+from fedssl.evaluations import PARTITION, Evaluation, Metric, register
+
+# The costs file's means (mean over clients of each client's total over the run), in the
+# order of the report's full table.
+PAPER_BITS = Metric(
+    "paper_bits",
+    "bits by the paper's formula / client",
+    order=110,
+    unit="bits",
+    higher_is_better=False,
+    costs="paper_bits",
+)
+CLIENT_MB_EXCHANGED = Metric(
+    "client_MB_exchanged",
+    "MB sent + received / client",
+    order=120,
+    unit="MB",
+    higher_is_better=False,
+    costs="bytes_exchanged",
+    scale=1e-6,
+    beside=True,
+)
+CLIENT_GFLOPS = Metric(
+    "client_GFLOPs",
+    "GFLOPs / client",
+    order=130,
+    unit="GFLOPs",
+    higher_is_better=False,
+    costs="flops",
+    scale=1e-9,
+    beside=True,
+)
+PAPER_MEMORY_MB = Metric(
+    "paper_memory_MB",
+    "memory by the paper's formula, MB / client",
+    order=140,
+    unit="MB",
+    higher_is_better=False,
+    costs="paper_memory_bytes",
+    scale=1e-6,
+)
+PEAK_STEP_MB = Metric(
+    "peak_step_MB",
+    "peak step MB / client",
+    order=150,
+    unit="MB",
+    higher_is_better=False,
+    costs="peak_step_bytes",
+    scale=1e-6,
+    beside=True,
+)
 
 register(
     Evaluation(
@@ -10,5 +62,6 @@ register(
         lambda method, exp: method.costs_inputs_for(exp.method) is not None,
         order=50,
         uses="costs",
+        declares=(PAPER_BITS, CLIENT_MB_EXCHANGED, CLIENT_GFLOPS, PAPER_MEMORY_MB, PEAK_STEP_MB),
     )
 )

@@ -22,7 +22,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedssl.models.norms import has_running_stats
-from fedssl.precision import autocast, laid_out
+from fedssl.precision import laid_out, under_policy
 from fedssl.progress import advance
 from fedssl.runtime import numpy_rng
 
@@ -44,15 +44,20 @@ class Batch(NamedTuple):
 LossFn = Callable[[nn.Module, Tensors, Tensors, Batch], torch.Tensor]
 
 
+def forward(model: nn.Module, state, *args, **kwargs):
+    """``model(*args, **kwargs)`` with the weights ``state`` (a dict, or (params, buffers)),
+    under the precision policy on the device of ``args[0]`` (the batch): the forward of every
+    local loss. Outputs as the model gives them (bf16 where the policy autocasts)."""
+    return under_policy(args[0], functional_call, model, state, args, kwargs)
+
+
 def on_outputs(loss: Callable[[object, Batch], torch.Tensor]) -> LossFn:
     """The trainer's loss from a pure loss of the model's outputs: the batch's views go through
     the model together, under the precision policy, and ``loss(outputs, batch)`` sees the
     outputs in fp32 (a tensor, or a tuple of them, in the views' order along dim 0)."""
 
     def loss_fn(model, params, buffers, batch):
-        x = torch.cat(batch.views)
-        with autocast(x):
-            out = functional_call(model, (params, buffers), (x,))
+        out = forward(model, (params, buffers), torch.cat(batch.views))
         out = tuple(o.float() for o in out) if isinstance(out, tuple) else out.float()
         return loss(out, batch)
 

@@ -245,10 +245,15 @@ class Strategy:
         return getattr(self.aggregate, "__func__", None) is not Strategy.aggregate
 
     def aggregate(self, state: FedState, updates: RoundUpdates) -> None:
+        state.server["global"] = self.mean(updates)
+
+    @staticmethod
+    def mean(updates: RoundUpdates) -> Tensors:
+        """The uploads' data-size weighted mean (FedAvg): as the round summed them when it
+        streamed (a strategy whose ``needs_uploads`` is False), else from every upload."""
         if updates.mean is not None:
-            state.server["global"] = updates.mean
-        else:
-            state.server["global"] = fedavg(stacked(updates.uploads), updates.weights)
+            return updates.mean
+        return fedavg(stacked(updates.uploads), updates.weights)
 
     def server_step(self, state: FedState, round_: int) -> None:
         pass

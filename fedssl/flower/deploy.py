@@ -78,7 +78,7 @@ def agreement(ctx) -> dict[str, str]:
 def derive_inputs(ctx) -> None:
     """Run, on this node, the data set and partition stages of the step whose outputs are
     missing (the same commands the front ends run)."""
-    from fedssl.stage import plan_record
+    from fedssl.stagebase import plan_record
 
     for kind in DERIVED_KINDS:
         for name, stage in ctx.record["inputs"].items():

@@ -32,6 +32,7 @@ __all__ = [
     "PARTITION",
     "FederatedMethod",
     "Method",
+    "SupervisedFederatedMethod",
     "MethodParams",
     "Step",
     "StepContext",
@@ -295,3 +296,67 @@ class FederatedMethod(PretrainStepMethod):
             return super().hook_modules(params, kind)
         hooks = (self.loss, self.model, self.strategy, self.after_step, self.save, self.describe)
         return [RUNTIME] + sorted({hook_module(h) for h in hooks if h} - {RUNTIME})
+
+
+SUPERVISED_RUNTIME = "fedssl.methods.federated_supervised"  # runs every SupervisedFederatedMethod
+
+
+class SupervisedFederatedMethod(Method):
+    """A FedAvg-style supervised method: a labelled network and a loss. Every client trains the
+    network (or the ``wrapper`` module holding it as ``net`` beside what its loss reads, such as
+    MOON's reference copies) on its labelled images by the loss of its outputs; the strategy
+    combines them and scores the global network on the test split after every round.
+
+    :mod:`fedssl.methods.federated_supervised` runs its one step, ``train``: the seeded network,
+    the cohort trainer, the strategy, the federation resumed from its checkpoint; then the
+    network is saved with its classes (``model.pt``) and its test accuracy written
+    (``global.json``); the probes get the encoder ``encoder_of`` takes from the saved network.
+    A subclass declares its params (a federation block with ``augment`` and ``crop_padding``),
+    its ``package`` (its client costs are that package's ``costs:client_costs``), and the
+    hooks below, all ``"module:function"`` strings (see :class:`FederatedMethod`)."""
+
+    network: ClassVar[str]  # (params, image shape, classes) -> the network, untrained
+    loss: ClassVar[str]  # (outputs in fp32, batch, params) -> scalar
+    encoder_of: ClassVar[str]  # (network, projection) -> the frozen encoder for the probes
+    wrapper: ClassVar[str | None] = None  # (params, network) -> the module the clients train
+    # (config, params, model, data, tests) -> the Strategy; default: FedAvg of the whole network
+    strategy: ClassVar[str] = f"{SUPERVISED_RUNTIME}:ScoredFedAvg"
+    describe: ClassVar[str | None] = None  # (federation, params) -> run-record facts
+    package: ClassVar[str]
+    encoder_inputs = ("train",)
+    encoder_reads = ("method.model",)
+    costs_inputs = ("train",)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        package = getattr(cls, "package", None)
+        if package is None:
+            return
+        cls.steps = (
+            Step(
+                "train",
+                reads=("partition", "method"),
+                plots=("rounds.tsv",),
+                metrics=("global.json",),
+                runner=f"{SUPERVISED_RUNTIME}:train",
+            ),
+        )
+        cls.encoder_hook = f"{SUPERVISED_RUNTIME}:encoder"
+        cls.encoder_builder = f"{SUPERVISED_RUNTIME}:untrained_encoder"
+        cls.client_costs_hook = f"{package}.costs:client_costs"
+
+    def arch(self, params: MethodParams) -> str:
+        return params.model.arch
+
+    def hook_modules(self, params, kind: str) -> list[str]:
+        """Training, and the probes' encoder, run the runtime and the hooks it calls."""
+        hooks = {
+            "train": (self.network, self.loss, self.wrapper, self.strategy, self.describe),
+            "features": (self.network, self.encoder_of),
+            "finetune": (self.network, self.encoder_of),
+        }.get(kind)
+        if hooks is None:
+            return super().hook_modules(params, kind)
+        return [SUPERVISED_RUNTIME] + sorted(
+            {hook_module(h) for h in hooks if h} - {SUPERVISED_RUNTIME}
+        )

@@ -9,7 +9,7 @@ import pkgutil
 from fedssl.methods.base import Method
 
 _METHODS: dict[str, Method] = {}
-_NOT_PLUGINS = {"base", "registry", "federated"}  # not plugins: the contract, its runtime
+_NOT_PLUGINS = {"base", "registry", "federated", "federated_supervised"}  # the contract, runtimes
 _discovered = False
 
 

@@ -70,6 +70,23 @@ def _conv_block(
     ]
 
 
+def _check_arguments(arch: str, in_channels: int, width: int, ae_pool: str, cut: int) -> None:
+    """A clear error for an autoencoder that cannot be built (before any layer is)."""
+    if arch not in AE_ARCHS:
+        raise ValueError(f"unknown arch '{arch}' (expected one of: {', '.join(AE_ARCHS)})")
+    if arch == "resnet50" and cut != DEFAULT_CUT:
+        raise ValueError(
+            f"cut applies to arch resnet18 only (resnet50 has Tab. 10's fixed "
+            f"module), got cut={cut}"
+        )
+    if not 1 <= cut <= len(RESNET18_CONVS):
+        raise ValueError(f"cut must be in 1..{len(RESNET18_CONVS)}, got {cut}")
+    if ae_pool not in AE_POOLS:
+        raise ValueError(f"unknown ae_pool '{ae_pool}' (expected one of: {', '.join(AE_POOLS)})")
+    if in_channels < 1 or width < 1:
+        raise ValueError("in_channels and width must be positive")
+
+
 class ClientAutoencoder(nn.Module):
     """Client module (encoder) + mirror decoder of MFCL phase 1.
 
@@ -106,21 +123,7 @@ class ClientAutoencoder(nn.Module):
         cut: int = DEFAULT_CUT,
     ) -> None:
         super().__init__()
-        if arch not in AE_ARCHS:
-            raise ValueError(f"unknown arch '{arch}' (expected one of: {', '.join(AE_ARCHS)})")
-        if arch == "resnet50" and cut != DEFAULT_CUT:
-            raise ValueError(
-                f"cut applies to arch resnet18 only (resnet50 has Tab. 10's fixed "
-                f"module), got cut={cut}"
-            )
-        if not 1 <= cut <= len(RESNET18_CONVS):
-            raise ValueError(f"cut must be in 1..{len(RESNET18_CONVS)}, got {cut}")
-        if ae_pool not in AE_POOLS:
-            raise ValueError(
-                f"unknown ae_pool '{ae_pool}' (expected one of: {', '.join(AE_POOLS)})"
-            )
-        if in_channels < 1 or width < 1:
-            raise ValueError("in_channels and width must be positive")
+        _check_arguments(arch, in_channels, width, ae_pool, cut)
         self.arch, self.in_channels, self.width = arch, in_channels, width
         self.norm_kind, self.ae_pool, self.cut = norm, ae_pool, cut
         convs = RESNET18_CONVS[:cut] if arch == "resnet18" else RESNET50_CONVS

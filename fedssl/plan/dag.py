@@ -16,7 +16,7 @@ step's ``runner``, the ``encoder``, ``client_costs`` or report functions), so a 
 code is not a dependency of its training and the reverse. DVC compares these itself; for
 Snakemake every stage has a *fingerprint* of the same things (:meth:`Dag.fingerprint`, checked
 by :mod:`fedssl.plan.freshness`). All of it is in each stage's plan record (:meth:`Dag.record`,
-:mod:`fedssl.plan.record`), which the stage reads instead of this module.
+:mod:`fedssl.record`), which the stage reads instead of this module.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from fedssl.codegraph import code_files
 from fedssl.contract import DATA, PARTITION
 from fedssl.data.catalog import dataset_spec
 from fedssl.methods import registry
-from fedssl.plan.fingerprint import hash_file
 from fedssl.plan.layout import (
     ARTIFACTS,
     data_dir,
@@ -44,7 +43,6 @@ from fedssl.plan.layout import (
     report_dir,
     results_dir,
 )
-from fedssl.plan.record import PRECISION, fingerprint, fingerprint_inputs, values_digest
 from fedssl.presets import (
     EXPERIMENT_MODEL,
     PARAMS_DIR,
@@ -52,8 +50,15 @@ from fedssl.presets import (
     Presets,
     check_experiment_fits,
     check_partition_fits,
+)
+from fedssl.record import (
+    PRECISION,
+    fingerprint,
+    fingerprint_inputs,
+    hash_file,
     lookup,
     raw_values,
+    values_digest,
 )
 
 REPORT_READS = ("title", "partition", "method")
@@ -178,8 +183,9 @@ class Dag:
                 f"python -m stages.prepare_data {name}",
                 data_dir(name),
                 params=self.presets.tracked("dataset", name, None),
-                # its entry's file and the reader it names are imported by name, not statically
-                code=code_files(_entry("prepare_data"), spec.module, spec.source_module),
+                # it calls the reader its record names (by name: its module is its code) as its
+                # record says (:meth:`_dataset_plan`), and runs no registry code
+                code=code_files(_entry("prepare_data"), spec.source_module),
                 hooks=[spec.source],
             )
         )
@@ -394,7 +400,7 @@ class Dag:
 
     # ------------------------------------------------------------------ records, fingerprints
     def record(self, name: str) -> dict:
-        """The stage's plan record (:mod:`fedssl.plan.record`): what the stage runtime reads
+        """The stage's plan record (:mod:`fedssl.record`): what the stage runtime reads
         instead of this DAG."""
         s = self.stages[name]
         return {
@@ -418,6 +424,7 @@ class Dag:
             "method": s.method,
             "gpu": s.gpu,
             **({"pipeline": self._pipeline_plan()} if s.kind == "report" else {}),
+            **({"dataset": self._dataset_plan(s)} if s.kind == "prepare_data" else {}),
         }
 
     def _pipeline_plan(self) -> dict:
@@ -434,9 +441,20 @@ class Dag:
             },
         }
 
+    def _dataset_plan(self, s: Stage) -> dict:
+        """What the prepare stage reads of its data set: its params, validated, with the
+        registry's default place for a ``data_root`` left unset."""
+        params = self.presets.load("dataset", s.name.split("__", 1)[1])
+        spec = dataset_spec(params.name)
+        return {
+            "name": spec.name,
+            "root": params.data_root or spec.root,
+            "download": params.download,
+        }
+
     def fingerprint_inputs(self, name: str) -> dict:
         """What a stage's output depends on, as both front ends see it (see
-        :func:`fedssl.plan.record.fingerprint_inputs`)."""
+        :func:`fedssl.record.fingerprint_inputs`)."""
         return fingerprint_inputs(self.record(name), raw_values(self.stages[name].params))
 
     def fingerprint(self, name: str) -> str:

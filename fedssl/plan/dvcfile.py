@@ -26,9 +26,8 @@ from fedssl.data.catalog import datasets
 from fedssl.methods import registry
 from fedssl.plan.dag import Dag, Stage
 from fedssl.plan.freshness import RAN_LOG, check_data
-from fedssl.plan.layout import PLAN_RECORDS
-from fedssl.plan.record import record_path, record_text
 from fedssl.presets import OVERRIDES_ENV, PARAMS_DIR, Presets
+from fedssl.record import PLAN_RECORDS, record_path, record_text
 
 EXTRA_PIPELINES_DIR = Path("pipelines")
 DAG_STAGE = "dag"

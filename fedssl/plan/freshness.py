@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from fedssl.data.sources import missing_data
+from fedssl.data.catalog import missing_data
 from fedssl.params import ParamsError
 from fedssl.plan.dag import Dag
 from fedssl.plan.layout import ARTIFACTS

@@ -9,7 +9,6 @@ from pathlib import Path
 ARTIFACTS = Path("artifacts")
 RESULTS = Path("results")  # small result files committed with the code (DVC, cache: false)
 LOGS = ARTIFACTS / "logs"  # one log file per stage run by Snakemake
-PLAN_RECORDS = Path("pipelines") / "plan"  # each stage's record (fedssl.plan.record), committed
 
 
 def data_dir(dataset: str) -> str:

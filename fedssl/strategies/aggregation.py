@@ -70,15 +70,18 @@ class RunningMean:
     A float32 tensor of two or more elements is summed from zero as 0 + w_0 v_0 + w_1 v_1 + ...
     (each product rounded, then added): the order in which BLAS's matrix-vector product inside
     :func:`fedavg`'s ``tensordot`` sums the clients (MKL on x86, checked bit for bit by
-    ``tests/strategies/test_fedavg.py``), so both give the very same model. The other tensors
-    (scalars, whose ``tensordot`` is a blocked dot product; integer counters; other dtypes) are
-    few and small: they are kept and reduced by :func:`fedavg` at the end."""
+    ``tests/strategies/test_fedavg.py``), so both give the very same model. Integer counters
+    (BatchNorm's batch count) take a running maximum, exact in any order. The other tensors
+    (float scalars, whose ``tensordot`` is a blocked dot product; other float dtypes) are few
+    and small: they are kept and reduced by :func:`fedavg` at the end, the only part of the
+    sums that grows with the clients (a few bytes each)."""
 
     def __init__(self, weights: torch.Tensor):
         self.weights = weights
         self.w = weights / weights.sum()
         self.added = 0
         self.sums: Tensors = {}
+        self.maxima: Tensors = {}
         self.rows: dict[str, list[torch.Tensor]] = {}
         self.keys: list[str] = []
 
@@ -94,16 +97,20 @@ class RunningMean:
         if not self.added:
             self.keys = list(upload)
         for k, v in upload.items():
-            if not self.summed(v):
+            if self.summed(v):
+                if k not in self.sums:
+                    self.sums[k] = torch.zeros_like(v, memory_format=torch.contiguous_format)
+                self.sums[k].add_(w.to(v.dtype) * v)
+            elif not v.is_floating_point():
+                top = self.maxima.get(k)
+                self.maxima[k] = v.clone() if top is None else torch.maximum(top, v)
+            else:
                 self.rows.setdefault(k, []).append(v.detach().clone())
-                continue
-            if k not in self.sums:
-                self.sums[k] = torch.zeros_like(v, memory_format=torch.contiguous_format)
-            self.sums[k].add_(w.to(v.dtype) * v)
         self.added += 1
 
     def result(self) -> Tensors:
         if self.added != len(self.w):
             raise ValueError(f"{self.added} uploads added, {len(self.w)} weights given")
         rest = fedavg({k: torch.stack(r) for k, r in self.rows.items()}, self.weights)
-        return {k: self.sums[k] if k in self.sums else rest[k] for k in self.keys}
+        every = {**self.sums, **self.maxima, **rest}
+        return {k: every[k] for k in self.keys}

@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedssl.data.catalog import dataset_spec, datasets
-from fedssl.data.sources import load_dataset, missing_data
+from fedssl.data.catalog import dataset_spec, datasets, load_dataset, missing_data
 from tests.fixtures import REPO, make_tiny_project
 from tests.formats import WRITERS
 
@@ -105,7 +104,7 @@ import os
 
 import numpy as np
 
-from fedssl.data.errors import DataNotFound
+from fedssl.data.sources import DataNotFound
 from fedssl.data.sources import Source, Split
 
 

@@ -9,7 +9,8 @@ import urllib.request
 
 import pytest
 
-from fedssl.data.sources import DataNotFound, load_dataset
+from fedssl.data.catalog import load_dataset
+from fedssl.data.sources import DataNotFound
 from tests.fixtures import make_tiny_project
 
 

@@ -24,13 +24,11 @@ from tests.fixtures import REPO, TINY_MFCL_EXPERIMENT, in_project, make_tiny_pro
 from tests.lwfedssl_fixtures import TINY_PARTITION as LW_PARTITION
 from tests.lwfedssl_fixtures import TINY_SCRATCH, tiny_text
 from tests.methods.cpcfl.test_cpcfl import add_tiny_cpcfl
-from tests.methods.fedbyol.test_fedbyol_chain import EXPERIMENT as BYOL
 from tests.methods.mocosfl.test_mocosfl import TINY as TINY_MOCOSFL
 from tests.methods.mpfedcon.test_mpfedcon_chain import EXPERIMENT as MPF_EXPERIMENT
 from tests.methods.mpfedcon.test_mpfedcon_chain import LEAKAGE
 from tests.methods.mpfedcon.test_mpfedcon_chain import PARTITION as SHARDS
-from tests.methods.orchestra.test_orchestra_chain import TINY_ORCHESTRA
-from tests.methods.supervised.test_supervised_chain import EXPERIMENT as SUPERVISED
+from tests.methods.test_method_contract import experiment
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(600)]
 
@@ -369,9 +367,9 @@ def project(tmp_path_factory):
         "experiments/tiny_leakage.yaml": LEAKAGE,
         "experiments/tiny_mfcl.yaml": TINY_MFCL_EXPERIMENT.format(norm="gn", secure="false"),
         "experiments/tiny_mocosfl.yaml": TINY_MOCOSFL.format(title="m", variant="mocosfl", cut=1),
-        "experiments/tiny_fedavg.yaml": SUPERVISED.format(variant="fedavg", mu=0.0),
-        "experiments/tiny_fedbyol.yaml": BYOL.format(title="b", name="fedbyol", extra=""),
-        "experiments/tiny_orchestra.yaml": TINY_ORCHESTRA.format(rounds=1),
+        "experiments/tiny_fedavg.yaml": experiment("supervised", variant="fedavg", mu=0.0),
+        "experiments/tiny_fedbyol.yaml": experiment("fedbyol"),
+        "experiments/tiny_orchestra.yaml": experiment("orchestra", rounds=1),
     }
     for name, text in files.items():
         (params / name).write_text(text)
@@ -436,7 +434,7 @@ def test_a_crafted_pickle_at_each_load_site_is_refused(project, key, tmp_path, m
     monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
     # the stage runtime refuses an input that differs from what its producer recorded before
     # any load (tests/plan/test_reliability.py); here the load site itself must refuse the file
-    monkeypatch.setattr("fedssl.stage.verify_inputs", lambda record: None)
+    monkeypatch.setattr("fedssl.stagebase.verify_inputs", lambda record: None)
     ex = EXERCISES[key]
     marker = tmp_path / "the-pickle-ran"
     with in_project(project) as planned_stage:
@@ -482,7 +480,7 @@ def write_plain(path: Path, content) -> None:
 @pytest.mark.parametrize("crafted", ["data_batch_1", "test_batch", "batches.meta"])
 def test_a_crafted_pickle_in_a_cifar_folder_is_refused(tmp_path, crafted):
     """CIFAR's release is pickled: its reader builds numpy arrays and refuses anything else."""
-    from fedssl.data.sources import load_dataset
+    from fedssl.data.catalog import load_dataset
     from tests.formats import write_cifar10
 
     write_cifar10(tmp_path)

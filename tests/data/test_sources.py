@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedssl.data.catalog import dataset_spec, datasets
-from fedssl.data.sources import DataNotFound, Split, load_dataset
+from fedssl.data.catalog import dataset_spec, datasets, load_dataset
+from fedssl.data.sources import DataNotFound, Split
 from tests.formats import (
     write_cifar10,
     write_cifar100,

@@ -187,7 +187,7 @@ def test_stages_cap_the_kernel_cache_unless_the_user_did(monkeypatch):
     count; stages cap it before computing, and a user's own cap wins."""
     import os
 
-    from fedssl.stage import KERNEL_CACHE, bound_kernel_cache
+    from fedssl.stagebase import KERNEL_CACHE, bound_kernel_cache
 
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     bound_kernel_cache()
@@ -227,3 +227,82 @@ def test_a_stage_computes_in_its_experiments_precision_and_records_it(tmp_path):
     assert meta["precision"] == "bf16"
     assert record["precision"] == "bf16" and record["precision_setting"] == "bf16"
     assert "precision" in pretrain.spec.params[str(Path("params/experiments/tiny_simclr.yaml"))]
+
+
+def test_only_the_policy_applies_autocast():
+    """Precision is applied in one place (:func:`fedssl.precision.under_policy`): local losses
+    reach it through the cohort's ``forward``, the probes, fine-tuning and a method's own
+    loops call it; no method, nor any other library module, opens an autocast region itself."""
+    package = Path("fedssl")
+    opening = [
+        str(f.relative_to(package)) for f in package.rglob("*.py") if "autocast(" in f.read_text()
+    ]
+    assert opening == ["precision.py"]
+    assert "autocast" not in "".join(f.read_text() for f in (package / "methods").rglob("*.py"))
+    assert (package / "precision.py").read_text().count("torch.autocast(") == 1
+
+
+def activation_dtypes(model) -> set:
+    """Records the dtype of every convolution's and linear layer's output while it runs."""
+    seen = set()
+    for m in model.modules():
+        if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
+            m.register_forward_hook(lambda mod, args, out: seen.add(out.dtype))
+    return seen
+
+
+FEDERATED = ["fedsimclr", "fedbyol"]
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("name", FEDERATED)
+@pytest.mark.parametrize("setting, dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
+def test_a_methods_local_training_computes_in_the_policys_precision(name, setting, dtype, tmp_path):
+    """One round of a federated method's local training through its own federation: every
+    layer's activation is bf16 under bf16 and fp32 under fp32, the method naming no dtype."""
+    from fedssl.methods import federated
+    from tests.fl.test_engine import SHAPE, toy_data
+    from tests.methods.test_method_contract import tiny
+
+    p = tiny(name, rounds=1)
+    with precision.policy(setting):
+        model = federated.build_model(p, SHAPE, torch.device("cpu"))
+        seen = activation_dtypes(model)
+        fed = federated.make_federation(p, model, toy_data(), tmp_path / "ckpt.pt", "precision")
+        fed.run(fed.start(model))
+    assert seen == {dtype}
+
+
+@pytest.mark.parametrize("setting, dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
+def test_a_methods_own_loss_computes_in_the_policys_precision(setting, dtype):
+    """MFCL's reconstruction loss (a loss of its own, not on the model's outputs) calls its
+    autoencoder through the cohort's forward: bf16 activations under bf16, fp32 otherwise; the
+    loss itself is fp32 either way."""
+    from fedssl.fl.cohort import Batch
+    from fedssl.methods.mfcl.run import autoencoder_loss
+    from fedssl.models.autoencoder import ClientAutoencoder
+
+    torch.manual_seed(0)
+    model = ClientAutoencoder(in_channels=1, width=4, norm="tn", channels_per_group=2)
+    seen = activation_dtypes(model)
+    views = (torch.rand(4, *SHAPE), torch.rand(4, *SHAPE))
+    batch = Batch(views, torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.bool))
+    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+    with precision.policy(setting):
+        loss = autoencoder_loss("bce")(model, params, buffers, batch)
+    assert seen == {dtype} and loss.dtype == torch.float32
+
+
+@pytest.mark.parametrize("setting, dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
+def test_the_probes_features_are_computed_in_the_policys_precision(setting, dtype):
+    """The probes' feature pass runs the encoder under the policy and hands back fp32."""
+    import numpy as np
+
+    from fedssl.eval.probes import extract_features
+
+    encoder = seeded_contrastive_model(MODEL, SHAPE, 0, torch.device("cpu")).backbone
+    seen = activation_dtypes(encoder)
+    images = np.random.default_rng(0).integers(0, 256, (6, *SHAPE), dtype=np.uint8)
+    with precision.policy(setting):
+        features = extract_features(encoder, images, 4, torch.device("cpu"))
+    assert seen == {dtype} and features.dtype == np.float32

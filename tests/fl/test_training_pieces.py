@@ -14,7 +14,7 @@ from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.epochs import run_epochs
 from fedssl.losses import masked_cross_entropy
 from fedssl.params import AugmentParams, FinetuneParams
-from fedssl.precision import autocast, autocast_dtype, channels_last
+from fedssl.precision import autocast_dtype, channels_last, policy, under_policy
 from fedssl.runtime import StageFailed, derive_seed, load_checkpoint
 
 
@@ -33,14 +33,14 @@ def test_auto_keeps_a_cpu_without_native_bf16_in_fp32_and_puts_cuda_in_bf16(monk
         autocast_dtype("cpu", "fp16")
 
 
-def test_autocast_on_the_cpu_changes_nothing_and_bf16_is_honoured():
+def test_fp32_under_the_policy_changes_nothing_and_bf16_is_honoured():
     torch.manual_seed(0)
     layer, x = nn.Linear(8, 4), torch.randn(5, 8)
-    with autocast(x):
-        out = layer(x)
+    out = under_policy(x, layer, x)
     assert out.dtype == torch.float32 and torch.equal(out, layer(x))
-    with autocast(x, "bf16"):
-        assert layer(x).dtype == torch.bfloat16
+    with policy("bf16"):
+        assert under_policy(x, layer, x).dtype == torch.bfloat16
+        assert layer(x).dtype == torch.float32  # only what runs under the policy
 
 
 # ------------------------------------------------------------------ multi-view batches

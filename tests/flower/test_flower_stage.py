@@ -18,9 +18,9 @@ import pytest
 from fedssl.runtime import StageFailed
 from fedssl.stage import run_record
 from tests.fixtures import in_project, make_tiny_project, output_files, run_stage
-from tests.methods.fedbyol.test_fedbyol_chain import EXPERIMENT as BYOL
 from tests.methods.mpfedcon.test_mpfedcon_chain import EXPERIMENT as MPF
 from tests.methods.mpfedcon.test_mpfedcon_chain import PARTITION as SHARDS
+from tests.methods.test_method_contract import experiment
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(900)]
 
@@ -36,11 +36,7 @@ def project(tmp_path_factory):
     (params / "experiments" / "tiny_scaffold.yaml").write_text(
         MPF.format(variant="scaffold", seed=0)
     )
-    (params / "experiments" / "tiny_fedema.yaml").write_text(
-        BYOL.format(title="e", name="fedema", extra="  tau: 0.7\n").replace(
-            "rounds: 3", "rounds: 2"
-        )
-    )
+    (params / "experiments" / "tiny_fedema.yaml").write_text(experiment("fedema", tau=0.7))
     return root
 
 

@@ -14,9 +14,9 @@ from fedssl.data.augment import BatchAugment
 from fedssl.fl.cohort import Batch, OptimizerConfig, StackedOptimizer, clip_grad_norm
 from fedssl.losses import nt_xent
 from fedssl.methods import federated
+from fedssl.methods import federated_supervised as runtime
 from fedssl.methods.featarc import run as featarc
 from fedssl.methods.fedbyol import FedEMAParams
-from fedssl.methods.fsl import train as fsl
 from fedssl.methods.mpfedcon import personalised as P
 from fedssl.methods.mpfedcon import train as T
 from fedssl.methods.orchestra.model import orchestra_views
@@ -114,10 +114,11 @@ def test_apfl_scores_each_party_with_the_mixture_alpha_v_plus_one_minus_alpha_w(
 # ------------------------------------------------------------------ FSL
 def test_fsl_client_part_and_aux_head_descend_the_local_loss_the_server_copy_its_own():
     p = fsl_rules.params()
-    model = fsl.seeded_model(p, SHAPE, fsl_rules.CLASSES, torch.device("cpu"))
+    model = runtime.build_model(p, SHAPE, fsl_rules.CLASSES, torch.device("cpu"))
     x, batch = sup_rules._batch()
     params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
-    got = torch.autograd.grad(fsl.fsl_loss(model, params, buffers, batch), list(params.values()))
+    loss = runtime.trainer_loss(p)(model, params, buffers, batch)
+    got = torch.autograd.grad(loss, list(params.values()))
     local = F.cross_entropy(model.aux(model.client(x)), batch.labels)
     server = F.cross_entropy(model.server(model.client(x).detach()), batch.labels)
     want = torch.autograd.grad(local + server, list(params.values()), allow_unused=True)
@@ -128,7 +129,7 @@ def test_fsl_client_part_and_aux_head_descend_the_local_loss_the_server_copy_its
 
 def test_an_fsl_round_moves_the_client_part_and_lowers_its_local_loss(tmp_path):
     p = fsl_rules.params(local_epochs=3)
-    model = fsl.seeded_model(p, SHAPE, fsl_rules.CLASSES, torch.device("cpu"))
+    model = runtime.build_model(p, SHAPE, fsl_rules.CLASSES, torch.device("cpu"))
     data = toy_data()
     x, y = data.images[:20].float() / 255, data.labels[:20]
 

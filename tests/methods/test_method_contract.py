@@ -2,14 +2,21 @@
 being registered.
 
 Every method: its declaration imports without torch, every hook it names resolves to a function,
-its stages' code dependencies are importable modules. Every :class:`FederatedMethod` (a loss and
-a model on the shared runtime): a tiny federation learns, a run killed after its first round
-resumes to the uninterrupted result, the saved model gives the probes a frozen encoder, and the
-ledger counts the model's payload both ways each round."""
+its stages' code dependencies are importable modules. Every method on a base
+(:class:`FederatedMethod`, :class:`SupervisedFederatedMethod`, :class:`PretrainStepMethod`;
+its tiny params in ``EXTRA`` where the common ones do not do): its stages run on a tiny project
+through the report (its training step, the probes on its encoder, its client costs; the costs'
+code none of the training's); a SIGKILLed training stage resumes to the uninterrupted outputs
+(each method not on a runtime, and one of each runtime). Every method on a shared runtime (a
+loss and a model): in process, a tiny federation learns, a run killed after its first round
+resumes to the uninterrupted result, the saved model gives the probes a frozen encoder that the
+export builder rebuilds, and the ledger counts a payload both ways each round."""
 
 from __future__ import annotations
 
+import csv
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +25,24 @@ import pytest
 import torch
 
 from fedssl.methods import federated, registry
-from fedssl.methods.base import FederatedMethod, call_hook
+from fedssl.methods import federated_supervised as supervised
+from fedssl.methods.base import (
+    FederatedMethod,
+    PretrainStepMethod,
+    SupervisedFederatedMethod,
+    call_hook,
+    hook_module,
+)
+from tests.fixtures import (
+    TINY_PROBES,
+    assert_a_killed_stage_resumes,
+    in_project,
+    run_stage,
+    tiny_chain_project,
+)
+from tests.fixtures import run as run_command
 from tests.fl.test_engine import SHAPE, toy_data
+from tests.methods.supervised.test_supervised_rules import CLASSES, held_out
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")
@@ -34,6 +57,20 @@ TINY_MODEL = {
 AUGMENT = {"crop_scale": [0.5, 1.0], "jitter_p": 0.0, "grayscale_p": 0.0}
 METHODS = [m.name for m in registry.all()]
 FEDERATED = [m.name for m in registry.all() if isinstance(m, FederatedMethod)]
+SUPERVISED = [m.name for m in registry.all() if isinstance(m, SupervisedFederatedMethod)]
+ON_A_RUNTIME = FEDERATED + SUPERVISED
+BASES = (PretrainStepMethod, SupervisedFederatedMethod)  # FederatedMethod is a PretrainStepMethod
+ON_A_BASE = [m.name for m in registry.all() if isinstance(m, BASES)]
+# A SIGKILLed training stage resumes (through the stages): every method on a base but not on a
+# runtime, and one of each runtime (the others resume in process).
+KILLED = [n for n in ON_A_BASE if n not in ON_A_RUNTIME] + [FEDERATED[0], SUPERVISED[0]]
+# What a method needs besides the common tiny settings (its required fields, sizes that fit).
+EXTRA = {
+    "supervised": {"variant": "moon", "mu": 1.0, "augment": "crop_flip"},
+    "fsl": {"augment": "crop_flip"},
+    "featarc": {"model": {**TINY_MODEL, "proj_dim": 16}, "lr": 0.001, "augment": AUGMENT},
+    "orchestra": {"global_clusters": 6, "local_clusters": 4, "memory_size": 48, "lr": 0.01},
+}
 
 
 def hooks_of(method) -> list[str]:
@@ -67,25 +104,39 @@ def test_every_hook_a_method_names_is_a_function(name):
     assert method.params.model_fields["name"].default == name
 
 
+def section(name: str, rounds: int = 2, batch_size: int = 16) -> dict:
+    """The tiny method section of ``name``: the common settings, its defaults otherwise."""
+    common = {
+        "name": name,
+        "model": TINY_MODEL,
+        "rounds": rounds,
+        "local_epochs": 1,
+        "batch_size": batch_size,
+        "lr": 0.05,
+        "seed": 0,
+    }
+    if isinstance(registry.get(name), FederatedMethod):
+        common["augment"] = AUGMENT
+    return {**common, **EXTRA.get(name, {})}
+
+
 def tiny(name: str, rounds: int = 2):
-    """A tiny valid params block of FederatedMethod ``name`` (its defaults otherwise)."""
-    p = registry.get(name).params
-    return p.model_validate(
-        {
-            "model": TINY_MODEL,
-            "rounds": rounds,
-            "local_epochs": 1,
-            "batch_size": 16,
-            "lr": 0.05,
-            "augment": AUGMENT,
-        }
-    )
+    """Valid tiny params of method ``name``."""
+    return registry.get(name).params.model_validate(section(name, rounds))
+
+
+def federation(name: str, ckpt):
+    """(the model, its federation) of method ``name`` on the toy data, by its runtime."""
+    p = tiny(name)
+    if name in SUPERVISED:
+        model = supervised.build_model(p, SHAPE, CLASSES, CPU)
+        return model, supervised.make_federation(p, model, toy_data(), held_out(), ckpt, "fp")
+    model = federated.build_model(p, SHAPE, CPU)
+    return model, federated.make_federation(p, model, toy_data(), ckpt, "contract")
 
 
 def run(name: str, ckpt, stop_after: int | None = None):
-    p = tiny(name)
-    model = federated.build_model(p, SHAPE, CPU)
-    fed = federated.make_federation(p, model, toy_data(), ckpt, "contract")
+    model, fed = federation(name, ckpt)
 
     def stop(state):
         if state.round == stop_after:
@@ -97,12 +148,16 @@ def run(name: str, ckpt, stop_after: int | None = None):
         return model, None
 
 
-@pytest.mark.parametrize("name", FEDERATED)
-def test_a_federated_method_trains_resumes_and_hands_the_probes_its_encoder(name, tmp_path):
+def initial_global(name: str, ckpt) -> dict:
+    """The global model's state before any round (the server's ``global`` keys)."""
+    model, fed = federation(name, ckpt)
+    return {k: v.clone() for k, v in fed.start(model).server["global"].items()}
+
+
+@pytest.mark.parametrize("name", ON_A_RUNTIME)
+def test_a_method_on_a_runtime_trains_resumes_and_counts_its_payload(name, tmp_path):
     model, whole = run(name, tmp_path / "whole.pt")
-    before = {
-        k: v.clone() for k, v in federated.build_model(tiny(name), SHAPE, CPU).state_dict().items()
-    }
+    before = initial_global(name, tmp_path / "fresh.pt")
     moved = [k for k, v in whole.server["global"].items() if not torch.equal(v, before[k])]
     assert moved, "two rounds of training changed nothing"
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in whole.log)
@@ -115,11 +170,16 @@ def test_a_federated_method_trains_resumes_and_hands_the_probes_its_encoder(name
     for k, v in whole.server["global"].items():
         assert torch.equal(v, resumed.server["global"][k]), k
 
-    # the ledger: every sampled client gets and returns the same payload each round
+    # the ledger: every sampled client gets and returns a payload each round (a federated
+    # method's model both ways; a supervised one may send more, FSL its smashed data)
     up, down = whole.ledger.up, whole.ledger.down
     assert sum(whole.ledger.rounds) == 2 * len(toy_data().clients)
-    assert [sum(u.values()) for u in up] == [sum(d.values()) for d in down]
-    assert all(sum(u.values()) > 0 for u in up)
+    assert all(sum(d.values()) > 0 for d in down)
+    if name in FEDERATED:
+        assert [sum(u.values()) for u in up] == [sum(d.values()) for d in down]
+    else:
+        assert all(sum(u.values()) >= sum(d.values()) for u, d in zip(up, down))
+        assert all("global_top1" in r for r in whole.log)  # scored on the test split each round
 
 
 class _Ctx:
@@ -136,16 +196,105 @@ class _Ctx:
         return self.folder
 
 
-@pytest.mark.parametrize("name", FEDERATED)
-def test_the_saved_model_gives_a_frozen_encoder(name, tmp_path):
+def save(name: str, model, folder) -> None:
+    """What the training step leaves for the encoder hook."""
+    method = registry.get(name)
+    if name in SUPERVISED:
+        supervised.save_network(supervised.network_of(model), folder / "model.pt", SHAPE, CLASSES)
+    else:
+        call_hook(method.save, model, folder / "model.pt", SHAPE)
+
+
+@pytest.mark.parametrize("name", ON_A_RUNTIME)
+def test_the_saved_model_gives_a_frozen_encoder_the_export_builder_rebuilds(name, tmp_path):
     method, p = registry.get(name), tiny(name)
-    model = federated.build_model(p, SHAPE, CPU)
-    call_hook(method.save, model, tmp_path / "model.pt", SHAPE)
+    model, _ = federation(name, tmp_path / "unused.pt")
+    save(name, model, tmp_path)
     encoder = call_hook(method.encoder_hook, _Ctx(p, tmp_path))
     assert not any(q.requires_grad for q in encoder.parameters())
     x = torch.rand(3, *SHAPE, generator=torch.Generator().manual_seed(0))
     features = encoder.eval()(x)
     assert features.shape[0] == 3 and torch.isfinite(features).all()
+    rebuilt = call_hook(method.encoder_builder, p, SHAPE, False)
+    rebuilt.load_state_dict(encoder.state_dict(), strict=True)
+    assert torch.equal(rebuilt.eval()(x), features)
+
+
+# ---------------------------------------------------------------------- through the stages
+PIPELINE = "contract"
+
+
+def experiment(name: str, rounds: int = 2, **changes) -> str:
+    """A tiny experiment of method ``name`` (its section's ``changes`` applied; JSON is YAML)."""
+    method = {**section(name, rounds, batch_size=32), **changes}
+    probes = TINY_PROBES.replace("{{", "{").replace("}}", "}")
+    return f"title: {name}\npartition: tiny_dir05_m3\nmethod: {json.dumps(method)}\n{probes}"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A tiny project with every method on a base, its stages run through the report (and a
+    3-round experiment of each for the resume)."""
+    experiments = {f"tiny_{n}": experiment(n) for n in ON_A_BASE}
+    experiments.update({f"long_{n}": experiment(n, rounds=3) for n in KILLED})
+    root = tiny_chain_project(
+        tmp_path_factory.mktemp("contract"), experiments, PIPELINE, [f"tiny_{n}" for n in ON_A_BASE]
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FEDSSL_DEVICE", "cpu")
+        with in_project(root) as planned:
+            run_stage(planned("report", PIPELINE), upstream=True)
+    return root
+
+
+@pytest.mark.parametrize("name", ON_A_BASE)
+def test_a_method_on_a_base_runs_through_its_stages_to_the_report(name, project, monkeypatch):
+    from fedssl.plan.dag import Dag
+
+    monkeypatch.chdir(project)
+    method, exp, p = registry.get(name), f"tiny_{name}", tiny(name)
+    (step,) = method.steps
+    dag = Dag(PIPELINE)
+    kinds = [s.kind for s in dag.stages.values() if s.name.endswith(f"__{exp}")]
+    assert kinds == [step.name, "features", "evaluate", "costs"]
+    cost_code = hook_module(method.client_costs_hook).replace(".", "/") + ".py"
+    assert cost_code in dag.stages[f"costs__{exp}"].code
+    assert cost_code not in dag.stages[f"{step.name}__{exp}"].code
+
+    results, out = project / "results/experiments" / exp, project / "artifacts/experiments" / exp
+    metrics = json.loads((results / "metrics.json").read_text())
+    assert any("linear" in k for k in metrics) and any("knn" in k for k in metrics)
+    log = list(csv.DictReader((results / "rounds.tsv").open(), delimiter="\t"))
+    comm = json.loads((out / step.name / "communication.json").read_text())["per_client"]
+    assert all(c["rounds"] == len(log) and c["bytes_up"] > 0 and c["bytes_down"] > 0 for c in comm)
+    report = json.loads((project / f"results/reports/{PIPELINE}/report.json").read_text())
+    row = {r["experiment"]: r for r in report["rows"]}[exp]
+    assert row["row"] == method.row_label(p) and row["arch"] == method.arch(p)
+    assert all(float(row[c]) > 0 for c in ("client_MB_exchanged", "client_GFLOPs", "peak_step_MB"))
+    if name in SUPERVISED:  # the global model's accuracy: each round's and the final one
+        top1 = json.loads((results / "global.json").read_text())["global_top1"]
+        assert float(log[-1]["global_top1"]) == top1 == row["global_top1"]
+        saved = torch.load(out / step.name / "model.pt", weights_only=True)
+        assert saved["classes"] == 4 and "global" in report["tables"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", KILLED)
+def test_a_killed_training_stage_resumes_to_the_uninterrupted_outputs(
+    name, project, capsys, monkeypatch
+):
+    (step,) = registry.get(name).steps
+    assert_a_killed_stage_resumes(
+        project, step.name, f"long_{name}", "round 1/", capsys, monkeypatch
+    )
+
+
+def test_snakemake_finds_the_stages_run_here_up_to_date(project):
+    """What the stages wrote is what the front end expects (outputs, metrics, code)."""
+    out = run_command(
+        ["snakemake", "-n", "--cores", "1", "--config", f"pipeline={PIPELINE}"], project
+    )
+    assert "Nothing to be done" in out.stdout
 
 
 def test_the_tests_mirror_the_package():

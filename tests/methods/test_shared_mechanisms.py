@@ -68,8 +68,8 @@ def test_the_ledger_counts_bytes_by_dtype():
 def test_a_clients_cost_row_counts_its_flops_over_its_samples_and_rounds():
     traffic = costs.ClientTraffic(samples=[10, 20], rounds=[2, 3], sent=[100, 250])
     rows = costs.client_rows(traffic, flops_per_sample_round=5.0, peak_step_bytes=64)
-    assert [r["beta_flops"] for r in rows] == [5.0 * 10 * 2, 5.0 * 20 * 3]
-    assert [(r["samples"], r["rounds"], r["bytes_actual"]) for r in rows] == [
+    assert [r["flops"] for r in rows] == [5.0 * 10 * 2, 5.0 * 20 * 3]
+    assert [(r["samples"], r["rounds"], r["bytes_exchanged"]) for r in rows] == [
         (10, 2, 100),
         (20, 3, 250),
     ]

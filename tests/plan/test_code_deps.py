@@ -117,6 +117,24 @@ def test_editing_the_planner_reruns_nothing(project):
     assert edited(project, *planner) == (set(), set())
 
 
+def test_editing_the_presets_or_the_params_models_reruns_all_but_the_data_preparation(project):
+    """The prepare stage runs by its record alone (its data set's place and reader are in it):
+    the presets, the params models and the stage context that loads them are the code of every
+    other stage, none of its."""
+    records = {p.stem for p in (project / "pipelines/plan").glob("*.json")}
+    others = {r for r in records if not r.startswith("prepare_data__")}
+    assert records - others == {"prepare_data__tiny"}
+    jobs, stale = edited(project, "fedssl/presets.py", "fedssl/params.py", "fedssl/stage.py")
+    assert jobs == stale == others
+
+
+def test_editing_a_data_sets_entry_reruns_only_the_reports(project):
+    """The report labels the data set from its registry entry; the prepare stage reads the
+    entry's facts from its record, which an edit that changes no fact leaves as it was."""
+    jobs, stale = edited(project, "fedssl/data/sets/fashion_mnist.py")
+    assert jobs == stale == REPORTS
+
+
 STRIPES = """from fedssl.data.catalog import DatasetSpec, register
 
 register(DatasetSpec("stripes", "Stripes", 3, (1, 8, 8), 60, "fedssl.data.sources:CIFAR10"))

@@ -20,6 +20,7 @@ ABOVE_THE_METHODS = (
     "fedssl.plan",
     "fedssl.pipeline",
     "fedssl.stage",
+    "fedssl.stagebase",
     "fedssl.presets",
     "fedssl.experiment",
     "fedssl.costs.__main__",
@@ -103,6 +104,7 @@ def test_a_method_package_init_only_declares(package):
         "fedssl/__init__.py",
         "fedssl/contract.py",  # the step context's type and the step-input names
         "fedssl/params.py",
+        "fedssl/record.py",  # ParamsError, with the reader of params files (every stage's code)
         "fedssl/data/__init__.py",  # the data-set registry: facts that params validate against
         "fedssl/data/catalog.py",
         "fedssl/data/sets/__init__.py",  # where the registry finds the data sets, by name
@@ -119,11 +121,29 @@ def test_the_stage_runtime_reads_plan_records_not_the_planner():
     """A stage reads its plan record: the DAG, the import graph, the freshness rules and the
     dvc.yaml writer are no stage's code, nor is any data set's file but through its record."""
     runtime = set(codegraph.code_files(*(f"stages.{p.stem}" for p in REPO.glob("stages/*.py"))))
-    assert "fedssl/plan/record.py" in runtime and "fedssl/plan/layout.py" in runtime
+    assert "fedssl/record.py" in runtime and "fedssl/plan/layout.py" in runtime
     for module in ("dag", "freshness", "dvcfile", "cli"):
         assert f"fedssl/plan/{module}.py" not in runtime
     assert not {"fedssl/pipeline.py", "fedssl/codegraph.py"} & runtime
     assert not any(f.startswith("fedssl/data/sets/") and "__init__" not in f for f in runtime)
+
+
+def test_the_prepare_stage_runs_by_its_record_alone():
+    """Preparing Fashion-MNIST runs its stage script, the stage contract with the record it
+    reads, and the reader and store of the data: no presets, params models, data-set registry,
+    planner or method (their edits rerun every other stage, not this one)."""
+    assert codegraph.code_files("stages.prepare_data", "fedssl.data.sources") == [
+        "fedssl/__init__.py",
+        "fedssl/data/__init__.py",
+        "fedssl/data/sources.py",  # the readers (the record names Fashion-MNIST's)
+        "fedssl/data/store.py",  # the prepared-data artifact
+        "fedssl/hardware.py",  # the machine, in the run record
+        "fedssl/record.py",  # the record, its hashes, the params files' raw values
+        "fedssl/runtime.py",  # atomic writes, the lock, the run's environment
+        "fedssl/stagebase.py",  # the stage contract
+        "stages/__init__.py",
+        "stages/prepare_data.py",
+    ]
 
 
 def declared_hooks(method: Method) -> list[str]:

@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from fedssl.plan.record import record_path, record_text
+from fedssl.record import record_path, record_text
 from tests.fixtures import make_tiny_project
 
 
@@ -55,6 +55,24 @@ def test_the_stage_runs_by_its_record(project):
     ctx = StageContext("partition", "tiny_dir05_m3")
     assert str(ctx.output_dir) == "artifacts/elsewhere"
     assert ctx.input("prepare_data") == project.joinpath("artifacts/data/tiny").relative_to(project)
+
+
+def test_the_prepare_stage_reads_its_data_set_from_its_record(project):
+    """Where the data set is read from and which reader reads it are the record's (the
+    planner resolved them from the params and the registry): moved in the record alone, the
+    stage reads there, and its error names that folder."""
+    from fedssl.stagebase import StageFailed
+    from stages import prepare_data
+
+    path = record_path("prepare_data__tiny")
+    record = json.loads(path.read_text())
+    assert record["dataset"] == {"name": "fashion_mnist", "root": "raw", "download": False}
+    assert record["hooks"] == ["fedssl.data.sources:FASHION_MNIST"]
+    record["dataset"]["root"] = "elsewhere"
+    path.write_text(record_text(record))
+    with pytest.raises(StageFailed, match=f"fashion_mnist not found at {project}/elsewhere"):
+        prepare_data.run(["tiny"])
+    assert not (project / "artifacts/data/tiny").exists()
 
 
 def test_a_record_the_params_moved_on_from_is_made_anew(project):

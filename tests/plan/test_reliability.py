@@ -280,7 +280,7 @@ def test_snakemake_refuses_a_tampered_partition_instead_of_training_on_it(projec
 def test_the_resume_fingerprint_holds_the_thread_count_and_precision(project):
     import torch
 
-    from fedssl.plan.record import fingerprint
+    from fedssl.record import fingerprint
     from fedssl.stage import StageContext
 
     before = torch.get_num_threads()
@@ -412,8 +412,8 @@ def test_a_damaged_model_at_any_load_site_ends_the_stage_in_one_line_naming_it(
 
 
 def test_a_damaged_raw_data_file_is_refused_naming_it(tmp_path):
-    from fedssl.data.errors import DataNotFound
-    from fedssl.data.sources import load_dataset
+    from fedssl.data.catalog import load_dataset
+    from fedssl.data.sources import DataNotFound
     from tests.fixtures import toy_images
     from tests.formats import write_fashion_mnist
 

@@ -2,6 +2,7 @@
 ``dataset-fashion-mnist`` (the original idx.gz files)."""
 
 from fedssl.data.catalog import DatasetSpec, register
+from fedssl.data.sources import DEBIAN_FASHION_MNIST
 
 register(
     DatasetSpec(
@@ -11,6 +12,6 @@ register(
         (1, 28, 28),
         60000,
         "fedssl.data.sources:FASHION_MNIST",
-        default_root="/usr/share/datasets/fashion-mnist",  # Debian's dataset-fashion-mnist
+        default_root=DEBIAN_FASHION_MNIST,  # Debian's dataset-fashion-mnist
     )
 )

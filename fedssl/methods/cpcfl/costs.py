@@ -39,7 +39,7 @@ def _step_costs(p, shape, num_classes: int):
     return full, head, forward, peak, n_params, nbytes(model_state(net))
 
 
-def _rows(p, shape, num_classes, samples, feds, bytes_actual) -> list[dict]:
+def _rows(p, shape, num_classes, samples, feds, bytes_exchanged) -> list[dict]:
     """Per client: traffic by Eqs. 13-15 (T (N+1) S for a pool of N, 2 S T for FedAvg; S in
     32-bit values) and as actually sent, compute (training, plus the N selection forwards per
     exploiting round when N > 1) and memory (a step's peak plus the other N-1 models held)."""
@@ -63,9 +63,9 @@ def _rows(p, shape, num_classes, samples, feds, bytes_actual) -> list[dict]:
                 "client": i,
                 "samples": n,
                 "rounds": sum(f["explore_rounds"][i] + f["exploit_rounds"][i] for f in feds),
-                "alpha_bits_paper": bits,
-                "bytes_actual": bytes_actual[i],
-                "beta_flops": flops,
+                "paper_bits": bits,
+                "bytes_exchanged": bytes_exchanged[i],
+                "flops": flops,
                 "peak_step_bytes": peak + (c.clusters - 1) * model_bytes,
             }
         )

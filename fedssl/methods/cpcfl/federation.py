@@ -5,10 +5,9 @@ of :class:`fedssl.methods.cpcfl.pool.PoolStrategy` that runs them."""
 from __future__ import annotations
 
 import torch
-from torch.func import functional_call
 
 from fedssl.data.augment import to_float
-from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward, vectorise_clients
 from fedssl.fl.engine import (
     Federation,
     FedState,
@@ -20,16 +19,13 @@ from fedssl.fl.engine import (
 from fedssl.losses import masked_cross_entropy
 from fedssl.methods.cpcfl.models import PoolModel, seeded
 from fedssl.methods.cpcfl.pool import PoolStrategy
-from fedssl.precision import autocast
 
 Tensors = dict[str, torch.Tensor]
 
 
 def cross_entropy(model, params, buffers, batch):
     """Mean CE over the real rows of a (padded) batch; views[0] are the plain images."""
-    x = batch.views[0]
-    with autocast(x):
-        logits = functional_call(model, (params, buffers), (x,))
+    logits = forward(model, (params, buffers), batch.views[0])
     return masked_cross_entropy(logits, batch.labels, batch.valid)
 
 

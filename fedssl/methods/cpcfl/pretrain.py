@@ -17,7 +17,7 @@ from fedssl.eval.probes import extract_features, linear_probe
 from fedssl.fl.engine import TIMING_FIELDS
 from fedssl.methods.cpcfl import PAPER_PROJ_WIDTH, SSL_KINDS
 from fedssl.methods.cpcfl.models import Encoder, SSLNet, seeded
-from fedssl.precision import autocast
+from fedssl.precision import under_policy
 from fedssl.runtime import numpy_rng, torch_generator, torch_save, write_json, write_tsv
 
 ENCODER_FILE, PUBLIC_FILE = "encoder.pt", "public.npy"
@@ -85,8 +85,7 @@ def train_candidate(
         for b in range(steps):
             x = images[order[b * batch : (b + 1) * batch].to(device)]
             v1, v2 = two_views(x, gen)
-            with autocast(device):
-                loss = net.loss(v1, v2)
+            loss = under_policy(device, net.loss, v1, v2)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -62,48 +62,35 @@ def rate(runs: list[dict], key: str) -> str:
     return f"{int(sum(flags))}/{len(flags)}" if flags else ""
 
 
+# Tab. 3's columns after the accuracy at each checkpoint: header -> its cell from a row's runs.
+TAB3_COLUMNS = {
+    "best": lambda runs: _sd(numbers(runs, "personal_best")),
+    "ARI": lambda runs: _sd(numbers(runs, "ari"), ".3f"),
+    "purity": lambda runs: _sd(numbers(runs, "purity"), ".3f"),
+    "clusters used": lambda runs: _mean(numbers(runs, "clusters_used"), ".2g"),
+    "collapsed at T": lambda runs: rate(runs, "collapsed"),
+    "1st attempt failed": lambda runs: rate(runs, "first_attempt_failed"),
+    "restarts run": restarts_run,
+    "groups found (round)": lambda runs: groups_found(runs, after_tc=False),
+    "groups found (rounds after T_c)": lambda runs: groups_found(runs, after_tc=True),
+    "relevance": lambda runs: _mean(numbers(runs, "relevance"), ".4f"),
+    "MB sent / client": lambda runs: _mean(numbers(runs, "client_MB_exchanged")),
+    "GFLOPs / client": lambda runs: _mean(numbers(runs, "client_GFLOPs")),
+    "step peak MB": lambda runs: _mean(numbers(runs, "peak_step_MB")),
+}
+
+
 def tab3(rows: list[dict]) -> str:
     checkpoints = sorted(
         {int(m.group(1)) for r in rows for k in r if (m := AT.match(k)) and r[k] not in (None, "")}
     )
-    header = (
-        ["method (pretraining)"]
-        + [f"T={t}" for t in checkpoints]
-        + [
-            "best",
-            "ARI",
-            "purity",
-            "clusters used",
-            "collapsed at T",
-            "1st attempt failed",
-            "restarts run",
-            "groups found (round)",
-            "groups found (rounds after T_c)",
-            "relevance",
-            "MB sent / client",
-            "GFLOPs / client",
-            "step peak MB",
-        ]
-    )
-    lines = []
-    for label, runs in groups(rows):
-        cells = [label] + [_sd(numbers(runs, f"personal_at_{t}")) for t in checkpoints]
-        cells += [
-            _sd(numbers(runs, "personal_best")),
-            _sd(numbers(runs, "ari"), ".3f"),
-            _sd(numbers(runs, "purity"), ".3f"),
-            _mean(numbers(runs, "clusters_used"), ".2g"),
-            rate(runs, "collapsed"),
-            rate(runs, "first_attempt_failed"),
-            restarts_run(runs),
-            groups_found(runs, after_tc=False),
-            groups_found(runs, after_tc=True),
-            _mean(numbers(runs, "relevance"), ".4f"),
-            _mean(numbers(runs, "client_MB_sent")),
-            _mean(numbers(runs, "beta_GFLOPs")),
-            _mean(numbers(runs, "peak_step_MB")),
-        ]
-        lines.append(cells)
+    header = ["method (pretraining)"] + [f"T={t}" for t in checkpoints] + list(TAB3_COLUMNS)
+    lines = [
+        [label]
+        + [_sd(numbers(runs, f"personal_at_{t}")) for t in checkpoints]
+        + [cell(runs) for cell in TAB3_COLUMNS.values()]
+        for label, runs in groups(rows)
+    ]
     return markdown_table(
         header,
         lines,

@@ -44,7 +44,7 @@ from fedssl.models.encoders import (
     save_contrastive_model,
     seeded_contrastive_model,
 )
-from fedssl.precision import autocast
+from fedssl.precision import under_policy
 from fedssl.runtime import derive_seed, torch_save
 from fedssl.strategies.aggregation import fedavg_by_group
 
@@ -76,14 +76,20 @@ def alignment_loss(targets: torch.Tensor, y1: torch.Tensor, y2: torch.Tensor, va
     return masked_mean(-0.5 * per_row, valid)
 
 
+def _branches(model, state, x, raw):
+    """The projections and backbone features of the views ``x`` and the anchor's targets for
+    the raw images (no gradient), in one precision region."""
+    z, features = functional_call(model, state, (x,))
+    with torch.no_grad():
+        targets = functional_call(model, state, (raw,), {"branch": "anchor"})
+    return z, features, targets
+
+
 def featarc_loss(temperature: float, scale: float, align_space: str):
     def loss(model, params, buffers, batch):
         v1, v2, raw = batch.views
         x = torch.cat([v1, v2])
-        with autocast(x):
-            z, features = functional_call(model, (params, buffers), (x,))
-            with torch.no_grad():
-                targets = functional_call(model, (params, buffers), (raw,), {"branch": "anchor"})
+        z, features, targets = under_policy(x, _branches, model, (params, buffers), x, raw)
         z1, z2 = z.float().chunk(2)
         ssl = nt_xent(z1, z2, temperature, batch.valid)
         aligned = z if align_space == "proj_to_backbone" else features

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedssl.methods.base import Method, MethodParams, Step
+from fedssl.methods.base import MethodParams, SupervisedFederatedMethod
 from fedssl.methods.registry import register
 from fedssl.params import ModelParams, federation_block
 
@@ -63,26 +63,21 @@ class FSLParams(MethodParams, FSL_FEDERATION):
         return self
 
 
+TRAIN = "fedssl.methods.fsl.train"
+
+
 @register
-class FSL(Method):
+class FSL(SupervisedFederatedMethod):
     name = "fsl"
     label = "FSL"
     params = FSLParams
-    steps = (
-        Step(
-            "train",
-            reads=("partition", "method"),
-            plots=("rounds.tsv",),
-            metrics=("global.json",),
-            runner="fedssl.methods.fsl.train:train",
-        ),
-    )
-    encoder_inputs = ("train",)
+    package = __name__
+    network = f"{TRAIN}:SplitClassifier"
+    loss = f"{TRAIN}:fsl_loss"
+    strategy = f"{TRAIN}:FSLTraffic"
+    describe = f"{TRAIN}:describe"
+    encoder_of = f"{TRAIN}:global_encoder"
     encoder_reads = ("method.model", "method.cut")
-    encoder_builder = "fedssl.methods.fsl.train:untrained_encoder"
-    encoder_hook = "fedssl.methods.fsl.train:encoder"
-    costs_inputs = ("train",)
-    client_costs_hook = "fedssl.methods.fsl.train:client_costs"
 
     def arch(self, params) -> str:
         return f"{params.model.arch}/cut{params.cut}"

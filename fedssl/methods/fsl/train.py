@@ -1,4 +1,6 @@
-"""FSL on the engine (imported when the ``train`` and ``costs`` stages run).
+"""FSL's network, loss and strategy, the hooks of
+:class:`~fedssl.methods.base.SupervisedFederatedMethod` (imported when the ``train`` stage
+runs; its costs: :mod:`.costs`).
 
 Because no gradient goes back to the client, a client's step and its server copy's step on the
 same smashed batch s are independent: one optimizer step on CE(a_c(s), y) + CE(w_s(sg(s)), y)
@@ -12,27 +14,22 @@ the shape and dtype of the client part's real output (the server copies never tr
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
-from fedssl import costs
-from fedssl.data.augment import views_of
-from fedssl.eval.global_model import global_accuracy, load_saved, num_classes, test_split
-from fedssl.fl.cohort import CohortTrainer, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import Federation, FedState, LocalTraining, Strategy, federation_config
-from fedssl.fl.runner import run_federation, train_data
+from fedssl.fl.engine import FedState
 from fedssl.losses import masked_cross_entropy
+from fedssl.methods.federated_supervised import ScoredFedAvg
 from fedssl.models.encoders import build_backbone, frozen
-from fedssl.precision import autocast
-from fedssl.runtime import derive_seed, torch_save, write_json
+from fedssl.precision import under_policy
 
 SMASHED, LABELS = "smashed_data", "labels"  # ledger kinds besides the models
 
 
 class SplitClassifier(nn.Module):
     """``client`` (the first ``cut`` encoder units), ``aux`` (pool + Linear on the cut layer)
-    and ``server`` (the other units + the classifier); ``forward`` is inference, server∘client."""
+    and ``server`` (the other units + the classifier). ``forward`` in training mode is a split
+    step's two outputs, (aux(s), server(sg(s))) of s = client(x); in eval mode, inference:
+    server∘client."""
 
     def __init__(self, p, image_shape, classes: int):
         super().__init__()
@@ -47,23 +44,16 @@ class SplitClassifier(nn.Module):
             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes)
         )
 
-    def forward(self, x: torch.Tensor, split: bool = False):
-        if not split:
+    def forward(self, x: torch.Tensor):
+        if not self.training:
             return self.server(self.client(x))
         s = self.client(x)
         return self.aux(s), self.server(s.detach())  # sg(s): no gradient to the client
 
 
-def seeded_model(p, image_shape, classes: int, device) -> SplitClassifier:
-    torch.manual_seed(derive_seed(p.seed, "init", "fsl-net"))
-    return SplitClassifier(p, image_shape, classes).to(device)
-
-
-def fsl_loss(model, params, buffers, batch):
+def fsl_loss(outputs, batch, p):
     """The client's local loss plus its server copy's loss on the same smashed batch."""
-    x = batch.views[0]
-    with autocast(x):
-        local, server = functional_call(model, (params, buffers), (x, True))
+    local, server = outputs
     return masked_cross_entropy(local, batch.labels, batch.valid) + masked_cross_entropy(
         server, batch.labels, batch.valid
     )
@@ -74,20 +64,21 @@ def smashed_sample(model: SplitClassifier, images: torch.Tensor) -> torch.Tensor
     x = images[:1].float() / 255
     model.client.eval()  # leaves the BN statistics alone
     try:
-        with torch.no_grad(), autocast(x):
-            return model.client(x)[0]
+        with torch.no_grad():
+            return under_policy(x, model.client, x)[0]
     finally:
         model.client.train()
 
 
-class FSLTraffic(Strategy):
+class FSLTraffic(ScoredFedAvg):
     """The engine's FedAvg of every part; the ledger sees the client part and auxiliary head
     both ways (the server copies stay on the server) and, per client, the smashed data and
-    labels of every local step; the global model is scored on the test split each round."""
+    labels of every local step (their shape and dtype: ``smashed``, the client part's real
+    output on one image); the global model is scored on the test split each round."""
 
-    def __init__(self, cfg, p, model: SplitClassifier, smashed: torch.Tensor, tests):
-        super().__init__(cfg)
-        self.p, self.model, self.smashed, self.tests = p, model, smashed, tests
+    def __init__(self, cfg, p, model: SplitClassifier, data, tests):
+        super().__init__(cfg, p, model, data, tests)
+        self.smashed = smashed_sample(model, data.images).to("meta")
 
     def traffic(self, tensors: dict) -> dict[str, dict]:
         return {
@@ -103,75 +94,12 @@ class FSLTraffic(Strategy):
         )
         return trained
 
-    def evaluate(self, state: FedState, round_: int) -> dict:
-        top1 = global_accuracy(self.model, state.server["global"], self.tests)
-        return {"global_top1": round(top1, 4)}
+
+def describe(fed, p) -> dict:
+    return {"smashed_sample_shape": list(fed.strategy.smashed.shape)}
 
 
-def make_federation(p, model, data, tests, ckpt, fingerprint: str) -> Federation:
-    cohort = CohortTrainer(
-        model,
-        views_of(p),
-        fsl_loss,
-        OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum),
-        p.batch_size,
-        p.local_epochs,
-        vectorise_clients(p.parallel_clients, data.device),
-    )
-    cfg = federation_config(p, p.seed)
-    sample = smashed_sample(model, data.images).to("meta")
-    strategy = FSLTraffic(cfg, p, model, sample, tests)
-    return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
-
-
-def train(ctx) -> None:
-    """The ``train`` step: the federation (resumable), the global model and its accuracy."""
-    p = ctx.exp.method
-    data, tests = train_data(ctx), test_split(ctx)
-    classes = num_classes(data, tests)
-    model = seeded_model(p, ctx.image_shape, classes, ctx.device)
-    fed = make_federation(p, model, data, tests, ctx.resume_path, ctx.fingerprint)
-    state = run_federation(ctx, fed, model)
-    saved = {"model": model.state_dict(), "image_shape": tuple(ctx.image_shape), "classes": classes}
-    torch_save(saved, ctx.out / "model.pt")
-    top1 = global_accuracy(model, state.server["global"], tests)
-    write_json(ctx.results_dir / "global.json", {"global_top1": round(top1, 4)})
-    ctx.info.update(classes=classes, smashed_sample_shape=list(fed.strategy.smashed.shape))
-
-
-def load_model(ctx) -> SplitClassifier:
-    saved = load_saved(ctx)
-    model = seeded_model(ctx.exp.method, saved["image_shape"], saved["classes"], ctx.device)
-    model.load_state_dict(saved["model"])
-    return model
-
-
-def global_encoder(model: SplitClassifier) -> nn.Module:
+def global_encoder(model: SplitClassifier, projection: bool = False) -> nn.Module:
     """The frozen encoder: the client part, then the server's units (no classifier; FSL has no
     projection head, so ``features.layer: projection`` reads the same)."""
     return frozen(nn.Sequential(*model.client, *model.server[:-1]))
-
-
-def untrained_encoder(method, image_shape, projection: bool = False) -> nn.Module:
-    """The module :func:`encoder` returns, untrained (what an export loads into)."""
-    return global_encoder(SplitClassifier(method, image_shape, 1))
-
-
-def encoder(ctx) -> nn.Module:
-    return global_encoder(load_model(ctx))
-
-
-def client_costs(ctx) -> list[dict]:
-    """Per client: the bytes of its ledger, FLOPs of its own step (client part + auxiliary
-    head, counted around a real step; the server's work is not the client's) and that step's
-    memory (saved activations + weights, gradients, SGD momentum)."""
-    p, model = ctx.exp.method, load_model(ctx).cpu()
-    local = nn.Sequential(model.client, model.aux).train()
-    x = costs.probe_batch(ctx.image_shape)
-    y = torch.arange(len(x)) % model.aux[-1].out_features
-    loss = lambda out, _x: F.cross_entropy(out, y)  # noqa: E731
-    flops = costs.train_step_flops(local, x, loss) / len(x)
-    acts = costs.saved_activation_bytes(local, x, loss) * p.batch_size / len(x)
-    peak = int(acts + 3 * costs.tensor_bytes(local.parameters()))
-    ledger = costs.ledger_of(ctx.input("train"), [len(c) for c in ctx.clients()])
-    return costs.client_rows(ledger, flops * p.local_epochs, peak)

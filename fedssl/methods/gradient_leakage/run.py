@@ -22,6 +22,7 @@ every number per image into ``leakage.json``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -76,78 +77,104 @@ def idlg_label(model, grads: dict, num_classes: int, seed: int) -> tuple[int, bo
         return int(numpy_rng(seed, "guess").integers(num_classes)), True
 
 
+@dataclass
+class _Victims:
+    """One setting's victims: image ``i`` on its own seeded LeNet with the gradients its party
+    shares, and the attacker's copy of that network (the hidden layers guessed)."""
+
+    p: object
+    setting: object
+    x: torch.Tensor
+    y: np.ndarray
+    num_classes: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    def victim(self, i: int):
+        seed = derive_seed(self.p.seed, "lenet", i)
+        model = lenet(self.p, self.num_classes, self.shape, seed)
+        grads = shared_gradients(model, self.x[i : i + 1], int(self.y[i]), self.setting, seed)
+        return seed, model, grads
+
+    def surrogate(self, model, seed: int):
+        return attacker_model(
+            model,
+            self.setting.hidden_fc,
+            self.setting.assumed_fc,
+            self.num_classes,
+            seed=seed + 1,
+            init_bound=self.p.init_range,
+        )
+
+    def dlg_label_hit(self, i: int) -> int:
+        """Whether DLG's optimised dummy label names image ``i``'s after a short run."""
+        seed, model, grads = self.victim(i)
+        r = gradient_attack(
+            self.surrogate(model, seed),
+            grads,
+            self.shape,
+            self.num_classes,
+            "dlg",
+            iterations=self.p.dlg_label_iterations,
+            lbfgs_max_iter=self.p.lbfgs_max_iter,
+            seed=seed,
+        )
+        return int(r.label == self.y[i])
+
+    def reconstructions(self, i: int) -> dict[str, dict]:
+        """Attack -> image ``i``'s reconstruction by it, with its MSE curve."""
+        p = self.p
+        seed, model, grads = self.victim(i)
+        surrogate = self.surrogate(model, seed)
+        out = {}
+        for attack in p.attacks:
+            label = (
+                idlg_label(model, grads, self.num_classes, seed)[0] if attack == "idlg" else None
+            )
+            r = gradient_attack(
+                surrogate,
+                grads,
+                self.shape,
+                self.num_classes,
+                attack,
+                label=label,
+                iterations=p.iterations,
+                lbfgs_max_iter=p.lbfgs_max_iter,
+                seed=seed,
+                true_image=self.x[i : i + 1],
+            )
+            out[attack] = {
+                "image": i,
+                "label": int(self.y[i]),
+                "attacker_label": r.label,
+                "diverged": r.diverged,
+                "mse_curve": _padded(r.mse_curve, p.iterations),
+                "final_mse": r.mse,
+                "final_image": r.image.squeeze(0).clamp(0, 1).tolist(),
+            }
+        return out
+
+
 def run_setting(p, setting, x: torch.Tensor, y: np.ndarray, num_classes: int) -> dict:
     """Every measurement of one setting (see the module docstring)."""
-    shape = tuple(x.shape[1:])
+    victims = _Victims(p, setting, x, y, num_classes)
     out = {
         "idlg_label_hits": [],
         "blind_guess": False,
         "dlg_label_hits": [],
         "recon": {"idlg": [], "dlg": []},
     }
-
-    def victim(i: int):  # image i's seeded LeNet and the gradients its party shares
-        seed = derive_seed(p.seed, "lenet", i)
-        model = lenet(p, num_classes, shape, seed)
-        return seed, model, shared_gradients(model, x[i : i + 1], int(y[i]), setting, seed)
-
-    def surrogate_of(model, seed: int):  # the attacker's copy (hidden layers guessed)
-        return attacker_model(
-            model,
-            setting.hidden_fc,
-            setting.assumed_fc,
-            num_classes,
-            seed=seed + 1,
-            init_bound=p.init_range,
-        )
-
     for i in range(p.label_images):
-        seed, model, grads = victim(i)
+        seed, model, grads = victims.victim(i)
         label, blind = idlg_label(model, grads, num_classes, seed)
         out["idlg_label_hits"].append(int(label == y[i]))
         out["blind_guess"] |= blind
-    for i in range(p.recon_label_images):
-        seed, model, grads = victim(i)
-        r = gradient_attack(
-            surrogate_of(model, seed),
-            grads,
-            shape,
-            num_classes,
-            "dlg",
-            iterations=p.dlg_label_iterations,
-            lbfgs_max_iter=p.lbfgs_max_iter,
-            seed=seed,
-        )
-        out["dlg_label_hits"].append(int(r.label == y[i]))
+    out["dlg_label_hits"] = [victims.dlg_label_hit(i) for i in range(p.recon_label_images)]
     for i in range(p.recon_images):
-        seed, model, grads = victim(i)
-        surrogate = surrogate_of(model, seed)
-        for attack in p.attacks:
-            label = idlg_label(model, grads, num_classes, seed)[0] if attack == "idlg" else None
-            r = gradient_attack(
-                surrogate,
-                grads,
-                shape,
-                num_classes,
-                attack,
-                label=label,
-                iterations=p.iterations,
-                lbfgs_max_iter=p.lbfgs_max_iter,
-                seed=seed,
-                true_image=x[i : i + 1],
-            )
-            curve = _padded(r.mse_curve, p.iterations)
-            out["recon"][attack].append(
-                {
-                    "image": i,
-                    "label": int(y[i]),
-                    "attacker_label": r.label,
-                    "diverged": r.diverged,
-                    "mse_curve": curve,
-                    "final_mse": r.mse,
-                    "final_image": r.image.squeeze(0).clamp(0, 1).tolist(),
-                }
-            )
+        for attack, result in victims.reconstructions(i).items():
+            out["recon"][attack].append(result)
     return out
 
 

@@ -357,6 +357,9 @@ class _Growing(_Family):
     def extra_reads(self, params) -> tuple[str, ...]:
         return ("method.weight_transfer",)
 
+    def row_label(self, params) -> str:
+        return self.label + ("" if params.weight_transfer else " w/o WT")
+
     def steps_for(self, params) -> tuple[Step, ...]:
         steps = []
         for s in range(1, params.vit.depth + 1):
@@ -412,18 +415,12 @@ class FedMoCoLW(_Growing):
     label = "FedMoCo-LW"
     params = FedMoCoLWParams
 
-    def row_label(self, params) -> str:
-        return self.label + ("" if params.weight_transfer else " w/o WT")
-
 
 @register
 class ProgFedSSL(_Growing):
     name = "prog_fedssl"
     label = "Prog-FedSSL"
     params = ProgFedSSLParams
-
-    def row_label(self, params) -> str:
-        return self.label + ("" if params.weight_transfer else " w/o WT")
 
 
 @register

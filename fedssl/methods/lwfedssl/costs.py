@@ -84,8 +84,8 @@ def _client_rows(p, image_shape, samples: list[int], ledgers: list[list[dict]]) 
             "client": c,
             "samples": n,
             "rounds_taken": 0,
-            "bytes_actual": 0,
-            "beta_flops": 0.0,
+            "bytes_exchanged": 0,
+            "flops": 0.0,
             "paper_flops": 0.0,
             "peak_step_bytes": 0,
             "encoder_bytes": 0,
@@ -98,8 +98,8 @@ def _client_rows(p, image_shape, samples: list[int], ledgers: list[list[dict]]) 
             r = entry["rounds"]
             down, up = entry["down_by_kind"], entry["up_by_kind"]
             row["rounds_taken"] += r
-            row["bytes_actual"] += entry["bytes_up"] + entry["bytes_down"]
-            row["beta_flops"] += m["flops_per_sample"] * n * p.settings(s).local_epochs * r
+            row["bytes_exchanged"] += entry["bytes_up"] + entry["bytes_down"]
+            row["flops"] += m["flops_per_sample"] * n * p.settings(s).local_epochs * r
             row["paper_flops"] += m["paper_flops_per_round"] * r
             if r:
                 row["peak_step_bytes"] = max(row["peak_step_bytes"], m["peak_bytes"])

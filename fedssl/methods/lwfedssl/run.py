@@ -14,10 +14,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
 from fedssl.data.augment import BatchAugment, multi_view
-from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward, vectorise_clients
 from fedssl.fl.engine import (
     Federation,
     FederationConfig,
@@ -26,10 +25,8 @@ from fedssl.fl.engine import (
     RoundUpdates,
     Strategy,
     cosine_lr,
-    fedavg,
     federation_config,
     sample_clients,
-    stacked,
 )
 from fedssl.fl.momentum import ema_after_step
 from fedssl.fl.runner import run_federation, train_data
@@ -38,7 +35,6 @@ from fedssl.models.encoders import frozen
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.mocov3 import MocoV3Learner, ema_pairs, online_state, round_start_state
 from fedssl.models.vit import VisionTransformer
-from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_generator, torch_save, write_json
 
 Tensors = dict[str, torch.Tensor]
@@ -134,8 +130,7 @@ def learner_of(
 # ============================================================================ training
 def learner_loss(model, params, buffers, batch):
     v1, v2 = batch.views
-    with autocast(v1):
-        return functional_call(model, (params, buffers), (v1, v2, batch.valid)).float()
+    return forward(model, (params, buffers), v1, v2, batch.valid).float()
 
 
 def kind_of(key: str) -> str:
@@ -306,11 +301,11 @@ class GrowthStrategy(Strategy):
             kinds.setdefault(kind_of(k), {})[k] = v
         return kinds
 
+    def needs_uploads(self) -> bool:
+        return False  # FedAvg of what came back: summed as the clients finish
+
     def aggregate(self, state: FedState, updates: RoundUpdates) -> None:
-        state.server["global"] = {
-            **state.server["global"],
-            **fedavg(stacked(updates.uploads), updates.weights),
-        }
+        state.server["global"] = {**state.server["global"], **self.mean(updates)}
 
 
 CALIBRATION_SHIFTS = {  # ``calibration.shift``: a fixed transform of uint8 [N, C, H, W] images

@@ -20,6 +20,57 @@ def _mean(rows, key) -> float | None:
     return statistics.mean(values) if values else None
 
 
+# The costs shown as ratios to FedMoCo's: column -> row key.
+COSTS = {
+    "Mem": "peak_step_MB",
+    "FLOPs": "paper_flops",
+    "FLOPs (measured)": "client_GFLOPs",
+    "Comm": "encoder_bytes",
+    "Comm (blocks)": "block_bytes",
+}
+HEADER = [
+    "Method",
+    "runs",
+    *COSTS,
+    "Linear top-1",
+    "Fine-tune top-1",
+    "k-NN top-1",
+    "peak MB",
+    "FLOPs (paper conv.)",
+    "encoder MiB",
+]
+NOTE = (
+    "\nMem: the client's peak step memory (measured: saved activations at the batch "
+    "size + every tensor of the learner + gradients and AdamW state of what trains). "
+    "FLOPs: App. A's convention (one sample, forward counted as fvcore does, trained "
+    "parts 3x, summed over rounds); measured: FlopCounterMode around a real local step "
+    "x samples x epochs x rounds. Comm: encoder tensors (patch embedding + blocks) "
+    "down and up, from the tensors exchanged; heads excluded; (blocks): the "
+    "Transformer blocks alone.\n"
+)
+
+
+def _ratio(group, base, key) -> str:
+    """The group's mean of ``key`` over FedMoCo's (blank without either)."""
+    value, ref = _mean(group, key), _mean(base, key) if base else None
+    return "" if value is None or not ref else number(value / ref, ".3f")
+
+
+def _line(label: str, group: list[dict], base: list[dict] | None) -> list[str]:
+    encoder_bytes = _mean(group, "encoder_bytes")
+    return [
+        label,
+        str(len(group)),
+        *(_ratio(group, base, key) for key in COSTS.values()),
+        _acc(group, "linear_top1"),
+        _acc(group, "finetune_top1"),
+        _acc(group, "knn_top1"),
+        number(_mean(group, "peak_step_MB"), ".3g"),
+        number(_mean(group, "paper_flops"), ".3e"),
+        number(None if encoder_bytes is None else encoder_bytes / 2**20, ".3g"),
+    ]
+
+
 def tab3(rows: list[dict]) -> dict[str, str]:
     mine = [r for r in rows if r.get("method") in FAMILY]
     if not mine:
@@ -27,59 +78,9 @@ def tab3(rows: list[dict]) -> dict[str, str]:
     labels = list(dict.fromkeys(r["row"] for r in mine))
     groups = {label: [r for r in mine if r["row"] == label] for label in labels}
     base = next((g for label, g in groups.items() if g[0]["method"] == "fedmoco"), None)
-    costs = {
-        "Mem": "peak_step_MB",
-        "FLOPs": "paper_flops",
-        "FLOPs (measured)": "beta_GFLOPs",
-        "Comm": "encoder_bytes",
-        "Comm (blocks)": "block_bytes",
-    }
-
-    def ratio(group, key) -> str:
-        value, ref = _mean(group, key), _mean(base, key) if base else None
-        return "" if value is None or not ref else number(value / ref, ".3f")
-
-    header = [
-        "Method",
-        "runs",
-        *costs,
-        "Linear top-1",
-        "Fine-tune top-1",
-        "k-NN top-1",
-        "peak MB",
-        "FLOPs (paper conv.)",
-        "encoder MiB",
-    ]
-    lines = []
-    for label, group in groups.items():
-        absolute = [
-            _mean(group, "peak_step_MB"),
-            _mean(group, "paper_flops"),
-            _mean(group, "encoder_bytes"),
-        ]
-        cells = [
-            label,
-            str(len(group)),
-            *(ratio(group, key) for key in costs.values()),
-            _acc(group, "linear_top1"),
-            _acc(group, "finetune_top1"),
-            _acc(group, "knn_top1"),
-            number(absolute[0], ".3g"),
-            number(absolute[1], ".3e"),
-            number(None if absolute[2] is None else absolute[2] / 2**20, ".3g"),
-        ]
-        lines.append(cells)
-    note = (
-        "\nMem: the client's peak step memory (measured: saved activations at the batch "
-        "size + every tensor of the learner + gradients and AdamW state of what trains). "
-        "FLOPs: App. A's convention (one sample, forward counted as fvcore does, trained "
-        "parts 3x, summed over rounds); measured: FlopCounterMode around a real local step "
-        "x samples x epochs x rounds. Comm: encoder tensors (patch embedding + blocks) "
-        "down and up, from the tensors exchanged; heads excluded; (blocks): the "
-        "Transformer blocks alone.\n"
-    )
+    lines = [_line(label, group, base) for label, group in groups.items()]
     caption = (
         "Accuracy as " + sd_note("sample") + "; Mem, FLOPs and Comm as ratios of the "
         "per-client means to FedMoCo's; then the absolute means"
     )
-    return {TITLE: markdown_table(header, lines, caption) + note}
+    return {TITLE: markdown_table(HEADER, lines, caption) + NOTE}

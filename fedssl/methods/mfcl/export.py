@@ -41,25 +41,7 @@ def export(ctx) -> None:
             "numel_sent": 0,
         }
         if m not in dropped:
-            reps = export_client(
-                model,
-                images,
-                idx,
-                augment,
-                ex.pairs,
-                ex.batch_pairs,
-                p.seed,
-                m,
-                ex.bn_export_mode,
-                ex.tn_pairing,
-            )
-            np.save(ctx.out / f"client_{m}.npy", reps.numpy())
-            np.save(ctx.out / f"client_{m}_index.npy", np.asarray(idx))
-            row.update(
-                bytes_sent=reps.numel() * reps.element_size(),
-                numel_sent=reps.numel(),
-                shape=list(reps.shape),
-            )
+            row.update(_upload(ctx, model, images, idx, augment, m))
         per_client.append(row)
         print(
             f"client {m}: "
@@ -77,3 +59,28 @@ def export(ctx) -> None:
     }
     write_json(ctx.out / "manifest.json", manifest)
     ctx.info.update(dropped_clients=dropped, total_bytes_sent=manifest["total_bytes_sent"])
+
+
+def _upload(ctx, model, images, idx, augment: BatchAugment, m: int) -> dict:
+    """Client ``m``'s upload, saved as its fp16 representations and their sample indices;
+    returns what it sent."""
+    p, ex = ctx.exp.method, ctx.exp.method.export
+    reps = export_client(
+        model,
+        images,
+        idx,
+        augment,
+        ex.pairs,
+        ex.batch_pairs,
+        p.seed,
+        m,
+        ex.bn_export_mode,
+        ex.tn_pairing,
+    )
+    np.save(ctx.out / f"client_{m}.npy", reps.numpy())
+    np.save(ctx.out / f"client_{m}_index.npy", np.asarray(idx))
+    return {
+        "bytes_sent": reps.numel() * reps.element_size(),
+        "numel_sent": reps.numel(),
+        "shape": list(reps.shape),
+    }

@@ -1,6 +1,7 @@
 """The MFCL paper's client cost formulas (§5.4, Eqs. 4-6, Tab. 3), in its conventions.
 
-Analytic formulas (paper convention, "bits_paper"):
+Analytic formulas (paper convention; a cost row's ``paper_bits`` = α, ``paper_memory_bytes`` = γ
+and ``flops`` = β counted, the names every method's costs share):
 
 * Eq. 4, phase-1 traffic:  α₁ = (|θ_fed| + |θ_m|) · 32 · T · (1/R)
 * Eq. 5, phase-2 traffic:  α₂ = (|z_m| · ρ) · 32 · (1/R),   |z_m| = per-view size · |D_m|
@@ -15,9 +16,9 @@ Conventions (spec ``methods/mfcl.md`` §5 and §8 A3/A12):
 * **Representation size.** The paper counts one 32×32×64 (pre-MaxPool) map per "representation
   vector" (one view) and ρ = 8 vectors per sample (:data:`PAPER_REP_NUMEL_RESNET18`), although its
   prose says each vector holds two views and the model really exports 64×16×16 after the pool.
-  The ``*_paper`` numbers follow the paper's counting; use
+  The ``paper_*`` numbers follow the paper's counting; use
   :func:`fedssl.costs.tensor_bytes` on the tensors
-  actually sent for the physical byte count (``bytes_actual``).
+  actually sent for the physical byte count (``bytes_exchanged``).
 * **Phase-1 payload.** Alg. 1 sends the whole autoencoder (encoder + decoder) both ways, so the
   default is |θ_fed| = |θ_m| = autoencoder size. (Tab. 3's "11×10⁶" MFCL cell is only matched by
   "download the autoencoder, upload the encoder" -- see the tests; we do not adopt it.)
@@ -173,7 +174,7 @@ def mfcl_client_costs(
     local_epochs: int,
     pairs: int,
     dropped: list[bool],
-    bytes_actual: list[int],
+    bytes_exchanged: list[int],
     rep_numel_paper: int,
     code_rate: float = DEFAULT_CODE_RATE,
 ) -> list[dict]:
@@ -188,7 +189,7 @@ def mfcl_client_costs(
     eq6 = memory_bytes_eq6(n_enc, n_enc, conv_feature_map_numels(enc, probe), 2 * batch_pairs)
     peak = measured_step_bytes(ae, probe, loss_fn, 2, batch_pairs / k)
     rows = []
-    for m, (n, r, drop, b) in enumerate(zip(samples, rounds, dropped, bytes_actual)):
+    for m, (n, r, drop, b) in enumerate(zip(samples, rounds, dropped, bytes_exchanged)):
         comm = mfcl_comm_costs(n_ae, n_ae, r, 0 if drop else n, pairs, rep_numel_paper, code_rate)
         flops = step_per_pair * n * local_epochs * r + (0 if drop else export_per_pair * pairs * n)
         rows.append(
@@ -197,12 +198,12 @@ def mfcl_client_costs(
                 "samples": n,
                 "rounds": r,
                 "dropped": drop,
-                "alpha_bits_paper": comm["alpha"],
+                "paper_bits": comm["alpha"],
                 "bits_p1_per_round": comm["bits_p1"],
                 "bits_p2": comm["bits_p2"],
-                "bytes_actual": b,
-                "beta_flops": flops,
-                "gamma_eq6_bytes": eq6,
+                "bytes_exchanged": b,
+                "flops": flops,
+                "paper_memory_bytes": eq6,
                 "peak_step_bytes": peak,
             }
         )
@@ -217,7 +218,7 @@ def e2e_client_costs(
     samples: list[int],
     rounds: list[int],
     local_epochs: int,
-    bytes_actual: list[int],
+    bytes_exchanged: list[int],
     optimizer_slots: int,
     code_rate: float = DEFAULT_CODE_RATE,
 ) -> list[dict]:
@@ -232,7 +233,7 @@ def e2e_client_costs(
     )
     peak = measured_step_bytes(model, both, loss_fn, optimizer_slots, batch_pairs / k)
     rows = []
-    for m, (n, r, b) in enumerate(zip(samples, rounds, bytes_actual)):
+    for m, (n, r, b) in enumerate(zip(samples, rounds, bytes_exchanged)):
         comm = e2e_comm_costs(n_params, r, code_rate)
         rows.append(
             {
@@ -240,12 +241,12 @@ def e2e_client_costs(
                 "samples": n,
                 "rounds": r,
                 "dropped": False,
-                "alpha_bits_paper": comm["alpha"],
+                "paper_bits": comm["alpha"],
                 "bits_p1_per_round": comm["bits_p1"],
                 "bits_p2": 0.0,
-                "bytes_actual": b,
-                "beta_flops": step_per_pair * n * local_epochs * r,
-                "gamma_eq6_bytes": eq6,
+                "bytes_exchanged": b,
+                "flops": step_per_pair * n * local_epochs * r,
+                "paper_memory_bytes": eq6,
                 "peak_step_bytes": peak,
             }
         )

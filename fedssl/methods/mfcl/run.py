@@ -12,11 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.func import functional_call
 
 from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.epochs import run_epochs
-from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward, vectorise_clients
 from fedssl.fl.engine import Federation, LocalTraining, Strategy, federation_config, write_round_log
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.losses import nt_xent
@@ -28,7 +27,7 @@ from fedssl.models.autoencoder import (
 from fedssl.models.encoders import frozen
 from fedssl.models.rserver import MfclEncoder, RServerModel
 from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
-from fedssl.precision import autocast
+from fedssl.precision import under_policy
 from fedssl.runtime import derive_seed, numpy_rng, torch_generator, torch_save, write_tsv
 from fedssl.strategies.secure_fedavg import SecureFedAvg
 
@@ -47,8 +46,7 @@ def autoencoder_loss(kind: str = "bce"):
         v1, v2 = batch.views
         valid = batch.valid
         x = torch.cat([v1, v2])
-        with autocast(x):
-            logits = functional_call(model, (params, buffers), (x,))
+        logits = forward(model, (params, buffers), x)
         per_pixel = reconstruction_loss(
             logits.float(), model.reconstruction_target(x), kind, reduction="none"
         )
@@ -197,8 +195,7 @@ def export_client(
             v1, v2 = twin_batch(augment)(x, gen)
             if tn_pairing == "pseudo":  # the "positive" is another image (the next one)
                 v2 = v2.roll(-1, 0)
-            with autocast(x):
-                z = encode_pair(model, v1, v2, tn_pairing).to(torch.float16)
+            z = under_policy(x, encode_pair, model, v1, v2, tn_pairing).to(torch.float16)
             if out is None:
                 out = torch.empty(
                     (len(indices), pairs, 2, *z.shape[1:]), dtype=torch.float16, device="cpu"
@@ -249,8 +246,7 @@ def train_rserver(
             idx = order[s * p.batch_pairs : (s + 1) * p.batch_pairs]
             pair = reps[idx.to(device), pick[idx].to(device)].float()  # [B, 2, C, H, W]
             set_lr(opt, warmup_cosine(epoch * steps + s, total, warmup, peak))
-            with autocast(device):
-                proj = model(torch.cat([pair[:, 0], pair[:, 1]]))
+            proj = under_policy(device, model, torch.cat([pair[:, 0], pair[:, 1]]))
             loss = nt_xent(*proj.float().chunk(2), p.temperature)
             opt.zero_grad(set_to_none=True)
             loss.backward()

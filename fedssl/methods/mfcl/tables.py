@@ -26,12 +26,14 @@ PAPER_TAB2 = Path(__file__).with_name("paper_tab2.tsv")
 PAPER_STAND_IN = "CIFAR-10"
 XI = re.compile(r"^(?P<dataset>.*?)\s*ξ=(?P<xi>[0-9.]+)$")
 
-# Tab. 3's columns: header -> the report row's column (its unit in the header).
+# Tab. 3's columns: header (the paper's symbol, its unit) -> the report row's column, the
+# client costs every method reports (fedssl.evaluations.costs): α = bits by Eqs. 4-5,
+# β = FLOPs counted, γ = memory by Eq. 6.
 TAB3 = {
-    "α (bits)": "alpha_bits",
-    "β (GFLOPs)": "beta_GFLOPs",
-    "γ Eq. 6 (MB)": "gamma_eq6_MB",
-    "sent (MB)": "client_MB_sent",
+    "α (bits)": "paper_bits",
+    "β (GFLOPs)": "client_GFLOPs",
+    "γ Eq. 6 (MB)": "paper_memory_MB",
+    "sent + received (MB)": "client_MB_exchanged",
 }
 
 
@@ -51,7 +53,7 @@ def tab3(rows: list[dict]) -> str | None:
         lines,
         "MFCL, layout of Tab. 3: per-client costs, "
         "mean over the runs of a row: α = bits sent by the paper's formula, "
-        "β = training GFLOPs, γ = memory by Eq. 6, sent = MB measured",
+        "β = training GFLOPs, γ = memory by Eq. 6, sent + received = MB measured",
     )
 
 

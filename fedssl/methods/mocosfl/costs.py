@@ -74,12 +74,12 @@ def client_rows(p, nets: SplitNets, image_shape, ledger: dict, images: list[int]
                 "images": images[c],
                 "bytes_up": row["bytes_up"],
                 "bytes_down": row["bytes_down"],
-                "bytes_actual": row["bytes_up"] + row["bytes_down"],
+                "bytes_exchanged": row["bytes_up"] + row["bytes_down"],
                 "up_by_kind": row["up_by_kind"],
                 "down_by_kind": row["down_by_kind"],
                 "smashed_bytes_per_step": smashed,
                 "flops_per_step": step["flops_per_step"],
-                "beta_flops": step["flops_per_image"] * images[c],
+                "flops": step["flops_per_image"] * images[c],
                 "peak_step_bytes": step["step_bytes"],
             }
         )

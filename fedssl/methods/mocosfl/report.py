@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import statistics
+from functools import partial
 from pathlib import Path
 
 from fedssl.report_format import markdown_table, mean_sd, number, save_figure, sd_note, to_float
@@ -85,6 +86,75 @@ def _min_median_max(xs: list[float], which=("min", "median", "max")) -> str:
     return " / ".join(number(pick[w](xs), ".1f") for w in which) if xs else ""
 
 
+def _per_variant(*columns: str) -> list[str]:
+    """Headers of columns shown for both variants, in the order :func:`_column` fills them."""
+    return [f"{c} {n}" for c in columns for _, n in VARIANTS]
+
+
+def _column(by_variant: dict, metric: str, spec: str = ".2f") -> list[str]:
+    """A metric's cells for both variants (mean ± SD over seeds)."""
+    return [
+        _cell([to_float(r.get(metric)) for r in by_variant.get(v, [])], spec) for v, _ in VARIANTS
+    ]
+
+
+def _accuracy_row(by_variant: dict, both: list[dict]) -> list[str]:
+    col = partial(_column, by_variant)
+    return (
+        col("linear_top1")
+        + col("knn_top1")
+        + col("knn_monitor_last")
+        + col("client_MB_total", ".3g")
+        + [
+            _cell(
+                [
+                    to_float(r.get("client_MB_paper_formula"))
+                    for r in by_variant.get("mocosfl", both)
+                ],
+                ".3g",
+            ),
+            "yes" if all(str(r.get("comm_matches_formula")) == "True" for r in both) else "no",
+        ]
+    )
+
+
+def _misalignment_row(by_variant: dict, where: dict) -> list[str]:
+    """Eq. 2's misalignment before and after the syncs, its MocoSFL / MonAcoSFL ratio per seed
+    and per sync, and the authors' squared log with its ratio per step (runs of one seed
+    paired)."""
+    ratios, per_sync, per_step = [], [], []
+    moco = {r.get("seed"): r for r in by_variant.get("mocosfl", [])}
+    for r in by_variant.get("monacosfl", []):
+        m = moco.get(r.get("seed"))
+        if m is None:
+            continue
+        a, b = to_float(m.get("mis_after_sync_mean")), to_float(r.get("mis_after_sync_mean"))
+        if a is not None and b:
+            ratios.append(a / b)
+        pair = (where, m["experiment"], r["experiment"])
+        per_sync += step_ratios(*pair, "misalignment", syncs_only=True)
+        per_step += step_ratios(*pair, "misalignment_sq_pre_sync")
+    col = partial(_column, by_variant)
+    return (
+        col("mis_pre_sync_mean", ".2e")
+        + col("mis_after_sync_mean", ".2e")
+        + [_cell(ratios, ".1f"), _min_median_max(per_sync, ("min", "median"))]
+        + col("mis_sq_pre_sync_mean", ".2e")
+        + [_min_median_max(per_step)]
+    )
+
+
+def _inversion_row(by_variant: dict, both: list[dict]) -> list[str]:
+    mean_image = [
+        to_float(r.get("inversion_mse_mean_image")) for r in by_variant.get("mocosfl") or both
+    ]
+    return (
+        _column(by_variant, "inversion_mse", ".4f")
+        + _column(by_variant, "inversion_ssim", ".3f")
+        + [_cell(mean_image, ".4f")]
+    )
+
+
 def tables(rows: list[dict]) -> dict[str, str]:
     groups = _groups(rows)
     if not groups:
@@ -94,86 +164,26 @@ def tables(rows: list[dict]) -> dict[str, str]:
     for key, by_variant in groups.items():
         both = [r for v in by_variant.values() for r in v]
         cell = _where(key, both)
-
-        def col(metric, spec=".2f"):
-            return [
-                _cell([to_float(r.get(metric)) for r in by_variant.get(v, [])], spec)
-                for v, _ in VARIANTS
-            ]
-
-        acc.append(
-            cell
-            + col("linear_top1")
-            + col("knn_top1")
-            + col("knn_monitor_last")
-            + col("client_MB_total", ".3g")
-            + [
-                _cell(
-                    [
-                        to_float(r.get("client_MB_paper_formula"))
-                        for r in by_variant.get("mocosfl", both)
-                    ],
-                    ".3g",
-                ),
-                "yes" if all(str(r.get("comm_matches_formula")) == "True" for r in both) else "no",
-            ]
-        )
-        ratios, per_sync, per_step = [], [], []
-        moco = {r.get("seed"): r for r in by_variant.get("mocosfl", [])}
-        for r in by_variant.get("monacosfl", []):
-            m = moco.get(r.get("seed"))
-            if m is None:
-                continue
-            a, b = to_float(m.get("mis_after_sync_mean")), to_float(r.get("mis_after_sync_mean"))
-            if a is not None and b:
-                ratios.append(a / b)
-            pair = (where, m["experiment"], r["experiment"])
-            per_sync += step_ratios(*pair, "misalignment", syncs_only=True)
-            per_step += step_ratios(*pair, "misalignment_sq_pre_sync")
-        mis.append(
-            cell
-            + col("mis_pre_sync_mean", ".2e")
-            + col("mis_after_sync_mean", ".2e")
-            + [_cell(ratios, ".1f"), _min_median_max(per_sync, ("min", "median"))]
-            + col("mis_sq_pre_sync_mean", ".2e")
-            + [_min_median_max(per_step)]
-        )
-        inv.append(
-            cell
-            + col("inversion_mse", ".4f")
-            + col("inversion_ssim", ".3f")
-            + [
-                _cell(
-                    [
-                        to_float(r.get("inversion_mse_mean_image"))
-                        for r in by_variant.get("mocosfl") or both
-                    ],
-                    ".4f",
-                )
-            ]
-        )
-    names = [n for _, n in VARIANTS]
+        acc.append(cell + _accuracy_row(by_variant, both))
+        mis.append(cell + _misalignment_row(by_variant, where))
+        inv.append(cell + _inversion_row(by_variant, both))
     head = ["clients", "arch", "cut (L)"]
     out = {
         "MocoSFL / MonAcoSFL: accuracy and communication per cut": markdown_table(
             head
-            + [f"linear {n}" for n in names]
-            + [f"k-NN {n}" for n in names]
-            + [f"k-NN monitor {n}" for n in names]
-            + [f"MB/client {n}" for n in names]
+            + _per_variant("linear", "k-NN", "k-NN monitor", "MB/client")
             + ["MB/client paper formula", "bytes = protocol formula"],
             acc,
             f"Top-1 % and MB per client, {OVER_SEEDS}",
         ),
         "MocoSFL / MonAcoSFL: misalignment, Eq. 2's and the authors'": markdown_table(
             head
-            + [f"Eq. 2 before sync {n}" for n in names]
-            + [f"Eq. 2 after sync {n}" for n in names]
+            + _per_variant("Eq. 2 before sync", "Eq. 2 after sync")
             + [
                 "Eq. 2 after sync Moco/Monaco, ratio of the means over syncs",
                 "Eq. 2 after sync Moco/Monaco per sync, min / median",
             ]
-            + [f"authors' (squared, pre-sync) mean over steps {n}" for n in names]
+            + _per_variant("authors' (squared, pre-sync) mean over steps")
             + ["authors' Moco/Monaco per step, min / median / max"],
             mis,
             "Misalignment of the participating clients' online and momentum models per "
@@ -184,10 +194,7 @@ def tables(rows: list[dict]) -> dict[str, str]:
             "median / max are over the steps (or syncs) of all seeds",
         ),
         "MocoSFL / MonAcoSFL: model inversion per cut (MSE higher = more private)": markdown_table(
-            head
-            + [f"MSE {n}" for n in names]
-            + [f"SSIM {n}" for n in names]
-            + ["MSE of the mean image"],
+            head + _per_variant("MSE", "SSIM") + ["MSE of the mean image"],
             inv,
             f"Reconstruction error of the attacker, {OVER_SEEDS}",
         ),
@@ -218,6 +225,63 @@ def fig3_table() -> str:
 
 
 # ------------------------------------------------------------------ figures
+def _first_runs(groups: dict) -> list[dict]:
+    """The first seed's run of each cell and variant that has runs."""
+    return [
+        runs[0]
+        for by in groups.values()
+        for variant, _ in VARIANTS
+        if (runs := sorted(by.get(variant, []), key=lambda r: str(r.get("seed"))))
+    ]
+
+
+def _misalignment_panel(ax, key, by_variant: dict, where: dict, column: str, label: str) -> None:
+    """One cell's misalignment curve per variant, first seed, the syncs as grey lines."""
+    for (variant, name), color in zip(VARIANTS, ("tab:red", "tab:blue")):
+        runs = sorted(by_variant.get(variant, []), key=lambda r: str(r.get("seed")))
+        steps = steps_of(where, runs[0]["experiment"]) if runs else []
+        curve = [(int(s["step"]), to_float(s.get(column))) for s in steps]
+        curve = [(x, y) for x, y in curve if y is not None]
+        if not curve:
+            continue
+        ax.plot(*zip(*curve), color=color, lw=1, label=name)
+        if variant == "mocosfl":
+            for s in steps:
+                if s["sync"] == "1":
+                    ax.axvline(int(s["step"]), color="grey", alpha=0.25, lw=0.6)
+    ax.set_yscale("log")
+    ax.set_title(
+        f"{key[0]} clients, cut " + " ".join(_where(key, [])[2:]) + f": {label}", fontsize=8
+    )
+    ax.set_xlabel("step", fontsize=8)
+    ax.legend(fontsize=7)
+
+
+def _inversion_figure(groups: dict, where: dict, path: Path) -> bool:
+    """The inversion steps' own pictures stacked, first seed per cell and variant; False
+    when no step drew one."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.image import imread
+
+    pictures = [
+        where.get((run["experiment"], "inversion"), Path("/nonexistent")) / "inversion.png"
+        for run in _first_runs(groups)
+    ]
+    pictures = [p for p in pictures if p.exists()]
+    if not pictures:
+        return False
+    fig = Figure(figsize=(9, 1.6 * len(pictures)))
+    FigureCanvasAgg(fig)
+    for i, picture in enumerate(pictures):
+        ax = fig.add_subplot(len(pictures), 1, i + 1)
+        ax.imshow(imread(picture))
+        ax.set_axis_off()
+    fig.tight_layout()
+    save_figure(fig, path, dpi=110)
+    return True
+
+
 def figures(rows: list[dict], out_dir: Path) -> dict[str, str]:
     """misalignment.png (Fig. 9: both variants per clients × cut, first seed) and
     inversion.png (the attacker's reconstructions per cut, first seed)."""
@@ -236,25 +300,7 @@ def figures(rows: list[dict], out_dir: Path) -> dict[str, str]:
     for i, key in enumerate(keys):
         for j, (column, label) in enumerate(MISALIGNMENT_CURVES.items()):
             ax = fig.add_subplot(len(keys), 2, 2 * i + j + 1)
-            for (variant, name), color in zip(VARIANTS, ("tab:red", "tab:blue")):
-                runs = sorted(groups[key].get(variant, []), key=lambda r: str(r.get("seed")))
-                steps = steps_of(where, runs[0]["experiment"]) if runs else []
-                curve = [(int(s["step"]), to_float(s.get(column))) for s in steps]
-                curve = [(x, y) for x, y in curve if y is not None]
-                if not curve:
-                    continue
-                ax.plot(*zip(*curve), color=color, lw=1, label=name)
-                if variant == "mocosfl":
-                    for s in steps:
-                        if s["sync"] == "1":
-                            ax.axvline(int(s["step"]), color="grey", alpha=0.25, lw=0.6)
-            ax.set_yscale("log")
-            ax.set_title(
-                f"{key[0]} clients, cut " + " ".join(_where(key, [])[2:]) + f": {label}",
-                fontsize=8,
-            )
-            ax.set_xlabel("step", fontsize=8)
-            ax.legend(fontsize=7)
+            _misalignment_panel(ax, key, groups[key], where, column, label)
     fig.tight_layout()
     save_figure(fig, out_dir / "misalignment.png", dpi=110)
     out = {
@@ -263,28 +309,7 @@ def figures(rows: list[dict], out_dir: Path) -> dict[str, str]:
         "step's sync; left) and the authors' log (mean squared difference, before the sync; "
         "right)"
     }
-    pictures = [
-        (
-            key,
-            variant,
-            where.get((runs[0]["experiment"], "inversion"), Path("/nonexistent")) / "inversion.png",
-        )
-        for key, by in groups.items()
-        for variant, _ in VARIANTS
-        if (runs := sorted(by.get(variant, []), key=lambda r: str(r.get("seed"))))
-    ]
-    pictures = [p for p in pictures if p[2].exists()]
-    if pictures:
-        from matplotlib.image import imread
-
-        fig = Figure(figsize=(9, 1.6 * len(pictures)))
-        FigureCanvasAgg(fig)
-        for i, (_key, _variant, path) in enumerate(pictures):
-            ax = fig.add_subplot(len(pictures), 1, i + 1)
-            ax.imshow(imread(path))
-            ax.set_axis_off()
-        fig.tight_layout()
-        save_figure(fig, out_dir / "inversion.png", dpi=110)
+    if _inversion_figure(groups, where, out_dir / "inversion.png"):
         out["inversion.png"] = (
             "Model inversion: test images (top) and the attacker's "
             "reconstructions (bottom) per clients / cut / variant, "

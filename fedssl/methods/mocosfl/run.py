@@ -192,16 +192,11 @@ def summarize(p, nets: SplitNets, image_shape, state, sizes: list[int]) -> dict:
     )
     clients = check["per_client"]
     knn = [r["knn_monitor"] for r in state.log if "knn_monitor" in r]
+    kinds = _mean_mb_by_kind(clients, n)
 
     def mean(xs):
         return float(np.mean(xs)) if xs else None
 
-    kinds: dict[str, float] = {}
-    for c in clients:
-        for direction in ("up_by_kind", "down_by_kind"):
-            for kind, b in c[direction].items():
-                key = f"MB_{direction[:-8]}_{kind}"
-                kinds[key] = kinds.get(key, 0.0) + b / 1e6 / n
     return {
         "variant": p.variant,
         "clients": n,
@@ -226,6 +221,18 @@ def summarize(p, nets: SplitNets, image_shape, state, sizes: list[int]) -> dict:
         "comm_matches_formula": check["exact"],
         "_check": check,
     }
+
+
+def _mean_mb_by_kind(clients: list[dict], n: int) -> dict[str, float]:
+    """MB a client sends (``MB_up_<kind>``) and receives (``MB_down_<kind>``) per kind of
+    tensor, the mean over the ``n`` clients of the ledger check."""
+    kinds: dict[str, float] = {}
+    for c in clients:
+        for direction in ("up_by_kind", "down_by_kind"):
+            for kind, b in c[direction].items():
+                key = f"MB_{direction[:-8]}_{kind}"
+                kinds[key] = kinds.get(key, 0.0) + b / 1e6 / n
+    return kinds
 
 
 # The two misalignment measures of steps.tsv: column -> axis label
@@ -291,19 +298,66 @@ def inversion(ctx) -> None:
     """§5.3: the attacker holds ``aux_fraction`` of the clients' training images, runs them
     through the final client model, trains a decoder from activations to images (MSE, Adam),
     and is scored on test images by MSE (higher = more private) and SSIM."""
-    from fedssl.attacks.inversion import (
-        InversionDecoder,
-        invert,
-        reconstruction_mse,
-        ssim,
-        train_decoder,
-    )
+    from fedssl.attacks.inversion import invert, reconstruction_mse, ssim
 
     p, ckpt = load_final(ctx)
     inv = p.inversion
     nets = build_nets(p, ckpt["image_shape"], ctx.device)
     nets.client.load_state_dict(ckpt["client"])
     nets.client.eval()
+    aux_images, eval_images = _inversion_images(ctx, p)
+    h_aux, x_aux = _client_activations(nets, aux_images, ctx.device)
+    decoder, history = _train_attacker(p, h_aux, x_aux, ctx.device)
+    h_ev, x_ev = _client_activations(nets, eval_images, ctx.device)
+    recon = invert(decoder, h_ev)
+    mse = reconstruction_mse(recon, x_ev)
+    score = ssim(recon, x_ev)
+    # a reference: the decoder-free guess of the mean auxiliary image
+    mean_mse = reconstruction_mse(x_aux.mean(0, keepdim=True).expand_as(x_ev), x_ev)
+    metrics = {
+        "inversion_mse": round(float(mse.mean()), 5),
+        "inversion_ssim": round(float(score.mean()), 4),
+        "inversion_mse_mean_image": round(float(mean_mse.mean()), 5),
+        "inversion_aux_images": int(len(aux_images)),
+        "inversion_train_mse_last": round(history[-1], 5),
+    }
+    write_json(ctx.out / "metrics.json", metrics)
+    plot_reconstructions(
+        x_ev[: inv.show].cpu(),
+        recon[: inv.show].cpu(),
+        ctx.results_dir / "inversion.png",
+        f"{ctx.exp.title}: MSE {metrics['inversion_mse']:.4f}, "
+        f"SSIM {metrics['inversion_ssim']:.3f}",
+    )
+    c, hh, _ = h_aux.shape[1:]
+    ctx.info.update(metrics, activation_shape=[c, hh, hh])
+
+
+def _train_attacker(p, h_aux: torch.Tensor, x_aux: torch.Tensor, device):
+    """The attacker's decoder from activations to images, seeded and trained on its
+    auxiliary images; returns it and its training losses."""
+    from fedssl.attacks.inversion import InversionDecoder, train_decoder
+
+    inv = p.inversion
+    c, hh, _ = h_aux.shape[1:]
+    torch.manual_seed(derive_seed(p.seed, "inversion-decoder"))
+    decoder = InversionDecoder(c, x_aux.shape[1], hh, x_aux.shape[-1], inv.width).to(device)
+    history = train_decoder(
+        decoder,
+        h_aux,
+        x_aux,
+        inv.epochs,
+        inv.batch_size,
+        inv.lr,
+        derive_seed(p.seed, "inversion-train"),
+    )
+    return decoder, history
+
+
+def _inversion_images(ctx, p) -> tuple[np.ndarray, np.ndarray]:
+    """The attacker's auxiliary images (a stratified ``aux_fraction`` of the clients' training
+    images) and the test images it is scored on (a stratified ``eval_images``), seeded."""
+    inv = p.inversion
     train_images, train_labels = ctx.split("train")
     pool = np.sort(np.concatenate(ctx.clients()))
     aux = pool[
@@ -317,47 +371,15 @@ def inversion(ctx) -> None:
     ev = stratified_subset(
         test_labels, min(inv.eval_images, len(test_labels)), derive_seed(p.seed, "inversion-eval")
     )
+    return train_images[aux], test_images[ev]
 
-    @torch.no_grad()
-    def encode(images: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        x = to_float(to_device(images, ctx.device))
-        return torch.cat([nets.client(c) for c in x.split(256)]), x
 
-    h_aux, x_aux = encode(train_images[aux])
-    c, hh, _ = h_aux.shape[1:]
-    torch.manual_seed(derive_seed(p.seed, "inversion-decoder"))
-    decoder = InversionDecoder(c, x_aux.shape[1], hh, x_aux.shape[-1], inv.width).to(ctx.device)
-    history = train_decoder(
-        decoder,
-        h_aux,
-        x_aux,
-        inv.epochs,
-        inv.batch_size,
-        inv.lr,
-        derive_seed(p.seed, "inversion-train"),
-    )
-    h_ev, x_ev = encode(test_images[ev])
-    recon = invert(decoder, h_ev)
-    mse = reconstruction_mse(recon, x_ev)
-    score = ssim(recon, x_ev)
-    # a reference: the decoder-free guess of the mean auxiliary image
-    mean_mse = reconstruction_mse(x_aux.mean(0, keepdim=True).expand_as(x_ev), x_ev)
-    metrics = {
-        "inversion_mse": round(float(mse.mean()), 5),
-        "inversion_ssim": round(float(score.mean()), 4),
-        "inversion_mse_mean_image": round(float(mean_mse.mean()), 5),
-        "inversion_aux_images": int(len(aux)),
-        "inversion_train_mse_last": round(history[-1], 5),
-    }
-    write_json(ctx.out / "metrics.json", metrics)
-    plot_reconstructions(
-        x_ev[: inv.show].cpu(),
-        recon[: inv.show].cpu(),
-        ctx.results_dir / "inversion.png",
-        f"{ctx.exp.title}: MSE {metrics['inversion_mse']:.4f}, "
-        f"SSIM {metrics['inversion_ssim']:.3f}",
-    )
-    ctx.info.update(metrics, activation_shape=[c, hh, hh])
+@torch.no_grad()
+def _client_activations(nets, images: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final client model's activations of ``images`` (in chunks of 256), and the images
+    as floats on the device."""
+    x = to_float(to_device(images, device))
+    return torch.cat([nets.client(c) for c in x.split(256)]), x
 
 
 def plot_reconstructions(

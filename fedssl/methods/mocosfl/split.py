@@ -36,6 +36,7 @@ from fedssl.fl.cohort import (
     OptimizerConfig,
     StackedOptimizer,
     client_batches,
+    forward,
     gather,
     scatter,
     stack,
@@ -45,7 +46,7 @@ from fedssl.fl.momentum import FeatureQueue, ema_update, misalignment
 from fedssl.losses import moco_queue_loss
 from fedssl.models.heads import ProjectionHead
 from fedssl.models.split import ServerPart, SplitMobileNetV2, SplittableNet, split_resnet18
-from fedssl.precision import autocast
+from fedssl.precision import under_policy
 from fedssl.runtime import derive_seed, torch_generator
 
 Tensors = dict[str, torch.Tensor]
@@ -387,8 +388,7 @@ class SplitMocoTrainer:
     def _client_one(self, params: Tensors, x: torch.Tensor) -> torch.Tensor:
         # activations travel in float32 whatever the compute precision (the ledger checks their
         # bytes against the protocol formula)
-        with autocast(x):
-            return functional_call(self.nets.client, params, (x,)).float()
+        return forward(self.nets.client, params, x).float()
 
     def client_forward(self, params: Tensors, x: torch.Tensor) -> torch.Tensor:
         """Client-stacked params [a, ...] on client-stacked images [a, R, C, H, W] ->
@@ -401,6 +401,14 @@ class SplitMocoTrainer:
                 for i in range(x.shape[0])
             ]
         )
+
+    def _server_forward(self, online: Tensors, momentum: Tensors, hq, hk):
+        """The server's queries (online weights) and keys (momentum weights, no gradient,
+        fp32), in one precision region."""
+        q = functional_call(self.nets.top, online, (hq,))
+        with torch.no_grad():
+            k = functional_call(self.nets.top, momentum, (hk,)).float()
+        return q, k
 
     # ------------------------------------------------------------------ a round
     def train_round(
@@ -571,10 +579,7 @@ class SplitMocoTrainer:
         hk = h_k.flatten(0, 1)
         sp = {k: v[0].detach().requires_grad_(True) for k, v in server.items()}
         ema_update(server_m, {k: v[0] for k, v in server.items()}, cfg.momentum)
-        with autocast(hq):
-            q = functional_call(self.nets.top, sp, (hq,))
-            with torch.no_grad():
-                k = functional_call(self.nets.top, server_m, (hk,)).float()
+        q, k = under_policy(hq, self._server_forward, sp, server_m, hq, hk)
         loss = moco_queue_loss(q, k, queue.keys, cfg.temperature, rows_valid)
         grads = torch.autograd.grad(loss, [*sp.values(), hq])
         self.optimizer.step(

@@ -17,11 +17,11 @@ from torch.func import functional_call
 
 from fedssl.data.augment import to_float
 from fedssl.eval.personal import client_outputs
+from fedssl.fl.cohort import forward
 from fedssl.fl.engine import Phase
 from fedssl.losses import masked_cross_entropy
 from fedssl.methods.mpfedcon.nets import Anchored, part
 from fedssl.methods.mpfedcon.train import SplitStrategy, ce_loss
-from fedssl.precision import autocast
 from fedssl.runtime import numpy_rng
 from fedssl.strategies import apfl, perfedavg
 from fedssl.strategies.ditto import ditto_prox
@@ -52,9 +52,7 @@ def with_companion(p, model: Anchored) -> Anchored:
 
 
 def _ce(net: nn.Module, weights: dict, x: torch.Tensor, labels, valid) -> torch.Tensor:
-    with autocast(x):
-        logits = functional_call(net, weights, (x,))
-    return masked_cross_entropy(logits, labels, valid)
+    return masked_cross_entropy(forward(net, weights, x), labels, valid)
 
 
 def _net_ce(model, weights: dict, x, labels, valid) -> torch.Tensor:

@@ -175,6 +175,33 @@ def tab2(rows: list[dict], key: str) -> str:
     )
 
 
+def _tab3_cells(mine: list[dict], fedavg: list[dict]) -> list[str]:
+    """One (method, setting) cell group of Tab. 3: rounds to the target over the seeds that
+    reach it, speedup over FedAvg's rounds, MB per transfer, Eq. 10's traffic, and the
+    traffic measured over the whole run."""
+    reached = [to_float(r["rounds_to_target"]) for r in mine]
+    hit = [v for v in reached if v is not None]
+    mb = [to_float(r.get("round_MB_up")) or 0.0 for r in mine]
+    total = [
+        (to_float(r.get("client_MB_up")) or 0) + (to_float(r.get("client_MB_down")) or 0)
+        for r in mine
+    ]
+    base = [v for v in (to_float(r["rounds_to_target"]) for r in fedavg) if v is not None]
+    rounds = _sd(hit, ".1f") + (
+        "" if len(hit) == len(reached) else f" ({len(hit)}/{len(reached)} reached)"
+    )
+    speed = number(statistics.mean(base) / statistics.mean(hit), ".2f") if hit and base else ""
+    per = statistics.mean(mb) if mb else 0.0
+    traffic = number(statistics.mean(hit) * per) if hit else ""
+    return [
+        rounds or "not reached",
+        speed,
+        number(per),
+        traffic,
+        number(statistics.mean(total)) if total else "",
+    ]
+
+
 def tab3(rows: list[dict]) -> str | None:
     """Rounds to the target accuracy, speedup over FedAvg, MB per transfer and Eq. 10's
     traffic = rounds × MB per transfer, plus the traffic measured over the whole run."""
@@ -198,29 +225,7 @@ def tab3(rows: list[dict]) -> str | None:
         for c in columns:
             mine = [r for r in rows if r["row"] == label and r["column"] == c]
             fedavg = [r for r in rows if r["row"] == "FedAvg" and r["column"] == c]
-            reached = [to_float(r["rounds_to_target"]) for r in mine]
-            hit = [v for v in reached if v is not None]
-            mb = [to_float(r.get("round_MB_up")) or 0.0 for r in mine]
-            total = [
-                (to_float(r.get("client_MB_up")) or 0) + (to_float(r.get("client_MB_down")) or 0)
-                for r in mine
-            ]
-            base = [v for v in (to_float(r["rounds_to_target"]) for r in fedavg) if v is not None]
-            rounds = _sd(hit, ".1f") + (
-                "" if len(hit) == len(reached) else f" ({len(hit)}/{len(reached)} reached)"
-            )
-            speed = (
-                number(statistics.mean(base) / statistics.mean(hit), ".2f") if hit and base else ""
-            )
-            per = statistics.mean(mb) if mb else 0.0
-            traffic = number(statistics.mean(hit) * per) if hit else ""
-            line += [
-                rounds or "not reached",
-                speed,
-                number(per),
-                traffic,
-                number(statistics.mean(total)) if total else "",
-            ]
+            line += _tab3_cells(mine, fedavg)
         lines.append(line)
     return markdown_table(
         header,

@@ -22,7 +22,7 @@ from fedssl.attacks.leakage import add_gradient_noise
 from fedssl.data.augment import to_float
 from fedssl.data.store import to_device
 from fedssl.eval.personal import PersonalLog, client_outputs
-from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward
 from fedssl.fl.engine import (
     FederationConfig,
     FedState,
@@ -35,7 +35,6 @@ from fedssl.losses import masked_cross_entropy, model_contrastive_loss
 from fedssl.methods.mpfedcon.nets import Anchored, layer_of, net_keys, part
 from fedssl.models.cnn import LayeredNet
 from fedssl.models.heads import ProjectionHead
-from fedssl.precision import autocast
 from fedssl.runtime import derive_seed, torch_generator
 from fedssl.strategies.fedprox import proximal
 
@@ -50,9 +49,7 @@ def _masked_ce(logits: torch.Tensor, batch) -> torch.Tensor:
 
 def _forward(model, params, buffers, batch, *args):
     """The party's network on the batch's training view, under the precision policy."""
-    x = batch.views[0]
-    with autocast(x):
-        return functional_call(model, (params, buffers), (x, *args))
+    return forward(model, (params, buffers), batch.views[0], *args)
 
 
 def ce_loss():

@@ -55,9 +55,9 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
             "client": m,
             "samples": n,
             "rounds": r,
-            "bytes_actual": b,
+            "bytes_exchanged": b,
             # round 0 only clusters: training rounds are r - 1 for a client that took part in it
-            "beta_flops": per_image * n * p.local_epochs * max(r - 1, 0),
+            "flops": per_image * n * p.local_epochs * max(r - 1, 0),
             "peak_step_bytes": peak,
         }
         for m, (n, r, b) in enumerate(zip(samples, rounds, sent))

@@ -46,7 +46,7 @@ from fedssl.methods.orchestra.model import (
     seeded_orchestra_model,
 )
 from fedssl.models.encoders import frozen
-from fedssl.precision import autocast
+from fedssl.precision import under_policy
 from fedssl.runtime import numpy_rng, torch_generator, torch_save
 
 LOCAL_CENTROIDS = "local_centroids"
@@ -60,18 +60,26 @@ def clustering_loss(student: torch.Tensor, teacher: torch.Tensor, centroids, tem
     return masked_mean(-(q * log_p).sum(1), valid)
 
 
+def _branches(model, state, x1, x2, x3):
+    """The student's projection of x2, the rotation head's logits on x3 and the teacher's
+    projection of x1 (no gradient, fp32): one precision region, the online weights' bf16 casts
+    shared by the student and rotation branches."""
+    student = functional_call(model, state, (x2,))
+    rotation = functional_call(model, state, (x3,), {"branch": "rotation"})
+    with torch.no_grad():
+        teacher = functional_call(model, state, (x1,), {"branch": "target"}).float()
+    return student, rotation, teacher
+
+
 def orchestra_loss(temperature: float):
     """The local objective L_clu + L_deg. Side effect, like BatchNorm's running statistics: the
     batch's teacher projections are pushed into the client's memory buffer (FIFO)."""
 
     def loss(model, params, buffers, batch):
         x1, x2, x3, turns = batch.views
-        state = (params, buffers)
-        with autocast(x1):
-            student = functional_call(model, state, (x2,))
-            rotation = functional_call(model, state, (x3,), {"branch": "rotation"})
-            with torch.no_grad():
-                teacher = functional_call(model, state, (x1,), {"branch": "target"}).float()
+        student, rotation, teacher = under_policy(
+            x1, _branches, model, (params, buffers), x1, x2, x3
+        )
         centroids = buffers[CENTROIDS].float()
         l_clu = clustering_loss(student, teacher, centroids, temperature, batch.valid)
         l_deg = masked_cross_entropy(rotation, turns, batch.valid)

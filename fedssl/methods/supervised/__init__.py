@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedssl.methods.base import Method, MethodParams, Step
+from fedssl.methods.base import MethodParams, SupervisedFederatedMethod
 from fedssl.methods.registry import register
 from fedssl.params import (
     ModelParams,
@@ -76,30 +76,22 @@ class SupervisedParams(MethodParams, SUPERVISED_FEDERATION, TrainsItsModel):
         return self
 
 
+TRAIN = "fedssl.methods.supervised.train"
+
+
 @register
-class Supervised(Method):
+class Supervised(SupervisedFederatedMethod):
     name = "supervised"
     label = "Supervised FL"
     params = SupervisedParams
-    steps = (
-        Step(
-            "train",
-            reads=("partition", "method"),
-            plots=("rounds.tsv",),
-            metrics=("global.json",),
-            runner="fedssl.methods.supervised.train:train",
-        ),
-    )
-    encoder_inputs = ("train",)
-    encoder_reads = ("method.model",)
-    encoder_builder = "fedssl.methods.supervised.train:untrained_encoder"
-    encoder_hook = "fedssl.methods.supervised.train:encoder"
-    costs_inputs = ("train",)
-    client_costs_hook = "fedssl.methods.supervised.costs:client_costs"
+    package = __name__
+    network = f"{TRAIN}:build_net"
+    wrapper = f"{TRAIN}:with_references"
+    loss = f"{TRAIN}:supervised_loss"
+    strategy = f"{TRAIN}:GlobalFedAvg"
+    describe = f"{TRAIN}:describe"
+    encoder_of = f"{TRAIN}:global_encoder"
 
     def row_label(self, params) -> str:
         label = LABELS[params.variant]
         return f"{label} (μ={params.mu:g})" if params.variant != "fedavg" else label
-
-    def arch(self, params) -> str:
-        return params.model.arch

@@ -10,7 +10,9 @@ from torch import nn
 from fedssl import costs
 from fedssl.eval.global_model import load_saved
 from fedssl.fl.cohort import Batch
-from fedssl.methods.supervised.train import local_loss, seeded_model
+from fedssl.methods.federated import trainer_loss
+from fedssl.methods.federated_supervised import build_model
+from fedssl.methods.supervised.train import with_proximal
 
 REFERENCES_HELD = {"fedavg": 0, "fedprox": 1, "moon": 2}  # frozen model copies a step reads
 
@@ -20,7 +22,8 @@ class LocalStep(nn.Module):
 
     def __init__(self, p, model: nn.Module, labels: torch.Tensor):
         super().__init__()
-        self.model, self.loss, self.labels = model, local_loss(p, model), labels
+        self.model, self.labels = model, labels
+        self.loss = with_proximal(p, trainer_loss(p), model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch = Batch((x,), self.labels, torch.ones(len(x), dtype=torch.bool))
@@ -32,7 +35,7 @@ def step_costs(p, shape, classes: int) -> dict:
     """FLOPs per sample of a local step and its memory at batch size ``p.batch_size``: saved
     activations + the live network's weights, gradients and SGD momentum + the frozen
     references the variant reads."""
-    model = seeded_model(p, shape, classes, torch.device("cpu"))
+    model = build_model(p, shape, classes, torch.device("cpu"))
     model.has_prev.fill_(1.0)  # MOON after its first round: both references in the step
     x = costs.probe_batch(shape)
     step = LocalStep(p, model, torch.arange(len(x)) % classes)

@@ -458,14 +458,13 @@ def test_costs_count_eq15_bits_and_cheaper_head_only_rounds():
     assert head < full / 2 and 0 < fwd < full  # no encoder backward while frozen
     feds = [{"name": "final", "clusters": 3, "explore_rounds": [2], "exploit_rounds": [2]}]
     row = cfl_costs._rows(p, SHAPE, 4, [50], feds, [123])[0]
-    assert row["alpha_bits_paper"] == 4 * (3 + 1) * n_params * 32
-    assert row["beta_flops"] == pytest.approx(50 * (2 * head + 2 * full + 2 * 3 * fwd))
-    assert row["peak_step_bytes"] == peak + 2 * model_bytes and row["bytes_actual"] == 123
+    assert row["paper_bits"] == 4 * (3 + 1) * n_params * 32
+    assert row["flops"] == pytest.approx(50 * (2 * head + 2 * full + 2 * 3 * fwd))
+    assert row["peak_step_bytes"] == peak + 2 * model_bytes and row["bytes_exchanged"] == 123
     one = tiny_exp(cfl={"clusters": 1, "rounds": 4, "explore_rounds": 0})
     feds1 = [{"name": "final", "clusters": 1, "explore_rounds": [0], "exploit_rounds": [4]}]
     assert (
-        cfl_costs._rows(one, SHAPE, 4, [50], feds1, [0])[0]["alpha_bits_paper"]
-        == 2 * 4 * n_params * 32
+        cfl_costs._rows(one, SHAPE, 4, [50], feds1, [0])[0]["paper_bits"] == 2 * 4 * n_params * 32
     )  # FedAvg: 2 S T (Eq. 14)
 
 
@@ -508,7 +507,7 @@ def test_the_cpcfl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch
     assert set(rows) == set(names)
     for r in rows.values():
         assert 0 <= float(r["personal_top1"]) <= 100 and r["personal_at_1"] != ""
-        assert float(r["client_MB_sent"]) > 0 and float(r["beta_GFLOPs"]) > 0
+        assert float(r["client_MB_exchanged"]) > 0 and float(r["client_GFLOPs"]) > 0
         assert r["ari"] != "" and r["clusters_used"] != ""
     assert rows["tiny_cpcfl"]["row"] == "CP-CFL (SimCLR)"
     assert float(rows["tiny_cpcfl"]["relevance"]) > 0 and rows["tiny_fedavg"]["relevance"] == ""

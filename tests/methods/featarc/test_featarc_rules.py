@@ -160,9 +160,9 @@ def test_costs_count_the_local_steps_and_the_scoring_of_every_round():
 
     p = tiny_params()
     rows = fc._client_costs(p, SHAPE, [20, 20], [2, 1], [100, 50])
-    assert rows[0]["beta_flops"] == pytest.approx(2 * rows[1]["beta_flops"])
+    assert rows[0]["flops"] == pytest.approx(2 * rows[1]["flops"])
     more = fc._client_costs(tiny_params(local_epochs=2), SHAPE, [20], [1], [50])[0]
-    assert more["beta_flops"] > rows[1]["beta_flops"] > 0 and rows[0]["peak_step_bytes"] > 0
+    assert more["flops"] > rows[1]["flops"] > 0 and rows[0]["peak_step_bytes"] > 0
 
 
 def test_the_paper_preset_moves_the_spec_payload_each_round(tmp_path):
@@ -196,5 +196,5 @@ def test_the_projection_counts_c_models_down_and_one_up_per_round():
         exp, presets.load("partition", exp.partition), "fashion_mnist"
     )
     net = seeded_contrastive_model(exp.method.model, SHAPE, 0, torch.device("cpu"))
-    assert got["mean_bytes_actual"] == 3 * nbytes(net.state_dict()) * 8  # (C + 1) x 8 rounds
-    assert got["mean_beta_flops"] > 0
+    assert got["mean_bytes_exchanged"] == 3 * nbytes(net.state_dict()) * 8  # (C + 1) x 8 rounds
+    assert got["mean_flops"] > 0

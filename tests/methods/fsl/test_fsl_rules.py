@@ -10,6 +10,7 @@ import torch
 
 from fedssl.fl.cohort import client_batches
 from fedssl.fl.engine import fedavg, nbytes, stacked
+from fedssl.methods import federated_supervised as runtime
 from fedssl.methods.fsl import FSLParams
 from fedssl.methods.fsl import train as fsl
 from fedssl.params import ModelParams
@@ -28,8 +29,8 @@ def params(local_epochs: int = 1, rounds: int = 1) -> FSLParams:
 
 
 def federation(p, path, model=None):
-    model = model or fsl.seeded_model(p, SHAPE, CLASSES, torch.device("cpu"))
-    return fsl.make_federation(p, model, toy_data(), held_out(), path, "fp"), model
+    model = model or runtime.build_model(p, SHAPE, CLASSES, torch.device("cpu"))
+    return runtime.make_federation(p, model, toy_data(), held_out(), path, "fp"), model
 
 
 def one_round(p, path, model=None):
@@ -60,8 +61,8 @@ def test_the_bytes_per_step_are_the_smashed_batch_and_its_labels_up_and_nothing_
 
 def test_the_client_update_ignores_the_server_part(tmp_path):
     p = params()
-    a = fsl.seeded_model(p, SHAPE, CLASSES, torch.device("cpu"))
-    b = fsl.seeded_model(p, SHAPE, CLASSES, torch.device("cpu"))
+    a = runtime.build_model(p, SHAPE, CLASSES, torch.device("cpu"))
+    b = runtime.build_model(p, SHAPE, CLASSES, torch.device("cpu"))
     with torch.no_grad():
         for w in b.server.parameters():
             w.add_(0.5)
@@ -76,7 +77,7 @@ def test_the_client_update_ignores_the_server_part(tmp_path):
 
 def test_the_server_copy_learns_from_the_smashed_data_and_every_part_is_averaged(tmp_path):
     p = params()
-    model = fsl.seeded_model(p, SHAPE, CLASSES, torch.device("cpu"))
+    model = runtime.build_model(p, SHAPE, CLASSES, torch.device("cpu"))
     start = {k: v.clone() for k, v in model.state_dict().items()}
     state, uploads = one_round(p, tmp_path / "f.pt", model)
     assert not torch.equal(uploads[0]["server.4.weight"], start["server.4.weight"])

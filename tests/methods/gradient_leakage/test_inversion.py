@@ -16,13 +16,8 @@ from fedssl.attacks.inversion import (
     train_decoder,
 )
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # small convs: thread hand-offs cost more than they save
-    yield
-    torch.set_num_threads(before)
+# small convs: thread hand-offs cost more than they save (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def smooth_images(n: int, channels: int, size: int, seed: int) -> torch.Tensor:

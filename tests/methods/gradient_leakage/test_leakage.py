@@ -81,20 +81,19 @@ def test_label_rule_is_near_chance_with_the_head_hidden():
     assert hits / trials <= 0.3  # chance is 0.1; full gradients give 1.0 (test above)
 
 
+def attack_12_steps(surrogate, grads, x, attack: str):
+    """A 12-iteration reconstruction of ``x`` (seeded) from the gradients a party shares."""
+    return gradient_attack(
+        surrogate, grads, (3, SIZE, SIZE), CLASSES, attack=attack, iterations=12, seed=0,
+        true_image=x,
+    )  # fmt: skip
+
+
 def test_idlg_reconstructs_the_image_from_full_gradients():
     model, x = lenet(TWO_FC), image()
     grads = client_gradients(model, x, 7, hidden_fc=0)
     surrogate = attacker_model(model, 0, None, CLASSES)
-    result = gradient_attack(
-        surrogate,
-        grads,
-        (3, SIZE, SIZE),
-        CLASSES,
-        attack="idlg",
-        iterations=12,
-        seed=0,
-        true_image=x,
-    )
+    result = attack_12_steps(surrogate, grads, x, "idlg")
     assert result.label == 7 and not result.diverged
     assert len(result.mse_curve) == 12
     assert result.mse_curve[0] > 0.01  # starts from noise ...
@@ -106,16 +105,7 @@ def test_idlg_reconstructs_the_image_from_full_gradients():
 def test_dlg_reconstructs_image_and_label_with_a_dummy_label():
     model, x = lenet((CLASSES,)), image()
     grads = client_gradients(model, x, 4, hidden_fc=0)
-    result = gradient_attack(
-        attacker_model(model, 0, None, CLASSES),
-        grads,
-        (3, SIZE, SIZE),
-        CLASSES,
-        attack="dlg",
-        iterations=12,
-        seed=0,
-        true_image=x,
-    )
+    result = attack_12_steps(attacker_model(model, 0, None, CLASSES), grads, x, "dlg")
     assert result.label == 4
     assert result.mse_curve[-1] < 1e-3
 
@@ -128,16 +118,7 @@ def test_hidden_head_keeps_reconstruction_error_high(assumed_fc):
     # the attacker's prefix carries the party's true shared weights
     assert torch.equal(surrogate[7].weight, model[7].weight)
     assert not torch.equal(surrogate[-1].weight, model[-1].weight)
-    result = gradient_attack(
-        surrogate,
-        grads,
-        (3, SIZE, SIZE),
-        CLASSES,
-        attack="idlg",
-        iterations=12,
-        seed=0,
-        true_image=x,
-    )
+    result = attack_12_steps(surrogate, grads, x, "idlg")
     finite = [m for m in result.mse_curve if m == m]
     assert result.diverged or min(finite) > 0.02  # never gets close to the image
 

@@ -26,15 +26,7 @@ from fedssl.models.vit import VisionTransformer
 from tests.fixtures import make_tiny_project, toy_images
 from tests.lwfedssl_fixtures import add_tiny_lw, tiny_text
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the 2-core machine is shared, and small ops slow down badly when
-    threads oversubscribe it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_exp(method: str, extra: str = ""):
@@ -336,9 +328,9 @@ def test_the_family_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
             ]
             for s in (1, 2, 3)
         ]
-        assert cost["bytes_actual"] == sum(c["bytes_up"] + c["bytes_down"] for c in ledgers)
+        assert cost["bytes_exchanged"] == sum(c["bytes_up"] + c["bytes_down"] for c in ledgers)
         heads = sum(c["up_by_kind"]["heads"] + c["down_by_kind"]["heads"] for c in ledgers)
-        assert cost["encoder_bytes"] == cost["bytes_actual"] - heads
+        assert cost["encoder_bytes"] == cost["bytes_exchanged"] - heads
     # blocks exchanged over the 3 stages (one round each), in blocks of fp32 width-16 blocks:
     # FedMoCo 3 x 3 x 2 = 18, LW 6 down + 3 up, Prog 2 x 6, FedMoCo-LW 3 x 2
     unit = 2_224 * 4

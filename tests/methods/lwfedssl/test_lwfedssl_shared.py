@@ -19,13 +19,7 @@ from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, StackedO
 from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
 from tests.fixtures import toy_images
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_adamw_decays_the_weights_apart_from_the_adam_step():
@@ -134,11 +128,11 @@ def test_the_ledger_counts_each_traffic_kind_apart(tmp_path):
 
 def test_methods_add_their_own_cost_columns():
     rows = [
-        {"client": 0, "bytes_actual": 10, "peak_step_bytes": 4, "paper_flops": 2.0},
-        {"client": 1, "bytes_actual": 30, "peak_step_bytes": 8, "paper_flops": 4.0},
+        {"client": 0, "bytes_exchanged": 10, "peak_step_bytes": 4, "paper_flops": 2.0},
+        {"client": 1, "bytes_exchanged": 30, "peak_step_bytes": 8, "paper_flops": 4.0},
     ]
     assert costs.summarize_client_costs(rows) == {
-        "mean_bytes_actual": 20.0,
+        "mean_bytes_exchanged": 20.0,
         "mean_peak_step_bytes": 6.0,
     }
     assert costs.summarize_client_costs(rows, ("paper_flops",))["mean_paper_flops"] == 3.0
@@ -154,7 +148,7 @@ def test_a_report_row_merges_every_metrics_file_and_the_methods_cost_columns(tmp
     probe.write_text('{"linear_top1": 70.0}')
     tune.write_text('{"finetune_top1": 80.0}')
     (tmp_path / "costs.json").write_text(
-        json.dumps({"mean_bytes_actual": 2e6, "mean_paper_flops": 123456.0, "mean_rounds": 99.0})
+        json.dumps({"mean_bytes_exchanged": 2e6, "mean_paper_flops": 123456.0, "mean_rounds": 99.0})
     )
 
     class Exp:
@@ -167,7 +161,7 @@ def test_a_report_row_merges_every_metrics_file_and_the_methods_cost_columns(tmp
         "e", Exp, registry.get("fedmoco_lw"), [step], [probe, tune], tmp_path
     )
     assert row["linear_top1"] == 70.0 and row["finetune_top1"] == 80.0
-    assert row["client_MB_sent"] == "2" and row["paper_flops"] == 123500.0
+    assert row["client_MB_exchanged"] == "2" and row["paper_flops"] == 123500.0
     assert row["rounds"] == 3  # a method's column never overwrites the row's own
 
 
@@ -180,7 +174,7 @@ def test_paper_tables_see_every_row_of_the_pipeline():
             "linear_top1": 60.0,
             "peak_step_MB": "10",
             "paper_flops": 100.0,
-            "beta_GFLOPs": "5",
+            "client_GFLOPs": "5",
             "encoder_bytes": 8.0,
             "block_bytes": 8.0,
         },
@@ -191,13 +185,18 @@ def test_paper_tables_see_every_row_of_the_pipeline():
             "linear_top1": 59.0,
             "peak_step_MB": "3",
             "paper_flops": 48.0,
-            "beta_GFLOPs": "2",
+            "client_GFLOPs": "2",
             "encoder_bytes": 2.5,
             "block_bytes": 3.0,
         },
         {"method": "mfcl", "row": "MFCL(TN)", "column": "c", "linear_top1": 50.0},
     ]
-    blank = {"alpha_bits": "", "gamma_eq6_MB": "", "client_MB_sent": "", "beta_GFLOPs": ""}
+    blank = {
+        "paper_bits": "",
+        "paper_memory_MB": "",
+        "client_MB_exchanged": "",
+        "client_GFLOPs": "",
+    }
     rows = [{**blank, **r} for r in rows]
     tables = report.report_tables(rows)  # the tables of every method the rows name
     name = next(k for k in tables if "Tab. 3" in k)

@@ -263,8 +263,8 @@ def test_mfcl_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
         rows = {r["experiment"]: r for r in csv.DictReader(f)}
     assert set(rows) == {*names, "tiny_simclr"}
     for r in rows.values():
-        assert float(r["linear_top1"]) > 0 and float(r["beta_GFLOPs"]) > 0
-        assert float(r["alpha_bits"]) > 0 and float(r["gamma_eq6_MB"]) > 0
+        assert float(r["linear_top1"]) > 0 and float(r["client_GFLOPs"]) > 0
+        assert float(r["paper_bits"]) > 0 and float(r["paper_memory_MB"]) > 0
     assert rows["tiny_mfcl_tn"]["arch"] == "resnet18-tn"
     exp_dir = root / "artifacts" / "experiments" / "tiny_mfcl_tn"
     manifest = json.loads((exp_dir / "export" / "manifest.json").read_text())

@@ -455,7 +455,7 @@ def test_the_chain_runs_on_a_tiny_project(tmp_path, monkeypatch):
         assert float(r["linear_top1"]) > 0 and float(r["inversion_mse"]) > 0
         assert r["comm_matches_formula"] == "True" and float(r["client_MB_total"]) > 0
         assert float(r["mis_after_sync_mean"]) > 0 and float(r["knn_monitor_last"]) >= 0
-        assert float(r["beta_GFLOPs"]) > 0 and float(r["peak_step_MB"]) > 0  # the costs stage
+        assert float(r["client_GFLOPs"]) > 0 and float(r["peak_step_MB"]) > 0  # the costs stage
         assert float(r["smashed_bytes_per_step"]) > 0
         results = (
             root

@@ -79,8 +79,8 @@ def test_smashed_bytes_per_step_follow_the_protocol_and_bytes_come_from_the_ledg
         assert row["smashed_bytes_per_step"] == 3 * s * batch * act * 4  # query, key up; grad down
         assert row["up_by_kind"] == logged["up_by_kind"]
         assert row["down_by_kind"] == logged["down_by_kind"]
-        assert row["bytes_actual"] == logged["bytes_up"] + logged["bytes_down"]
-        assert row["beta_flops"] == pytest.approx(step["flops_per_image"] * images[row["client"]])
+        assert row["bytes_exchanged"] == logged["bytes_up"] + logged["bytes_down"]
+        assert row["flops"] == pytest.approx(step["flops_per_image"] * images[row["client"]])
         assert row["flops_per_step"] == step["flops_per_step"]
     assert [r["images"] for r in rows] == images
     assert (sorted(images) == [24, 36, 60]) == (fraction == 1.0)  # 2 rounds of 12 / 18 / 30

@@ -279,8 +279,9 @@ def test_upload_noise_has_the_requested_variance(tmp_path):
 
 
 # ------------------------------------------------------------------ state and resume
-def test_a_killed_run_resumes_exactly_with_every_partys_state(tmp_path):
-    p = params("mpfedcon", rounds=3, client_fraction=2 / 3, neg_source="prev_local")
+def killed_and_resumed(tmp_path, p):
+    """(the state of an uninterrupted run of ``p``, the start of the same run killed at round
+    2 and started again, and the federation that resumes it)."""
     _, full = run(tmp_path, p, "full.pt")
     fed, model = toy_federation(tmp_path, p, "killed.pt")
 
@@ -291,7 +292,12 @@ def test_a_killed_run_resumes_exactly_with_every_partys_state(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         fed.run(fed.start(model), on_round=kill)
     fed, model = toy_federation(tmp_path, p, "killed.pt")
-    start = fed.start(model)
+    return full, fed.start(model), fed
+
+
+def test_a_killed_run_resumes_exactly_with_every_partys_state(tmp_path):
+    p = params("mpfedcon", rounds=3, client_fraction=2 / 3, neg_source="prev_local")
+    full, start, fed = killed_and_resumed(tmp_path, p)
     assert start.round == 2 and any(k.startswith("prev.") for k in start.clients[0])
     resumed = fed.run(start)
     for part in ("global", "centres"):

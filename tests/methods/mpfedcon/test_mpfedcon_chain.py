@@ -131,7 +131,7 @@ def test_mpfedcon_chain_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch)
     assert "round_MB_up_centres" not in rows["tiny_fedrep_0"]
     assert rows["tiny_mpfedcon_0"]["round_MB_up_centres"] > 0
     # client FLOPs from the costs stage: MpFedcon's body step also runs the anchor
-    gflops = {k: float(rows[f"tiny_{k}_0"]["beta_GFLOPs"]) for k in ("fedrep", "mpfedcon")}
+    gflops = {k: float(rows[f"tiny_{k}_0"]["client_GFLOPs"]) for k in ("fedrep", "mpfedcon")}
     assert 0 < gflops["fedrep"] < gflops["mpfedcon"]
     leak = json.loads((root / "results/experiments/tiny_leakage/metrics.json").read_text())
     assert leak["idlg_label_hit_full"] == 1.0  # the label rule never misses on full gradients

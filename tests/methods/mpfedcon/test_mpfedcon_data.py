@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from fedssl.data.catalog import load_dataset
 from fedssl.data.partition import cyclic_lognormal, deal, split_clients
-from fedssl.data.sources import load_dataset
 from fedssl.params import ClientTestSplit, CyclicLognormalScheme, ShardsScheme
 from tests.data.test_femnist import pixels
 from tests.fixtures import make_tiny_project, run

@@ -18,7 +18,13 @@ from fedssl.runtime import numpy_rng
 from fedssl.strategies import perfedavg
 from fedssl.strategies import scaffold as S
 from tests.fixtures import make_tiny_project, toy_images
-from tests.methods.mpfedcon.test_mpfedcon import CPU, params, run, toy_federation
+from tests.methods.mpfedcon.test_mpfedcon import (
+    CPU,
+    killed_and_resumed,
+    params,
+    run,
+    toy_federation,
+)
 from tests.methods.mpfedcon.test_mpfedcon_chain import EXPERIMENT, PARTITION, run_in_process
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -309,17 +315,7 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_a_killed_run_resumes_exactly(tmp_path, variant):
     p = params(variant, rounds=3, client_fraction=2 / 3, **VARIANTS[variant])
-    _, full = run(tmp_path, p, "full.pt")
-    fed, model = toy_federation(tmp_path, p, "killed.pt")
-
-    def kill(state):
-        if state.round == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        fed.run(fed.start(model), on_round=kill)
-    fed, model = toy_federation(tmp_path, p, "killed.pt")
-    start = fed.start(model)
+    full, start, fed = killed_and_resumed(tmp_path, p)
     assert start.round == 2
     resumed = fed.run(start)
     for part in full.server:

@@ -191,9 +191,9 @@ def test_a_client_smaller_than_the_memory_clusters_its_own_samples():
 def test_costs_count_flops_around_a_real_step_and_round_zero_as_no_training():
     p = tiny_params()
     rows = oc._client_costs(p, SHAPE, [20, 30], [3, 1], [100, 10])
-    assert rows[0]["beta_flops"] > 0 and rows[1]["beta_flops"] == 0
-    assert rows[0]["beta_flops"] / 20 == pytest.approx(rows[0]["beta_flops"] / 20)
-    assert rows[0]["peak_step_bytes"] > 0 and rows[0]["bytes_actual"] == 100
+    assert rows[0]["flops"] > 0 and rows[1]["flops"] == 0
+    assert rows[0]["flops"] / 20 == pytest.approx(rows[0]["flops"] / 20)
+    assert rows[0]["peak_step_bytes"] > 0 and rows[0]["bytes_exchanged"] == 100
 
 
 def test_bad_params_name_the_field():

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from fedssl.fl.cohort import Batch, LocalData
 from fedssl.fl.engine import fedavg, nbytes, stacked
+from fedssl.methods import federated_supervised as runtime
 from fedssl.methods.supervised import SupervisedParams
 from fedssl.methods.supervised import train as sup
 from fedssl.methods.supervised.costs import step_costs
@@ -40,8 +41,8 @@ def held_out() -> LocalData:
 def federation(p, path, rounds=None):
     if rounds is not None:
         p = p.model_copy(update={"rounds": rounds})
-    model = sup.seeded_model(p, SHAPE, CLASSES, torch.device("cpu"))
-    return sup.make_federation(p, model, toy_data(), held_out(), path, "fp"), model
+    model = runtime.build_model(p, SHAPE, CLASSES, torch.device("cpu"))
+    return runtime.make_federation(p, model, toy_data(), held_out(), path, "fp"), model
 
 
 def run(p, path, rounds=None):
@@ -115,7 +116,7 @@ def _batch(n=12):
 def _perturbed(seed: int, variant="moon", mu=2.0):
     """A model whose net, glob and prev all differ (so a swapped role changes the loss)."""
     p = params(variant, mu, norm="gn").model_copy(update={"temperature": 0.3})
-    model = sup.seeded_model(p, SHAPE, CLASSES, torch.device("cpu"))
+    model = runtime.build_model(p, SHAPE, CLASSES, torch.device("cpu"))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name in ("glob", "prev"):
@@ -126,7 +127,7 @@ def _perturbed(seed: int, variant="moon", mu=2.0):
 
 
 def _loss(p, model, batch):
-    fn = sup.local_loss(p, model)
+    fn = sup.with_proximal(p, runtime.trainer_loss(p), model)
     return fn(model, dict(model.named_parameters()), dict(model.named_buffers()), batch)
 
 
@@ -165,7 +166,7 @@ def test_fedprox_adds_half_mu_times_the_squared_distance_to_the_global_model():
 
 def test_the_reference_models_run_in_eval_mode_and_stay_frozen(tmp_path):
     p = params("moon", 1.0)
-    model = sup.seeded_model(p, SHAPE, CLASSES, torch.device("cpu"))
+    model = runtime.build_model(p, SHAPE, CLASSES, torch.device("cpu"))
     model.train()
     assert model.net.training and not model.glob.training and not model.prev.training
     fed, model = federation(p, tmp_path / "m.pt", rounds=1)
@@ -209,3 +210,13 @@ def test_a_step_costs_more_flops_and_memory_with_more_reference_models():
 def test_fedavg_has_no_mu():
     with pytest.raises(ValueError, match="mu"):
         params("fedavg", 0.1)
+
+
+def test_the_report_row_names_the_variant_and_its_mu():
+    from fedssl.methods import registry
+
+    method = registry.get("supervised")
+    labels = [
+        method.row_label(params(v, mu)) for v, mu in (("fedavg", 0), ("moon", 1), ("fedprox", 0.01))
+    ]
+    assert labels == ["FedAvg", "MOON (μ=1)", "FedProx (μ=0.01)"]

@@ -1,0 +1,114 @@
+"""The training of a :class:`fedssl.methods.base.SupervisedFederatedMethod` (imported when its
+``train`` step runs): the seeded network (in its wrapper), the clients' labelled views, the
+cohort trainer running the method's loss under the precision policy (as
+:mod:`fedssl.methods.federated` does), the method's strategy and the federation resumed from
+its checkpoint; then the global network, its test accuracy and the frozen encoder the probes
+read. :class:`ScoredFedAvg` is the default strategy."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedssl.data.augment import views_of
+from fedssl.eval.global_model import global_accuracy, load_saved, num_classes, test_split
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
+from fedssl.fl.engine import Federation, FedState, LocalTraining, Strategy, federation_config
+from fedssl.fl.runner import run_federation, train_data
+from fedssl.methods import registry
+from fedssl.methods.base import call_hook
+from fedssl.methods.federated import trainer_loss
+from fedssl.runtime import derive_seed, torch_save, write_json
+
+
+class ScoredFedAvg(Strategy):
+    """The engine's size-weighted FedAvg of the whole model, the global network scored on the
+    test split after every round (``global_top1``)."""
+
+    def __init__(self, cfg, p, model: nn.Module, data: LocalData, tests: LocalData):
+        super().__init__(cfg)
+        self.p, self.model, self.tests = p, model, tests
+
+    def evaluate(self, state: FedState, round_: int) -> dict:
+        top1 = global_accuracy(network_of(self.model), state.server["global"], self.tests)
+        return {"global_top1": round(top1, 4)}
+
+
+def network_of(model: nn.Module) -> nn.Module:
+    """The network the server averages, saves and scores: the wrapper's ``net``, or the model."""
+    return getattr(model, "net", model)
+
+
+def build_network(p, image_shape, classes: int) -> nn.Module:
+    """The untrained network of the method whose params are ``p``."""
+    return call_hook(registry.get(p.name).network, p, image_shape, classes)
+
+
+def build_model(p, image_shape, classes: int, device) -> nn.Module:
+    """The seeded module the clients train: the network (its own init stream), wrapped."""
+    method = registry.get(p.name)
+    torch.manual_seed(derive_seed(p.seed, "init", f"{method.name}-net"))
+    model = build_network(p, image_shape, classes)
+    if method.wrapper:
+        model = call_hook(method.wrapper, p, model)
+    return model.to(device)
+
+
+def make_federation(p, model, data: LocalData, tests: LocalData, ckpt, fingerprint) -> Federation:
+    """The federation of the method whose params are ``p``, over ``data``, training ``model``."""
+    cfg = federation_config(p, p.seed)
+    strategy = call_hook(registry.get(p.name).strategy, cfg, p, model, data, tests)
+    cohort = CohortTrainer(
+        model,
+        views_of(p),
+        strategy.local_objective(trainer_loss(p), model),
+        OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum),
+        p.batch_size,
+        p.local_epochs,
+        vectorise_clients(p.parallel_clients, data.device),
+    )
+    return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
+
+
+def train(ctx) -> None:
+    """The ``train`` step: the federation (resumable), then the global network (``model.pt``,
+    with its image shape and classes) and its test accuracy (``global.json``)."""
+    p, method = ctx.exp.method, ctx.method
+    data, tests = train_data(ctx), test_split(ctx)
+    classes = num_classes(data, tests)
+    model = build_model(p, ctx.image_shape, classes, ctx.device)
+    fed = make_federation(p, model, data, tests, ctx.resume_path, ctx.fingerprint)
+    state = run_federation(ctx, fed, model)
+    net = network_of(model)
+    save_network(net, ctx.out / "model.pt", ctx.image_shape, classes)
+    top1 = global_accuracy(net, state.server["global"], tests)
+    write_json(ctx.results_dir / "global.json", {"global_top1": round(top1, 4)})
+    ctx.info.update(classes=classes, parameters=sum(q.numel() for q in net.parameters()))
+    if method.describe:
+        ctx.info.update(call_hook(method.describe, fed, p))
+
+
+def save_network(net: nn.Module, path, image_shape, classes: int) -> None:
+    """The global network as the ``train`` step's ``model.pt`` (weights, image shape, classes)."""
+    saved = {"model": net.state_dict(), "image_shape": tuple(image_shape), "classes": classes}
+    torch_save(saved, path)
+
+
+def load_network(ctx, device=None) -> nn.Module:
+    """The ``train`` step's global network (on ``device``, default the stage's)."""
+    saved = load_saved(ctx, device)
+    net = build_network(ctx.exp.method, saved["image_shape"], saved["classes"])
+    net.load_state_dict(saved["model"])
+    return net.to(device or ctx.device)
+
+
+def encoder(ctx) -> nn.Module:
+    """The frozen global encoder for the shared probes (``features.layer``)."""
+    projection = ctx.exp.features.layer == "projection"
+    return call_hook(ctx.method.encoder_of, load_network(ctx), projection)
+
+
+def untrained_encoder(p, image_shape, projection: bool = False) -> nn.Module:
+    """The module :func:`encoder` returns, untrained (what an export loads into)."""
+    network = build_network(p, image_shape, 1)
+    return call_hook(registry.get(p.name).encoder_of, network, projection)
