@@ -201,6 +201,7 @@ def test_the_cheap_blocks_run_as_written(page, project, ran):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # a page trains the default FedSimCLR: 13-28 min on a loaded 2-core CPU
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
 def test_every_block_runs_as_written(page, tmp_path):
     if not any(b.mark == "slow" for b in blocks(page)):
