@@ -40,7 +40,7 @@ class PipelinePlan:
     def __init__(self, plan: dict):
         self.row, self.column = plan["row"], plan["column"]
         self.of_experiment = plan["experiments"]
-        self.experiments = list(self.of_experiment)
+        self.experiments = plan["order"]  # the pipeline's order: the report's rows
         self.stages = {
             name: SimpleNamespace(name=name, **stage) for name, stage in plan["stages"].items()
         }

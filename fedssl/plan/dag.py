@@ -429,10 +429,12 @@ class Dag:
 
     def _pipeline_plan(self) -> dict:
         """What the report reads of its pipeline's plan: its experiments (in order) with their
-        stages, each stage's kind and outputs, and the report's pivot."""
+        stages, each stage's kind and outputs, and the report's pivot. ``order`` keeps the
+        pipeline's order of the experiments, which the record's sorted keys lose."""
         return {
             "row": self.row,
             "column": self.column,
+            "order": list(self.experiments),
             "experiments": {e: self.of_experiment[e] for e in self.experiments},
             "stages": {
                 n: {"kind": s.kind, "out": s.out, "metrics": s.metrics, "plots": s.plots}

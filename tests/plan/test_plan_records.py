@@ -98,3 +98,20 @@ def test_a_stage_of_no_written_pipeline_plans_its_own_record(project):
     assert ctx.stage_name == "features__tiny_random_w8"
     assert ctx.input("pretrain").as_posix() == "artifacts/experiments/tiny_random_w8/pretrain"
     assert not record_path("features__tiny_random_w8").exists()
+
+
+def test_the_report_record_keeps_the_pipelines_order_of_experiments():
+    """The record is written with sorted keys; the report's rows follow the pipeline's list
+    (params/pipelines.yaml), which the record keeps as ``order``."""
+    from fedssl.plan.dag import Dag
+    from fedssl.record import record_path
+    from tests.fixtures import REPO
+
+    dag = Dag("default")
+    plan = json.loads((REPO / record_path("report__default")).read_text())["pipeline"]
+    assert (
+        plan["order"]
+        == dag.experiments
+        == ["fmnist_fedsimclr", "fmnist_random_init", "fmnist_pixels"]
+    )
+    assert list(plan["experiments"]) != plan["order"]  # what the sorted keys alone would give
