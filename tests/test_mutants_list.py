@@ -40,3 +40,17 @@ def test_a_mutant_must_name_a_line_found_once():
             assert "f.py" in str(e)
         else:
             raise AssertionError(text)
+
+
+def test_the_committed_table_and_run_cover_the_current_list(capsys):
+    """results/mutants/table.md is `mutants.py --list` of the list as it is, and the committed
+    run (results/mutants/run.txt) judged every one of its rules, none surviving: a mutant added
+    or changed without a new run fails here."""
+    assert mutants.main(["--list"]) == 0
+    assert (REPO / "results/mutants/table.md").read_text() == capsys.readouterr().out
+    run = (REPO / "results/mutants/run.txt").read_text()
+    judged = re.findall(r"^\[\d+/\d+\] (killed|SURVIVED)\s+[\d.]+ s  (.+)$", run, re.M)
+    rules = [m.rule for m in mutants.load()]
+    assert sorted(rule for _, rule in judged) == sorted(rules)
+    assert {verdict for verdict, _ in judged} == {"killed"}
+    assert f"{len(rules)} mutants, 0 survivors" in run
