@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                 # an accepted stage's meta.json is part of its output, so DVC sees every stage
                 # that reads it as changed too: commit those as well
                 commit = [n for n in dag.stages if n in names or downstream_of(dag, n, names)]
-                subprocess.run(
+                done = subprocess.run(
                     [
                         "dvc",
                         "commit",
@@ -70,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
                         *[f"{dvc_file(owner[n][0])}:{n}" for n in commit if n in owner],
                     ]
                 )
+                if done.returncode:  # e.g. an output the stages now declare is missing
+                    print(
+                        "error: dvc commit failed: DVC still sees these stages as changed; "
+                        "rerun them (an output they declare may be missing)",
+                        file=sys.stderr,
+                    )
+                    return done.returncode
         else:
             for name in Dag(args.pipeline).stages:
                 print(name)

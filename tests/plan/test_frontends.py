@@ -312,6 +312,26 @@ def test_an_edit_that_cannot_change_results_can_be_accepted_in_both_front_ends(p
     assert planned_jobs(project) == set() and dvc_stale(project, "dvc.yaml") == set()
 
 
+def test_accept_fails_loudly_where_dvc_cannot_commit(project):
+    """Accepting stages whose declared output is missing: `dvc commit` fails, and so does
+    accept (exit status non-zero, a line that says why), rather than reporting success while
+    DVC still sees them as changed."""
+    path = project / "fedssl/eval/probes.py"
+    curve = project / "results/experiments/tiny_simclr/linear_epochs.tsv"
+    good, kept = path.read_text(), curve.read_bytes()
+    try:
+        path.write_text(good + "# a comment\n")
+        curve.unlink()
+        proc = run(["python", "-m", "fedssl.pipeline", "accept", "default"], project, check=False)
+        assert proc.returncode != 0 and "dvc commit failed" in proc.stderr
+        assert "evaluate__tiny_simclr" in dvc_stale(project, "dvc.yaml")
+    finally:
+        path.write_text(good)
+        curve.write_bytes(kept)
+        run(["python", "-m", "fedssl.pipeline", "accept", "default"], project)
+    assert planned_jobs(project) == set() and dvc_stale(project, "dvc.yaml") == set()
+
+
 def offline_env() -> dict[str, str]:
     """The environment with every download refused at once, as on a machine without internet."""
     proxy = "http://127.0.0.1:9"  # the discard port: nothing listens there
