@@ -384,3 +384,20 @@ def run_and_record(root: Path, pipelines) -> None:
     run(["python", "-m", "fedssl.pipeline", "write"], root)
     run(["python", "-m", "fedssl.pipeline", "check"], root)
     run(["dvc", "commit", "--force", "--quiet"], root)
+
+
+def spy_local_rounds(fed):
+    """Record every client's local start and what it trained (before the upload's selection)."""
+    s, seen = fed.strategy, {}
+    local_start, upload = s.local_start, s.upload
+
+    def spy_start(state, c, received):
+        seen["start", c] = local_start(state, c, received)
+        return seen["start", c]
+
+    def spy_upload(state, c, trained):
+        seen["trained", c] = trained
+        return upload(state, c, trained)
+
+    s.local_start, s.upload = spy_start, spy_upload
+    return seen

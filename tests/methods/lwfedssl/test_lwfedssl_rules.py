@@ -12,26 +12,10 @@ import pytest
 import torch
 
 from fedssl.methods.lwfedssl import run
+from tests.fixtures import spy_local_rounds
 from tests.methods.lwfedssl.test_lwfedssl import stage_model, tiny_exp, toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def spy_local_rounds(fed):
-    """Record every client's local start and what it trained (before the upload's selection)."""
-    s, seen = fed.strategy, {}
-    local_start, upload = s.local_start, s.upload
-
-    def spy_start(state, c, received):
-        seen["start", c] = local_start(state, c, received)
-        return seen["start", c]
-
-    def spy_upload(state, c, trained):
-        seen["trained", c] = trained
-        return upload(state, c, trained)
-
-    s.local_start, s.upload = spy_start, spy_upload
-    return seen
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from fedssl.fl.cohort import Batch
 from fedssl.methods.mpfedcon import run as R
 from fedssl.methods.mpfedcon import train as T
 from fedssl.methods.mpfedcon.nets import build_net
-from tests.fixtures import toy_images
+from tests.fixtures import spy_local_rounds, toy_images
 from tests.methods.mpfedcon.test_mpfedcon import CPU, params, run, toy_federation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -88,18 +88,7 @@ def test_the_anchor_stays_frozen_through_both_phases(tmp_path):
     """What a party uploads after its round: the base moved, the anchor is still the network
     the round started from."""
     fed, model = toy_federation(tmp_path, params("mpfedcon", rounds=1))
-    s, seen = fed.strategy, {}
-    local_start, upload = s.local_start, s.upload
-
-    def spy_start(state, c, received):
-        seen["start", c] = local_start(state, c, received)
-        return seen["start", c]
-
-    def spy_upload(state, c, trained):
-        seen["trained", c] = trained
-        return upload(state, c, trained)
-
-    s.local_start, s.upload = spy_start, spy_upload
+    s, seen = fed.strategy, spy_local_rounds(fed)
     fed.run(fed.start(model))
     for c in range(3):
         start, trained = seen[("start", c)], seen[("trained", c)]
