@@ -86,7 +86,13 @@ def run(argv):
         row, column = table_cell(
             exp, method, part, presets.load("dataset", part.dataset).name, dag.row, dag.column
         )
-        if args.reuse_committed and not all((d / "meta.json").exists() for d in steps):
+        # a run counts as made here once all its stages and their results are (trained but not
+        # yet evaluated is not made: a board made part by part is reported between its stages)
+        made = all(
+            (Path(s.out) / "meta.json").exists() and all(Path(m).exists() for m in s.metrics)
+            for s in stages
+        )
+        if args.reuse_committed and not made:
             stopped = failed_run(name, [s.name for s in stages])
             if stopped and name not in committed:
                 failed.append(stopped)
