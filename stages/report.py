@@ -46,6 +46,15 @@ class PipelinePlan:
         }
 
 
+def made_here(stages) -> bool:
+    """Whether this workspace holds the run: every stage's record and metrics (a run trained but
+    not yet evaluated is not made, so a board made part by part is reported between stages)."""
+    return all(
+        (Path(s.out) / "meta.json").exists() and all(Path(m).exists() for m in s.metrics)
+        for s in stages
+    )
+
+
 def run(argv):
     ap = argparse.ArgumentParser(prog="python -m stages.report")
     ap.add_argument("pipeline", help="a pipeline of params/pipelines.yaml")
@@ -86,13 +95,7 @@ def run(argv):
         row, column = table_cell(
             exp, method, part, presets.load("dataset", part.dataset).name, dag.row, dag.column
         )
-        # a run counts as made here once all its stages and their results are (trained but not
-        # yet evaluated is not made: a board made part by part is reported between its stages)
-        made = all(
-            (Path(s.out) / "meta.json").exists() and all(Path(m).exists() for m in s.metrics)
-            for s in stages
-        )
-        if args.reuse_committed and not made:
+        if args.reuse_committed and not made_here(stages):
             stopped = failed_run(name, [s.name for s in stages])
             if stopped and name not in committed:
                 failed.append(stopped)

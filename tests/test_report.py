@@ -348,3 +348,26 @@ def test_a_report_made_part_by_part_lists_the_runs_not_made_yet(tmp_path):
     assert "Not run yet" not in (tmp_path / "q" / "report.md").read_text()
     with pytest.raises(SystemExit):
         report_stage(["benchmark", "--partial"])
+
+
+def test_a_run_is_made_here_once_every_stage_and_its_metrics_are(tmp_path):
+    """A trained run whose evaluation has not run yet (or whose metrics were removed) is not
+    made: the partial report lists it as not run yet instead of reading missing files."""
+    from types import SimpleNamespace
+
+    from stages.report import made_here
+
+    def stage(kind, metrics=()):
+        return SimpleNamespace(
+            out=str(tmp_path / kind), metrics=[str(tmp_path / m) for m in metrics]
+        )
+
+    stages = [stage("pretrain"), stage("evaluate", ["metrics.json"])]
+    (tmp_path / "pretrain").mkdir()
+    (tmp_path / "pretrain" / "meta.json").write_text("{}")
+    assert not made_here(stages)  # trained, not evaluated
+    (tmp_path / "evaluate").mkdir()
+    (tmp_path / "evaluate" / "meta.json").write_text("{}")
+    assert not made_here(stages)  # evaluated, but its metrics are gone
+    (tmp_path / "metrics.json").write_text("{}")
+    assert made_here(stages)
