@@ -9,9 +9,9 @@ import time
 import numpy as np
 import torch
 
+from fedssl.data import to_device
 from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.partition import stratified_subset
-from fedssl.data.store import to_device
 from fedssl.epochs import run_epochs
 from fedssl.eval.probes import extract_features, linear_probe
 from fedssl.fl.engine import TIMING_FIELDS

@@ -19,8 +19,8 @@ from torch import nn
 from torch.func import functional_call
 
 from fedssl.attacks.leakage import add_gradient_noise
+from fedssl.data import to_device
 from fedssl.data.augment import to_float
-from fedssl.data.store import to_device
 from fedssl.eval.personal import PersonalLog, client_outputs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward
 from fedssl.fl.engine import (
