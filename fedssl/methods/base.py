@@ -229,9 +229,11 @@ class PretrainStepMethod(Method):
     A subclass declares what is its own (``name``, ``label``, ``params``, ``encoder_builder``)
     and the ``package`` that holds its code, laid out by convention: ``run.py`` has
     ``pretrain(ctx)`` and ``encoder(ctx)``, ``costs.py`` has ``client_costs(ctx)`` and
-    ``projected_costs(exp, partition, dataset)``; the step and the hooks name those."""
+    ``projected_costs(exp, partition, dataset)``; the step and the hooks name those. A method
+    whose costs the library counts names that module instead (``costs_module``)."""
 
     package: ClassVar[str]
+    costs_module: ClassVar[str | None] = None  # default: the package's ``costs``
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.model",)
     costs_inputs = ("pretrain",)
@@ -250,8 +252,9 @@ class PretrainStepMethod(Method):
             ),
         )
         cls.encoder_hook = f"{package}.run:encoder"
-        cls.client_costs_hook = f"{package}.costs:client_costs"
-        cls.projected_costs_hook = f"{package}.costs:projected_costs"
+        costs = cls.costs_module or f"{package}.costs"
+        cls.client_costs_hook = f"{costs}:client_costs"
+        cls.projected_costs_hook = f"{costs}:projected_costs"
 
     def arch(self, params: MethodParams) -> str:
         return params.model.arch
