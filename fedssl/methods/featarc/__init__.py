@@ -59,7 +59,7 @@ class FeatARC(FederatedMethod):
     model = f"{__name__}.model:seeded_model"
     make_views = f"{__name__}.model:views"
     step_loss = f"{__name__}.model:featarc_loss"
-    strategy = f"{__name__}.strategy:strategy"
+    strategy = f"{__name__}.strategy:FeatARCStrategy"
     save = f"{__name__}.model:save_network"
     save_state = f"{__name__}.strategy:save_clusters"
     # its server assigns every client a cluster from the client's data: no Flower split

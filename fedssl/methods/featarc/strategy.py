@@ -33,7 +33,7 @@ def cluster_key(c: int) -> str:
 
 
 class FeatARCStrategy(Strategy):
-    def __init__(self, cfg, p, model: FeatARCModel):
+    def __init__(self, cfg, model: FeatARCModel, p):
         super().__init__(cfg)
         self.p, self.model = p, model
         self.backbone_keys = [k for k in model.state_dict() if k.startswith(NET + "backbone.")]
@@ -142,11 +142,6 @@ class FeatARCStrategy(Strategy):
         """The cluster model serving the most data (anchored to itself)."""
         served = self.served(state)
         return self.anchored(state.server[cluster_key(served.index(max(served)))])
-
-
-# ---------------------------------------------------------------------- the runtime's hooks
-def strategy(cfg, model: FeatARCModel, p) -> FeatARCStrategy:
-    return FeatARCStrategy(cfg, p, model)
 
 
 def save_clusters(strategy: FeatARCStrategy, state: FedState, out) -> dict:

@@ -75,6 +75,6 @@ class Orchestra(FederatedMethod):
     make_views = f"{__name__}.model:views"
     step_loss = f"{__name__}.loss:orchestra_loss"
     setup_rounds = 1
-    strategy = f"{__name__}.strategy:strategy"
+    strategy = f"{__name__}.strategy:OrchestraStrategy"
     after_step = f"{__name__}.model:target_ema"
     encoder_loader = f"{__name__}.model:encoder"

@@ -40,7 +40,7 @@ class OrchestraStrategy(Strategy):
     centroids come from the server) that keep only their memory; FedAvg by data size, then
     global clustering of the uploaded local centroids."""
 
-    def __init__(self, cfg: FederationConfig, p, model: OrchestraModel):
+    def __init__(self, cfg: FederationConfig, model: OrchestraModel, p):
         super().__init__(cfg)
         self.p, self.model = p, model
         self.online = set(model.online_names())
@@ -112,8 +112,3 @@ class OrchestraStrategy(Strategy):
             )
         found = torch.cat(parts).float()
         return found.repeat(math.ceil(p.memory_size / len(found)), 1)[: p.memory_size]
-
-
-def strategy(cfg, model: OrchestraModel, p) -> OrchestraStrategy:
-    """The runtime's hook."""
-    return OrchestraStrategy(cfg, p, model)
