@@ -23,6 +23,8 @@ CHAINS = (
     "tests/methods/mocosfl/test_mocosfl.py::test_the_chain_runs_on_a_tiny_project",
     "tests/methods/mpfedcon/test_mpfedcon_chain.py::test_mpfedcon_chain_runs_end_to_end_on_a_tiny_project",
     "tests/methods/lwfedssl/test_lwfedssl.py::test_the_family_runs_end_to_end_on_a_tiny_project",
+    "tests/methods/featarc/test_featarc_chain.py::test_the_featarc_chain_runs_on_a_tiny_project",
+    "tests/methods/orchestra/test_orchestra_chain.py::test_the_orchestra_chain_runs_on_a_tiny_project",
 )
 
 

@@ -343,7 +343,7 @@ EXERCISES = {
     "fedssl/methods/fedbyol/model.py::load_online_encoder::torch.load": Exercise(
         "features", "tiny_fedbyol", "{in:pretrain}/model.pt"
     ),
-    "fedssl/methods/orchestra/run.py::load_model::torch.load": Exercise(
+    "fedssl/methods/orchestra/model.py::load_model::torch.load": Exercise(
         "features", "tiny_orchestra", "{in:pretrain}/model.pt"
     ),
 }
