@@ -8,7 +8,7 @@ projects; then compares the two runs' stage outputs and committed results file b
 
 A refactor that keeps training numerically identical leaves every file the same: byte for
 byte, or as tensors for checkpoints; timings (meta.json, run records, timing columns of epoch
-logs) are left out."""
+logs) and the planner's caches are left out."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ CHAINS = (
     "tests/methods/mocosfl/test_mocosfl.py::test_the_chain_runs_on_a_tiny_project",
     "tests/methods/mpfedcon/test_mpfedcon_chain.py::test_mpfedcon_chain_runs_end_to_end_on_a_tiny_project",
     "tests/methods/lwfedssl/test_lwfedssl.py::test_the_family_runs_end_to_end_on_a_tiny_project",
+    "tests/methods/featarc/test_featarc_chain.py::test_the_featarc_chain_runs_on_a_tiny_project",
+    "tests/methods/orchestra/test_orchestra_chain.py::test_the_orchestra_chain_runs_on_a_tiny_project",
 )
 
 
@@ -51,7 +53,8 @@ TIMINGS = {"seconds", "images_per_s"}  # columns some epoch logs keep beside the
 
 def outputs(root: Path) -> dict[str, Path]:
     """Every stage output and committed result of the tiny projects under ``root``, but the
-    run records (meta.json, artifacts/.runs), which hold timings and code hashes."""
+    run records (meta.json, artifacts/.runs), which hold timings and code hashes, and the
+    planner's caches (artifacts/.cache: the parsed imports of the code, keyed by its text)."""
     return {
         str(p.relative_to(root)): p
         for p in sorted(root.glob("*/*/**/*"))
@@ -60,6 +63,7 @@ def outputs(root: Path) -> dict[str, Path]:
         and p.relative_to(root).parts[1] in ("artifacts", "results")
         and p.name != "meta.json"
         and ".runs" not in p.parts
+        and ".cache" not in p.parts
         and ".dvc" not in p.parts
     }
 

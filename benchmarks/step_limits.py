@@ -28,8 +28,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedssl import precision
-from fedssl.hardware import cpu_summary
 from fedssl.presets import Presets
+from fedssl.runtime import cpu_summary
 from fedssl.stagebase import bound_kernel_cache
 
 SHAPE = (1, 28, 28)

@@ -100,7 +100,7 @@ def main() -> None:
     if args.child:
         child(args.seconds, args.precision)
         return
-    from fedssl.hardware import cpu_summary
+    from fedssl.runtime import cpu_summary
 
     print(f"{cpu_summary()}; precision {args.precision}; load average {load()}", flush=True)
     envs = settings(args.threads)

@@ -14,11 +14,10 @@ from contextlib import nullcontext
 from functools import cached_property
 from pathlib import Path
 
-from fedssl.hardware import computed_on
 from fedssl.plan.layout import data_dir, experiment_dir, partition_dir, results_dir
 from fedssl.presets import Presets, command_line_overrides
 from fedssl.record import PRECISION
-from fedssl.runtime import StageFailed, pick_device
+from fedssl.runtime import StageFailed, computed_on, pick_device
 from fedssl.stagebase import (
     RESUME_DIR,
     RUNS_DIR,
@@ -80,25 +79,25 @@ class StageContext(Stage):
     # ------------------------------------------------------------------ data
     @cached_property
     def image_shape(self) -> tuple[int, int, int]:
-        from fedssl.data.store import image_shape
+        from fedssl.data import image_shape
 
         return image_shape(self.data_dir)
 
     def split(self, split: str = "train"):
         """(uint8 images [N, C, H, W] memory-mapped, int64 labels) of the prepared data."""
-        from fedssl.data.store import load_split
+        from fedssl.data import load_split
 
         return load_split(self.data_dir, split)
 
     def clients(self):
         """Each client's indices into the training split."""
-        from fedssl.data.store import load_clients
+        from fedssl.data import load_clients
 
         return load_clients(self.partition_dir)
 
     def client_tests(self):
         """Each client's indices into the test split (partitions with ``client_tests``)."""
-        from fedssl.data.store import load_clients
+        from fedssl.data import load_clients
 
         if not (self.partition_dir / "test_clients.npz").exists():
             raise StageFailed(

@@ -164,18 +164,7 @@ class Stage:
                     with PeakMemory(self.device) as peak, policy:
                         yield out
                     staged = self.staged_files()
-                    write_json(
-                        out / "meta.json",
-                        {
-                            "stage": self.stage_name,
-                            "fingerprint": stage_fingerprint,
-                            "inputs": inputs,
-                            "output_digest": output_digest(self.committed, out, staged),
-                            "files": file_digests(self.output_dir, out, self.committed, staged),
-                            "command": self.record["command"],
-                            **self.info,
-                        },
-                    )
+                    self.write_meta(out, stage_fingerprint, inputs, staged)
                     self.land(staged)  # then atomic_dir puts the outputs in place
                 finally:
                     self.running = False
@@ -186,6 +175,27 @@ class Stage:
             raise
         wall = round(time.time() - start, 2)
         say(f"{self.stage_name}: done in {wall:.1f} s")
+        self.write_run_record(wall, computed, peak)
+
+    def write_meta(self, out: Path, stage_fingerprint: str, inputs: dict, staged) -> None:
+        """The output's meta.json: what made it (fingerprint, inputs, command), the digest of
+        what it holds and the stage's own facts (``info``)."""
+        write_json(
+            out / "meta.json",
+            {
+                "stage": self.stage_name,
+                "fingerprint": stage_fingerprint,
+                "inputs": inputs,
+                "output_digest": output_digest(self.committed, out, staged),
+                "files": file_digests(self.output_dir, out, self.committed, staged),
+                "command": self.record["command"],
+                **self.info,
+            },
+        )
+
+    def write_run_record(self, wall: float, computed: dict, peak: PeakMemory) -> None:
+        """artifacts/.runs/<stage>.json: how this run went (wall time, environment, compute
+        settings, peak memory), kept outside the output."""
         RUNS_DIR.mkdir(parents=True, exist_ok=True)
         write_json(
             RUNS_DIR / f"{self.stage_name}.json",

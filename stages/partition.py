@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedssl.data import load_split, save_clients
 from fedssl.data.client_tests import class_group_of_client, matching_test_split, proportional_counts
 from fedssl.data.partition import (
     class_counts,
@@ -12,7 +13,6 @@ from fedssl.data.partition import (
     split_clients,
     stratified_subset,
 )
-from fedssl.data.store import load_split, save_clients
 from fedssl.plan.layout import data_dir
 from fedssl.runtime import write_json
 from fedssl.stage import StageFailed, main_guard

@@ -95,7 +95,7 @@ def test_a_cpu_without_native_bf16_times_no_emulated_bf16(monkeypatch):
 
 
 def test_the_machine_line_names_the_cpu_and_its_vector_extensions(monkeypatch):
-    from fedssl import hardware
+    from fedssl import runtime
 
     zen3 = {
         "model name": "AMD EPYC 7B13",
@@ -103,15 +103,15 @@ def test_the_machine_line_names_the_cpu_and_its_vector_extensions(monkeypatch):
         "model": "1",
         "flags": "fpu sse4_2 avx fma avx2 bmi2 sha_ni",
     }
-    monkeypatch.setattr(hardware, "_cpuinfo", lambda: zen3)
-    hardware.cpu.cache_clear()
+    monkeypatch.setattr(runtime, "_cpuinfo", lambda: zen3)
+    runtime.cpu.cache_clear()
     try:
-        assert hardware.cpu() == {
+        assert runtime.cpu() == {
             "cpu_model": "AMD EPYC 7B13 (family 25, model 1)",
             "cpu_vector_extensions": ["sse4_2", "avx", "fma", "avx2"],
             "cpu_native_bf16": False,
         }
-        assert hardware.cpu_summary().startswith("AMD EPYC 7B13 (family 25, model 1), ")
-        assert hardware.cpu_summary().endswith("sse4_2 avx fma avx2 (no native bf16)")
+        assert runtime.cpu_summary().startswith("AMD EPYC 7B13 (family 25, model 1), ")
+        assert runtime.cpu_summary().endswith("sse4_2 avx fma avx2 (no native bf16)")
     finally:
-        hardware.cpu.cache_clear()
+        runtime.cpu.cache_clear()

@@ -19,6 +19,7 @@ import torchvision
 from torch import nn
 
 from fedssl import costs
+from fedssl.costs import end_to_end
 from fedssl.methods.mfcl import paper_costs
 from fedssl.models.autoencoder import ClientAutoencoder
 
@@ -55,14 +56,14 @@ def test_table_format():
 
 
 def test_code_rate_divides():
-    assert paper_costs.coded_bits(1, 32, 1 / 3) == pytest.approx(96)
-    assert paper_costs.coded_bits(10, 32, 1.0) == 320
+    assert end_to_end.coded_bits(1, 32, 1 / 3) == pytest.approx(96)
+    assert end_to_end.coded_bits(10, 32, 1.0) == 320
     with pytest.raises(ValueError):
-        paper_costs.coded_bits(1, 32, 0.0)
+        end_to_end.coded_bits(1, 32, 0.0)
 
 
 def test_fedsimclr_resnet18_row(sizes):
-    row = paper_costs.e2e_comm_costs(sizes["resnet18"], rounds=800)
+    row = end_to_end.e2e_comm_costs(sizes["resnet18"], rounds=800)
     assert costs.table_format(row["bits_p1"]) == "21e8"
     assert row["rounds"] == 800 and row["rep_size"] == 0 and row["bits_p2"] == 0
     assert costs.table_format(row["alpha"]) == "17e11"
@@ -71,7 +72,7 @@ def test_fedsimclr_resnet18_row(sizes):
 def test_fedema_resnet18_row(sizes):
     # FedEMA communicates one ResNet-18-sized model per round (Tab. 3 prints the same #bits (p1)
     # as FedSimCLR), for 100 rounds.
-    row = paper_costs.e2e_comm_costs(sizes["resnet18"], rounds=100)
+    row = end_to_end.e2e_comm_costs(sizes["resnet18"], rounds=100)
     assert costs.table_format(row["bits_p1"]) == "21e8"
     assert costs.table_format(row["alpha"]) == "21e10"
 
@@ -99,11 +100,11 @@ def test_mfcl_resnet18_row(sizes):
 
 def test_resnet50_cells_that_reproduce():
     n50 = _backbone_params(torchvision.models.resnet50)  # 23,508,032
-    simclr = paper_costs.e2e_comm_costs(n50, rounds=800)
+    simclr = end_to_end.e2e_comm_costs(n50, rounds=800)
     assert costs.table_format(simclr["bits_p1"]) == "45e8"
     assert costs.table_format(simclr["alpha"]) == "36e11"
     # FedEMA: 100 rounds of the same 45e8 give 45e10; Tab. 3 prints 44e10 (not asserted).
-    assert costs.table_format(paper_costs.e2e_comm_costs(n50, rounds=100)["alpha"]) == "45e10"
+    assert costs.table_format(end_to_end.e2e_comm_costs(n50, rounds=100)["alpha"]) == "45e10"
     # MFCL phase 2: Tab. 3's 50e9 reuses the ResNet-18 size 32*32*64 (spec §5), not 128 channels.
     mfcl = paper_costs.mfcl_comm_costs(521_565, 521_565, rounds=15, n_samples=1_000, rho=8)
     assert costs.table_format(mfcl["bits_p2"]) == "50e9"
@@ -114,15 +115,15 @@ def test_mfcl_resnet18_memory_eq6(sizes):
     ae = sizes["ae_model"]
     maps = costs.conv_feature_map_numels(ae.encoder, torch.rand(2, 3, 32, 32))
     assert maps == [64 * 32 * 32, 64 * 32 * 32]
-    gamma = paper_costs.memory_bytes_eq6(sizes["enc"], sizes["enc"], maps, batch_images=2 * 64)
+    gamma = end_to_end.memory_bytes_eq6(sizes["enc"], sizes["enc"], maps, batch_images=2 * 64)
     assert gamma == (2 * 38_976 + 2 * 65_536) * 128 * 4
     assert costs.table_format(gamma) == "11e7"
 
 
 def test_phase_formulas_directly():
-    assert paper_costs.phase1_bits(10, 20, rounds=3, code_rate=1.0) == 30 * 32 * 3
+    assert end_to_end.phase1_bits(10, 20, rounds=3, code_rate=1.0) == 30 * 32 * 3
     assert paper_costs.phase2_bits(4, n_samples=5, rho=2, code_rate=0.5) == 4 * 5 * 2 * 32 * 2
-    assert paper_costs.memory_bytes_eq6(1, 2, 3, batch_images=4) == 6 * 4 * 4
+    assert end_to_end.memory_bytes_eq6(1, 2, 3, batch_images=4) == 6 * 4 * 4
 
 
 def test_flop_meters_on_linear():

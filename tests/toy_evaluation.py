@@ -4,7 +4,7 @@ declaration into fedssl/evaluations/ (see README, "Adding an evaluation")."""
 
 from __future__ import annotations
 
-from fedssl.data.store import load_clients
+from fedssl.data import load_clients
 from fedssl.runtime import write_json
 from fedssl.stage import main_guard
 from stages.common import context

@@ -4,6 +4,7 @@ untouched test split. Resumable per epoch (:func:`fedssl.epochs.run_epochs`)."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,31 @@ def _cross_entropy(model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> t
     return F.cross_entropy(model(x).float(), labels)
 
 
+def _epoch(model, opt, augment, train, p: FinetuneParams, device, epoch: int) -> dict:
+    """One epoch of AdamW steps in a seeded order, the rate warmed up then cosine-annealed by
+    step over all epochs: the epoch's mean loss."""
+    xtr, ytr = train
+    steps = -(-len(xtr) // p.batch_size)
+    total, warmup = steps * p.epochs, steps * p.warmup_epochs
+    model.train()
+    gen = torch_generator(device, p.seed, "finetune", epoch)
+    order = torch.randperm(
+        len(xtr),
+        generator=torch.Generator().manual_seed(derive_seed(p.seed, "finetune-order", epoch)),
+    ).to(device)
+    loss_sum = 0.0
+    for i, idx in enumerate(order.split(p.batch_size)):
+        for group in opt.param_groups:
+            group["lr"] = warmup_cosine(epoch * steps + i, total, warmup, p.lr)
+        x = augment(xtr[idx], gen)
+        loss = under_policy(x, _cross_entropy, model, x, ytr[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss_sum += loss.item()
+    return {"epoch": epoch + 1, "loss": round(loss_sum / steps, 5)}
+
+
 def finetune(
     encoder: nn.Module,
     train: tuple[np.ndarray, np.ndarray],
@@ -66,32 +92,10 @@ def finetune(
     torch.manual_seed(derive_seed(p.seed, "finetune-head"))
     model = Classifier(encoder, dim, int(ytr.max()) + 1).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
-    steps = -(-len(xtr) // p.batch_size)
-    total, warmup = steps * p.epochs, steps * p.warmup_epochs
     augment = BatchAugment(p.augment, xtr.shape[-1])
-
-    def one_epoch(epoch: int) -> dict:
-        model.train()
-        gen = torch_generator(device, p.seed, "finetune", epoch)
-        order = torch.randperm(
-            len(xtr),
-            generator=torch.Generator().manual_seed(derive_seed(p.seed, "finetune-order", epoch)),
-        ).to(device)
-        loss_sum = 0.0
-        for i, idx in enumerate(order.split(p.batch_size)):
-            for group in opt.param_groups:
-                group["lr"] = warmup_cosine(epoch * steps + i, total, warmup, p.lr)
-            x = augment(xtr[idx], gen)
-            loss = under_policy(x, _cross_entropy, model, x, ytr[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            loss_sum += loss.item()
-        return {"epoch": epoch + 1, "loss": round(loss_sum / steps, 5)}
-
     log = run_epochs(
         p.epochs,
-        one_epoch,
+        partial(_epoch, model, opt, augment, (xtr, ytr), p, device),
         {"model": model, "opt": opt},
         resume,
         fingerprint,

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fedssl.data.store import to_device
+from fedssl.data import to_device
 from fedssl.eval.personal import client_outputs
 from fedssl.fl.cohort import LocalData
 

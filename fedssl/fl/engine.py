@@ -317,34 +317,40 @@ class LocalTraining:
     def train_round(
         self, fed: Federation, state: FedState, chosen: list[int], round_: int, lr: float
     ) -> RoundUpdates:
-        s, ledger = fed.strategy, state.ledger
-        starts, groups = [], []
-        for c in chosen:
-            received = s.download(state, c)
-            record(ledger.received, c, received, s.traffic)
-            starts.append(s.local_start(state, c, received))
-            groups.append(s.group(state, c))
+        s = fed.strategy
+        starts, groups = client_starts(s, state, chosen)
         sizes = torch.tensor([len(fed.data.clients[c]) for c in chosen], dtype=torch.float64)
         sizes = sizes.to(fed.data.device)
         running = None if s.needs_uploads() else RunningMean(sizes)
-        uploads: list[Tensors] = []
-
-        def finished(i: int, row: Tensors) -> None:
-            """Client ``chosen[i]`` is done: its upload, what it keeps; in client order."""
-            c = chosen[i]
-            upload = s.upload(state, c, row)
-            record(ledger.sent, c, upload, s.traffic)
-            kept = s.keep(state, c, row)
-            if kept is not None:
-                state.clients[c] = {k: v.clone() for k, v in kept.items()}
-            if running is None:
-                uploads.append(upload)
-            else:
-                running.add(upload)
-
+        returns = ClientReturns(s, state, chosen, running)
         gen = torch_generator(fed.data.device, fed.cfg.seed, "augment", round_)
+        phases = self.phases_of(state)
+        trained, losses, streamed = self._train_phases(
+            phases, fed, state, chosen, starts, lr, round_, gen, returns
+        )
+        epochs = sum(p.cohort.local_epochs for p in phases)
+        if not streamed:
+            if trained is None:  # no phase trains: the clients send back what they started from
+                trained = {k: torch.stack([st[k] for st in starts]) for k in starts[0]}
+            for i in range(len(chosen)):
+                returns(i, {k: v[i] for k, v in trained.items()})
+        return RoundUpdates(
+            chosen,
+            returns.uploads,
+            sizes,
+            groups,
+            losses,
+            epochs * int(sizes.sum()),
+            running.result() if running is not None else None,
+        )
+
+    def _train_phases(self, phases, fed, state, chosen, starts, lr, round_, gen, returns):
+        """Train the round's phases one after another, each from where the last left the
+        clients: their models stacked, their losses (weighted over the phases where the phases
+        say so), and whether the last phase handed each client to ``returns`` as it finished."""
+        s = fed.strategy
         trained, losses = None, torch.zeros(len(chosen), device=fed.data.device)
-        phases, weighted, streamed = self.phases_of(state), 0.0, False
+        weighted, streamed = 0.0, False
         for i, phase in enumerate(phases):
             if trained is not None:
                 starts = [{k: v[j] for k, v in trained.items()} for j in range(len(chosen))]
@@ -352,7 +358,7 @@ class LocalTraining:
             tag = phase.seed_tag if phase.seed_tag is not None else ((i,) if i else ())
             names = phase.trainable(state) if phase.trainable else s.trainable(state)
             # the last phase hands each client over as it finishes when only the mean is read
-            streamed = running is not None and i == len(phases) - 1
+            streamed = returns.running is not None and i == len(phases) - 1
             trained, losses = phase.cohort.train(
                 starts,
                 fed.data,
@@ -361,27 +367,48 @@ class LocalTraining:
                 (fed.cfg.seed, "local", round_, *tag),
                 gen,
                 names,
-                **({"finished": finished} if streamed else {}),
+                **({"finished": returns} if streamed else {}),
             )
             if phase.loss_weight is not None:
                 weighted = weighted + losses * phase.loss_weight
         if phases and phases[-1].loss_weight is not None:
             losses = weighted / sum(p.loss_weight for p in phases)
-        epochs = sum(p.cohort.local_epochs for p in phases)
-        if not streamed:
-            if trained is None:  # no phase trains: the clients send back what they started from
-                trained = {k: torch.stack([st[k] for st in starts]) for k in starts[0]}
-            for i in range(len(chosen)):
-                finished(i, {k: v[i] for k, v in trained.items()})
-        return RoundUpdates(
-            chosen,
-            uploads,
-            sizes,
-            groups,
-            losses,
-            epochs * int(sizes.sum()),
-            running.result() if running is not None else None,
-        )
+        return trained, losses, streamed
+
+
+def client_starts(s: Strategy, state: FedState, chosen: list[int]) -> tuple[list, list]:
+    """What each chosen client downloads (counted on the ledger) and starts its round from,
+    and the group it belongs to."""
+    starts, groups = [], []
+    for c in chosen:
+        received = s.download(state, c)
+        record(state.ledger.received, c, received, s.traffic)
+        starts.append(s.local_start(state, c, received))
+        groups.append(s.group(state, c))
+    return starts, groups
+
+
+class ClientReturns:
+    """The round's clients as they finish, in client order: each one's upload (counted on the
+    ledger) goes to the uploads or, where only their mean is read, into the ``running`` mean;
+    what it keeps stays on the client."""
+
+    def __init__(self, s: Strategy, state: FedState, chosen: list[int], running):
+        self.s, self.state, self.chosen, self.running = s, state, chosen, running
+        self.uploads: list[Tensors] = []
+
+    def __call__(self, i: int, row: Tensors) -> None:
+        """Client ``chosen[i]`` is done: its upload, what it keeps."""
+        s, state, c = self.s, self.state, self.chosen[i]
+        upload = s.upload(state, c, row)
+        record(state.ledger.sent, c, upload, s.traffic)
+        kept = s.keep(state, c, row)
+        if kept is not None:
+            state.clients[c] = {k: v.clone() for k, v in kept.items()}
+        if self.running is None:
+            self.uploads.append(upload)
+        else:
+            self.running.add(upload)
 
 
 def record(count, client: int, tensors: Tensors, traffic) -> None:

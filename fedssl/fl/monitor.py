@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedssl.data import to_device
 from fedssl.data.augment import to_float
 from fedssl.data.partition import stratified_subset
-from fedssl.data.store import to_device
 from fedssl.eval.probes import knn_accuracy
 from fedssl.params import KnnParams
 from fedssl.runtime import derive_seed

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from torch import nn
 
-from fedssl.data.store import to_device
+from fedssl.data import to_device
 from fedssl.fl.cohort import LocalData
 from fedssl.fl.engine import (
     LOG_FIELDS,

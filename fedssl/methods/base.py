@@ -229,9 +229,11 @@ class PretrainStepMethod(Method):
     A subclass declares what is its own (``name``, ``label``, ``params``, ``encoder_builder``)
     and the ``package`` that holds its code, laid out by convention: ``run.py`` has
     ``pretrain(ctx)`` and ``encoder(ctx)``, ``costs.py`` has ``client_costs(ctx)`` and
-    ``projected_costs(exp, partition, dataset)``; the step and the hooks name those."""
+    ``projected_costs(exp, partition, dataset)``; the step and the hooks name those. A method
+    whose costs the library counts names that module instead (``costs_module``)."""
 
     package: ClassVar[str]
+    costs_module: ClassVar[str | None] = None  # default: the package's ``costs``
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.model",)
     costs_inputs = ("pretrain",)
@@ -250,8 +252,9 @@ class PretrainStepMethod(Method):
             ),
         )
         cls.encoder_hook = f"{package}.run:encoder"
-        cls.client_costs_hook = f"{package}.costs:client_costs"
-        cls.projected_costs_hook = f"{package}.costs:projected_costs"
+        costs = cls.costs_module or f"{package}.costs"
+        cls.client_costs_hook = f"{costs}:client_costs"
+        cls.projected_costs_hook = f"{costs}:projected_costs"
 
     def arch(self, params: MethodParams) -> str:
         return params.model.arch
@@ -271,15 +274,34 @@ class FederatedMethod(PretrainStepMethod):
     its own), its ``loss`` and, where they differ from a contrastive model under the library's
     strategies, the other hooks, all ``"module:function"`` strings (the declaration stays free
     of torch, and each hook's module is a code dependency of the stages that run it only). Its
-    client costs are its package's ``costs`` module."""
+    client costs are its package's ``costs`` module.
+
+    A method whose round is more than one forward of augmented views declares the hooks for
+    what differs: its views (``make_views``), a loss that runs its own forward (``step_loss``),
+    rounds that only exchange before training (``setup_rounds``), and what it keeps of the
+    final state (``save_state``); FeatARC and Orchestra are examples."""
 
     views: ClassVar[int] = 2
-    loss: ClassVar[str]  # (outputs in fp32, batch, params) -> scalar
+    loss: ClassVar[str | None] = None  # (outputs in fp32, batch, params) -> scalar
+    # A loss that runs the forward itself (several branches of the model in one precision
+    # region, a buffer it writes), instead of ``loss``: (params) -> the cohort's whole-step
+    # loss (model, weights, buffers, batch) -> scalar.
+    step_loss: ClassVar[str | None] = None
+    # (params, image size) -> the cohort's view builder (images, generator) -> views; None:
+    # ``views`` augmentations by the params' ``augment``.
+    make_views: ClassVar[str | None] = None
+    # Rounds before the first training round in which the clients only exchange what the
+    # strategy says (Orchestra's clustering round 0): the federation runs ``rounds`` + these.
+    setup_rounds: ClassVar[int] = 0
     model: ClassVar[str] = f"{RUNTIME}:contrastive_model"  # (params, image shape, device)
     strategy: ClassVar[str] = f"{RUNTIME}:chosen_strategy"  # (config, model, params)
     after_step: ClassVar[str | None] = None  # (model, params) -> the cohort's after_step
     save: ClassVar[str] = f"{RUNTIME}:save_contrastive"  # (model, path, image shape)
-    describe: ClassVar[str] = f"{RUNTIME}:parameter_count"  # (model) -> run-record facts
+    # (strategy, final state, output folder) -> run-record facts: what the method keeps of the
+    # federation's end besides the model (FeatARC's cluster models); None: nothing
+    save_state: ClassVar[str | None] = None
+    # (model) -> run-record facts (the report's parameter count); None: none
+    describe: ClassVar[str | None] = f"{RUNTIME}:parameter_count"
     encoder_loader: ClassVar[str] = f"{RUNTIME}:contrastive_encoder"  # (stage context)
 
     def __init_subclass__(cls, **kwargs):
@@ -288,13 +310,17 @@ class FederatedMethod(PretrainStepMethod):
             return
         cls.steps = tuple(replace(s, runner=f"{RUNTIME}:pretrain") for s in cls.steps)
         cls.encoder_hook = cls.encoder_loader
-        cls.flower_steps = {"pretrain": f"{RUNTIME}:federation"}
+        if "flower_steps" not in vars(cls):  # one that declares its own ({}: none) keeps them
+            cls.flower_steps = {"pretrain": f"{RUNTIME}:federation"}
 
     def hook_modules(self, params, kind: str) -> list[str]:
         """Training runs the runtime and every hook it calls."""
         if kind != "pretrain":
             return super().hook_modules(params, kind)
-        hooks = (self.loss, self.model, self.strategy, self.after_step, self.save, self.describe)
+        hooks = (
+            *(self.loss, self.step_loss, self.make_views, self.model, self.strategy),
+            *(self.after_step, self.save, self.save_state, self.describe),
+        )
         return [RUNTIME] + sorted({hook_module(h) for h in hooks if h} - {RUNTIME})
 
 
@@ -317,6 +343,7 @@ class SupervisedFederatedMethod(Method):
 
     network: ClassVar[str]  # (params, image shape, classes) -> the network, untrained
     loss: ClassVar[str]  # (outputs in fp32, batch, params) -> scalar
+    step_loss: ClassVar[str | None] = None  # a whole-step loss instead (see FederatedMethod)
     encoder_of: ClassVar[str]  # (network, projection) -> the frozen encoder for the probes
     wrapper: ClassVar[str | None] = None  # (params, network) -> the module the clients train
     # (config, params, model, data, tests) -> the Strategy; default: FedAvg of the whole network
@@ -351,7 +378,10 @@ class SupervisedFederatedMethod(Method):
     def hook_modules(self, params, kind: str) -> list[str]:
         """Training, and the probes' encoder, run the runtime and the hooks it calls."""
         hooks = {
-            "train": (self.network, self.loss, self.wrapper, self.strategy, self.describe),
+            "train": (
+                *(self.network, self.loss, self.step_loss, self.wrapper),
+                *(self.strategy, self.describe),
+            ),
             "features": (self.network, self.encoder_of),
             "finetune": (self.network, self.encoder_of),
         }.get(kind)

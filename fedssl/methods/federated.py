@@ -5,6 +5,8 @@ default hooks (a contrastive model under the strategy the params choose)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import nn
 
 from fedssl.data.augment import BatchAugment, multi_view
@@ -15,7 +17,7 @@ from fedssl.fl.cohort import (
     on_outputs,
     vectorise_clients,
 )
-from fedssl.fl.engine import Federation, LocalTraining, federation_config
+from fedssl.fl.engine import Federation, LocalTraining, Phase, federation_config
 from fedssl.fl.runner import run_federation, train_data
 from fedssl.methods import registry
 from fedssl.methods.base import call_hook, resolve_hook
@@ -26,11 +28,12 @@ def make_federation(p, model: nn.Module, data: LocalData, ckpt, fingerprint) -> 
     """The federation of the method whose params are ``p``, over ``data``, training ``model``."""
     method = registry.get(p.name)
     cfg = federation_config(p, p.seed, p.lr_schedule)
+    cfg = replace(cfg, rounds=cfg.rounds + method.setup_rounds)
     strategy = call_hook(method.strategy, cfg, model, p)
     loss = trainer_loss(p)
     cohort = CohortTrainer(
         model,
-        multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=method.views),
+        views_of(p, data.images.shape[-1]),
         strategy.local_objective(loss, model),
         OptimizerConfig.of(p),
         batch_size=p.batch_size,
@@ -38,13 +41,32 @@ def make_federation(p, model: nn.Module, data: LocalData, ckpt, fingerprint) -> 
         parallel=vectorise_clients(p.parallel_clients, data.device),
         after_step=call_hook(method.after_step, model, p) if method.after_step else None,
     )
-    return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
+    training = local_training(cohort, method.setup_rounds)
+    return Federation(strategy, training, data, cfg, ckpt, fingerprint)
+
+
+def views_of(p, size: int):
+    """The cohort's view builder of the method whose params are ``p``, for images of ``size``."""
+    method = registry.get(p.name)
+    if method.make_views:
+        return call_hook(method.make_views, p, size)
+    return multi_view(BatchAugment(p.augment, size), views=method.views)
+
+
+def local_training(cohort: CohortTrainer, setup_rounds: int) -> LocalTraining:
+    """Every round trains ``cohort``, but the first ``setup_rounds``, which train nothing."""
+    if not setup_rounds:
+        return LocalTraining(cohort)
+    return LocalTraining(phases=lambda s: [Phase(cohort)] if s.round >= setup_rounds else [])
 
 
 def trainer_loss(p):
-    """The cohort trainer's loss of the method whose params are ``p``: its loss of the model's
-    outputs, the forward run under the precision policy."""
-    loss = resolve_hook(registry.get(p.name).loss)
+    """The cohort trainer's loss of the method whose params are ``p``: its whole-step loss, or
+    its loss of the model's outputs, the forward run under the precision policy."""
+    method = registry.get(p.name)
+    if method.step_loss:
+        return call_hook(method.step_loss, p)
+    loss = resolve_hook(method.loss)
     return on_outputs(lambda outputs, batch: loss(outputs, batch, p))
 
 
@@ -63,10 +85,13 @@ def federation(ctx) -> tuple[nn.Module, Federation]:
 
 def pretrain(ctx) -> None:
     model, fed = federation(ctx)
-    run_federation(ctx, fed, model)
+    state = run_federation(ctx, fed, model)
     method = ctx.method
     call_hook(method.save, model, ctx.out / "model.pt", ctx.image_shape)
-    ctx.info.update(call_hook(method.describe, model))
+    if method.describe:
+        ctx.info.update(call_hook(method.describe, model))
+    if method.save_state:
+        ctx.info.update(call_hook(method.save_state, fed.strategy, state, ctx.out))
 
 
 # ---------------------------------------------------------------------- the default hooks
@@ -82,6 +107,7 @@ def chosen_strategy(cfg, model, p):
 
 
 def save_contrastive(model, path, image_shape) -> None:
+    """The whole model's state and the image shape."""
     save_contrastive_model(model, path, image_shape)
 
 

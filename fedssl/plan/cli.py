@@ -20,7 +20,7 @@ def downstream_of(dag: Dag, name: str, stages: list[str]) -> bool:
     return any(u in stages or downstream_of(dag, u, stages) for u in up)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m fedssl.pipeline",
         description="the pipelines' DAG: generate, check and record",
@@ -43,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     acc.add_argument("stages", nargs="*", help="only these (default: every stale stage)")
     show = sub.add_parser("show", help="list a pipeline's stages")
     show.add_argument("pipeline", nargs="?", default="default")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         if args.cmd == "write":
             for p in write_all(also=tuple(args.pipelines)):
@@ -53,30 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "commit":
             commit_ran()
         elif args.cmd == "accept":
-            dag = Dag(args.pipeline)
-            names = accept(dag, args.stages or None)
-            print("accepted: " + (", ".join(names) or "nothing was stale"))
-            if names and Path(".dvc").is_dir():
-                owner = owners()
-                # an accepted stage's meta.json is part of its output, so DVC sees every stage
-                # that reads it as changed too: commit those as well
-                commit = [n for n in dag.stages if n in names or downstream_of(dag, n, names)]
-                done = subprocess.run(
-                    [
-                        "dvc",
-                        "commit",
-                        "--force",
-                        "--quiet",
-                        *[f"{dvc_file(owner[n][0])}:{n}" for n in commit if n in owner],
-                    ]
-                )
-                if done.returncode:  # e.g. an output the stages now declare is missing
-                    print(
-                        "error: dvc commit failed: DVC still sees these stages as changed; "
-                        "rerun them (an output they declare may be missing)",
-                        file=sys.stderr,
-                    )
-                    return done.returncode
+            return accept_stages(args.pipeline, args.stages)
         else:
             for name in Dag(args.pipeline).stages:
                 print(name)
@@ -84,3 +65,33 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     return 0
+
+
+def accept_stages(pipeline: str, stages: list[str]) -> int:
+    """Declare ``stages`` (default: every stale one) of ``pipeline`` up to date, and have DVC
+    record them and every stage that reads them."""
+    dag = Dag(pipeline)
+    names = accept(dag, stages or None)
+    print("accepted: " + (", ".join(names) or "nothing was stale"))
+    if not (names and Path(".dvc").is_dir()):
+        return 0
+    owner = owners()
+    # an accepted stage's meta.json is part of its output, so DVC sees every stage that reads
+    # it as changed too: commit those as well
+    commit = [n for n in dag.stages if n in names or downstream_of(dag, n, names)]
+    done = subprocess.run(
+        [
+            "dvc",
+            "commit",
+            "--force",
+            "--quiet",
+            *[f"{dvc_file(owner[n][0])}:{n}" for n in commit if n in owner],
+        ]
+    )
+    if done.returncode:  # e.g. an output the stages now declare is missing
+        print(
+            "error: dvc commit failed: DVC still sees these stages as changed; "
+            "rerun them (an output they declare may be missing)",
+            file=sys.stderr,
+        )
+    return done.returncode

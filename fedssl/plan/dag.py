@@ -64,6 +64,22 @@ from fedssl.record import (
 REPORT_READS = ("title", "partition", "method")
 
 
+def _report_reads(s: Stage, steps: set[str]) -> list[str]:
+    """What the report reads of stage ``s``: a method step's meta and traffic (its output),
+    besides any metrics it wrote; an evaluation's committed files, or its output where it
+    commits none (as Snakemake's digest has it: a new probe curve reruns the report in both
+    front ends)."""
+    committed = [*s.metrics, *s.plots]
+    return [*s.metrics, s.out] if s.kind in steps else (committed or [s.out])
+
+
+def _merged_keys(merged: list[str] | None, keys: list[str] | None) -> list[str] | None:
+    """The params keys of one file read so far, with ``keys`` added (None: the whole file)."""
+    if keys is None or merged is None:
+        return None
+    return merged + [k for k in keys if k not in merged]
+
+
 def _method_part(method, params, uses: str | None) -> tuple[tuple, tuple, bool]:
     """What an evaluation that ``uses`` a part of the method adds: (params it reads, steps it
     reads, whether it calls the method's hook)."""
@@ -257,7 +273,9 @@ class Dag:
         dump = self.presets.load("experiment", exp_name).model_dump(mode="json")
         return {r: lookup(dump, r) for r in reads}
 
-    def _add_experiment(self, exp_name: str) -> None:
+    def _checked_experiment(self, exp_name: str):
+        """The experiment's params and its partition's, checked: the pipeline's column is one
+        of its settings, and it fits its data set."""
         exp = self.presets.load("experiment", exp_name)
         if self.column != "partition":
             try:
@@ -272,6 +290,10 @@ class Dag:
         part_where = self.presets.resolve("partition", exp.partition).where
         dataset = self.presets.load("dataset", part.dataset, f"{part_where}: dataset")
         check_experiment_fits(exp, where, part, dataset, Path(data_dir(part.dataset)))
+        return exp, part
+
+    def _add_experiment(self, exp_name: str) -> None:
+        exp, part = self._checked_experiment(exp_name)
         method = registry.get(exp.method.name)
         declaration = registry.module_of(method.name)
         sources = {
@@ -360,18 +382,9 @@ class Dag:
                 s = self.stages[name]
                 if s.kind != "features":
                     upstream.append(name)
-                    # a method step's meta and traffic are read, besides any metrics it wrote;
-                    # an evaluation's committed files are its output (as Snakemake's digest has
-                    # it: a new probe curve reruns the report in both front ends)
-                    committed = [*s.metrics, *s.plots]
-                    deps += [*s.metrics, s.out] if s.kind in steps else (committed or [s.out])
+                    deps += _report_reads(s, steps)
             for file, keys in self.presets.tracked("experiment", exp, REPORT_READS).items():
-                merged = params.get(file, [])
-                params[file] = (
-                    None
-                    if keys is None or merged is None
-                    else merged + [k for k in keys if k not in merged]
-                )
+                params[file] = _merged_keys(params.get(file, []), keys)
             modules.add(registry.module_of(method.name))
             part = self.presets.load("partition", exp_params.partition)
             modules.add(dataset_spec(self.presets.load("dataset", part.dataset).name).module)

@@ -21,10 +21,10 @@ from collections import Counter, defaultdict
 from functools import cache
 from pathlib import Path
 
-from fedssl.hardware import cpu_summary
 from fedssl.plan.dag import Dag
 from fedssl.plan.layout import RESULTS
 from fedssl.presets import Presets
+from fedssl.runtime import cpu_summary
 
 SHARED_KINDS = ("prepare_data", "partition", "report")
 BAD = ("differs beyond the spread", "missing", "failed")

@@ -262,13 +262,13 @@ class Exercise(NamedTuple):
 MANIFEST = {"per_client": [{"client": 0, "dropped": False}]}
 REPS = np.zeros((2, 1, 2, 4, 2, 2), np.float32)  # [N, rho, 2, C, H, W] pairs for the rServer
 EXERCISES = {
-    "fedssl/data/store.py::_load::numpy.load@images": Exercise(
+    "fedssl/data/__init__.py::_load::numpy.load@images": Exercise(
         "pretrain", "tiny_simclr", "{data}/train_images.npy"
     ),
-    "fedssl/data/store.py::_load::numpy.load@labels": Exercise(
+    "fedssl/data/__init__.py::_load::numpy.load@labels": Exercise(
         "pretrain", "tiny_simclr", "{data}/train_labels.npy"
     ),
-    "fedssl/data/store.py::load_clients::numpy.load": Exercise(
+    "fedssl/data/__init__.py::load_clients::numpy.load": Exercise(
         "pretrain",
         "tiny_simclr",
         "{partition}/clients.npz",
@@ -343,7 +343,7 @@ EXERCISES = {
     "fedssl/methods/fedbyol/model.py::load_online_encoder::torch.load": Exercise(
         "features", "tiny_fedbyol", "{in:pretrain}/model.pt"
     ),
-    "fedssl/methods/orchestra/run.py::load_model::torch.load": Exercise(
+    "fedssl/methods/orchestra/model.py::load_model::torch.load": Exercise(
         "features", "tiny_orchestra", "{in:pretrain}/model.pt"
     ),
 }

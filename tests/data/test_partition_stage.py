@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from fedssl.data.store import load_clients, load_split
+from fedssl.data import load_clients, load_split
 from tests.fixtures import make_tiny_project, run
 
 

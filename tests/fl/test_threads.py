@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from fedssl.hardware import cpu
+from fedssl.runtime import cpu
 from tests.fixtures import make_tiny_project, run
 
 pytestmark = pytest.mark.timeout(900)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedssl.flower.rounds import Client, ClientMemory, RemoteRounds, SoloCohort
-from fedssl.methods import federated
+from fedssl.methods import federated, registry
 from fedssl.methods.fedbyol import FedEMAParams, FedUParams
 from fedssl.methods.mfcl import run as mfcl
 from fedssl.models.encoders import seeded_contrastive_model
@@ -18,6 +18,7 @@ from tests.methods.fedbyol import test_fedbyol_rules as byol
 from tests.methods.fedsimclr.test_fedsimclr_rules import SHAPE, tiny_params
 from tests.methods.mfcl import test_mfcl
 from tests.methods.mpfedcon import test_mpfedcon as mpf
+from tests.methods.orchestra import test_orchestra_rules as orchestra_rules
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -46,6 +47,16 @@ def mpfedcon_federation(folder, name: str, variant: str = "mpfedcon"):
     return model, fed
 
 
+def runtime_federation(p):
+    """The federation builder of a method on the shared runtime, with params ``p``."""
+
+    def make(folder, name: str):
+        model = federated.build_model(p, SHAPE, torch.device("cpu"))
+        return model, federated.make_federation(p, model, toy_data(), folder / f"{name}.pt", name)
+
+    return make
+
+
 # method -> (its federation builder, the round-log columns the clients record that do not
 # reach the server: the BYOL family's diagnostics are kept by the client's strategy)
 METHODS = {
@@ -63,6 +74,8 @@ METHODS = {
     "mfcl_phase1_secure": (lambda f, n: mfcl_federation(f, n, secure=True), ()),
     "fedrep": (lambda f, n: mpfedcon_federation(f, n, "fedrep"), ()),
     "mpfedcon": (mpfedcon_federation, ()),
+    # a setup round (clustering only) before its training round; the memory stays on the client
+    "orchestra": (runtime_federation(orchestra_rules.tiny_params()), ()),
 }
 # MpFedcon's other variants (its Tab. 1 baselines) map the same way; SCAFFOLD does not (below)
 OTHER_VARIANTS = (
@@ -151,6 +164,14 @@ def test_a_client_that_does_not_replay_the_others_draws_trains_on_other_views(
     assert any(
         not torch.equal(got.server["global"][k], v) for k, v in expected.server["global"].items()
     )
+
+
+def test_featarc_does_not_split_its_server_scores_the_clients_data():
+    """FeatARC's server assigns each client a cluster from the client's own images, which a
+    server of the split does not hold: it declares no Flower step (the runtime's default)."""
+    assert registry.get("featarc").flower_steps == {}
+    runtime = f"{federated.__name__}:federation"
+    assert registry.get("orchestra").flower_steps == {"pretrain": runtime}
 
 
 def test_every_flower_step_is_a_federated_step_of_its_method():

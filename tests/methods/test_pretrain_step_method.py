@@ -54,8 +54,9 @@ def test_a_step_of_its_own_code_depends_on_run_and_costs_on_costs_only():
 
 @pytest.mark.parametrize("name", ["fedsimclr", "featarc", "orchestra", "fedbyol", "fedema", "fedu"])
 def test_every_hook_of_the_plugins_names_a_function_of_their_package(name):
-    """Costs live in the method's package; training in its package too or, for a
-    FederatedMethod, in the one runtime every such method shares; the encoder in either."""
+    """Costs live in the method's package or the library's (``costs_module``: FedSimCLR's
+    end-to-end recipe); training in its package too or, for a FederatedMethod, in the one
+    runtime every such method shares; the encoder in either."""
     method = registry.get(name)
     assert isinstance(method, PretrainStepMethod)
     runtime = "fedssl.methods.federated"
@@ -63,8 +64,8 @@ def test_every_hook_of_the_plugins_names_a_function_of_their_package(name):
     homes = {
         method.steps[0].runner: (runs_in,),
         method.encoder_hook: (runs_in, method.package),
-        method.client_costs_hook: (method.package,),
-        method.projected_costs_hook: (method.package,),
+        method.client_costs_hook: (method.package, "fedssl.costs"),
+        method.projected_costs_hook: (method.package, "fedssl.costs"),
     }
     for hook, allowed in homes.items():
         module = hook_module(hook)
@@ -82,4 +83,7 @@ def test_a_federated_method_is_a_loss_on_the_shared_runtime():
         assert method.flower_steps == {"pretrain": "fedssl.methods.federated:federation"}
         modules = method.hook_modules(None, "pretrain")
         assert modules[0] == "fedssl.methods.federated" and "fedssl.losses" in modules
-        assert method.hook_modules(None, "costs") == [f"{method.package}.costs"]
+        assert method.hook_modules(None, "costs") == [
+            method.costs_module or f"{method.package}.costs"
+        ]
+    assert registry.get("fedsimclr").hook_modules(None, "costs") == ["fedssl.costs.end_to_end"]

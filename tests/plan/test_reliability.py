@@ -375,7 +375,7 @@ def test_the_file_size_limit_stops_a_stage_with_one_line(tmp_path):
 
 
 def test_damaged_artifacts_and_checkpoints_are_refused_naming_the_file(tmp_path):
-    from fedssl.data.store import ArtifactError, load_clients, load_split
+    from fedssl.data import ArtifactError, load_clients, load_split
 
     np.save(tmp_path / "train_images.npy", np.array([{"a": 1}], dtype=object))
     np.save(tmp_path / "train_labels.npy", np.arange(3))

@@ -5,13 +5,14 @@ No client takes part and nothing is communicated. Resumes from its last finished
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 import torch
 
+from fedssl.data import to_device
 from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.partition import stratified_subset
-from fedssl.data.store import to_device
 from fedssl.epochs import run_epochs
 from fedssl.eval.probes import extract_features, linear_probe
 from fedssl.fl.engine import TIMING_FIELDS
@@ -81,32 +82,16 @@ def train_candidate(
         t0 = time.perf_counter()
         order = torch.from_numpy(numpy_rng(s.seed, "ssl-order", width, epoch).permutation(n))
         gen = torch_generator(device, s.seed, "ssl-augment", width, epoch)
-        total, steps = 0.0, n // batch
-        for b in range(steps):
-            x = images[order[b * batch : (b + 1) * batch].to(device)]
-            v1, v2 = two_views(x, gen)
-            loss = under_policy(device, net.loss, v1, v2)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            net.after_step()
-            total += loss.item()
+        batches = (images[order[b * batch : (b + 1) * batch].to(device)] for b in range(n // batch))
+        mean_loss = _ssl_epoch(net, opt, two_views, batches, gen, device)
         seconds = time.perf_counter() - t0
         return {
             "width": width,
             "epoch": epoch + 1,
-            "loss": round(total / steps, 5),
+            "loss": round(mean_loss, 5),
             "seconds": round(seconds, 2),
-            "images_per_s": round(steps * batch / seconds, 1),
+            "images_per_s": round(n // batch * batch / seconds, 1),
         }
-
-    def progress(rows: list[dict]) -> None:
-        row = rows[-1]
-        print(
-            f"{p.pretrain} width {width} epoch {row['epoch']}/{s.epochs}: loss "
-            f"{row['loss']:.4f} ({row['images_per_s']:.0f} img/s)",
-            flush=True,
-        )
 
     log += run_epochs(
         s.epochs,
@@ -116,9 +101,33 @@ def train_candidate(
         fingerprint,
         device,
         f"width {width}",
-        progress,
+        partial(_say_epoch, p, width),
     )
     return net
+
+
+def _say_epoch(p, width: int, rows: list[dict]) -> None:
+    row = rows[-1]
+    print(
+        f"{p.pretrain} width {width} epoch {row['epoch']}/{p.ssl.epochs}: loss "
+        f"{row['loss']:.4f} ({row['images_per_s']:.0f} img/s)",
+        flush=True,
+    )
+
+
+def _ssl_epoch(net: SSLNet, opt, two_views, batches, gen, device) -> float:
+    """One epoch of Adam steps of the SSL loss on two views of each batch: the mean loss."""
+    total, steps = 0.0, 0
+    for x in batches:
+        v1, v2 = two_views(x, gen)
+        loss = under_policy(device, net.loss, v1, v2)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        net.after_step()
+        total += loss.item()
+        steps += 1
+    return total / steps
 
 
 def _subset(labels: np.ndarray, size: int | None, seed: int) -> np.ndarray:
@@ -144,6 +153,17 @@ def linear_eval(ctx, encoder, le, public_idx: np.ndarray, device) -> dict:
     return linear_probe(tr, train_labels[np.sort(idx)], te, test_labels[test_idx], le.probe, device)
 
 
+def _scored(ctx, net: SSLNet, width: int, log: list[dict], public_idx: np.ndarray) -> dict:
+    """A candidate's row: the linear probe of its encoder (trained on the public slice where
+    that is of the training split) and its final SSL loss."""
+    s = ctx.exp.method.ssl
+    public = public_idx if s.public.split == "train" else np.empty(0, np.int64)
+    probe = linear_eval(ctx, net.encoder, s.linear_eval, public, ctx.device)
+    final = [r["loss"] for r in log if r["width"] == width][-1]
+    print(f"width {width}: linear probe {probe['linear_top1']:.2f}%", flush=True)
+    return {"width": width, "linear_top1": round(probe["linear_top1"], 2), "final_loss": final}
+
+
 def run(ctx) -> None:
     p = ctx.exp.method
     log: list[dict] = []
@@ -163,16 +183,8 @@ def run(ctx) -> None:
         ckpt = ctx.resume_path.with_name(f"{ctx.resume_path.stem}.w{width}.pt")
         net = train_candidate(p, width, data, shape, device, ckpt, ctx.fingerprint, log)
         write_tsv([{k: r[k] for k in LOG_FIELDS} for r in log], log_path, LOG_FIELDS)
-        if s.public.split == "train":
-            probe = linear_eval(ctx, net.encoder, s.linear_eval, public_idx, device)
-        else:
-            probe = linear_eval(ctx, net.encoder, s.linear_eval, np.empty(0, np.int64), device)
-        final = [r["loss"] for r in log if r["width"] == width][-1]
-        candidates.append(
-            {"width": width, "linear_top1": round(probe["linear_top1"], 2), "final_loss": final}
-        )
+        candidates.append(_scored(ctx, net, width, log, public_idx))
         nets[width] = net
-        print(f"width {width}: linear probe {probe['linear_top1']:.2f}%", flush=True)
     best = max(candidates, key=lambda c: c["linear_top1"])  # first of the best on ties
     torch_save(
         {

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedssl.data.store import to_device
+from fedssl.data import to_device
 from fedssl.eval.personal import PersonalLog
 from fedssl.fl.engine import FedState, nbytes, write_round_log
 from fedssl.fl.runner import train_data

@@ -10,11 +10,23 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
-from fedssl.methods.base import MethodParams, PretrainStepMethod
+from fedssl.methods.base import FederatedMethod, MethodParams
 from fedssl.methods.registry import register
 from fedssl.params import AugmentParams, ModelParams, TrainsItsModel, federation_block
 
-FEATARC_FEDERATION = federation_block(local_epochs=5, batch_size=256, lr=1e-3, weight_decay=1e-6)
+FEATARC_FEDERATION = federation_block(
+    local_epochs=5,
+    batch_size=256,
+    optimizer="adam",
+    lr=1e-3,
+    lr_schedule="constant",
+    momentum=0.9,
+    weight_decay=1e-6,
+    parallel_clients=(
+        Literal["off"],
+        Field("off", description="one client at a time: the frozen anchor runs in eval mode"),
+    ),
+)
 
 
 class FeatARCParams(MethodParams, FEATARC_FEDERATION, TrainsItsModel):
@@ -35,9 +47,21 @@ class FeatARCParams(MethodParams, FEATARC_FEDERATION, TrainsItsModel):
 
 
 @register
-class FeatARC(PretrainStepMethod):
+class FeatARC(FederatedMethod):
+    """SimCLR plus alignment on the shared runtime; its model, views, loss and clustering in
+    :mod:`.model` and :mod:`.strategy`; the probes read the evaluated cluster's network."""
+
     name = "featarc"
     label = "FeatARC"
     params = FeatARCParams
     package = __name__
     encoder_builder = "fedssl.models.encoders:contrastive_encoder"
+    model = f"{__name__}.model:seeded_model"
+    make_views = f"{__name__}.model:views"
+    step_loss = f"{__name__}.model:featarc_loss"
+    strategy = f"{__name__}.strategy:FeatARCStrategy"
+    save = f"{__name__}.model:save_network"
+    save_state = f"{__name__}.strategy:save_clusters"
+    # its server assigns every client a cluster from the client's data: no Flower split
+    flower_steps = {}
+    describe = None  # no parameter count in its report rows (as its committed ones)

@@ -12,7 +12,7 @@ from fedssl import costs
 from fedssl.data.catalog import dataset_spec
 from fedssl.fl.cohort import Batch
 from fedssl.fl.engine import nbytes
-from fedssl.methods.featarc.run import FeatARCModel, featarc_loss
+from fedssl.methods.featarc.model import FeatARCModel, featarc_loss
 from fedssl.models.encoders import seeded_contrastive_model
 
 
@@ -21,7 +21,7 @@ class _LocalStep(nn.Module):
 
     def __init__(self, model: FeatARCModel, p):
         super().__init__()
-        self.model, self.loss = model, featarc_loss(p.temperature, p.align_scale, p.align_space)
+        self.model, self.loss = model, featarc_loss(p)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         v1, v2, raw = images.chunk(3)

@@ -48,3 +48,4 @@ class FedSimCLR(FederatedMethod):
     package = __name__
     encoder_builder = "fedssl.models.encoders:contrastive_encoder"
     loss = "fedssl.losses:simclr_views"
+    costs_module = "fedssl.costs.end_to_end"  # the whole model both ways, in MFCL's Tab. 3 terms

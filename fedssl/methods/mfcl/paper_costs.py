@@ -26,16 +26,14 @@ Conventions (spec ``methods/mfcl.md`` §5 and §8 A3/A12):
   counts by the batch size 2K. Tab. 3's MFCL "11×10⁷" is reproduced when |θ_m| = |g_m| = encoder
   parameters and Σ_l |w_l| = the encoder's conv output maps per image (spec §5 [I]).
 
-The end-to-end baselines of Tab. 3 (FedSimCLR) are costed with the same conventions
-(:func:`e2e_client_costs`). The measured meters (FLOPs, saved activations, bytes) are the
-library's, :mod:`fedssl.costs`.
+The end-to-end baselines of Tab. 3 (FedSimCLR) are costed with the same conventions, by the
+library (:mod:`fedssl.costs.end_to_end`: the code rate, Eq. 4's traffic and Eq. 6's memory,
+which MFCL's formulas here compose). The measured meters (FLOPs, saved activations, bytes) are
+the library's, :mod:`fedssl.costs`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-
-import torch
 from torch import Tensor, nn
 
 from fedssl.costs import (
@@ -45,38 +43,15 @@ from fedssl.costs import (
     measured_step_bytes,
     train_step_flops,
 )
-
-DEFAULT_CODE_RATE = 1.0 / 3.0
-
+from fedssl.costs.end_to_end import (
+    DEFAULT_CODE_RATE,
+    coded_bits,
+    memory_bytes_eq6,
+    phase1_bits,
+)
 
 #: Eq. 5 / §5.4: the paper's |z| per sample for ResNet-18 (32×32 spatial, 64 filters, pre-pool).
 PAPER_REP_NUMEL_RESNET18 = 32 * 32 * 64
-
-
-def coded_bits(
-    n_values: float, bits_per_value: int = BITS_PER_FLOAT, code_rate: float = DEFAULT_CODE_RATE
-) -> float:
-    """Channel bits for ``n_values`` numbers of ``bits_per_value`` bits sent with a code of rate
-    ``code_rate`` (information bits / coded bits): ``n · bits / R``."""
-    if not 0.0 < code_rate <= 1.0:
-        raise ValueError(f"code rate must be in (0, 1], got {code_rate}")
-    return n_values * bits_per_value / code_rate
-
-
-def phase1_bits(
-    n_down: int,
-    n_up: int,
-    rounds: int,
-    bits_per_value: int = BITS_PER_FLOAT,
-    code_rate: float = DEFAULT_CODE_RATE,
-) -> float:
-    """Eq. 4: α₁ = (|θ_fed| + |θ_m|) · 32 · T / R, per client.
-
-    ``n_down`` / ``n_up`` are the parameters received from / sent to the gServer each round.
-    ``rounds=1`` gives Tab. 3's "#bits (p1)" column (per round). The same formula gives the
-    traffic of end-to-end FL baselines (FedSimCLR, FedEMA) with n_down = n_up = model size.
-    """
-    return coded_bits((n_down + n_up) * rounds, bits_per_value, code_rate)
 
 
 def phase2_bits(
@@ -92,18 +67,6 @@ def phase2_bits(
     "vectors" of one such map per sample (see the module docstring).
     """
     return coded_bits(rep_numel_per_sample * n_samples * rho, bits_per_value, code_rate)
-
-
-def e2e_comm_costs(n_params: int, rounds: int, code_rate: float = DEFAULT_CODE_RATE) -> dict:
-    """Tab. 3 communication cells of an end-to-end FL method (whole model down and up per round)."""
-    per_round = phase1_bits(n_params, n_params, 1, code_rate=code_rate)
-    return {
-        "bits_p1": per_round,
-        "rounds": rounds,
-        "rep_size": 0,
-        "bits_p2": 0.0,
-        "alpha": per_round * rounds,
-    }
 
 
 def mfcl_comm_costs(
@@ -127,25 +90,6 @@ def mfcl_comm_costs(
         "bits_p2": bits_p2,
         "alpha": bits_p1 * rounds + bits_p2,
     }
-
-
-def memory_bytes_eq6(
-    n_params: int,
-    n_grads: int,
-    feature_map_numels: Iterable[int] | int,
-    batch_images: int,
-    bytes_per_value: int = 4,
-) -> float:
-    """Eq. 6: γ = (|θ_m| + |g_m| + Σ_l |w_l|) · 2K · 4 bytes, taken literally.
-
-    ``feature_map_numels`` are the per-image feature-map sizes |w_l| (an int is taken as their
-    sum); ``batch_images`` is 2K (both views). Note the paper scales the parameter and gradient
-    counts by 2K too; this is reproduced, not corrected.
-    """
-    total_maps = (
-        feature_map_numels if isinstance(feature_map_numels, int) else sum(feature_map_numels)
-    )
-    return (n_params + n_grads + total_maps) * batch_images * bytes_per_value
 
 
 def mfcl_client_flops(
@@ -203,49 +147,6 @@ def mfcl_client_costs(
                 "bits_p2": comm["bits_p2"],
                 "bytes_exchanged": b,
                 "flops": flops,
-                "paper_memory_bytes": eq6,
-                "peak_step_bytes": peak,
-            }
-        )
-    return rows
-
-
-def e2e_client_costs(
-    model: nn.Module,
-    probe: Sequence[Tensor],
-    loss_fn,
-    batch_pairs: int,
-    samples: list[int],
-    rounds: list[int],
-    local_epochs: int,
-    bytes_exchanged: list[int],
-    optimizer_slots: int,
-    code_rate: float = DEFAULT_CODE_RATE,
-) -> list[dict]:
-    """Per-client costs of an end-to-end FL method (FedSimCLR): the whole model both ways per
-    round; ``probe`` = the two view batches [k, C, H, W] each; ``loss_fn(output, inputs)``."""
-    k = probe[0].shape[0]
-    both = torch.cat(list(probe))
-    step_per_pair = train_step_flops(model, both, loss_fn) / k
-    n_params = sum(p.numel() for p in model.parameters())
-    eq6 = memory_bytes_eq6(
-        n_params, n_params, conv_feature_map_numels(model, both), 2 * batch_pairs
-    )
-    peak = measured_step_bytes(model, both, loss_fn, optimizer_slots, batch_pairs / k)
-    rows = []
-    for m, (n, r, b) in enumerate(zip(samples, rounds, bytes_exchanged)):
-        comm = e2e_comm_costs(n_params, r, code_rate)
-        rows.append(
-            {
-                "client": m,
-                "samples": n,
-                "rounds": r,
-                "dropped": False,
-                "paper_bits": comm["alpha"],
-                "bits_p1_per_round": comm["bits_p1"],
-                "bits_p2": 0.0,
-                "bytes_exchanged": b,
-                "flops": step_per_pair * n * local_epochs * r,
                 "paper_memory_bytes": eq6,
                 "peak_step_bytes": peak,
             }

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -224,10 +225,6 @@ def train_rserver(
     drawn uniformly (spec A10), in batches of ``p.batch_pairs`` shuffled across clients. Both
     views go through the BN rServer module in one batch; NT-Xent (Eq. 7); LARS with linear
     warmup and cosine decay per step. Resumes from ``resume`` after a kill (same fingerprint)."""
-    device = reps.device
-    n, rho = reps.shape[0], reps.shape[1]
-    steps = rserver_steps(n, p.batch_pairs)
-    total, warmup = steps * p.epochs, steps * p.warmup_epochs
     peak = scaled_peak_lr(p.lr, p.batch_pairs, p.lr_scaling)
     opt = LARS(
         lars_param_groups(model, p.weight_decay),
@@ -236,39 +233,44 @@ def train_rserver(
         trust_coefficient=p.trust_coefficient,
     )
     model.train()
-
-    def one_epoch(epoch: int) -> dict:
-        gen = torch_generator(torch.device("cpu"), p.seed, "rserver", epoch)
-        order = torch.randperm(n, generator=gen)
-        pick = torch.randint(rho, (n,), generator=gen)
-        loss_sum, t0 = 0.0, time.perf_counter()
-        for s in range(steps):
-            idx = order[s * p.batch_pairs : (s + 1) * p.batch_pairs]
-            pair = reps[idx.to(device), pick[idx].to(device)].float()  # [B, 2, C, H, W]
-            set_lr(opt, warmup_cosine(epoch * steps + s, total, warmup, peak))
-            proj = under_policy(device, model, torch.cat([pair[:, 0], pair[:, 1]]))
-            loss = nt_xent(*proj.float().chunk(2), p.temperature)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            loss_sum += loss.item()
-        return {
-            "epoch": epoch + 1,
-            "loss": loss_sum / steps,
-            "lr": warmup_cosine((epoch + 1) * steps - 1, total, warmup, peak),
-            "seconds": round(time.perf_counter() - t0, 3),
-        }
-
     return run_epochs(
         p.epochs,
-        one_epoch,
+        partial(_rserver_epoch, model, opt, reps, p, peak),
         {"model": model, "opt": opt},
         resume,
         fingerprint,
-        device,
+        reps.device,
         "rServer",
         on_epoch,
     )
+
+
+def _rserver_epoch(model: RServerModel, opt, reps: torch.Tensor, p, peak: float, epoch: int):
+    """One epoch of :func:`train_rserver`: one drawn pair per sample, in a shuffled order."""
+    device = reps.device
+    n, rho = reps.shape[0], reps.shape[1]
+    steps = rserver_steps(n, p.batch_pairs)
+    total, warmup = steps * p.epochs, steps * p.warmup_epochs
+    gen = torch_generator(torch.device("cpu"), p.seed, "rserver", epoch)
+    order = torch.randperm(n, generator=gen)
+    pick = torch.randint(rho, (n,), generator=gen)
+    loss_sum, t0 = 0.0, time.perf_counter()
+    for s in range(steps):
+        idx = order[s * p.batch_pairs : (s + 1) * p.batch_pairs]
+        pair = reps[idx.to(device), pick[idx].to(device)].float()  # [B, 2, C, H, W]
+        set_lr(opt, warmup_cosine(epoch * steps + s, total, warmup, peak))
+        proj = under_policy(device, model, torch.cat([pair[:, 0], pair[:, 1]]))
+        loss = nt_xent(*proj.float().chunk(2), p.temperature)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss_sum += loss.item()
+    return {
+        "epoch": epoch + 1,
+        "loss": loss_sum / steps,
+        "lr": warmup_cosine((epoch + 1) * steps - 1, total, warmup, peak),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 EPOCH_FIELDS = ["epoch", "loss", "lr"]  # timings go to the run record

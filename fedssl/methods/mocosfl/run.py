@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedssl.data import to_device
 from fedssl.data.augment import BatchAugment, multi_view, to_float
 from fedssl.data.partition import stratified_subset
-from fedssl.data.store import to_device
 from fedssl.fl.cohort import OptimizerConfig, vectorise_clients
 from fedssl.fl.engine import Federation, federation_config
 from fedssl.fl.runner import run_federation, train_data

@@ -373,6 +373,86 @@ def padded_batch(batches: list[np.ndarray], width: int) -> tuple[np.ndarray, np.
     return idx, valid
 
 
+@dataclass
+class RoundTensors:
+    """What a round trains: its clients' online and momentum models and optimizer state,
+    stacked [a, ...], and the server's top model, its momentum copy, optimizer state and queue."""
+
+    online: Tensors
+    momentum: Tensors
+    opt: dict
+    server: Tensors
+    server_m: Tensors
+    server_opt: dict
+    queue: FeatureQueue
+
+    @classmethod
+    def start(cls, state: FedState, starts: list[dict], device) -> RoundTensors:
+        """The round's tensors from its clients' starts and the server's state (copies)."""
+        online = stack([s["online"] for s in starts])
+        momentum = stack([s["momentum"] for s in starts])
+        opt = {
+            "step": torch.zeros(len(starts), device=device),
+            "m": stack([s["opt"] for s in starts]),
+        }
+        server = {k: v.unsqueeze(0).clone() for k, v in state.server["server"].items()}
+        server_m = {k: v.clone() for k, v in state.server["server_momentum"].items()}
+        server_opt = {
+            "step": torch.zeros(1, device=device),
+            "m": {k: v.unsqueeze(0).clone() for k, v in state.server["server_opt"].items()},
+        }
+        keys = state.server["queue"]["keys"]
+        queue = FeatureQueue(keys.shape[0], keys.shape[1], 0, device)
+        queue.load_state_dict({"keys": keys, "ptr": int(state.server["queue"]["ptr"])})
+        return cls(online, momentum, opt, server, server_m, server_opt, queue)
+
+    def stepped(self) -> tuple:
+        """The arguments :meth:`SplitMocoTrainer.step` trains, in its order."""
+        return (
+            self.online,
+            self.momentum,
+            self.opt,
+            self.server,
+            self.server_m,
+            self.server_opt,
+            self.queue,
+        )
+
+    def keep(self, state: FedState, strategy, chosen: list[int]) -> None:
+        """The round's end: each client keeps its models and optimizer state, the server its."""
+        for i, c in enumerate(chosen):
+            strategy.keep(
+                state,
+                c,
+                {k: v[i].clone() for k, v in self.online.items()},
+                {k: v[i].clone() for k, v in self.momentum.items()},
+                {k: v[i].clone() for k, v in self.opt["m"].items()},
+            )
+        state.server["server"] = {k: v[0].clone() for k, v in self.server.items()}
+        state.server["server_momentum"] = self.server_m
+        state.server["server_opt"] = {k: v[0].clone() for k, v in self.server_opt["m"].items()}
+        state.server["queue"] = {
+            "keys": self.queue.keys.clone(),
+            "ptr": torch.tensor(self.queue.ptr, dtype=torch.int64),
+        }
+
+
+def pre_sync_entry(step: int, round_: int, loss: float, due: bool, online, momentum) -> dict:
+    """A logged step's row before its sync (the authors' log: the squared misalignment of this
+    round's clients; the plain one too when the step syncs)."""
+    entry = {
+        "step": step,
+        "round": round_ + 1,
+        "loss": round(loss, 5),
+        "sync": int(due),
+        "misalignment_pre_sync": "",
+        "misalignment_sq_pre_sync": float(misalignment([online], [momentum], squared=True)),
+    }
+    if due:
+        entry["misalignment_pre_sync"] = float(misalignment([online], [momentum]))
+    return entry
+
+
 class SplitMocoTrainer:
     """One round of split federated MoCo (see the module docstring); the engine's trainer."""
 
@@ -414,24 +494,11 @@ class SplitMocoTrainer:
     def train_round(
         self, fed, state: FedState, chosen: list[int], round_: int, lr: float
     ) -> RoundUpdates:
-        cfg, strategy, data = self.cfg, fed.strategy, fed.data
+        cfg, data = self.cfg, fed.data
         device = data.device
-        starts = [strategy.client_start(state, c) for c in chosen]
-        online = stack([s["online"] for s in starts])
-        momentum = stack([s["momentum"] for s in starts])
-        opt = {
-            "step": torch.zeros(len(chosen), device=device),
-            "m": stack([s["opt"] for s in starts]),
-        }
-        server = {k: v.unsqueeze(0).clone() for k, v in state.server["server"].items()}
-        server_m = {k: v.clone() for k, v in state.server["server_momentum"].items()}
-        server_opt = {
-            "step": torch.zeros(1, device=device),
-            "m": {k: v.unsqueeze(0).clone() for k, v in state.server["server_opt"].items()},
-        }
-        keys = state.server["queue"]["keys"]
-        queue = FeatureQueue(keys.shape[0], keys.shape[1], 0, device)
-        queue.load_state_dict({"keys": keys, "ptr": int(state.server["queue"]["ptr"])})
+        tensors = RoundTensors.start(
+            state, [fed.strategy.client_start(state, c) for c in chosen], device
+        )
         sizes = torch.tensor(
             [len(data.clients[c]) for c in chosen], dtype=torch.float64, device=device
         )
@@ -445,83 +512,60 @@ class SplitMocoTrainer:
         steps_taken = torch.zeros(len(chosen), dtype=torch.float64)
         log = state.memo.setdefault("steps", [])
         images = 0
-        for t in range(n_steps):
-            rows = [i for i, s in enumerate(schedules) if t < len(s)]
-            idx, valid = padded_batch([schedules[i][t] for i in rows], cfg.batch_size)
+        for s in range(n_steps):
+            rows = [i for i, sched in enumerate(schedules) if s < len(sched)]
+            idx, valid = padded_batch([schedules[i][s] for i in rows], cfg.batch_size)
             clients = [chosen[i] for i in rows]
-            client_steps = state.memo.setdefault("client_steps", [0] * len(data.clients))
-            client_lr = lr
-            if cfg.client_cosine is not None:
-                client_lr = cfg.client_cosine.rates([client_steps[c] for c in clients], device)
-            for c in clients:
-                client_steps[c] += 1
+            client_lr = self._client_rates(state, clients, len(data.clients), lr, device)
             loss = self.step(
-                state,
-                clients,
-                rows,
-                idx,
-                valid,
-                data,
-                online,
-                momentum,
-                opt,
-                server,
-                server_m,
-                server_opt,
-                queue,
-                gen,
-                lr,
-                client_lr,
+                state, clients, rows, idx, valid, data, *tensors.stepped(), gen, lr, client_lr
             )
             images += int(valid.sum())
             counters = state.memo.setdefault("images", [0] * len(data.clients))
-            for i, b in zip(rows, valid.sum(1).tolist()):
-                counters[chosen[i]] += int(b)
+            for c, b in zip(clients, valid.sum(1).tolist()):
+                counters[c] += int(b)
             loss_sum[rows] += loss
             steps_taken[rows] += 1
-            step = state.memo.get("step", 0) + 1
-            state.memo["step"] = step
-            since = state.memo.get("steps_since_sync", 0) + 1
-            due = since >= cfg.sync_every or (cfg.sync_at_round_end and t + 1 == n_steps)
-            state.memo["steps_since_sync"] = 0 if due else since
-            entry = None
-            if due or step % cfg.log_every == 0:
-                entry = {
-                    "step": step,
-                    "round": round_ + 1,
-                    "loss": round(loss, 5),
-                    "sync": int(due),
-                    "misalignment_pre_sync": "",
-                    # the authors' log: squared, this round's clients, before this step's sync
-                    "misalignment_sq_pre_sync": float(
-                        misalignment([online], [momentum], squared=True)
-                    ),
-                }
-                if due:
-                    entry["misalignment_pre_sync"] = float(misalignment([online], [momentum]))
-            if due:
-                strategy.sync(state, chosen, online, momentum, sizes)
-            if entry is not None:
-                entry["misalignment"] = float(misalignment([online], [momentum]))
-                entry["misalignment_sq"] = float(misalignment([online], [momentum], squared=True))
-                log.append(entry)
-        for i, c in enumerate(chosen):
-            strategy.keep(
-                state,
-                c,
-                {k: v[i].clone() for k, v in online.items()},
-                {k: v[i].clone() for k, v in momentum.items()},
-                {k: v[i].clone() for k, v in opt["m"].items()},
+            round_end = s + 1 == n_steps
+            self._sync_and_log(
+                fed.strategy, state, chosen, tensors, sizes, log, round_, loss, round_end
             )
-        state.server["server"] = {k: v[0].clone() for k, v in server.items()}
-        state.server["server_momentum"] = server_m
-        state.server["server_opt"] = {k: v[0].clone() for k, v in server_opt["m"].items()}
-        state.server["queue"] = {
-            "keys": queue.keys.clone(),
-            "ptr": torch.tensor(queue.ptr, dtype=torch.int64),
-        }
+        tensors.keep(state, fed.strategy, chosen)
         losses = (loss_sum / steps_taken.clamp(min=1)).float()
         return RoundUpdates(chosen, [{} for _ in chosen], sizes, [0] * len(chosen), losses, images)
+
+    def _client_rates(self, state, clients: list[int], n_clients: int, lr: float, device):
+        """This step's client learning rate: ``lr``, or under the client cosine one per client
+        by its own step count, which the step advances."""
+        client_steps = state.memo.setdefault("client_steps", [0] * n_clients)
+        client_lr = lr
+        if self.cfg.client_cosine is not None:
+            client_lr = self.cfg.client_cosine.rates([client_steps[c] for c in clients], device)
+        for c in clients:
+            client_steps[c] += 1
+        return client_lr
+
+    def _sync_and_log(self, strategy, state, chosen, tensors, sizes, log, round_, loss, round_end):
+        """Count the step; sync the round's client models when due (every ``sync_every`` steps,
+        and at the round's end where configured); log the step when it syncs and every
+        ``log_every`` steps, its models' misalignment before and after the sync."""
+        cfg = self.cfg
+        step = state.memo.get("step", 0) + 1
+        state.memo["step"] = step
+        since = state.memo.get("steps_since_sync", 0) + 1
+        due = since >= cfg.sync_every or (cfg.sync_at_round_end and round_end)
+        state.memo["steps_since_sync"] = 0 if due else since
+        entry = None
+        if due or step % cfg.log_every == 0:
+            entry = pre_sync_entry(step, round_, loss, due, tensors.online, tensors.momentum)
+        if due:
+            strategy.sync(state, chosen, tensors.online, tensors.momentum, sizes)
+        if entry is not None:
+            entry["misalignment"] = float(misalignment([tensors.online], [tensors.momentum]))
+            entry["misalignment_sq"] = float(
+                misalignment([tensors.online], [tensors.momentum], squared=True)
+            )
+            log.append(entry)
 
     # ------------------------------------------------------------------ a step
     def step(
@@ -546,47 +590,19 @@ class SplitMocoTrainer:
         """One split-learning step of the clients ``rows`` (rows of the stacked states):
         uploads, the server's MoCo step (rate ``lr``), the gradients down, the clients' SGD
         (``client_lr``: one rate, or one per row; None = ``lr``). Returns the server's loss."""
-        cfg, ledger, device = self.cfg, state.ledger, data.device
-        a, width = idx.shape
+        ledger, device = state.ledger, data.device
         subset = len(rows) < next(iter(online.values())).shape[0]
         sel = torch.tensor(rows, device=device)
         on, mom, op = ((gather(x, sel) if subset else x) for x in (online, momentum, opt))
-
-        flat = torch.from_numpy(idx).to(device).flatten()
-        v1, v2 = self.make_views(data.images[flat], gen)
-        v1, v2 = (v.view(a, width, *v.shape[1:]) for v in (v1, v2))
-        valid_t = torch.from_numpy(valid).to(device)
-        if cfg.symmetric:  # queries [x'; x''], keys [x''; x']
-            xq, xk = torch.cat([v1, v2], 1), torch.cat([v2, v1], 1)
-            valid_t = torch.cat([valid_t, valid_t], 1)
-        else:
-            xq, xk = v1, v2
+        xq, xk, valid_t = self._views(idx, valid, data, gen)
         counts = valid_t.sum(1).tolist()
-
-        # clients: online forward (kept for the backward), EMA, momentum forward
         params = {k: v.detach().requires_grad_(True) for k, v in on.items()}
-        h_q = self.client_forward(params, xq)
-        ema_update(mom, on, cfg.momentum)
-        with torch.no_grad():
-            h_k = self.client_forward(mom, xk)
+        h_q, h_k = self._client_forwards(params, on, mom, xq, xk)
         for j, c in enumerate(clients):  # what each client uploads (its real rows)
             ledger.sent(c, {"h": h_q[j, : counts[j]]}, ACT_QUERY)
             ledger.sent(c, {"h": h_k[j, : counts[j]]}, ACT_KEY)
 
-        # server: MoCo v2 on the concatenated uploads
-        rows_valid = valid_t.flatten()
-        hq = h_q.detach().flatten(0, 1).requires_grad_(True)
-        hk = h_k.flatten(0, 1)
-        sp = {k: v[0].detach().requires_grad_(True) for k, v in server.items()}
-        ema_update(server_m, {k: v[0] for k, v in server.items()}, cfg.momentum)
-        q, k = under_policy(hq, self._server_forward, sp, server_m, hq, hk)
-        loss = moco_queue_loss(q, k, queue.keys, cfg.temperature, rows_valid)
-        grads = torch.autograd.grad(loss, [*sp.values(), hq])
-        self.optimizer.step(
-            server, {n: g.unsqueeze(0) for n, g in zip(sp, grads[:-1])}, server_opt, lr
-        )
-        queue.push(k, rows_valid)
-        g_act = grads[-1].view_as(h_q)
+        loss, g_act = self._server_step(h_q, h_k, valid_t, server, server_m, server_opt, queue, lr)
         for j, c in enumerate(clients):
             ledger.received(c, {"g": g_act[j, : counts[j]]}, GRADIENTS)
 
@@ -600,3 +616,46 @@ class SplitMocoTrainer:
             scatter(momentum, sel, mom)
             scatter(opt, sel, op)
         return float(loss.detach())
+
+    def _client_forwards(self, params: Tensors, on: Tensors, mom: Tensors, xq, xk):
+        """The clients' uploads: the queries of their online weights ``params`` (kept for the
+        backward), and the keys of their momentum weights after this step's EMA."""
+        cfg = self.cfg
+        h_q = self.client_forward(params, xq)
+        ema_update(mom, on, cfg.momentum)
+        with torch.no_grad():
+            h_k = self.client_forward(mom, xk)
+        return h_q, h_k
+
+    def _views(self, idx: np.ndarray, valid: np.ndarray, data, gen):
+        """The step's queries and keys, client-stacked [a, R, C, H, W], and which of their rows
+        are real [a, R] (symmetric: both views query, each keyed by the other)."""
+        a, width = idx.shape
+        flat = torch.from_numpy(idx).to(data.device).flatten()
+        v1, v2 = self.make_views(data.images[flat], gen)
+        v1, v2 = (v.view(a, width, *v.shape[1:]) for v in (v1, v2))
+        valid_t = torch.from_numpy(valid).to(data.device)
+        if self.cfg.symmetric:  # queries [x'; x''], keys [x''; x']
+            xq, xk = torch.cat([v1, v2], 1), torch.cat([v2, v1], 1)
+            valid_t = torch.cat([valid_t, valid_t], 1)
+        else:
+            xq, xk = v1, v2
+        return xq, xk, valid_t
+
+    def _server_step(self, h_q, h_k, valid_t, server, server_m, server_opt, queue, lr):
+        """The server's MoCo v2 step on the concatenated uploads: its loss and the gradients
+        of the query activations, which go back to the clients."""
+        cfg = self.cfg
+        rows_valid = valid_t.flatten()
+        hq = h_q.detach().flatten(0, 1).requires_grad_(True)
+        hk = h_k.flatten(0, 1)
+        sp = {k: v[0].detach().requires_grad_(True) for k, v in server.items()}
+        ema_update(server_m, {k: v[0] for k, v in server.items()}, cfg.momentum)
+        q, k = under_policy(hq, self._server_forward, sp, server_m, hq, hk)
+        loss = moco_queue_loss(q, k, queue.keys, cfg.temperature, rows_valid)
+        grads = torch.autograd.grad(loss, [*sp.values(), hq])
+        self.optimizer.step(
+            server, {n: g.unsqueeze(0) for n, g in zip(sp, grads[:-1])}, server_opt, lr
+        )
+        queue.push(k, rows_valid)
+        return loss, grads[-1].view_as(h_q)

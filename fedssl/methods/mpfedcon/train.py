@@ -19,8 +19,8 @@ from torch import nn
 from torch.func import functional_call
 
 from fedssl.attacks.leakage import add_gradient_noise
+from fedssl.data import to_device
 from fedssl.data.augment import to_float
-from fedssl.data.store import to_device
 from fedssl.eval.personal import PersonalLog, client_outputs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward
 from fedssl.fl.engine import (
@@ -297,31 +297,9 @@ class SplitStrategy(Strategy):
         head = nn.Sequential(*[getattr(net, name) for name in top])
         below = [name for name in ("base", "projector", "output") if name not in top]
         params = {k[len("net.") :]: v for k, v in glob.items()}
-
-        @torch.no_grad()
-        def features(x: torch.Tensor) -> torch.Tensor:
-            for name in below:
-                module = getattr(net, name)
-                x = functional_call(
-                    module,
-                    {k[len(name) + 1 :]: v for k, v in params.items() if k.startswith(name + ".")},
-                    (x,),
-                )
-            return x
-
+        features = _features_below(net, below, params)
         data = self.fed.data
-        sizes = [len(c) for c in data.clients]
-        order = torch.as_tensor(np.concatenate(data.clients), device=data.device)
-        feats = torch.cat(
-            [
-                features(to_float(data.images[order[s : s + 1024]]))
-                for s in range(0, len(order), 1024)
-            ]
-        )
-        bounds = np.cumsum([0, *sizes])
-        local = LocalData(
-            feats, data.labels[order], [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-        )
+        local = _party_features(features, data)
         start = {
             f"{i}.{k[len(name) + 1 :]}": v
             for i, name in enumerate(top)
@@ -337,7 +315,7 @@ class SplitStrategy(Strategy):
             p.finetune_epochs,
             parallel=True,
         )
-        n = len(sizes)
+        n = len(data.clients)
         trained, _ = trainer.train(
             [start] * n,
             local,
@@ -347,6 +325,38 @@ class SplitStrategy(Strategy):
             torch_generator(data.device, p.seed, "finetune", round_),
         )
         return _Heads(head, trained), features
+
+
+def _features_below(net: nn.Module, below: list[str], params: dict[str, torch.Tensor]):
+    """The frozen layers ``below`` the head under the global weights ``params``: x -> their
+    features."""
+
+    @torch.no_grad()
+    def features(x: torch.Tensor) -> torch.Tensor:
+        for name in below:
+            module = getattr(net, name)
+            x = functional_call(
+                module,
+                {k[len(name) + 1 :]: v for k, v in params.items() if k.startswith(name + ".")},
+                (x,),
+            )
+        return x
+
+    return features
+
+
+def _party_features(features, data) -> LocalData:
+    """Every party's training images through ``features`` (1024 at a time), in party order,
+    with their labels: the heads' local data."""
+    sizes = [len(c) for c in data.clients]
+    order = torch.as_tensor(np.concatenate(data.clients), device=data.device)
+    feats = torch.cat(
+        [features(to_float(data.images[order[s : s + 1024]])) for s in range(0, len(order), 1024)]
+    )
+    bounds = np.cumsum([0, *sizes])
+    return LocalData(
+        feats, data.labels[order], [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    )
 
 
 @dataclass

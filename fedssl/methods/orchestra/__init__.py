@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from fedssl.methods.base import MethodParams, PretrainStepMethod
+from fedssl.methods.base import FederatedMethod, MethodParams
 from fedssl.methods.registry import register
 from fedssl.params import AugmentParams, ModelParams, TrainsItsModel, federation_block
 
@@ -27,9 +27,15 @@ ORCHESTRA_FEDERATION = federation_block(
     ),
     local_epochs=10,
     batch_size=16,
+    optimizer="sgd",
     lr=0.003,
+    lr_schedule="constant",
     momentum=0.9,
     weight_decay=1e-4,
+    parallel_clients=(
+        Literal["off"],
+        Field("off", description="one client at a time: BN, and the memory each one writes"),
+    ),
 )
 
 
@@ -54,10 +60,21 @@ class OrchestraParams(MethodParams, ORCHESTRA_FEDERATION, TrainsItsModel):
 
 
 @register
-class Orchestra(PretrainStepMethod):
+class Orchestra(FederatedMethod):
+    """On the shared runtime: its network, views, EMA target and encoder in :mod:`.model`, its
+    loss in :mod:`.loss`, its memory and clustering rounds in :mod:`.strategy`, which round 0
+    (a setup round) runs alone; the network is saved whole."""
+
     name = "orchestra"
     label = "Orchestra"
     params = OrchestraParams
     package = __name__
     encoder_reads = ("method",)
-    encoder_builder = "fedssl.methods.orchestra.run:encoder_module"
+    encoder_builder = f"{__name__}.model:encoder_module"
+    model = f"{__name__}.model:seeded_orchestra_model"
+    make_views = f"{__name__}.model:views"
+    step_loss = f"{__name__}.loss:orchestra_loss"
+    setup_rounds = 1
+    strategy = f"{__name__}.strategy:OrchestraStrategy"
+    after_step = f"{__name__}.model:target_ema"
+    encoder_loader = f"{__name__}.model:encoder"

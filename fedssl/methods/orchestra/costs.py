@@ -11,8 +11,8 @@ from fedssl import costs
 from fedssl.data.catalog import dataset_spec
 from fedssl.fl.cohort import Batch
 from fedssl.fl.engine import nbytes
+from fedssl.methods.orchestra.loss import orchestra_loss
 from fedssl.methods.orchestra.model import MEMORY, ROTATIONS, seeded_orchestra_model
-from fedssl.methods.orchestra.run import orchestra_loss
 
 VIEWS = 3  # a step sees x1 (teacher), x2 (student) and the rotated x3
 
@@ -20,9 +20,9 @@ VIEWS = 3  # a step sees x1 (teacher), x2 (student) and the rotated x3
 class _LocalStep(nn.Module):
     """One local step's loss as a module of the three stacked views (for the FLOP counter)."""
 
-    def __init__(self, model: nn.Module, temperature: float):
+    def __init__(self, model: nn.Module, p):
         super().__init__()
-        self.model, self.loss = model, orchestra_loss(temperature)
+        self.model, self.loss = model, orchestra_loss(p)
 
     def forward(self, views: torch.Tensor) -> torch.Tensor:
         x1, x2, x3 = views.chunk(VIEWS)
@@ -38,7 +38,7 @@ class _LocalStep(nn.Module):
 
 def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[int]):
     model = seeded_orchestra_model(p, shape, torch.device("cpu")).train()
-    step = _LocalStep(model, p.temperature)
+    step = _LocalStep(model, p)
     probe = torch.rand(
         (VIEWS * costs.PROBE_PAIRS, *shape), generator=torch.Generator().manual_seed(0)
     )

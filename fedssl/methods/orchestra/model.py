@@ -1,6 +1,7 @@
 """Orchestra's network (spec §4.2): backbone, bias-free BN projector, rotation head, an EMA
 target of backbone + projector, the global centroids and the client's memory as buffers, and
-its three-view batches (two augmentations, one rotated view with its label)."""
+its three-view batches (two augmentations, one rotated view with its label); the runtime's
+hooks for them and the probes' encoder. Its loss: :mod:`.loss`; its federation: :mod:`.strategy`."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedssl.data.augment import BatchAugment
-from fedssl.fl.momentum import momentum_pairs
-from fedssl.models.encoders import build_backbone
+from fedssl.fl.momentum import ema_after_step, momentum_pairs
+from fedssl.models.encoders import build_backbone, frozen
 from fedssl.models.heads import BNMLP
 from fedssl.precision import channels_last
 from fedssl.runtime import derive_seed
@@ -89,3 +90,34 @@ def orchestra_views(augment: BatchAugment, augment_prime: BatchAugment):
         return x1, x2, rotate(x3, turns), turns
 
     return make
+
+
+# ---------------------------------------------------------------------- the runtime's hooks
+def views(p, size: int):
+    return orchestra_views(BatchAugment(p.augment, size), BatchAugment(p.augment_prime, size))
+
+
+def target_ema(model: OrchestraModel, p):
+    """The cohort's after-step hook: the target follows the online network by EMA."""
+    return ema_after_step(model.target_pairs(), p.target_momentum)
+
+
+def load_model(p, path, device) -> OrchestraModel:
+    ckpt = torch.load(path, map_location=device, weights_only=True)
+    model = seeded_orchestra_model(p, ckpt["image_shape"], device)
+    model.load_state_dict(ckpt["model"])
+    return model
+
+
+def encoder(ctx):
+    """The frozen global online backbone the probes read (with ``projection``: and projector)."""
+    model = load_model(ctx.exp.method, ctx.input("pretrain") / "model.pt", ctx.device)
+    if ctx.exp.features.layer == "projection":
+        return frozen(nn.Sequential(model.backbone, model.projector))
+    return frozen(model.backbone)
+
+
+def encoder_module(method, image_shape, projection: bool = False):
+    """The untrained module :func:`encoder` returns (what :mod:`fedssl.export` loads into)."""
+    model = OrchestraModel(method, image_shape)
+    return frozen(nn.Sequential(model.backbone, model.projector) if projection else model.backbone)

@@ -14,7 +14,8 @@ from fedssl.fl.engine import fedavg, nbytes, stacked
 from fedssl.losses import nt_xent
 from fedssl.methods import federated
 from fedssl.methods.featarc import FeatARCParams
-from fedssl.methods.featarc import run as featarc
+from fedssl.methods.featarc import model as featarc_model
+from fedssl.methods.featarc import strategy as featarc
 from fedssl.methods.fedsimclr import FedSimCLRParams
 from fedssl.models.encoders import seeded_contrastive_model
 from tests.fl.test_engine import toy_data
@@ -32,9 +33,10 @@ def tiny_params(**changes) -> FeatARCParams:
 
 
 def federation(p, tmp_path, data=None):
-    net = seeded_contrastive_model(p.model, SHAPE, p.seed, torch.device("cpu"))
-    fed = featarc.make_federation(p, net, data or toy_data(), tmp_path / "ck.pt", "fp")
-    return fed, fed.start(net)
+    """FeatARC's federation on the shared runtime (toy data by default), and its start."""
+    model = federated.build_model(p, SHAPE, torch.device("cpu"))
+    fed = federated.make_federation(p, model, data or toy_data(), tmp_path / "ck.pt", "fp")
+    return fed, fed.start(model)
 
 
 def test_a_client_joins_the_cluster_whose_features_align_best_with_its_own(tmp_path):
@@ -61,13 +63,13 @@ def test_a_client_joins_the_cluster_whose_features_align_best_with_its_own(tmp_p
 
 def test_the_alignment_term_pulls_both_views_toward_the_cluster_feature():
     h = F.normalize(torch.randn(6, 8), dim=1)
-    assert featarc.alignment_loss(h, h, h).item() == pytest.approx(-1.0)
-    assert featarc.alignment_loss(h, -h, -h).item() == pytest.approx(1.0)
+    assert featarc_model.alignment_loss(h, h, h).item() == pytest.approx(-1.0)
+    assert featarc_model.alignment_loss(h, -h, -h).item() == pytest.approx(1.0)
     y1, y2 = torch.randn(6, 8), torch.randn(6, 8)
     expected = -0.5 * (
         (h * F.normalize(y1, dim=1)).sum(1).mean() + (h * F.normalize(y2, dim=1)).sum(1).mean()
     )
-    assert torch.allclose(featarc.alignment_loss(h, y1, y2), expected)
+    assert torch.allclose(featarc_model.alignment_loss(h, y1, y2), expected)
 
 
 def test_the_local_loss_is_nt_xent_plus_s_times_the_alignment_to_the_frozen_anchor(tmp_path):
@@ -82,12 +84,12 @@ def test_the_local_loss_is_nt_xent_plus_s_times_the_alignment_to_the_frozen_anch
     batch = Batch((v1, v2, raw), torch.zeros(8), torch.ones(8, dtype=torch.bool))
     params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
     reference = {k: v.clone() for k, v in model.state_dict().items()}
-    got = featarc.featarc_loss(p.temperature, 0.7, p.align_space)(model, params, buffers, batch)
+    got = featarc_model.featarc_loss(p)(model, params, buffers, batch)
     model.load_state_dict(reference)
     with torch.no_grad():
         z, f = model(torch.cat([v1, v2]))
         h = F.normalize(model.anchor(raw), dim=1)
-        expected = nt_xent(*z.chunk(2), p.temperature) + 0.7 * featarc.alignment_loss(
+        expected = nt_xent(*z.chunk(2), p.temperature) + 0.7 * featarc_model.alignment_loss(
             h, *f.chunk(2)
         )
     assert torch.allclose(got, expected, atol=1e-5)
@@ -173,12 +175,13 @@ def test_the_paper_preset_moves_the_spec_payload_each_round(tmp_path):
     from tests.fixtures import REPO
 
     p = Presets(REPO / "params").load("experiment", "cifar10_featarc_dir001").method
-    net = seeded_contrastive_model(p.model, (3, 32, 32), p.seed, torch.device("cpu"))
+    model = federated.build_model(p, (3, 32, 32), torch.device("cpu"))
+    net = model.net
     assert sum(q.numel() for q in net.parameters()) == 11_168_832 + 525_312
     data = toy_data()
     data.images = torch.zeros(90, 3, 32, 32, dtype=torch.uint8)
-    fed = featarc.make_federation(p, net, data, tmp_path / "ck.pt", "fp")
-    state = fed.start(net)
+    fed = federated.make_federation(p, model, data, tmp_path / "ck.pt", "fp")
+    state = fed.start(model)
     down = nbytes(fed.strategy.download(state, 0))
     up = nbytes(state.server["cluster0"])
     bn = sum(b.numel() * b.element_size() for b in net.buffers())

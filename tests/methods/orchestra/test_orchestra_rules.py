@@ -11,10 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedssl.methods import federated
 from fedssl.methods.orchestra import OrchestraParams
 from fedssl.methods.orchestra import clustering as cl
 from fedssl.methods.orchestra import costs as oc
-from fedssl.methods.orchestra import run as orch
+from fedssl.methods.orchestra import loss as orch
+from fedssl.methods.orchestra import strategy as orch_strategy
 from fedssl.methods.orchestra.model import CENTROIDS, MEMORY, seeded_orchestra_model
 from tests.fl.test_engine import toy_data
 
@@ -97,7 +99,7 @@ def run_rounds(p, rounds_done: int, tmp_path, **hooks):
     model = seeded_orchestra_model(p, SHAPE, torch.device("cpu"))
     data = toy_data()
     tmp_path.mkdir(parents=True, exist_ok=True)
-    fed = orch.make_federation(p, model, data, tmp_path / "ck.pt", "fp")
+    fed = federated.make_federation(p, model, data, tmp_path / "ck.pt", "fp")
     for name, wrap in hooks.items():
         setattr(fed.strategy, name, wrap(getattr(fed.strategy, name)))
     state = fed.start(model)
@@ -143,7 +145,7 @@ def test_the_centroids_travel_and_count_in_the_bytes_of_every_round(tmp_path):
     assert all(MEMORY not in u for u in uploads)  # the memory never leaves the client
     # the server's new centroids are the global clustering of exactly the local ones sent
     round1 = uploads[3:]
-    local = torch.cat([u[orch.LOCAL_CENTROIDS] for u in round1])
+    local = torch.cat([u[orch_strategy.LOCAL_CENTROIDS] for u in round1])
     assert local.shape == (9, 8)
     before = round1[0][CENTROIDS]
     expected = cl.global_clustering(local, before, p.temperature)
@@ -184,7 +186,7 @@ def test_a_client_smaller_than_the_memory_clusters_its_own_samples():
     data = toy_data()
     data.clients[0] = data.clients[0][:5]
     model = seeded_orchestra_model(p, SHAPE, torch.device("cpu"))
-    fed = orch.make_federation(p, model, data, "/nonexistent/ck.pt", "fp")
+    fed = federated.make_federation(p, model, data, "/nonexistent/ck.pt", "fp")
     assert fed.strategy.memory_rows(0) == 5 and fed.strategy.memory_rows(1) == 24
 
 
@@ -216,7 +218,7 @@ def test_the_local_loss_adds_rotation_prediction_and_pushes_the_teacher_into_mem
     batch = Batch((x1, x2, x3, turns), turns, torch.ones(10, dtype=torch.bool))
     with torch.no_grad():
         reference = {k: v.clone() for k, v in model.state_dict().items()}
-        got = orch.orchestra_loss(p.temperature)(model, params, buffers, batch)
+        got = orch.orchestra_loss(p)(model, params, buffers, batch)
         pushed = buffers[MEMORY].clone()
         model.load_state_dict(reference)  # the same BN statistics for the hand-made loss
         teacher = model(x1, branch="target")
