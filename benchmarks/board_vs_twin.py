@@ -14,7 +14,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from scipy import stats
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fedssl.plan.recheck import SEEDED  # noqa: E402
+from fedssl.stats import compare, interval  # noqa: E402
 
 REFERENCE = "Random-init encoder (same network)"
 
@@ -23,8 +26,8 @@ def main(pipeline: str) -> None:
     rows = json.loads(Path(f"results/reports/{pipeline}/report.json").read_text())["rows"]
     runs = defaultdict(dict)  # (row, column) -> seed -> metrics
     for r in rows:
-        seed = int(r["experiment"].rsplit("_s", 1)[1]) if "_s" in r["experiment"] else 0
-        runs[r["row"], r["column"]][seed] = r
+        seeded = SEEDED.fullmatch(r["experiment"])
+        runs[r["row"], r["column"]][int(seeded[2]) if seeded else 0] = r
     print(f"# {pipeline}: line minus its untrained twin, paired by seed (points)")
     print("line\tpartition\tmetric\tseeds\tdifferences\tmean\tci95_low\tci95_high\tp")
     for (row, column), by_seed in runs.items():
@@ -33,16 +36,13 @@ def main(pipeline: str) -> None:
         if row == REFERENCE or len(seeds) < 2:
             continue
         for metric in ("linear_top1", "knn_top1"):
-            d = [float(by_seed[s][metric]) - float(twin[s][metric]) for s in seeds]
-            mean, half = statistics.mean(d), 0.0
-            half = stats.t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / len(d) ** 0.5
-            p = stats.ttest_1samp(d, 0).pvalue
+            line = {s: float(by_seed[s][metric]) for s in seeds}
+            ref = {s: float(twin[s][metric]) for s in seeds}
+            d = [line[s] - ref[s] for s in seeds]
+            low, high = interval(d)
             cells = [row, column, metric, len(d), " ".join(f"{x:+.2f}" for x in d)]
-            print(
-                "\t".join(map(str, cells)),
-                f"{mean:+.2f}\t{mean - half:+.2f}\t{mean + half:+.2f}\t{p:.3f}",
-                sep="\t",
-            )
+            cells += [f"{statistics.mean(d):+.2f}", f"{low:+.2f}", f"{high:+.2f}"]
+            print("\t".join(map(str, cells)), f"{compare(line, ref).p:.3f}", sep="\t")
 
 
 if __name__ == "__main__":
