@@ -211,6 +211,19 @@ def ledger_of(step_dir: Path, sizes: list[int]) -> ClientTraffic:
     )
 
 
+def step_traffic(ctx, step: str) -> ClientTraffic:
+    """The clients' traffic in ``step`` of a costs stage's experiment (``ctx``: its step
+    context), with their data sizes."""
+    return ledger_of(ctx.input(step), [len(c) for c in ctx.clients()])
+
+
+def traffic_costs(ctx, rows, step: str = "pretrain") -> list[dict]:
+    """The costs stage's rows of a method whose costs follow from its params, the image shape
+    and the clients' traffic in ``step``: ``rows(params, shape, samples, rounds, sent)``."""
+    t = step_traffic(ctx, step)
+    return rows(ctx.exp.method, ctx.image_shape, t.samples, t.rounds, t.sent)
+
+
 def client_rows(ledger: ClientTraffic, flops_per_sample_round: float, peak_step_bytes: int):
     """The costs stage's row per client of a federated step: its samples, rounds and bytes
     from the ledger, its FLOPs = FLOPs per sample and round × samples × rounds, and the step's

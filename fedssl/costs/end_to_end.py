@@ -23,11 +23,11 @@ from fedssl.costs import (
     BITS_PER_FLOAT,
     average_client_samples,
     conv_feature_map_numels,
-    ledger_of,
     measured_step_bytes,
     probe_batch,
     summarize_client_costs,
     tensor_bytes,
+    traffic_costs,
     train_step_flops,
 )
 from fedssl.data.catalog import dataset_spec
@@ -157,10 +157,7 @@ def contrastive_client_costs(p, shape, samples: list[int], rounds: list[int], se
 
 def client_costs(ctx) -> list[dict]:
     """The `costs` stage's rows: each client's rounds and bytes from the pretraining ledger."""
-    ledger = ledger_of(ctx.input("pretrain"), [len(c) for c in ctx.clients()])
-    return contrastive_client_costs(
-        ctx.exp.method, ctx.image_shape, ledger.samples, ledger.rounds, ledger.sent
-    )
+    return traffic_costs(ctx, contrastive_client_costs)
 
 
 def projected_costs(exp, part, dataset: str) -> dict:

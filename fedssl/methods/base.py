@@ -230,10 +230,16 @@ class PretrainStepMethod(Method):
     and the ``package`` that holds its code, laid out by convention: ``run.py`` has
     ``pretrain(ctx)`` and ``encoder(ctx)``, ``costs.py`` has ``client_costs(ctx)`` and
     ``projected_costs(exp, partition, dataset)``; the step and the hooks name those. A method
-    whose costs the library counts names that module instead (``costs_module``)."""
+    whose costs the library counts names that module instead (``costs_module``); one with steps
+    after training declares them (``later_steps``)."""
 
     package: ClassVar[str]
     costs_module: ClassVar[str | None] = None  # default: the package's ``costs``
+    # what the pretrain step reads and plots where that is less than every method param (a
+    # param only a later step reads must not rerun training) or more than the round log
+    pretrain_reads: ClassVar[tuple[str, ...]] = ("partition", "method")
+    pretrain_plots: ClassVar[tuple[str, ...]] = ("rounds.tsv",)
+    later_steps: ClassVar[tuple[Step, ...]] = ()  # steps after pretrain (MocoSFL's attack)
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.model",)
     costs_inputs = ("pretrain",)
@@ -243,14 +249,13 @@ class PretrainStepMethod(Method):
         package = getattr(cls, "package", None)
         if package is None:  # a base of several plugins that do not say it yet
             return
-        cls.steps = (
-            Step(
-                "pretrain",
-                reads=("partition", "method"),
-                plots=("rounds.tsv",),
-                runner=f"{package}.run:pretrain",
-            ),
+        pretrain = Step(
+            "pretrain",
+            reads=cls.pretrain_reads,
+            plots=cls.pretrain_plots,
+            runner=f"{package}.run:pretrain",
         )
+        cls.steps = (pretrain, *cls.later_steps)
         cls.encoder_hook = f"{package}.run:encoder"
         costs = cls.costs_module or f"{package}.costs"
         cls.client_costs_hook = f"{costs}:client_costs"
@@ -308,7 +313,7 @@ class FederatedMethod(PretrainStepMethod):
         super().__init_subclass__(**kwargs)
         if getattr(cls, "package", None) is None:
             return
-        cls.steps = tuple(replace(s, runner=f"{RUNTIME}:pretrain") for s in cls.steps)
+        cls.steps = (replace(cls.steps[0], runner=f"{RUNTIME}:pretrain"), *cls.steps[1:])
         cls.encoder_hook = cls.encoder_loader
         if "flower_steps" not in vars(cls):  # one that declares its own ({}: none) keeps them
             cls.flower_steps = {"pretrain": f"{RUNTIME}:federation"}

@@ -13,6 +13,7 @@ from fedssl.methods.base import (
     FederatedMethod,
     MethodParams,
     PretrainStepMethod,
+    Step,
     hook_module,
     resolve_hook,
 )
@@ -43,6 +44,34 @@ def test_the_step_and_hooks_point_into_the_named_package():
     assert Toy.projected_costs_hook == "somewhere.toy.costs:projected_costs"
     assert Toy.encoder_inputs == Toy.costs_inputs == ("pretrain",)
     assert _Shared.steps == () and _Shared.encoder_hook is None
+
+
+class ToyWithAttack(_Shared):
+    """Training that reads less than every param, logs more, and a step after it."""
+
+    name = "toy_attack"
+    label = "Toy attack"
+    params = MethodParams
+    package = "somewhere.attack"
+    pretrain_reads = ("partition", "method.training")
+    pretrain_plots = ("rounds.tsv", "steps.tsv")
+    later_steps = (
+        Step(
+            "attack", reads=("method.attack",), inputs=(DATA, PARTITION, "pretrain"), runner="a:b"
+        ),
+    )
+
+
+def test_training_reads_what_it_declares_and_later_steps_follow_it():
+    pretrain, attack = ToyWithAttack.steps
+    assert (pretrain.name, pretrain.reads, pretrain.plots) == (
+        "pretrain",
+        ("partition", "method.training"),
+        ("rounds.tsv", "steps.tsv"),
+    )
+    assert pretrain.runner == "somewhere.attack.run:pretrain"
+    assert attack is ToyWithAttack.later_steps[0]
+    assert ToyWithAttack.client_costs_hook == "somewhere.attack.costs:client_costs"
 
 
 def test_a_step_of_its_own_code_depends_on_run_and_costs_on_costs_only():

@@ -33,10 +33,7 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
 
 
 def client_costs(ctx) -> list[dict]:
-    ledger = costs.ledger_of(ctx.input("pretrain"), [len(c) for c in ctx.clients()])
-    return _client_costs(
-        ctx.exp.method, ctx.image_shape, ledger.samples, ledger.rounds, ledger.sent
-    )
+    return costs.traffic_costs(ctx, _client_costs)
 
 
 def payload_bytes(p, shape) -> int:

@@ -21,5 +21,5 @@ def client_costs(ctx) -> list[dict]:
     flops = costs.train_step_flops(local, x, loss) / len(x)
     acts = costs.saved_activation_bytes(local, x, loss) * p.batch_size / len(x)
     peak = int(acts + 3 * costs.tensor_bytes(local.parameters()))
-    ledger = costs.ledger_of(ctx.input("train"), [len(c) for c in ctx.clients()])
+    ledger = costs.step_traffic(ctx, "train")
     return costs.client_rows(ledger, flops * p.local_epochs, peak)

@@ -35,7 +35,7 @@ def _client_costs(p, shape, samples, rounds, sent, export: list[dict]) -> list[d
 
 
 def client_costs(ctx) -> list[dict]:
-    traffic = costs.ledger_of(ctx.input("pretrain"), [len(c) for c in ctx.clients()])
+    traffic = costs.step_traffic(ctx, "pretrain")
     export = json.loads((ctx.input("export") / "manifest.json").read_text())["per_client"]
     return _client_costs(
         ctx.exp.method, ctx.image_shape, traffic.samples, traffic.rounds, traffic.sent, export

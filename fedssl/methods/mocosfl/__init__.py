@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedssl.methods.base import DATA, PARTITION, Method, MethodParams, Step
+from fedssl.methods.base import DATA, PARTITION, MethodParams, PretrainStepMethod, Step
 from fedssl.methods.registry import register
 from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
@@ -213,17 +213,14 @@ TRAINING = (
 
 
 @register
-class MocoSfl(Method):
+class MocoSfl(PretrainStepMethod):
     name = "mocosfl"
     label = "MocoSFL"
     params = MocoSflParams
-    steps = (
-        Step(
-            "pretrain",
-            reads=TRAINING,
-            plots=("rounds.tsv", "steps.tsv", "misalignment.png"),
-            runner="fedssl.methods.mocosfl.run:pretrain",
-        ),
+    package = "fedssl.methods.mocosfl"
+    pretrain_reads = TRAINING
+    pretrain_plots = ("rounds.tsv", "steps.tsv", "misalignment.png")
+    later_steps = (
         Step(
             "inversion",
             reads=("partition", "method.seed", "method.backbone", "method.cut", "method.inversion"),
@@ -232,12 +229,8 @@ class MocoSfl(Method):
             runner="fedssl.methods.mocosfl.run:inversion",
         ),
     )
-    encoder_inputs = ("pretrain",)
     encoder_reads = ("method.backbone", "method.cut")
     encoder_builder = "fedssl.methods.mocosfl.run:encoder_skeleton"
-    encoder_hook = "fedssl.methods.mocosfl.run:encoder"
-    costs_inputs = ("pretrain",)
-    client_costs_hook = "fedssl.methods.mocosfl.costs:client_costs"
     cost_columns = ("flops_per_step", "smashed_bytes_per_step")
     report_tables = "fedssl.methods.mocosfl.report:tables"
     report_figures = "fedssl.methods.mocosfl.report:figures"

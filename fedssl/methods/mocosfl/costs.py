@@ -8,16 +8,22 @@
   loss) is the server's cost, not the client's. Per image x the images the client processed.
 * Memory: that step's saved activations, the activations it holds and the gradient it
   receives, plus the client part four times over (online, momentum, gradient, SGD momentum).
+
+The projection (``python -m fedssl.costs``) counts the same for the average client at full
+scale from the protocol's formula (:mod:`fedssl.methods.mocosfl.comm`), without training.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 import torch
 
 from fedssl import costs
-from fedssl.methods.mocosfl.comm import FLOAT_BYTES
+from fedssl.data.catalog import dataset_spec
+from fedssl.methods.mocosfl import MocoSfl
+from fedssl.methods.mocosfl.comm import FLOAT_BYTES, protocol_bytes
 from fedssl.methods.mocosfl.split import ACT_KEY, ACT_QUERY, GRADIENTS, SplitNets, build_nets
 
 SMASHED_UP, SMASHED_DOWN = (ACT_QUERY, ACT_KEY), (GRADIENTS,)
@@ -95,3 +101,60 @@ def client_costs(ctx) -> list[dict]:
         images[row["client"]] = row["images"]
     nets = build_nets(p, ctx.image_shape, torch.device("cpu"))
     return client_rows(p, nets, ctx.image_shape, ledger, images)
+
+
+def syncs_per_run(steps_per_round: int, rounds: int, t) -> int:
+    """The cohort's syncs over ``rounds`` rounds of ``steps_per_round`` steps under the
+    training settings ``t``: every ``sync_every`` steps counted across rounds, and at each
+    round's end where configured (the trainer's rule)."""
+    syncs = since = 0
+    for _ in range(rounds):
+        for s in range(steps_per_round):
+            since += 1
+            if since >= t.sync_every or (t.sync_at_round_end and s + 1 == steps_per_round):
+                syncs, since = syncs + 1, 0
+    return syncs
+
+
+def projected_rows(p, image_shape, samples: int) -> list[dict]:
+    """The costs row of a client holding ``samples`` images in a cohort of clients like it:
+    sampled in rho x rounds rounds, one pass over its data each, in the cohort's syncs of those
+    rounds; a sampled round after one it sat out starts with a catch-up download (expected
+    rho R (1 - rho) of them: an estimate where rho < 1)."""
+    t = p.training
+    rounds = round(t.client_fraction * t.rounds)
+    steps = math.ceil(samples / t.batch_size)
+    syncs = syncs_per_run(steps, t.rounds, t) * rounds // max(t.rounds, 1)
+    catch_ups = round(rounds * (1 - t.client_fraction))
+    nets = build_nets(p, image_shape, torch.device("cpu"))
+    act = math.prod(nets.activation_shape(image_shape))
+    sent = protocol_bytes(
+        samples * rounds,
+        act,
+        syncs,
+        catch_ups,
+        nets.client_numel(),
+        p.moco.symmetric,
+        p.variant == "monacosfl",
+    )
+    ledger = {
+        "per_client": [
+            {
+                "client": 0,
+                "samples": samples,
+                "rounds": rounds,
+                "bytes_up": sum(sent["up"].values()),
+                "bytes_down": sum(sent["down"].values()),
+                "up_by_kind": sent["up"],
+                "down_by_kind": sent["down"],
+            }
+        ]
+    }
+    return client_rows(p, nets, image_shape, ledger, [samples * rounds])
+
+
+def projected_costs(exp, part, dataset: str) -> dict:
+    """The average client at full scale (see :func:`projected_rows`)."""
+    p, shape = exp.method, dataset_spec(dataset).shape
+    rows = projected_rows(p, shape, costs.average_client_samples(part, dataset))
+    return costs.summarize_client_costs(rows, MocoSfl.cost_columns)

@@ -81,5 +81,5 @@ def client_costs(ctx) -> list[dict]:
     phases = phase_costs(p, ctx.image_shape, num_classes_of(ctx))
     per_sample_round = sum(ph["flops_per_sample"] * ph["epochs"] for ph in phases)
     peak = max(ph["step_bytes"] for ph in phases)
-    ledger = costs.ledger_of(ctx.input("train"), [len(c) for c in ctx.clients()])
+    ledger = costs.step_traffic(ctx, "train")
     return costs.client_rows(ledger, per_sample_round, peak)

@@ -52,7 +52,7 @@ def step_costs(p, shape, classes: int) -> dict:
 def client_costs(ctx) -> list[dict]:
     p = ctx.exp.method
     saved = load_saved(ctx, "cpu")
-    ledger = costs.ledger_of(ctx.input("train"), [len(c) for c in ctx.clients()])
+    ledger = costs.step_traffic(ctx, "train")
     step = step_costs(p, ctx.image_shape, saved["classes"])
     per_sample_round = step["flops_per_sample"] * p.local_epochs
     return costs.client_rows(ledger, per_sample_round, step["peak_step_bytes"])

@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from fedssl.methods.mocosfl.costs import client_rows, client_step
+from fedssl.fl.cohort import LocalData
+from fedssl.methods.mocosfl.costs import client_rows, client_step, projected_rows
 from fedssl.methods.mocosfl.split import build_nets
-from tests.methods.mocosfl.test_mocosfl import SHAPE, federation, params
+from tests.methods.mocosfl.test_mocosfl import SHAPE, federation, params, toy_data
 
 CPU = torch.device("cpu")
 
@@ -85,3 +86,25 @@ def test_smashed_bytes_per_step_follow_the_protocol_and_bytes_come_from_the_ledg
     assert [r["images"] for r in rows] == images
     assert (sorted(images) == [24, 36, 60]) == (fraction == 1.0)  # 2 rounds of 12 / 18 / 30
     assert ("sync_momentum" in rows[0]["up_by_kind"]) == (variant == "monacosfl")
+
+
+@pytest.mark.parametrize("variant,at_end", [("mocosfl", True), ("monacosfl", False)])
+def test_the_projection_is_what_a_run_of_like_clients_pays(tmp_path, variant, at_end):
+    """Three clients of 20 images each, all sampled: the projected client's bytes by kind,
+    FLOPs and memory are each measured client's, syncs counted across rounds (20 images in
+    batches of 6 = 4 steps a round and a sync every 3 steps: 2 syncs a round with one at each
+    round's end, else 2 in the 8 steps of the 2 rounds)."""
+    p = params(variant, training=dict(sync_every=3, sync_at_round_end=at_end, rounds=2))
+    data = toy_data()
+    equal = LocalData(data.images, data.labels, [list(range(i, 60, 3)) for i in range(3)])
+    fed = federation(p, tmp_path, data=equal)
+    state = fed.run(fed.start(None))
+    nets = build_nets(p, SHAPE, CPU)
+    measured = client_rows(p, nets, SHAPE, state.ledger.summary(), state.memo["images"])
+    (projected,) = projected_rows(p, SHAPE, 20)
+    for row in measured:
+        for key in ("up_by_kind", "down_by_kind", "bytes_exchanged", "flops", "peak_step_bytes"):
+            assert projected[key] == row[key], key
+        assert row["rounds"] == projected["rounds"] == 2
+    syncs = projected["up_by_kind"]["sync_online"] // (4 * nets.client_numel())
+    assert syncs == (4 if at_end else 2)
