@@ -1,4 +1,4 @@
-"""FEMNIST in LEAF's on-disk format, and the MpFedcon / FedRep party split of its letters a-j.
+"""FEMNIST in LEAF's on-disk format: its reader, and the letters a-j that MpFedcon / FedRep use.
 
 LEAF (``github.com/TalwalkarLab/leaf``, ``data/femnist``) writes ``data/train/*.json`` and
 ``data/test/*.json``; each file holds ``users``, ``num_samples`` and ``user_data: {user: {x:
@@ -6,10 +6,10 @@ LEAF (``github.com/TalwalkarLab/leaf``, ``data/femnist``) writes ``data/train/*.
 36-61 lower-case letters; pixels are NIST's grey levels / 255 (white background = 1.0), kept
 as they are here (scaled back to uint8).
 
-:func:`femnist_parties` rebuilds the partition MpFedcon takes from FedRep (mpfedcon spec §4):
-the writers are ignored, images of the letters a-j are pooled per letter, party ``i`` gets the
-letters ``(i + j) mod 10`` for ``j < classes_per_party``, a log-normal number of images split
-evenly over them, and keeps 90 % for training and 10 % for testing.
+MpFedcon's parties (FedRep's sampler: the writers ignored, party ``i`` given the letters
+``(i + j) mod 10``, a log-normal number of images) are a partition scheme,
+``cyclic_lognormal`` in :mod:`fedssl.data.partition`; this module only reads. It imports
+nothing of the project but the readers' common types, so the prepare stage depends on no more.
 """
 
 from __future__ import annotations
@@ -21,11 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedssl.data.catalog import dataset_spec
-from fedssl.data.partition import deal
 from fedssl.data.sources import DataNotFound, Source, Split
 
-DEFAULT_ROOT = dataset_spec("femnist").root
 LOWERCASE_OFFSET = 36  # LEAF label of 'a'
 IMAGE_SIDE = 28
 
@@ -35,29 +32,12 @@ _HOWTO = (
     "data/test/*.json), and point the root at that femnist folder"
 )
 
-__all__ = [
-    "FemnistSplit",
-    "FemnistParties",
-    "load_femnist",
-    "per_user",
-    "femnist_parties",
-    "DEFAULT_ROOT",
-]
-
 
 class FemnistSplit(NamedTuple):
     images: np.ndarray  # uint8 [N, 1, 28, 28]
     labels: np.ndarray  # int64 [N], LEAF's 62-class labels
     users: np.ndarray  # int64 [N], index into user_ids of the writer of each image
     user_ids: list[str]  # every user of both splits, sorted
-
-
-class FemnistParties(NamedTuple):
-    images: np.ndarray  # uint8 [P, 1, 28, 28], the pooled letters
-    labels: np.ndarray  # int64 [P], letter index 0..len(letters)-1
-    train: list[np.ndarray]  # per party, indices into images (may repeat across parties)
-    test: list[np.ndarray]
-    classes: np.ndarray  # int64 [parties, classes_per_party]
 
 
 # --------------------------------------------------------------------------- loading
@@ -94,9 +74,9 @@ def _found_split_dirs(root: str) -> dict[str, Path]:
     return dirs
 
 
-def load_femnist(root: str | None = None) -> dict[str, FemnistSplit]:
+def load_femnist(root: str) -> dict[str, FemnistSplit]:
     """Both LEAF splits as ``{'train': FemnistSplit, 'test': FemnistSplit}``."""
-    dirs = _found_split_dirs(root or DEFAULT_ROOT)
+    dirs = _found_split_dirs(root)
     read = {s: _read_split(d) for s, d in dirs.items()}
     user_ids = sorted({u for _, _, owners in read.values() for u in owners})
     index = {u: i for i, u in enumerate(user_ids)}
@@ -137,78 +117,3 @@ def per_user(split: FemnistSplit) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         split.user_ids[u]: (split.images[split.users == u], split.labels[split.users == u])
         for u in np.unique(split.users)
     }
-
-
-# --------------------------------------------------------------------------- MpFedcon parties
-def _letter_pool(
-    data: dict[str, FemnistSplit], letters: str, max_per_class: int | None, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Every image of the chosen lower-case letters from all splits, relabelled 0..L-1.
-
-    Each letter's images are shuffled and, like FedRep's sampler, capped at ``max_per_class``.
-    """
-    images = np.concatenate([s.images for s in data.values()])
-    leaf_labels = np.concatenate([s.labels for s in data.values()])
-    keep_images, keep_labels = [], []
-    for new_label, letter in enumerate(letters):
-        leaf_label = LOWERCASE_OFFSET + ord(letter) - ord("a")
-        rows = rng.permutation(np.flatnonzero(leaf_labels == leaf_label))
-        if rows.size == 0:
-            raise ValueError(f"no images of letter {letter!r} in the loaded FEMNIST data")
-        rows = rows[:max_per_class]
-        keep_images.append(images[rows])
-        keep_labels.append(np.full(rows.size, new_label, dtype=np.int64))
-    return np.concatenate(keep_images), np.concatenate(keep_labels)
-
-
-def _party_sizes(
-    num_parties: int, mean: float, sigma: float, offset: float, rng: np.random.Generator
-) -> np.ndarray:
-    return rng.lognormal(mean, sigma, size=num_parties) + offset
-
-
-def femnist_parties(
-    data: dict[str, FemnistSplit],
-    num_parties: int = 150,
-    classes_per_party: int = 3,
-    letters: str = "abcdefghij",
-    lognormal_mean: float = 4.0,
-    lognormal_sigma: float = 1.0,
-    size_offset: float = 100.0,
-    test_fraction: float = 0.1,
-    max_per_class: int | None = 4000,
-    min_per_class: int = 2,
-    seed: int = 0,
-) -> FemnistParties:
-    """MpFedcon's FEMNIST (150, 3) split (see the module docstring).
-
-    Party ``i`` draws ``size_i ~ lognormal(mean, sigma) + offset`` and takes
-    ``max(min_per_class, floor(size_i / classes_per_party))`` images of each of its letters,
-    consecutively from that letter's shuffled pool (wrapping around with a reshuffle when it
-    runs out, so images are shared between parties only then). Its images are shuffled and the
-    first ``floor((1 - test_fraction) * n)`` are its training set.
-    """
-    if not 1 <= classes_per_party <= len(letters):
-        raise ValueError(f"classes_per_party={classes_per_party} must lie in [1, {len(letters)}]")
-    if not 0 <= test_fraction < 1:
-        raise ValueError(f"test_fraction must lie in [0, 1), got {test_fraction}")
-    rng = np.random.default_rng(seed)
-    images, labels = _letter_pool(data, letters, max_per_class, rng)
-    pools = {c: np.flatnonzero(labels == c) for c in range(len(letters))}
-    cursors = dict.fromkeys(pools, 0)
-    sizes = _party_sizes(num_parties, lognormal_mean, lognormal_sigma, size_offset, rng)
-
-    train, test, classes = [], [], []
-    for party, size in enumerate(sizes):
-        mine = [(party + j) % len(letters) for j in range(classes_per_party)]
-        per_class = max(min_per_class, int(size // classes_per_party))
-        rows = []
-        for c in mine:
-            taken, pools[c], cursors[c] = deal(pools[c], cursors[c], per_class, rng)
-            rows.append(taken)
-        rows = rng.permutation(np.concatenate(rows))
-        cut = int(np.floor((1 - test_fraction) * rows.size + 1e-9))  # 0.9 * 70 is 63.000...01
-        train.append(rows[:cut])
-        test.append(rows[cut:])
-        classes.append(mine)
-    return FemnistParties(images, labels, train, test, np.asarray(classes, dtype=np.int64))
