@@ -24,7 +24,14 @@ from fedssl import costs
 from fedssl.data.catalog import dataset_spec
 from fedssl.methods.mocosfl import MocoSfl
 from fedssl.methods.mocosfl.comm import FLOAT_BYTES, protocol_bytes
-from fedssl.methods.mocosfl.split import ACT_KEY, ACT_QUERY, GRADIENTS, SplitNets, build_nets
+from fedssl.methods.mocosfl.split import (
+    ACT_KEY,
+    ACT_QUERY,
+    GRADIENTS,
+    SplitNets,
+    build_nets,
+    sync_due,
+)
 
 SMASHED_UP, SMASHED_DOWN = (ACT_QUERY, ACT_KEY), (GRADIENTS,)
 CLIENT_COPIES = 4  # online, momentum, gradient, SGD momentum
@@ -105,13 +112,12 @@ def client_costs(ctx) -> list[dict]:
 
 def syncs_per_run(steps_per_round: int, rounds: int, t) -> int:
     """The cohort's syncs over ``rounds`` rounds of ``steps_per_round`` steps under the
-    training settings ``t``: every ``sync_every`` steps counted across rounds, and at each
-    round's end where configured (the trainer's rule)."""
+    training settings ``t``, by the trainer's rule (:func:`sync_due`)."""
     syncs = since = 0
     for _ in range(rounds):
         for s in range(steps_per_round):
             since += 1
-            if since >= t.sync_every or (t.sync_at_round_end and s + 1 == steps_per_round):
+            if sync_due(since, t.sync_every, t.sync_at_round_end, s + 1 == steps_per_round):
                 syncs, since = syncs + 1, 0
     return syncs
 

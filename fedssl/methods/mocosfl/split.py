@@ -363,6 +363,12 @@ class SflConfig:
     client_cosine: ClientCosine | None = None  # None: the clients step the round's rate
 
 
+def sync_due(since: int, sync_every: int, at_round_end: bool, round_end: bool) -> bool:
+    """Whether the cohort syncs after a step, ``since`` steps after the last sync (counted
+    across rounds): every ``sync_every`` steps, and at a round's last step where configured."""
+    return since >= sync_every or (at_round_end and round_end)
+
+
 def padded_batch(batches: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows of indices [a, width] (short batches padded with their first index) and the
     valid mask."""
@@ -553,7 +559,7 @@ class SplitMocoTrainer:
         step = state.memo.get("step", 0) + 1
         state.memo["step"] = step
         since = state.memo.get("steps_since_sync", 0) + 1
-        due = since >= cfg.sync_every or (cfg.sync_at_round_end and round_end)
+        due = sync_due(since, cfg.sync_every, cfg.sync_at_round_end, round_end)
         state.memo["steps_since_sync"] = 0 if due else since
         entry = None
         if due or step % cfg.log_every == 0:
