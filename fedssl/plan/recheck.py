@@ -11,6 +11,8 @@ again. Numbers reproduce to the digit only on the hardware and thread count that
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import math
 import re
@@ -21,6 +23,7 @@ from collections import Counter, defaultdict
 from functools import cache
 from pathlib import Path
 
+from fedssl.fl.engine import TIMING_FIELDS
 from fedssl.plan.dag import Dag
 from fedssl.plan.layout import RESULTS
 from fedssl.presets import Presets
@@ -28,6 +31,10 @@ from fedssl.runtime import cpu_summary
 
 SHARED_KINDS = ("prepare_data", "partition", "report")
 BAD = ("differs beyond the spread", "missing", "failed")
+# Every value the committed file holds came out again, to the last digit; the new file may hold
+# more (a metric or log column added since, timing columns dropped from committed logs).
+SAME = "same numbers"
+FIGURES = (".png", ".svg", ".pdf")
 
 
 def committed_pipelines(presets: Presets) -> list[str]:
@@ -112,40 +119,65 @@ def numbers(metrics: dict) -> dict[str, float]:
 
 
 def judge_metrics(experiment: str, old: dict, new: dict) -> tuple[str, list[str]]:
-    """'within the spread' or 'differs beyond the spread', with the metrics past it."""
+    """'same numbers' (with the metrics added), 'within the spread' or 'differs beyond the
+    spread' (with the metrics past it: a committed metric the rerun no longer gives is one)."""
+    if all(k in new and new[k] == v for k, v in old.items()):
+        return SAME, [f"adds {k}" for k in new if k not in old]
     old_n, new_n = numbers(old), numbers(new)
-    beyond = []
-    for key in sorted(old_n.keys() | new_n.keys()):
-        if key not in old_n or key not in new_n:
-            beyond.append(f"{key}: {old_n.get(key, 'absent')} -> {new_n.get(key, 'absent')}")
-            continue
+    beyond = [f"{k}: {old_n[k]:g} -> absent" for k in sorted(old_n.keys() - new_n.keys())]
+    for key in sorted(old_n.keys() & new_n.keys()):
         gap, tol = abs(new_n[key] - old_n[key]), tolerance(experiment, key)
         if gap > tol + 1e-9:
             beyond.append(f"{key}: {old_n[key]:g} -> {new_n[key]:g} (tolerance {tol:.3g})")
     return ("differs beyond the spread" if beyond else "within the spread"), beyond
 
 
+def judge_table(old: str, new: str) -> tuple[str, list[str]]:
+    """A TSV log: 'same numbers' when every committed row and column (timing columns aside)
+    comes out with the same text, with the columns added; else 'differs' and where."""
+    old_rows = list(csv.DictReader(io.StringIO(old), delimiter="\t"))
+    new_rows = list(csv.DictReader(io.StringIO(new), delimiter="\t"))
+    old_cols = [c for c in (old_rows[0] if old_rows else {}) if c not in TIMING_FIELDS]
+    new_cols = list(new_rows[0]) if new_rows else []
+    if len(old_rows) != len(new_rows):
+        return "differs", [f"{len(old_rows)} rows -> {len(new_rows)}"]
+    gone = [c for c in old_cols if c not in new_cols]
+    if gone:
+        return "differs", [f"column {c} gone" for c in gone]
+    for i, (o, n) in enumerate(zip(old_rows, new_rows)):
+        moved = [c for c in old_cols if o[c] != n[c]]
+        if moved:
+            return "differs", [f"row {i + 1}: {c} {o[c]} -> {n[c]}" for c in moved]
+    return SAME, [f"adds column {c}" for c in new_cols if c not in old_cols]
+
+
 def compare(files: list[str]) -> dict[str, str]:
-    """file -> 'identical' | 'within the spread' | 'differs beyond the spread' | 'differs'
-    (a file with no tolerance of its own: its experiment's metrics.json judges the run) |
-    'not committed' | 'missing', against git's HEAD."""
+    """file -> 'identical' | 'same numbers' | 'within the spread' | 'differs beyond the spread'
+    | 'differs' (a log with no tolerance of its own: its experiment's metrics.json judges the
+    run) | 'redrawn' (a figure: its data files are judged) | 'not committed' | 'missing', against
+    git's HEAD."""
     out = {}
     for f in files:
         old = subprocess.run(["git", "show", f"HEAD:{f}"], capture_output=True)
         if old.returncode:
             out[f] = "not committed"
-        elif not Path(f).exists():
+            continue
+        if not Path(f).exists():
             out[f] = "missing"
-        elif Path(f).read_bytes() == old.stdout:
+            continue
+        new = Path(f).read_bytes()
+        if new == old.stdout:
             out[f] = "identical"
-        elif f.endswith("metrics.json"):
-            new = json.loads(Path(f).read_text())
-            verdict, beyond = judge_metrics(Path(f).parent.name, json.loads(old.stdout), new)
-            out[f] = verdict
-            for line in beyond:
-                print(f"  {f}: {line}")
+            continue
+        if f.endswith("metrics.json"):
+            old_m, new_m = json.loads(old.stdout), json.loads(new)
+            out[f], lines = judge_metrics(Path(f).parent.name, old_m, new_m)
+        elif f.endswith(".tsv"):
+            out[f], lines = judge_table(old.stdout.decode(), new.decode())
         else:
-            out[f] = "differs"
+            out[f], lines = ("redrawn" if f.endswith(FIGURES) else "differs"), []
+        for line in lines:
+            print(f"  {f}: {line}")
     return out
 
 
@@ -204,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     counts = ", ".join(f"{n} {s}" for s, n in Counter(results.values()).most_common())
     print(f"{len(results)} committed files: {counts}; this machine: {cpu_summary()}")
     bad = [f for f, s in results.items() if s in BAD]
+    if any(s == SAME for s in results.values()):
+        print(f"{SAME}: every committed value came out again; the new file adds what is listed")
     if any(s == "within the spread" for s in results.values()):
         print("within the spread: every metric moved less than its tolerance (README, Reproducing)")
     return 1 if bad else 0

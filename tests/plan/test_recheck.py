@@ -104,3 +104,31 @@ def test_a_metric_within_its_spread_is_told_apart_from_one_beyond(tmp_path, monk
         assert beyond == ["knn_top1: 71 -> 70.5 (tolerance 0.25)"]
     finally:
         rc.spread.cache_clear()
+
+
+def test_a_metric_added_since_is_an_addition_and_a_metric_gone_is_named():
+    """A rerun that gives every committed metric again and one more (a metric the code gained
+    later) is 'same numbers'; one that no longer gives a committed metric differs."""
+    from fedssl.plan.recheck import judge_metrics
+
+    old = {"personal_top1": 41.5, "partition": "shards2"}
+    assert judge_metrics("x", old, {**old, "rounds_to_target": 21}) == (
+        "same numbers",
+        ["adds rounds_to_target"],
+    )
+    verdict, named = judge_metrics("x", {**old, "knn_top1": 3.0}, old)
+    assert verdict == "differs beyond the spread" and named == ["knn_top1: 3 -> absent"]
+
+
+def test_a_log_is_judged_by_the_values_it_committed():
+    """Old round logs kept timing columns the engine now leaves out, and logs gain columns: the
+    committed values are what must come out again, each to its last digit."""
+    from fedssl.plan.recheck import judge_table
+
+    old = "round\tloss\tseconds\n1\t0.50\t3.1\n2\t0.25\t3.0\n"
+    new = "round\tloss\talive_base\n1\t0.50\t8\n2\t0.25\t7\n"
+    assert judge_table(old, new) == ("same numbers", ["adds column alive_base"])
+    moved = new.replace("0.25", "0.2500001")
+    assert judge_table(old, moved) == ("differs", ["row 2: loss 0.25 -> 0.2500001"])
+    assert judge_table(old, "round\tseconds\n1\t3\n2\t3\n")[0] == "differs"  # loss gone
+    assert judge_table(old, new.rsplit("2\t", 1)[0]) == ("differs", ["2 rows -> 1"])
