@@ -523,7 +523,7 @@ def plot(cell_list: list[dict], cost: str, label: str, path: Path) -> None:
         y = statistics.mean(ys)
         if not xs or statistics.mean(xs) <= 0:
             references.setdefault(name, []).append(
-                {"label": f"{cell['method']} ({cell['encoder']}, 0)", "y": y}
+                {"label": f"untrained {cell['encoder']}", "y": y}
             )
             panels.setdefault(name, [])
             continue

@@ -123,9 +123,26 @@ def _levels(ax, marks: Iterable[tuple[str, float]]) -> None:
                     color="0.3", va="bottom")  # fmt: skip
 
 
-def _cost_panel(ax, points: list[dict], colours: dict, numbered: dict[str, int]) -> None:
-    """One partition's points with their error bars, the Pareto front as a step line, and
-    the labels: a name on the front, a number (shared by all panels: ``numbered``) off it."""
+def _margin_levels(ax, marks: list[tuple[str, float]], gap_pt: float = 8.5) -> None:
+    """Dotted levels labelled in the panel's right margin, where no point can sit under their
+    label; labels of close levels pushed apart upwards (``gap_pt``: a 6 pt line and a margin)."""
+    ax.autoscale_view()
+    px_per_pt = ax.figure.dpi / 72
+    last = -math.inf
+    for label, y in sorted(marks, key=lambda m: m[1]):
+        ax.axhline(y, color="0.4", ls=":", lw=1)
+        at = ax.transData.transform((1.0, y))[1]
+        shift = max(0.0, last + gap_pt * px_per_pt - at)
+        last = at + shift
+        ax.annotate(label, (1.0, y), xycoords=("axes fraction", "data"), fontsize=6,
+                    color="0.3", va="center", ha="left", annotation_clip=False,
+                    xytext=(2, shift / px_per_pt), textcoords="offset points")  # fmt: skip
+
+
+def _cost_panel(ax, points: list[dict], colours: dict, numbered: dict[str, int]) -> list[str]:
+    """One partition's points with their error bars and the Pareto front as a step line;
+    returns their labels: a name on the front, a number (shared by all panels: ``numbered``)
+    off it."""
     for p in points:
         ax.errorbar(
             p["x"], p["y"], yerr=p.get("err") or 0, marker="o", ms=4, capsize=2,
@@ -136,13 +153,10 @@ def _cost_panel(ax, points: list[dict], colours: dict, numbered: dict[str, int])
         xs = [points[i]["x"] for i in front]
         ax.step(xs, [points[i]["y"] for i in front], where="post", color="k", lw=0.8,
                 alpha=0.6, label="Pareto front")  # fmt: skip
-    texts = []
-    for i, p in enumerate(points):
-        if i in front:
-            texts.append(p["label"])
-        else:
-            texts.append(str(numbered.setdefault(p["label"], len(numbered) + 1)))
-    _label(ax, [p["x"] for p in points], [p["y"] for p in points], texts)
+    return [
+        p["label"] if i in front else str(numbered.setdefault(p["label"], len(numbered) + 1))
+        for i, p in enumerate(points)
+    ]
 
 
 def _cost_key(plt, fig, colours: dict, numbered: dict[str, int]) -> None:
@@ -184,9 +198,10 @@ def accuracy_vs_cost(
     numbered: dict[str, int] = {}  # lines off the front: number -> name, shared by all panels
     for ax, name in zip(axes.flat, names):
         points = [p for p in panels[name] if p["x"] is not None and p["x"] > 0]
-        _cost_panel(ax, points, colours, numbered)
-        _levels(ax, [(ref["label"], ref["y"]) for ref in (references or {}).get(name, [])])
-        log_axis(ax)
+        log_axis(ax)  # before the labels are placed: they are placed in display space
+        texts = _cost_panel(ax, points, colours, numbered)
+        _margin_levels(ax, [(r["label"], r["y"]) for r in (references or {}).get(name, [])])
+        _label(ax, [p["x"] for p in points], [p["y"] for p in points], texts)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel(ylabels.get(name, ""), fontsize=8)

@@ -260,6 +260,25 @@ def test_figure_helpers():
     assert figures.robust_limits([1.0, 3.0, float("inf")]) == (0.9, 3.1)
 
 
+def test_untrained_levels_are_labelled_off_the_data():
+    """An untrained network's level is labelled in the panel's right margin, where no point's
+    label can sit on it (the board's points cluster at the twin's accuracy), and two close
+    levels' labels do not overlap."""
+    from fedssl import figures
+
+    plt = figures._pyplot()
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([1, 10], [70, 80], "o")
+    figures._margin_levels(ax, [("untrained cnn", 72.0), ("untrained vit", 72.05)])
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    panel = ax.get_window_extent(renderer)
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(boxes) == 2 and all(b.x0 >= panel.x1 for b in boxes)
+    assert not boxes[0].overlaps(boxes[1])
+    plt.close(fig)
+
+
 def test_board_files_and_docs_block(tmp_path):
     records = [{"wall_seconds": 7200.0, "environment": {"host": "h", "cpu_count": 2}}]
     written = board.write_board(tmp_path, "bench", ROWS, WALL, records, 7200.0)
