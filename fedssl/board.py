@@ -547,15 +547,19 @@ def plot(cell_list: list[dict], cost: str, label: str, path: Path) -> None:
 
 
 # run_curves' fields the accuracy over the run is drawn against: field -> (axis, panel word)
-def _distinct_levels(marks: list[tuple[str, float]]) -> list[tuple[str, float]]:
-    """One level per target value (lines sharing a target, e.g. SOLO's, share its label)."""
-    by_value: dict[float, list[str]] = {}
-    for label, y in marks:
-        by_value.setdefault(round(y, 2), []).append(label)
-    return [
-        (labels[0] if len(labels) == 1 else "target (reference's accuracy)", y)
-        for y, labels in by_value.items()
-    ]
+def _distinct_levels(marks: list[tuple[str, str, float]]) -> list[tuple[str, float]]:
+    """One labelled level per target value of a panel's ``(line, evaluation, target)``:
+    what the target is, and, where the panel has several, whose it is."""
+    by_value: dict[float, list[tuple[str, str]]] = {}
+    for line, evaluation, y in marks:
+        by_value.setdefault(round(y, 2), []).append((line, evaluation))
+    levels = []
+    for y, lines in by_value.items():
+        what = "SOLO's accuracy" if lines[0][1] == "personal" else "untrained + 3"
+        names = [n.split(" (")[0] for n, _ in lines]  # "FedProx (μ=0.01)" -> "FedProx"
+        whose = ", ".join(names) if len(names) <= 3 else f"{len(names)} lines"
+        levels.append((f"target: {what}" + (f" ({whose})" if len(by_value) > 1 else ""), y))
+    return levels
 
 
 # A point's field -> (its axis label, the panel's word): its round, the run's wall minutes,
@@ -576,12 +580,13 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path
     from fedssl.figures import learning_curves
 
     rows: dict[str, dict[int, dict]] = {}  # panel_of -> field -> method -> runs
-    marks: dict[str, list[tuple[str, float]]] = {}  # panel_of -> its lines' targets
+    marks: dict[str, list[tuple[str, str, float]]] = {}  # panel_of -> its lines' targets
     for cell in cell_list:
         curves = [c for c in run_curves(cell, logs) if c]
         target = (cell.get("to_target") or {}).get("target")
         if curves and target is not None:
-            marks.setdefault(panel_of(cell), []).append((f"target of {cell['method']}", target))
+            mark = (cell["method"], cell["evaluation"], target)
+            marks.setdefault(panel_of(cell), []).append(mark)
         for j in OVER_RUN_AXES if curves else ():
             runs = [([p[j] for p in c], [p[1] for p in c]) for c in curves]
             if all(x is not None for xs, _ in runs for x in xs):

@@ -115,28 +115,37 @@ def _label(ax, xs, ys, texts, fontsize=6) -> None:
         )
 
 
-def _levels(ax, marks: Iterable[tuple[str, float]]) -> None:
-    """Labelled dotted levels across a panel (a target, an untrained network's accuracy)."""
-    for label, y in marks:
+def _levels(ax, marks: Iterable[tuple[str, float]], gap_pt: float = 8.5) -> None:
+    """Labelled dotted levels across a panel (a target, an untrained network's accuracy), the
+    labels at the left end, those of close levels pushed apart upwards."""
+    for label, y, shift in _stacked(ax, marks, gap_pt):
         ax.axhline(y, color="0.4", ls=":", lw=1)
         ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=6,
-                    color="0.3", va="bottom")  # fmt: skip
+                    color="0.3", va="bottom", xytext=(0, shift), textcoords="offset points",
+                    bbox={"fc": "white", "alpha": 0.7, "lw": 0, "pad": 0.3})  # fmt: skip
 
 
 def _margin_levels(ax, marks: list[tuple[str, float]], gap_pt: float = 8.5) -> None:
     """Dotted levels labelled in the panel's right margin, where no point can sit under their
-    label; labels of close levels pushed apart upwards (``gap_pt``: a 6 pt line and a margin)."""
+    label; labels of close levels pushed apart upwards."""
+    for label, y, shift in _stacked(ax, marks, gap_pt):
+        ax.axhline(y, color="0.4", ls=":", lw=1)
+        ax.annotate(label, (1.0, y), xycoords=("axes fraction", "data"), fontsize=6,
+                    color="0.3", va="center", ha="left", annotation_clip=False,
+                    xytext=(2, shift), textcoords="offset points")  # fmt: skip
+
+
+def _stacked(ax, marks: Iterable[tuple[str, float]], gap_pt: float):
+    """``(label, y, shift in points)`` from the lowest level up: each label at least
+    ``gap_pt`` (a 6 pt line and a margin) above the one below it."""
     ax.autoscale_view()
     px_per_pt = ax.figure.dpi / 72
     last = -math.inf
     for label, y in sorted(marks, key=lambda m: m[1]):
-        ax.axhline(y, color="0.4", ls=":", lw=1)
         at = ax.transData.transform((1.0, y))[1]
         shift = max(0.0, last + gap_pt * px_per_pt - at)
         last = at + shift
-        ax.annotate(label, (1.0, y), xycoords=("axes fraction", "data"), fontsize=6,
-                    color="0.3", va="center", ha="left", annotation_clip=False,
-                    xytext=(2, shift / px_per_pt), textcoords="offset points")  # fmt: skip
+        yield label, y, shift / px_per_pt
 
 
 def _cost_panel(ax, points: list[dict], colours: dict, numbered: dict[str, int]) -> list[str]:
@@ -266,9 +275,9 @@ def _curve_panel(
 
     kept_values, ends = _curves(ax, lines, colours, is_loss, name, gone)
     limits = robust_limits(kept_values + [y for _, y in marks])
-    _levels(ax, marks)
     if limits:
         ax.set_ylim(*limits)
+    _levels(ax, marks)  # on the final scale: close levels' labels are pushed apart on it
     xs_all = {x for runs in lines.values() for xs, _ in runs for x in xs}
     if len(xs_all) == 1 and not log:  # one round: a point, not a scale of 0.1
         ax.set_xlim(min(xs_all) - 1, min(xs_all) + 1)

@@ -279,6 +279,33 @@ def test_untrained_levels_are_labelled_off_the_data():
     plt.close(fig)
 
 
+def test_a_panels_targets_say_what_and_whose_and_do_not_overlap():
+    """The accuracy-over-run panels draw a level per distinct target: one shared by every line
+    says what it is; several say whose each is (lines' settings dropped, many lines counted),
+    and their labels are stacked apart even when the targets are a hair apart."""
+    from fedssl import figures
+
+    ssl = [(m, "encoders", 73.35) for m in ("A", "B", "C", "D")]
+    supervised = [("FedAvg", "encoders", 74.4), ("FedProx (μ=0.01)", "encoders", 74.4)]
+    assert board._distinct_levels(ssl) == [("target: untrained + 3", 73.35)]
+    assert board._distinct_levels(ssl + supervised) == [
+        ("target: untrained + 3 (4 lines)", 73.35),
+        ("target: untrained + 3 (FedAvg, FedProx)", 74.4),
+    ]
+    assert board._distinct_levels([("FedRep", "personal", 60.0)]) == [
+        ("target: SOLO's accuracy", 60.0)
+    ]
+    plt = figures._pyplot()
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([1, 10], [60, 80])
+    figures._levels(ax, [("upper", 72.1), ("lower", 72.0)])
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    lower, upper = sorted(ax.texts, key=lambda t: t.get_text())
+    assert not lower.get_window_extent(renderer).overlaps(upper.get_window_extent(renderer))
+    plt.close(fig)
+
+
 def test_board_files_and_docs_block(tmp_path):
     records = [{"wall_seconds": 7200.0, "environment": {"host": "h", "cpu_count": 2}}]
     written = board.write_board(tmp_path, "bench", ROWS, WALL, records, 7200.0)
