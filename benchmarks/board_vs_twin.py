@@ -26,6 +26,8 @@ def main(pipeline: str) -> None:
     rows = json.loads(Path(f"results/reports/{pipeline}/report.json").read_text())["rows"]
     runs = defaultdict(dict)  # (row, column) -> seed -> metrics
     for r in rows:
+        if r.get("linear_top1") is None:
+            continue  # a personalised line (FedAvg's too: its name is the encoder line's)
         seeded = SEEDED.fullmatch(r["experiment"])
         runs[r["row"], r["column"]][int(seeded[2]) if seeded else 0] = r
     print(f"# {pipeline}: line minus its untrained twin, paired by seed (points)")
