@@ -505,6 +505,12 @@ def panel_of(cell: dict) -> str:
     return f"{cell['partition']} · {kind}"
 
 
+def _reference_label(cell: dict) -> str:
+    """A reference's level label: an untrained network by its name; a personalised
+    reference (SOLO: each client alone) by its own."""
+    return cell["method"] if cell["evaluation"] == "personal" else f"untrained {cell['encoder']}"
+
+
 def plot(cell_list: list[dict], cost: str, label: str, path: Path) -> None:
     """Accuracy (the line's :func:`accuracy_of`) against a cost, one panel per evaluation and
     partition: a point per line with its SD over seeds, the Pareto front labelled, the lines
@@ -522,9 +528,7 @@ def plot(cell_list: list[dict], cost: str, label: str, path: Path) -> None:
         ylabels[name] = f"{EVALUATIONS[cell['evaluation']][1][accuracy]} top-1 %"
         y = statistics.mean(ys)
         if not xs or statistics.mean(xs) <= 0:
-            references.setdefault(name, []).append(
-                {"label": f"untrained {cell['encoder']}", "y": y}
-            )
+            references.setdefault(name, []).append({"label": _reference_label(cell), "y": y})
             panels.setdefault(name, [])
             continue
         panels.setdefault(name, []).append(
