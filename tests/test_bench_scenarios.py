@@ -4,6 +4,9 @@ a method's refactor that breaks a scenario fails here, not in the next bench run
 from __future__ import annotations
 
 import importlib.util
+import os
+import time
+from pathlib import Path
 
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
@@ -115,3 +118,34 @@ def test_the_machine_line_names_the_cpu_and_its_vector_extensions(monkeypatch):
         assert runtime.cpu_summary().endswith("sse4_2 avx fma avx2 (no native bf16)")
     finally:
         runtime.cpu.cache_clear()
+
+
+def _session_members(sid: int) -> int:
+    """How many live processes belong to session ``sid`` (from /proc)."""
+    count = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        count += fields[0] != "Z" and int(fields[3]) == sid
+    return count
+
+
+@pytest.mark.parametrize("layout", ["one", "own"])
+def test_the_load_benchmark_puts_its_busy_loops_in_the_sessions_it_says(layout):
+    """`run_under_load.py`: "one" is one other user's 2 jobs (a session holding both loops),
+    "own" is two users (a session each); stopping the load leaves no loop behind."""
+    spec = importlib.util.spec_from_file_location("rul", REPO / "benchmarks/run_under_load.py")
+    run_under_load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_under_load)
+    procs = run_under_load.start_load(2, layout)
+    try:
+        time.sleep(1.0)
+        sids = {os.getsid(p.pid) for p in procs}
+        assert sids == {p.pid for p in procs} and os.getsid(0) not in sids
+        members = [_session_members(s) for s in sids]
+        assert members == ([3] if layout == "one" else [1, 1])
+    finally:
+        run_under_load.stop_load(procs)
+    assert all(_session_members(s) == 0 for s in sids)
