@@ -160,9 +160,12 @@ def accuracy_of(cell: dict) -> str | None:
 
 
 def is_reference(cell: dict) -> bool:
-    """A line that exchanges nothing: the untrained network (random init) of an encoder, or
-    the clients training alone (SOLO). Every other line of its encoder is read against it."""
-    return cell["values"].get(MB, [None]) and not any(cell["values"][MB])
+    """A line that federates nothing: an encoder's untrained network (no round trained; MFCL's
+    untrained stem still uploads its representations once), or the clients training alone
+    (SOLO: no byte exchanged). Every other line of its encoder is read against it."""
+    values = cell["values"]
+    untrained = bool(values.get("rounds")) and not any(values["rounds"])
+    return untrained or (bool(values.get(MB, [None])) and not any(values[MB]))
 
 
 # ------------------------------------------------------------------ confidence

@@ -202,6 +202,18 @@ def table_cell(
     return row, f"{dataset_spec(dataset_name).label} {split}"
 
 
+def untrained_apart(rows: list[dict], titles_of_row: dict[str, set[str]]) -> list[dict]:
+    """Rows whose run trained no round, set apart from their method's line: such a run is a
+    network at its initialisation (a reference), not one more seed of the trained runs that
+    share its method's label. Where experiments of other titles share its row
+    (``titles_of_row``: the pipeline's rows -> its experiments' titles, made or not), its row
+    becomes its title; a 0-round run alone in its row keeps it."""
+    for r in rows:
+        if r.get("rounds") == 0 and len(titles_of_row.get(r["row"], ())) > 1:
+            r["row"] = r["title"]
+    return rows
+
+
 def run_columns() -> dict[str, str]:
     """The runs table's columns: column -> header (:data:`RUN_COLUMNS` with the metrics)."""
     head = list(RUN_COLUMNS.items())

@@ -28,6 +28,7 @@ from fedssl.report import (
     reused_row,
     round_logs,
     table_cell,
+    untrained_apart,
     write_report,
 )
 from fedssl.stage import StageContext, main_guard
@@ -82,6 +83,7 @@ def run(argv):
 
     committed = committed_rows(pipeline) if args.reuse_committed else {}
     rows, failed, pending, partitions, methods, swept = [], [], [], [], {}, []
+    titles_of_row: dict[str, set[str]] = {}  # for untrained_apart
     for name in dag.experiments:
         exp = presets.load("experiment", name)
         method = methods.setdefault(exp.method.name, registry.get(exp.method.name))
@@ -95,6 +97,7 @@ def run(argv):
         row, column = table_cell(
             exp, method, part, presets.load("dataset", part.dataset).name, dag.row, dag.column
         )
+        titles_of_row.setdefault(row, set()).add(exp.title)
         if args.reuse_committed and not made_here(stages):
             stopped = failed_run(name, [s.name for s in stages])
             if stopped and name not in committed:
@@ -121,7 +124,7 @@ def run(argv):
             )
         partitions += [exp.partition] if exp.partition not in partitions else []
         swept.append(setting(exp, dag.column) if dag.column != "partition" else None)
-    rows = in_column_order(rows, swept)
+    rows = untrained_apart(in_column_order(rows, swept), titles_of_row)
     with ctx.run() as out:
         results = ctx.committed_dir(Path(report_dir(pipeline)))  # lands on success
         for part in sorted(partitions):

@@ -169,6 +169,19 @@ def test_which_lines_separate_from_the_best_and_from_their_reference():
     assert "reference of their encoder: above A, B; not separable C; below none." in text
 
 
+def test_a_line_that_trained_no_round_is_its_encoders_reference_even_when_it_sends_bytes():
+    """MFCL's untrained stem still uploads its representations once (MB > 0), yet trained no
+    round: it is the reference its trained line is read against, and a trained line is not."""
+    trained = [r | {"rounds": 50} for r in _line("M", [60.0, 61.0, 62.0], mb=15.0)]
+    stem = [r | {"rounds": 0} for r in _line("M stem at init", [65.0, 66.5, 67.0], mb=15.0)]
+    cells = board.cells(trained + stem, {})
+    board.compare_lines(cells)
+    got = {c["method"]: c for c in cells}
+    assert board.is_reference(got["M stem at init"]) and not board.is_reference(got["M"])
+    assert got["M"]["vs_reference"]["against"] == "M stem at init"
+    assert got["M"]["vs_reference"]["difference"] == pytest.approx(-5.1667, abs=1e-3)
+
+
 def test_personalised_accuracy_is_the_last_rounds_mean():
     rows = [
         {**_row(f"p_s{i}", "P", "X", personal_top1=90.0 + i), "personal_last10": 80.0 + i}

@@ -24,6 +24,7 @@ from fedssl.report import (
     reused_row,
     runs_markdown,
     table_cell,
+    untrained_apart,
     write_report,
 )
 from tests.fixtures import REPO, TINY_MFCL_EXPERIMENT
@@ -67,6 +68,25 @@ def row(method, column, acc, sent=""):
         "client_GFLOPs": "",
         "peak_step_MB": "",
     }
+
+
+def test_a_run_that_trained_no_round_is_not_one_more_seed_of_its_methods_line():
+    """MFCL's stem at init (0 rounds) shares MFCL(TN)'s label: it becomes a row of its own,
+    by its title. A 0-round run alone in its row (a reference method with one title) keeps
+    its row, and trained runs never move."""
+    rows = [
+        {"row": "MFCL(TN)", "title": "MFCL(TN)", "rounds": 50},
+        {"row": "MFCL(TN)", "title": "MFCL(TN) stem at init", "rounds": 0},
+        {"row": "Gradient leakage", "title": "DLG on LeNet", "rounds": 0},
+        {"row": "FedAvg", "title": "fedavg_p", "rounds": 100},
+    ]
+    titles = {
+        "MFCL(TN)": {"MFCL(TN)", "MFCL(TN) stem at init"},
+        "Gradient leakage": {"DLG on LeNet"},
+        "FedAvg": {"fedavg", "fedavg_p"},
+    }
+    got = [r["row"] for r in untrained_apart([dict(r) for r in rows], titles)]
+    assert got == ["MFCL(TN)", "MFCL(TN) stem at init", "Gradient leakage", "FedAvg"]
 
 
 def test_the_pivot_puts_methods_down_settings_across_and_costs_beside():
