@@ -28,12 +28,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BUSY_LOOP = "while True: pass"
-# A session leader that starts the loops and waits on them (they share its session).
-ONE_SESSION = (
-    "import subprocess, sys\n"
-    "ps = [subprocess.Popen([sys.executable, '-c', {loop!r}]) for _ in range({n})]\n"
-    "[p.wait() for p in ps]"
-)
+# A session leader that starts the loops and waits for SIGTERM (the loops share its session).
+# It then kills and reaps them before it exits, so once the leader is waited on they are gone.
+# SIGTERM stays blocked in the loops (the mask is inherited), hence SIGKILL.
+ONE_SESSION = """
+import signal, subprocess, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM}})
+ps = [subprocess.Popen([sys.executable, "-c", {loop!r}]) for _ in range({n})]
+signal.sigwait({{signal.SIGTERM}})
+for p in ps:
+    p.kill()
+    p.wait()
+"""
 
 
 def start_load(busy: int, layout: str) -> list[subprocess.Popen]:
