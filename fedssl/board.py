@@ -580,24 +580,42 @@ OVER_RUN_AXES = {
 }
 
 
+def _over_run_rows(cells_: list[dict]):
+    """A line's row in the accuracy-over-the-run figure: its panel, split by encoder where
+    the panel's curves come from several (a ViT's curve among fifteen small CNNs' is
+    unreadable, and families are compared on their own rounds)."""
+    encoders: dict[str, set[str]] = {}
+    for cell in cells_:
+        encoders.setdefault(panel_of(cell), set()).add(cell["encoder"])
+
+    def row_of(cell: dict) -> str:
+        where = panel_of(cell)
+        return f"{where} · {cell['encoder']}" if len(encoders[where]) > 1 else where
+
+    return row_of
+
+
 def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path) -> bool:
     """Accuracy over the run (median over seeds) against rounds, wall time, MB and GFLOPs: a row of
     panels per partition and evaluation whose runs log accuracy per round (a line per
     method); False when no run logs one."""
     from fedssl.figures import learning_curves
 
-    rows: dict[str, dict[int, dict]] = {}  # panel_of -> field -> method -> runs
-    marks: dict[str, list[tuple[str, str, float]]] = {}  # panel_of -> its lines' targets
-    for cell in cell_list:
-        curves = [c for c in run_curves(cell, logs) if c]
+    rows: dict[str, dict[int, dict]] = {}  # row -> field -> method -> runs
+    marks: dict[str, list[tuple[str, str, float]]] = {}  # row -> its lines' targets
+    drawn = [
+        (cell, curves) for cell in cell_list if (curves := [c for c in run_curves(cell, logs) if c])
+    ]
+    row_of = _over_run_rows([cell for cell, _ in drawn])
+    for cell, curves in drawn:
         target = (cell.get("to_target") or {}).get("target")
-        if curves and target is not None:
+        if target is not None:
             mark = (cell["method"], cell["evaluation"], target)
-            marks.setdefault(panel_of(cell), []).append(mark)
-        for j in OVER_RUN_AXES if curves else ():
+            marks.setdefault(row_of(cell), []).append(mark)
+        for j in OVER_RUN_AXES:
             runs = [([p[j] for p in c], [p[1] for p in c]) for c in curves]
             if all(x is not None for xs, _ in runs for x in xs):
-                rows.setdefault(panel_of(cell), {}).setdefault(j, {})[cell["method"]] = runs
+                rows.setdefault(row_of(cell), {}).setdefault(j, {})[cell["method"]] = runs
     panels, xlabels, levels = {}, {}, {}
     for where, fields in rows.items():
         for j, (axis, word) in OVER_RUN_AXES.items():

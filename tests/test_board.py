@@ -641,3 +641,19 @@ def test_curves_read_every_round_log_and_name_the_diverged_run(tmp_path):
     labels = {f"a_s{i}": ("A", "IID") for i in range(2)}  # a_s2 failed: no row, its seeds' label
     gone = plot_curves(logs, tmp_path / "curves.png", labels)
     assert gone == ["A / IID #2"] and (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_accuracy_over_the_run_gives_each_encoder_its_own_row_where_a_panel_mixes_them():
+    """A partition's encoder lines on two backbones get a row each (named by the encoder); a
+    panel whose curves share one backbone keeps its single row."""
+    rows = [
+        {**_row(f"{m}_s0", m, "X", knn_top1=60.0), "arch": arch, "evaluation": "ssl"}
+        for m, arch in [("A", "cnn"), ("B", "cnn"), ("V", "vit")]
+    ]
+    cells = board.cells(rows, {})
+    row_of = board._over_run_rows(cells)
+    assert {c["method"]: row_of(c) for c in cells} == {
+        "A": "X · encoders · cnn", "B": "X · encoders · cnn", "V": "X · encoders · vit"
+    }  # fmt: skip
+    one = board._over_run_rows(cells[:2])
+    assert {one(c) for c in cells[:2]} == {"X · encoders"}
