@@ -285,14 +285,20 @@ def targets_of(cell: dict, refs: dict, logs: dict[str, list[dict]]) -> list[floa
     """Per run of a line, the accuracy it should reach: for a personalised line its
     reference's (SOLO's) mean, for a self-supervised one its own network's round-0 k-NN
     monitor accuracy (the untrained twin, logged as ``knn_monitor_round0``) +
-    :data:`TARGET_MARGIN`; None where there is none."""
+    :data:`TARGET_MARGIN`; for a run whose monitor logs no round 0 (the split ResNet's), its
+    encoder's untrained reference line's mean k-NN top-1 (the full probe, within about a point
+    of the monitor's reading on the small CNN) + the margin; None where there is neither."""
+    ref = refs.get((cell["evaluation"], cell["encoder"], cell["partition"]))
     if cell["evaluation"] == "personal":
-        ref = refs.get(("personal", cell["encoder"], cell["partition"]))
         mean = statistics.mean(ref["values"][accuracy_of(ref)]) if ref else None
         return [mean] * len(cell["experiments"])
+    untrained = (
+        statistics.mean(ref["values"]["knn_top1"]) if ref and "knn_top1" in ref["values"] else None
+    )
     starts = [
         to_float((logs.get(e) or [{}])[0].get("knn_monitor_round0")) for e in cell["experiments"]
     ]
+    starts = [untrained if s is None else s for s in starts]
     return [None if s is None else s + TARGET_MARGIN for s in starts]
 
 
@@ -620,9 +626,9 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path
     for where, fields in rows.items():
         for j, (axis, word) in OVER_RUN_AXES.items():
             if j in fields:
-                panels[f"{where} · against {word}"] = fields[j]
-                xlabels[f"{where} · against {word}"] = axis
-                levels[f"{where} · against {word}"] = _distinct_levels(marks.get(where, []))
+                name = f"{where}\nagainst {word}"  # two lines: a row's name fills a panel
+                panels[name], xlabels[name] = fields[j], axis
+                levels[name] = _distinct_levels(marks.get(where, []))
     if not panels:
         return False
     learning_curves(

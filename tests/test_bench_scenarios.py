@@ -149,3 +149,32 @@ def test_the_load_benchmark_puts_its_busy_loops_in_the_sessions_it_says(layout):
     finally:
         run_under_load.stop_load(procs)
     assert all(_session_members(s) == 0 for s in sids)
+
+
+def test_each_line_is_paired_with_the_untrained_line_of_its_own_encoder(
+    tmp_path, monkeypatch, capsys
+):
+    """`board_vs_twin.py`: MFCL's line against its stem at init, not against the small CNN's
+    random init; a line with no twin on its encoder is left out."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("bvt", REPO / "benchmarks/board_vs_twin.py")
+    bvt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bvt)
+
+    def row(name, line, arch, rounds, acc):
+        return {"experiment": name, "row": line, "arch": arch, "column": "P", "rounds": rounds,
+                "linear_top1": acc, "knn_top1": acc}  # fmt: skip
+
+    rows = [row(f"cnn_init_p_s{s}", "init", "cnn", 0, 70.0) for s in (0, 1)]
+    rows += [row(f"stem_init_p_s{s}", "stem at init", "stem", 0, 60.0 + s) for s in (0, 1)]
+    rows += [row(f"mfcl_p_s{s}", "MFCL", "stem", 50, 55.0 + 3 * s) for s in (0, 1)]
+    rows += [row(f"vit_p_s{s}", "ViT line", "vit", 15, 65.0) for s in (0, 1)]
+    (tmp_path / "results/reports/b").mkdir(parents=True)
+    (tmp_path / "results/reports/b/report.json").write_text(json.dumps({"rows": rows}))
+    monkeypatch.chdir(tmp_path)
+    bvt.main("b")
+    lines = capsys.readouterr().out.splitlines()[2:]
+    assert [ln.split("\t")[:5] for ln in lines] == [
+        ["MFCL", "P", m, "2", "-5.00 -3.00"] for m in ("linear_top1", "knn_top1")
+    ]

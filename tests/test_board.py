@@ -657,3 +657,33 @@ def test_accuracy_over_the_run_gives_each_encoder_its_own_row_where_a_panel_mixe
     }  # fmt: skip
     one = board._over_run_rows(cells[:2])
     assert {one(c) for c in cells[:2]} == {"X · encoders"}
+
+
+def test_a_monitor_without_a_round_0_reading_targets_its_untrained_references_knn_plus_3():
+    """The split ResNet's monitor logs no round 0: its target is the untrained reference
+    line's k-NN top-1 + 3 (a run that logs round 0 keeps its own reading)."""
+    ref = [
+        {**_row(f"init_s{i}", "init", "X", knn_top1=44.0 + 2 * i, linear_top1=48.0,
+                rounds=0), "evaluation": "ssl"}
+        for i in range(2)
+    ]  # fmt: skip
+    mine = [
+        {**_row(f"m_s{i}", "M", "X", knn_top1=70.0, linear_top1=70.0, client_MB_up=1.0,
+                client_GFLOPs=10.0), "evaluation": "ssl"}
+        for i in range(2)
+    ]  # fmt: skip
+    logs = {
+        "m_s0": [{"round": 1, "knn_monitor": 40.0}, {"round": 2, "knn_monitor": 48.0}],
+        "m_s1": [
+            {"round": 1, "knn_monitor_round0": 50.0, "knn_monitor": 52.0},
+            {"round": 2, "knn_monitor": 54.0},
+        ],
+    }
+    cells = board.cells(ref + mine, {})
+    refs = {
+        (c["evaluation"], c["encoder"], c["partition"]): c for c in cells if board.is_reference(c)
+    }
+    line = next(c for c in cells if c["method"] == "M")
+    assert board.targets_of(line, refs, logs) == [45.0 + 3.0, 53.0]
+    board.rounds_to_target(cells, logs)
+    assert line["to_target"]["reached"] == 2 and line["to_target"]["target"] == 50.5
