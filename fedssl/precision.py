@@ -25,6 +25,7 @@ from typing import TypeVar, get_args
 import torch
 
 from fedssl.params import PrecisionSetting
+from fedssl.runtime import bf16_capped
 
 SETTINGS = get_args(PrecisionSetting)
 T = TypeVar("T")
@@ -63,10 +64,12 @@ def active() -> PrecisionSetting:
 @cache
 def native_bf16(device_type: str) -> bool:
     """Whether a device type multiplies bf16 in hardware: CUDA, and CPUs whose capability torch
-    reports as AVX-512 BF16 or AMX tiles (other CPUs emulate it, slower than fp32)."""
+    reports as AVX-512 BF16 or AMX tiles (other CPUs emulate it, slower than fp32), unless the
+    environment caps torch's kernels below those instructions (:func:`fedssl.runtime.isa_cap`:
+    how an AVX-512 machine stands in for an AVX2 one)."""
     if device_type == "cuda":
         return True
-    if device_type != "cpu":
+    if device_type != "cpu" or bf16_capped():
         return False
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)

@@ -285,6 +285,25 @@ VECTOR_FLAGS = (
     "bf16",
 )
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+# Environment variables that cap the instruction sets torch's kernels use (ATen's dispatch and
+# oneDNN's JIT): an AVX-512 BF16 CPU capped at AVX2 computes as an AVX2 CPU does, bf16
+# emulated. The caps a CPU's bf16 survives (oneDNN's names, lower case, as prefixes):
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+BF16_ONEDNN_ISAS = ("avx512_core_bf16", "avx512_core_fp16", "avx512_core_amx", "avx10", "all")
+
+
+def isa_cap() -> str:
+    """The instruction-set caps set in the environment ('ATEN_CPU_CAPABILITY=avx2 ...'), or ''."""
+    return " ".join(f"{k}={os.environ[k]}" for k in ISA_CAPS if os.environ.get(k))
+
+
+def bf16_capped() -> bool:
+    """Whether an instruction-set cap keeps torch's kernels off the CPU's bf16 instructions."""
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").lower()
+    return bool(aten and not aten.startswith("avx512")) or bool(
+        onednn and onednn != "default" and not onednn.startswith(BF16_ONEDNN_ISAS)
+    )
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -302,9 +321,10 @@ def _cpuinfo() -> dict[str, str]:
 
 @cache
 def cpu() -> dict:
-    """{"cpu_model", "cpu_vector_extensions", "cpu_native_bf16"}: the CPU's name (with its
-    family and model numbers where given: a virtual machine's name may say only "AMD EPYC")
-    and which of :data:`VECTOR_FLAGS` it has."""
+    """{"cpu_model", "cpu_vector_extensions", "cpu_native_bf16", "cpu_isa_cap"}: the CPU's name
+    (with its family and model numbers where given: a virtual machine's name may say only "AMD
+    EPYC"), which of :data:`VECTOR_FLAGS` it has, whether torch multiplies bf16 on it natively
+    (not where :func:`isa_cap` caps the kernels below its bf16 instructions) and the cap."""
     info = _cpuinfo()
     model = info.get("model name") or info.get("Model") or platform.processor() or "unknown"
     if info.get("cpu family") and info.get("model"):
@@ -314,7 +334,8 @@ def cpu() -> dict:
     return {
         "cpu_model": model,
         "cpu_vector_extensions": vector,
-        "cpu_native_bf16": any(f in flags for f in NATIVE_BF16_FLAGS),
+        "cpu_native_bf16": any(f in flags for f in NATIVE_BF16_FLAGS) and not bf16_capped(),
+        "cpu_isa_cap": isa_cap(),
     }
 
 
@@ -322,6 +343,8 @@ def cpu_summary() -> str:
     """One line: 'AMD EPYC, 2 cores, avx2 avx512f avx512_bf16 (native bf16)'."""
     c = cpu()
     bf16 = "native bf16" if c["cpu_native_bf16"] else "no native bf16"
+    if c["cpu_isa_cap"]:
+        bf16 += f"; kernels capped: {c['cpu_isa_cap']}"
     return (
         f"{c['cpu_model']}, {os.cpu_count()} cores, "
         f"{' '.join(c['cpu_vector_extensions']) or 'no listed vector extensions'} ({bf16})"
@@ -336,6 +359,8 @@ def computed_on(device=None) -> dict:
 
     c = cpu()
     out = {"cpu": c["cpu_model"], "vector_extensions": c["cpu_vector_extensions"]}
+    if c["cpu_isa_cap"]:
+        out["isa_cap"] = c["cpu_isa_cap"]
     if "torch" in sys.modules:
         out["threads"] = sys.modules["torch"].get_num_threads()
     out["wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "default").lower()

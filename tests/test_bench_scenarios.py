@@ -106,6 +106,8 @@ def test_the_machine_line_names_the_cpu_and_its_vector_extensions(monkeypatch):
         "model": "1",
         "flags": "fpu sse4_2 avx fma avx2 bmi2 sha_ni",
     }
+    for name in runtime.ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(runtime, "_cpuinfo", lambda: zen3)
     runtime.cpu.cache_clear()
     try:
@@ -113,9 +115,20 @@ def test_the_machine_line_names_the_cpu_and_its_vector_extensions(monkeypatch):
             "cpu_model": "AMD EPYC 7B13 (family 25, model 1)",
             "cpu_vector_extensions": ["sse4_2", "avx", "fma", "avx2"],
             "cpu_native_bf16": False,
+            "cpu_isa_cap": "",
         }
         assert runtime.cpu_summary().startswith("AMD EPYC 7B13 (family 25, model 1), ")
         assert runtime.cpu_summary().endswith("sse4_2 avx fma avx2 (no native bf16)")
+        # a Zen 4 capped to AVX2 says so, and that its bf16 is then not native
+        zen4 = {**zen3, "model": "17", "flags": zen3["flags"] + " avx512f avx512_bf16"}
+        monkeypatch.setattr(runtime, "_cpuinfo", lambda: zen4)
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+        runtime.cpu.cache_clear()
+        assert not runtime.cpu()["cpu_native_bf16"]
+        assert runtime.cpu_summary().endswith(
+            "avx512_bf16 (no native bf16; kernels capped: ONEDNN_MAX_CPU_ISA=AVX2)"
+        )
+        assert runtime.computed_on()["isa_cap"] == "ONEDNN_MAX_CPU_ISA=AVX2"
     finally:
         runtime.cpu.cache_clear()
 

@@ -63,6 +63,33 @@ def test_cuda_is_native_and_cpu_detection_reads_torch(monkeypatch):
     precision.native_bf16.cache_clear()
 
 
+@pytest.mark.parametrize(
+    "caps, native",
+    [
+        ({}, True),
+        ({"ATEN_CPU_CAPABILITY": "avx2"}, False),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, False),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, False),
+        ({"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, True),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, True),
+    ],
+)
+def test_an_isa_cap_below_bf16_makes_a_bf16_cpu_compute_as_one_without(monkeypatch, caps, native):
+    """ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA below AVX-512 BF16 keep torch's kernels off the
+    bf16 instructions: `auto` must then stay in fp32, as on an AVX2 CPU."""
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in caps.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    precision.native_bf16.cache_clear()
+    try:
+        assert precision.native_bf16("cpu") is native
+        assert precision.native_bf16("cuda")
+    finally:
+        precision.native_bf16.cache_clear()
+
+
 def test_bad_setting_is_refused(tmp_path):
     with pytest.raises(ValueError, match="fp16"), precision.policy("fp16"):
         pass
