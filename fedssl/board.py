@@ -623,7 +623,11 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path
             if all(x is not None for xs, _ in runs for x in xs):
                 rows.setdefault(row_of(cell), {}).setdefault(j, {})[cell["method"]] = runs
     panels, xlabels, levels = {}, {}, {}
-    for where, fields in rows.items():
+    order = list(dict.fromkeys(panel_of(cell) for cell, _ in drawn))  # a panel's rows together
+    for where in sorted(
+        rows, key=lambda r: next(i for i, w in enumerate(order) if r.startswith(w))
+    ):
+        fields = rows[where]
         for j, (axis, word) in OVER_RUN_AXES.items():
             if j in fields:
                 name = f"{where}\nagainst {word}"  # two lines: a row's name fills a panel

@@ -285,10 +285,10 @@ VECTOR_FLAGS = (
     "bf16",
 )
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
-# Environment variables that cap the instruction sets torch's kernels use (ATen's dispatch and
-# oneDNN's JIT): an AVX-512 BF16 CPU capped at AVX2 computes as an AVX2 CPU does, bf16
-# emulated. The caps a CPU's bf16 survives (oneDNN's names, lower case, as prefixes):
-ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+# Environment variables that cap the instruction sets torch's kernels use (ATen's dispatch,
+# oneDNN's JIT, MKL's fp32 GEMM): an AVX-512 BF16 CPU capped at AVX2 computes as an AVX2 CPU
+# does, bf16 emulated. The caps a CPU's bf16 survives (oneDNN's names, lower case, as prefixes):
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 BF16_ONEDNN_ISAS = ("avx512_core_bf16", "avx512_core_fp16", "avx512_core_amx", "avx10", "all")
 
 
