@@ -19,6 +19,14 @@ def _row(experiment, method, partition, **values):
     return {"experiment": experiment, "row": method, "arch": "cnn", "column": partition, **values}
 
 
+def _ssl_runs(method, seeds=2, **values):
+    """A self-supervised line's runs ``<method>_s<i>`` on partition X, alike in ``values``."""
+    return [
+        {**_row(f"{method.lower()}_s{i}", method, "X", **values), "evaluation": "ssl"}
+        for i in range(seeds)
+    ]
+
+
 ROWS = [
     _row("a0", "A", "IID", linear_top1=70.0, knn_top1=60.0, client_MB_up=2.0, client_GFLOPs=4.0),
     _row("a1", "A", "IID", linear_top1=72.0, knn_top1=62.0, client_MB_up=2.0, client_GFLOPs=6.0),
@@ -227,11 +235,7 @@ def test_accuracy_over_the_run_also_reads_against_wall_time(tmp_path):
     time summed from the round log's seconds, or where the log has none shared out from the
     run's; the figure has a panel per axis, wall time on a linear scale beside the log-scaled
     costs."""
-    rows = [
-        {**_row(f"m_s{i}", "M", "X", knn_top1=60.0, client_MB_up=1.0, client_MB_down=1.0,
-                client_GFLOPs=20.0), "evaluation": "ssl"}
-        for i in range(2)
-    ]  # fmt: skip
+    rows = _ssl_runs("M", knn_top1=60.0, client_MB_up=1.0, client_MB_down=1.0, client_GFLOPs=20.0)
     logs = {
         f"m_s{i}": [
             {"round": 1, "knn_monitor": 40.0 + i, "seconds": 30, "bytes_up": 5, "bytes_down": 5},
@@ -667,11 +671,7 @@ def test_a_monitor_without_a_round_0_reading_targets_its_untrained_references_kn
                 rounds=0), "evaluation": "ssl"}
         for i in range(2)
     ]  # fmt: skip
-    mine = [
-        {**_row(f"m_s{i}", "M", "X", knn_top1=70.0, linear_top1=70.0, client_MB_up=1.0,
-                client_GFLOPs=10.0), "evaluation": "ssl"}
-        for i in range(2)
-    ]  # fmt: skip
+    mine = _ssl_runs("M", knn_top1=70.0, linear_top1=70.0, client_MB_up=1.0, client_GFLOPs=10.0)
     logs = {
         "m_s0": [{"round": 1, "knn_monitor": 40.0}, {"round": 2, "knn_monitor": 48.0}],
         "m_s1": [
