@@ -19,12 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fedssl.plan.recheck import SEEDED  # noqa: E402
+from fedssl.report import trained_no_round  # noqa: E402
 from fedssl.stats import compare, interval  # noqa: E402
-
-
-def is_twin(row: dict) -> bool:
-    """A line that trained no round: its encoder's untrained reference."""
-    return str(row.get("rounds")) in ("0", "0.0")
 
 
 def main(pipeline: str) -> None:
@@ -36,7 +32,7 @@ def main(pipeline: str) -> None:
             continue  # a personalised line (FedAvg's too: its name is the encoder line's)
         seeded = SEEDED.fullmatch(r["experiment"])
         seed = int(seeded[2]) if seeded else 0
-        if is_twin(r):
+        if trained_no_round(r):  # its encoder's untrained twin
             twins[r["arch"], r["column"]][seed] = r
         else:
             runs[r["row"], r["arch"], r["column"]][seed] = r

@@ -612,6 +612,8 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path
     drawn = [
         (cell, curves) for cell in cell_list if (curves := [c for c in run_curves(cell, logs) if c])
     ]
+    panels_in_order = list(dict.fromkeys(panel_of(cell) for cell, _ in drawn))
+    drawn.sort(key=lambda d: panels_in_order.index(panel_of(d[0])))  # a panel's rows together
     row_of = _over_run_rows([cell for cell, _ in drawn])
     for cell, curves in drawn:
         target = (cell.get("to_target") or {}).get("target")
@@ -623,11 +625,7 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path
             if all(x is not None for xs, _ in runs for x in xs):
                 rows.setdefault(row_of(cell), {}).setdefault(j, {})[cell["method"]] = runs
     panels, xlabels, levels = {}, {}, {}
-    order = list(dict.fromkeys(panel_of(cell) for cell, _ in drawn))  # a panel's rows together
-    for where in sorted(
-        rows, key=lambda r: next(i for i, w in enumerate(order) if r.startswith(w))
-    ):
-        fields = rows[where]
+    for where, fields in rows.items():
         for j, (axis, word) in OVER_RUN_AXES.items():
             if j in fields:
                 name = f"{where}\nagainst {word}"  # two lines: a row's name fills a panel

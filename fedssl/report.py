@@ -202,6 +202,11 @@ def table_cell(
     return row, f"{dataset_spec(dataset_name).label} {split}"
 
 
+def trained_no_round(row: dict) -> bool:
+    """Whether a report row's run trained no round: a network at its initialisation."""
+    return to_float(row.get("rounds")) == 0
+
+
 def untrained_apart(rows: list[dict], titles_of_row: dict[str, set[str]]) -> list[dict]:
     """Rows whose run trained no round, set apart from their method's line: such a run is a
     network at its initialisation (a reference), not one more seed of the trained runs that
@@ -209,7 +214,7 @@ def untrained_apart(rows: list[dict], titles_of_row: dict[str, set[str]]) -> lis
     (``titles_of_row``: the pipeline's rows -> its experiments' titles, made or not), its row
     becomes its title; a 0-round run alone in its row keeps it."""
     for r in rows:
-        if r.get("rounds") == 0 and len(titles_of_row.get(r["row"], ())) > 1:
+        if trained_no_round(r) and len(titles_of_row.get(r["row"], ())) > 1:
             r["row"] = r["title"]
     return rows
 
