@@ -13,8 +13,9 @@ report's folder:
 - ``board.json``: the same numbers, a DVC metric (``dvc metrics diff`` between two boards);
 - ``stage_runs.json``: the run records it read (wall seconds, machine), which the next
   rendering falls back on, so a board made part by part keeps every part's wall time;
-- ``board_accuracy_vs_MB.png`` and ``board_accuracy_vs_GFLOPs.png`` (the per-round curves are
-  the report's ``curves.png``).
+- ``board_accuracy_vs_MB.png`` and ``board_accuracy_vs_GFLOPs.png``, and the accuracy over
+  the run per family (``board_over_run_encoders.png``, ``board_over_run_personalised.png``;
+  every run's per-round curves are the report's ``curves.png``).
 
 The budget rule that sets each method's rounds (:func:`rounds_within`) lives here too, with
 the table of per-round times it was applied to (``python -m fedssl.board budget``).
@@ -497,7 +498,10 @@ def tables_text(
 FIGURES = {
     "board_accuracy_vs_MB.png": "accuracy against every byte a client exchanged",
     "board_accuracy_vs_GFLOPs.png": "accuracy against client GFLOPs",
-    "board_accuracy_over_run.png": "accuracy over the run (rounds, MB, GFLOPs)",
+    "board_over_run_encoders.png": "self-supervised and supervised encoders over the run "
+    "(k-NN monitor against rounds, wall time, MB, GFLOPs)",
+    "board_over_run_personalised.png": "personalised methods over the run (the clients' mean "
+    "accuracy against rounds, wall time, MB, GFLOPs)",
     "curves.png": "per-round curves of every run (the report's)",
 }
 
@@ -523,7 +527,8 @@ def _reference_label(cell: dict) -> str:
 def plot(cell_list: list[dict], cost: str, label: str, path: Path) -> None:
     """Accuracy (the line's :func:`accuracy_of`) against a cost, one panel per evaluation and
     partition: a point per line with its SD over seeds, the Pareto front labelled, the lines
-    that exchange nothing (or cost nothing) as dotted levels
+    that exchange nothing (or cost nothing) as dotted levels, a reference that does cost
+    something (MFCL's untrained stem uploads its representations) as a hollow point
     (:func:`fedssl.figures.accuracy_vs_cost`)."""
     from fedssl.figures import accuracy_vs_cost
 
@@ -547,6 +552,7 @@ def plot(cell_list: list[dict], cost: str, label: str, path: Path) -> None:
                 "err": statistics.stdev(ys) if len(ys) > 1 else 0.0,
                 "label": cell["method"],
                 "group": cell["encoder"],
+                "reference": is_reference(cell),  # drawn hollow, never on the front
             }
         )
     order = sorted(panels, key=lambda n: (n.endswith("personalised"), list(panels).index(n)))
@@ -601,19 +607,36 @@ def _over_run_rows(cells_: list[dict]):
     return row_of
 
 
-def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path) -> bool:
-    """Accuracy over the run (median over seeds) against rounds, wall time, MB and GFLOPs: a row of
-    panels per partition and evaluation whose runs log accuracy per round (a line per
-    method); False when no run logs one."""
+def over_run_file(family: str) -> str:
+    """The accuracy-over-the-run figure of a family (``encoders``, ``personalised``): a file
+    each, so each has its own colours and a key of its own lines."""
+    return f"board_over_run_{family}.png"
+
+
+def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], folder: Path) -> list[str]:
+    """Accuracy over the run (median over seeds) against rounds, wall time, MB and GFLOPs, a
+    figure per family (:func:`over_run_file`) with a row of panels per partition whose runs
+    log accuracy per round (a line per method); returns the files drawn."""
+    drawn = [
+        (cell, curves) for cell in cell_list if (curves := [c for c in run_curves(cell, logs) if c])
+    ]
+    families: dict[str, list] = {}
+    for cell, curves in drawn:
+        families.setdefault(panel_of(cell).split(" · ")[-1], []).append((cell, curves))
+    files = []
+    for family, members in families.items():
+        if _plot_family_over_run(members, folder / over_run_file(family), family):
+            files.append(over_run_file(family))
+    return files
+
+
+def _plot_family_over_run(drawn: list[tuple[dict, list]], path: Path, family: str) -> bool:
     from fedssl.figures import learning_curves
 
     rows: dict[str, dict[int, dict]] = {}  # row -> field -> method -> runs
     marks: dict[str, list[tuple[str, str, float]]] = {}  # row -> its lines' targets
-    drawn = [
-        (cell, curves) for cell in cell_list if (curves := [c for c in run_curves(cell, logs) if c])
-    ]
     panels_in_order = list(dict.fromkeys(panel_of(cell) for cell, _ in drawn))
-    drawn.sort(key=lambda d: panels_in_order.index(panel_of(d[0])))  # a panel's rows together
+    drawn = sorted(drawn, key=lambda d: panels_in_order.index(panel_of(d[0])))  # rows together
     row_of = _over_run_rows([cell for cell, _ in drawn])
     for cell, curves in drawn:
         target = (cell.get("to_target") or {}).get("target")
@@ -633,6 +656,7 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path
                 levels[name] = _distinct_levels(marks.get(where, []))
     if not panels:
         return False
+    metric = "the clients' mean" if family == "personalised" else "k-NN monitor"
     learning_curves(
         panels,
         {n: "accuracy, top-1 %" for n in panels},
@@ -640,8 +664,7 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], path: Path
         xlabel=xlabels,
         columns=len(OVER_RUN_AXES),
         log_x=[n for n, axis in xlabels.items() if axis in COST_AXES],
-        title="Accuracy over the run (k-NN monitor; personalised: the clients' mean); "
-        "dotted: the targets",
+        title=f"Accuracy over the run, {family} ({metric}); dotted: the targets",
         levels=levels,
     )
     return True
@@ -708,11 +731,9 @@ def write_board(
     gflops = CLIENT_GFLOPS.key
     plot(cell_list, gflops, headers[gflops], folder / "board_accuracy_vs_GFLOPs.png")
     drawn = [f for f in FIGURES if f.startswith("board_accuracy_vs")]
-    over_run = folder / "board_accuracy_over_run.png"
-    if plot_over_run(cell_list, logs or {}, over_run):
-        drawn.append(over_run.name)
-    elif over_run.exists():
-        over_run.unlink()
+    for stale in folder.glob("board_over_run_*.png"):
+        stale.unlink()  # a family no longer drawn leaves no figure behind
+    drawn += plot_over_run(cell_list, logs or {}, folder)
     (folder / "board_tables.md").write_text(tables)
     (folder / "board.md").write_text(render(pipeline, tables, [*drawn, "curves.png"]))
     board = {"total_wall_hours": round(total / 3600, 3), "lines": metrics(cell_list)}

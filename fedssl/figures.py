@@ -93,9 +93,10 @@ def log_axis(ax) -> None:
 
 
 def colours_for(plt, names: list[str]) -> dict:
-    """A distinct colour per name (tab10, or tab20 beyond ten)."""
-    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
-    return {n: cmap(i % cmap.N) for i, n in enumerate(names)}
+    """A colour per name: tab20's ten dark hues first, then their light shades (tab20 in
+    its own order pairs each dark hue with its light one, so neighbours look alike)."""
+    cmap = plt.get_cmap("tab20")
+    return {n: cmap((2 * i + i // 10) % 20) for i, n in enumerate(names)}
 
 
 def _label(ax, xs, ys, texts, fontsize=6) -> None:
@@ -153,11 +154,13 @@ def _cost_panel(ax, points: list[dict], colours: dict, numbered: dict[str, int])
     returns their labels: a name on the front, a number (shared by all panels: ``numbered``)
     off it."""
     for p in points:
+        colour = colours[p["group"]]
         ax.errorbar(
             p["x"], p["y"], yerr=p.get("err") or 0, marker="o", ms=4, capsize=2,
-            linestyle="none", color=colours[p["group"]],
+            linestyle="none", color=colour, mfc="white" if p.get("reference") else colour,
         )  # fmt: skip
-    front = pareto_front([(p["x"], p["y"]) for p in points])
+    methods = [i for i, p in enumerate(points) if not p.get("reference")]
+    front = [methods[i] for i in pareto_front([(points[i]["x"], points[i]["y"]) for i in methods])]
     if front:
         xs = [points[i]["x"] for i in front]
         ax.step(xs, [points[i]["y"] for i in front], where="post", color="k", lw=0.8,
@@ -168,13 +171,17 @@ def _cost_panel(ax, points: list[dict], colours: dict, numbered: dict[str, int])
     ]
 
 
-def _cost_key(plt, fig, colours: dict, numbered: dict[str, int]) -> None:
-    """The key under the panels: a colour per group, the front, and the numbered lines."""
+def _cost_key(plt, fig, colours: dict, numbered: dict[str, int], hollow: bool) -> None:
+    """The key under the panels: a colour per group, the front, the hollow reference mark
+    where one is drawn, and the numbered lines."""
     key = "   ".join(f"{n}: {label}" for label, n in numbered.items())
     handles = [
         plt.Line2D([], [], marker="o", ls="none", color=c, label=g) for g, c in colours.items()
     ]
     handles.append(plt.Line2D([], [], color="k", lw=0.8, label="Pareto front (labelled)"))
+    if hollow:
+        handles.append(plt.Line2D([], [], marker="o", ls="none", color="0.4", mfc="white",
+                                  label="untrained reference"))  # fmt: skip
     fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7,
                frameon=False, bbox_to_anchor=(0.5, 0.0))  # fmt: skip
     if key:
@@ -193,11 +200,12 @@ def accuracy_vs_cost(
     references: dict[str, list[dict]] | None = None,
 ) -> None:
     """Small multiples, one panel per partition: each line a point (``x`` its cost, ``y`` its
-    mean accuracy, ``err`` its SD, ``label``, ``group`` its colour), the cost axis log-scaled,
-    the Pareto front (the lines no other line beats in both) drawn and its points labelled by
-    name, the others by number with their names in the key below the panels (no legend over
-    data). ``references`` (per panel: ``label``, ``y``) are untrained networks: a dotted
-    level at their accuracy."""
+    mean accuracy, ``err`` its SD, ``label``, ``group`` its colour, ``reference``: an
+    untrained network, hollow and kept off the front), the cost axis log-scaled, the Pareto
+    front (the methods no other method beats in both) drawn and its points labelled by name,
+    the others by number with their names in the key below the panels (no legend over data).
+    ``references`` (per panel: ``label``, ``y``) are lines that cost nothing: a dotted level
+    at their accuracy."""
     plt = _pyplot()
     names = list(panels)
     rows, cols = grid_shape(len(names), 3)
@@ -218,7 +226,8 @@ def accuracy_vs_cost(
         ax.grid(alpha=0.3, which="both")
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
-    _cost_key(plt, fig, colours, numbered)
+    hollow = any(p.get("reference") for pts in panels.values() for p in pts)
+    _cost_key(plt, fig, colours, numbered, hollow)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.1, 1, 0.97 if title else 1))

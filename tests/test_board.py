@@ -201,7 +201,7 @@ def test_personalised_accuracy_is_the_last_rounds_mean():
     assert "| P | cnn | X | 3 | 81.0±1.0 |" in board.table("personal", [cell], "")
 
 
-def test_rounds_to_the_target_from_the_round_logs():
+def test_rounds_to_the_target_from_the_round_logs(tmp_path):
     """A personalised line reaches its reference's (SOLO's) accuracy at the median of its
     runs' first rounds there; MB by the ledger total shared out as the round log's bytes."""
     solo = [
@@ -228,6 +228,11 @@ def test_rounds_to_the_target_from_the_round_logs():
     target = next(c for c in cells if c["method"] == "M")["to_target"]
     # runs reach 70 at rounds 2, 3 and never: the median is 3; 3 of 4 rounds' bytes of 4 MB
     assert target == {"target": 70.0, "reached": 2, "of": 3, "rounds": 3, "MB": 3.0, "GFLOPs": 30.0}
+    # the personalised family has a figure of its own, beside the encoders' one
+    ssl = _ssl_runs("E", knn_top1=60.0, client_MB_up=1.0, client_GFLOPs=20.0)
+    logs |= {f"e_s{i}": [{"round": 1, "knn_monitor": 40.0, "bytes_up": 5}] for i in range(2)}
+    files = board.plot_over_run(cells + board.cells(ssl, {}), logs, tmp_path)
+    assert files == ["board_over_run_personalised.png", "board_over_run_encoders.png"]
 
 
 def test_accuracy_over_the_run_also_reads_against_wall_time(tmp_path):
@@ -249,8 +254,8 @@ def test_accuracy_over_the_run_also_reads_against_wall_time(tmp_path):
     assert [p[4] for p in curves[0]] == [0.5, 3.0]  # 30 s, then 30 + 60 + 90 s, in minutes
     assert [p[0] for p in curves[1]] == [1, 3] and [p[1] for p in curves[1]] == [41.0, 51.0]
     assert curves[0][1][2:4] == (2.0, 20.0)  # every byte and FLOP by the last round
-    assert board.plot_over_run([cell], logs, tmp_path / "over_run.png")
-    assert (tmp_path / "over_run.png").stat().st_size > 0
+    assert board.plot_over_run([cell], logs, tmp_path) == ["board_over_run_encoders.png"]
+    assert (tmp_path / "board_over_run_encoders.png").stat().st_size > 0
     assert [axis for axis, _ in board.OVER_RUN_AXES.values()][:2] == [
         "round", "wall minutes"
     ]  # fmt: skip
@@ -263,8 +268,33 @@ def test_accuracy_over_the_run_also_reads_against_wall_time(tmp_path):
     assert [p[4] for p in board.run_curves(cell, logs)[0]] == [600 / 60 / 3, 600 / 60]
 
 
+def test_an_untrained_reference_is_never_on_the_pareto_front():
+    """MFCL's untrained stem costs bytes (its representations) and may be the cheapest point:
+    it is drawn hollow and numbered, and the front is made of the methods alone."""
+    from fedssl import figures
+
+    plt = figures._pyplot()
+    fig, ax = plt.subplots()
+    points = [
+        {"x": 1.0, "y": 80.0, "label": "stem at init", "group": "g", "reference": True},
+        {"x": 10.0, "y": 70.0, "label": "A", "group": "g"},
+        {"x": 20.0, "y": 75.0, "label": "B", "group": "g"},
+        {"x": 30.0, "y": 74.0, "label": "C", "group": "g"},
+    ]
+    numbered = {}
+    assert figures._cost_panel(ax, points, {"g": "k"}, numbered) == ["1", "A", "B", "2"]
+    assert numbered == {"stem at init": 1, "C": 2}
+    plt.close(fig)
+
+
 def test_figure_helpers():
     from fedssl import figures
+
+    plt = figures._pyplot()
+    names = [f"line {i}" for i in range(14)]  # more than ten: still ten distinct hues first
+    colours = figures.colours_for(plt, names)
+    assert [colours[n] for n in names[:10]] == [plt.get_cmap("tab10")(i) for i in range(10)]
+    assert len(set(colours.values())) == 14
 
     points = [(1.0, 60.0), (2.0, 70.0), (2.0, 65.0), (4.0, 68.0), (8.0, 75.0), (0.5, 50.0)]
     assert figures.pareto_front(points) == [5, 0, 1, 4]  # by cost; (4, 68) is beaten by (2, 70)
