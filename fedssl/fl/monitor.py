@@ -28,19 +28,25 @@ BANK_SIZE = 5000  # labelled bank images, from the clients' training data
 QUERY_SIZE = 2000  # query images, from the test split
 
 
-ENCODER_NAMES = ("backbone", "base")  # the encoder submodule's name in the library's models
+# The encoder submodule's name in the library's models, in order of preference: a model with a
+# ``backbone`` nests it under other names too (FedBYOL's ``encoder`` holds backbone and
+# projector), so ``encoder`` is read only where neither of the first two is (the MoCo v3
+# learners of the LW-FedSSL family, whose ``encoder`` is the ViT).
+ENCODER_NAMES = (("backbone", "base"), ("encoder",))
 
 
 def backbone_of(model: nn.Module) -> nn.Module:
     """The model's encoder: its first submodule named ``backbone`` (SimCLR's, BYOL's online
-    one, Orchestra's, FeatARC's) or ``base`` (the supervised and personalised nets' D)."""
-    for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] in ENCODER_NAMES:
-            return module
+    one, Orchestra's, FeatARC's) or ``base`` (the supervised and personalised nets' D), else
+    its first named ``encoder`` (the ViT learners')."""
+    for names in ENCODER_NAMES:
+        for name, module in model.named_modules():
+            if name.rsplit(".", 1)[-1] in names:
+                return module
+    every = " or ".join(n for names in ENCODER_NAMES for n in names)
     raise ValueError(
         f"monitor_every: the k-NN monitor reads the model's encoder (a submodule named "
-        f"{' or '.join(ENCODER_NAMES)}), and {type(model).__name__} has none (set "
-        "monitor_every: 0)"
+        f"{every}), and {type(model).__name__} has none (set monitor_every: 0)"
     )
 
 

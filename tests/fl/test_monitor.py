@@ -72,3 +72,19 @@ def test_monitor_accuracy_is_k_nn_of_the_backbone():
     )
     with pytest.raises(ValueError, match="monitor_every"):
         backbone_of(torch.nn.Linear(2, 2))
+
+
+def test_the_monitor_reads_the_backbone_before_any_module_named_encoder(tmp_path):
+    """FedBYOL's ``encoder`` holds its backbone and projector: the monitor reads the backbone.
+    A ViT learner of the LW-FedSSL family has no backbone: it reads its online ``encoder``,
+    not the target or global copies."""
+    from fedssl.methods.fedbyol.model import ByolNet
+    from fedssl.methods.lwfedssl import run
+    from tests.methods.lwfedssl.test_lwfedssl import stage_model, tiny_exp, toy_data
+
+    byol = ByolNet(tiny_params().model, SHAPE)
+    assert backbone_of(byol) is byol.encoder.backbone
+    p = tiny_exp("lw_fedssl").method
+    data, server = toy_data()
+    _, learner = run.make_federation(p, stage_model(p, 2), 2, data, tmp_path / "c.pt", "fp", server)
+    assert learner.global_encoder is not None and backbone_of(learner) is learner.encoder

@@ -304,6 +304,10 @@ def test_the_family_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
 
     root = make_tiny_project(tmp_path, git=False)
     names = add_tiny_lw(root)
+    watched = root / "params" / "experiments" / "tiny_lw_fedssl.yaml"  # with the k-NN monitor
+    raw = yaml.safe_load(watched.read_text())
+    raw["method"]["schedule"]["monitor_every"] = 1
+    watched.write_text(yaml.safe_dump(raw))
     monkeypatch.chdir(root)
     monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
     dag = Dag("lw")
@@ -318,6 +322,11 @@ def test_the_family_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
         assert 0 < float(r["linear_top1"]) <= 100 and 0 < float(r["finetune_top1"]) <= 100
         if name != "tiny_vit_scratch":
             assert r["rounds"] == "3" and float(r["peak_step_MB"]) > 0
+    # the monitor reads the grown encoder after every stage's round, the untrained one first
+    results = root / "results" / "experiments" / "tiny_lw_fedssl"
+    for s in (1, 2, 3):
+        (row,) = csv.DictReader(open(results / f"grow_{s}.tsv"), delimiter="\t")
+        assert 0 <= float(row["knn_monitor"]) <= 100 and "knn_monitor_round0" in row
     art = root / "artifacts" / "experiments"
     # the bytes in the costs are the ledger's; encoder bytes exclude the heads
     for name in ("tiny_fedmoco_lw", "tiny_lw_fedssl", "tiny_prog_fedssl"):
