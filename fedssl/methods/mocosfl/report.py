@@ -271,13 +271,16 @@ def _inversion_figure(groups: dict, where: dict, path: Path) -> bool:
     pictures = [p for p in pictures if p.exists()]
     if not pictures:
         return False
-    fig = Figure(figsize=(9, 1.6 * len(pictures)))
+    images = [imread(p) for p in pictures]
+    height, width = images[0].shape[:2]
+    row = 1.6  # inches a picture: the figure as wide as the pictures, no side margins
+    fig = Figure(figsize=(row * width / height, row * len(images)))
     FigureCanvasAgg(fig)
-    for i, picture in enumerate(pictures):
-        ax = fig.add_subplot(len(pictures), 1, i + 1)
-        ax.imshow(imread(picture))
+    for i, image in enumerate(images):
+        ax = fig.add_subplot(len(images), 1, i + 1)
+        ax.imshow(image)
         ax.set_axis_off()
-    fig.tight_layout()
+    fig.tight_layout(pad=0.2)
     save_figure(fig, path, dpi=110)
     return True
 
