@@ -35,6 +35,24 @@ def test_each_step_scenario_builds_steps_and_counts_its_flops(scenario, monkeypa
     assert flops.get_total_flops() > images * 1e5  # a real network's step, per image
 
 
+@pytest.mark.parametrize("scenario", ["simclr_cnn", "personalised_cnn"])
+def test_the_fp32_layout_benchmark_compares_the_same_step(scenario, monkeypatch):
+    """benchmarks/fp32_layout.py: the contiguous and the channels-last step are one computation
+    (the same losses over three steps, up to fp32 rounding), laid out differently."""
+    import torch
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # it imports step_limits by name
+    spec = importlib.util.spec_from_file_location("fp32_layout", REPO / "benchmarks/fp32_layout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    contiguous, last = (
+        module.make_step(*module.SCENARIOS[scenario](), layout) for layout in (False, True)
+    )
+    a, b = [contiguous() for _ in range(3)], [last() for _ in range(3)]
+    torch.testing.assert_close(torch.stack(a), torch.stack(b), rtol=1e-4, atol=1e-5)
+
+
 def flower_peer():
     spec = importlib.util.spec_from_file_location("flower_peer", REPO / "benchmarks/flower_peer.py")
     module = importlib.util.module_from_spec(spec)
