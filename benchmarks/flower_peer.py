@@ -107,10 +107,15 @@ def local_data(images: int, clients: int) -> dict:
 
 
 def new_model():
+    """The quickstart's model: the same seeded network, in PyTorch's default (contiguous)
+    layout, as a conventional app builds it (our factory lays it out channels-last unless the
+    policy is fp32)."""
+    from fedssl import precision
     from fedssl.models.encoders import seeded_contrastive_model
 
     p = method()
-    return seeded_contrastive_model(p.model, (1, 28, 28), p.seed, torch.device("cpu"))
+    with precision.policy("fp32"):
+        return seeded_contrastive_model(p.model, (1, 28, 28), p.seed, torch.device("cpu"))
 
 
 def train_client(weights: dict, client: int, lr: float, images: int, clients: int):

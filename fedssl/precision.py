@@ -8,11 +8,16 @@ runs its body inside :func:`policy` with it, and the library's forward passes as
 through :func:`fedssl.fl.cohort.forward`, the probes, fine-tuning and a method's own loops call
 it; no method names autocast (``tests/fl/test_precision.py`` scans for it).
 
-* ``auto``: bf16 autocast and channels-last where the device computes bf16 natively (CUDA; a
-  CPU with AVX-512 BF16 or AMX, detected once), plain fp32 elsewhere;
+* ``auto``: bf16 autocast where the device computes bf16 natively (CUDA; a CPU with AVX-512
+  BF16 or AMX, detected once), fp32 elsewhere; channels-last either way;
 * ``fp32``: plain fp32, contiguous layout: the code path of every result made before the
   setting existed;
 * ``bf16``: bf16 autocast and channels-last wherever it runs (emulated where not native).
+
+Channels-last is the faster layout for the library's convolutional steps in fp32 too
+(``benchmarks/fp32_layout.py``: 1.3-1.7x on the BN, GN and plain CNNs, with or without
+AVX-512), except MFCL's Twin-Norm ResNet (0.8-0.9x, whose norm lays views out contiguously);
+``fp32`` keeps the contiguous layout so that its results stay bit for bit.
 """
 
 from __future__ import annotations
@@ -109,18 +114,17 @@ def under_policy(
         return fn(*args, **kwargs)
 
 
-def channels_last(
-    where: torch.device | torch.Tensor | str, precision: PrecisionSetting | None = None
-) -> bool:
-    """Whether convolution models and image batches use the channels-last memory format: with
-    bf16, whose convolutions run fastest in it (oneDNN on the CPU, cuDNN on CUDA)."""
-    return autocast_dtype(where, precision) is not None
+def channels_last(precision: PrecisionSetting | None = None) -> bool:
+    """Whether convolution models and image batches use the channels-last memory format: under
+    every setting (by default the active one) but ``fp32`` (the old code path), in bf16 and in
+    fp32 alike, on every device (oneDNN on the CPU, cuDNN on CUDA)."""
+    return _check(precision or _active) != "fp32"
 
 
 def laid_out(tensor: torch.Tensor) -> torch.Tensor:
-    """A 4-D tensor (a convolution's weight) in the policy's memory format on its device:
-    channels-last with bf16; as it is otherwise (fp32 never changes a layout)."""
-    if tensor.dim() == 4 and channels_last(tensor):
+    """A 4-D tensor (a convolution's weight) in the policy's memory format: channels-last but
+    under ``fp32``, as it is there (``fp32`` never changes a layout)."""
+    if tensor.dim() == 4 and channels_last():
         return tensor.contiguous(memory_format=torch.channels_last)
     return tensor
 
@@ -129,5 +133,6 @@ def resolved(
     where: torch.device | torch.Tensor | str, precision: PrecisionSetting | None = None
 ) -> str:
     """What a setting (by default the active one) computes in on ``where``: ``bf16``
-    (autocast, channels-last) or ``fp32``; stages record it beside their outputs."""
+    (autocast) or ``fp32``; stages record it beside their outputs and the setting, which
+    gives the layout (channels-last but under ``fp32``)."""
     return "bf16" if autocast_dtype(where, precision) is not None else "fp32"

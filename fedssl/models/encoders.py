@@ -113,7 +113,7 @@ def seeded_contrastive_model(
     from the same weights."""
     torch.manual_seed(derive_seed(seed, "init"))
     model = ContrastiveModel(params, tuple(image_shape)).to(device)
-    if channels_last(device):
+    if channels_last():
         model = model.to(memory_format=torch.channels_last)
     return model
 

@@ -24,10 +24,9 @@ def test_auto_keeps_a_cpu_without_native_bf16_in_fp32_and_puts_cuda_in_bf16(monk
 
     monkeypatch.setattr(precision, "native_bf16", lambda device_type: device_type == "cuda")
     with precision.policy("auto"):
-        assert autocast_dtype("cpu") is None and not channels_last("cpu")
+        assert autocast_dtype("cpu") is None and channels_last()  # fp32, channels-last
         assert autocast_dtype(torch.device("cuda")) is torch.bfloat16
-        assert channels_last(torch.device("cuda"))
-    assert autocast_dtype("cuda", "fp32") is None and not channels_last("cuda", "fp32")
+    assert autocast_dtype("cuda", "fp32") is None and not channels_last("fp32")
     assert autocast_dtype("cpu", "bf16") is torch.bfloat16
     with pytest.raises(ValueError, match="precision 'fp16'"):
         autocast_dtype("cpu", "fp16")

@@ -53,7 +53,7 @@ class ByolNet(nn.Module):
 def seeded_byol(params: ModelParams, image_shape, seed: int, device: torch.device) -> ByolNet:
     torch.manual_seed(derive_seed(seed, "init"))
     model = ByolNet(params, image_shape).to(device)
-    if channels_last(device):
+    if channels_last():
         model = model.to(memory_format=torch.channels_last)
     return model
 

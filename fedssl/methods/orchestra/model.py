@@ -64,7 +64,7 @@ class OrchestraModel(nn.Module):
 def seeded_orchestra_model(p, image_shape, device: torch.device) -> OrchestraModel:
     torch.manual_seed(derive_seed(p.seed, "init"))
     model = OrchestraModel(p, image_shape).to(device)
-    return model.to(memory_format=torch.channels_last) if channels_last(device) else model
+    return model.to(memory_format=torch.channels_last) if channels_last() else model
 
 
 def rotate(images: torch.Tensor, quarter_turns: torch.Tensor) -> torch.Tensor:
