@@ -23,12 +23,34 @@ import torch
 from step_limits import mfcl_autoencoder, personalised_cnn, simclr_cnn
 
 from fedssl import precision
+from fedssl.models.autoencoder import ClientAutoencoder
 from fedssl.runtime import cpu_summary
+
+
+def resnet_autoencoder(norm: str):
+    """MFCL's ResNet-18 autoencoder step with another norm (``step_limits`` has Twin Norm's):
+    which norm makes channels-last slower."""
+
+    def scenario():
+        build, loss, batch = mfcl_autoencoder()
+
+        def build_with():
+            torch.manual_seed(0)
+            return ClientAutoencoder(
+                "resnet18", in_channels=1, width=32, norm=norm, channels_per_group=8
+            )
+
+        return build_with, loss, batch
+
+    return scenario
+
 
 SCENARIOS = {
     "simclr_cnn": simclr_cnn,
     "personalised_cnn": personalised_cnn,
-    "mfcl_autoencoder": mfcl_autoencoder,
+    "mfcl_autoencoder": mfcl_autoencoder,  # Twin Norm
+    "resnet_autoencoder_bn": resnet_autoencoder("bn"),
+    "resnet_autoencoder_gn": resnet_autoencoder("gn"),
 }
 CL = torch.channels_last
 
