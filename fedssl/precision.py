@@ -15,9 +15,9 @@ it; no method names autocast (``tests/fl/test_precision.py`` scans for it).
 * ``bf16``: bf16 autocast and channels-last wherever it runs (emulated where not native).
 
 Channels-last is the faster layout for the library's convolutional steps in fp32 too
-(``benchmarks/fp32_layout.py``: 1.3-1.7x on the BN, GN and plain CNNs, with or without
-AVX-512), except MFCL's Twin-Norm ResNet (0.8-0.9x, whose norm lays views out contiguously);
-``fp32`` keeps the contiguous layout so that its results stay bit for bit.
+(``benchmarks/fp32_layout.py``: 1.3-1.7x with BatchNorm or no norm, 1.0-1.1x with GroupNorm,
+with or without AVX-512), except MFCL's Twin Norm (0.88x: it lays the views out contiguously
+itself); ``fp32`` keeps the contiguous layout so that its results stay bit for bit.
 """
 
 from __future__ import annotations
