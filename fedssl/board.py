@@ -171,16 +171,20 @@ def is_reference(cell: dict) -> bool:
 
 # ------------------------------------------------------------------ confidence
 def compare_lines(cell_list: list[dict]) -> None:
-    """For each evaluation and partition, every line against the best (the highest mean
-    accuracy) and against its reference (:func:`is_reference`, same encoder): the paired
-    t-test over seeds (:func:`fedssl.stats.compare`), Holm-corrected over the partition's
-    comparisons of each kind, into ``cell["vs_best"]`` / ``cell["vs_reference"]``."""
+    """For each evaluation and partition, every line against the best and against its
+    reference (:func:`is_reference`, same encoder): the paired t-test over seeds
+    (:func:`fedssl.stats.compare`), Holm-corrected over the partition's comparisons of each
+    kind, into ``cell["vs_best"]`` / ``cell["vs_reference"]``. The best is the highest mean
+    accuracy among the lines of two runs or more, which a test can compare with (on a board
+    made part by part, a line's single first run would otherwise be the best and leave every
+    comparison untested); the highest of all where no line has two."""
     groups: dict[tuple, list[dict]] = {}
     for cell in cell_list:
         if accuracy_of(cell):
             groups.setdefault((cell["evaluation"], cell["partition"]), []).append(cell)
     for mine in groups.values():
-        best = max(mine, key=lambda c: statistics.mean(c["values"][accuracy_of(c)]))
+        testable = [c for c in mine if len(c["values"][accuracy_of(c)]) > 1]
+        best = max(testable or mine, key=lambda c: statistics.mean(c["values"][accuracy_of(c)]))
         best["vs_best"] = {"verdict": "best"}
         others = [c for c in mine if c is not best]
         _verdicts(others, [best] * len(others), "vs_best")

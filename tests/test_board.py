@@ -177,6 +177,22 @@ def test_which_lines_separate_from_the_best_and_from_their_reference():
     assert "reference of their encoder: above A, B; not separable C; below none." in text
 
 
+def test_the_best_line_is_one_that_can_be_tested_against():
+    """A line with one run (its first seed, on a board made part by part) is not the best even
+    where its mean is highest: the best is the highest of the lines with two runs or more, and
+    the single run is untested against it; with no such line, the highest of all."""
+    rows = _line("A", [90.0]) + _line("B", [80.0, 82.0, 81.0]) + _line("C", [70.0, 72.0, 71.0])
+    cells = board.cells(rows, {})
+    board.compare_lines(cells)
+    got = {c["method"]: c for c in cells}
+    assert got["B"]["vs_best"] == {"verdict": "best"}
+    assert got["A"]["vs_best"]["verdict"] == "untested"
+    assert got["C"]["vs_best"]["verdict"] == "separable"
+    cells = board.cells(_line("A", [90.0]) + _line("B", [80.0]), {})
+    board.compare_lines(cells)
+    assert next(c for c in cells if c["method"] == "A")["vs_best"] == {"verdict": "best"}
+
+
 def test_a_line_that_trained_no_round_is_its_encoders_reference_even_when_it_sends_bytes():
     """MFCL's untrained stem still uploads its representations once (MB > 0), yet trained no
     round: it is the reference its trained line is read against, and a trained line is not."""
