@@ -516,10 +516,14 @@ def render(pipeline: str, tables: str, figures: Iterable[str] = FIGURES) -> str:
     return f"# Benchmark board: pipeline `{pipeline}`\n\n{tables}\n{shown}"
 
 
+def family_of(cell: dict) -> str:
+    """A line's family in the board's figures: ``personalised`` or ``encoders``."""
+    return "personalised" if cell["evaluation"] == "personal" else "encoders"
+
+
 def panel_of(cell: dict) -> str:
-    """A line's panel in the board's figures: its partition and evaluation."""
-    kind = "personalised" if cell["evaluation"] == "personal" else "encoders"
-    return f"{cell['partition']} · {kind}"
+    """A line's panel in the board's figures: its partition and family."""
+    return f"{cell['partition']} · {family_of(cell)}"
 
 
 def _reference_label(cell: dict) -> str:
@@ -626,7 +630,7 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], folder: Pa
     ]
     families: dict[str, list] = {}
     for cell, curves in drawn:
-        families.setdefault(panel_of(cell).split(" · ")[-1], []).append((cell, curves))
+        families.setdefault(family_of(cell), []).append((cell, curves))
     files = []
     for family, members in families.items():
         if _plot_family_over_run(members, folder / over_run_file(family), family):
