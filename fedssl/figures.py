@@ -137,15 +137,17 @@ def _margin_levels(ax, marks: list[tuple[str, float]], gap_pt: float = 8.5) -> N
 
 
 def _stacked(ax, marks: Iterable[tuple[str, float]], gap_pt: float):
-    """``(label, y, shift in points)`` from the lowest level up: each label at least
-    ``gap_pt`` (a 6 pt line and a margin) above the one below it."""
+    """``(label, y, shift in points)`` from the lowest level up: each label's centre at least
+    ``gap_pt`` (a 6 pt line and a margin) per line of the two labels' half heights above the
+    one below it."""
     ax.autoscale_view()
     px_per_pt = ax.figure.dpi / 72
-    last = -math.inf
+    last, last_lines = -math.inf, 0
     for label, y in sorted(marks, key=lambda m: m[1]):
+        lines = label.count("\n") + 1
         at = ax.transData.transform((1.0, y))[1]
-        shift = max(0.0, last + gap_pt * px_per_pt - at)
-        last = at + shift
+        shift = max(0.0, last + (last_lines + lines) / 2 * gap_pt * px_per_pt - at)
+        last, last_lines = at + shift, lines
         yield label, y, shift / px_per_pt
 
 
