@@ -135,8 +135,17 @@ class StackedOptimizer:
 
 def stack(states: list[Tensors]) -> Tensors:
     """Per-client states -> one client-stacked state (a fresh copy), convolution weights in the
-    precision policy's layout (aggregation returns them contiguous)."""
-    return {k: torch.stack([laid_out(s[k].detach()) for s in states]) for k in states[0]}
+    precision policy's layout (aggregation returns them contiguous): every client's slice keeps
+    the strides of its laid-out tensor, which ``torch.stack`` does not promise."""
+    return {k: _stacked([laid_out(s[k].detach()) for s in states]) for k in states[0]}
+
+
+def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+    first = tensors[0]
+    out = first.new_empty_strided((len(tensors), *first.shape), (first.numel(), *first.stride()))
+    for row, t in zip(out, tensors):
+        row.copy_(t)
+    return out
 
 
 def gather(tree, rows: torch.Tensor):

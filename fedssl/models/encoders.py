@@ -8,6 +8,7 @@ from torch import nn
 
 from fedssl.models.heads import ProjectionHead
 from fedssl.models.norms import make_norm
+from fedssl.models.pooling import GlobalAvgPool
 from fedssl.params import ModelParams
 from fedssl.precision import channels_last
 from fedssl.runtime import derive_seed
@@ -32,7 +33,7 @@ class SmallCNN(nn.Sequential):
             conv_norm_relu(w, 2 * w, 2, norm, cpg),
             conv_norm_relu(2 * w, 2 * w, 1, norm, cpg),
             conv_norm_relu(2 * w, 4 * w, 2, norm, cpg),
-            nn.AdaptiveAvgPool2d(1),
+            GlobalAvgPool(),
             nn.Flatten(),
         )
         self.out_dim = 4 * w
@@ -70,7 +71,7 @@ class CifarResNet18(nn.Sequential):
             stride = 1 if i == 0 else 2
             layers += [BasicBlock(cin, w, stride, norm, cpg), BasicBlock(w, w, 1, norm, cpg)]
             cin = w
-        super().__init__(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        super().__init__(*layers, GlobalAvgPool(), nn.Flatten())
         self.out_dim = widths[-1]
 
 

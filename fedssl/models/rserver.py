@@ -21,6 +21,7 @@ from torch import nn
 
 from fedssl.models.autoencoder import ClientAutoencoder
 from fedssl.models.encoders import BasicBlock
+from fedssl.models.pooling import GlobalAvgPool
 
 
 class Bottleneck(nn.Module):
@@ -74,7 +75,7 @@ class RServerModule(nn.Sequential):
                     cin = 4 * w
         else:
             raise ValueError(f"unknown rServer arch {arch!r} (expected resnet18 or resnet50)")
-        super().__init__(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        super().__init__(*layers, GlobalAvgPool(), nn.Flatten())
         self.out_dim = cin
 
 

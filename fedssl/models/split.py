@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedssl.models.norms import make_norm
+from fedssl.models.pooling import GlobalAvgPool
 
 STEMS = ("cifar", "imagenet")
 
@@ -85,7 +86,7 @@ class ServerPart(nn.Sequential):
     """The server's units, then global average pooling and flatten; ``out_dim`` features."""
 
     def __init__(self, units: Sequence[nn.Module], out_dim: int):
-        super().__init__(*units, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        super().__init__(*units, GlobalAvgPool(), nn.Flatten())
         self.out_dim = out_dim
 
 
@@ -96,7 +97,7 @@ class SplittableNet(nn.Module):
         super().__init__()
         self.in_channels = in_channels
         self.units = nn.ModuleList(units)
-        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.pool = nn.Sequential(GlobalAvgPool(), nn.Flatten())
         self.out_dim = units[-1].out_channels
 
     @property

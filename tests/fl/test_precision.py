@@ -216,6 +216,37 @@ def test_the_cohort_trains_convolutions_channels_last_but_under_fp32(cpu_bf16, s
         assert stack([state])["conv"][0].is_contiguous()
 
 
+def test_a_one_channel_first_layer_runs_channels_last_too(cpu_bf16):
+    """A weight with one input channel is channels-last and contiguous at once, and the
+    convolution reads NCHW from its strides unless the channel stride is 1; the cohort's copy
+    gives it that stride, so the first layer's activations are channels-last like the rest
+    (mixed layouts made that layer's ReLU backward 4x slower)."""
+    from fedssl.fl.cohort import stack
+
+    cpu_bf16(False)
+    state = {"conv": torch.randn(8, 1, 3, 3)}
+    with precision.policy("auto"):
+        weight = stack([state, state])["conv"][1]
+    assert weight.stride(1) == 1 and torch.equal(weight, state["conv"])
+    out = torch.nn.functional.conv2d(torch.randn(2, 1, 6, 6), weight, padding=1)
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+
+
+def test_global_pooling_hands_back_a_broadcast_gradient():
+    """The encoders' pool equals ``AdaptiveAvgPool2d(1)``; its gradient is a stride-0 view,
+    which a channels-last ReLU's backward reads at full speed (a contiguous one, the adaptive
+    pool's, mixes layouts)."""
+    from fedssl.models.pooling import GlobalAvgPool
+
+    x = torch.randn(3, 4, 5, 5).contiguous(memory_format=torch.channels_last).requires_grad_()
+    pooled = GlobalAvgPool()(x)
+    torch.testing.assert_close(pooled, torch.nn.AdaptiveAvgPool2d(1)(x))
+    seen = []
+    x.register_hook(lambda g: seen.append(g.stride()))
+    pooled.sum().backward()
+    assert seen == [(4, 1, 0, 0)]
+
+
 def test_stages_cap_the_kernel_cache_unless_the_user_did(monkeypatch):
     """oneDNN's kernel cache held memory per batch shape, so peak memory grew with the client
     count; stages cap it before computing, and a user's own cap wins."""

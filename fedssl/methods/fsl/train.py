@@ -20,6 +20,7 @@ from fedssl.fl.engine import FedState
 from fedssl.losses import masked_cross_entropy
 from fedssl.methods.federated_supervised import ScoredFedAvg
 from fedssl.models.encoders import build_backbone, frozen
+from fedssl.models.pooling import GlobalAvgPool
 from fedssl.precision import under_policy
 
 SMASHED, LABELS = "smashed_data", "labels"  # ledger kinds besides the models
@@ -40,9 +41,7 @@ class SplitClassifier(nn.Module):
         with torch.no_grad():
             channels = self.client.eval()(torch.zeros(1, *image_shape)).shape[1]
         self.client.train()
-        self.aux = nn.Sequential(
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes)
-        )
+        self.aux = nn.Sequential(GlobalAvgPool(), nn.Flatten(), nn.Linear(channels, classes))
 
     def forward(self, x: torch.Tensor):
         if not self.training:
