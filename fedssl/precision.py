@@ -130,7 +130,7 @@ def laid_out(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     # explicit channels-last strides: for one input channel ``.contiguous(channels_last)``
     # keeps the NCHW strides (the layouts coincide), the convolution then picks NCHW for the
-    # first layer, and its ReLU's backward mixes layouts (4x slower than either alone)
+    # first layer, and its ReLU's backward mixes layouts (4.6x slower in the profiled round)
     return torch.empty_like(tensor, memory_format=torch.channels_last).copy_(tensor)
 
 

@@ -220,7 +220,7 @@ def test_a_one_channel_first_layer_runs_channels_last_too(cpu_bf16):
     """A weight with one input channel is channels-last and contiguous at once, and the
     convolution reads NCHW from its strides unless the channel stride is 1; the cohort's copy
     gives it that stride, so the first layer's activations are channels-last like the rest
-    (mixed layouts made that layer's ReLU backward 4x slower)."""
+    (mixed layouts made the round's ReLU backward 4.6x slower)."""
     from fedssl.fl.cohort import stack
 
     cpu_bf16(False)
