@@ -140,6 +140,25 @@ def test_gradients_flow():
         assert t is not None and torch.isfinite(t).all() and t.abs().sum() > 0
 
 
+def test_a_channels_last_batch_is_normalised_alike_and_stays_channels_last():
+    """The channels-last path pairs the same rows (k, k + K) and the same channel groups as the
+    contiguous one: equal outputs and gradients, and its output keeps the layout."""
+    torch.manual_seed(0)
+    norm = TwinNorm(16, 4)
+    nn.init.normal_(norm.weight)
+    nn.init.normal_(norm.bias)
+    x = torch.randn(6, 16, 5, 7)
+    last = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+    plain = x.clone().requires_grad_()
+    out_last, out_plain = norm(last), norm(plain)
+    assert out_last.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out_last, out_plain)
+    upstream = torch.randn(6, 16, 5, 7)
+    (out_last * upstream).sum().backward()
+    (out_plain * upstream).sum().backward()
+    torch.testing.assert_close(last.grad, plain.grad)
+
+
 def test_gradcheck_double():
     x = torch.randn(4, 4, 2, 3, dtype=torch.double, requires_grad=True)
     for variance in ("joint", "avg_of_views"):
