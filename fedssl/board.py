@@ -692,15 +692,26 @@ def _plot_family_over_run(drawn: list[tuple[dict, list]], path: Path, family: st
 
 
 # ------------------------------------------------------------------ run records
-def run_records(dag, kept: dict | None = None) -> tuple[dict[str, float], list[dict], float]:
+def run_records(
+    dag, kept: dict | None = None, reported: set[str] | None = None
+) -> tuple[dict[str, float], list[dict], float]:
     """From the stages' run records (:func:`fedssl.stagebase.run_record`): wall seconds per
     experiment (its own stages, shared ones counted in each), every record, and the
     pipeline's total (each stage once). ``kept`` (stage -> record, from the board's
     committed :data:`RUNS_FILE`) fills in the stages this workspace has not run: a board
-    made over several sessions keeps the wall times of the runs an earlier one made."""
+    made over several sessions keeps the wall times of the runs an earlier one made.
+    ``reported`` (the experiments the report has a row or a failure for) leaves out the
+    records of runs that are not on the board: one stopped half-way, or removed after."""
     from fedssl.stage import run_record
 
-    records = {name: r for name in dag.stages if (r := run_record(name) or (kept or {}).get(name))}
+    wanted = set(dag.stages)
+    if reported is not None:
+        wanted &= {s for exp in reported for s in dag.of_experiment.get(exp, ())}
+    records = {
+        name: r
+        for name in dag.stages
+        if name in wanted and (r := run_record(name) or (kept or {}).get(name))
+    }
     wall = {  # an experiment run elsewhere, with no record kept, has no wall time
         exp: sum(records[s]["wall_seconds"] for s in dag.of_experiment[exp] if s in records)
         for exp in dag.experiments
@@ -952,7 +963,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 1
     dag = Dag(args.pipeline)
-    wall, records, total = run_records(dag, kept_records(folder))
+    reported = {r["experiment"] for r in saved["rows"]}
+    reported |= {f["experiment"] for f in saved.get("failed", [])}
+    wall, records, total = run_records(dag, kept_records(folder), reported)
     write_board(
         folder,
         args.pipeline,

@@ -430,6 +430,9 @@ def test_wall_times_of_an_earlier_sessions_runs_are_kept(tmp_path, monkeypatch):
     here.update({"data": 6.0, "pre__b": 40.0})  # the next session runs b
     wall, records, total = board.run_records(dag, board.kept_records(tmp_path))
     assert wall == {"a": 106.0, "b": 46.0} and total == 146.0
+    # b stopped half-way (no row, no failure): its stage time is not the board's
+    wall, records, total = board.run_records(dag, board.kept_records(tmp_path), {"a"})
+    assert wall == {"a": 106.0} and total == 106.0
 
 
 def test_dvc_metrics_diff_between_two_boards(tmp_path):
