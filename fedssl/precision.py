@@ -29,6 +29,7 @@ from typing import TypeVar, get_args
 
 import torch
 
+from fedssl.layout import is_channels_last
 from fedssl.params import PrecisionSetting
 from fedssl.runtime import bf16_capped
 
@@ -124,9 +125,7 @@ def channels_last(precision: PrecisionSetting | None = None) -> bool:
 def laid_out(tensor: torch.Tensor) -> torch.Tensor:
     """A 4-D tensor (a convolution's weight) in the policy's memory format: channels-last but
     under ``fp32``, as it is there (``fp32`` never changes a layout)."""
-    if tensor.dim() != 4 or not channels_last():
-        return tensor
-    if tensor.stride(1) == 1 and tensor.is_contiguous(memory_format=torch.channels_last):
+    if tensor.dim() != 4 or not channels_last() or is_channels_last(tensor):
         return tensor
     # explicit channels-last strides: for one input channel ``.contiguous(channels_last)``
     # keeps the NCHW strides (the layouts coincide), the convolution then picks NCHW for the

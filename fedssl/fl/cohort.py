@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedssl.layout import is_channels_last
 from fedssl.models.norms import has_running_stats
 from fedssl.precision import laid_out, under_policy
 from fedssl.progress import advance
@@ -142,6 +143,8 @@ def stack(states: list[Tensors]) -> Tensors:
 
 def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
     first = tensors[0]
+    if not (first.is_contiguous() or is_channels_last(first)):
+        return torch.stack(tensors)  # a view with gaps: its strides cannot lay out a row
     out = first.new_empty_strided((len(tensors), *first.shape), (first.numel(), *first.stride()))
     for row, t in zip(out, tensors):
         row.copy_(t)
