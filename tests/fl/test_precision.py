@@ -232,6 +232,18 @@ def test_a_one_channel_first_layer_runs_channels_last_too(cpu_bf16):
     assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
 
 
+def test_the_cohorts_stack_copies_any_tensor_a_state_holds():
+    """Each client's slice keeps its laid-out strides; a view with gaps (no dense layout to
+    copy) is stacked as torch.stack does, values intact."""
+    from fedssl.fl.cohort import stack
+
+    gapped = torch.arange(12.0)[::3]
+    states = [{"v": gapped, "s": torch.tensor(2.0)}, {"v": gapped + 1, "s": torch.tensor(3.0)}]
+    out = stack(states)
+    assert torch.equal(out["v"], torch.stack([gapped, gapped + 1]))
+    assert torch.equal(out["s"], torch.tensor([2.0, 3.0]))
+
+
 def test_global_pooling_hands_back_a_broadcast_gradient():
     """The encoders' pool equals ``AdaptiveAvgPool2d(1)``; its gradient is a stride-0 view,
     which a channels-last ReLU's backward reads at full speed (a contiguous one, the adaptive
