@@ -9,21 +9,22 @@ memory layouts, over each layout pairing.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 from flower_peer import run_ours
+from fp32_layout import cpu_seconds
 from torch.profiler import ProfilerActivity, profile
 
 from fedssl.runtime import cpu_summary
 
 
 def relu_backward_ms(grad: torch.Tensor, out: torch.Tensor, repeats: int = 50) -> float:
-    torch.ops.aten.threshold_backward(grad, out, 0)
-    start = time.process_time()
-    for _ in range(repeats):
-        torch.ops.aten.threshold_backward(grad, out, 0)
-    return (time.process_time() - start) / repeats * 1e3
+    def backward():
+        for _ in range(repeats):
+            torch.ops.aten.threshold_backward(grad, out, 0)
+
+    torch.ops.aten.threshold_backward(grad, out, 0)  # warm-up
+    return cpu_seconds(backward) / repeats * 1e3
 
 
 def relu_layouts() -> None:
