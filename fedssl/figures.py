@@ -19,6 +19,9 @@ from fedssl.report_format import save_figure
 # A run's loss this many times its median over rounds (or a value that is not finite) is a
 # divergence, not a curve to read.
 DIVERGED_FACTOR = 10.0
+# Characters of an 8-point panel title that fit in an inch of panel (with the gap between
+# panels), for wrapping titles before they run into their neighbours.
+TITLE_CHARS_PER_INCH = 14
 
 
 # ------------------------------------------------------------------ the numbers
@@ -63,6 +66,24 @@ def robust_limits(values: Iterable[float], pad: float = 0.05) -> tuple[float, fl
     lo, hi = min(finite), max(finite)
     margin = (hi - lo) * pad or abs(hi) * pad or 1.0
     return lo - margin, hi + margin
+
+
+def wrap_title(title: str, chars: int, sep: str = " · ") -> str:
+    """A panel title broken at its separators into lines of at most ``chars`` characters
+    where it can be (a part longer than that keeps a line of its own): side by side, long
+    titles would run into their neighbours'."""
+    lines = []
+    for line in title.split("\n"):
+        parts = line.split(sep)
+        current = parts[0]
+        for part in parts[1:]:
+            if len(current) + len(sep) + len(part) <= chars:
+                current += sep + part
+            else:
+                lines.append(current + sep.rstrip())
+                current = part
+        lines.append(current)
+    return "\n".join(lines)
 
 
 def grid_shape(panels: int, columns: int = 4) -> tuple[int, int]:
@@ -278,7 +299,7 @@ def _diverged_ends(ax, ends: list[tuple[float, float]], limits) -> None:
 
 def _curve_panel(
     ax, name: str, lines: dict, colours: dict, gone: list[str], *, is_loss: bool, log: bool,
-    marks: list[tuple[str, float]], xlabel: str, ylabel: str,
+    marks: list[tuple[str, float]], xlabel: str, ylabel: str, title_chars: int,
 ) -> None:  # fmt: skip
     """One panel of :func:`learning_curves`: its lines, levels and diverged runs, scaled to
     what did not diverge."""
@@ -297,7 +318,7 @@ def _curve_panel(
         log_axis(ax)
     else:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title(name, fontsize=8)
+    ax.set_title(wrap_title(name, title_chars), fontsize=8)
     ax.set_xlabel(xlabel, fontsize=7)
     ax.set_ylabel(ylabel, fontsize=7)
     ax.tick_params(labelsize=6)
@@ -351,6 +372,7 @@ def learning_curves(
             marks=(levels or {}).get(name, []),
             xlabel=xlabel if isinstance(xlabel, str) else xlabel.get(name, ""),
             ylabel=ylabels.get(name, ""),
+            title_chars=int(width / cols * TITLE_CHARS_PER_INCH),
         )  # fmt: skip
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")

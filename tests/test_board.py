@@ -321,6 +321,12 @@ def test_figure_helpers():
     assert figures.diverged([1.0, 0.9, 0.8, 3.7e13], 4, True)
     assert not figures.diverged([0.0, 5.0], 2, True)  # a first loss of 0 is not a divergence
     assert figures.robust_limits([1.0, 3.0, float("inf")]) == (0.9, 3.1)
+    title = "F-MNIST 2 classes/client · personalised · cnn16-32-fc64/P64-32/O\nagainst MB"
+    assert figures.wrap_title(title, 50) == (
+        "F-MNIST 2 classes/client · personalised ·\ncnn16-32-fc64/P64-32/O\nagainst MB"
+    )
+    assert figures.wrap_title(title, 70) == title  # fits: one line as it was
+    assert figures.wrap_title("a-very-long-part · b", 5) == "a-very-long-part ·\nb"
 
 
 def test_untrained_levels_are_labelled_off_the_data():
