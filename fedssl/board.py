@@ -205,14 +205,16 @@ def _verdicts(cells_: list[dict], against: list[dict], name: str) -> None:
             "difference": round(comparison.difference, 4),
             "p": None if comparison.p is None else round(comparison.p, 4),
             "p_holm": None if p is None else round(p, 4),
+            "ci95": comparison.interval and [round(x, 4) for x in comparison.interval],
             "test": comparison.test,
             "verdict": verdict,
         }
 
 
 def verdict_text(v: dict | None) -> str:
-    """A comparison as a table cell: "best", "−3.1 (p 0.004)" or "−0.4 not separable (p 0.6)"
-    (the difference in points, the Holm-adjusted p-value)."""
+    """A comparison as a table cell: "best", "−3.1 [−4.0, −2.2] (p 0.004)" or "−0.4 [−2.9,
+    +2.1] not separable (p 0.6)" (the difference in points, the 95 % interval of the paired
+    difference, the Holm-adjusted p-value)."""
     if not v:
         return ""
     if v["verdict"] == "best":
@@ -220,6 +222,8 @@ def verdict_text(v: dict | None) -> str:
     diff = f"{v['difference']:+.1f}".replace("-", "−")
     if v["verdict"] == "untested":
         return f"{diff} (n < 2)"
+    if v.get("ci95"):
+        diff += " [{:+.1f}, {:+.1f}]".format(*v["ci95"]).replace("-", "−")
     words = " not separable" if v["verdict"] == "not separable" else ""
     p = "p < 0.001" if v["p_holm"] < 0.001 else f"p {v['p_holm']:.2g}"
     return f"{diff}{words} ({p})"
@@ -397,7 +401,8 @@ def table(evaluation: str, cell_list: list[dict], machine: str) -> str:
         f"{heading}: {sd_note(SD, 'seeds')} (n = the runs column) and its 95 % interval "
         f"(Student's t){words}; vs best / vs reference: the difference in points from the "
         "partition's best line / from the line of the same encoder that exchanges nothing "
-        "(the untrained network; SOLO), a paired t-test over seeds, p Holm-adjusted over the "
+        "(the untrained network; SOLO) with the 95 % interval of the difference paired by seed "
+        "(one comparison on its own), a paired t-test over seeds, p Holm-adjusted over the "
         "partition's comparisons, 'not separable' at p ≥ 0.05; MB sent + received: every byte "
         "the ledger counted, one-shot transfers included; costs are means "
         "per client and run (blank: the method has no costs stage); wall s = the run's own "

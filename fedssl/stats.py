@@ -33,12 +33,15 @@ def interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, floa
 @dataclass(frozen=True)
 class Comparison:
     """``a`` against ``b``: the difference of their means (over the seeds the test used), the
-    test's two-sided p-value (None: too few runs to test) and which test it was."""
+    test's two-sided p-value (None: too few runs to test), which test it was, and for a
+    paired test the 95 % interval of the paired difference (unadjusted: one comparison on
+    its own, where the p-value a board shows is adjusted over a family)."""
 
     difference: float
     p: float | None
     test: str  # "paired t" | "Welch t" | "untested"
     n: int  # seeds (paired) or the smaller line's runs (Welch)
+    interval: tuple[float, float] | None = None
 
 
 def compare(a: dict[str, float], b: dict[str, float]) -> Comparison:
@@ -49,11 +52,12 @@ def compare(a: dict[str, float], b: dict[str, float]) -> Comparison:
     common = sorted(set(a) & set(b))
     if len(common) >= 2:
         diffs = [a[s] - b[s] for s in common]
-        mean = statistics.mean(diffs)
+        mean, ci = statistics.mean(diffs), interval(diffs)
         if max(diffs) - min(diffs) < 1e-12:
-            return Comparison(mean, 0.0 if abs(mean) > 1e-12 else 1.0, "paired t", len(common))
+            p = 0.0 if abs(mean) > 1e-12 else 1.0
+            return Comparison(mean, p, "paired t", len(common), ci)
         p = float(_scipy.ttest_rel([a[s] for s in common], [b[s] for s in common]).pvalue)
-        return Comparison(mean, p, "paired t", len(common))
+        return Comparison(mean, p, "paired t", len(common), ci)
     x, y = list(a.values()), list(b.values())
     difference = statistics.mean(x) - statistics.mean(y) if x and y else math.nan
     if len(x) >= 2 and len(y) >= 2:

@@ -169,10 +169,16 @@ def test_which_lines_separate_from_the_best_and_from_their_reference():
     # Holm over the partition's three comparisons with the best: B's p is at least its raw p
     assert got["B"]["vs_best"]["p_holm"] >= got["B"]["vs_best"]["p"]
     text = board.tables_text(cells, "h", 60.0)
+    # the difference's paired interval beside the adjusted p: B - A = -5.0, -4.9, -5.1
+    assert got["B"]["vs_best"]["ci95"] == pytest.approx([-5.2484, -4.7516], abs=1e-3)
     assert (
-        "| B | cnn | P | 3 | 76.0±1.1 | [73.4, 78.6] | −5.0 (p < 0.001) | +4.8 (p 0.0041) |" in text
+        "| B | cnn | P | 3 | 76.0±1.1 | [73.4, 78.6] | −5.0 [−5.2, −4.8] (p < 0.001) "
+        "| +4.8 [+3.9, +5.8] (p 0.0041) |" in text
     )
-    assert "| C | cnn | P | 3 | 79.7±10.0 | [54.8, 104.5] | −1.3 not separable (p 0.82) |" in text
+    assert (
+        "| C | cnn | P | 3 | 79.7±10.0 | [54.8, 104.5] | −1.3 [−23.7, +21.1] not separable "
+        "(p 0.82) |" in text
+    )
     assert "best **A** (81.0); not separable from it: C; below it: B, R." in text
     assert "reference of their encoder: above A, B; not separable C; below none." in text
 
