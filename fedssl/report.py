@@ -425,6 +425,16 @@ def committed_rows(pipeline: str = "", root: Path | None = None) -> dict[str, Re
     return found
 
 
+def committed_failures(pipeline: str, root: Path | None = None) -> dict[str, dict]:
+    """The runs ``pipeline``'s committed report lists as stopped with an error, by experiment:
+    a report made over several sessions keeps an earlier session's failure, whose log a fresh
+    workspace does not have, instead of listing that run as not made yet."""
+    folder = (root or REPORTS) / pipeline
+    if not (folder / "report.json").exists():
+        return {}
+    return {f["experiment"]: f for f in load_saved(folder).get("failed", [])}
+
+
 def reused_row(name: str, now: dict, committed: dict[str, ReportRow]) -> ReportRow:
     """Experiment ``name``'s committed row, for a workspace without its steps' outputs: its
     :data:`IDENTITY` must equal ``now`` (what the presets give today), and it takes this

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from fedssl.params import setting
 from fedssl.plan.layout import ReportRow, owner_of, report_dir, results_dir
 from fedssl.report import (
+    committed_failures,
     committed_rows,
     curve_labels,
     experiment_row,
@@ -82,6 +83,7 @@ def run(argv):
     from fedssl.methods import registry
 
     committed = committed_rows(pipeline) if args.reuse_committed else {}
+    stopped_before = committed_failures(pipeline) if args.reuse_committed else {}
     rows, failed, pending, partitions, methods, swept = [], [], [], [], {}, []
     titles_of_row: dict[str, set[str]] = {}  # for untrained_apart
     for name in dag.experiments:
@@ -99,7 +101,7 @@ def run(argv):
         )
         titles_of_row.setdefault(row, set()).add(exp.title)
         if args.reuse_committed and not made_here(stages):
-            stopped = failed_run(name, [s.name for s in stages])
+            stopped = failed_run(name, [s.name for s in stages]) or stopped_before.get(name)
             if stopped and name not in committed:
                 failed.append(stopped)
                 continue

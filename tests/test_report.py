@@ -370,6 +370,18 @@ def test_a_report_made_part_by_part_lists_the_runs_not_made_yet(tmp_path):
         report_stage(["benchmark", "--partial"])
 
 
+def test_a_report_made_part_by_part_keeps_an_earlier_sessions_failed_runs(tmp_path):
+    """A run that stopped with an error in an earlier session (its log gone with that
+    workspace) stays a failure in the next session's report, not a run not made yet."""
+    from fedssl.report import committed_failures
+
+    saved = load_saved(REPO / "results/reports/mpfedcon_smoke")
+    stopped = {"experiment": "b_s0", "stage": "train__b_s0", "error": "the loss is nan"}
+    write_report(tmp_path / "p", "p", saved["rows"][:2], {}, "heat", [stopped], ["c_s1"])
+    assert committed_failures("p", root=tmp_path) == {"b_s0": stopped}
+    assert committed_failures("q", root=tmp_path) == {}  # no committed report: none
+
+
 def test_a_run_is_made_here_once_every_stage_and_its_metrics_are(tmp_path):
     """A trained run whose evaluation has not run yet (or whose metrics were removed) is not
     made: the partial report lists it as not run yet instead of reading missing files."""
