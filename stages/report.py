@@ -129,11 +129,7 @@ def run(argv):
     rows = untrained_apart(in_column_order(rows, swept), titles_of_row)
     with ctx.run() as out:
         results = ctx.committed_dir(Path(report_dir(pipeline)))  # lands on success
-        for part in sorted(partitions):
-            shutil.copy(
-                Path(dag.stages[f"partition__{part}"].out) / "heatmap.png",
-                out / f"partition_{part}.png",
-            )
+        copy_heatmaps(dag, partitions, out, missing_ok=args.reuse_committed)
         figures = {}  # file in `results` -> caption
         for method in methods.values():
             own = [r for r in rows if r["method"] == method.name]
@@ -142,6 +138,17 @@ def run(argv):
         plot_curves(round_logs(dag), results / "curves.png", curve_labels(rows))
         ctx.info["rows"] = len(rows)
     print(f"wrote {report_dir(pipeline)}/report.md, report.csv, report.json and curves.png")
+
+
+def copy_heatmaps(dag, partitions: list[str], out: Path, missing_ok: bool = False) -> None:
+    """Each partition's heat-map into the report's output folder. With ``missing_ok`` (a
+    report reusing committed rows) a partition that only an earlier workspace made is left
+    out: its heat-map went with that workspace, and the rows need none of it."""
+    for part in sorted(partitions):
+        heatmap = Path(dag.stages[f"partition__{part}"].out) / "heatmap.png"
+        if missing_ok and not heatmap.exists():
+            continue
+        shutil.copy(heatmap, out / f"partition_{part}.png")
 
 
 def in_column_order(rows: list[dict], values: list) -> list[dict]:

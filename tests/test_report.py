@@ -382,6 +382,25 @@ def test_a_report_made_part_by_part_keeps_an_earlier_sessions_failed_runs(tmp_pa
     assert committed_failures("q", root=tmp_path) == {}  # no committed report: none
 
 
+def test_a_report_reusing_committed_rows_needs_no_heatmap_of_an_earlier_workspace(tmp_path):
+    """A fresh workspace that made one partition of a board: the report copies that one's
+    heat-map and leaves out the others', which only a reusing report may do."""
+    from types import SimpleNamespace
+
+    from stages.report import copy_heatmaps
+
+    (tmp_path / "made").mkdir()
+    (tmp_path / "made" / "heatmap.png").write_bytes(b"png")
+    dag = SimpleNamespace(
+        stages={f"partition__{p}": SimpleNamespace(out=str(tmp_path / p)) for p in ("made", "gone")}
+    )
+    (tmp_path / "out").mkdir()
+    copy_heatmaps(dag, ["made", "gone"], tmp_path / "out", missing_ok=True)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["partition_made.png"]
+    with pytest.raises(FileNotFoundError):
+        copy_heatmaps(dag, ["made", "gone"], tmp_path / "out")
+
+
 def test_a_run_is_made_here_once_every_stage_and_its_metrics_are(tmp_path):
     """A trained run whose evaluation has not run yet (or whose metrics were removed) is not
     made: the partial report lists it as not run yet instead of reading missing files."""
