@@ -84,8 +84,9 @@ class SflMoco(Strict):
     )
     symmetric: bool = Field(
         True,
-        description="[code] V2: queries [x'; x''], keys [x''; x'] (each client sends "
-        "2 B_c rows each way); false = query x', key x''",
+        description="[code] V2: the server also queries the momentum activations against "
+        "keys of the online ones and sums both losses (clients send the same rows; their "
+        "gradient is the first direction's); false = query x', key x'' only",
     )
 
 
@@ -112,6 +113,14 @@ class SflTraining(SFL_FEDERATION):
     )
     sync_at_round_end: bool = Field(True, description="[code] also sync at a round's last step")
     log_every: PositiveInt = Field(1, description="steps between misalignment/loss log rows")
+    round_steps: Literal["longest", "equal"] = Field(
+        "longest",
+        description="steps in a round: longest = until the sampled client with the most images "
+        "has seen each once (the others stop when done, so one large client sets the round's "
+        "length on a skewed partition); equal = [code] every sampled client takes the same "
+        "steps, the mean client's ceil(n / B_c), cycling through its own images in fresh "
+        "shuffles (the same as longest where the clients are of one size)",
+    )
     client_lr_schedule: Literal["round", "step_cosine"] = Field(
         "round",
         description="round = the clients step the server's per-round rate; step_cosine = "

@@ -6,10 +6,11 @@ activations up plus gradients down, and the sync counted one way.
 
 What the protocol here sends (float32), per client:
 
-* up:   ``activations_query`` = s·n_img·|h_cut|, ``activations_key`` = s·n_img·|h_cut|
-        (s = 2 with the symmetric loss: both views are queries and keys), ``sync_online`` =
-        n_sync·|φ^c|, and for MonAcoSFL ``sync_momentum`` = n_sync·|φ^c|;
-* down: ``gradients`` = s·n_img·|h_cut|, ``sync_online`` = (n_sync + n_catch_up)·|φ^c|, and
+* up:   ``activations_query`` = n_img·|h_cut| (the online model's view), ``activations_key`` =
+        n_img·|h_cut| (the momentum model's view), ``sync_online`` = n_sync·|φ^c|, and for
+        MonAcoSFL ``sync_momentum`` = n_sync·|φ^c|; the symmetric loss sends no more (the server
+        swaps the two sets of activations, as the authors' code does);
+* down: ``gradients`` = n_img·|h_cut|, ``sync_online`` = (n_sync + n_catch_up)·|φ^c|, and
         for MonAcoSFL ``sync_momentum`` the same; n_catch_up counts the rounds a client starts
         by downloading the synced model(s) it missed while it was not sampled.
 """
@@ -33,12 +34,10 @@ def protocol_bytes(
     n_sync: int,
     n_catch_up: int,
     client_numel: int,
-    symmetric: bool,
     align: bool,
 ) -> dict[str, dict[str, int]]:
     """The bytes by direction and kind that the protocol sends for one client."""
-    s = 2 if symmetric else 1
-    act = s * n_img * act_numel * FLOAT_BYTES
+    act = n_img * act_numel * FLOAT_BYTES
     up = {ACT_QUERY: act, ACT_KEY: act}
     down = {GRADIENTS: act}
     if n_sync:
@@ -60,7 +59,6 @@ def check_ledger(
     catch_ups: list[int],
     act_numel: int,
     client_numel: int,
-    symmetric: bool,
     align: bool,
 ) -> dict:
     """Per client: the bytes sent by kind (from the ledger), the protocol's formula, the
@@ -69,9 +67,7 @@ def check_ledger(
     for row in ledger_summary["per_client"]:
         c = row["client"]
         n_img = images[c]
-        expected = protocol_bytes(
-            n_img, act_numel, syncs[c], catch_ups[c], client_numel, symmetric, align
-        )
+        expected = protocol_bytes(n_img, act_numel, syncs[c], catch_ups[c], client_numel, align)
         match = expected["up"] == row["up_by_kind"] and expected["down"] == row["down_by_kind"]
         exact &= match
         rows.append(
@@ -93,7 +89,6 @@ def check_ledger(
         "exact": exact,
         "act_numel": act_numel,
         "client_numel": client_numel,
-        "symmetric": symmetric,
         "align": align,
     }
 

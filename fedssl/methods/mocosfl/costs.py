@@ -37,14 +37,9 @@ SMASHED_UP, SMASHED_DOWN = (ACT_QUERY, ACT_KEY), (GRADIENTS,)
 CLIENT_COPIES = 4  # online, momentum, gradient, SGD momentum
 
 
-def step_rows(p) -> int:
-    """Query (and key) rows one client step processes: B_c, twice with the symmetric loss."""
-    return (2 if p.moco.symmetric else 1) * p.training.batch_size
-
-
 def client_step(p, nets: SplitNets, image_shape) -> dict:
     """FLOPs and memory of one client step on a fixed probe batch of the step's real size."""
-    rows = step_rows(p)
+    rows = p.training.batch_size  # the online model's view and the momentum model's
     gen = torch.Generator().manual_seed(0)
     x = torch.rand((rows, *image_shape), generator=gen)
     returned = torch.randn((rows, *nets.activation_shape(image_shape)), generator=gen)
@@ -140,7 +135,6 @@ def projected_rows(p, image_shape, samples: int) -> list[dict]:
         syncs,
         catch_ups,
         nets.client_numel(),
-        p.moco.symmetric,
         p.variant == "monacosfl",
     )
     ledger = {

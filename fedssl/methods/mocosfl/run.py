@@ -57,6 +57,7 @@ def sfl_config(p) -> SflConfig:
         sgd=OptimizerConfig("sgd", weight_decay=t.weight_decay, momentum=t.momentum),
         seed=p.seed,
         log_every=t.log_every,
+        equal_steps=t.round_steps == "equal",
         client_cosine=ClientCosine(t.lr, t.client_lr_period or t.rounds)
         if t.client_lr_schedule == "step_cosine"
         else None,
@@ -187,7 +188,6 @@ def summarize(p, nets: SplitNets, image_shape, state, sizes: list[int]) -> dict:
         state.memo.get("catch_ups", [0] * n),
         act,
         nets.client_numel(),
-        p.moco.symmetric,
         p.variant == "monacosfl",
     )
     clients = check["per_client"]

@@ -361,12 +361,34 @@ class SflConfig:
     seed: int
     log_every: int = 1
     client_cosine: ClientCosine | None = None  # None: the clients step the round's rate
+    equal_steps: bool = False  # every client takes the mean client's steps (round_steps equal)
 
 
 def sync_due(since: int, sync_every: int, at_round_end: bool, round_end: bool) -> bool:
     """Whether the cohort syncs after a step, ``since`` steps after the last sync (counted
     across rounds): every ``sync_every`` steps, and at a round's last step where configured."""
     return since >= sync_every or (at_round_end and round_end)
+
+
+def round_schedules(
+    clients: list[np.ndarray], cfg: SflConfig, round_: int, ids: list[int]
+) -> list[list[np.ndarray]]:
+    """Each sampled client's batches of a round: one pass over its images, or with
+    ``equal_steps`` the mean client's step count, passes over its images cut to that length
+    (a client's first pass is the same either way)."""
+    passes = [
+        client_batches(idx, cfg.batch_size, 1, cfg.seed, "sfl", round_, c)
+        for idx, c in zip(clients, ids)
+    ]
+    if not cfg.equal_steps:
+        return passes
+    steps = max(1, math.ceil(sum(len(i) for i in clients) / len(clients) / cfg.batch_size))
+    return [
+        client_batches(
+            idx, cfg.batch_size, math.ceil(steps / len(one)), cfg.seed, "sfl", round_, c
+        )[:steps]
+        for idx, c, one in zip(clients, ids, passes)
+    ]
 
 
 def padded_batch(batches: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -508,10 +530,7 @@ class SplitMocoTrainer:
         sizes = torch.tensor(
             [len(data.clients[c]) for c in chosen], dtype=torch.float64, device=device
         )
-        schedules = [
-            client_batches(data.clients[c], cfg.batch_size, 1, cfg.seed, "sfl", round_, c)
-            for c in chosen
-        ]
+        schedules = round_schedules([data.clients[c] for c in chosen], cfg, round_, chosen)
         gen = torch_generator(device, cfg.seed, "sfl-augment", round_)
         n_steps = max(len(s) for s in schedules)
         loss_sum = torch.zeros(len(chosen), dtype=torch.float64)
@@ -600,10 +619,10 @@ class SplitMocoTrainer:
         subset = len(rows) < next(iter(online.values())).shape[0]
         sel = torch.tensor(rows, device=device)
         on, mom, op = ((gather(x, sel) if subset else x) for x in (online, momentum, opt))
-        xq, xk, valid_t = self._views(idx, valid, data, gen)
+        x1, x2, valid_t = self._views(idx, valid, data, gen)
         counts = valid_t.sum(1).tolist()
         params = {k: v.detach().requires_grad_(True) for k, v in on.items()}
-        h_q, h_k = self._client_forwards(params, on, mom, xq, xk)
+        h_q, h_k = self._client_forwards(params, on, mom, x1, x2)
         for j, c in enumerate(clients):  # what each client uploads (its real rows)
             ledger.sent(c, {"h": h_q[j, : counts[j]]}, ACT_QUERY)
             ledger.sent(c, {"h": h_k[j, : counts[j]]}, ACT_KEY)
@@ -623,45 +642,53 @@ class SplitMocoTrainer:
             scatter(opt, sel, op)
         return float(loss.detach())
 
-    def _client_forwards(self, params: Tensors, on: Tensors, mom: Tensors, xq, xk):
+    def _client_forwards(self, params: Tensors, on: Tensors, mom: Tensors, x1, x2):
         """The clients' uploads: the queries of their online weights ``params`` (kept for the
         backward), and the keys of their momentum weights after this step's EMA."""
         cfg = self.cfg
-        h_q = self.client_forward(params, xq)
+        h_q = self.client_forward(params, x1)
         ema_update(mom, on, cfg.momentum)
         with torch.no_grad():
-            h_k = self.client_forward(mom, xk)
+            h_k = self.client_forward(mom, x2)
         return h_q, h_k
 
     def _views(self, idx: np.ndarray, valid: np.ndarray, data, gen):
-        """The step's queries and keys, client-stacked [a, R, C, H, W], and which of their rows
-        are real [a, R] (symmetric: both views query, each keyed by the other)."""
+        """The step's two views, client-stacked [a, R, C, H, W]: x' for the online client
+        models, x'' for the momentum ones; and which of their rows are real [a, R]."""
         a, width = idx.shape
         flat = torch.from_numpy(idx).to(data.device).flatten()
         v1, v2 = self.make_views(data.images[flat], gen)
         v1, v2 = (v.view(a, width, *v.shape[1:]) for v in (v1, v2))
-        valid_t = torch.from_numpy(valid).to(data.device)
-        if self.cfg.symmetric:  # queries [x'; x''], keys [x''; x']
-            xq, xk = torch.cat([v1, v2], 1), torch.cat([v2, v1], 1)
-            valid_t = torch.cat([valid_t, valid_t], 1)
-        else:
-            xq, xk = v1, v2
-        return xq, xk, valid_t
+        return v1, v2, torch.from_numpy(valid).to(data.device)
 
     def _server_step(self, h_q, h_k, valid_t, server, server_m, server_opt, queue, lr):
         """The server's MoCo v2 step on the concatenated uploads: its loss and the gradients
-        of the query activations, which go back to the clients."""
+        of the online activations, which go back to the clients.
+
+        One-way: the online activations query, the momentum ones key. Symmetric ([code] V2's
+        ``compute``): also the reverse pair, the momentum activations queried by the server's
+        online top and the online ones keyed by its momentum top; the loss is the sum of both
+        directions, the server learns from both, the clients' gradient comes from the first only
+        (their activations enter the second as keys, without gradient), and every key of the
+        step enters the queue, those of the online activations first."""
         cfg = self.cfg
         rows_valid = valid_t.flatten()
         hq = h_q.detach().flatten(0, 1).requires_grad_(True)
         hk = h_k.flatten(0, 1)
+        queried, keyed = (torch.cat([hk, hq]), torch.cat([hq, hk])) if cfg.symmetric else (hq, hk)
         sp = {k: v[0].detach().requires_grad_(True) for k, v in server.items()}
         ema_update(server_m, {k: v[0] for k, v in server.items()}, cfg.momentum)
-        q, k = under_policy(hq, self._server_forward, sp, server_m, hq, hk)
-        loss = moco_queue_loss(q, k, queue.keys, cfg.temperature, rows_valid)
+        q, k = under_policy(hq, self._server_forward, sp, server_m, queried, keyed)
+        rows = hq.shape[0]
+        loss = sum(
+            moco_queue_loss(
+                q[i : i + rows], k[i : i + rows], queue.keys, cfg.temperature, rows_valid
+            )
+            for i in range(0, q.shape[0], rows)
+        )
         grads = torch.autograd.grad(loss, [*sp.values(), hq])
         self.optimizer.step(
             server, {n: g.unsqueeze(0) for n, g in zip(sp, grads[:-1])}, server_opt, lr
         )
-        queue.push(k, rows_valid)
+        queue.push(k, rows_valid.repeat(q.shape[0] // rows))
         return loss, grads[-1].view_as(h_q)

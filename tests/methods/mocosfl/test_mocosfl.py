@@ -334,7 +334,6 @@ def test_bytes_sent_match_the_protocol_formula_with_sampling_and_catch_ups(
         state.memo["catch_ups"],
         act,
         nets.client_numel(),
-        symmetric,
         variant == "monacosfl",
     )
     assert check["exact"], check["per_client"]
@@ -346,10 +345,10 @@ def test_bytes_sent_match_the_protocol_formula_with_sampling_and_catch_ups(
 
 def test_protocol_and_paper_formulas():
     assert paper_bytes(250, 100, 10, 1000) == (2 * 250 * 100 + 10 * 1000) * 4
-    sym = protocol_bytes(10, 5, 2, 1, 7, symmetric=True, align=True)
-    assert sym["up"] == {ACT_QUERY: 400, ACT_KEY: 400, SYNC_ONLINE: 56, SYNC_MOMENTUM: 56}
-    assert sym["down"] == {GRADIENTS: 400, SYNC_ONLINE: 84, SYNC_MOMENTUM: 84}
-    one = protocol_bytes(10, 5, 0, 0, 7, symmetric=False, align=False)
+    aligned = protocol_bytes(10, 5, 2, 1, 7, align=True)
+    assert aligned["up"] == {ACT_QUERY: 200, ACT_KEY: 200, SYNC_ONLINE: 56, SYNC_MOMENTUM: 56}
+    assert aligned["down"] == {GRADIENTS: 200, SYNC_ONLINE: 84, SYNC_MOMENTUM: 84}
+    one = protocol_bytes(10, 5, 0, 0, 7, align=False)
     assert one == {"up": {ACT_QUERY: 200, ACT_KEY: 200}, "down": {GRADIENTS: 200}}
 
 

@@ -35,13 +35,14 @@ def conv_flops_per_image(client: nn.Module) -> list[int]:
 
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_a_client_step_costs_its_parts_forward_and_backward_only(symmetric):
-    """Per query row: the online forward F, its backward 2F less the first convolution's
-    gradient with respect to the images (none is needed), the momentum forward F. The server's
-    units and projector run on the server and do not count."""
+    """Per image: the online forward F, its backward 2F less the first convolution's
+    gradient with respect to the images (none is needed), the momentum forward F, with or
+    without the symmetric loss (the server swaps the activations). The server's units and
+    projector run on the server and do not count."""
     p = params("mocosfl", cut=3, moco=dict(queue_size=32, symmetric=symmetric))
     nets = build_nets(p, SHAPE, CPU)
     convs = conv_flops_per_image(nets.client)
-    rows = (2 if symmetric else 1) * p.training.batch_size
+    rows = p.training.batch_size
     step = client_step(p, nets, SHAPE)
     assert step["flops_per_step"] == rows * (4 * sum(convs) - convs[0])
     assert step["flops_per_image"] == step["flops_per_step"] / p.training.batch_size
@@ -59,7 +60,7 @@ def test_smashed_bytes_per_step_follow_the_protocol_and_bytes_come_from_the_ledg
     tmp_path, variant, symmetric, fraction
 ):
     """Per full step of B_c images: activations up (query and key rows) and gradients down,
-    each s x B_c x |h| x 4 bytes (s = 2 with the symmetric loss); every client's bytes by kind
+    each B_c x |h| x 4 bytes, with or without the symmetric loss; every client's bytes by kind
     are its ledger's, and its FLOPs scale with the images it processed (2 of 3 clients a round
     in the second case)."""
     p = params(
@@ -74,10 +75,10 @@ def test_smashed_bytes_per_step_follow_the_protocol_and_bytes_come_from_the_ledg
     images = state.memo["images"]
     rows = client_rows(p, nets, SHAPE, ledger, images)
     act = math.prod(nets.activation_shape(SHAPE))
-    s, batch = (2 if symmetric else 1), p.training.batch_size
+    batch = p.training.batch_size
     step = client_step(p, nets, SHAPE)
     for row, logged in zip(rows, ledger["per_client"], strict=True):
-        assert row["smashed_bytes_per_step"] == 3 * s * batch * act * 4  # query, key up; grad down
+        assert row["smashed_bytes_per_step"] == 3 * batch * act * 4  # query, key up; grad down
         assert row["up_by_kind"] == logged["up_by_kind"]
         assert row["down_by_kind"] == logged["down_by_kind"]
         assert row["bytes_exchanged"] == logged["bytes_up"] + logged["bytes_down"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -161,9 +162,37 @@ def test_the_regime_options_default_to_the_old_behaviour_and_are_checked():
     p = params()
     t = p.training
     assert t.client_lr_schedule == "round" and t.client_lr_period is None
+    assert t.round_steps == "longest"
     assert p.inversion.aux_fraction == 0.01 and p.inversion.epochs == 50  # the paper's
     assert p.moco.symmetric
     raw = params().model_dump()
     raw["training"]["client_lr_period"] = 800
     with pytest.raises(ValueError, match="client_lr_period"):
         MocoSflParams.model_validate(raw)
+
+
+def test_equal_round_steps_give_every_client_the_mean_clients_steps_over_its_own_images():
+    """Clients of 12, 18 and 30 images at B_c 6: one pass each is 2, 3 and 5 steps, so the
+    round lasts 5 steps and the largest client sets it; with equal steps every client takes
+    the mean client's ceil(20 / 6) = 4, the small one cycling through its images in a fresh
+    shuffle, the large one seeing 4 of its 5 batches. Clients of one size: the same batches."""
+    from fedssl.methods.mocosfl.run import sfl_config
+    from fedssl.methods.mocosfl.split import round_schedules
+    from tests.methods.mocosfl.test_mocosfl import toy_data
+
+    clients = toy_data().clients
+    longest = sfl_config(params())
+    equal = sfl_config(params(training=dict(round_steps="equal")))
+    assert [len(s) for s in round_schedules(clients, longest, 0, [0, 1, 2])] == [2, 3, 5]
+    schedules = round_schedules(clients, equal, 0, [0, 1, 2])
+    assert [len(s) for s in schedules] == [4, 4, 4]
+    small = np.concatenate(schedules[0])
+    assert sorted(small[:12]) == sorted(small[12:]) == sorted(clients[0])  # two passes
+    assert not np.array_equal(small[:12], small[12:])  # each in its own shuffle
+    large = round_schedules(clients, longest, 0, [0, 1, 2])[2]
+    assert all(np.array_equal(a, b) for a, b in zip(schedules[2], large[:4]))
+    same_size = [clients[2][:15], clients[2][15:]]
+    for a, b in zip(
+        round_schedules(same_size, equal, 1, [4, 7]), round_schedules(same_size, longest, 1, [4, 7])
+    ):
+        assert len(a) == len(b) == 3 and all(np.array_equal(x, y) for x, y in zip(a, b))

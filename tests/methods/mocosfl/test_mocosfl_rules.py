@@ -14,7 +14,7 @@ from fedssl.data.augment import to_float
 from fedssl.fl.cohort import stack
 from fedssl.fl.momentum import FeatureQueue, misalignment
 from fedssl.methods.mocosfl.split import KnnMonitor, SplitEncoder, unprefixed
-from tests.methods.mocosfl.test_mocosfl import federation, params, toy_data
+from tests.methods.mocosfl.test_mocosfl import SHAPE, federation, params, toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -174,23 +174,121 @@ def recording(forward, seen: list):
     return call
 
 
-def test_the_symmetric_loss_queries_both_views_against_the_other_one(tmp_path):
-    """V2's symmetric loss: the online models see [x'; x''], the momentum models [x''; x'],
-    so each query's positive key is the other view of its image; without it, x' against x''."""
-    for symmetric in (True, False):
-        p = params("mocosfl", moco=dict(queue_size=32, symmetric=symmetric))
-        fed = federation(p, tmp_path, name=f"{symmetric}.pt")
-        seen = []
-        fed.trainer.client_forward = recording(fed.trainer.client_forward, seen)
-        fed.trainer.make_views = lambda x, g: (to_float(x), 1 - to_float(x))
-        fed.run_round(fed.start(None))
-        queries, keys = seen[0], seen[1]  # the first step: online, then momentum forward
-        v1 = queries[:, :6]
-        assert torch.equal(keys[:, :6], 1 - v1)
-        if symmetric:
-            assert torch.equal(queries[:, 6:], 1 - v1) and torch.equal(keys[:, 6:], v1)
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_each_client_sends_one_view_through_each_of_its_models(tmp_path, symmetric):
+    """The online client model sees x', the momentum one x'' (B_c rows each), whether or not
+    the server adds the symmetric loss: it swaps the activations, the clients send no more."""
+    p = params("mocosfl", moco=dict(queue_size=32, symmetric=symmetric))
+    fed = federation(p, tmp_path, name=f"{symmetric}.pt")
+    seen = []
+    fed.trainer.client_forward = recording(fed.trainer.client_forward, seen)
+    fed.trainer.make_views = lambda x, g: (to_float(x), 1 - to_float(x))
+    fed.run_round(fed.start(None))
+    online_views, momentum_views = seen[0], seen[1]  # the first step: online, then momentum
+    assert online_views.shape[1] == momentum_views.shape[1] == 6
+    assert torch.equal(momentum_views, 1 - online_views)
+
+
+def test_the_keys_clients_send_come_from_their_momentum_models(tmp_path):
+    """Key activations: the momentum client model (after this step's EMA) on x''; the
+    queries: the online model on x'."""
+    p = params("mocosfl", moco=dict(queue_size=32, momentum=0.5))
+    fed = federation(p, tmp_path)
+    init = fed.start(None).server["client_init"]
+    g = torch.Generator().manual_seed(3)
+    online = stack([{k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in init.items()}])
+    momentum = stack([init])
+    x1, x2 = torch.rand(2, 1, 4, *SHAPE, generator=g)
+    expected_momentum = {k: 0.5 * momentum[k] + 0.5 * online[k] for k in online}
+    h_q, h_k = fed.trainer._client_forwards(online, online, momentum, x1, x2)
+    assert torch.allclose(h_k, fed.trainer.client_forward(expected_momentum, x2), atol=1e-6)
+    assert not torch.allclose(h_k, fed.trainer.client_forward(online, x2), atol=1e-3)
+    assert torch.equal(h_q, fed.trainer.client_forward(online, x1))
+
+
+class AuthorsServer:
+    """A transcription of the authors' server step (``create_sflmocoserver_instance`` of their
+    ``sflmoco_functions.py``: ``compute`` and ``contrastive_loss``; one shared queue, the batch
+    shuffle left out: GroupNorm has no batch statistics), on the project's server top."""
+
+    def __init__(self, top, online, momentum, queue, temperature, symmetric):
+        import copy
+
+        self.model = copy.deepcopy(top)
+        self.model.load_state_dict(online)
+        self.t_model = copy.deepcopy(top)
+        self.t_model.load_state_dict(momentum)
+        self.queue, self.ptr = queue.keys.T.clone(), queue.ptr  # [d, K], as theirs
+        self.T, self.symmetric = temperature, symmetric
+
+    def contrastive_loss(self, query, pkey):
+        query_out = F.normalize(self.model(query), dim=1)
+        with torch.no_grad():
+            pkey_out = F.normalize(self.t_model(pkey), dim=1).detach()
+        l_pos = torch.einsum("nc,nc->n", [query_out, pkey_out]).unsqueeze(-1)
+        l_neg = torch.einsum("nc,ck->nk", [query_out, self.queue.clone().detach()])
+        logits = torch.cat([l_pos, l_neg], dim=1) / self.T
+        labels = torch.zeros(logits.shape[0], dtype=torch.long)
+        return F.cross_entropy(logits, labels), query_out, pkey_out
+
+    def compute(self, query, pkey, tau):
+        query.requires_grad = True
+        query.retain_grad()
+        with torch.no_grad():
+            for online, target in zip(self.model.parameters(), self.t_model.parameters()):
+                target.data = tau * target.data + (1 - tau) * online.data
+        if self.symmetric:
+            loss12, _, k2 = self.contrastive_loss(query, pkey)
+            loss21, _, k1 = self.contrastive_loss(pkey, query)
+            loss, keys = loss12 + loss21, torch.cat([k1, k2], dim=0)
         else:
-            assert queries.shape[1] == keys.shape[1] == 6
+            loss, _, keys = self.contrastive_loss(query, pkey)
+        with torch.no_grad():
+            n = keys.shape[0]
+            self.queue[:, self.ptr : self.ptr + n] = keys.T  # the test's pushes do not wrap
+            self.ptr = (self.ptr + n) % self.queue.shape[1]
+        loss.backward()
+        return loss.detach(), query.grad.detach().clone()
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_the_servers_step_is_the_authors_compute(tmp_path, symmetric):
+    """On the same activations, weights and queue: the loss (loss12 + loss21 when symmetric),
+    the gradient returned to the clients (loss12's only: the online activations enter loss21 as
+    keys), the server's SGD step (torch's SGD, as theirs), its momentum copy and the queue
+    (the keys of the online activations first) equal the authors' step."""
+    p = params("mocosfl", moco=dict(queue_size=32, symmetric=symmetric, momentum=0.9))
+    fed = federation(p, tmp_path)
+    state, top, t = fed.start(None), fed.strategy.nets.top, p.training
+    g = torch.Generator().manual_seed(5)
+    shape = (2, 5, *fed.strategy.nets.activation_shape(SHAPE))
+    h_q, h_k = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    online = {
+        k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in state.server["server"].items()
+    }
+    momentum = state.server["server_momentum"]
+    queue = FeatureQueue(32, 8, 1)
+    queue.ptr = 3
+    theirs = AuthorsServer(top, online, momentum, queue, p.moco.temperature, symmetric)
+    their_opt = torch.optim.SGD(
+        theirs.model.parameters(), lr=0.1, momentum=t.momentum, weight_decay=t.weight_decay
+    )
+    their_loss, their_grad = theirs.compute(h_q.flatten(0, 1).clone(), h_k.flatten(0, 1), 0.9)
+    their_opt.step()
+
+    server = {k: v.unsqueeze(0).clone() for k, v in online.items()}
+    server_m = {k: v.clone() for k, v in momentum.items()}
+    server_opt = {"step": torch.zeros(1), "m": {k: torch.zeros_like(v) for k, v in server.items()}}
+    valid = torch.ones(shape[:2], dtype=torch.bool)
+    loss, grad = fed.trainer._server_step(h_q, h_k, valid, server, server_m, server_opt, queue, 0.1)
+    assert float(loss.detach()) == pytest.approx(float(their_loss), abs=1e-5)
+    torch.testing.assert_close(grad.flatten(0, 1), their_grad, rtol=1e-4, atol=1e-7)
+    for name, w in theirs.model.named_parameters():
+        torch.testing.assert_close(server[name][0], w.detach(), rtol=1e-4, atol=1e-6)
+    for name, w in theirs.t_model.named_parameters():
+        torch.testing.assert_close(server_m[name], w.detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(queue.keys, theirs.queue.T, rtol=0, atol=1e-6)
+    assert queue.ptr == theirs.ptr == 3 + (2 if symmetric else 1) * 10
 
 
 @pytest.mark.parametrize("variant", ["mocosfl", "monacosfl"])
