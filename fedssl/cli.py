@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -221,14 +222,20 @@ def sort_run_args(presets: Presets, args: list[str]) -> RunArgs:
     return out
 
 
-def option_value(option: str | None, position: int) -> bool:
-    """Whether the word ``position`` words after ``option`` is that option's value, as
-    Snakemake's own parser reads its options (imported only when a word is in doubt)."""
-    if option is None:
-        return False
+@cache
+def snakemake_options() -> dict:
+    """Snakemake's options by name, as its own parser reads them (imported only when a word
+    is in doubt: it takes seconds)."""
     from snakemake.cli import get_argument_parser
 
-    action = {o: a for a in get_argument_parser()._actions for o in a.option_strings}.get(option)
+    return {o: a for a in get_argument_parser()._actions for o in a.option_strings}
+
+
+def option_value(option: str | None, position: int) -> bool:
+    """Whether the word ``position`` words after ``option`` is that option's value."""
+    if option is None:
+        return False
+    action = snakemake_options().get(option)
     if action is None:  # not Snakemake's: its own error will say so
         return True
     return action.nargs in ("*", "+") or (action.nargs != 0 and position == 0)
