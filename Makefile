@@ -14,6 +14,7 @@ $(INSTALLED): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
+	@echo "installed: 'source $(VENV)/bin/activate' puts fedssl, snakemake and dvc on PATH in a shell"
 
 # The embedded default data set, from Debian's package (skipped where apt is not available).
 data:

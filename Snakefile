@@ -23,8 +23,6 @@ MAX_THREADS = getattr(getattr(workflow, "resource_settings", None), "max_threads
 THREADS = int(config.get("threads") or MAX_THREADS or 1)
 STAGES_DAG = Dag(PIPELINE)            # validates every params file first: errors stop here
 check_data(STAGES_DAG)                # and says how to get a missing data set
-# each stage's plan record, which its job reads (pipelines/plan/; part of its fingerprint)
-write_records([STAGES_DAG.record(name) for name in STAGES_DAG.stages])
 STALE = sync_receipts(STAGES_DAG)     # what changed since each stage last ran
 for name, reasons in STALE.items():
     print(f"{name} will run: {'; '.join(reasons[:4])}" + (" ..." if len(reasons) > 4 else ""),
@@ -62,6 +60,12 @@ for stage in STAGES_DAG.stages.values():
             "FEDSSL_THREADS={threads} OMP_WAIT_POLICY=${{OMP_WAIT_POLICY:-PASSIVE}} "
             "{params.cmd} 2>&1 | tee -i {log} && "
             "echo {params.name} >> {params.ran} && echo ran > {output}"
+
+
+# each stage's plan record, which its job reads (pipelines/plan/; part of its fingerprint),
+# written when jobs are about to run: a dry run (no hooks) leaves the working tree as it was
+onstart:
+    write_records([STAGES_DAG.record(name) for name in STAGES_DAG.stages])
 
 
 onsuccess:

@@ -1,7 +1,7 @@
 """The ``fedssl`` command: one front door to the pipelines, the presets and the project's tools.
 
 fedssl run [PIPELINE] [EXPERIMENT | STAGE]... [KEY=VALUE]... [SNAKEMAKE ARGS]...
-fedssl list pipelines|experiments|methods [FILTER]
+fedssl list pipelines|experiments|methods [FILTER] [-v]
 fedssl show EXPERIMENT            # resolved params and the stages it runs (YAML)
 fedssl times PIPELINE             # each stage's wall time and peak memory (TSV)
 fedssl export | report | board | costs | recheck | flower | flower-sim | codegraph | pipeline
@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -27,6 +28,7 @@ import yaml
 from fedssl.methods import registry
 from fedssl.plan.dag import Dag
 from fedssl.presets import OVERRIDES_ENV, ParamsError, Presets, deep_merge, model_of
+from fedssl.record import did_you_mean
 from fedssl.stage import main_guard
 
 # Snakemake options that say how much to run at once; without one, `fedssl run` runs on all
@@ -35,6 +37,8 @@ PARALLELISM = ("--cores", "-c", "--jobs", "-j", "--profile", "--workflow-profile
 # Snakemake options whose values are stage names: a stage name after one stays its value
 RULE_VALUED = ("--until", "-U", "--omit-from", "-O", "--forcerun", "-R", "--prioritize", "-P")
 OVERRIDES_DIR = Path("artifacts/.overrides")
+WIDTH, MORE = 100, " ... (-v)"  # `fedssl list` fits a terminal; -v gives whole lines
+RULE_LIKE = re.compile(r"[A-Za-z_][\w-]*")  # a word Snakemake reads as a rule (not a file)
 
 # verb -> (module, its entry point, what it does): the tools the command hands its arguments to
 TOOLS = {
@@ -93,11 +97,29 @@ def list_methods(presets: Presets) -> list[str]:
         exportable = "exports its encoder" if m.encoder_builder else "no encoder to export"
         variants = [x for x in labels.get(m.name, []) if x != m.label]
         lines.append(
-            f"{m.name}: {m.label or '(reference rows)'}"
-            + (f" (report rows: {', '.join(variants)})" if variants else "")
-            + f"; steps: {steps}; evaluated by: {evaluation}; {exportable}"
+            f"{m.name}: {m.label or '(reference rows)'}; {exportable}; steps: {steps}; "
+            f"evaluated by: {evaluation}"
+            + (f"; report rows: {', '.join(variants)}" if variants else "")
         )
     return lines
+
+
+def cropped(line: str, width: int = WIDTH) -> str:
+    """The line, or as many of its words as fit with ``MORE`` after them."""
+    if len(line) <= width:
+        return line
+    return line[: width - len(MORE) + 1].rsplit(" ", 1)[0].rstrip(" ,;:") + MORE
+
+
+def listing(what: str, lines: list[str], pattern: str | None, verbose: bool) -> list[str]:
+    """The lines holding ``pattern`` (whole lines are searched), each cropped to a terminal's
+    width unless ``verbose``; none is an error that names the nearest names."""
+    found = matching(lines, pattern)
+    if not found and lines:
+        words = {w for x in lines for w in re.findall(r"[\w-]+", x.lower())}
+        near = did_you_mean(pattern.lower(), sorted(words))
+        raise ParamsError(f"no line of `fedssl list {what}` holds '{pattern}'{near}")
+    return found if verbose else [cropped(x) for x in found]
 
 
 def matching(lines: list[str], pattern: str | None) -> list[str]:
@@ -151,6 +173,8 @@ class RunArgs:
     stages: list[str] = field(default_factory=list)
     overrides: dict[str, object] = field(default_factory=dict)  # dotted key -> value
     snakemake: list[str] = field(default_factory=list)
+    # bare words that name no target of ours: (word, the option before it, words since it)
+    unknown: list[tuple[str, str | None, int]] = field(default_factory=list)
 
 
 def is_override(arg: str) -> bool:
@@ -174,12 +198,13 @@ def sort_run_args(presets: Presets, args: list[str]) -> RunArgs:
     stage (``-n evaluate__x``; ``--until evaluate__x`` keeps it)."""
     pipelines = set(presets.pipelines().pipelines)
     experiments = set(presets.names("experiment"))
-    out, after_option = RunArgs(), None
+    out, after_option, since = RunArgs(), None, 0
     for arg in args:
         if arg.startswith("-"):
             out.snakemake.append(arg)
-            after_option = None if "=" in arg else arg
+            after_option, since = (None if "=" in arg else arg), 0
             continue
+        since += 1
         ours = after_option not in RULE_VALUED or "=" in arg  # no stage name holds a '='
         if ours and arg in pipelines and out.pipeline is None:
             out.pipeline = arg
@@ -192,7 +217,48 @@ def sort_run_args(presets: Presets, args: list[str]) -> RunArgs:
             out.stages.append(arg)
         else:
             out.snakemake.append(arg)
+            if ours and RULE_LIKE.fullmatch(arg) and arg != "all":
+                out.unknown.append((arg, after_option, since - 1))
     return out
+
+
+@cache
+def snakemake_options() -> dict:
+    """Snakemake's options by name, as its own parser reads them (imported only when a word
+    is in doubt: it takes seconds)."""
+    from snakemake.cli import get_argument_parser
+
+    return {o: a for a in get_argument_parser()._actions for o in a.option_strings}
+
+
+def option_value(option: str | None, position: int) -> bool:
+    """Whether the word ``position`` words after ``option`` is that option's value."""
+    if option is None:
+        return False
+    action = snakemake_options().get(option)
+    if action is None:  # not Snakemake's: its own error will say so
+        return True
+    return action.nargs in ("*", "+") or (action.nargs != 0 and position == 0)
+
+
+def check_targets(presets: Presets, pipeline: str, args: RunArgs) -> None:
+    """A word that names no pipeline, experiment or stage stops the run in one line, with the
+    names nearest it (Snakemake would take it for a rule and fail with a traceback)."""
+    for word, option, position in args.unknown:
+        if not option_value(option, position):
+            names = [*presets.pipelines().pipelines, *presets.names("experiment")]
+            raise ParamsError(
+                f"'{word}' is no pipeline, experiment or stage{did_you_mean(word, names)}: "
+                "`fedssl list pipelines`, `fedssl list experiments`"
+            )
+    if args.stages:
+        stages = Dag(pipeline, presets.root, presets=presets).stages
+        for stage in args.stages:
+            if stage not in stages:
+                raise ParamsError(
+                    f"no stage '{stage}' in pipeline '{pipeline}'{did_you_mean(stage, stages)}"
+                    f": `fedssl pipeline show {pipeline}` lists them"
+                )
 
 
 def pipeline_of(presets: Presets, experiments: list[str]) -> str:
@@ -262,6 +328,7 @@ def run_pipeline(presets: Presets, argv: list[str]) -> int:
     pipeline = args.pipeline or (
         pipeline_of(presets, args.experiments) if args.experiments else "default"
     )
+    check_targets(presets, pipeline, args)
     targets = list(args.stages)
     if args.experiments:  # an experiment stands for every stage it runs
         dag = Dag(None, presets.root, experiments=args.experiments, presets=presets)
@@ -345,6 +412,9 @@ def parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="list pipelines, experiments (grid members too) or methods")
     ls.add_argument("what", choices=("pipelines", "experiments", "methods"))
     ls.add_argument("filter", nargs="?", help="only lines holding it (a glob with * ? [ ])")
+    ls.add_argument(
+        "-v", "--verbose", action="store_true", help=f"whole lines (else cropped to {WIDTH})"
+    )
     sh = sub.add_parser("show", help="an experiment's effective params and its stages (YAML)")
     sh.add_argument("experiment")
     tm = sub.add_parser("times", help="each stage's wall time and peak memory (TSV)")
@@ -390,7 +460,7 @@ def run(argv: list[str]) -> int:
             "experiments": list_experiments,
             "methods": list_methods,
         }[args.what](presets)
-        print("\n".join(matching(lines, args.filter)))
+        print("\n".join(listing(args.what, lines, args.filter, args.verbose)))
     elif args.cmd == "show":
         print(show_params(presets, args.experiment), end="", flush=True)
         print(show_stages(presets, args.experiment), end="")  # planning takes a while

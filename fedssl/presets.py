@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from fedssl import params as P
 from fedssl.data.catalog import dataset_spec
-from fedssl.record import ParamsError, lookup, read_yaml
+from fedssl.record import ParamsError, did_you_mean, lookup, read_yaml
 
 PARAMS_DIR = Path("params")
 # a YAML file of command-line overrides (`fedssl run ... key=value`): experiment -> settings
@@ -74,8 +74,18 @@ def _format_errors(where: str, err: ValidationError) -> str:
     lines = [f"{where}: invalid parameters"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(file)"
-        lines.append(f"  {loc}: {e['msg']}")
+        lines.append(f"  {loc}: {_message(e)}")
     return "\n".join(lines)
+
+
+def _message(error: dict) -> str:
+    """Pydantic's message; for a mistyped ``name`` of a union (a method, a strategy), the
+    names nearest it first."""
+    if error["type"] != "union_tag_invalid":
+        return error["msg"]
+    tag, expected = str(error["ctx"]["tag"]), error["ctx"]["expected_tags"]
+    near = did_you_mean(tag, re.findall(r"'([^']*)'", expected))
+    return f"'{tag}' is not a known name{near}; known: {expected}"
 
 
 # ---------------------------------------------------------------------------- layers
@@ -199,11 +209,12 @@ class Presets:
             resolved = self._resolve_member(kind, name, [*visiting, name])
         else:
             grids = f" or {self.grids_path}" if kind in GRID_SECTIONS else ""
+            near = did_you_mean(name, self.names(kind))
             raise ParamsError(
-                f"{where}: no preset '{name}' in {path.parent}{grids}"
+                f"{where}: no preset '{name}' in {path.parent}{grids}{near}"
                 if where
                 else f"{path}: no such params file (no {kind} preset '{name}' in "
-                f"{path.parent}{grids})"
+                f"{path.parent}{grids}){near}"
             )
         self._resolved[key] = resolved
         return resolved

@@ -18,6 +18,7 @@ reads its record runs no planning code.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from functools import cache
@@ -34,6 +35,17 @@ PRECISION = "fedssl.precision"
 
 class ParamsError(ValueError):
     """A params file that cannot be used; the message names the file and the field."""
+
+
+def did_you_mean(word: str, names) -> str:
+    """`` (did you mean 'a' or 'b'?)``: the names nearest a mistyped ``word`` (up to three),
+    or '' when none is near."""
+    near = difflib.get_close_matches(word, list(names), n=3, cutoff=0.75)
+    if not near:
+        return ""
+    quoted = [f"'{n}'" for n in near]
+    listed = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + f" or {quoted[-1]}"
+    return f" (did you mean {listed}?)"
 
 
 # ---------------------------------------------------------------------------- records

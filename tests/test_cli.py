@@ -57,6 +57,20 @@ def test_list_names_pipelines_experiments_with_grid_members_and_methods(project)
     assert "no encoder to export" in methods["cpcfl"]
 
 
+def test_list_fits_a_terminal_and_v_gives_whole_lines():
+    def lines(*args):
+        return run([sys.executable, "-m", "fedssl.cli", "list", *args], REPO).stdout.splitlines()
+
+    for what in ("pipelines", "experiments", "methods"):
+        brief, whole = lines(what), lines(what, "-v")
+        assert len(brief) == len(whole) and max(map(len, brief)) <= 100, what
+        for short, line in zip(brief, whole):
+            assert short == line or (
+                short.endswith(" ... (-v)") and line.startswith(short[: -len(" ... (-v)")])
+            )
+    assert max(len(x) for x in lines("methods", "-v")) > 300  # MpFedcon's report rows
+
+
 def test_show_gives_a_grid_members_effective_params_and_its_stages(project):
     doc = yaml.safe_load(fedssl(project, "show", "tiny_simclr_wide_lr10").stdout)
     assert doc["defined_in"] == ["params/grids.yaml", "params/experiments/tiny_simclr.yaml"]
@@ -96,6 +110,53 @@ def test_show_of_an_unknown_experiment_names_the_file(project):
     assert proc.returncode == 2
     assert "params/experiments/tiny_nothing.yaml: no such params file" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_mistyped_name_is_one_line_with_the_names_nearest_it(project):
+    """A pipeline, an experiment or a stage misspelt (before or after a Snakemake flag) stops
+    before Snakemake, which would fail on it with a long traceback; so do a method's name in
+    a params file and a filter that matches nothing."""
+    for args, message in [
+        (["run", "defualt", "-n"], "'defualt' is no pipeline, experiment or stage "
+         "(did you mean 'default'?)"),
+        (["run", "-n", "tiny_simclrr"], "(did you mean 'tiny_simclr'?)"),
+        (["run", "evaluate__tiny_pixel", "-n"], "no stage 'evaluate__tiny_pixel' in pipeline "
+         "'default' (did you mean 'evaluate__tiny_pixels'"),
+        (["show", "tiny_simclrr"], "(did you mean 'tiny_simclr'?)"),
+        (["list", "methods", "fedsimlcr"], "(did you mean 'fedsimclr'?)"),
+    ]:  # fmt: skip
+        proc = fedssl(project, *args, check=False)
+        assert (proc.returncode, proc.stdout) == (2, ""), args
+        assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    # a Snakemake option's value is no target
+    assert fedssl(project, "run", "-n", "--cores", "1", "--rerun-triggers", "mtime").returncode == 0
+    # a method misspelt in a params file: the nearest methods first
+    bad = project / "params/experiments/tiny_bad.yaml"
+    bad.write_text("extends: tiny_simclr\nmethod: {name: fedsimcl}\n")
+    try:
+        proc = fedssl(project, "show", "tiny_bad", check=False)
+    finally:
+        bad.unlink()
+    assert proc.returncode == 2
+    assert "method: 'fedsimcl' is not a known name (did you mean 'fedsimclr'" in proc.stderr
+
+
+def test_a_dry_run_leaves_the_working_tree_as_it_was(tmp_path):
+    """Planning a pipeline whose stages were never written (here its report) writes nothing
+    git sees: the plan records are written when jobs run (a dry run once left one per stage,
+    69 untracked files for `fedssl run mfcl_smoke -n`)."""
+    root = make_tiny_project(tmp_path / "p")
+    with open(root / "params/pipelines.yaml", "a") as f:
+        f.write("  pixels_only: [tiny_pixels]\n")
+    run(["git", "add", "-A"], root)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "clone"], root)
+    status = ["git", "status", "--porcelain", "--untracked-files=all"]
+    assert run(status, root).stdout == ""
+    fedssl(root, "run", "pixels_only", "-n")
+    fedssl(root, "run", "tiny_simclr", "-n")
+    assert run(status, root).stdout == ""
+    fedssl(root, "run", "pixels_only", "-c1")  # a run writes the records its jobs read
+    assert (root / "pipelines/plan/report__pixels_only.json").is_file()
 
 
 def test_run_calls_snakemake_on_the_pipeline(project):
@@ -249,7 +310,7 @@ def test_list_filters_and_names_every_row_label_the_reports_use():
     def lines(*args):
         return run([sys.executable, "-m", "fedssl.cli", "list", *args], REPO).stdout.splitlines()
 
-    methods = "\n".join(lines("methods"))
+    methods = "\n".join(lines("methods", "-v"))
     for label in ("SCAFFOLD (canonical, η_g=1)", "Ditto (λ=1)", "MOON (μ=1)", "FedProx (μ=0.01)"):
         assert label in methods
     assert [x.split(":")[0] for x in lines("methods", "scaffold")] == ["mpfedcon"]

@@ -110,7 +110,8 @@ def test_excerpts_are_verbatim_parts_of_the_files_they_quote():
 
 def clone(root: Path) -> Path:
     """The checkout's files (tracked and new, not ignored) in a git repository of their own
-    at ``root``, so DVC's commands see what a fresh clone has."""
+    at ``root``, so DVC's commands see what a fresh clone has, and the ``.venv`` that `make
+    install` leaves (the one these tests run in)."""
     files = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard", "-z"],
         cwd=REPO,
@@ -125,7 +126,39 @@ def clone(root: Path) -> Path:
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], [*git, "commit", "-qm", "clone"]):
         subprocess.run(cmd, cwd=root, check=True)
+    install_venv(root / ".venv")
     return root
+
+
+def install_venv(venv: Path) -> None:
+    """``venv``: this interpreter's virtual environment, or (when it runs in none) a folder
+    whose ``bin/activate`` puts it on PATH as a venv's would."""
+    if sys.prefix != sys.base_prefix and (Path(sys.prefix) / "bin" / "activate").is_file():
+        venv.symlink_to(sys.prefix, target_is_directory=True)
+        return
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text(f'export PATH="{Path(sys.executable).parent}:$PATH"\n')
+
+
+def bare_path() -> str:
+    """PATH as a new shell has it: without the folders that hold the project's commands (the
+    venv's bin), so a page must say how to get them."""
+    dirs = os.environ["PATH"].split(os.pathsep)
+    return os.pathsep.join(d for d in dirs if not (Path(d) / "fedssl").is_file())
+
+
+# a line that sets up the reader's shell (`source .venv/bin/activate`): the page's later
+# commands run after it, as they would in the reader's terminal
+SETUP = re.compile(r"(source|\.) \S+")
+README = REPO / "README.md"
+
+
+def shell_of(page: Path) -> list[str]:
+    """The setup lines a page's commands start from: none where the page starts from a fresh
+    clone (README, the quick start); else the README's, which its reader has run."""
+    if page == README or any(b.mark == "needs fresh-clone" for b in blocks(page)):
+        return []
+    return [c for b in blocks(README) for c in commands(b.body) if SETUP.fullmatch(c.strip())]
 
 
 @pytest.fixture(scope="module")
@@ -155,13 +188,10 @@ def commands(body: str) -> list[str]:
 
 def run_blocks(page: Path, root: Path, slow: bool, done: set[str]) -> None:
     """Run a page's blocks in order in ``root``, each command line as written (one that
-    already ran in ``root`` is not run again)."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(root),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "FEDSSL_THREADS": "1",
-    }
+    already ran in ``root`` is not run again), in a new shell: after the page's setup lines
+    (:func:`shell_of`) and those it gives itself."""
+    env = {**os.environ, "PYTHONPATH": str(root), "PATH": bare_path(), "FEDSSL_THREADS": "1"}
+    shell = shell_of(page)
     for b in blocks(page):
         kind, _, arg = b.mark.partition(" ")
         if kind in ("needs", "excerpt") or (kind == "slow" and not slow):
@@ -177,10 +207,10 @@ def run_blocks(page: Path, root: Path, slow: bool, done: set[str]) -> None:
             continue
         for cmd in commands(b.body):
             key = re.sub(r"\s+# .*$", "", cmd)  # the same command, whatever it says of itself
-            if key in done:
+            if key in done and not SETUP.fullmatch(key.strip()):
                 continue
             proc = subprocess.run(
-                ["bash", "-c", "set -euo pipefail\n" + cmd],
+                ["bash", "-c", "\n".join(["set -euo pipefail", *shell, cmd])],
                 cwd=root,
                 env=env,
                 capture_output=True,
@@ -191,6 +221,8 @@ def run_blocks(page: Path, root: Path, slow: bool, done: set[str]) -> None:
                 f"{b.where}: {cmd}\n{out[-3000:]}"
             )
             done.add(cmd)
+            if SETUP.fullmatch(key.strip()):
+                shell.append(key)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)

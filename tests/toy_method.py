@@ -43,6 +43,7 @@ class Toy(Method):
     params = ToyParams
     steps = (Step("fit", reads=("partition", "method"), plots=("rounds.tsv",)),)
     encoder_inputs = ("fit",)
+    encoder_builder = f"{__name__}:untrained_encoder"  # what `fedssl export` loads into
 
     def arch(self, params) -> str:
         return f"linear-{params.dim}"
@@ -81,8 +82,19 @@ class Toy(Method):
     def encoder(self, ctx):
         import torch
 
-        from fedssl.models.encoders import frozen
-
         model = build(ctx.exp.method, ctx.image_shape).to(ctx.device)
         model.load_state_dict(torch.load(ctx.input("fit") / "model.pt", weights_only=True))
-        return frozen(model[:2])
+        return encoder_of(model)
+
+
+def encoder_of(model):
+    """The frozen encoder of the autoencoder: its flatten and first linear layer."""
+    from fedssl.models.encoders import frozen
+
+    return frozen(model[:2])
+
+
+def untrained_encoder(p, image_shape, projection: bool = False):
+    """The encoder the ``encoder`` hook returns, untrained (its exported weights load into
+    it); the autoencoder has no projection head."""
+    return encoder_of(build(p, image_shape))

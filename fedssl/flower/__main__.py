@@ -1,7 +1,7 @@
 """A Flower deployment of fedssl, with TLS and authentication throughout
 (docs/how-to/flower-two-machines.md):
 
-    python -m fedssl.flower credentials DIR --host NAME --nodes N   # CA, certificates, keys, token
+    python -m fedssl.flower credentials [DIR] --host NAME --nodes N # CA, certificates, keys, token
     python -m fedssl.flower superlink --credentials DIR --root PROJECT [--host 0.0.0.0]
     python -m fedssl.flower supernode --credentials DIR --client K --root PROJECT --superlink H:P
     python -m fedssl.flower connect --credentials DIR [--superlink H:P]   # `flwr` may now submit
@@ -88,17 +88,18 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m fedssl.flower", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     cr = sub.add_parser("credentials", help="make a CA, the SuperLink's certificate, node keys")
-    cr.add_argument("folder", type=Path)
+    fed = federation()
+    folder = Path(fed["credentials"]).expanduser()  # outside the project: nothing to commit
+    cr.add_argument("folder", type=Path, nargs="?", default=folder, help=f"default: {folder}")
     cr.add_argument("--host", action="append", default=[], help="a name or IP nodes dial")
     cr.add_argument("--nodes", type=int, required=True, help="node key pairs to make")
-    fed = federation()
     for name, helptext in (
         ("superlink", "run the SuperLink (TLS, node authentication, token)"),
         ("supernode", "run SuperNode K (TLS, its key, its project root)"),
         ("connect", "let flwr reach the SuperLink (connection 'fedssl' + token)"),
     ):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--credentials", type=Path, default=Path(fed["credentials"]))
+        p.add_argument("--credentials", type=Path, default=folder)
     sl, sn, co = (sub.choices[n] for n in ("superlink", "supernode", "connect"))
     sl.add_argument("--root", type=Path, required=True, help="the project the ServerApp runs")
     sl.add_argument("--host", default="127.0.0.1", help="0.0.0.0 for nodes on other machines")

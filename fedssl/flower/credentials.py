@@ -1,7 +1,8 @@
 """The credentials of a Flower deployment, made by the project (``cryptography``, which Flower
-depends on): ``python -m fedssl.flower credentials DIR --host NAME... --nodes N``.
+depends on): ``python -m fedssl.flower credentials [DIR] --host NAME... --nodes N``.
 
-Into ``DIR`` (the private files readable by their owner only):
+Into ``DIR`` (by default ``~/.config/fedssl/flower-credentials``, outside any project; a folder
+git would offer for a commit is refused), readable by their owner only where private:
 
 - ``ca.crt`` / ``ca.key``: a certificate authority of this deployment alone. Every party gets
   ``ca.crt`` (it verifies the SuperLink); ``ca.key`` stays where it was made.
@@ -22,7 +23,10 @@ import hashlib
 import ipaddress
 import os
 import secrets
+import subprocess
 from pathlib import Path
+
+from fedssl.runtime import StageFailed
 
 CA, SUPERLINK, TOKEN, TOKEN_DIGEST = "ca", "superlink", "control.token", "control.sha256"
 VALID_DAYS = 365
@@ -37,10 +41,16 @@ def make(folder: Path | str, hosts: list[str], nodes: int) -> Path:
     a Control API token into ``folder``; refuses a folder that already holds a CA."""
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    folder = Path(folder)
+    folder = Path(folder).expanduser()
     if (folder / f"{CA}.key").exists():
         raise FileExistsError(f"{folder} already holds credentials ({CA}.key): use another folder")
-    folder.mkdir(parents=True, exist_ok=True)
+    if committable(folder):
+        raise StageFailed(
+            f"{folder} is in a git repository that does not ignore it: its keys and token "
+            "could be committed; choose a folder outside the repository (the default) or "
+            "git-ignore it"
+        )
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_cert = _certificate("fedssl deployment CA", ca_key.public_key(), ca_key, None, [])
     _write_pair(folder, CA, ca_key, ca_cert)
@@ -54,6 +64,20 @@ def make(folder: Path | str, hosts: list[str], nodes: int) -> Path:
     _write(folder / TOKEN, token.encode(), private=True)
     _write(folder / TOKEN_DIGEST, digest(token).encode(), private=False)
     return folder
+
+
+def committable(folder: Path) -> bool:
+    """Whether git would offer files written into ``folder`` for a commit: it lies in a git
+    work tree that does not ignore it (``git check-ignore`` exits 1; 0 is ignored, 128 no
+    repository)."""
+    probe = Path(folder).resolve() / f"{CA}.key"
+    where = next(p for p in probe.parents if p.is_dir())
+    try:
+        check = subprocess.run(["git", "check-ignore", "-q", str(probe)], cwd=where,
+                               capture_output=True)  # fmt: skip
+    except FileNotFoundError:  # no git here: nothing to commit with
+        return False
+    return check.returncode == 1
 
 
 def digest(token: str) -> str:

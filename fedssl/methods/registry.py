@@ -7,6 +7,7 @@ import importlib
 import pkgutil
 
 from fedssl.methods.base import Method
+from fedssl.record import did_you_mean
 
 _METHODS: dict[str, Method] = {}
 _NOT_PLUGINS = {"base", "registry", "federated", "federated_supervised"}  # the contract, runtimes
@@ -42,7 +43,8 @@ def all() -> list[Method]:  # noqa: A001 - registry.all() reads well at call sit
 def get(name: str) -> Method:
     _discover()
     if name not in _METHODS:
-        raise KeyError(f"no method '{name}' (known: {', '.join(sorted(_METHODS))})")
+        near = did_you_mean(name, _METHODS)
+        raise KeyError(f"no method '{name}'{near} (known: {', '.join(sorted(_METHODS))})")
     return _METHODS[name]
 
 

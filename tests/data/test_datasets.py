@@ -23,7 +23,16 @@ DATASETS = datasets()
 
 
 def test_every_entry_has_a_fixture():
+    missing = sorted(set(DATASETS) - set(WRITERS))
+    assert not missing, f"no writer in tests/formats.py:WRITERS for {missing}"
     assert set(WRITERS) == set(DATASETS)
+
+
+def test_the_how_to_names_what_a_new_data_set_needs():
+    """A reader of the how-to learns every file the tests ask of a new data set: the writer
+    of its fixture (the test above) besides its own file."""
+    how_to = (REPO / "docs/how-to/add-a-data-set.md").read_text()
+    assert "tests/formats.py:WRITERS" in how_to and "fedssl/data/sets/" in how_to
 
 
 @pytest.mark.parametrize("name", sorted(DATASETS))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,31 @@ def test_the_toy_method_runs_through_snakemake(project):
     assert feats["dim"] == 6
     status = run(["dvc", "status", "--json", "pipelines/toy/dvc.yaml"], project).stdout
     assert set(json.loads(status or "{}")) <= {"dag"}  # DVC sees what Snakemake ran as done
+
+
+EXPORT_AND_LOAD = """
+import torch
+from fedssl.export import export, load_encoder
+from fedssl.stage import StageContext
+
+out = export("tiny_toy")
+ctx = StageContext("features", "tiny_toy")
+ctx.device = torch.device("cpu")
+x = torch.rand(4, 1, 28, 28)
+assert torch.equal(load_encoder(out)(x), ctx.method.encoder(ctx)(x))
+assert torch.equal(torch.export.load(out / "encoder.pt2").module()(x), load_encoder(out)(x))
+"""
+
+
+def test_the_toy_methods_encoder_exports_and_loads_back(project):
+    """The how-to's method declares its `encoder_builder`, so `fedssl export` takes it away
+    (without one the export is refused), with no warning printed."""
+    card = run([sys.executable, "-m", "fedssl.cli", "export", "tiny_toy"], project)
+    assert card.stderr == ""
+    info = json.loads((project / "artifacts/exports/tiny_toy/encoder.json").read_text())
+    assert info["builder"]["function"] == "fedssl.methods.toy:untrained_encoder"
+    assert info["architecture"]["feature_dim"] == 6
+    run([sys.executable, "-c", EXPORT_AND_LOAD], project)
 
 
 def test_the_toy_method_reruns_through_dvc_after_a_param_edit(project):
