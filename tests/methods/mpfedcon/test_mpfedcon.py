@@ -49,12 +49,14 @@ def params(variant: str = "mpfedcon", **kw) -> MpFedconParams:
     return MpFedconParams(**{**base, **kw})
 
 
-def toy_federation(tmp_path, p: MpFedconParams, name: str = "ck.pt"):
-    """Three parties of two classes each (4 bar classes), 20 training / 10 test images."""
+def toy_federation(tmp_path, p: MpFedconParams, name: str = "ck.pt", sizes=(20, 20, 20)):
+    """Three parties of two classes each (4 bar classes), ``sizes`` training (at most 60) and
+    10 test images."""
     images, labels = toy_images(120, 0)
     test_images, test_labels = toy_images(80, 1)
-    tr = [np.flatnonzero(np.isin(labels, pair))[:20] for pair in ([0, 1], [1, 2], [2, 3])]
-    te = [np.flatnonzero(np.isin(test_labels, pair))[:10] for pair in ([0, 1], [1, 2], [2, 3])]
+    pairs = ([0, 1], [1, 2], [2, 3])
+    tr = [np.flatnonzero(np.isin(labels, pair))[:n] for pair, n in zip(pairs, sizes)]
+    te = [np.flatnonzero(np.isin(test_labels, pair))[:10] for pair in pairs]
     data = LocalData(torch.from_numpy(images[:, None]), torch.from_numpy(labels), tr)
     tests = T.TestData(torch.from_numpy(test_images[:, None]), torch.from_numpy(test_labels), te)
     model = R.seeded_model(p, (1, 28, 28), 4, CPU)
@@ -101,6 +103,35 @@ def test_only_the_shared_layers_travel_and_the_rest_stays(tmp_path, variant, sha
         assert set(state.clients[0]) == set(fed.strategy.personal)
     else:
         assert state.clients == {}
+
+
+def test_the_server_averages_the_shared_layers_weighted_by_each_partys_data_size(tmp_path):
+    """Alg. 1 l.29: theta^{t+1} = sum_i |D_i| theta_i / sum_i |D_i| over the round's parties,
+    |D_i| read from the partition (40, 10 and 20 images), not the uploads' plain mean."""
+    fed, model = toy_federation(tmp_path, params("mpfedcon", rounds=1), sizes=(40, 10, 20))
+    s, seen = fed.strategy, []
+    aggregate = s.aggregate
+
+    def spy(state, updates):
+        seen.append(
+            (updates.clients, [{k: v.clone() for k, v in u.items()} for u in updates.uploads])
+        )
+        aggregate(state, updates)
+
+    s.aggregate = spy
+    state = fed.run(fed.start(model))
+    ((clients, uploads),) = seen
+    assert clients == [0, 1, 2]
+    n = torch.tensor([len(fed.data.clients[c]) for c in clients], dtype=torch.float64)
+    assert n.tolist() == [40, 10, 20]
+    for k in s.shared:
+        thetas = torch.stack([u[k].double() for u in uploads])
+        weighted = torch.einsum("i,i...->...", n, thetas) / n.sum()
+        got = state.server["global"][k].double()
+        assert torch.allclose(got, weighted, rtol=1e-5, atol=1e-7), k
+        assert not torch.allclose(got, thetas.mean(0), rtol=1e-3, atol=1e-5), k  # it tells
+    for k in s.personal:  # the server's copy of a personal layer is never averaged
+        assert torch.equal(state.server["global"][k], model.state_dict()[k]), k
 
 
 def test_mpfedcon_sends_the_base_and_class_centres_and_counts_their_bytes(tmp_path):
