@@ -360,17 +360,19 @@ def _add_flag(cell: dict, column: str, kind: str, note: str, line: str, diagnosi
 
 
 def _flag_inversions(cell_list: list[dict], order: PaperOrdering) -> None:
-    """Flags ``order.above``'s line on each table and partition where it is below
-    ``order.below``'s, with the difference paired by seed."""
+    """Flags ``order.above``'s line on each table and partition where its mean accuracy is
+    below ``order.below``'s, with the difference paired by seed in its note."""
     lines = {(c["evaluation"], c["partition"], c["method"]): c for c in cell_list}
     for (evaluation, partition, method), cell in lines.items():
         other = lines.get((evaluation, partition, order.below))
         if method != order.above or other is None:
             continue
         column = accuracy_of(cell)
-        found = stats.compare(cell["by_seed"][column], other["by_seed"].get(column, {}))
-        if found.difference >= 0:
+        if statistics.mean(cell["values"][column]) >= statistics.mean(
+            other["values"].get(column, [-math.inf])
+        ):
             continue
+        found = stats.compare(cell["by_seed"][column], other["by_seed"].get(column, {}))
         points = f"{found.difference:+.1f}"
         points += " [{:+.1f}, {:+.1f}]".format(*found.interval) if found.interval else ""
         note = (

@@ -873,3 +873,36 @@ def test_a_flags_file_that_names_no_line_or_a_wrong_field_stops_naming_it(tmp_pa
     assert (
         board.load_flags("other", path) is None and board.load_flags("b", tmp_path / "no") is None
     )
+
+
+def test_the_committed_board_flags_every_line_below_its_reference_and_the_inversions():
+    """The committed second board, as rendered: a line is flagged below its reference exactly
+    where its paired difference from it is negative, each paper ordering of the flags file is
+    flagged exactly where its line's mean is below the other's, and every flag links a page
+    of the docs (its anchor, where it names one, a heading id of that page)."""
+    lines = json.loads(Path("results/reports/board/board.json").read_text())["lines"]
+    flags = board.load_flags("board")
+    accuracies = [c for _, columns in board.EVALUATIONS.values() for c in columns]
+    for key, line in lines.items():
+        kinds = [f["kind"] for f in line.get("flags", [])]
+        below = line.get("vs_reference", {}).get("difference", 0) < 0
+        assert ("below reference" in kinds) == below, key
+        method, _, partition = key.split(" | ")
+        for order in flags.orderings:
+            other = next(
+                (
+                    v
+                    for k, v in lines.items()
+                    if k.startswith(f"{order.below} | ") and k.endswith(f" | {partition}")
+                ),
+                None,
+            )
+            if method == order.above and other:
+                accuracy = next(c for c in accuracies if f"{c}_mean" in line)
+                inverted = line[f"{accuracy}_mean"] < other[f"{accuracy}_mean"]
+                assert ("inverted" in kinds) == inverted, key
+    assert sum("inverted" in str(v.get("flags")) for v in lines.values()) == 8
+    for link in {f["diagnosis"] for v in lines.values() for f in v.get("flags", [])}:
+        page, _, anchor = link.partition("#")
+        text = (Path("docs/results") / page).read_text()
+        assert not anchor or "{#" + anchor + "}" in text, link
