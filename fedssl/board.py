@@ -9,7 +9,9 @@ report's folder:
 - ``board.md`` (and ``board_tables.md``, its tables alone, for the docs): one table per
   evaluation (self-supervised methods by their probes,
   personalised methods by each client's model on its own test split), a line per method,
-  encoder and partition, mean ± SD over seeds, the costs beside;
+  encoder and partition, mean ± SD over seeds, the costs beside; a ⚑ on what the board cannot
+  vouch for (:data:`FLAGS_FILE`: a paper's ordering it inverts, a known diagnosis, a line
+  below its zero-cost reference), its note under the table linking the diagnosis;
 - ``board.json``: the same numbers, a DVC metric (``dvc metrics diff`` between two boards);
 - ``stage_runs.json``: the run records it read (wall seconds, machine), which the next
   rendering falls back on, so a board made part by part keeps every part's wall time;
@@ -169,7 +171,8 @@ def is_reference(cell: dict) -> bool:
     (SOLO: no byte exchanged). Every other line of its encoder is read against it."""
     values = cell["values"]
     untrained = bool(values.get("rounds")) and not any(values["rounds"])
-    return untrained or (bool(values.get(MB, [None])) and not any(values[MB]))
+    exchanged = values.get(MB)  # none recorded (no ledger, no traffic): not known to be zero
+    return untrained or (bool(exchanged) and not any(exchanged))
 
 
 # ------------------------------------------------------------------ confidence

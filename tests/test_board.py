@@ -212,6 +212,22 @@ def test_a_line_that_trained_no_round_is_its_encoders_reference_even_when_it_sen
     assert got["M"]["vs_reference"]["difference"] == pytest.approx(-5.1667, abs=1e-3)
 
 
+def test_a_line_with_no_traffic_recorded_is_compared_not_taken_for_a_reference():
+    """Rows with an accuracy and neither bytes nor rounds (a report without a costs stage):
+    the comparisons run (they stopped on a KeyError) and no line is a reference."""
+    cells = board.cells(
+        [
+            _row(f"{m}_s{i}", m, "P", linear_top1=v + i)
+            for m, v in (("A", 70.0), ("B", 60.0))
+            for i in range(2)
+        ],
+        {},
+    )
+    board.compare_lines(cells)
+    assert not any(board.is_reference(c) for c in cells)
+    assert [c["vs_best"]["verdict"] for c in cells] == ["best", "separable"]
+
+
 def test_personalised_accuracy_is_the_last_rounds_mean():
     rows = [
         {**_row(f"p_s{i}", "P", "X", personal_top1=90.0 + i), "personal_last10": 80.0 + i}
