@@ -9,7 +9,9 @@ report's folder:
 - ``board.md`` (and ``board_tables.md``, its tables alone, for the docs): one table per
   evaluation (self-supervised methods by their probes,
   personalised methods by each client's model on its own test split), a line per method,
-  encoder and partition, mean ± SD over seeds, the costs beside;
+  encoder and partition, mean ± SD over seeds, the costs beside; a ⚑ on what the board cannot
+  vouch for (:data:`FLAGS_FILE`: a paper's ordering it inverts, a known diagnosis, a line
+  below its zero-cost reference), its note under the table linking the diagnosis;
 - ``board.json``: the same numbers, a DVC metric (``dvc metrics diff`` between two boards);
 - ``stage_runs.json``: the run records it read (wall seconds, machine), which the next
   rendering falls back on, so a board made part by part keeps every part's wall time;
@@ -36,9 +38,12 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from pydantic import BaseModel, ValidationError
+
 from fedssl import evaluations, stats
 from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED
 from fedssl.plan.layout import owner_of, report_dir
+from fedssl.record import ParamsError, read_yaml
 from fedssl.report_format import markdown_table, mean_sd, number, sd_note, to_float
 
 SD = "sample"
@@ -166,7 +171,8 @@ def is_reference(cell: dict) -> bool:
     (SOLO: no byte exchanged). Every other line of its encoder is read against it."""
     values = cell["values"]
     untrained = bool(values.get("rounds")) and not any(values["rounds"])
-    return untrained or (bool(values.get(MB, [None])) and not any(values[MB]))
+    exchanged = values.get(MB)  # none recorded (no ledger, no traffic): not known to be zero
+    return untrained or (bool(exchanged) and not any(exchanged))
 
 
 # ------------------------------------------------------------------ confidence
@@ -247,8 +253,176 @@ def metrics(cell_list: list[dict]) -> dict:
         for name in ("vs_best", "vs_reference", "to_target"):
             if cell.get(name):
                 numbers[name] = cell[name]
+        if cell.get("flags"):
+            numbers["flags"] = [
+                {k: f[k] for k in ("kind", "column", "diagnosis")} for f in cell["flags"]
+            ]
         out[cell_key(cell)] = numbers
     return out
+
+
+# ------------------------------------------------------------------ flags
+# What the board cannot vouch for, marked in its cell with a note under the table that links
+# the line's diagnosis. The papers' orderings and the hand-written diagnoses are data (a file
+# of judgments others edit as diagnoses arrive, validated on load); which ordering the board
+# inverts, and which line sits below its zero-cost reference, the board computes.
+FLAGS_FILE = Path("params/board_flags.yaml")
+MARK = "⚑"
+DOCS_FROM_REPORT = "../../../docs/results/"  # results/reports/PIPELINE/ -> docs/results/
+
+
+class PaperOrdering(BaseModel, extra="forbid"):
+    """A paper's ``above`` > ``below`` (two lines of one board table, by method): the
+    ``above`` line is flagged on every partition where its mean accuracy is below
+    ``below``'s."""
+
+    above: str
+    below: str
+    paper: str  # where and by how much the paper puts it above
+    diagnosis: str  # a link, relative to docs/results/
+
+
+class KnownDiagnosis(BaseModel, extra="forbid"):
+    """The lines a hand-written diagnosis is about (every line matching the given fields),
+    flagged in ``column`` (a board column; the line's accuracy when not given)."""
+
+    method: str | None = None
+    encoder: str | None = None
+    partition: str | None = None
+    column: str | None = None
+    says: str
+    diagnosis: str
+
+
+class BoardFlags(BaseModel, extra="forbid"):
+    """One pipeline's entry of :data:`FLAGS_FILE`; ``below_reference``: the diagnosis a line
+    below its zero-cost reference (:func:`is_reference`) links."""
+
+    orderings: list[PaperOrdering] = []
+    known: list[KnownDiagnosis] = []
+    below_reference: str
+
+
+def load_flags(pipeline: str, path: Path = FLAGS_FILE) -> BoardFlags | None:
+    """The pipeline's flags (None: no file, or no entry for it: the board flags nothing)."""
+    raw = read_yaml(path).get(pipeline) if path.exists() else None
+    if raw is None:
+        return None
+    try:
+        return BoardFlags.model_validate(raw)
+    except ValidationError as e:
+        fields = "; ".join(
+            f"{pipeline}.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()
+        )
+        raise ParamsError(f"{path}: {fields}") from None
+
+
+BELOW_REFERENCE = (
+    "Below its zero-cost reference (the same encoder untrained; each client alone, SOLO), "
+    "by the vs reference column"
+)
+
+
+def flag_lines(cell_list: list[dict], flags: BoardFlags | None, path: Path = FLAGS_FILE) -> None:
+    """Into ``cell["flags"]`` (a list of ``{"column", "kind", "note", "line", "diagnosis"}``:
+    the note the flag shares with the other lines of its cause, and what it says of this
+    line): the papers' orderings the board inverts, the known diagnoses, and every trained
+    line whose accuracy is below its reference's (``vs_reference``: :func:`compare_lines`
+    first). A flag that names no line of the board stops here, naming the file."""
+    if flags is None:
+        return
+    _check_names(cell_list, flags, path)
+    for cell in cell_list:
+        cell["flags"] = []
+    for order in flags.orderings:
+        _flag_inversions(cell_list, order)
+    for known in flags.known:
+        for cell in cell_list:
+            if all(
+                getattr(known, k) in (None, cell[k]) for k in ("method", "encoder", "partition")
+            ):
+                column = known.column or accuracy_of(cell)
+                if column in cell["values"]:
+                    note = known.says[0].upper() + known.says[1:]
+                    _add_flag(cell, column, "known", note, _line_name(cell), known.diagnosis)
+    for cell in cell_list:
+        v = cell.get("vs_reference")
+        if v and v["difference"] < 0:
+            line = f"{_line_name(cell)} against {v['against']}: {verdict_text(v)}"
+            column = accuracy_of(cell)
+            _add_flag(cell, column, "below reference", BELOW_REFERENCE, line, flags.below_reference)
+
+
+def _line_name(cell: dict) -> str:
+    return f"**{cell['method']}** ({cell['partition']})"
+
+
+def _add_flag(cell: dict, column: str, kind: str, note: str, line: str, diagnosis: str) -> None:
+    flag = {"column": column, "kind": kind, "note": note, "line": line, "diagnosis": diagnosis}
+    cell["flags"].append(flag)
+
+
+def _flag_inversions(cell_list: list[dict], order: PaperOrdering) -> None:
+    """Flags ``order.above``'s line on each table and partition where its mean accuracy is
+    below ``order.below``'s, with the difference paired by seed in its note."""
+    lines = {(c["evaluation"], c["partition"], c["method"]): c for c in cell_list}
+    for (evaluation, partition, method), cell in lines.items():
+        other = lines.get((evaluation, partition, order.below))
+        if method != order.above or other is None:
+            continue
+        column = accuracy_of(cell)
+        if statistics.mean(cell["values"][column]) >= statistics.mean(
+            other["values"].get(column, [-math.inf])
+        ):
+            continue
+        found = stats.compare(cell["by_seed"][column], other["by_seed"].get(column, {}))
+        points = f"{found.difference:+.1f}"
+        points += " [{:+.1f}, {:+.1f}]".format(*found.interval) if found.interval else ""
+        note = (
+            f"The paper puts {order.above} above {order.below} ({order.paper}); here it is "
+            f"below, in points (paired by seed, 95 % interval)"
+        )
+        line = f"{_line_name(cell)} {points.replace('-', '−')}"
+        _add_flag(cell, column, "inverted", note, line, order.diagnosis)
+
+
+def _check_names(cell_list: list[dict], flags: BoardFlags, path: Path) -> None:
+    columns = {c for _, cols in EVALUATIONS.values() for c in cols}
+    named = [("orderings", i, "above", o.above) for i, o in enumerate(flags.orderings)]
+    named += [("orderings", i, "below", o.below) for i, o in enumerate(flags.orderings)]
+    for i, known in enumerate(flags.known):
+        named += [("known", i, k, getattr(known, k)) for k in ("method", "encoder", "partition")]
+        if known.column is not None and known.column not in columns:
+            raise ParamsError(
+                f"{path}: known.{i}.column: '{known.column}' is no accuracy column of the "
+                f"board ({', '.join(sorted(columns))})"
+            )
+    field = {"above": "method", "below": "method"}
+    for section, i, key, name in named:
+        if name is not None and not any(c[field.get(key, key)] == name for c in cell_list):
+            raise ParamsError(f"{path}: {section}.{i}.{key}: no line of the board has '{name}'")
+
+
+def flag_marks(cell: dict, column: str, notes: dict[tuple, dict]) -> str:
+    """The marks of ``cell``'s flags in ``column`` (" ⚑1 ⚑2"), each note numbered the first
+    time a line has it, in ``notes`` ((note, diagnosis) -> its number and lines; shared by a
+    board's tables, so that a number means one note)."""
+    marks = []
+    for f in cell.get("flags", []):
+        if f["column"] == column:
+            note = notes.setdefault((f["note"], f["diagnosis"]), {"n": len(notes) + 1, "lines": []})
+            note["lines"].append(f["line"])
+            marks.append(note["n"])
+    return "".join(f" {MARK}{n}" for n in sorted(marks))
+
+
+def flag_notes(notes: dict[tuple, dict], links: str = "") -> str:
+    """The notes under a table: each flag's words, its lines, and its diagnosis (``links``:
+    what puts the docs' results pages before a diagnosis's link, for a page elsewhere)."""
+    return "".join(
+        f"- {MARK}{v['n']} {note}: {'; '.join(v['lines'])}. [Diagnosis]({links}{diagnosis})\n"
+        for (note, diagnosis), v in notes.items()
+    )
 
 
 # ------------------------------------------------------------------ accuracy over the run
@@ -370,11 +544,13 @@ def _target_text(cell: dict) -> list[str]:
     return [f"{t['rounds']:g}", number(t["MB"], ".3g")]
 
 
-def table(evaluation: str, cell_list: list[dict], machine: str) -> str:
+def table(evaluation: str, cell_list: list[dict], machine: str, notes: dict | None = None) -> str:
     """One evaluation's table: a line per method, encoder and partition; its accuracy as
     mean ± SD over seeds with its 95 % interval and its comparisons (with the best line of
     its partition, with its reference), its other accuracies, then the costs as means and,
-    where its runs log accuracy per round, the rounds and MB to the target."""
+    where its runs log accuracy per round, the rounds and MB to the target. A flagged cell
+    carries its marks, numbered in ``notes`` (:func:`flag_marks`)."""
+    notes = {} if notes is None else notes
     heading, accuracies = EVALUATIONS[evaluation]
     mine = [c for c in cell_list if c["evaluation"] == evaluation]
     shown = [c for c in accuracies if any(c in cell["values"] for cell in mine)]
@@ -386,9 +562,10 @@ def table(evaluation: str, cell_list: list[dict], machine: str) -> str:
         v, first = cell["values"], accuracy_of(cell)
         lines.append(
             [cell["method"], cell["encoder"], cell["partition"], str(cell["runs"])]
-            + [mean_sd(v.get(shown[0], []), SD, ".1f"), _interval_text(v.get(first, []))]
+            + [mean_sd(v.get(shown[0], []), SD, ".1f") + flag_marks(cell, shown[0], notes)]
+            + [_interval_text(v.get(first, []))]
             + [verdict_text(cell.get("vs_best")), verdict_text(cell.get("vs_reference"))]
-            + [mean_sd(v.get(c, []), SD, ".1f") for c in shown[1:]]
+            + [mean_sd(v.get(c, []), SD, ".1f") + flag_marks(cell, c, notes) for c in shown[1:]]
             + [number(statistics.mean(v[c]), ".4g") if c in v else "" for c in costs]
             + (_target_text(cell) if targets else [])
         )
@@ -407,6 +584,11 @@ def table(evaluation: str, cell_list: list[dict], machine: str) -> str:
         "the ledger counted, one-shot transfers included; costs are means "
         "per client and run (blank: the method has no costs stage); wall s = the run's own "
         f"stages (a stage shared by several runs counts in each); hardware: {machine}"
+        + (
+            f"; {MARK}n: a flag, its note under the table"
+            if any(c.get("flags") for c in mine)
+            else ""
+        )
     )
     header = ["method", "encoder", "partition", "runs", accuracies[shown[0]], "95 % CI"]
     header += ["vs best", "vs reference"] + [accuracies[c] for c in shown[1:]]
@@ -478,11 +660,13 @@ def tables_text(
     total_wall: float,
     pending: list[str] = (),
     failed: list[dict] = (),
+    links: str = "",
 ) -> str:
     """The board's tables, what is significant, and its total wall time
     (``board_tables.md``, which the docs' block copies); a board made part by part says
     how many runs are still to come, and a run that stopped with an error (a diverged loss)
-    is named with it: its line has one run fewer, and the reader should know why."""
+    is named with it: its line has one run fewer, and the reader should know why. Under a
+    table, its flags' notes (``links``: :func:`flag_notes`)."""
     parts = []
     if pending:
         parts.append(f"*Partial board: {len(pending)} runs not made yet (named in report.md).*\n")
@@ -492,11 +676,18 @@ def tables_text(
             f"*{len(failed)} run(s) stopped with an error and are left out of their lines "
             f"(the runs column counts the others): {named}.*\n"
         )
-    parts += [
-        f"**{heading}**\n\n{table(evaluation, cell_list, machine)}\n"
-        for evaluation, (heading, _) in EVALUATIONS.items()
-        if any(c["evaluation"] == evaluation for c in cell_list)
-    ]
+    notes: dict[tuple, dict] = {}
+    for evaluation, (heading, _) in EVALUATIONS.items():
+        if any(c["evaluation"] == evaluation for c in cell_list):
+            before = {k: len(v["lines"]) for k, v in notes.items()}
+            text = table(evaluation, cell_list, machine, notes)
+            mine = {  # the notes of this table, with its lines alone
+                k: {"n": v["n"], "lines": v["lines"][before.get(k, 0) :]}
+                for k, v in notes.items()
+                if len(v["lines"]) > before.get(k, 0)
+            }
+            flagged = f"\n*Flags:*\n\n{flag_notes(mine, links)}" if mine else ""
+            parts.append(f"**{heading}**\n\n{text}\n{flagged}")
     parts.append(significance_text(cell_list))
     return (
         "\n".join(p for p in parts if p)
@@ -755,13 +946,18 @@ def write_board(
     pending=(),
     failed=(),
     logs: dict[str, list[dict]] | None = None,
+    flags_file: Path = FLAGS_FILE,
 ) -> dict:
     """board.md, board.json and the figures in ``folder`` (``logs``: experiment -> its round
-    log's rows, for the accuracy over the run); returns board.json's content."""
+    log's rows, for the accuracy over the run; ``flags_file``: :data:`FLAGS_FILE`, the
+    pipeline's entry flags its lines); returns board.json's content."""
     cell_list = cells(rows, wall)
     compare_lines(cell_list)
+    flag_lines(cell_list, load_flags(pipeline, flags_file), flags_file)
     rounds_to_target(cell_list, logs or {})
     tables = tables_text(cell_list, hardware(records), total, pending, failed)
+    # board.md sits in the report's folder: its links reach the docs' results pages
+    page = tables_text(cell_list, hardware(records), total, pending, failed, DOCS_FROM_REPORT)
     folder.mkdir(parents=True, exist_ok=True)
     headers = cost_columns()
     plot(cell_list, MB, headers[MB], folder / "board_accuracy_vs_MB.png")
@@ -772,7 +968,7 @@ def write_board(
         stale.unlink()  # a family no longer drawn leaves no figure behind
     drawn += plot_over_run(cell_list, logs or {}, folder)
     (folder / "board_tables.md").write_text(tables)
-    (folder / "board.md").write_text(render(pipeline, tables, [*drawn, "curves.png"]))
+    (folder / "board.md").write_text(render(pipeline, page, [*drawn, "curves.png"]))
     board = {"total_wall_hours": round(total / 3600, 3), "lines": metrics(cell_list)}
     (folder / "board.json").write_text(json.dumps(board, indent=1, ensure_ascii=False) + "\n")
     write_kept_records(folder, records)
@@ -971,17 +1167,21 @@ def main(argv: list[str] | None = None) -> int:
     reported = {r["experiment"] for r in saved["rows"]}
     reported |= {f["experiment"] for f in saved.get("failed", [])}
     wall, records, total = run_records(dag, kept_records(folder), reported)
-    write_board(
-        folder,
-        args.pipeline,
-        saved["rows"],
-        wall,
-        records,
-        total,
-        saved.get("pending", []),
-        saved.get("failed", []),
-        {name: read_round_log(paths) for name, paths in round_logs(dag).items()},
-    )
+    try:
+        write_board(
+            folder,
+            args.pipeline,
+            saved["rows"],
+            wall,
+            records,
+            total,
+            saved.get("pending", []),
+            saved.get("failed", []),
+            {name: read_round_log(paths) for name, paths in round_logs(dag).items()},
+        )
+    except ParamsError as e:  # the flags file: its message names the field
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(f"wrote {folder}/board.md, board.json and its figures")
     return 0
 

@@ -212,6 +212,22 @@ def test_a_line_that_trained_no_round_is_its_encoders_reference_even_when_it_sen
     assert got["M"]["vs_reference"]["difference"] == pytest.approx(-5.1667, abs=1e-3)
 
 
+def test_a_line_with_no_traffic_recorded_is_compared_not_taken_for_a_reference():
+    """Rows with an accuracy and neither bytes nor rounds (a report without a costs stage):
+    the comparisons run (they stopped on a KeyError) and no line is a reference."""
+    cells = board.cells(
+        [
+            _row(f"{m}_s{i}", m, "P", linear_top1=v + i)
+            for m, v in (("A", 70.0), ("B", 60.0))
+            for i in range(2)
+        ],
+        {},
+    )
+    board.compare_lines(cells)
+    assert not any(board.is_reference(c) for c in cells)
+    assert [c["vs_best"]["verdict"] for c in cells] == ["best", "separable"]
+
+
 def test_personalised_accuracy_is_the_last_rounds_mean():
     rows = [
         {**_row(f"p_s{i}", "P", "X", personal_top1=90.0 + i), "personal_last10": 80.0 + i}
@@ -763,3 +779,146 @@ def test_a_reference_far_cheaper_than_every_method_is_a_level_with_its_cost():
     levels = board._far_below(points, "GFLOPs")
     assert levels == [{"label": "stem at init\n(9.2 GFLOPs)", "y": 70.0}]
     assert [p["label"] for p in points] == ["SOLO", "A", "B"]
+
+
+def _flags(**entries):
+    return board.BoardFlags(below_reference="diagnoses.md#below", **entries)
+
+
+def test_a_line_below_its_zero_cost_reference_is_flagged_and_one_above_is_not():
+    """A sits above the untrained twin R of its encoder, B below it (by a point, not
+    separably: the board cannot vouch that B's training bought anything): B's accuracy cell
+    carries a mark, its note under the table says by how much and links the diagnosis; A, and
+    the reference itself, carry none."""
+    rows = (
+        _line("A", [80.0, 82.0, 81.0])
+        + _line("B", [70.0, 70.5, 70.0])
+        + _line("R", [70.0, 72.0, 71.5], mb=0.0)
+    )
+    cells = board.cells(rows, {})
+    board.compare_lines(cells)
+    board.flag_lines(cells, _flags())
+    got = {c["method"]: c for c in cells}
+    assert got["A"]["flags"] == [] and got["R"]["flags"] == []
+    assert [(f["kind"], f["column"]) for f in got["B"]["flags"]] == [
+        ("below reference", "linear_top1")
+    ]
+    text = board.tables_text(cells, "h", 60.0, links="../docs/")
+    assert "| B | cnn | P | 3 | 70.2±0.3 ⚑1 |" in text and "| A | cnn | P | 3 | 81.0±1.0 |" in text
+    assert "- ⚑1 Below its zero-cost reference" in text
+    assert (
+        "**B** (P) against R: −1.0 [−3.2, +1.2] not separable" in text
+        and "[Diagnosis](../docs/diagnoses.md#below)" in text
+    )
+    assert board.metrics(cells)["B | cnn | P"]["flags"] == [
+        {"kind": "below reference", "column": "linear_top1", "diagnosis": "diagnoses.md#below"}
+    ]
+    assert "flags" not in board.metrics(cells)["A | cnn | P"]
+    fresh = board.cells(rows, {})
+    board.compare_lines(fresh)
+    board.flag_lines(fresh, None)  # a pipeline the flags file has no entry for: no flag
+    assert "⚑" not in board.tables_text(fresh, "h", 60.0)
+
+
+def test_a_papers_ordering_is_flagged_where_the_board_inverts_it_and_a_known_column():
+    """The paper puts P above Q: on partition X the board has P below Q (flagged, with the
+    paired difference), on Y above (not flagged). A known diagnosis of encoder vit's
+    fine-tune column marks that column of each of its lines, not their accuracy."""
+    rows = []
+    for part, p, q in (("X", [60.0, 61.0], [62.0, 64.0]), ("Y", [70.0, 71.0], [65.0, 66.0])):
+        rows += [
+            _row(f"p_{part}_s{i}", "P", part, linear_top1=v, client_MB_up=1.0)
+            for i, v in enumerate(p)
+        ]
+        rows += [
+            _row(f"q_{part}_s{i}", "Q", part, linear_top1=v, client_MB_up=1.0)
+            for i, v in enumerate(q)
+        ]
+    rows += [
+        _row(f"v_s{i}", "V", "X", linear_top1=70.0, finetune_top1=30.0, client_MB_up=1.0)
+        for i in (0, 1)
+    ]
+    for r in rows[-2:]:
+        r["arch"] = "vit"
+    flags = _flags(
+        orderings=[
+            {"above": "P", "below": "Q", "paper": "Tab. 3: 65 against 60", "diagnosis": "d.md#p"}
+        ],
+        known=[
+            {
+                "encoder": "vit",
+                "column": "finetune_top1",
+                "says": "fine-tuned low",
+                "diagnosis": "l.md",
+            }
+        ],
+    )
+    cells = board.cells(rows, {})
+    board.compare_lines(cells)
+    board.flag_lines(cells, flags)
+    got = {(c["method"], c["partition"]): c["flags"] for c in cells}
+    assert [f["kind"] for f in got["P", "X"]] == ["inverted"]
+    assert got["P", "Y"] == [] and got["Q", "X"] == [] and got["Q", "Y"] == []
+    assert [(f["kind"], f["column"]) for f in got["V", "X"]] == [("known", "finetune_top1")]
+    text = board.tables_text(cells, "h", 60.0)
+    assert "| V | vit | X | 2 | 70.0±0.0 | [70.0, 70.0] | best |  | 30.0±0.0 ⚑2 | 1 |" in text
+    assert (
+        "- ⚑1 The paper puts P above Q (Tab. 3: 65 against 60); here it is below, in points "
+        "(paired by seed, 95 % interval): **P** (X) −2.5 [−8.9, +3.9]. [Diagnosis](d.md#p)"
+    ) in text
+    assert "- ⚑2 Fine-tuned low: **V** (X). [Diagnosis](l.md)" in text
+
+
+def test_a_flags_file_that_names_no_line_or_a_wrong_field_stops_naming_it(tmp_path):
+    """A flag for a line the board does not have (a typo would silently flag nothing), or a
+    misspelt field, stops the rendering with the file and the field; a pipeline the file has
+    no entry for, or no file, flags nothing."""
+    path = tmp_path / "flags.yaml"
+    path.write_text(
+        "board:\n  below_reference: d.md\n"
+        "  orderings: [{above: P, below: Qx, paper: t, diagnosis: d}]\n"
+    )
+    cells = board.cells(_line("P", [1.0, 2.0]), {})
+    with pytest.raises(board.ParamsError, match=r"flags.yaml: orderings.0.below: no line .* 'Qx'"):
+        board.flag_lines(cells, board.load_flags("board", path), path)
+    path.write_text(
+        "board:\n  below_reference: d.md\n  known: [{method: P, colum: x, says: s, diagnosis: d}]\n"
+    )
+    with pytest.raises(board.ParamsError, match=r"flags.yaml: board.known.0.colum: Extra inputs"):
+        board.load_flags("board", path)
+    assert (
+        board.load_flags("other", path) is None and board.load_flags("b", tmp_path / "no") is None
+    )
+
+
+def test_the_committed_board_flags_every_line_below_its_reference_and_the_inversions():
+    """The committed second board, as rendered: a line is flagged below its reference exactly
+    where its paired difference from it is negative, each paper ordering of the flags file is
+    flagged exactly where its line's mean is below the other's, and every flag links a page
+    of the docs (its anchor, where it names one, a heading id of that page)."""
+    lines = json.loads(Path("results/reports/board/board.json").read_text())["lines"]
+    flags = board.load_flags("board")
+    accuracies = [c for _, columns in board.EVALUATIONS.values() for c in columns]
+    for key, line in lines.items():
+        kinds = [f["kind"] for f in line.get("flags", [])]
+        below = line.get("vs_reference", {}).get("difference", 0) < 0
+        assert ("below reference" in kinds) == below, key
+        method, _, partition = key.split(" | ")
+        for order in flags.orderings:
+            other = next(
+                (
+                    v
+                    for k, v in lines.items()
+                    if k.startswith(f"{order.below} | ") and k.endswith(f" | {partition}")
+                ),
+                None,
+            )
+            if method == order.above and other:
+                accuracy = next(c for c in accuracies if f"{c}_mean" in line)
+                inverted = line[f"{accuracy}_mean"] < other[f"{accuracy}_mean"]
+                assert ("inverted" in kinds) == inverted, key
+    assert sum("inverted" in str(v.get("flags")) for v in lines.values()) == 8
+    for link in {f["diagnosis"] for v in lines.values() for f in v.get("flags", [])}:
+        page, _, anchor = link.partition("#")
+        text = (Path("docs/results") / page).read_text()
+        assert not anchor or "{#" + anchor + "}" in text, link
