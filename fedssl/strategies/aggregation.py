@@ -1,8 +1,12 @@
 """Pure aggregation functions: tensors in, tensors out (no engine, no strategy).
 
-:func:`fedavg` reduces uploads stacked along a client axis; :class:`RunningMean` is the same
-reduction taken as the clients finish, so a round holds one model's worth of sums instead of
-every client's model (memory O(model), not O(clients)).
+:class:`RunningMean` is the weighted mean of uploads taken as the clients finish, so a round
+holds one model's worth of sums instead of every client's model (memory O(model), not
+O(clients)); :func:`fedavg` is the same mean of uploads stacked along a client axis, computed
+by adding the rows to a :class:`RunningMean`. Both paths perform the same elementwise
+operations in the same order, so they agree bit for bit whichever kernels the CPU picks (a
+BLAS matrix-vector product sums the clients in an order, and with fused multiply-adds or not,
+that depends on the CPU's instruction set).
 """
 
 from __future__ import annotations
@@ -13,15 +17,13 @@ Tensors = dict[str, torch.Tensor]
 
 
 def fedavg(stacked: Tensors, weights: torch.Tensor) -> Tensors:
-    """Weighted mean over the client axis; integer buffers (BN batch counters) take the max."""
-    w = weights / weights.sum()
-    out = {}
-    for k, v in stacked.items():
-        if v.is_floating_point():
-            out[k] = torch.tensordot(w.to(v.dtype), v, dims=1)
-        else:
-            out[k] = v.max(0).values
-    return out
+    """Weighted mean over the client axis; integer buffers (BN batch counters) take the max.
+    The rows go through :class:`RunningMean`, so a round that sums its uploads as the clients
+    finish gets these very bits."""
+    running = RunningMean(weights)
+    for i in range(len(weights)):
+        running.add({k: v[i] for k, v in stacked.items()})
+    return running.result()
 
 
 def fedavg_by_group(
@@ -65,52 +67,52 @@ def _rows_of_one(rows: list[torch.Tensor]) -> torch.Tensor | None:
 
 
 class RunningMean:
-    """:func:`fedavg` of uploads added one at a time, in client order, each dropped once added.
+    """The weighted mean of uploads added one at a time, in client order, each dropped once
+    added (:func:`fedavg` is this over the rows of a stack).
 
-    A float32 tensor of two or more elements is summed from zero as 0 + w_0 v_0 + w_1 v_1 + ...
-    (each product rounded, then added): the order in which BLAS's matrix-vector product inside
-    :func:`fedavg`'s ``tensordot`` sums the clients (MKL on x86, checked bit for bit by
-    ``tests/strategies/test_fedavg.py``), so both give the very same model. Integer counters
-    (BatchNorm's batch count) take a running maximum, exact in any order. The other tensors
-    (float scalars, whose ``tensordot`` is a blocked dot product; other float dtypes) are few
-    and small: they are kept and reduced by :func:`fedavg` at the end, the only part of the
-    sums that grows with the clients (a few bytes each)."""
+    A float tensor is summed from zero as 0 + w_0 v_0 + w_1 v_1 + ..., in its own dtype
+    (float32 or float64; half precision in float32, rounded back once at the end), each
+    product rounded, then added: two elementwise operations, each correctly rounded, so the
+    bits depend on no kernel choice (``add_(v, alpha=w)`` would be a fused multiply-add on some
+    instruction sets and not on others). Integer counters (BatchNorm's batch count) take a
+    running maximum, exact in any order. It holds one model's worth of sums, whatever the
+    client count."""
 
     def __init__(self, weights: torch.Tensor):
-        self.weights = weights
         self.w = weights / weights.sum()
         self.added = 0
         self.sums: Tensors = {}
         self.maxima: Tensors = {}
-        self.rows: dict[str, list[torch.Tensor]] = {}
-        self.keys: list[str] = []
-
-    @staticmethod
-    def summed(v: torch.Tensor) -> bool:
-        return v.dtype == torch.float32 and v.numel() > 1
+        self.dtypes: dict[str, torch.dtype] = {}
 
     @torch.no_grad()
     def add(self, upload: Tensors) -> None:
         if self.added == len(self.w):
             raise ValueError(f"more uploads than the {len(self.w)} weights given")
-        w = self.w[self.added]
         if not self.added:
-            self.keys = list(upload)
+            self._open(upload)
+        w = {dtype: self.w[self.added].to(dtype) for dtype in (torch.float32, torch.float64)}
         for k, v in upload.items():
-            if self.summed(v):
-                if k not in self.sums:
-                    self.sums[k] = torch.zeros_like(v, memory_format=torch.contiguous_format)
-                self.sums[k].add_(w.to(v.dtype) * v)
-            elif not v.is_floating_point():
+            total = self.sums.get(k)
+            if total is not None:
+                total.add_(w[total.dtype] * v.to(total.dtype))
+            else:
                 top = self.maxima.get(k)
                 self.maxima[k] = v.clone() if top is None else torch.maximum(top, v)
-            else:
-                self.rows.setdefault(k, []).append(v.detach().clone())
         self.added += 1
+
+    def _open(self, upload: Tensors) -> None:
+        """Zeros to sum the first upload's float tensors in (half precision in float32)."""
+        self.dtypes = {k: v.dtype for k, v in upload.items()}
+        for k, v in upload.items():
+            if v.is_floating_point():
+                dtype = torch.promote_types(v.dtype, torch.float32)
+                self.sums[k] = torch.zeros_like(
+                    v, dtype=dtype, memory_format=torch.contiguous_format
+                )
 
     def result(self) -> Tensors:
         if self.added != len(self.w):
             raise ValueError(f"{self.added} uploads added, {len(self.w)} weights given")
-        rest = fedavg({k: torch.stack(r) for k, r in self.rows.items()}, self.weights)
-        every = {**self.sums, **self.maxima, **rest}
-        return {k: every[k] for k in self.keys}
+        every = {**self.sums, **self.maxima}
+        return {k: every[k].to(dtype) for k, dtype in self.dtypes.items()}

@@ -3,6 +3,11 @@ mean, and a round that keeps no client's model once it is added."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import subprocess
+import sys
 import weakref
 
 import numpy as np
@@ -13,39 +18,108 @@ from fedssl.fl.cohort import LocalData
 from fedssl.fl.engine import Strategy, model_state, nbytes
 from fedssl.strategies.aggregation import RunningMean, fedavg
 from fedssl.strategies.fedavg import FedAvg
+from tests.fixtures import REPO
 from tests.fl.test_engine import ReadsEveryUpload, make_fed, tiny_model, toy_data
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32) if t.dtype == torch.float32 else t
+    """The tensor's bits, so that -0.0 and 0.0 (and NaNs) compare as the bits they are."""
+    ints = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16}
+    return t.view(ints[t.dtype]) if t.dtype in ints else t
+
+
+def uploads(clients: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Client-stacked uploads of every dtype and size a model holds: matrices (with negative
+    zeros), a scalar, an integer counter, a float64 and a bfloat16 tensor; and integer data
+    sizes. Drawn by numpy: torch's own Gaussian draws depend on the CPU's instruction set."""
+    rng = np.random.default_rng(clients)
+    normal = rng.standard_normal
+    half = (normal((clients, 6), np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
+    stack = {
+        "conv": torch.from_numpy(normal((clients, 8, 3, 3, 3), np.float32)),
+        "bias": torch.from_numpy(np.minimum(normal((clients, 8), np.float32), 0) * 0),
+        "alpha": torch.from_numpy(rng.random(clients, np.float32)),
+        "count": torch.from_numpy(rng.integers(0, 9, clients)),
+        "double": torch.from_numpy(normal((clients, 5))),
+        "half": torch.from_numpy(half).to(torch.bfloat16),  # exact: bf16 values
+    }
+    return stack, torch.from_numpy(rng.integers(1, 900, clients).astype(np.float64))
+
+
+def ordered_sum(stack: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The mean as both paths must compute it, in numpy: 0 + w_0 v_0 + w_1 v_1 + ... in the
+    tensor's dtype (half precision in float32, rounded once at the end), each product rounded,
+    then added (two ufuncs: no fused multiply-add); integers: the maximum."""
+    if not stack.is_floating_point():
+        return stack.max(0).values
+    rows = stack.float().numpy() if stack.dtype == torch.bfloat16 else stack.numpy()
+    w = weights.numpy() / weights.numpy().sum()  # a sum of integers: exact in any order
+    total = np.zeros(rows.shape[1:], rows.dtype)
+    for wi, row in zip(w.astype(rows.dtype), rows):
+        total = total + wi * row
+    return torch.from_numpy(np.asarray(total)).to(stack.dtype)
 
 
 @pytest.mark.parametrize("clients", [1, 2, 7, 300, 1000])
-def test_running_mean_is_fedavg_of_the_stack_bit_for_bit(clients):
-    """Every dtype and size a model holds: matrices (with negative zeros), a scalar, an
-    integer counter, a float64 tensor; the sums equal the stacked mean in every bit."""
-    g = torch.Generator().manual_seed(clients)
-    stack = {
-        "conv": torch.randn(clients, 8, 3, 3, 3, generator=g),
-        "bias": torch.randn(clients, 8, generator=g).clamp(max=0) * 0.0,  # -0.0 and 0.0
-        "alpha": torch.rand(clients, generator=g),  # numel 1: a dot product, kept apart
-        "count": torch.randint(0, 9, (clients,), generator=g),
-        "double": torch.randn(clients, 5, dtype=torch.float64, generator=g),
-    }
-    weights = torch.randint(1, 900, (clients,), generator=g).double()
+def test_fedavg_and_the_running_mean_are_the_ordered_sum_bit_for_bit(clients):
+    """The stacked mean and the running sum both equal, in every bit, the clients' weighted
+    products added in client order from zero: one sequence of correctly rounded elementwise
+    operations, so no CPU's choice of kernels can move a bit (a BLAS reduction sums in its own
+    order, with or without fused multiply-adds, and so does a blocked dot product)."""
+    stack, weights = uploads(clients)
     running = RunningMean(weights)
     for i in range(clients):
         running.add({k: v[i] for k, v in stack.items()})
-    got, want = running.result(), fedavg(stack, weights)
-    assert list(got) == list(stack)
-    for k in stack:
-        assert torch.equal(bits(got[k]), bits(want[k])), k
+    for got in (running.result(), fedavg(stack, weights)):
+        assert list(got) == list(stack)
+        for k, v in stack.items():
+            want = ordered_sum(v, weights)
+            assert got[k].dtype == v.dtype and torch.equal(bits(got[k]), bits(want)), k
+
+
+def fedavg_digest() -> str:
+    """A digest of fedavg's result on fixed uploads: the same on every CPU."""
+    h = hashlib.sha256()
+    for clients in (7, 300):
+        stack, weights = uploads(clients)
+        for k, v in fedavg(stack, weights).items():
+            h.update(k.encode() + bits(v).numpy().tobytes())
+    return h.hexdigest()
+
+
+# Instruction-set caps read when torch loads: each makes one library take other kernels than
+# this CPU's best (torch's own vectorised kernels, oneDNN's convolutions, MKL's BLAS)
+CAPS = {
+    "aten_avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
+    "aten_default": {"ATEN_CPU_CAPABILITY": "default"},
+    "onednn_avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "mkl_avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "mkl_avx512": {"MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+}
+
+
+@pytest.mark.parametrize("cap", sorted(CAPS))
+def test_the_bit_for_bit_checks_hold_with_the_kernels_of_a_capped_instruction_set(tmp_path, cap):
+    """Another CPU picks other kernels: the ordered-sum check and a FedAvg round streamed
+    against stacked, run in a process whose instruction sets are capped, pass there, and
+    fedavg's result on fixed uploads has the very bits it has here."""
+    env = {k: v for k, v in os.environ.items() if not any(k in c for c in CAPS.values())}
+    env.update(CAPS[cap], PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.strategies.fedavg_kernels", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ran = json.loads(proc.stdout.splitlines()[-1])
+    assert ran["digest"] == fedavg_digest()
+    want = CAPS[cap].get("ATEN_CPU_CAPABILITY", "").upper()
+    if want == "DEFAULT" or want and torch.backends.cpu.get_cpu_capability() == "AVX512":
+        assert ran["capability"] == want  # the cap took: torch runs its other kernels
 
 
 def held(running: RunningMean) -> int:
-    """The bytes a running mean holds: its sums, maxima and kept rows."""
-    rows = [t for r in running.rows.values() for t in r]
-    return nbytes(running.sums) + nbytes(running.maxima) + sum(t.nbytes for t in rows)
+    """The bytes a running mean holds: its sums and maxima."""
+    return nbytes(running.sums) + nbytes(running.maxima)
 
 
 def test_a_running_mean_of_a_batchnorm_model_holds_one_models_worth():
