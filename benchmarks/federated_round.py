@@ -38,7 +38,7 @@ from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.catalog import load_dataset
 from fedssl.data.partition import split_clients, stratified_subset
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
-from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
+from fedssl.fl.state import FederationConfig
 from fedssl.losses import nt_xent
 from fedssl.methods.federated import trainer_loss
 from fedssl.methods.mfcl import run as mfcl
@@ -46,7 +46,9 @@ from fedssl.models.autoencoder import ClientAutoencoder, reconstruction_loss
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.params import AugmentParams, DirichletScheme
 from fedssl.presets import Presets
+from fedssl.rounds.loop import Federation, LocalTraining
 from fedssl.stagebase import bound_kernel_cache, set_threads
+from fedssl.strategies.base import Strategy
 
 
 # ----------------------------------------------------------------------------- conventional

@@ -30,11 +30,11 @@ import torch
 
 from fedssl.data.augment import to_float
 from fedssl.fl.cohort import LocalData
-from fedssl.fl.momentum import FeatureQueue
 from fedssl.losses import moco_queue_loss
 from fedssl.methods.mocosfl import MocoSflParams
 from fedssl.methods.mocosfl import run as sfl
 from fedssl.methods.mocosfl.split import build_nets
+from fedssl.models.momentum import FeatureQueue
 
 
 def params(clients_batch: int, cut: int, width: int) -> MocoSflParams:

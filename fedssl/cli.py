@@ -45,7 +45,7 @@ TOOLS = {
     "export": ("fedssl.export", "run", "an experiment's trained encoder as safetensors + card"),
     "report": ("fedssl.report", "main", "rewrite committed reports (render)"),
     "board": ("fedssl.board", "main", "the benchmark board: render, budget"),
-    "costs": ("fedssl.costs.__main__", "main", "projected full-scale client costs of presets"),
+    "costs": ("fedssl.projected_costs", "main", "projected full-scale client costs of presets"),
     "recheck": ("fedssl.plan.recheck", "main", "rerun committed pipelines and compare"),
     "flower": (
         "fedssl.flower.__main__",

@@ -111,7 +111,7 @@ class FederationSettings(Strict):
     clients' learning rate. A method's block of them (its top level or a section such as ``cfl``
     or ``training``) is built by :func:`federation_block`, which adds the common settings it reads
     from one catalogue (:data:`FEDERATION_FIELDS`), each at the method's default;
-    :func:`fedssl.fl.engine.federation_config` turns any of them into the engine's
+    :func:`fedssl.fl.state.federation_config` turns any of them into the engine's
     configuration."""
 
     rounds: Rounds = Field(description=FEDERATION_FIELDS["rounds"][1])

@@ -53,8 +53,10 @@ class Toy(Method):
 
         from fedssl.data.augment import to_float
         from fedssl.fl.cohort import CohortTrainer, OptimizerConfig
-        from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
-        from fedssl.fl.runner import run_federation, train_data
+        from fedssl.fl.state import FederationConfig
+        from fedssl.rounds.loop import Federation, LocalTraining
+        from fedssl.rounds.runner import run_federation, train_data
+        from fedssl.strategies.base import Strategy
 
         p = ctx.exp.method
         model = build(p, ctx.image_shape).to(ctx.device)

@@ -5,9 +5,9 @@ actually sent, a step's measured memory, and the per-client summary the report r
 A paper's own analytic formulas live with its method: MFCL's Eqs. 4-6 in
 :mod:`fedssl.methods.mfcl.paper_costs`, LW-FedSSL's App. A in
 :mod:`fedssl.methods.lwfedssl.paper_costs`; MFCL's Tab. 3 conventions for the end-to-end
-baselines, which its formulas compose, in :mod:`fedssl.costs.end_to_end`. ``python -m
-fedssl.costs`` (:mod:`fedssl.costs.__main__`) projects each experiment's full-scale costs
-through its method's hook.
+baselines, which its formulas compose, in :mod:`fedssl.costs.end_to_end`. ``fedssl costs``
+(:mod:`fedssl.projected_costs`, a face above the method registry) projects each experiment's
+full-scale costs through its method's hook.
 """
 
 from __future__ import annotations

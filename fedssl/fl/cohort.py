@@ -194,6 +194,14 @@ class LocalData:
         return [len(c) for c in self.clients]
 
 
+def client_data(
+    images: torch.Tensor, labels: np.ndarray | torch.Tensor, clients: list[np.ndarray]
+) -> LocalData:
+    """The training split on its device with the clients' index arrays."""
+    labels = torch.as_tensor(np.asarray(labels), dtype=torch.int64).to(images.device)
+    return LocalData(images, labels, clients)
+
+
 class CohortTrainer:
     """Runs the local epochs of several clients, each from its own starting state."""
 

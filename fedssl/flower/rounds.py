@@ -1,7 +1,7 @@
 """A round of the engine split between a server and its clients, with no Flower in it.
 
-:class:`RemoteRounds` is a trainer for :class:`fedssl.fl.engine.Federation` (the same
-``train_round`` as :class:`~fedssl.fl.engine.LocalTraining`): the server runs the strategy's
+:class:`RemoteRounds` is a trainer for :class:`fedssl.rounds.loop.Federation` (the same
+``train_round`` as :class:`~fedssl.rounds.loop.LocalTraining`): the server runs the strategy's
 ``download`` and ``group``, hands each client what it received through an ``exchange``
 function, and counts both directions on the ledger from the tensors that really crossed.
 Aggregation, the server step, the log and the checkpoint stay the engine's.
@@ -24,15 +24,9 @@ from types import SimpleNamespace
 import torch
 
 from fedssl.fl.cohort import CohortTrainer, LocalData, Tensors, client_batches
-from fedssl.fl.engine import (
-    Federation,
-    FedState,
-    Ledger,
-    LocalTraining,
-    RoundUpdates,
-    Strategy,
-    record,
-)
+from fedssl.fl.state import FedState, Ledger, RoundUpdates
+from fedssl.rounds.loop import Federation, LocalTraining, record
+from fedssl.strategies.base import Strategy
 
 
 @dataclass

@@ -69,6 +69,6 @@ def check_step(ctx, step: str) -> None:
 
 def run_with(ctx, step: str, trainer) -> None:
     """Run ``step`` with its federation's rounds carried by ``trainer`` (the step's runner
-    hands it to :func:`fedssl.fl.runner.run_federation`)."""
+    hands it to :func:`fedssl.rounds.runner.run_federation`)."""
     ctx.remote_rounds = trainer
     ctx.method.run_step(step, ctx)

@@ -115,7 +115,7 @@ class Method:
     encoder_hook: ClassVar[str | None] = None
     # Client costs (a `costs` stage) when set: the steps whose outputs the costs read, and
     # function(ctx) -> per-client rows; the projection at full scale: function(exp, partition,
-    # dataset) -> the average client's costs (for `python -m fedssl.costs`).
+    # dataset) -> the average client's costs (for `fedssl costs`).
     costs_inputs: ClassVar[tuple[str, ...] | None] = None
     costs_reads: ClassVar[tuple[str, ...]] = ("method", "partition")
     client_costs_hook: ClassVar[str | None] = None
@@ -215,7 +215,7 @@ class Method:
 
     def projected_costs(self, exp, partition, dataset: str) -> dict:
         """The average client's costs at full scale without data or training (for
-        ``python -m fedssl.costs``)."""
+        ``fedssl costs``)."""
         if self.projected_costs_hook is None:
             raise NotImplementedError(f"method '{self.name}' has no cost projection")
         return call_hook(self.projected_costs_hook, exp, partition, dataset)
@@ -299,7 +299,7 @@ class FederatedMethod(PretrainStepMethod):
     # strategy says (Orchestra's clustering round 0): the federation runs ``rounds`` + these.
     setup_rounds: ClassVar[int] = 0
     model: ClassVar[str] = f"{RUNTIME}:contrastive_model"  # (params, image shape, device)
-    strategy: ClassVar[str] = f"{RUNTIME}:chosen_strategy"  # (config, model, params)
+    strategy: ClassVar[str] = f"{RUNTIME}:chosen_strategy"  # (config, model, params, data)
     after_step: ClassVar[str | None] = None  # (model, params) -> the cohort's after_step
     save: ClassVar[str] = f"{RUNTIME}:save_contrastive"  # (model, path, image shape)
     # (strategy, final state, output folder) -> run-record facts: what the method keeps of the

@@ -17,11 +17,12 @@ from fedssl.fl.cohort import (
     on_outputs,
     vectorise_clients,
 )
-from fedssl.fl.engine import Federation, LocalTraining, Phase, federation_config
-from fedssl.fl.runner import run_federation, train_data
+from fedssl.fl.state import federation_config
 from fedssl.methods import registry
 from fedssl.methods.base import call_hook, resolve_hook
 from fedssl.models.encoders import load_encoder, save_contrastive_model, seeded_contrastive_model
+from fedssl.rounds.loop import Federation, LocalTraining, Phase
+from fedssl.rounds.runner import run_federation, train_data
 
 
 def make_federation(p, model: nn.Module, data: LocalData, ckpt, fingerprint) -> Federation:
@@ -29,7 +30,7 @@ def make_federation(p, model: nn.Module, data: LocalData, ckpt, fingerprint) -> 
     method = registry.get(p.name)
     cfg = federation_config(p, p.seed, p.lr_schedule)
     cfg = replace(cfg, rounds=cfg.rounds + method.setup_rounds)
-    strategy = call_hook(method.strategy, cfg, model, p)
+    strategy = call_hook(method.strategy, cfg, model, p, data)
     loss = trainer_loss(p)
     cohort = CohortTrainer(
         model,
@@ -99,7 +100,7 @@ def contrastive_model(p, image_shape, device) -> nn.Module:
     return seeded_contrastive_model(p.model, image_shape, p.seed, device)
 
 
-def chosen_strategy(cfg, model, p):
+def chosen_strategy(cfg, model, p, data):
     """The library strategy the params' ``strategy`` field chooses (FedAvg, FedProx, ...)."""
     from fedssl.strategies import choose
 

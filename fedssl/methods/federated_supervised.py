@@ -13,12 +13,14 @@ from torch import nn
 from fedssl.data.augment import views_of
 from fedssl.eval.global_model import global_accuracy, load_saved, num_classes, test_split
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import Federation, FedState, LocalTraining, Strategy, federation_config
-from fedssl.fl.runner import run_federation, train_data
+from fedssl.fl.state import FedState, federation_config
 from fedssl.methods import registry
 from fedssl.methods.base import call_hook
 from fedssl.methods.federated import trainer_loss
+from fedssl.rounds.loop import Federation, LocalTraining
+from fedssl.rounds.runner import run_federation, train_data
 from fedssl.runtime import derive_seed, torch_save, write_json
+from fedssl.strategies.base import Strategy
 
 
 class ScoredFedAvg(Strategy):
@@ -26,7 +28,7 @@ class ScoredFedAvg(Strategy):
     test split after every round (``global_top1``)."""
 
     def __init__(self, cfg, p, model: nn.Module, data: LocalData, tests: LocalData):
-        super().__init__(cfg)
+        super().__init__(cfg, data)
         self.p, self.model, self.tests = p, model, tests
 
     def evaluate(self, state: FedState, round_: int) -> dict:

@@ -25,8 +25,8 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from fedssl.fl.momentum import momentum_pairs
 from fedssl.losses import moco_v3_loss
+from fedssl.models.momentum import momentum_pairs
 from fedssl.models.vit import VisionTransformer
 
 ONLINE = ("encoder.", "projector.", "predictor.")

@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 from functools import cache
 from pathlib import Path
 
-from fedssl.fl.engine import TIMING_FIELDS
+from fedssl.fl.state import TIMING_FIELDS
 from fedssl.plan.dag import Dag
 from fedssl.plan.layout import RESULTS
 from fedssl.presets import Presets

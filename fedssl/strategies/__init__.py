@@ -1,7 +1,9 @@
-"""Federated strategies as a library: one module per strategy, each a subclass or a wrapper of
-the engine's :class:`~fedssl.fl.engine.Strategy` hooks, over the pure aggregation functions of
-:mod:`fedssl.strategies.aggregation`. A method picks one (or composes one with its own
-paper-specific hooks); nothing here knows about a method.
+"""Federated strategies as a library, in Flower's order: the hooks' base
+(:class:`~fedssl.strategies.base.Strategy`, FedAvg by default) in :mod:`.base`, one module per
+strategy, each a subclass or a wrapper of it, over the pure aggregation functions of
+:mod:`.aggregation`. A method picks one (or composes one with its own paper-specific hooks);
+nothing here knows about a method, nor about the round loop (:mod:`fedssl.rounds`) that drives
+them: a strategy reads the federation's state it is handed (:mod:`fedssl.fl.state`).
 
-Importing this package imports nothing: the engine itself reads :mod:`.aggregation`.
+Importing this package imports nothing.
 """

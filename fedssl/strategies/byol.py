@@ -18,7 +18,8 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from fedssl.fl.engine import FederationConfig, FedState, Strategy, model_state
+from fedssl.fl.state import FederationConfig, FedState, model_state
+from fedssl.strategies.base import Strategy
 
 Tensors = dict[str, torch.Tensor]
 TARGET = "target."  # the target's names: TARGET + the online encoder's

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from fedssl.fl.engine import FederationConfig, Strategy
+from fedssl.fl.state import FederationConfig
 from fedssl.params import FedAvgChoice, FedProxChoice
+from fedssl.strategies.base import Strategy
 from fedssl.strategies.fedavg import FedAvg
 from fedssl.strategies.fedprox import FedProx
 

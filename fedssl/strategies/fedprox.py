@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from fedssl.fl.cohort import LossFn, Tensors
-from fedssl.fl.engine import FedState, Strategy
+from fedssl.fl.state import FedState
+from fedssl.strategies.base import Strategy
 
 ANCHOR = "fedprox."  # the round-start weights in a client's state
 

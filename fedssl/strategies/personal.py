@@ -5,7 +5,8 @@ across rounds (``FedState.clients``, so a resumed run continues exactly)."""
 from __future__ import annotations
 
 from fedssl.fl.cohort import Tensors
-from fedssl.fl.engine import FedState, Strategy
+from fedssl.fl.state import FedState
+from fedssl.strategies.base import Strategy
 
 
 class PersonalModel(Strategy):

@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 from fedssl.fl.cohort import LossFn, Tensors
-from fedssl.fl.engine import FedState, RoundUpdates, Strategy
+from fedssl.fl.state import FedState, RoundUpdates
 from fedssl.strategies.aggregation import fedavg, stacked
+from fedssl.strategies.base import Strategy
 
 CONTROL = "control."  # c in a download, Δc_i in an upload, c_i in what a client keeps
 CORRECTION = "scaffold."  # c − c_i in a client's state (the default ``correction_key``)
@@ -55,11 +56,13 @@ def control_part(tensors: Tensors) -> Tensors:
 
 
 class Scaffold(Strategy):
-    """SCAFFOLD over the strategy it is mixed into (alone: over FedAvg)."""
+    """SCAFFOLD over the strategy it is mixed into (alone: over FedAvg). ``local_epochs`` and
+    ``batch_size``: the clients' local schedule (of the last phase, if several), which gives
+    each client's K; the method builds its trainer with the same."""
 
-    def __init__(self, *args, eta_g: float = 1.0, **kwargs):
+    def __init__(self, *args, local_epochs: int, batch_size: int, eta_g: float = 1.0, **kwargs):
         super().__init__(*args, **kwargs)
-        self.eta_g = eta_g
+        self.local_epochs, self.batch_size, self.eta_g = local_epochs, batch_size, eta_g
         self.controlled: set[str] | None = None
 
     def correction_key(self, key: str) -> str:
@@ -109,19 +112,16 @@ class Scaffold(Strategy):
         corrections = self.corrections(start, control_part(received), self.c_i(state, client))
         return {**start, **corrections}
 
-    def local_steps(self, client: int) -> int:
-        """K: the client's local steps this round (its batches over the local epochs of the
-        trainer's last phase)."""
-        trainer = self.fed.trainer
-        cohort = trainer.phases[-1].cohort if trainer.phases else trainer.cohort
-        n = len(self.fed.data.clients[client])
-        return cohort.local_epochs * max(1, -(-n // cohort.batch_size))
+    def local_steps(self, state: FedState, client: int) -> int:
+        """K: the client's local steps this round (its batches over the local epochs)."""
+        n = state.ledger.samples[client]
+        return self.local_epochs * max(1, -(-n // self.batch_size))
 
     def new_control(self, state, client, trained) -> dict:
         """c_i+ of the client after its local steps (from x, the global model it started at)."""
         x = state.server["global"]
         y = {k: trained[k] for k in self.controlled}
-        steps, lr = self.local_steps(client), self.lr(state.round)
+        steps, lr = self.local_steps(state, client), self.lr(state.round)
         return option_two(self.c_i(state, client), self.c(state), x, y, steps, lr)
 
     def upload(self, state, client, trained):
@@ -146,9 +146,7 @@ class Scaffold(Strategy):
         x = {k: glob[k] for k in params}
         ys = [{k: u[k] for k in params} for u in updates.uploads]
         dcs = [control_part(u) for u in updates.uploads]
-        new_x, new_c = scaffold_server(
-            x, self.c(state), ys, dcs, self.eta_g, len(self.fed.data.clients)
-        )
+        new_x, new_c = scaffold_server(x, self.c(state), ys, dcs, self.eta_g, state.num_clients)
         first = updates.uploads[0]
         others = [k for k in glob if k in first and k not in self.controlled]
         avg = fedavg(stacked(updates.uploads, others), updates.weights) if others else {}

@@ -32,9 +32,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from fedssl.fl.engine import Strategy
 from fedssl.runtime import derive_seed
 from fedssl.strategies.aggregation import fedavg, stacked
+from fedssl.strategies.base import Strategy
 
 DEFAULT_MASK_STD = 1.0e6
 

@@ -15,21 +15,21 @@ from torch.func import functional_call
 
 from fedssl.data.augment import to_float
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, on_outputs
-from fedssl.fl.engine import (
-    Federation,
+from fedssl.fl.state import (
     FederationConfig,
-    LocalTraining,
+    FedState,
+    Ledger,
     RoundUpdates,
-    Strategy,
-    fedavg,
     model_state,
     nbytes,
     sample_clients,
-    stacked,
 )
 from fedssl.losses import simclr_views
 from fedssl.models.encoders import ContrastiveModel
 from fedssl.params import ModelParams
+from fedssl.rounds.loop import Federation, LocalTraining
+from fedssl.strategies.aggregation import fedavg, stacked
+from fedssl.strategies.base import Strategy
 
 SHAPE = (1, 28, 28)
 
@@ -83,11 +83,16 @@ def make_fed(
     views=noisy_views,
     strategy=Strategy,
     loss=None,
-    server_data=None,
     opt="adam",
     lr=1e-3,
 ):
-    cohort = CohortTrainer(
+    cohort = make_cohort(model, views, loss, opt, parallel)
+    cfg = FederationConfig(rounds=rounds, client_fraction=fraction, lr=lr, seed=0)
+    return Federation(strategy(cfg), LocalTraining(cohort), data, cfg, tmp_path / "ckpt.pt", "fp")
+
+
+def make_cohort(model, views=noisy_views, loss=None, opt="adam", parallel=False):
+    return CohortTrainer(
         model,
         views,
         loss or simclr_loss(0.5),
@@ -95,10 +100,6 @@ def make_fed(
         batch_size=16,
         local_epochs=1,
         parallel=parallel,
-    )
-    cfg = FederationConfig(rounds=rounds, client_fraction=fraction, lr=lr, seed=0)
-    return Federation(
-        strategy(cfg), LocalTraining(cohort), data, cfg, tmp_path / "ckpt.pt", "fp", server_data
     )
 
 
@@ -148,6 +149,23 @@ def test_client_sampling_by_fraction_is_seeded():
     a = sample_clients(10, 0.3, seed=1, round_=5)
     assert len(a) == 3 and a == sample_clients(10, 0.3, seed=1, round_=5)
     assert len({tuple(sample_clients(10, 0.3, 1, r)) for r in range(10)}) > 1
+
+
+def test_a_strategy_reads_the_state_it_is_handed_not_the_loop_that_drives_it():
+    """No back-reference: sampling needs no federation, the state says how many clients."""
+    cfg = FederationConfig(rounds=9, client_fraction=0.3, lr=0.1, seed=1)
+    state = FedState(5, {}, {}, Ledger.empty([4] * 10))
+    assert state.num_clients == 10
+    assert Strategy(cfg).sample(state, 5) == sample_clients(10, 0.3, seed=1, round_=5)
+    assert not hasattr(Strategy(cfg), "fed")
+
+
+def test_a_federation_refuses_a_strategy_built_on_other_client_data(tmp_path):
+    cfg = FederationConfig(rounds=1, client_fraction=1.0, lr=0.1)
+    data, cohort = toy_data(), LocalTraining(make_cohort(tiny_model()))
+    Federation(Strategy(cfg, data), cohort, data, cfg, tmp_path / "a.pt", "fp")  # its own: fine
+    with pytest.raises(ValueError, match="other client data"):
+        Federation(Strategy(cfg, toy_data(seed=1)), cohort, data, cfg, tmp_path / "b.pt", "fp")
 
 
 def test_rounds_train_and_account_bytes(tmp_path):
@@ -402,7 +420,7 @@ def test_personal_heads_stay_on_the_clients_and_persist_through_a_resume(tmp_pat
 
 class FrozenBackbone(Strategy):
     def trainable(self, state):
-        return {k for k in self.fed.trainer.cohort.param_names if k.startswith("head.")}
+        return {k for k in state.server["global"] if k.startswith("head.")}
 
     def upload(self, state, client, trained):
         return {k: v for k, v in trained.items() if k.startswith("head.")}
@@ -486,13 +504,16 @@ def where_labelled(model, params, buffers, batch):
 
 class Calibrated(Strategy):
     """LW-FedSSL's calibration in miniature: after each aggregation the server trains the
-    global model on its own data, with the same local trainer."""
+    global model on its own data (``server``), with a trainer like the clients' (``cohort``)."""
+
+    def __init__(self, cfg, cohort, server):
+        super().__init__(cfg)
+        self.cohort, self.server = cohort, server
 
     def server_step(self, state, round_):
-        fed = self.fed
-        trained, _ = fed.trainer.cohort.train(
+        trained, _ = self.cohort.train(
             [state.server["global"]],
-            fed.server_data,
+            self.server,
             [0],
             0.5,
             (0, "server", round_),
@@ -507,16 +528,15 @@ def test_a_server_step_trains_on_server_data_after_aggregation(tmp_path):
     unlabelled = LocalData(labelled.images, torch.full((90,), -1), labelled.clients)
     server = LocalData(labelled.images, labelled.labels, [np.arange(90)])
     model = Classifier()
+    plain = dict(views=lambda b, g: (to_float(b),), loss=where_labelled, opt="sgd")
+    cohort = make_cohort(model, **plain)
     fed = make_fed(
         model,
         unlabelled,
         tmp_path,
         rounds=2,
-        strategy=Calibrated,
-        loss=where_labelled,
-        views=lambda b, g: (to_float(b),),
-        server_data=server,
-        opt="sgd",
+        strategy=lambda cfg: Calibrated(cfg, cohort, server),
+        **plain,
     )
     state = fed.run(fed.start(model))
     assert state.memo["server_steps"] == [0, 1]

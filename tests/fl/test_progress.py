@@ -47,7 +47,7 @@ def test_advance_goes_to_the_innermost_loop_and_draws_no_random_number():
 def test_a_federation_with_progress_lines_computes_what_one_without_does(tmp_path, monkeypatch):
     """Every round's lines say how far the run is, and the rounds are the same to the bit
     with a line every few milliseconds and with none."""
-    from fedssl.fl.runner import run_rounds
+    from fedssl.rounds.runner import run_rounds
     from tests.fl.test_engine import make_fed, tiny_model, toy_data
 
     def rounds(seconds: str, folder: str):
@@ -66,7 +66,7 @@ def test_a_federation_with_progress_lines_computes_what_one_without_does(tmp_pat
 
 
 def test_round_lines_say_the_share_the_rate_and_the_time_left(tmp_path, monkeypatch, capsys):
-    from fedssl.fl.runner import run_rounds
+    from fedssl.rounds.runner import run_rounds
     from tests.fl.test_engine import make_fed, tiny_model, toy_data
 
     monkeypatch.setenv(progress.EVERY_ENV, "0")

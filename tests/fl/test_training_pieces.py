@@ -207,7 +207,7 @@ def test_the_finetune_resumes_exactly_and_refuses_a_crafted_checkpoint(tmp_path)
 
 # ------------------------------------------------------------------ momentum pairs
 def test_momentum_pairs_name_the_twins_and_move_them_by_ema():
-    from fedssl.fl.momentum import ema_update_pairs, momentum_pairs
+    from fedssl.models.momentum import ema_update_pairs, momentum_pairs
 
     state = {
         "encoder.w": torch.ones(3),
@@ -225,7 +225,7 @@ def test_momentum_pairs_name_the_twins_and_move_them_by_ema():
 
 # ------------------------------------------------------------------ federation settings
 def test_every_federation_block_is_one_settings_class_and_builds_one_config():
-    from fedssl.fl.engine import federation_config
+    from fedssl.fl.state import federation_config
     from fedssl.methods.cpcfl import CflParams
     from fedssl.methods.fedsimclr import FedSimCLRParams
     from fedssl.methods.lwfedssl import Schedule
@@ -256,7 +256,7 @@ def test_every_federation_block_is_one_settings_class_and_builds_one_config():
 
 # ------------------------------------------------------------------ the round runner
 def test_the_round_runner_logs_every_round_resumes_and_stops_on_its_hook(tmp_path, capsys):
-    from fedssl.fl.runner import run_rounds
+    from fedssl.rounds.runner import run_rounds
     from tests.fl.test_engine import make_fed, tiny_model, toy_data
 
     class Stop(Exception):
@@ -318,10 +318,10 @@ def test_cpcfl_encoder_epochs_are_two_passes_with_their_own_seeds_and_an_epoch_m
     whole model (batches seeded (seed, local, round, phase, 0)) then two of the heads (phase 1,
     a fresh Adam), FedAvg by size, and a loss that is the epoch-weighted mean of the passes."""
     from fedssl.fl.cohort import CohortTrainer, OptimizerConfig, vectorise_clients
-    from fedssl.fl.engine import fedavg, stacked
     from fedssl.methods.cpcfl import federation as cfl
     from fedssl.methods.cpcfl.models import PoolModel
     from fedssl.runtime import torch_generator
+    from fedssl.strategies.aggregation import fedavg, stacked
     from tests.methods.cpcfl.test_cpcfl import (
         SHAPE,
         grouped_data,

@@ -11,7 +11,7 @@ import torch
 
 from fedssl import costs
 from fedssl.eval.probes import knn_accuracy, linear_probe
-from fedssl.fl.engine import Ledger, nbytes
+from fedssl.fl.state import Ledger, nbytes
 from fedssl.params import KnnParams, LinearProbeParams
 from fedssl.strategies.fedprox import proximal_term
 from tests.eval.test_losses_eval import blobs

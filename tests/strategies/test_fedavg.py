@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from fedssl.fl.cohort import LocalData
-from fedssl.fl.engine import Strategy, model_state, nbytes
+from fedssl.fl.state import model_state, nbytes
 from fedssl.strategies.aggregation import RunningMean, fedavg
+from fedssl.strategies.base import Strategy
 from fedssl.strategies.fedavg import FedAvg
 from tests.fixtures import REPO
 from tests.fl.test_engine import ReadsEveryUpload, make_fed, tiny_model, toy_data

@@ -7,7 +7,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from fedssl.fl.engine import FederationConfig
+from fedssl.fl.state import FederationConfig
 from fedssl.methods import federated
 from fedssl.methods.fedsimclr import FedSimCLRParams
 from fedssl.strategies.fedavg import FedAvg

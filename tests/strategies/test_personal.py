@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fedssl.fl.engine import FederationConfig, FedState, Ledger
+from fedssl.fl.state import FederationConfig, FedState, Ledger
 from fedssl.strategies.fedavg import FedAvg
 from fedssl.strategies.personal import PersonalModel
 

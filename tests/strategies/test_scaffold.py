@@ -21,9 +21,12 @@ def test_option_two_and_the_server_step_average_over_all_clients():
     assert new_c["w"].item() == 0.5 + 6.0 / 6  # / N = 6 clients, not the 2 sampled
 
 
+STEPS = 10  # local epochs, each one full batch
+
+
 def distance_after(strategy, tmp_path, rounds=40):
     data = toy_clients()
-    model, fed = federation(strategy, data, tmp_path, rounds=rounds, lr=0.3, steps=10)
+    model, fed = federation(strategy, data, tmp_path, rounds=rounds, lr=0.3, steps=STEPS)
     state = fed.run(fed.start(model))
     g = state.server["global"]
     fit = torch.cat([g["weight"].flatten(), g["bias"]]).double()
@@ -32,7 +35,10 @@ def distance_after(strategy, tmp_path, rounds=40):
 
 def test_scaffold_over_fedavg_reaches_the_optimum_fedavg_misses(tmp_path):
     fedavg, _ = distance_after(FedAvg, tmp_path / "a")
-    scaffold, state = distance_after(Scaffold, tmp_path / "b")
+    batch = max(toy_clients().sizes())  # the toy federation's full batch
+    scaffold, state = distance_after(
+        lambda cfg: Scaffold(cfg, local_epochs=STEPS, batch_size=batch), tmp_path / "b"
+    )
     assert fedavg > 0.5 and scaffold < 0.05 * fedavg  # measured 13.5 and 0.5 at 30 rounds
     assert set(state.server["global"]) == {"weight", "bias"}  # no correction left in the model
     assert set(state.server["control"]) == {"weight", "bias"}

@@ -9,7 +9,8 @@ from torch import nn
 from torch.func import functional_call
 
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
-from fedssl.fl.engine import Federation, FederationConfig, LocalTraining
+from fedssl.fl.state import FederationConfig
+from fedssl.rounds.loop import Federation, LocalTraining
 
 DIM = 3
 

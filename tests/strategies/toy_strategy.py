@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fedssl.fl.engine import Strategy
+from fedssl.strategies.base import Strategy
 
 
 class FedAvgM(Strategy):

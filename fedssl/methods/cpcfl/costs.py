@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from fedssl import costs
 from fedssl.data.catalog import dataset_spec
-from fedssl.fl.engine import model_state, nbytes
+from fedssl.fl.state import model_state, nbytes
 from fedssl.methods.cpcfl.federation import build_net
 from fedssl.methods.cpcfl.models import seeded
 

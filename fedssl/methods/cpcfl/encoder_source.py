@@ -12,7 +12,7 @@ import torch
 
 from fedssl.data.augment import to_float
 from fedssl.eval.metrics import relevance_score
-from fedssl.fl.engine import FedState, model_state, write_round_log
+from fedssl.fl.state import FedState, model_state, write_round_log
 from fedssl.methods.cpcfl.federation import build_net, initial_pool, make_federation, warmup_params
 from fedssl.methods.cpcfl.pretrain import ENCODER_FILE, PUBLIC_FILE
 from fedssl.methods.cpcfl.trials import run_rounds

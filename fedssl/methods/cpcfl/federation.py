@@ -8,17 +8,11 @@ import torch
 
 from fedssl.data.augment import to_float
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward, vectorise_clients
-from fedssl.fl.engine import (
-    Federation,
-    FedState,
-    LocalTraining,
-    Phase,
-    federation_config,
-    model_state,
-)
+from fedssl.fl.state import FedState, federation_config, model_state
 from fedssl.losses import masked_cross_entropy
 from fedssl.methods.cpcfl.models import PoolModel, seeded
 from fedssl.methods.cpcfl.pool import PoolStrategy
+from fedssl.rounds.loop import Federation, LocalTraining, Phase
 
 Tensors = dict[str, torch.Tensor]
 
@@ -75,7 +69,7 @@ def make_federation(
     train_net = build_net(p, image_shape, num_classes, device).train()
     eval_net = build_net(p, image_shape, num_classes, device).eval()
     cfg = federation_config(p.cfl, p.seed)
-    strategy = PoolStrategy(cfg, p.cfl, pool, eval_net, attempt, tests, true_groups)
+    strategy = PoolStrategy(cfg, data, p.cfl, pool, eval_net, attempt, tests, true_groups)
     phases = local_phases(p, train_net, device, strategy)
     return Federation(strategy, LocalTraining(phases=phases), data, cfg, ckpt, fingerprint)
 

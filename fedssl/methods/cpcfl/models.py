@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedssl.fl.momentum import ema_update_pairs, momentum_pairs
 from fedssl.losses import byol_loss, nt_xent, simsiam_loss
 from fedssl.models.cnn import CPCFLEncoder
 from fedssl.models.encoders import CifarResNet18
@@ -21,6 +20,7 @@ from fedssl.models.heads import (
     byol_projector,
     simclr_projector,
 )
+from fedssl.models.momentum import ema_update_pairs, momentum_pairs
 from fedssl.runtime import derive_seed
 
 

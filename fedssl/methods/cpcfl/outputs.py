@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedssl.fl.engine import FedState
+from fedssl.fl.state import FedState
 from fedssl.runtime import write_tsv
 
 

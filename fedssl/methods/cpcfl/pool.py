@@ -23,22 +23,26 @@ from torch.func import functional_call
 from fedssl.data.augment import to_float
 from fedssl.eval.metrics import adjusted_rand_index
 from fedssl.eval.personal import PersonalLog, client_outputs
-from fedssl.fl.engine import FederationConfig, FedState, Strategy
+from fedssl.fl.cohort import LocalData
+from fedssl.fl.state import FederationConfig, FedState
 from fedssl.methods.cpcfl.models import PoolModel
 from fedssl.runtime import numpy_rng
 from fedssl.strategies.aggregation import fedavg, fedavg_by_group, stacked
+from fedssl.strategies.base import Strategy
 
 Tensors = dict[str, torch.Tensor]
 
 
 class PoolStrategy(Strategy):
-    """Alg. 2 on the engine's hooks (see the module docstring). ``pool``: the N initial model
-    states; ``tests``: (test images on the device, labels, each client's test indices) for the
-    evaluate hook, or None (the FedAvg warm-up is not evaluated)."""
+    """Alg. 2 on the engine's hooks (see the module docstring). ``data``: the clients' training
+    data (each scores the pool on its own); ``pool``: the N initial model states; ``tests``:
+    (test images on the device, labels, each client's test indices) for the evaluate hook, or
+    None (the FedAvg warm-up is not evaluated)."""
 
     def __init__(
         self,
         cfg: FederationConfig,
+        data: LocalData,
         c,
         pool: list[Tensors],
         net: PoolModel,
@@ -46,7 +50,7 @@ class PoolStrategy(Strategy):
         tests=None,
         true_groups: list[int] | None = None,
     ):
-        super().__init__(cfg)
+        super().__init__(cfg, data)
         self.c, self.pool0, self.net, self.attempt = c, pool, net, attempt
         self.tests, self.true_groups = tests, true_groups
         self.n = len(pool)
@@ -92,7 +96,7 @@ class PoolStrategy(Strategy):
         """[clients, N] mean CE of every pool model on every client's training data (what each
         client computes on its own from the models it received), once per round."""
         if self._losses is None or self._losses[0] != state.round:
-            data = self.fed.data
+            data = self.data
             idx = torch.as_tensor(np.concatenate(data.clients), device=data.device)
             owner = torch.as_tensor(
                 np.repeat(np.arange(len(data.clients)), data.sizes()), device=data.device
@@ -147,9 +151,9 @@ class PoolStrategy(Strategy):
             for n in range(self.n):
                 state.server[f"pool{n}"] = {**self.model(state, n), **shared}
         memo = state.memo
-        choice = memo.setdefault("last_choice", [-1] * len(self.fed.data.clients))
+        choice = memo.setdefault("last_choice", [-1] * state.num_clients)
         phase = "explore_rounds" if self.exploring(state) else "exploit_rounds"
-        counts = memo.setdefault(phase, [0] * len(self.fed.data.clients))
+        counts = memo.setdefault(phase, [0] * state.num_clients)
         for c, n in zip(updates.clients, updates.groups):
             choice[c] = int(n)
             counts[c] += 1

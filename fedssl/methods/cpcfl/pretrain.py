@@ -15,7 +15,7 @@ from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.partition import stratified_subset
 from fedssl.epochs import run_epochs
 from fedssl.eval.probes import extract_features, linear_probe
-from fedssl.fl.engine import TIMING_FIELDS
+from fedssl.fl.state import TIMING_FIELDS
 from fedssl.methods.cpcfl import PAPER_PROJ_WIDTH, SSL_KINDS
 from fedssl.methods.cpcfl.models import Encoder, SSLNet, seeded
 from fedssl.precision import under_policy

@@ -16,13 +16,13 @@ import torch
 
 from fedssl.data import to_device
 from fedssl.eval.personal import PersonalLog
-from fedssl.fl.engine import FedState, nbytes, write_round_log
-from fedssl.fl.runner import train_data
+from fedssl.fl.state import FedState, nbytes, write_round_log
 from fedssl.methods.cpcfl import SSL_KINDS
 from fedssl.methods.cpcfl.encoder_source import fedavg_warmup, pretrained_encoder
 from fedssl.methods.cpcfl.outputs import communication, write_choices
 from fedssl.methods.cpcfl.pool import PoolStrategy
 from fedssl.methods.cpcfl.trials import run_trials
+from fedssl.rounds.runner import train_data
 from fedssl.runtime import write_json
 
 

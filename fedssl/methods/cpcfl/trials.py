@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedssl.fl import runner
-from fedssl.fl.engine import Federation, FedState, write_round_log
+from fedssl.fl.state import FedState, write_round_log
 from fedssl.methods.cpcfl.federation import initial_pool, make_federation
+from fedssl.rounds import runner
+from fedssl.rounds.loop import Federation
 
 
 class ClusteringFailed(Exception):

@@ -11,7 +11,7 @@ from torch import nn
 from fedssl import costs
 from fedssl.data.catalog import dataset_spec
 from fedssl.fl.cohort import Batch
-from fedssl.fl.engine import nbytes
+from fedssl.fl.state import nbytes
 from fedssl.methods.featarc.model import FeatARCModel, featarc_loss
 from fedssl.models.encoders import seeded_contrastive_model
 

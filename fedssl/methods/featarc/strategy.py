@@ -19,11 +19,13 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedssl.data.augment import to_float
-from fedssl.fl.engine import FedState, RoundUpdates, Strategy, model_state
+from fedssl.fl.cohort import LocalData
+from fedssl.fl.state import FedState, RoundUpdates, model_state
 from fedssl.methods.featarc.model import FeatARCModel
 from fedssl.models.encoders import ContrastiveModel
 from fedssl.runtime import derive_seed, torch_save
 from fedssl.strategies.aggregation import fedavg_by_group
+from fedssl.strategies.base import Strategy
 
 NET, ANCHOR, LAST = "net.", "anchor.", "last."
 
@@ -33,8 +35,8 @@ def cluster_key(c: int) -> str:
 
 
 class FeatARCStrategy(Strategy):
-    def __init__(self, cfg, model: FeatARCModel, p):
-        super().__init__(cfg)
+    def __init__(self, cfg, model: FeatARCModel, p, data: LocalData):
+        super().__init__(cfg, data)
         self.p, self.model = p, model
         self.backbone_keys = [k for k in model.state_dict() if k.startswith(NET + "backbone.")]
 
@@ -44,17 +46,15 @@ class FeatARCStrategy(Strategy):
         server = {cluster_key(0): net}
         for c in range(1, self.p.clusters):
             torch.manual_seed(derive_seed(self.p.seed, "init", "featarc cluster", c))
-            other = ContrastiveModel(self.p.model, self.fed.data.images.shape[1:])
-            other.to(self.fed.data.device)
+            other = ContrastiveModel(self.p.model, self.data.images.shape[1:])
+            other.to(self.data.device)
             server[cluster_key(c)] = {NET + k: v for k, v in model_state(other).items()}
         return server
 
     # ------------------------------------------------------------------ assignment
     def sample(self, state: FedState, round_: int) -> list[int]:
         """Assign every client to its cluster (the round's first work), then sample."""
-        state.memo["assignment"] = [
-            self.assign(state, k) for k in range(len(self.fed.data.clients))
-        ]
+        state.memo["assignment"] = [self.assign(state, k) for k in range(state.num_clients)]
         return super().sample(state, round_)
 
     def last_backbone(self, state: FedState, client: int):
@@ -75,7 +75,7 @@ class FeatARCStrategy(Strategy):
 
     def scores(self, state: FedState, client: int) -> torch.Tensor:
         """mean_x <h_c(x), h_L(x)> for every cluster c on the client's data."""
-        data = self.fed.data
+        data = self.data
         images = data.images[torch.as_tensor(data.clients[client]).to(data.device)]
         own = self.features(self.last_backbone(state, client), images)
         return torch.stack(
@@ -132,7 +132,7 @@ class FeatARCStrategy(Strategy):
 
     def served(self, state: FedState) -> list[int]:
         """Training samples of the clients assigned to each cluster (last assignment)."""
-        sizes = self.fed.data.sizes()
+        sizes = self.data.sizes()
         return [
             sum(n for n, a in zip(sizes, state.memo["assignment"]) if a == c)
             for c in range(self.p.clusters)

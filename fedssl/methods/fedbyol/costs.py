@@ -8,7 +8,7 @@ import torch
 
 from fedssl import costs
 from fedssl.data.catalog import dataset_spec
-from fedssl.fl.engine import nbytes
+from fedssl.fl.state import nbytes
 from fedssl.losses import byol_loss
 from fedssl.methods.fedbyol.model import seeded_byol
 from fedssl.strategies.byol import TARGET

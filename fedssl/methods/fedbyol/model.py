@@ -86,7 +86,7 @@ def seeded_byol_of(p, image_shape, device) -> ByolNet:
 
 def target_ema(model: ByolNet, p):
     """The cohort's after-step hook: the target follows the online encoder by EMA."""
-    from fedssl.fl.momentum import ema_after_step, momentum_pairs
+    from fedssl.models.momentum import ema_after_step, momentum_pairs
 
     names = [k for k, _ in model.named_parameters()]
     return ema_after_step(momentum_pairs(names, TARGET, ("encoder.",)), p.target_ema)
@@ -107,7 +107,7 @@ def describe(model: ByolNet) -> dict:
     }
 
 
-def family_strategy(cfg, model: ByolNet, p):
+def family_strategy(cfg, model: ByolNet, p, data):
     """The family member's strategy from the library (FedBYOL, FedEMA or FedU, by name)."""
     from fedssl.strategies import byol
 

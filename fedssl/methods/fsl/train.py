@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedssl.fl.engine import FedState
+from fedssl.fl.state import FedState
 from fedssl.losses import masked_cross_entropy
 from fedssl.methods.federated_supervised import ScoredFedAvg
 from fedssl.models.encoders import build_backbone, frozen
@@ -86,7 +86,7 @@ class FSLTraffic(ScoredFedAvg):
         }
 
     def upload(self, state: FedState, client: int, trained: dict) -> dict:
-        rows = len(self.fed.data.clients[client]) * self.p.local_epochs  # h = 1
+        rows = len(self.data.clients[client]) * self.p.local_epochs  # h = 1
         state.ledger.sent(client, {"s": self.smashed.expand(rows, *self.smashed.shape)}, SMASHED)
         state.ledger.sent(
             client, {"y": torch.empty(rows, dtype=torch.int64, device="meta")}, LABELS

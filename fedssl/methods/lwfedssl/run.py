@@ -17,25 +17,24 @@ from torch import nn
 
 from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward, vectorise_clients
-from fedssl.fl.engine import (
-    Federation,
+from fedssl.fl.state import (
     FederationConfig,
     FedState,
-    LocalTraining,
     RoundUpdates,
-    Strategy,
     cosine_lr,
     federation_config,
     sample_clients,
 )
-from fedssl.fl.momentum import ema_after_step
-from fedssl.fl.runner import run_federation, train_data
 from fedssl.methods.lwfedssl import GrowthPlan
 from fedssl.models.encoders import frozen
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.mocov3 import MocoV3Learner, ema_pairs, online_state, round_start_state
+from fedssl.models.momentum import ema_after_step
 from fedssl.models.vit import VisionTransformer
+from fedssl.rounds.loop import Federation, LocalTraining
+from fedssl.rounds.runner import run_federation, train_data
 from fedssl.runtime import derive_seed, torch_generator, torch_save, write_json
+from fedssl.strategies.base import Strategy
 
 Tensors = dict[str, torch.Tensor]
 
@@ -243,7 +242,7 @@ class GrowthStrategy(Strategy):
 
     def sample(self, state: FedState, round_: int) -> list[int]:
         return sample_clients(
-            len(self.fed.data.clients),
+            state.num_clients,
             self.cfg.client_fraction,
             self.cfg.seed,
             self.offset + round_,
@@ -401,7 +400,7 @@ def make_federation(
         calibrate=calibrate,
         timing=timing,
     )
-    fed = Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint, server)
+    fed = Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
     return fed, learner
 
 

@@ -9,7 +9,7 @@ import torch
 
 from fedssl import costs
 from fedssl.data.catalog import dataset_spec
-from fedssl.fl.engine import nbytes
+from fedssl.fl.state import nbytes
 from fedssl.methods.mfcl import paper_costs
 from fedssl.methods.mfcl.run import build_client_module, pre_pool_numel
 from fedssl.models.autoencoder import reconstruction_loss

@@ -8,12 +8,12 @@ import numpy as np
 import torch
 
 from fedssl.data.augment import BatchAugment
-from fedssl.fl.runner import train_data
 from fedssl.methods.mfcl.run import (
     build_client_module,
     dropped_clients,
     export_client,
 )
+from fedssl.rounds.runner import train_data
 from fedssl.runtime import write_json
 
 

@@ -17,8 +17,7 @@ import torch
 from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.epochs import run_epochs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward, vectorise_clients
-from fedssl.fl.engine import Federation, LocalTraining, Strategy, federation_config, write_round_log
-from fedssl.fl.runner import run_federation, train_data
+from fedssl.fl.state import federation_config, write_round_log
 from fedssl.losses import nt_xent
 from fedssl.models.autoencoder import (
     ClientAutoencoder,
@@ -29,7 +28,10 @@ from fedssl.models.encoders import frozen
 from fedssl.models.rserver import MfclEncoder, RServerModel
 from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
 from fedssl.precision import under_policy
+from fedssl.rounds.loop import Federation, LocalTraining
+from fedssl.rounds.runner import run_federation, train_data
 from fedssl.runtime import derive_seed, numpy_rng, torch_generator, torch_save, write_tsv
+from fedssl.strategies.base import Strategy
 from fedssl.strategies.secure_fedavg import SecureFedAvg
 
 

@@ -9,7 +9,7 @@
 * Memory: that step's saved activations, the activations it holds and the gradient it
   receives, plus the client part four times over (online, momentum, gradient, SGD momentum).
 
-The projection (``python -m fedssl.costs``) counts the same for the average client at full
+The projection (``fedssl costs``) counts the same for the average client at full
 scale from the protocol's formula (:mod:`fedssl.methods.mocosfl.comm`), without training.
 """
 

@@ -13,8 +13,7 @@ from fedssl.data import to_device
 from fedssl.data.augment import BatchAugment, multi_view, to_float
 from fedssl.data.partition import stratified_subset
 from fedssl.fl.cohort import OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import Federation, federation_config
-from fedssl.fl.runner import run_federation, train_data
+from fedssl.fl.state import federation_config
 from fedssl.methods.mocosfl import paper_layer
 from fedssl.methods.mocosfl.comm import check_ledger
 from fedssl.methods.mocosfl.split import (
@@ -27,6 +26,8 @@ from fedssl.methods.mocosfl.split import (
     SplitNets,
     build_nets,
 )
+from fedssl.rounds.loop import Federation
+from fedssl.rounds.runner import run_federation, train_data
 from fedssl.runtime import derive_seed, torch_save, write_json, write_tsv
 
 # steps.tsv, one row per logged step. Misalignment of this round's clients' online and

@@ -11,7 +11,7 @@
   weights are stacked along a leading client axis and run with ``torch.func.vmap`` (GN + WS has
   no running statistics), or one after another with ``parallel=False`` (same numbers).
 
-Where things live (all in :class:`~fedssl.fl.engine.FedState`, so the checkpoint is exact):
+Where things live (all in :class:`~fedssl.fl.state.FedState`, so the checkpoint is exact):
 ``state.server``: ``server`` / ``server_momentum`` / ``server_opt`` (top + projector, its EMA,
 its SGD momentum), ``queue`` (keys and write pointer), ``sync`` (the latest synced client
 models and how many syncs happened), ``client_init`` (the common initial client model);
@@ -41,13 +41,15 @@ from fedssl.fl.cohort import (
     scatter,
     stack,
 )
-from fedssl.fl.engine import FedState, RoundUpdates, Strategy, fedavg
-from fedssl.fl.momentum import FeatureQueue, ema_update, misalignment
+from fedssl.fl.state import FedState, RoundUpdates
 from fedssl.losses import moco_queue_loss
 from fedssl.models.heads import ProjectionHead
+from fedssl.models.momentum import FeatureQueue, ema_update, misalignment
 from fedssl.models.split import ServerPart, SplitMobileNetV2, SplittableNet, split_resnet18
 from fedssl.precision import under_policy
 from fedssl.runtime import derive_seed, torch_generator
+from fedssl.strategies.aggregation import fedavg
+from fedssl.strategies.base import Strategy
 
 Tensors = dict[str, torch.Tensor]
 

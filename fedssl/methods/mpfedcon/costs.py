@@ -16,9 +16,9 @@ from torch import nn
 
 from fedssl import costs
 from fedssl.fl.cohort import Batch
-from fedssl.fl.engine import Phase
 from fedssl.methods.mpfedcon.run import local_phases, make_strategy, num_classes_of, seeded_model
 from fedssl.methods.mpfedcon.train import ce_loss
+from fedssl.rounds.loop import Phase
 
 PROBE_PAIRS = 6  # 12 probe rows: Per-FedAvg's meta-step slices its batch in 2 or 3
 

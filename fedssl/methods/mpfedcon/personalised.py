@@ -18,10 +18,10 @@ from torch.func import functional_call
 from fedssl.data.augment import to_float
 from fedssl.eval.personal import client_outputs
 from fedssl.fl.cohort import forward
-from fedssl.fl.engine import Phase
 from fedssl.losses import masked_cross_entropy
 from fedssl.methods.mpfedcon.nets import Anchored, part
 from fedssl.methods.mpfedcon.train import SplitStrategy, ce_loss
+from fedssl.rounds.loop import Phase
 from fedssl.runtime import numpy_rng
 from fedssl.strategies import apfl, perfedavg
 from fedssl.strategies.ditto import ditto_prox
@@ -77,8 +77,17 @@ class ScaffoldStrategy(Scaffold, SplitStrategy):
     """Control variates on the network's trainable parameters (not on buffers, spec §8.6); the
     correction sits in the companion network, zero for buffers."""
 
-    def __init__(self, cfg, p, model, tests):
-        super().__init__(cfg, p, model, tests, eta_g=p.scaffold_eta_g)
+    def __init__(self, cfg, p, model, tests, data=None):
+        super().__init__(
+            cfg,
+            p,
+            model,
+            tests,
+            data,
+            local_epochs=p.body_epochs,
+            batch_size=p.batch_size,
+            eta_g=p.scaffold_eta_g,
+        )
         self.controlled = self.net_params
 
     def correction_key(self, key: str) -> str:
@@ -127,8 +136,8 @@ class PersonalModelStrategy(PersonalModel, SplitStrategy):
     """FedAvg of w plus a personal model v (and APFL's α) kept by each client; v starts as the
     initial network, like local training's."""
 
-    def __init__(self, cfg, p, model, tests):
-        super().__init__(cfg, p, model, tests)
+    def __init__(self, cfg, p, model, tests, data=None):
+        super().__init__(cfg, p, model, tests, data)
         own = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.initial = {k: v for k, v in own.items() if k.startswith("personal.") or k == "alpha"}
 
@@ -154,7 +163,7 @@ class PerFedAvgStrategy(SplitStrategy):
     batch of its own training data (spec §11.4)."""
 
     def outputs(self, state, round_):
-        t, data, p = self.tests, self.fed.data, self.p
+        t, data, p = self.tests, self.data, self.p
         w = part(state.server["global"], "net")
         net = self.model.net
 
@@ -185,8 +194,9 @@ def local_schedule(p, strategy: SplitStrategy, cohort) -> list[Phase]:
     """The variant's local phases; ``cohort(loss, epochs, batch_size, after_step)`` builds a
     cohort trainer of the party's network."""
     net, epochs = strategy.net_params, p.body_epochs
-    if p.variant == "scaffold":
-        return [Phase(cohort(scaffold_loss(), epochs), lambda s: net)]
+    if p.variant == "scaffold":  # the schedule SCAFFOLD counts its K local steps by
+        trainer = cohort(scaffold_loss(), strategy.local_epochs, strategy.batch_size)
+        return [Phase(trainer, lambda s: net)]
     personal = (
         {k for k in strategy.initial if k.startswith("personal.")}
         if p.variant

@@ -11,14 +11,7 @@ import torch
 from fedssl.data.augment import views_of
 from fedssl.eval.personal import PersonalLog
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
-from fedssl.fl.engine import (
-    Federation,
-    LocalTraining,
-    Phase,
-    federation_config,
-    nbytes,
-)
-from fedssl.fl.runner import run_federation, train_data
+from fedssl.fl.state import federation_config, nbytes
 from fedssl.methods.mpfedcon import HEAD_FIRST, PERSONALISED, personalised
 from fedssl.methods.mpfedcon.nets import Anchored, build_net
 from fedssl.methods.mpfedcon.train import (
@@ -29,6 +22,8 @@ from fedssl.methods.mpfedcon.train import (
     prox_loss,
     test_data,
 )
+from fedssl.rounds.loop import Federation, LocalTraining, Phase
+from fedssl.rounds.runner import run_federation, train_data
 from fedssl.runtime import StageFailed, derive_seed, torch_save
 
 
@@ -40,13 +35,15 @@ def seeded_model(p, image_shape, num_classes: int, device) -> Anchored:
     ).to(device)
 
 
-def make_strategy(p, model: Anchored, tests: TestData | None) -> SplitStrategy:
+def make_strategy(
+    p, model: Anchored, tests: TestData | None, data: LocalData | None = None
+) -> SplitStrategy:
     """The variant's protocol: SCAFFOLD, APFL, Ditto and Per-FedAvg their own, the rest the
     split strategy (shared layers averaged, personal kept, MpFedcon's class centres)."""
     cfg = federation_config(p, p.seed)
     if p.variant in PERSONALISED:
-        return personalised.STRATEGIES[p.variant](cfg, p, model, tests)
-    return SplitStrategy(cfg, p, model, tests)
+        return personalised.STRATEGIES[p.variant](cfg, p, model, tests, data)
+    return SplitStrategy(cfg, p, model, tests, data)
 
 
 def local_phases(p, model: Anchored, strategy: SplitStrategy, parallel: bool) -> list[Phase]:
@@ -77,7 +74,7 @@ def make_federation(
     p, model: Anchored, data: LocalData, tests: TestData, ckpt, fingerprint: str
 ) -> Federation:
     """The variant's strategy and local schedule over the parties' data."""
-    strategy = make_strategy(p, model, tests)
+    strategy = make_strategy(p, model, tests, data)
     parallel = vectorise_clients(p.parallel_clients, data.device)
     phases = local_phases(p, model, strategy, parallel)
     cfg = federation_config(p, p.seed)

@@ -3,7 +3,7 @@
 :class:`SplitStrategy` is the layered network's protocol: the server holds the shared layers
 (and, for MpFedcon, the global class centres); a sampled party downloads them, starts from them
 and the layers it kept (its personal head), trains in one or two phases (head first, then body:
-:class:`~fedssl.fl.engine.Phase`), uploads its shared layers (and its class centres with their
+:class:`~fedssl.rounds.loop.Phase`), uploads its shared layers (and its class centres with their
 counts) and keeps the rest. Every round the strategy's ``evaluate`` hook scores every party's
 own model on its own test split (:mod:`fedssl.eval.personal`). Per-party state lives in
 ``FedState.clients``, so the engine's checkpoint resumes a run exactly.
@@ -23,19 +23,14 @@ from fedssl.data import to_device
 from fedssl.data.augment import to_float
 from fedssl.eval.personal import PersonalLog, client_outputs
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward
-from fedssl.fl.engine import (
-    FederationConfig,
-    FedState,
-    RoundUpdates,
-    Strategy,
-    fedavg,
-    stacked,
-)
+from fedssl.fl.state import FederationConfig, FedState, RoundUpdates
 from fedssl.losses import masked_cross_entropy, model_contrastive_loss
 from fedssl.methods.mpfedcon.nets import Anchored, layer_of, net_keys, part
 from fedssl.models.cnn import LayeredNet
 from fedssl.models.heads import ProjectionHead
 from fedssl.runtime import derive_seed, torch_generator
+from fedssl.strategies.aggregation import fedavg, stacked
+from fedssl.strategies.base import Strategy
 from fedssl.strategies.fedprox import proximal
 
 CENTRE_KEYS = ("centres", "has_centre")  # what the server sends: the bank and which rows hold
@@ -126,8 +121,10 @@ def alive_fractions(net: LayeredNet, weights: dict, data: LocalData, idx) -> dic
 class SplitStrategy(Strategy):
     """Shared layers averaged, personal layers kept; optional class centres (MpFedcon)."""
 
-    def __init__(self, cfg: FederationConfig, p, model: Anchored, tests: TestData):
-        super().__init__(cfg)
+    def __init__(
+        self, cfg: FederationConfig, p, model: Anchored, tests: TestData, data: LocalData | None
+    ):
+        super().__init__(cfg, data)
         self.p, self.model, self.tests = p, model, tests
         self.keys = net_keys(model)
         self.shared = [k for k in self.keys if layer_of(k) in p.shared_layers]
@@ -204,7 +201,7 @@ class SplitStrategy(Strategy):
     def local_centres(self, client: int, trained: dict) -> dict:
         """Eq. 3 after local training: the mean projection P(D(x)) of each class the party
         holds (no augmentation), with the class ids and sample counts m_k (SUG, for A5)."""
-        data = self.fed.data
+        data = self.data
         idx = torch.as_tensor(data.clients[client], device=data.device)
         _, z, _ = functional_call(self.model, trained, (to_float(data.images[idx]),))
         y = data.labels[idx]
@@ -282,7 +279,7 @@ class SplitStrategy(Strategy):
         training images (stored order, no augmentation), the fraction of units that fire on
         at least one image, in D's output layer and in P's hidden layer; mean over parties.
         Reads the parties' networks only: no random draw, no training state touched."""
-        data, rows = self.fed.data, []
+        data, rows = self.data, []
         for c in range(len(data.clients)):
             idx = torch.as_tensor(data.clients[c][:ALIVE_BATCH], device=data.device)
             rows.append(alive_fractions(self.model.net, self.party_state(state, c), data, idx))
@@ -298,7 +295,7 @@ class SplitStrategy(Strategy):
         below = [name for name in ("base", "projector", "output") if name not in top]
         params = {k[len("net.") :]: v for k, v in glob.items()}
         features = _features_below(net, below, params)
-        data = self.fed.data
+        data = self.data
         local = _party_features(features, data)
         start = {
             f"{i}.{k[len(name) + 1 :]}": v

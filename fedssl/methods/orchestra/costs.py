@@ -10,7 +10,7 @@ from torch import nn
 from fedssl import costs
 from fedssl.data.catalog import dataset_spec
 from fedssl.fl.cohort import Batch
-from fedssl.fl.engine import nbytes
+from fedssl.fl.state import nbytes
 from fedssl.methods.orchestra.loss import orchestra_loss
 from fedssl.methods.orchestra.model import MEMORY, ROTATIONS, seeded_orchestra_model
 

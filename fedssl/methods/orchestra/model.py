@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedssl.data.augment import BatchAugment
-from fedssl.fl.momentum import ema_after_step, momentum_pairs
 from fedssl.models.encoders import build_backbone, frozen
 from fedssl.models.heads import BNMLP
+from fedssl.models.momentum import ema_after_step, momentum_pairs
 from fedssl.precision import channels_last
 from fedssl.runtime import derive_seed
 

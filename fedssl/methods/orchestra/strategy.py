@@ -7,7 +7,7 @@ their memory, cluster it and upload the model with their local centroids; the se
 the model and re-clusters the global centroids.
 
 One deviation from the authors' loop: the target's EMA runs after each optimiser step (the
-shared :func:`fedssl.fl.momentum.ema_after_step`) instead of before each forward, so a round's
+shared :func:`fedssl.models.momentum.ema_after_step`) instead of before each forward, so a round's
 EMA sees the weights after steps 1..K where the authors' sees those after steps 0..K-1.
 """
 
@@ -19,18 +19,13 @@ import torch
 from torch.func import functional_call
 
 from fedssl.data.augment import BatchAugment
-from fedssl.fl.engine import (
-    FederationConfig,
-    FedState,
-    RoundUpdates,
-    Strategy,
-    fedavg,
-    model_state,
-    stacked,
-)
+from fedssl.fl.cohort import LocalData
+from fedssl.fl.state import FederationConfig, FedState, RoundUpdates, model_state
 from fedssl.methods.orchestra.clustering import global_clustering, local_clustering
 from fedssl.methods.orchestra.model import CENTROIDS, MEMORY, OrchestraModel
 from fedssl.runtime import numpy_rng, torch_generator
+from fedssl.strategies.aggregation import fedavg, stacked
+from fedssl.strategies.base import Strategy
 
 LOCAL_CENTROIDS = "local_centroids"
 
@@ -40,8 +35,8 @@ class OrchestraStrategy(Strategy):
     centroids come from the server) that keep only their memory; FedAvg by data size, then
     global clustering of the uploaded local centroids."""
 
-    def __init__(self, cfg: FederationConfig, model: OrchestraModel, p):
-        super().__init__(cfg)
+    def __init__(self, cfg: FederationConfig, model: OrchestraModel, p, data: LocalData):
+        super().__init__(cfg, data)
         self.p, self.model = p, model
         self.online = set(model.online_names())
 
@@ -89,13 +84,13 @@ class OrchestraStrategy(Strategy):
     # ------------------------------------------------------------------ the client's memory
     def memory_rows(self, client: int) -> int:
         """m_k = min(m, n_k): a client smaller than the memory clusters its own samples once."""
-        return min(self.p.memory_size, len(self.fed.data.clients[client]))
+        return min(self.p.memory_size, len(self.data.clients[client]))
 
     @torch.no_grad()
     def first_memory(self, received, client: int) -> torch.Tensor:
         """The target projections of view 1 of the client's first m_k samples, in training-mode
         BN whose statistics are then discarded, repeated to fill the m rows."""
-        data, p = self.fed.data, self.p
+        data, p = self.data, self.p
         rows = torch.as_tensor(data.clients[client][: self.memory_rows(client)]).to(data.device)
         gen = torch_generator(data.device, self.cfg.seed, "memory", client)
         view = BatchAugment(p.augment, data.images.shape[-1])  # A, as view 1 of training

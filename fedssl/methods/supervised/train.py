@@ -25,7 +25,7 @@ import copy
 import torch
 from torch import nn
 
-from fedssl.fl.engine import FedState
+from fedssl.fl.state import FedState
 from fedssl.losses import masked_cross_entropy, model_contrastive_loss
 from fedssl.methods.federated_supervised import ScoredFedAvg
 from fedssl.models.cnn import LayeredNet, layered_net

@@ -16,21 +16,15 @@ import yaml
 
 from fedssl.experiment import experiment_model
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
-from fedssl.fl.engine import (
-    Federation,
-    FederationConfig,
-    LocalTraining,
-    Strategy,
-    fedavg,
-    model_state,
-    nbytes,
-    stacked,
-)
+from fedssl.fl.state import FederationConfig, model_state, nbytes
 from fedssl.methods.cpcfl import costs as cfl_costs
 from fedssl.methods.cpcfl import federation as cfl
 from fedssl.methods.cpcfl.models import Encoder, PoolModel, SSLNet, seeded
 from fedssl.methods.cpcfl.pool import PoolStrategy
 from fedssl.models.cnn import CPCFLEncoder
+from fedssl.rounds.loop import Federation, LocalTraining
+from fedssl.strategies.aggregation import fedavg, stacked
+from fedssl.strategies.base import Strategy
 from tests.fixtures import make_tiny_project, toy_images
 
 SHAPE = (1, 28, 28)
@@ -388,7 +382,7 @@ def test_each_client_downloads_the_pool_and_uploads_one_model_and_its_choice(tmp
 def test_the_failure_rule_waits_patience_rounds_after_t_c_or_fires_at_the_end():
     p = tiny_exp(cfl={"clusters": 2, "rounds": 10, "explore_rounds": 2, "patience": 3})
     strategy = PoolStrategy(
-        FederationConfig(10, 1.0, 0.1), p.cfl, [{}, {}], PoolModel(p.encoder, "c", SHAPE, 4)
+        FederationConfig(10, 1.0, 0.1), None, p.cfl, [{}, {}], PoolModel(p.encoder, "c", SHAPE, 4)
     )
 
     def play(used_per_round):

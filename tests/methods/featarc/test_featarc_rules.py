@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedssl.fl.engine import fedavg, nbytes, stacked
+from fedssl.fl.state import nbytes
 from fedssl.losses import nt_xent
 from fedssl.methods import federated
 from fedssl.methods.featarc import FeatARCParams
@@ -18,6 +18,7 @@ from fedssl.methods.featarc import model as featarc_model
 from fedssl.methods.featarc import strategy as featarc
 from fedssl.methods.fedsimclr import FedSimCLRParams
 from fedssl.models.encoders import seeded_contrastive_model
+from fedssl.strategies.aggregation import fedavg, stacked
 from tests.fl.test_engine import toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedssl.fl.cohort import Batch
-from fedssl.fl.engine import nbytes
+from fedssl.fl.state import nbytes
 from fedssl.losses import byol_loss
 from fedssl.methods import federated
 from fedssl.methods.fedbyol import FedBYOLParams, FedEMAParams, FedUParams

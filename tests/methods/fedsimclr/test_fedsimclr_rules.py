@@ -10,10 +10,11 @@ import torch
 from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.experiment import experiment_model
 from fedssl.fl.cohort import Batch
-from fedssl.fl.engine import fedavg, nbytes, stacked
+from fedssl.fl.state import nbytes
 from fedssl.losses import nt_xent
 from fedssl.methods import federated
 from fedssl.models.encoders import seeded_contrastive_model
+from fedssl.strategies.aggregation import fedavg, stacked
 from tests.fixtures import tiny_experiment
 from tests.fl.test_engine import toy_data
 

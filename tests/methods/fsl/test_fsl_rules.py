@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from fedssl.fl.cohort import client_batches
-from fedssl.fl.engine import fedavg, nbytes, stacked
+from fedssl.fl.state import nbytes
 from fedssl.methods import federated_supervised as runtime
 from fedssl.methods.fsl import FSLParams
 from fedssl.methods.fsl import train as fsl
 from fedssl.params import ModelParams
+from fedssl.strategies.aggregation import fedavg, stacked
 from tests.fl.test_engine import SHAPE, toy_data
 from tests.methods.supervised.test_supervised_rules import held_out
 

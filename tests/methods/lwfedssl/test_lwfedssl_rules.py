@@ -138,7 +138,7 @@ def test_the_server_averages_what_came_back_weighted_by_client_data_size(tmp_pat
     """Alg. 1: L_s, H, P <- sum_i |D_i| / sum_j |D_j| (.)^i over the clients of the round
     (toy clients hold 40, 30 and 30 images), summed as the clients finish (no upload kept) to
     the very bits of the stacked mean."""
-    from fedssl.fl.engine import fedavg, stacked
+    from fedssl.strategies.aggregation import fedavg, stacked
 
     p = tiny_exp("fedmoco_lw").method
     data, _ = toy_data()

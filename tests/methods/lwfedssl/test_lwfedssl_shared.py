@@ -16,7 +16,9 @@ from torch.func import functional_call
 from fedssl import costs, report
 from fedssl.data.augment import to_float
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, StackedOptimizer
-from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
+from fedssl.fl.state import FederationConfig
+from fedssl.rounds.loop import Federation, LocalTraining
+from fedssl.strategies.base import Strategy
 from tests.fixtures import toy_images
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -15,11 +15,13 @@ from fedssl import params as P
 from fedssl.data.augment import BatchAugment
 from fedssl.experiment import experiment_model
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig
-from fedssl.fl.engine import Federation, FederationConfig, LocalTraining, Strategy
+from fedssl.fl.state import FederationConfig
 from fedssl.methods.mfcl import run as mfcl
 from fedssl.models.autoencoder import ClientAutoencoder
 from fedssl.models.encoders import BasicBlock
 from fedssl.models.rserver import MfclEncoder, RServerModel, RServerModule
+from fedssl.rounds.loop import Federation, LocalTraining
+from fedssl.strategies.base import Strategy
 from tests.fixtures import TINY_MFCL_EXPERIMENT, add_tiny_mfcl, make_tiny_project, run, toy_images
 
 

@@ -14,8 +14,7 @@ from torch.func import functional_call
 
 from fedssl.data.augment import to_float
 from fedssl.fl.cohort import LocalData, stack
-from fedssl.fl.engine import FedState, Ledger, fedavg
-from fedssl.fl.momentum import misalignment
+from fedssl.fl.state import FedState, Ledger
 from fedssl.losses import moco_queue_loss
 from fedssl.methods import registry
 from fedssl.methods.mocosfl import MocoSflParams, SflBackbone
@@ -30,6 +29,8 @@ from fedssl.methods.mocosfl.split import (
     SflSync,
     build_nets,
 )
+from fedssl.models.momentum import misalignment
+from fedssl.strategies.aggregation import fedavg
 
 CPU = torch.device("cpu")
 torch.set_num_threads(1)  # tiny convolutions: threads only add overhead (and CI shares cores)
@@ -115,7 +116,7 @@ def test_a_split_step_gives_the_gradients_of_end_to_end_backprop(tmp_path):
     server = {k: v.unsqueeze(0).clone() for k, v in state.server["server"].items()}
     server_m = {k: v.clone() for k, v in state.server["server_momentum"].items()}
     server_opt = {"step": torch.zeros(1), "m": {k: torch.zeros_like(v) for k, v in server.items()}}
-    from fedssl.fl.momentum import FeatureQueue
+    from fedssl.models.momentum import FeatureQueue
 
     queue = FeatureQueue(32, 8, 1)
     keys_before = queue.keys.clone()

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from fedssl.data.augment import to_float
 from fedssl.fl.cohort import stack
-from fedssl.fl.momentum import FeatureQueue, misalignment
 from fedssl.methods.mocosfl.split import KnnMonitor, SplitEncoder, unprefixed
+from fedssl.models.momentum import FeatureQueue, misalignment
 from tests.methods.mocosfl.test_mocosfl import SHAPE, federation, params, toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")

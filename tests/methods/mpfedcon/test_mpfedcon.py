@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from fedssl.data.augment import pad_crop_flip
 from fedssl.fl.cohort import LocalData
-from fedssl.fl.engine import nbytes
+from fedssl.fl.state import nbytes
 from fedssl.methods.gradient_leakage import LeakageParams
 from fedssl.methods.mpfedcon import MpFedconParams
 from fedssl.methods.mpfedcon import run as R

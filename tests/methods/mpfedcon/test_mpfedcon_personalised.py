@@ -282,7 +282,7 @@ def test_hessian_free_per_fedavg_matches_exact_maml_within_a_percent():
 
 def test_per_fedavg_scores_each_party_after_one_alpha_step_on_its_own_data(tmp_path):
     fed, state = run(tmp_path, params("perfedavg", rounds=1))
-    s, p, data = fed.strategy, fed.strategy.p, fed.strategy.fed.data
+    s, p, data = fed.strategy, fed.strategy.p, fed.data
     w = {k[len("net.") :]: v for k, v in state.server["global"].items()}
     _, _, probs = s.outputs(state, 0)
     for c in range(3):

@@ -82,7 +82,7 @@ def test_the_round_log_carries_the_mean_over_parties(tmp_path):
         assert 0.0 < row["alive_head"] <= 1.0 and 0.0 < row["alive_base"] <= 1.0
     per_party = [
         T.alive_fractions(
-            s.model.net, s.party_state(state, c), s.fed.data, torch.as_tensor(s.fed.data.clients[c])
+            s.model.net, s.party_state(state, c), s.data, torch.as_tensor(s.data.clients[c])
         )["alive_head"]
         for c in range(3)
     ]

@@ -13,12 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from fedssl.fl.cohort import Batch, LocalData
-from fedssl.fl.engine import fedavg, nbytes, stacked
+from fedssl.fl.state import nbytes
 from fedssl.methods import federated_supervised as runtime
 from fedssl.methods.supervised import SupervisedParams
 from fedssl.methods.supervised import train as sup
 from fedssl.methods.supervised.costs import step_costs
 from fedssl.params import ModelParams
+from fedssl.strategies.aggregation import fedavg, stacked
 from tests.fl.test_engine import SHAPE, toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")

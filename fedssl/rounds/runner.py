@@ -10,16 +10,11 @@ from pathlib import Path
 from torch import nn
 
 from fedssl.data import to_device
-from fedssl.fl.cohort import LocalData
-from fedssl.fl.engine import (
-    LOG_FIELDS,
-    TIMING_FIELDS,
-    Federation,
-    FedState,
-    client_data,
-    write_round_log,
-)
+from fedssl.eval.monitor import knn_monitor
+from fedssl.fl.cohort import LocalData, client_data
+from fedssl.fl.state import LOG_FIELDS, TIMING_FIELDS, FedState, write_round_log
 from fedssl.progress import Progress, say
+from fedssl.rounds.loop import Federation
 from fedssl.runtime import write_json
 
 
@@ -81,10 +76,8 @@ def round_images_estimate(fed: Federation) -> int:
 
 
 def attach_monitor(ctx, fed: Federation, model: nn.Module | None, state: FedState) -> None:
-    """The k-NN monitor on ``fed`` (:mod:`fedssl.fl.monitor`), with the untrained network's
+    """The k-NN monitor on ``fed`` (:mod:`fedssl.eval.monitor`), with the untrained network's
     accuracy when the run starts at round 0."""
-    from fedssl.fl.monitor import knn_monitor
-
     if model is None:
         raise ValueError("monitor_every: this method's federation has no model to monitor")
     fed.monitor = knn_monitor(ctx, model, fed.cfg.monitor_every, fed.cfg.rounds, fed.cfg.seed)

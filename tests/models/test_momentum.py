@@ -8,7 +8,7 @@ import io
 import pytest
 import torch
 
-from fedssl.fl.momentum import FeatureQueue, ema_update, misalignment, moco_momentum
+from fedssl.models.momentum import FeatureQueue, ema_update, misalignment, moco_momentum
 
 
 def randn(*shape, seed):

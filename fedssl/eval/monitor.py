@@ -103,7 +103,7 @@ class KnnMonitor:
         return torch.cat(out).flatten(1).cpu().numpy()
 
     def __call__(self, fed, state, round_: int) -> dict:
-        """The engine's hook (:attr:`fedssl.fl.engine.Federation.monitor`): the round log's
+        """The engine's hook (:attr:`fedssl.rounds.loop.Federation.monitor`): the round log's
         monitor columns after round index ``round_``."""
         out = {"knn_monitor_round0": self.start} if round_ == 0 and self.start is not None else {}
         if self.due(round_):

@@ -1,6 +1,6 @@
-"""``python -m fedssl.costs EXPERIMENT...``: each experiment's projected full-scale client costs,
-through its method's ``projected_costs`` hook. It sits above the method registry (the methods
-use the meters of :mod:`fedssl.costs`; this command uses the methods)."""
+"""``fedssl costs EXPERIMENT...``: each experiment's projected full-scale client costs, through
+its method's ``projected_costs`` hook. A face above the method registry: the methods use the
+meters of :mod:`fedssl.costs`; this command uses the methods."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fedssl.presets import Presets
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fedssl.costs EXPERIMENT...``: the average client's projected full-scale
+    """``fedssl costs EXPERIMENT...``: the average client's projected full-scale
     costs of each experiment preset, as a Markdown table (nothing is run or written)."""
     ap = argparse.ArgumentParser(prog="fedssl costs", description=main.__doc__)
     ap.add_argument("experiments", nargs="+", help="params/experiments/<name>.yaml presets")

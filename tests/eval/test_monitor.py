@@ -1,4 +1,4 @@
-"""The k-NN monitor (fedssl.fl.monitor) as the engine's logging hook: it logs the global
+"""The k-NN monitor (fedssl.eval.monitor) as the engine's logging hook: it logs the global
 encoder's k-NN accuracy at its rounds and the untrained network's in round 1's row, and it
 moves nothing of the training (losses, weights, the random streams)."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedssl.fl.monitor import KnnMonitor, backbone_of
+from fedssl.eval.monitor import KnnMonitor, backbone_of
 from fedssl.methods import federated
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.params import KnnParams
