@@ -8,7 +8,8 @@
   in one line (Snakemake running it, DVC asked to);
 * a checkpoint is resumed only under the compute settings it was written with;
 * saved bytes do not depend on Python's hash seed (SCAFFOLD's control variates);
-* resource errors and damaged files end in one line naming the file.
+* resource errors and damaged files end in one line naming the file;
+* a failing or killed report stage leaves the committed report as it was, in both front ends.
 """
 
 from __future__ import annotations
@@ -274,6 +275,65 @@ def test_snakemake_refuses_a_tampered_partition_instead_of_training_on_it(projec
     assert f"artifacts/partitions/tiny_dir05_m3/clients.npz: changed since {PARTITION}" in log
     assert "Traceback" not in log
     assert committed(project) == before and planned_jobs(project) == set()
+
+
+REPORT = "report__default"
+
+
+def test_a_failing_report_stage_leaves_the_committed_report_and_both_front_ends_as_they_were(
+    project,
+):
+    """The report stage forced to fail (a partition heat-map it copies changed since its
+    stage wrote it), run by each front end: Snakemake deletes a job's declared outputs before
+    it runs, so the report's committed files must not be among them. Every committed file is
+    byte for byte what it was, and neither front end plans anything once the input is back."""
+    before = committed(project)
+    heatmap = project / "artifacts/partitions/tiny_dir05_m3/heatmap.png"
+    saved = heatmap.read_bytes()
+    try:
+        flip_byte(heatmap)
+        for cmd in (
+            ["snakemake", REPORT, "--forcerun", REPORT, "--cores", "1"],
+            ["dvc", "repro", "--force", "--single-item", REPORT],
+        ):
+            proc = run(cmd, project, check=False)
+            said = proc.stdout + proc.stderr
+            assert proc.returncode != 0 and "heatmap.png: changed since" in said, said[-2000:]
+            assert committed(project) == before, cmd
+    finally:
+        heatmap.write_bytes(saved)
+    assert planned_jobs(project) == set()
+    assert dvc_stale(project) == set()
+
+
+def test_a_killed_report_stage_leaves_the_committed_report_and_snakemake_with_nothing_to_do(
+    project,
+):
+    """Snakemake runs the report; it is SIGKILLed while writing its files aside (its scratch
+    copy of results/ exists). The committed report is as it was, and the next plan has
+    nothing to do (the report's outputs as Snakemake sees them come back with the receipt)."""
+    before = committed(project)
+    scratch = project / "artifacts/reports"
+    proc = subprocess.Popen(
+        ["snakemake", REPORT, "--forcerun", REPORT, "--cores", "1"],
+        cwd=project,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 300
+        while not (writing := list(scratch.glob("default.partial-default-*"))):
+            assert proc.poll() is None and time.time() < deadline, "the report did not start"
+            time.sleep(0.005)
+        os.kill(int(writing[0].name.rpartition("-")[2]), signal.SIGKILL)
+        assert proc.wait(timeout=120) != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert committed(project) == before
+    assert planned_jobs(project) == set()
+    assert dvc_stale(project) == set()
 
 
 # ------------------------------------------------------------------ 4: resume settings
