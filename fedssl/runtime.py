@@ -84,6 +84,36 @@ def replacing(path: Path):
         tmp.unlink(missing_ok=True)
 
 
+def move_file(src: Path, dst: Path) -> None:
+    """Move ``src`` onto ``dst`` atomically (a reader sees the old file or the new one). Across
+    file systems (``artifacts/`` on a scratch disk, ``results/`` in the checkout), where a
+    rename cannot, it is copied to a scratch name beside ``dst``, flushed to disk, renamed, and
+    only then removed from ``src``."""
+    import errno
+
+    try:
+        os.replace(src, dst)
+        return
+    except OSError as err:
+        if err.errno != errno.EXDEV:
+            raise
+    with writing(dst), replacing(dst) as tmp:
+        shutil.copyfile(src, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+    _fsync_dir(Path(dst).parent)
+    os.unlink(src)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Flush a folder's entries (a rename in it survives a crash)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_json(path: Path, obj) -> None:
     """Atomic JSON write: a reader never sees half a file."""
     with writing(path), replacing(path) as tmp:

@@ -41,6 +41,7 @@ from fedssl.runtime import (
     StageFailed,
     atomic_dir,
     environment,
+    move_file,
     resume_fingerprint,
     scratch_name,
     stage_lock,
@@ -221,10 +222,11 @@ class Stage:
         }
 
     def land(self, staged: dict[str, Path]) -> None:
-        """Move this run's committed files into place (each file atomically)."""
+        """Move this run's committed files into place (each file atomically, from whatever
+        disk ``artifacts/`` is on)."""
         for path, scratch in staged.items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(scratch, path)
+            move_file(scratch, Path(path))
 
     def done(self) -> None:
         """The stage finished: its resume checkpoint is no longer needed."""

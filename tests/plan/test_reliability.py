@@ -9,7 +9,8 @@
 * a checkpoint is resumed only under the compute settings it was written with;
 * saved bytes do not depend on Python's hash seed (SCAFFOLD's control variates);
 * resource errors and damaged files end in one line naming the file;
-* a failing or killed report stage leaves the committed report as it was, in both front ends.
+* a failing or killed report stage leaves the committed report as it was, in both front ends,
+  and results land from an ``artifacts/`` on another file system.
 """
 
 from __future__ import annotations
@@ -334,6 +335,85 @@ def test_a_killed_report_stage_leaves_the_committed_report_and_snakemake_with_no
     assert committed(project) == before
     assert planned_jobs(project) == set()
     assert dvc_stale(project) == set()
+
+
+def cross_device_replace(monkeypatch) -> list[tuple[str, str]]:
+    """``os.replace`` as on two file systems: a move between folders fails with EXDEV (as
+    from ``artifacts/`` on a scratch disk to ``results/``); the moves refused are listed."""
+    real, refused = os.replace, []
+
+    def replace(src, dst, **kwargs):
+        if Path(src).resolve().parent != Path(dst).resolve().parent:
+            refused.append((str(src), str(dst)))
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(src), None, str(dst))
+        return real(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    return refused
+
+
+def test_results_land_from_artifacts_on_another_file_system(project, monkeypatch):
+    """The report stage rerun in process, every rename across folders refused with EXDEV:
+    its committed files land by copy (the same bytes as before: an identical rerun), and no
+    scratch copy is left in artifacts/."""
+    from stages.report import run as report
+
+    before = committed(project)
+    refused = cross_device_replace(monkeypatch)
+    with in_project(project):
+        report(["default"])
+    assert {dst for _, dst in refused} == {
+        f"results/reports/default/{f}"
+        for f in ("report.md", "report.csv", "report.json", "curves.png")
+    }
+    assert committed(project) == before
+    assert not [p for p in (project / "artifacts/reports").iterdir() if "partial" in p.name]
+
+
+def test_a_move_across_file_systems_replaces_the_file_whole(tmp_path, monkeypatch):
+    from fedssl.runtime import move_file
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    src, dst = tmp_path / "a" / "x.json", tmp_path / "b" / "x.json"
+    src.write_text("new")
+    dst.write_text("old")
+    refused = cross_device_replace(monkeypatch)
+    move_file(src, dst)
+    assert refused and dst.read_text() == "new" and not src.exists()
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["x.json"]
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A real tmpfs of 256 KiB mounted on a fresh folder (skipped where mounting needs
+    privileges this test has not)."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=True)
+
+
+def test_the_report_lands_from_artifacts_on_a_real_tmpfs(project, tmpfs):
+    """artifacts/reports on a tmpfs (a scratch disk): the report stage, run as the front ends
+    run it, lands its committed files in results/ on the other file system."""
+    before = committed(project)
+    reports = project / "artifacts/reports"
+    subprocess.run(["mount", "--bind", str(tmpfs), str(reports)], check=True)
+    try:
+        proc = run(["python", "-m", "stages.report", "default"], project, check=False)
+        assert (reports / "default/meta.json").exists()
+    finally:
+        subprocess.run(["umount", str(reports)], check=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert committed(project) == before
 
 
 # ------------------------------------------------------------------ 4: resume settings
