@@ -42,6 +42,7 @@ from fedssl.runtime import (
     atomic_dir,
     environment,
     move_file,
+    refusal,
     resume_fingerprint,
     scratch_name,
     stage_lock,
@@ -359,7 +360,7 @@ def main_guard(body) -> None:
         print(
             f"error: {loaded_file(e) or 'a checkpoint or artifact'}: refused, not a file of "
             f"plain tensors and values (loaded with weights_only=True; nothing in it ran): "
-            f"rerun the stage that writes it: {str(e).splitlines()[0]}",
+            f"rerun the stage that writes it: {refusal(e)}",
             file=sys.stderr,
         )
         sys.exit(2)

@@ -514,6 +514,105 @@ def test_the_file_size_limit_stops_a_stage_with_one_line(tmp_path):
     assert not list(tmp_path.iterdir())  # no half-written scratch file left
 
 
+def test_torch_save_past_the_file_size_limit_stops_a_stage_with_one_line(tmp_path):
+    """torch's writer hides the OSError behind its own error: under `ulimit -f 8` a model's
+    write ends in one line naming the file, and no scratch file is left."""
+    path = tmp_path / "model.pt"
+    code = (
+        "import torch\n"
+        "from fedssl.stage import main_guard\n"
+        "from fedssl.runtime import torch_save\n"
+        f"main_guard(lambda argv: torch_save({{'w': torch.zeros(99999)}}, {str(path)!r}))"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", f'ulimit -f 8 && exec "{sys.executable}" -c "$0"', code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {path}: cannot write it: ") and "file size limit" in line
+    assert not list(tmp_path.iterdir())
+
+
+def test_torch_save_on_a_full_disk_is_one_line_naming_the_file(tmpfs):
+    import torch
+
+    path = tmpfs / "model.pt"
+    with pytest.raises(StageFailed) as failed:
+        torch_save({"w": torch.zeros(999_999)}, path)
+    assert str(failed.value).startswith(f"{path}: cannot write it: no space left")
+    assert not list(tmpfs.iterdir())
+
+
+def test_a_damaged_features_file_stops_evaluation_in_one_line_naming_it(project, capsys):
+    """The evaluation reads its features only once the run checked them: a truncated
+    features.npz is named (and its producer) in one line, not a zip reader's traceback."""
+    from fedssl.stage import main_guard
+    from stages.evaluate import run as evaluate
+
+    path = project / "artifacts/experiments/tiny_simclr/features/features.npz"
+    saved = path.read_bytes()
+    try:
+        truncate(path)
+        with in_project(project), pytest.raises(SystemExit) as exit_:
+            main_guard(lambda argv: evaluate(["tiny_simclr"]))
+    finally:
+        path.write_bytes(saved)
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2
+    assert line.startswith(f"error: {path.relative_to(project)}: changed since features__")
+
+
+def test_damaged_npz_artifacts_are_refused_naming_the_file(tmp_path):
+    """Without a recorded digest to check first (an output of an older run), the reader
+    itself names the file: truncated, an object array (which would need pickle), an array
+    missing; personal.npz alike."""
+    from fedssl.data import ArtifactError, load_npz
+    from fedssl.eval.personal import summarize
+
+    keys = ("train_x", "train_y")
+    path = tmp_path / "features.npz"
+    np.savez(path, train_x=np.zeros((4, 2)), train_y=np.arange(4))
+    assert load_npz(path, keys)["train_y"].tolist() == [0, 1, 2, 3]
+    truncate(path)
+    with pytest.raises(ArtifactError, match=r"features.npz: not a file of plain arrays"):
+        load_npz(path, keys)
+    np.savez(path, train_x=np.zeros((4, 2)))
+    with pytest.raises(ArtifactError, match=r"features.npz: holds no array 'train_y'"):
+        load_npz(path, keys)
+    personal = tmp_path / "personal.npz"
+    arrays = {k: np.zeros((2, 3)) for k in ("choice", "labels", "probs")}
+    np.savez(personal, accuracy=np.array([{"a": 1}], dtype=object), **arrays)
+    with pytest.raises(ArtifactError) as refused:
+        summarize(personal, None)
+    assert str(refused.value).startswith(f"{personal}: not a file of plain arrays (Object arr")
+    assert "\n" not in str(refused.value)
+
+
+class Crafted:
+    """Not a plain value: torch refuses it under ``weights_only=True``."""
+
+
+def test_a_refused_pickle_is_said_without_torchs_advice_to_load_it_unsafely(tmp_path, capsys):
+    import torch
+
+    from fedssl.stage import main_guard
+
+    path = tmp_path / "model.pt"
+    torch.save({"w": Crafted()}, path)
+    with pytest.raises(SystemExit):
+        main_guard(lambda argv: torch.load(path, weights_only=True))
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    with pytest.raises(StageFailed) as refused:
+        load_checkpoint(path, "f")
+    for said in (line, str(refused.value)):
+        assert f"{path}: " in said and "Unsupported global: GLOBAL tests.plan." in said
+        assert "weights_only=False" not in said and "weights_only` set to `False" not in said
+        assert "\x1b" not in said and "\n" not in said
+
+
 def test_damaged_artifacts_and_checkpoints_are_refused_naming_the_file(tmp_path):
     from fedssl.data import ArtifactError, load_clients, load_split
 
