@@ -97,17 +97,17 @@ def show_command(name: str, committed: list[str]) -> str:
     once the stage succeeded; ``true`` for none)."""
     words = [
         f"mkdir -p {shlex.quote(str(shown(name, p).parent))} && "
-        f"cp {shlex.quote(p)} {shlex.quote(str(shown(name, p)))}"
+        f"cp -p {shlex.quote(p)} {shlex.quote(str(shown(name, p)))}"
         for p in committed
     ]
     return " && ".join(words) or "true"
 
 
 def sync_receipts(dag: Dag) -> dict[str, list[str]]:
-    """Snakemake's view of the DAG (see module doc): each stage's receipt (and the copies of
-    its :func:`shown_files`) exists, dated 1970, when the stage is
-    up to date, and is removed when it must run (so Snakemake runs it and everything after
-    it). Returns the stages that must run, with why."""
+    """Snakemake's view of the DAG (see module doc): each stage's receipt exists, dated 1970,
+    when the stage is up to date (with the copies of its :func:`shown_files`), and is removed
+    when it must run (so Snakemake runs it and everything after it). Returns the stages that
+    must run, with why."""
     STAMPS.mkdir(parents=True, exist_ok=True)
     stale = stale_stages(dag)
     for name, stage in dag.stages.items():
@@ -120,8 +120,8 @@ def sync_receipts(dag: Dag) -> dict[str, list[str]]:
         for path, copy in copies.items():
             if Path(path).exists():  # else Snakemake misses the copy and runs the stage
                 copy.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, copy)
-                os.utime(copy, (0, 0))
+                # dated as the file (newer than any receipt; a zip report refuses 1970)
+                shutil.copy2(path, copy)
         os.utime(receipt(name), (0, 0))
     return stale
 

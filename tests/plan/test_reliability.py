@@ -279,6 +279,7 @@ def test_snakemake_refuses_a_tampered_partition_instead_of_training_on_it(projec
 
 
 REPORT = "report__default"
+REPORT_FILES = ("report.md", "report.csv", "report.json", "curves.png")
 
 
 def test_a_failing_report_stage_leaves_the_committed_report_and_both_front_ends_as_they_were(
@@ -337,6 +338,19 @@ def test_a_killed_report_stage_leaves_the_committed_report_and_snakemake_with_no
     assert dvc_stale(project) == set()
 
 
+def test_snakemakes_report_holds_the_committed_report(project, tmp_path):
+    """`snakemake --report` (a zip) shows the report's four files, the committed bytes, seen
+    through their copies beside the receipt."""
+    import zipfile
+
+    out = tmp_path / "report.zip"
+    run(["snakemake", "--report", str(out), "--cores", "1"], project)
+    with zipfile.ZipFile(out) as z:
+        shown = {Path(n).name: z.read(n) for n in z.namelist() if "/data/raw/" in n}
+    folder = project / "results/reports/default"
+    assert shown == {f: (folder / f).read_bytes() for f in REPORT_FILES}
+
+
 def cross_device_replace(monkeypatch) -> list[tuple[str, str]]:
     """``os.replace`` as on two file systems: a move between folders fails with EXDEV (as
     from ``artifacts/`` on a scratch disk to ``results/``); the moves refused are listed."""
@@ -362,10 +376,7 @@ def test_results_land_from_artifacts_on_another_file_system(project, monkeypatch
     refused = cross_device_replace(monkeypatch)
     with in_project(project):
         report(["default"])
-    assert {dst for _, dst in refused} == {
-        f"results/reports/default/{f}"
-        for f in ("report.md", "report.csv", "report.json", "curves.png")
-    }
+    assert {dst for _, dst in refused} == {f"results/reports/default/{f}" for f in REPORT_FILES}
     assert committed(project) == before
     assert not [p for p in (project / "artifacts/reports").iterdir() if "partial" in p.name]
 
