@@ -4,13 +4,17 @@
 # Snakemake sees each stage through a receipt file (artifacts/.receipts/<stage>.done), not
 # through the stage's outputs: Snakemake deletes a job's outputs before running it, and a stage
 # replaces its own outputs atomically only when it succeeds, so a failed or interrupted run
-# loses nothing. Receipts say what is up to date (fedssl.plan.freshness.sync_receipts).
+# loses nothing. Receipts say what is up to date (fedssl.plan.freshness.sync_receipts). The
+# report's files, for `snakemake --report`, are declared as copies beside its receipt, for the
+# same reason: a failed or killed report job loses only those copies, never the committed report.
 import sys
 
 sys.path.insert(0, workflow.basedir)
 from fedssl.plan.dag import Dag
 from fedssl.plan.dvcfile import commit_ran
-from fedssl.plan.freshness import RAN_LOG, check_data, receipt, sync_receipts
+from fedssl.plan.freshness import (
+    RAN_LOG, check_data, receipt, show_command, shown, shown_files, sync_receipts
+)
 from fedssl.plan.layout import LOGS
 from fedssl.record import write_records
 
@@ -43,9 +47,8 @@ for stage in STAGES_DAG.stages.values():
             [str(receipt(u)) for u in stage.upstream],
         output:
             str(receipt(stage.name)),
-            # the report's files also go into `snakemake --report` (Snakemake deletes them
-            # before the job; they are small, committed, and rewritten at once)
-            [report(p, category=PIPELINE) for p in stage.committed if stage.kind == "report"],
+            # the report's files, for `snakemake --report`: their copies, made on success
+            [report(str(shown(stage.name, p)), category=PIPELINE) for p in shown_files(stage)],
         log:
             str(LOGS / f"{stage.name}.log"),
         threads: THREADS if stage.gpu else 1  # capped by --cores
@@ -55,11 +58,12 @@ for stage in STAGES_DAG.stages.values():
             cmd=stage.cmd,  # params are bound now; a shell string would see the last stage
             name=stage.name,
             ran=RAN_LOG,
+            show=show_command(stage.name, shown_files(stage)),
         shell:
             # tee -i: on Ctrl-C the stage's last words still reach the terminal and the log
             "FEDSSL_THREADS={threads} OMP_WAIT_POLICY=${{OMP_WAIT_POLICY:-PASSIVE}} "
-            "{params.cmd} 2>&1 | tee -i {log} && "
-            "echo {params.name} >> {params.ran} && echo ran > {output}"
+            "{params.cmd} 2>&1 | tee -i {log} && {params.show} && "
+            "echo {params.name} >> {params.ran} && echo ran > {output[0]}"
 
 
 # each stage's plan record, which its job reads (pipelines/plan/; part of its fingerprint),

@@ -84,6 +84,36 @@ def replacing(path: Path):
         tmp.unlink(missing_ok=True)
 
 
+def move_file(src: Path, dst: Path) -> None:
+    """Move ``src`` onto ``dst`` atomically (a reader sees the old file or the new one). Across
+    file systems (``artifacts/`` on a scratch disk, ``results/`` in the checkout), where a
+    rename cannot, it is copied to a scratch name beside ``dst``, flushed to disk, renamed, and
+    only then removed from ``src``."""
+    import errno
+
+    try:
+        os.replace(src, dst)
+        return
+    except OSError as err:
+        if err.errno != errno.EXDEV:
+            raise
+    with writing(dst), replacing(dst) as tmp:
+        shutil.copyfile(src, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+    _fsync_dir(Path(dst).parent)
+    os.unlink(src)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Flush a folder's entries (a rename in it survives a crash)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_json(path: Path, obj) -> None:
     """Atomic JSON write: a reader never sees half a file."""
     with writing(path), replacing(path) as tmp:
@@ -101,10 +131,12 @@ def write_tsv(rows: list[dict], path: Path, fields: list[str]) -> None:
 
 
 def torch_save(obj, path: Path) -> None:
+    """``torch.save`` through a Python file, so a full disk or the file size limit surfaces
+    as the ``OSError`` behind torch's own error (said in one line naming ``path``)."""
     import torch
 
-    with writing(path), replacing(path) as tmp:
-        torch.save(obj, tmp)
+    with writing(path), replacing(path) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)
 
 
 # What a failed write means and what to do about it, by errno: one line naming the path.
@@ -117,12 +149,15 @@ _WRITE_ERRORS = {
 }
 
 
-def write_error(err: OSError, path: Path | str | None = None) -> StageFailed | None:
+def write_error(err: BaseException, path: Path | str | None = None) -> StageFailed | None:
     """A :class:`StageFailed` naming the path for an out-of-resources write error (no
-    space, read-only, quota, file size limit), None for any other error."""
+    space, read-only, quota, file size limit), None for any other error. The ``OSError`` may
+    be the cause of another error (torch's writer raises its own on a failed write)."""
     import errno
 
-    name = errno.errorcode.get(err.errno or 0, "")
+    while err is not None and not isinstance(err, OSError):
+        err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
+    name = errno.errorcode.get(getattr(err, "errno", None) or 0, "")
     if name not in _WRITE_ERRORS:
         return None
     return StageFailed(f"{err.filename or path}: cannot write it: {_WRITE_ERRORS[name]}")
@@ -133,7 +168,7 @@ def writing(path: Path):
     """Turn a resource error while writing ``path`` into a one-line :class:`StageFailed`."""
     try:
         yield
-    except OSError as err:
+    except (OSError, RuntimeError) as err:  # RuntimeError: torch's, over the OSError
         failed = write_error(err, path)
         if failed is None:
             raise
@@ -160,7 +195,7 @@ def load_checkpoint(
     except pickle.UnpicklingError as err:
         raise StageFailed(
             f"{path}: not a checkpoint of plain tensors and numbers, refused "
-            f"unread (delete it to start afresh): {str(err).splitlines()[0]}"
+            f"unread (delete it to start afresh): {refusal(err)}"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise StageFailed(
@@ -172,6 +207,16 @@ def load_checkpoint(
         print(f"{path.name}: {_why_not_resumed(str(theirs), fingerprint)}", flush=True)
         return None
     return ck
+
+
+def refusal(err: BaseException) -> str:
+    """What ``torch.load(weights_only=True)`` refused in a file (e.g. "Unsupported global:
+    GLOBAL os.system"), without torch's advice to load it with ``weights_only=False``, which
+    would run whatever the file holds."""
+    _, found, rest = str(err).partition("WeightsUnpickler error: ")
+    if not found:
+        return "it holds more than tensors and plain values"
+    return rest.splitlines()[0].split(" was not an allowed global")[0].rstrip(". ")
 
 
 def resume_fingerprint(fingerprint: str, settings: dict) -> str:

@@ -41,6 +41,8 @@ from fedssl.runtime import (
     StageFailed,
     atomic_dir,
     environment,
+    move_file,
+    refusal,
     resume_fingerprint,
     scratch_name,
     stage_lock,
@@ -221,10 +223,11 @@ class Stage:
         }
 
     def land(self, staged: dict[str, Path]) -> None:
-        """Move this run's committed files into place (each file atomically)."""
+        """Move this run's committed files into place (each file atomically, from whatever
+        disk ``artifacts/`` is on)."""
         for path, scratch in staged.items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(scratch, path)
+            move_file(scratch, Path(path))
 
     def done(self) -> None:
         """The stage finished: its resume checkpoint is no longer needed."""
@@ -357,7 +360,7 @@ def main_guard(body) -> None:
         print(
             f"error: {loaded_file(e) or 'a checkpoint or artifact'}: refused, not a file of "
             f"plain tensors and values (loaded with weights_only=True; nothing in it ran): "
-            f"rerun the stage that writes it: {str(e).splitlines()[0]}",
+            f"rerun the stage that writes it: {refusal(e)}",
             file=sys.stderr,
         )
         sys.exit(2)

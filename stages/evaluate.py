@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import numpy as np
-
+from fedssl.data import load_npz
 from fedssl.eval.probes import knn_accuracy, linear_probe
 from fedssl.runtime import write_json, write_tsv
 from fedssl.stage import main_guard
 from stages.common import context
 
+SPLIT = ("train_x", "train_y", "test_x", "test_y")
+
 
 def run(argv):
     ctx = context("evaluate", argv, "a params/experiments/<name>.yaml preset")
-    with np.load(ctx.input("features") / "features.npz") as z:
-        f = {k: z[k] for k in z.files}
-    split = (f["train_x"], f["train_y"], f["test_x"], f["test_y"])
-    with ctx.run():
+    with ctx.run():  # the features are read once the run checked them against their digest
+        split = load_npz(ctx.input("features") / "features.npz", SPLIT).values()
         curve: list[dict] = []
         metrics = {
             **linear_probe(*split, ctx.exp.linear_probe, ctx.device, curve),

@@ -38,6 +38,9 @@ def write_prepared(out_dir: Path, name: str, splits: dict) -> dict:
     return summary
 
 
+RERUN = "rerun the stage that writes it (or `dvc checkout` it)"  # a damaged artifact's remedy
+
+
 def load_split(data_dir: Path, split: str, verify: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """A prepared split's images (memory-mapped) and labels; ``verify``: compare both with the
     SHA-256 recorded in dataset.json (the stage runtime checks every input file this way
@@ -65,8 +68,26 @@ def _load(path: Path, **kwargs):
         if isinstance(err, FileNotFoundError):
             raise
         raise ArtifactError(
-            f"{path}: not a plain array file ({str(err).splitlines()[0]}): rerun the stage "
-            f"that writes it (or `dvc checkout` it)"
+            f"{path}: not a plain array file ({str(err).splitlines()[0]}): {RERUN}"
+        ) from None
+
+
+def load_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The arrays ``keys`` of an ``.npz`` artifact, read now; a damaged file, an object array
+    (which would need pickle) or a missing array said in one line naming the file."""
+    import zlib
+
+    try:
+        with np.load(path) as z:
+            missing = [k for k in keys if k not in z.files]
+            if missing:
+                raise ArtifactError(f"{path}: holds no array '{missing[0]}': {RERUN}")
+            return {k: z[k] for k in keys}
+    except (FileNotFoundError, ArtifactError):
+        raise
+    except (ValueError, EOFError, OSError, zipfile.BadZipFile, zlib.error) as err:
+        raise ArtifactError(
+            f"{path}: not a file of plain arrays ({str(err).splitlines()[0]}): {RERUN}"
         ) from None
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedssl.data import load_npz
 from fedssl.eval.metrics import classification_metrics, cluster_metrics
 
 MEMO_KEY = "personal"
@@ -77,9 +78,8 @@ def client_outputs(
 
 def summarize(npz_path: Path, p, true_groups: list[int] | None = None) -> dict:
     """Metrics of a ``personal.npz`` under :class:`~fedssl.params.PersonalEvalParams` ``p``."""
-    with np.load(npz_path) as z:
-        acc, choice = z["accuracy"], z["choice"]
-        labels, probs = z["labels"], z["probs"]
+    z = load_npz(npz_path, ("accuracy", "choice", "labels", "probs"))
+    acc, choice, labels, probs = z["accuracy"], z["choice"], z["labels"], z["probs"]
     mean = acc.mean(1)  # per round, over clients
     rounds = len(mean)
     out = {

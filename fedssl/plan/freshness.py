@@ -9,13 +9,18 @@ stage must run, and gives Snakemake its view of the DAG: each rule's output is a
 that exists, dated 1970, when the stage is up to date, and is removed when it must run.
 Snakemake never sees the real outputs, so it cannot delete them before a job (stages replace
 their outputs atomically, on success only), file times restored by ``dvc checkout`` do not
-matter, and after one front end ran the other sees nothing to do.
+matter, and after one front end ran the other sees nothing to do. The report's files, which
+``snakemake --report`` shows, are declared through copies beside its receipt (:func:`shown`),
+never as themselves: Snakemake would delete the committed report before every report job and
+after a failed one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 from pathlib import Path
 
 from fedssl.data.catalog import missing_data
@@ -35,7 +40,9 @@ def why_stale(dag: Dag, name: str) -> list[str]:
     except (OSError, ValueError):
         return ["not run yet"]
     if meta.get("fingerprint") == dag.fingerprint(name):
-        return []
+        # a committed result file deleted since (DVC sees it too: an out went missing)
+        recorded = meta.get("files", {})
+        return [f"{f} missing" for f in stage.committed if f in recorded and not Path(f).exists()]
     old, new = meta.get("inputs", {}), dag.fingerprint_inputs(name)
     reasons = ["command changed"] if old.get("cmd") != new["cmd"] else []
     reasons += ["plan record changed"] if old.get("plan") != new["plan"] else []
@@ -73,19 +80,49 @@ def receipt(name: str) -> Path:
     return STAMPS / f"{name}.done"
 
 
+def shown_files(stage) -> list[str]:
+    """The committed files of ``stage`` that ``snakemake --report`` shows: the report's."""
+    return stage.committed if stage.kind == "report" else []
+
+
+def shown(name: str, path: str) -> Path:
+    """Where Snakemake sees stage ``name``'s committed file ``path`` (for ``snakemake
+    --report``): a copy beside its receipt, which Snakemake may delete before the job and
+    after a failed one; the committed file lands only when the stage succeeds."""
+    return STAMPS / name / path
+
+
+def show_command(name: str, committed: list[str]) -> str:
+    """The shell words that copy a stage's committed files to where Snakemake sees them (run
+    once the stage succeeded; ``true`` for none)."""
+    words = [
+        f"mkdir -p {shlex.quote(str(shown(name, p).parent))} && "
+        f"cp -p {shlex.quote(p)} {shlex.quote(str(shown(name, p)))}"
+        for p in committed
+    ]
+    return " && ".join(words) or "true"
+
+
 def sync_receipts(dag: Dag) -> dict[str, list[str]]:
     """Snakemake's view of the DAG (see module doc): each stage's receipt exists, dated 1970,
-    when the stage is up to date, and is removed when it must run (so Snakemake runs it and
-    everything after it). Returns the stages that must run, with why."""
+    when the stage is up to date (with the copies of its :func:`shown_files`), and is removed
+    when it must run (so Snakemake runs it and everything after it). Returns the stages that
+    must run, with why."""
     STAMPS.mkdir(parents=True, exist_ok=True)
     stale = stale_stages(dag)
-    for name in dag.stages:
-        path = receipt(name)
+    for name, stage in dag.stages.items():
+        copies = {p: shown(name, p) for p in shown_files(stage)}
         if name in stale:
-            path.unlink(missing_ok=True)
-        else:
-            path.write_text("up to date\n")
-            os.utime(path, (0, 0))
+            receipt(name).unlink(missing_ok=True)
+            shutil.rmtree(STAMPS / name, ignore_errors=True)
+            continue
+        receipt(name).write_text("up to date\n")
+        for path, copy in copies.items():
+            if Path(path).exists():  # else Snakemake misses the copy and runs the stage
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                # dated as the file (newer than any receipt; a zip report refuses 1970)
+                shutil.copy2(path, copy)
+        os.utime(receipt(name), (0, 0))
     return stale
 
 

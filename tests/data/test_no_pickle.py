@@ -283,7 +283,7 @@ EXERCISES = {
     "fedssl/models/encoders.py::load_encoder::torch.load": Exercise(
         "features", "tiny_simclr", "{in:pretrain}/model.pt"
     ),
-    "stages/evaluate.py::run::numpy.load": Exercise(
+    "fedssl/data/__init__.py::load_npz::numpy.load@evaluate": Exercise(
         "evaluate",
         "tiny_pixels",
         "{in:features}/features.npz",
@@ -292,7 +292,7 @@ EXERCISES = {
     "fedssl/runtime.py::load_checkpoint::torch.load@finetune": Exercise(
         "finetune", "tiny_vit_scratch", "{resume}.pt"
     ),
-    "fedssl/eval/personal.py::summarize::numpy.load": Exercise(
+    "fedssl/data/__init__.py::load_npz::numpy.load@personal": Exercise(
         "personal",
         "tiny_fedrep",
         "{in:train}/personal.npz",
@@ -416,6 +416,7 @@ def refusing_site(error: BaseException, sites: list[Site]) -> str | None:
 
 
 REFUSALS = (
+    "refused unread",  # a checkpoint (fedssl.runtime.load_checkpoint)
     "Weights only load failed",
     "allow_pickle",
     "Python objects in dtype",

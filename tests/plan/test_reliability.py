@@ -8,7 +8,9 @@
   in one line (Snakemake running it, DVC asked to);
 * a checkpoint is resumed only under the compute settings it was written with;
 * saved bytes do not depend on Python's hash seed (SCAFFOLD's control variates);
-* resource errors and damaged files end in one line naming the file.
+* resource errors and damaged files end in one line naming the file;
+* a failing or killed report stage leaves the committed report as it was, in both front ends,
+  and results land from an ``artifacts/`` on another file system.
 """
 
 from __future__ import annotations
@@ -276,6 +278,155 @@ def test_snakemake_refuses_a_tampered_partition_instead_of_training_on_it(projec
     assert committed(project) == before and planned_jobs(project) == set()
 
 
+REPORT = "report__default"
+REPORT_FILES = ("report.md", "report.csv", "report.json", "curves.png")
+
+
+def test_a_failing_report_stage_leaves_the_committed_report_and_both_front_ends_as_they_were(
+    project,
+):
+    """The report stage forced to fail (a partition heat-map it copies changed since its
+    stage wrote it), run by each front end: Snakemake deletes a job's declared outputs before
+    it runs, so the report's committed files must not be among them. Every committed file is
+    byte for byte what it was, and neither front end plans anything once the input is back."""
+    before = committed(project)
+    heatmap = project / "artifacts/partitions/tiny_dir05_m3/heatmap.png"
+    saved = heatmap.read_bytes()
+    try:
+        flip_byte(heatmap)
+        for cmd in (
+            ["snakemake", REPORT, "--forcerun", REPORT, "--cores", "1"],
+            ["dvc", "repro", "--force", "--single-item", REPORT],
+        ):
+            proc = run(cmd, project, check=False)
+            said = proc.stdout + proc.stderr
+            assert proc.returncode != 0 and "heatmap.png: changed since" in said, said[-2000:]
+            assert committed(project) == before, cmd
+    finally:
+        heatmap.write_bytes(saved)
+    assert planned_jobs(project) == set()
+    assert dvc_stale(project) == set()
+
+
+def test_a_killed_report_stage_leaves_the_committed_report_and_snakemake_with_nothing_to_do(
+    project,
+):
+    """Snakemake runs the report; it is SIGKILLed while writing its files aside (its scratch
+    copy of results/ exists). The committed report is as it was, and the next plan has
+    nothing to do (the report's outputs as Snakemake sees them come back with the receipt)."""
+    before = committed(project)
+    scratch = project / "artifacts/reports"
+    proc = subprocess.Popen(
+        ["snakemake", REPORT, "--forcerun", REPORT, "--cores", "1"],
+        cwd=project,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 300
+        while not (writing := list(scratch.glob("default.partial-default-*"))):
+            assert proc.poll() is None and time.time() < deadline, "the report did not start"
+            time.sleep(0.005)
+        os.kill(int(writing[0].name.rpartition("-")[2]), signal.SIGKILL)
+        assert proc.wait(timeout=120) != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert committed(project) == before
+    assert planned_jobs(project) == set()
+    assert dvc_stale(project) == set()
+
+
+def test_snakemakes_report_holds_the_committed_report(project, tmp_path):
+    """`snakemake --report` (a zip) shows the report's four files, the committed bytes, seen
+    through their copies beside the receipt."""
+    import zipfile
+
+    out = tmp_path / "report.zip"
+    run(["snakemake", "--report", str(out), "--cores", "1"], project)
+    with zipfile.ZipFile(out) as z:
+        shown = {Path(n).name: z.read(n) for n in z.namelist() if "/data/raw/" in n}
+    folder = project / "results/reports/default"
+    assert shown == {f: (folder / f).read_bytes() for f in REPORT_FILES}
+
+
+def cross_device_replace(monkeypatch) -> list[tuple[str, str]]:
+    """``os.replace`` as on two file systems: a move between folders fails with EXDEV (as
+    from ``artifacts/`` on a scratch disk to ``results/``); the moves refused are listed."""
+    real, refused = os.replace, []
+
+    def replace(src, dst, **kwargs):
+        if Path(src).resolve().parent != Path(dst).resolve().parent:
+            refused.append((str(src), str(dst)))
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(src), None, str(dst))
+        return real(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    return refused
+
+
+def test_results_land_from_artifacts_on_another_file_system(project, monkeypatch):
+    """The report stage rerun in process, every rename across folders refused with EXDEV:
+    its committed files land by copy (the same bytes as before: an identical rerun), and no
+    scratch copy is left in artifacts/."""
+    from stages.report import run as report
+
+    before = committed(project)
+    refused = cross_device_replace(monkeypatch)
+    with in_project(project):
+        report(["default"])
+    assert {dst for _, dst in refused} == {f"results/reports/default/{f}" for f in REPORT_FILES}
+    assert committed(project) == before
+    assert not [p for p in (project / "artifacts/reports").iterdir() if "partial" in p.name]
+
+
+def test_a_move_across_file_systems_replaces_the_file_whole(tmp_path, monkeypatch):
+    from fedssl.runtime import move_file
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    src, dst = tmp_path / "a" / "x.json", tmp_path / "b" / "x.json"
+    src.write_text("new")
+    dst.write_text("old")
+    refused = cross_device_replace(monkeypatch)
+    move_file(src, dst)
+    assert refused and dst.read_text() == "new" and not src.exists()
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["x.json"]
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A real tmpfs of 256 KiB mounted on a fresh folder (skipped where mounting needs
+    privileges this test has not)."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=True)
+
+
+def test_the_report_lands_from_artifacts_on_a_real_tmpfs(project, tmpfs):
+    """artifacts/reports on a tmpfs (a scratch disk): the report stage, run as the front ends
+    run it, lands its committed files in results/ on the other file system."""
+    before = committed(project)
+    reports = project / "artifacts/reports"
+    subprocess.run(["mount", "--bind", str(tmpfs), str(reports)], check=True)
+    try:
+        proc = run(["python", "-m", "stages.report", "default"], project, check=False)
+        assert (reports / "default/meta.json").exists()
+    finally:
+        subprocess.run(["umount", str(reports)], check=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert committed(project) == before
+
+
 # ------------------------------------------------------------------ 4: resume settings
 def test_the_resume_fingerprint_holds_the_thread_count_and_precision(project):
     import torch
@@ -372,6 +523,105 @@ def test_the_file_size_limit_stops_a_stage_with_one_line(tmp_path):
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: {tmp_path}/big.json") and "file size limit" in line
     assert not list(tmp_path.iterdir())  # no half-written scratch file left
+
+
+def test_torch_save_past_the_file_size_limit_stops_a_stage_with_one_line(tmp_path):
+    """torch's writer hides the OSError behind its own error: under `ulimit -f 8` a model's
+    write ends in one line naming the file, and no scratch file is left."""
+    path = tmp_path / "model.pt"
+    code = (
+        "import torch\n"
+        "from fedssl.stage import main_guard\n"
+        "from fedssl.runtime import torch_save\n"
+        f"main_guard(lambda argv: torch_save({{'w': torch.zeros(99999)}}, {str(path)!r}))"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", f'ulimit -f 8 && exec "{sys.executable}" -c "$0"', code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {path}: cannot write it: ") and "file size limit" in line
+    assert not list(tmp_path.iterdir())
+
+
+def test_torch_save_on_a_full_disk_is_one_line_naming_the_file(tmpfs):
+    import torch
+
+    path = tmpfs / "model.pt"
+    with pytest.raises(StageFailed) as failed:
+        torch_save({"w": torch.zeros(999_999)}, path)
+    assert str(failed.value).startswith(f"{path}: cannot write it: no space left")
+    assert not list(tmpfs.iterdir())
+
+
+def test_a_damaged_features_file_stops_evaluation_in_one_line_naming_it(project, capsys):
+    """The evaluation reads its features only once the run checked them: a truncated
+    features.npz is named (and its producer) in one line, not a zip reader's traceback."""
+    from fedssl.stage import main_guard
+    from stages.evaluate import run as evaluate
+
+    path = project / "artifacts/experiments/tiny_simclr/features/features.npz"
+    saved = path.read_bytes()
+    try:
+        truncate(path)
+        with in_project(project), pytest.raises(SystemExit) as exit_:
+            main_guard(lambda argv: evaluate(["tiny_simclr"]))
+    finally:
+        path.write_bytes(saved)
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2
+    assert line.startswith(f"error: {path.relative_to(project)}: changed since features__")
+
+
+def test_damaged_npz_artifacts_are_refused_naming_the_file(tmp_path):
+    """Without a recorded digest to check first (an output of an older run), the reader
+    itself names the file: truncated, an object array (which would need pickle), an array
+    missing; personal.npz alike."""
+    from fedssl.data import ArtifactError, load_npz
+    from fedssl.eval.personal import summarize
+
+    keys = ("train_x", "train_y")
+    path = tmp_path / "features.npz"
+    np.savez(path, train_x=np.zeros((4, 2)), train_y=np.arange(4))
+    assert load_npz(path, keys)["train_y"].tolist() == [0, 1, 2, 3]
+    truncate(path)
+    with pytest.raises(ArtifactError, match=r"features.npz: not a file of plain arrays"):
+        load_npz(path, keys)
+    np.savez(path, train_x=np.zeros((4, 2)))
+    with pytest.raises(ArtifactError, match=r"features.npz: holds no array 'train_y'"):
+        load_npz(path, keys)
+    personal = tmp_path / "personal.npz"
+    arrays = {k: np.zeros((2, 3)) for k in ("choice", "labels", "probs")}
+    np.savez(personal, accuracy=np.array([{"a": 1}], dtype=object), **arrays)
+    with pytest.raises(ArtifactError) as refused:
+        summarize(personal, None)
+    assert str(refused.value).startswith(f"{personal}: not a file of plain arrays (Object arr")
+    assert "\n" not in str(refused.value)
+
+
+class Crafted:
+    """Not a plain value: torch refuses it under ``weights_only=True``."""
+
+
+def test_a_refused_pickle_is_said_without_torchs_advice_to_load_it_unsafely(tmp_path, capsys):
+    import torch
+
+    from fedssl.stage import main_guard
+
+    path = tmp_path / "model.pt"
+    torch.save({"w": Crafted()}, path)
+    with pytest.raises(SystemExit):
+        main_guard(lambda argv: torch.load(path, weights_only=True))
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    with pytest.raises(StageFailed) as refused:
+        load_checkpoint(path, "f")
+    for said in (line, str(refused.value)):
+        assert f"{path}: " in said and "Unsupported global: GLOBAL tests.plan." in said
+        assert "weights_only=False" not in said and "weights_only` set to `False" not in said
+        assert "\x1b" not in said and "\n" not in said
 
 
 def test_damaged_artifacts_and_checkpoints_are_refused_naming_the_file(tmp_path):
