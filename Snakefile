@@ -27,6 +27,10 @@ MAX_THREADS = getattr(getattr(workflow, "resource_settings", None), "max_threads
 THREADS = int(config.get("threads") or MAX_THREADS or 1)
 STAGES_DAG = Dag(PIPELINE)            # validates every params file first: errors stop here
 check_data(STAGES_DAG)                # and says how to get a missing data set
+# each stage's plan record, which its job reads (pipelines/plan/; part of its fingerprint): the
+# ones that exist follow the plan at once (after an edit is undone, both front ends see the stage
+# as it was), new ones are written only when jobs run (onstart): a dry run creates no file
+write_records([STAGES_DAG.record(name) for name in STAGES_DAG.stages], existing_only=True)
 STALE = sync_receipts(STAGES_DAG)     # what changed since each stage last ran
 for name, reasons in STALE.items():
     print(f"{name} will run: {'; '.join(reasons[:4])}" + (" ..." if len(reasons) > 4 else ""),
@@ -66,8 +70,6 @@ for stage in STAGES_DAG.stages.values():
             "echo {params.name} >> {params.ran} && echo ran > {output[0]}"
 
 
-# each stage's plan record, which its job reads (pipelines/plan/; part of its fingerprint),
-# written when jobs are about to run: a dry run (no hooks) leaves the working tree as it was
 onstart:
     write_records([STAGES_DAG.record(name) for name in STAGES_DAG.stages])
 

@@ -79,12 +79,14 @@ def is_current(record: dict) -> bool:
     return record["params_digest"] == values_digest(raw_values(record["params"]))
 
 
-def write_records(records: list[dict]) -> list[Path]:
-    """Write each record whose text changed (an unchanged one keeps its file untouched);
-    returns the files written."""
+def write_records(records: list[dict], existing_only: bool = False) -> list[Path]:
+    """Write each record whose text changed (an unchanged one keeps its file untouched;
+    ``existing_only``: create none); returns the files written."""
     written = []
     for record in records:
         path, text = record_path(record["stage"]), record_text(record)
+        if existing_only and not path.exists():
+            continue
         if not path.exists() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.tmp")
