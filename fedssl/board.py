@@ -544,37 +544,28 @@ def _target_text(cell: dict) -> list[str]:
     return [f"{t['rounds']:g}", number(t["MB"], ".3g")]
 
 
-def table(evaluation: str, cell_list: list[dict], machine: str, notes: dict | None = None) -> str:
-    """One evaluation's table: a line per method, encoder and partition; its accuracy as
-    mean ± SD over seeds with its 95 % interval and its comparisons (with the best line of
-    its partition, with its reference), its other accuracies, then the costs as means and,
-    where its runs log accuracy per round, the rounds and MB to the target. A flagged cell
-    carries its marks, numbered in ``notes`` (:func:`flag_marks`)."""
-    notes = {} if notes is None else notes
-    heading, accuracies = EVALUATIONS[evaluation]
-    mine = [c for c in cell_list if c["evaluation"] == evaluation]
-    shown = [c for c in accuracies if any(c in cell["values"] for cell in mine)]
-    headers = cost_columns()
-    costs = [c for c in headers if any(c in cell["values"] for cell in mine)]
-    targets = any(c.get("to_target") for c in mine)
-    lines = []
-    for cell in mine:
-        v, first = cell["values"], accuracy_of(cell)
-        lines.append(
-            [cell["method"], cell["encoder"], cell["partition"], str(cell["runs"])]
-            + [mean_sd(v.get(shown[0], []), SD, ".1f") + flag_marks(cell, shown[0], notes)]
-            + [_interval_text(v.get(first, []))]
-            + [verdict_text(cell.get("vs_best")), verdict_text(cell.get("vs_reference"))]
-            + [mean_sd(v.get(c, []), SD, ".1f") + flag_marks(cell, c, notes) for c in shown[1:]]
-            + [number(statistics.mean(v[c]), ".4g") if c in v else "" for c in costs]
-            + (_target_text(cell) if targets else [])
-        )
+def _table_row(cell: dict, shown: list[str], costs: list[str], targets: bool, notes: dict):
+    """A table's line of one method, encoder and partition (see :func:`table`)."""
+    v, first = cell["values"], accuracy_of(cell)
+    return (
+        [cell["method"], cell["encoder"], cell["partition"], str(cell["runs"])]
+        + [mean_sd(v.get(shown[0], []), SD, ".1f") + flag_marks(cell, shown[0], notes)]
+        + [_interval_text(v.get(first, []))]
+        + [verdict_text(cell.get("vs_best")), verdict_text(cell.get("vs_reference"))]
+        + [mean_sd(v.get(c, []), SD, ".1f") + flag_marks(cell, c, notes) for c in shown[1:]]
+        + [number(statistics.mean(v[c]), ".4g") if c in v else "" for c in costs]
+        + (_target_text(cell) if targets else [])
+    )
+
+
+def _table_caption(evaluation: str, heading: str, mine: list[dict], machine: str) -> str:
+    """What a table's columns mean (see :func:`table`)."""
     last = sorted({k for c in mine for k in c["last_rounds"]})
     words = ""
     if evaluation == "personal" and last:
         k = "/".join(map(str, last))
         words = f"; personal = the clients' mean accuracy averaged over the last {k} rounds"
-    caption = (
+    return (
         f"{heading}: {sd_note(SD, 'seeds')} (n = the runs column) and its 95 % interval "
         f"(Student's t){words}; vs best / vs reference: the difference in points from the "
         "partition's best line / from the line of the same encoder that exchanges nothing "
@@ -590,12 +581,28 @@ def table(evaluation: str, cell_list: list[dict], machine: str, notes: dict | No
             else ""
         )
     )
+
+
+def table(evaluation: str, cell_list: list[dict], machine: str, notes: dict | None = None) -> str:
+    """One evaluation's table: a line per method, encoder and partition; its accuracy as
+    mean ± SD over seeds with its 95 % interval and its comparisons (with the best line of
+    its partition, with its reference), its other accuracies, then the costs as means and,
+    where its runs log accuracy per round, the rounds and MB to the target. A flagged cell
+    carries its marks, numbered in ``notes`` (:func:`flag_marks`)."""
+    notes = {} if notes is None else notes
+    heading, accuracies = EVALUATIONS[evaluation]
+    mine = [c for c in cell_list if c["evaluation"] == evaluation]
+    shown = [c for c in accuracies if any(c in cell["values"] for cell in mine)]
+    headers = cost_columns()
+    costs = [c for c in headers if any(c in cell["values"] for cell in mine)]
+    targets = any(c.get("to_target") for c in mine)
+    lines = [_table_row(cell, shown, costs, targets, notes) for cell in mine]
     header = ["method", "encoder", "partition", "runs", accuracies[shown[0]], "95 % CI"]
     header += ["vs best", "vs reference"] + [accuracies[c] for c in shown[1:]]
     header += [headers[c] for c in costs] + (
         ["rounds to target", "MB to target"] if targets else []
     )
-    return markdown_table(header, lines, caption)
+    return markdown_table(header, lines, _table_caption(evaluation, heading, mine, machine))
 
 
 def significance_text(cell_list: list[dict]) -> str:

@@ -75,6 +75,17 @@ def stage_pid(root: Path, stage: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def snakemake_in_background(project, *args: str) -> subprocess.Popen:
+    """Snakemake on one core in its own session (so a test can kill its whole group)."""
+    return subprocess.Popen(
+        ["snakemake", *args, "--cores", "1"],
+        cwd=project,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 # ------------------------------------------------------------------ 1 and 3: kill, lock
 def test_a_killed_stage_under_an_edit_leaves_committed_files_and_both_front_ends_as_they_were(
     project,
@@ -89,13 +100,7 @@ def test_a_killed_stage_under_an_edit_leaves_committed_files_and_both_front_ends
     params.write_text(good.replace("rounds: 2", "rounds: 5000").replace("lr: 0.001", "lr: 0.003"))
     log = project / f"artifacts/logs/{STAGE}.log"
     log.unlink(missing_ok=True)
-    proc = subprocess.Popen(
-        ["snakemake", STAGE, "--cores", "1"],
-        cwd=project,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = snakemake_in_background(project, STAGE)
     try:
         deadline = time.time() + 600
         while "round 2/5000" not in (log.read_text() if log.exists() else ""):
@@ -316,13 +321,7 @@ def test_a_killed_report_stage_leaves_the_committed_report_and_snakemake_with_no
     nothing to do (the report's outputs as Snakemake sees them come back with the receipt)."""
     before = committed(project)
     scratch = project / "artifacts/reports"
-    proc = subprocess.Popen(
-        ["snakemake", REPORT, "--forcerun", REPORT, "--cores", "1"],
-        cwd=project,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = snakemake_in_background(project, REPORT, "--forcerun", REPORT)
     try:
         deadline = time.time() + 300
         while not (writing := list(scratch.glob("default.partial-default-*"))):
@@ -506,6 +505,16 @@ def test_a_resource_error_is_one_line_naming_the_path():
     assert write_error(OSError(errno.ENOENT, "missing", "x")) is None
 
 
+def under_file_size_limit(code: str, blocks: int) -> subprocess.CompletedProcess:
+    """Python ``code`` run from the repository under ``ulimit -f blocks``."""
+    return subprocess.run(
+        ["bash", "-c", f'ulimit -f {blocks} && exec "{sys.executable}" -c "$0"', code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+
+
 def test_the_file_size_limit_stops_a_stage_with_one_line(tmp_path):
     """A real EFBIG: under `ulimit -f 1` a stage's write fails; it exits 2 with one line."""
     code = (
@@ -513,12 +522,7 @@ def test_the_file_size_limit_stops_a_stage_with_one_line(tmp_path):
         "from fedssl.runtime import write_json\n"
         f"main_guard(lambda argv: write_json({str(tmp_path / 'big.json')!r}, ['x' * 9999] * 99))"
     )
-    proc = subprocess.run(
-        ["bash", "-c", f'ulimit -f 1 && exec "{sys.executable}" -c "$0"', code],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    proc = under_file_size_limit(code, blocks=1)
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: {tmp_path}/big.json") and "file size limit" in line
@@ -535,12 +539,7 @@ def test_torch_save_past_the_file_size_limit_stops_a_stage_with_one_line(tmp_pat
         "from fedssl.runtime import torch_save\n"
         f"main_guard(lambda argv: torch_save({{'w': torch.zeros(99999)}}, {str(path)!r}))"
     )
-    proc = subprocess.run(
-        ["bash", "-c", f'ulimit -f 8 && exec "{sys.executable}" -c "$0"', code],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    proc = under_file_size_limit(code, blocks=8)
     assert proc.returncode == 2, proc.stderr[-2000:]
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: {path}: cannot write it: ") and "file size limit" in line
