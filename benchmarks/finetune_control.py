@@ -35,7 +35,7 @@ from fedssl.precision import policy  # noqa: E402
 from fedssl.presets import Presets  # noqa: E402
 
 EXPERIMENT = "board_vit_init_dir01_s{seed}"
-OLD = {"epochs": 4, "warmup_epochs": 1}  # the board's fine-tune before the fix
+OLD = {"epochs": 4, "warmup_epochs": 1}  # the board's committed fine-tune (the smoke cut)
 PAPER = {"epochs": 40, "warmup_epochs": 10}  # LW-FedSSL §5.1, FinetuneParams' defaults
 # name -> fine-tune params over the preset's (its lr, batch, 600 images, augmentation), with
 # zero_head; None: the linear probe (the preset's) on the same 600 images instead

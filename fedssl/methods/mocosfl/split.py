@@ -378,19 +378,16 @@ def round_schedules(
     """Each sampled client's batches of a round: one pass over its images, or with
     ``equal_steps`` the mean client's step count, passes over its images cut to that length
     (a client's first pass is the same either way)."""
-    passes = [
-        client_batches(idx, cfg.batch_size, 1, cfg.seed, "sfl", round_, c)
-        for idx, c in zip(clients, ids)
-    ]
-    if not cfg.equal_steps:
-        return passes
-    steps = max(1, math.ceil(sum(len(i) for i in clients) / len(clients) / cfg.batch_size))
-    return [
-        client_batches(
-            idx, cfg.batch_size, math.ceil(steps / len(one)), cfg.seed, "sfl", round_, c
-        )[:steps]
-        for idx, c, one in zip(clients, ids, passes)
-    ]
+    b = cfg.batch_size
+    mean_steps = max(1, math.ceil(sum(len(i) for i in clients) / len(clients) / b))
+
+    def schedule(idx: np.ndarray, client: int) -> list[np.ndarray]:
+        if not cfg.equal_steps:
+            return client_batches(idx, b, 1, cfg.seed, "sfl", round_, client)
+        passes = math.ceil(mean_steps / max(1, math.ceil(len(idx) / b)))  # a pass: ceil(n / B)
+        return client_batches(idx, b, passes, cfg.seed, "sfl", round_, client)[:mean_steps]
+
+    return [schedule(idx, c) for idx, c in zip(clients, ids)]
 
 
 def padded_batch(batches: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
