@@ -38,8 +38,8 @@ run: install
 BOARD ?= benchmark
 benchmark: install
 	snakemake --cores all --resources gpu=1 --rerun-incomplete --config pipeline=$(BOARD)
-	$(PY) -m fedssl.board render $(BOARD)
-	$(PY) -m fedssl.docs
+	$(PY) -m fedssl.reporting.board render $(BOARD)
+	$(PY) -m fedssl.reporting.docs
 	$(PY) -m fedssl.pipeline write $(BOARD)
 
 # The suite runs on every core (pytest-xdist), each test module on one worker so that a project
@@ -104,7 +104,7 @@ generate: $(INSTALLED)
 # Refill the docs' results pages (and the README's table) from the committed reports (a test
 # fails when a page is stale), then build the site into site/ (`mkdocs serve` to browse it).
 docs: $(INSTALLED)
-	$(PY) -m fedssl.docs
+	$(PY) -m fedssl.reporting.docs
 	NO_MKDOCS_2_WARNING=1 mkdocs build --strict
 
 # Opt-in: open the built site in headless Chromium (Debian's `chromium`): every image loaded,

@@ -11,7 +11,8 @@ the board's 2-core CPU the wall time is the CPU seconds / 2 (two threads per tra
 or two light stages at once), plus, for each stage, the CPU seconds a stage's process takes
 to start (Python, torch; measured once, counted in full). CPU seconds, not wall, because
 the machine that measures may be shared. Writes ``benchmarks/board_budget.tsv`` (``python -m
-fedssl.board budget`` applies the rule to it), replacing the lines of the presets it measured.
+fedssl.reporting.board budget`` applies the rule to it), replacing the lines of the presets it
+measured.
 
     python benchmarks/board_budget.py [PRESET ...]      # default: every line
 
@@ -33,7 +34,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedssl.board import BUDGET_FILE  # noqa: E402
+from fedssl.reporting.board import BUDGET_FILE  # noqa: E402
 
 BUDGET_FILE = BUDGET_FILE.resolve()
 

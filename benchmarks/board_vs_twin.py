@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fedssl.plan.recheck import SEEDED  # noqa: E402
-from fedssl.report import trained_no_round  # noqa: E402
-from fedssl.stats import compare, interval  # noqa: E402
+from fedssl.reporting.report import trained_no_round  # noqa: E402
+from fedssl.reporting.stats import compare, interval  # noqa: E402
 
 
 def main(pipeline: str) -> None:

@@ -43,8 +43,8 @@ RULE_LIKE = re.compile(r"[A-Za-z_][\w-]*")  # a word Snakemake reads as a rule (
 # verb -> (module, its entry point, what it does): the tools the command hands its arguments to
 TOOLS = {
     "export": ("fedssl.export", "run", "an experiment's trained encoder as safetensors + card"),
-    "report": ("fedssl.report", "main", "rewrite committed reports (render)"),
-    "board": ("fedssl.board", "main", "the benchmark board: render, budget"),
+    "report": ("fedssl.reporting.report", "main", "rewrite committed reports (render)"),
+    "board": ("fedssl.reporting.board", "main", "the benchmark board: render, budget"),
     "costs": ("fedssl.projected_costs", "main", "projected full-scale client costs of presets"),
     "recheck": ("fedssl.plan.recheck", "main", "rerun committed pipelines and compare"),
     "flower": (
@@ -57,7 +57,7 @@ TOOLS = {
     "codegraph": ("fedssl.codegraph", "main", "the import graph: cycles, a module's deps"),
     "pipeline": ("fedssl.pipeline", "main", "write / check / commit / accept / show the DAG"),
     "schemas": ("fedssl.experiment", "main", "write schemas/ from the params models"),
-    "docs": ("fedssl.docs", "main", "refill the docs' results pages from the reports"),
+    "docs": ("fedssl.reporting.docs", "main", "refill the docs' results pages from the reports"),
 }
 
 

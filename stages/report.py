@@ -1,6 +1,6 @@
 """Stage: the report across a pipeline's experiments (one row per experiment, rendered by
-:func:`fedssl.report.write_report` into ``results/reports/<pipeline>/``, committed: Markdown,
-CSV and JSON), its methods' figures and the round curves, plus the partition heat-maps.
+:func:`fedssl.reporting.report.write_report` into ``results/reports/<pipeline>/``, committed:
+Markdown, CSV and JSON), its methods' figures and the round curves, plus the partition heat-maps.
 
 Run by hand with ``--reuse-committed``, it takes the rows of experiments whose step outputs the
 workspace lacks from the committed reports that hold them (checked to be the same experiment,
@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 from fedssl.params import setting
 from fedssl.plan.layout import ReportRow, owner_of, report_dir, results_dir
-from fedssl.report import (
+from fedssl.reporting.report import (
     committed_failures,
     committed_rows,
     curve_labels,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedssl import board
+from fedssl.reporting import board
 from tests.fixtures import make_tiny_project, run
 
 pytestmark = pytest.mark.timeout(900)
@@ -77,7 +77,7 @@ def test_costs_are_every_byte_from_the_ledger():
 def test_committed_board_costs_equal_the_reports_ledger_totals():
     """Every line of the committed board, of every method on it: its MB / client is the mean
     of its runs' ledger totals in the report's rows (MFCL 15.1 MB, not 0.04)."""
-    from fedssl.report_format import to_float
+    from fedssl.reporting.formatting import to_float
 
     folder = Path("results/reports/benchmark")
     rows = json.loads((folder / "report.json").read_text())["rows"]
@@ -105,7 +105,7 @@ def test_committed_board_costs_equal_the_reports_ledger_totals():
 
 
 def test_confidence_on_constructed_data():
-    from fedssl import stats
+    from fedssl.reporting import stats
 
     lo, hi = stats.interval([1.0, 2.0, 3.0])  # 2 ± t(0.975, 2) / sqrt 3 = 2 ± 2.4841
     assert (lo, hi) == (pytest.approx(-0.4841, abs=1e-4), pytest.approx(4.4841, abs=1e-4))
@@ -309,7 +309,7 @@ def test_accuracy_over_the_run_also_reads_against_wall_time(tmp_path):
 def test_an_untrained_reference_is_never_on_the_pareto_front():
     """MFCL's untrained stem costs bytes (its representations) and may be the cheapest point:
     it is drawn hollow and numbered, and the front is made of the methods alone."""
-    from fedssl import figures
+    from fedssl.reporting import figures
 
     plt = figures._pyplot()
     fig, ax = plt.subplots()
@@ -326,7 +326,7 @@ def test_an_untrained_reference_is_never_on_the_pareto_front():
 
 
 def test_figure_helpers():
-    from fedssl import figures
+    from fedssl.reporting import figures
 
     plt = figures._pyplot()
     names = [f"line {i}" for i in range(14)]  # more than ten: still ten distinct hues first
@@ -355,7 +355,7 @@ def test_untrained_levels_are_labelled_off_the_data():
     """An untrained network's level is labelled in the panel's right margin, where no point's
     label can sit on it (the board's points cluster at the twin's accuracy), and two close
     levels' labels do not overlap."""
-    from fedssl import figures
+    from fedssl.reporting import figures
 
     plt = figures._pyplot()
     fig, ax = plt.subplots(figsize=(4, 3))
@@ -374,7 +374,7 @@ def test_a_panels_targets_say_what_and_whose_and_do_not_overlap():
     """The accuracy-over-run panels draw a level per distinct target: one shared by every line
     says what it is; several say whose each is (lines' settings dropped, many lines counted),
     and their labels are stacked apart even when the targets are a hair apart."""
-    from fedssl import figures
+    from fedssl.reporting import figures
 
     ssl = [(m, "encoders", 73.35) for m in ("A", "B", "C", "D")]
     supervised = [("FedAvg", "encoders", 74.4), ("FedProx (μ=0.01)", "encoders", 74.4)]
@@ -560,7 +560,7 @@ def tiny_board(tmp_path_factory):
     with open(root / "params" / "pipelines.yaml", "a") as f:
         f.write("  board: [tiny_simclr, tiny_simclr_s1, tiny_random, tiny_random_s1]\n")
     run(["snakemake", "--cores", "2", "--config", "pipeline=board"], root)
-    run(["python", "-m", "fedssl.board", "render", "board"], root)
+    run(["python", "-m", "fedssl.reporting.board", "render", "board"], root)
     return root
 
 
@@ -700,7 +700,7 @@ def test_curves_read_every_round_log_and_name_the_diverged_run(tmp_path):
     """plot_curves: a layer-wise run's growth-stage logs read as one run (rounds renumbered),
     a TSV that is not a round log is left out, and a run whose loss explodes and stops
     early is returned as diverged (and drawn as a marked end point)."""
-    from fedssl.report import plot_curves, read_round_log
+    from fedssl.reporting.report import plot_curves, read_round_log
 
     def tsv(name, header, rows):
         path = tmp_path / name

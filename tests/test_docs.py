@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from fedssl import docs
+from fedssl.reporting import docs
 from tests.fixtures import REPO
 
 pytestmark = pytest.mark.timeout(900)

@@ -1,7 +1,7 @@
 """Numbers in the results pages' sentences are generated from the committed reports
-(fedssl.readme_facts): each kind of fact computes from a report's rows, the pages' facts equal
-what their files give (a drifted number fails), and the sentences issue 39 found untrue are
-facts now."""
+(fedssl.reporting.readme_facts): each kind of fact computes from a report's rows, the pages'
+facts equal what their files give (a drifted number fails), and the sentences issue 39 found untrue
+are facts now."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from fedssl.readme_facts import FACT, fact_text, fill_facts, typed_figures
-from fedssl.report import fill_blocks
+from fedssl.reporting.readme_facts import FACT, fact_text, fill_facts, typed_figures
+from fedssl.reporting.report import fill_blocks
 from tests.fixtures import REPO
 
 ROWS = [
@@ -155,7 +155,7 @@ def test_no_committed_figure_is_typed_by_hand():
             text = text.replace(words, "")
         if found := typed_figures(text, REPO / "results" / "reports"):
             typed[name] = found
-    assert not typed, f"typed by hand, make them facts (fedssl.readme_facts): {typed}"
+    assert not typed, f"typed by hand, make them facts (fedssl.reporting.readme_facts): {typed}"
 
 
 def test_a_figure_typed_from_a_report_is_found(tmp_path):

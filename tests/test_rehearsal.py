@@ -89,7 +89,7 @@ def test_every_rehearsal_experiment_validates_and_plans(tmp_path):
 
 def test_the_report_labels_every_paper_partition():
     """Found by the rehearsal: FEMNIST's cyclic partition had no column label in the report."""
-    from fedssl.report import table_cell
+    from fedssl.reporting.report import table_cell
 
     for pipeline in PAPER_PIPELINES:
         for name in PRESETS.pipeline_experiments(pipeline):

@@ -12,7 +12,7 @@ import pytest
 from fedssl import params as P
 from fedssl.experiment import experiment_model
 from fedssl.methods import registry
-from fedssl.report import (
+from fedssl.reporting.report import (
     columns_of,
     committed_rows,
     failed_run,
@@ -138,8 +138,8 @@ def test_the_markdown_lists_runs_in_a_few_columns_and_the_csv_holds_every_column
 
 @pytest.mark.parametrize("folder", REPORTS, ids=[f.name for f in REPORTS])
 def test_rendering_the_committed_rows_gives_the_committed_report(folder, monkeypatch):
-    """The report stage and `python -m fedssl.report render` share one renderer: the rows of
-    each committed report.json render to its committed report.md and tables."""
+    """The report stage and `python -m fedssl.reporting.report render` share one renderer: the
+    rows of each committed report.json render to its committed report.md and tables."""
     monkeypatch.chdir(REPO)  # a method's tables may read its committed step results
     saved = load_saved(folder)
     text, tables = render(
@@ -151,7 +151,7 @@ def test_rendering_the_committed_rows_gives_the_committed_report(folder, monkeyp
         saved.get("pending", []),  # a partial board's runs not made yet
     )
     assert text == (folder / "report.md").read_text(), (
-        f"{folder.name}: stale, run `python -m fedssl.report render {folder.name}`"
+        f"{folder.name}: stale, run `python -m fedssl.reporting.report render {folder.name}`"
     )
     assert tables == saved["tables"]
 
@@ -186,7 +186,11 @@ def test_the_generic_report_speaks_no_papers_vocabulary():
         "MpFedcon",
         "FedSimCLR",
     )
-    for module in ("fedssl/report.py", "fedssl/report_format.py", "fedssl/evaluations/costs.py"):
+    for module in (
+        "fedssl/reporting/report.py",
+        "fedssl/reporting/formatting.py",
+        "fedssl/evaluations/costs.py",
+    ):
         text = (REPO / module).read_text()
         assert [w for w in papers if w in text] == [], module
 
@@ -244,7 +248,7 @@ def test_a_row_holds_the_metrics_its_method_steps_wrote(tmp_path):
     """A step may write a metrics.json into its output (split learning's misalignment and
     traffic, an attack's error): its entries join the experiment's report row; the
     evaluation's metrics win a name clash."""
-    from fedssl.report import experiment_row
+    from fedssl.reporting.report import experiment_row
 
     steps = []
     for name, metrics in (
@@ -373,7 +377,7 @@ def test_a_report_made_part_by_part_lists_the_runs_not_made_yet(tmp_path):
 def test_a_report_made_part_by_part_keeps_an_earlier_sessions_failed_runs(tmp_path):
     """A run that stopped with an error in an earlier session (its log gone with that
     workspace) stays a failure in the next session's report, not a run not made yet."""
-    from fedssl.report import committed_failures
+    from fedssl.reporting.report import committed_failures
 
     saved = load_saved(REPO / "results/reports/mpfedcon_smoke")
     stopped = {"experiment": "b_s0", "stage": "train__b_s0", "error": "the loss is nan"}

@@ -1,4 +1,4 @@
-"""The report's building blocks (fedssl.report_format): the mean ± SD cell in both
+"""The report's building blocks (fedssl.reporting.formatting): the mean ± SD cell in both
 conventions, checked against numbers worked out by hand, its caption, the number formatter,
 the Markdown table and pivot, and figure saving that gives the same bytes twice."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedssl.report_format import (
+from fedssl.reporting.formatting import (
     markdown_table,
     mean_sd,
     number,
@@ -108,7 +108,7 @@ def test_saved_figures_are_the_same_bytes_on_a_rerun(tmp_path):
 
 
 def test_ranked_orders_highest_first_and_ties_share_a_rank():
-    from fedssl.report_format import ranked
+    from fedssl.reporting.formatting import ranked
 
     cells = {"a": (70.0, "70"), "b": (73.84, "x"), "c": (73.84, "y"), "d": (10.0, "10")}
     assert ranked(cells) == {"a": "70 (3)", "b": "x (1)", "c": "y (1)", "d": "10 (4)"}

@@ -197,10 +197,20 @@ def test_the_layers_contract_places_every_package_with_at_most_one_exception():
     linter = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
     (layers,) = [c for c in linter["contracts"] if c["id"] == "layers"]
     named = {m.strip() for layer in layers["layers"] for m in re.split(r"[:|]", layer)}
-    library = {
-        f"fedssl.{p.stem}"
-        for p in (REPO / "fedssl").iterdir()
-        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
-    }
-    assert library - named == set()
+    assert unplaced(named) == set()
     assert len(layers.get("ignore_imports", [])) <= 1
+
+
+def unplaced(named: set[str]) -> set[str]:
+    """The library's top-level modules and packages that no layer names; a package whose modules
+    sit on different layers (``fedssl.reporting``: its table cells low, its board a face) is
+    placed when every one of its modules is named."""
+    left = set()
+    for p in (REPO / "fedssl").iterdir():
+        name = f"fedssl.{p.stem}"
+        if p.suffix == ".py" and p.stem != "__init__" and name not in named:
+            left.add(name)
+        elif (p / "__init__.py").exists() and name not in named:
+            modules = {f"{name}.{q.stem}" for q in p.glob("*.py") if q.stem != "__init__"}
+            left |= modules - named
+    return left

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import statistics
 
-from fedssl.report_format import markdown_table, mean_sd, number, numbers, sd_note, to_float
+from fedssl.reporting.formatting import markdown_table, mean_sd, number, numbers, sd_note, to_float
 
 AT = re.compile(r"^personal_at_(\d+)$")
 SD = "population"  # the paper's convention

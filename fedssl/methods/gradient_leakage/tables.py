@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from fedssl.report_format import markdown_table, number
+from fedssl.reporting.formatting import markdown_table, number
 
 
 def leakage_tables(rows: list[dict]) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from fedssl.report_format import markdown_table, mean_sd, number, numbers, sd_note
+from fedssl.reporting.formatting import markdown_table, mean_sd, number, numbers, sd_note
 
 FAMILY = ("fedmoco", "fedmoco_lw", "lw_fedssl", "prog_fedssl", "vit_scratch")
 TITLE = "LW-FedSSL Tab. 3 layout (per-client costs as ratios to FedMoCo)"

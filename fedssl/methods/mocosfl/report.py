@@ -14,7 +14,14 @@ import statistics
 from functools import partial
 from pathlib import Path
 
-from fedssl.report_format import markdown_table, mean_sd, number, save_figure, sd_note, to_float
+from fedssl.reporting.formatting import (
+    markdown_table,
+    mean_sd,
+    number,
+    save_figure,
+    sd_note,
+    to_float,
+)
 
 VARIANTS = (("mocosfl", "MocoSFL"), ("monacosfl", "MonAcoSFL"))
 SD = "sample"

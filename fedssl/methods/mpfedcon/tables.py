@@ -12,7 +12,7 @@ import re
 import statistics
 from pathlib import Path
 
-from fedssl.report_format import (
+from fedssl.reporting.formatting import (
     markdown_table,
     mean_sd,
     number,

@@ -13,10 +13,11 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fedssl import costs, report
+from fedssl import costs
 from fedssl.data.augment import to_float
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, StackedOptimizer
 from fedssl.fl.state import FederationConfig
+from fedssl.reporting import report
 from fedssl.rounds.loop import Federation, LocalTraining
 from fedssl.strategies.base import Strategy
 from tests.fixtures import toy_images

@@ -183,7 +183,9 @@ def fact_text(rows: list[dict], spec: list[str], where: str = "") -> str:
     kind, *args = spec
     compute = KINDS.get(kind)
     if compute is None or len(args) != compute.__code__.co_argcount - 1:
-        raise ValueError(f"{where}: unknown fact {' | '.join(spec)!r} (see fedssl.readme_facts)")
+        raise ValueError(
+            f"{where}: unknown fact {' | '.join(spec)!r} (see fedssl.reporting.readme_facts)"
+        )
     return compute(Report(rows, where), *args)
 
 

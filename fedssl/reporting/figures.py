@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from fedssl.report_format import save_figure
+from fedssl.reporting.formatting import save_figure
 
 # A run's loss this many times its median over rounds (or a value that is not finite) is a
 # divergence, not a curve to read.

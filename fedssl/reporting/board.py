@@ -20,10 +20,10 @@ report's folder:
   every run's per-round curves are the report's ``curves.png``).
 
 The budget rule that sets each method's rounds (:func:`rounds_within`) lives here too, with
-the table of per-round times it was applied to (``python -m fedssl.board budget``).
+the table of per-round times it was applied to (``python -m fedssl.reporting.board budget``).
 
-``python -m fedssl.board render PIPELINE`` (``make benchmark`` runs it after the pipeline);
-``fedssl docs`` refills the docs' ``<!-- board: PIPELINE -->`` blocks from it.
+``python -m fedssl.reporting.board render PIPELINE`` (``make benchmark`` runs it after the
+pipeline); ``fedssl docs`` refills the docs' ``<!-- board: PIPELINE -->`` blocks from it.
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from fedssl import evaluations, stats
+from fedssl import evaluations
 from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED
 from fedssl.plan.layout import owner_of, report_dir
 from fedssl.record import ParamsError, read_yaml
-from fedssl.report_format import markdown_table, mean_sd, number, sd_note, to_float
+from fedssl.reporting import stats
+from fedssl.reporting.formatting import markdown_table, mean_sd, number, sd_note, to_float
 
 SD = "sample"
 # The stages' run records the board keeps beside itself (committed, so that the wall times
@@ -179,8 +180,8 @@ def is_reference(cell: dict) -> bool:
 def compare_lines(cell_list: list[dict]) -> None:
     """For each evaluation and partition, every line against the best and against its
     reference (:func:`is_reference`, same encoder): the paired t-test over seeds
-    (:func:`fedssl.stats.compare`), Holm-corrected over the partition's comparisons of each
-    kind, into ``cell["vs_best"]`` / ``cell["vs_reference"]``. The best is the highest mean
+    (:func:`fedssl.reporting.stats.compare`), Holm-corrected over the partition's comparisons of
+    each kind, into ``cell["vs_best"]`` / ``cell["vs_reference"]``. The best is the highest mean
     accuracy among the lines of two runs or more, which a test can compare with (on a board
     made part by part, a line's single first run would otherwise be the best and leave every
     comparison untested); the highest of all where no line has two."""
@@ -740,8 +741,8 @@ def plot(cell_list: list[dict], cost: str, label: str, path: Path) -> None:
     partition: a point per line with its SD over seeds, the Pareto front labelled, the lines
     that exchange nothing (or cost nothing) as dotted levels, a reference that does cost
     something (MFCL's untrained stem uploads its representations) as a hollow point
-    (:func:`fedssl.figures.accuracy_vs_cost`)."""
-    from fedssl.figures import accuracy_vs_cost
+    (:func:`fedssl.reporting.figures.accuracy_vs_cost`)."""
+    from fedssl.reporting.figures import accuracy_vs_cost
 
     panels, references, ylabels = {}, {}, {}
     for cell in cell_list:
@@ -855,7 +856,7 @@ def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], folder: Pa
 
 
 def _plot_family_over_run(drawn: list[tuple[dict, list]], path: Path, family: str) -> bool:
-    from fedssl.figures import learning_curves
+    from fedssl.reporting.figures import learning_curves
 
     rows: dict[str, dict[int, dict]] = {}  # row -> field -> method -> runs
     marks: dict[str, list[tuple[str, str, float]]] = {}  # row -> its lines' targets
@@ -1162,7 +1163,7 @@ def main(argv: list[str] | None = None) -> int:
         print(plan_markdown(plan_table()))
         return 0
     from fedssl.plan.dag import Dag
-    from fedssl.report import load_saved, read_round_log, round_logs
+    from fedssl.reporting.report import load_saved, read_round_log, round_logs
 
     folder = Path(report_dir(args.pipeline))
     try:

@@ -4,7 +4,7 @@ module, in its paper's terms), a short table of the runs, and figures. ``report.
 reading; ``report.csv`` and ``report.json`` hold every column of every run, and
 ``report.json`` also the tables by name (the docs' results pages copy them: `fedssl docs`).
 
-The report stage builds the rows and calls :func:`write_report`; ``python -m fedssl.report
+The report stage builds the rows and calls :func:`write_report`; ``python -m fedssl.reporting.report
 render`` loads the committed rows and calls the same function, so a change of wording reaches
 the committed reports without rerunning anything."""
 
@@ -22,8 +22,14 @@ from fedssl import evaluations
 from fedssl.data.catalog import dataset_spec
 from fedssl.params import setting
 from fedssl.plan.layout import LOGS, ReportRow
-from fedssl.readme_facts import fill_facts
-from fedssl.report_format import markdown_table, number, pivot_markdown, save_figure, to_float
+from fedssl.reporting.formatting import (
+    markdown_table,
+    number,
+    pivot_markdown,
+    save_figure,
+    to_float,
+)
+from fedssl.reporting.readme_facts import fill_facts
 
 # The full table's fixed columns: the declared accuracies (fedssl.evaluations) come after the
 # first part, the declared client costs after the second.
@@ -478,7 +484,8 @@ _BLOCK = re.compile(r"(<!-- results: (\w+) (.+?) -->\n)(.*?)(<!-- /results -->)"
 def fill_blocks(text: str, results_root: Path = REPORTS) -> str:
     """``text`` with every block ``<!-- results: PIPELINE TABLE -->...<!-- /results -->``
     refilled from ``results/reports/PIPELINE/report.json`` (a table the report stage wrote),
-    and every number of a sentence marked as a fact (:mod:`fedssl.readme_facts`) regenerated."""
+    and every number of a sentence marked as a fact (:mod:`fedssl.reporting.readme_facts`)
+    regenerated."""
 
     def fill(m: re.Match) -> str:
         path = results_root / m.group(2) / "report.json"
@@ -573,9 +580,9 @@ def plot_curves(
     per setting as the median over its seeds with a band. A panel shows its accuracy per
     round where every run logs one (:data:`CURVE_METRICS`), the training loss otherwise;
     diverged runs are marked and kept out of the scales
-    (:func:`fedssl.figures.learning_curves`). Rendered here, so `dvc plots show` and the
+    (:func:`fedssl.reporting.figures.learning_curves`). Rendered here, so `dvc plots show` and the
     Snakemake report show it offline. Returns the diverged runs."""
-    from fedssl.figures import learning_curves
+    from fedssl.reporting.figures import learning_curves
 
     series = {name: read_round_log(p) for name, p in logs.items()}
     series = {n: rows for n, rows in series.items() if rows}

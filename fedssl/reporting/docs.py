@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from fedssl import board, report
+from fedssl.reporting import board, report
 
 DOCS = Path("docs")
 REPORTS = Path("results/reports")
