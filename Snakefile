@@ -16,7 +16,7 @@ from fedssl.plan.freshness import (
     RAN_LOG, check_data, receipt, show_command, shown, shown_files, sync_receipts
 )
 from fedssl.plan.layout import LOGS
-from fedssl.record import write_records
+from fedssl.stage.record import write_records
 
 PIPELINE = config.get("pipeline", "default")
 GPUS = int(config.get("gpus", 1))  # 0: run the training stages without asking for a GPU

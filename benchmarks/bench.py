@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from fedssl.runtime import cpu_summary
+from fedssl.stage.runtime import cpu_summary
 
 HERE = Path(__file__).resolve().parent
 # script -> its arguments (split_step at one thread: README "Speed", Known problem)

@@ -80,7 +80,7 @@ def stage_start_seconds() -> float:
     import subprocess
 
     before = cpu_seconds(resource.RUSAGE_CHILDREN)
-    code = "import torch, fedssl.stage, fedssl.fl, stages.method"
+    code = "import torch, fedssl.stage.context, fedssl.fl, stages.method"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
     return cpu_seconds(resource.RUSAGE_CHILDREN) - before
 

@@ -47,7 +47,7 @@ from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.params import AugmentParams, DirichletScheme
 from fedssl.presets import Presets
 from fedssl.rounds.loop import Federation, LocalTraining
-from fedssl.stagebase import bound_kernel_cache, set_threads
+from fedssl.stage.base import bound_kernel_cache, set_threads
 from fedssl.strategies.base import Strategy
 
 

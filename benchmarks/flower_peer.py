@@ -42,7 +42,7 @@ import numpy as np
 import psutil
 import torch
 
-from fedssl.runtime import cpu_summary
+from fedssl.stage.runtime import cpu_summary
 
 HERE = Path(__file__).resolve().parent
 PRESET = "fmnist_fedsimclr"

@@ -24,7 +24,7 @@ from step_limits import mfcl_autoencoder, personalised_cnn, simclr_cnn
 
 from fedssl import precision
 from fedssl.models.autoencoder import ClientAutoencoder
-from fedssl.runtime import cpu_summary
+from fedssl.stage.runtime import cpu_summary
 
 
 def resnet_autoencoder(norm: str):

@@ -45,7 +45,7 @@ def one_round(clients: int, images: int, stacked: bool = False, seed: int = 0) -
     from fedssl.methods import federated
     from fedssl.models.encoders import seeded_contrastive_model
     from fedssl.presets import Presets
-    from fedssl.stagebase import bound_kernel_cache, set_threads
+    from fedssl.stage.base import bound_kernel_cache, set_threads
 
     bound_kernel_cache()
     set_threads()

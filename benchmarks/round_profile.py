@@ -15,7 +15,7 @@ from flower_peer import run_ours
 from fp32_layout import cpu_seconds
 from torch.profiler import ProfilerActivity, profile
 
-from fedssl.runtime import cpu_summary
+from fedssl.stage.runtime import cpu_summary
 
 
 def relu_backward_ms(grad: torch.Tensor, out: torch.Tensor, repeats: int = 50) -> float:

@@ -29,8 +29,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fedssl import precision
 from fedssl.presets import Presets
-from fedssl.runtime import cpu_summary
-from fedssl.stagebase import bound_kernel_cache
+from fedssl.stage.base import bound_kernel_cache
+from fedssl.stage.runtime import cpu_summary
 
 SHAPE = (1, 28, 28)
 HERE = Path(__file__).resolve().parent

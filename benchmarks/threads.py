@@ -35,7 +35,7 @@ def child(seconds: float, setting: str) -> None:
     from step_limits import model_step, simclr_cnn
 
     from fedssl import precision
-    from fedssl.stagebase import bound_kernel_cache, set_threads
+    from fedssl.stage.base import bound_kernel_cache, set_threads
 
     bound_kernel_cache()
     set_threads()
@@ -100,7 +100,7 @@ def main() -> None:
     if args.child:
         child(args.seconds, args.precision)
         return
-    from fedssl.runtime import cpu_summary
+    from fedssl.stage.runtime import cpu_summary
 
     print(f"{cpu_summary()}; precision {args.precision}; load average {load()}", flush=True)
     envs = settings(args.threads)

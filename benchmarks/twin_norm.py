@@ -16,7 +16,7 @@ import time
 import torch
 
 from fedssl.models.norms import TwinNorm
-from fedssl.stagebase import set_threads
+from fedssl.stage.base import set_threads
 
 
 def direct_twin_norm(x, groups, weight, bias, eps=1e-5):

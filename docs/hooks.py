@@ -146,7 +146,7 @@ def command_page() -> str:
 def stage_kinds_page() -> str:
     import ast
 
-    contract = ast.get_docstring(ast.parse((ROOT / "fedssl/stagebase.py").read_text()))
+    contract = ast.get_docstring(ast.parse((ROOT / "fedssl/stage/base.py").read_text()))
     lines = [
         "# Stage kinds",
         "",

@@ -28,8 +28,8 @@ import yaml
 from fedssl.methods import registry
 from fedssl.plan.dag import Dag
 from fedssl.presets import OVERRIDES_ENV, ParamsError, Presets, deep_merge, model_of
-from fedssl.record import did_you_mean
-from fedssl.stage import main_guard
+from fedssl.stage.context import main_guard
+from fedssl.stage.record import did_you_mean
 
 # Snakemake options that say how much to run at once; without one, `fedssl run` runs on all
 # cores with the one GPU slot the training stages ask for (as `make run` does)
@@ -361,7 +361,7 @@ def stage_times(dag: Dag, note: str = "") -> str:
     that lists it), wall seconds of its last run (a resumed stage counts its last part only:
     the round it resumed from says so), precision and peak memory; ``note`` (the machine,
     what ran beside) as comment lines above."""
-    from fedssl.stage import run_record
+    from fedssl.stage.context import run_record
 
     lines = [f"# {line}" for line in note.splitlines()] + ["\t".join(TIMES_COLUMNS)]
     seen = set()

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from fedssl.runtime import check_finite, load_checkpoint, torch_save
+from fedssl.stage.runtime import check_finite, load_checkpoint, torch_save
 
 
 class Stateful(Protocol):

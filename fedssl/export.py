@@ -29,8 +29,8 @@ from pathlib import Path
 from fedssl.methods import registry
 from fedssl.plan.layout import ARTIFACTS
 from fedssl.presets import Presets
-from fedssl.runtime import StageFailed, write_json
-from fedssl.stage import StageContext, main_guard
+from fedssl.stage.context import StageContext, main_guard
+from fedssl.stage.runtime import StageFailed, write_json
 
 CARD, WEIGHTS, PROGRAM, MODEL_CARD = (
     "encoder.json",

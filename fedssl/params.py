@@ -35,7 +35,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from fedssl.data.catalog import datasets
-from fedssl.record import ParamsError
+from fedssl.stage.record import ParamsError
 
 NAME_PATTERN = r"^[a-z0-9_]+$"  # preset names become stage names in Snakemake and DVC
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]

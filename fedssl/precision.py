@@ -31,7 +31,7 @@ import torch
 
 from fedssl.layout import is_channels_last
 from fedssl.params import PrecisionSetting
-from fedssl.runtime import bf16_capped
+from fedssl.stage.runtime import bf16_capped
 
 SETTINGS = get_args(PrecisionSetting)
 T = TypeVar("T")
@@ -71,7 +71,7 @@ def active() -> PrecisionSetting:
 def native_bf16(device_type: str) -> bool:
     """Whether a device type multiplies bf16 in hardware: CUDA, and CPUs whose capability torch
     reports as AVX-512 BF16 or AMX tiles (other CPUs emulate it, slower than fp32), unless the
-    environment caps torch's kernels below those instructions (:func:`fedssl.runtime.isa_cap`:
+    environment caps torch's kernels below those instructions (:func:`fedssl.stage.runtime.isa_cap`:
     how an AVX-512 machine stands in for an AVX2 one)."""
     if device_type == "cuda":
         return True

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from fedssl import params as P
 from fedssl.data.catalog import dataset_spec
-from fedssl.record import ParamsError, did_you_mean, lookup, read_yaml
+from fedssl.stage.record import ParamsError, did_you_mean, lookup, read_yaml
 
 PARAMS_DIR = Path("params")
 # a YAML file of command-line overrides (`fedssl run ... key=value`): experiment -> settings

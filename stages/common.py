@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from fedssl.stage import StageContext
+from fedssl.stage.context import StageContext
 
 
 def context(kind: str, argv: list[str], what: str) -> StageContext:

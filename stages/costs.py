@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch  # noqa: F401  (imported first so that FEDSSL_THREADS applies to it)
 
 from fedssl.costs import summarize_client_costs
-from fedssl.runtime import write_json
-from fedssl.stage import main_guard
+from fedssl.stage.context import main_guard
+from fedssl.stage.runtime import write_json
 from stages.common import context
 
 

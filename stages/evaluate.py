@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fedssl.data import load_npz
 from fedssl.eval.probes import knn_accuracy, linear_probe
-from fedssl.runtime import write_json, write_tsv
-from fedssl.stage import main_guard
+from fedssl.stage.context import main_guard
+from fedssl.stage.runtime import write_json, write_tsv
 from stages.common import context
 
 SPLIT = ("train_x", "train_y", "test_x", "test_y")

@@ -6,7 +6,7 @@ import numpy as np
 
 from fedssl.data.partition import stratified_subset
 from fedssl.eval.probes import extract_features
-from fedssl.stage import main_guard
+from fedssl.stage.context import main_guard
 from stages.common import context
 
 

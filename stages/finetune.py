@@ -7,8 +7,8 @@ import torch  # noqa: F401  (imported first so that FEDSSL_THREADS applies to it
 
 from fedssl.data.partition import stratified_subset
 from fedssl.eval.finetune import finetune
-from fedssl.runtime import write_json, write_tsv
-from fedssl.stage import main_guard
+from fedssl.stage.context import main_guard
+from fedssl.stage.runtime import write_json, write_tsv
 from stages.common import context
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from fedssl.stage import StageContext, main_guard
+from fedssl.stage.context import StageContext, main_guard
 
 
 def run(argv):

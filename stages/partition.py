@@ -14,8 +14,8 @@ from fedssl.data.partition import (
     stratified_subset,
 )
 from fedssl.plan.layout import data_dir
-from fedssl.runtime import write_json
-from fedssl.stage import StageFailed, main_guard
+from fedssl.stage.context import StageFailed, main_guard
+from fedssl.stage.runtime import write_json
 from stages.common import context
 
 

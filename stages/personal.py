@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 from fedssl.eval.personal import summarize
-from fedssl.runtime import write_json
-from fedssl.stage import main_guard
+from fedssl.stage.context import main_guard
+from fedssl.stage.runtime import write_json
 from stages.common import context
 
 EXTRA = "extra_metrics.json"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fedssl.data import write_prepared
 from fedssl.data.sources import DataNotFound
-from fedssl.stagebase import Stage, StageFailed, main_guard
+from fedssl.stage.base import Stage, StageFailed, main_guard
 
 
 def run(argv):

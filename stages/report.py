@@ -32,7 +32,7 @@ from fedssl.reporting.report import (
     untrained_apart,
     write_report,
 )
-from fedssl.stage import StageContext, main_guard
+from fedssl.stage.context import StageContext, main_guard
 
 
 class PipelinePlan:

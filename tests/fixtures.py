@@ -241,7 +241,7 @@ def kill_after_checkpoint(root: Path, planned: PlannedStage, timeout: float = 30
     import sys
     import time
 
-    from fedssl.stage import RESUME_DIR
+    from fedssl.stage.context import RESUME_DIR
 
     folder = root / RESUME_DIR
     proc = subprocess.Popen(

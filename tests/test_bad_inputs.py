@@ -125,7 +125,7 @@ def test_both_front_ends_refuse_before_any_stage(project, bad):
 def test_a_partition_leaving_a_client_empty_is_refused_naming_the_file_and_the_fix(tmp_path):
     """A Dirichlet draw that leaves a client without samples (where min_per_client is 0) stops
     the partition stage, before any training stage can fail inside torch on it."""
-    from fedssl.stage import StageFailed
+    from fedssl.stage.context import StageFailed
     from stages import partition, prepare_data
 
     root = make_tiny_project(tmp_path, git=False)

@@ -116,7 +116,7 @@ def test_a_cpu_without_native_bf16_times_no_emulated_bf16(monkeypatch):
 
 
 def test_the_machine_line_names_the_cpu_and_its_vector_extensions(monkeypatch):
-    from fedssl import runtime
+    from fedssl.stage import runtime
 
     zen3 = {
         "model name": "AMD EPYC 7B13",

@@ -428,7 +428,7 @@ def test_wall_times_of_an_earlier_sessions_runs_are_kept(tmp_path, monkeypatch):
     rendering fill in the runs this workspace did not make; its own records win."""
     from types import SimpleNamespace
 
-    from fedssl import stage
+    from fedssl.stage import context as stage
 
     def stage_of(exp):
         return SimpleNamespace(out=f"artifacts/experiments/{exp}/pretrain")

@@ -289,7 +289,7 @@ def test_a_diverged_loss_stops_with_a_clear_error_keeping_the_last_checkpoint(tm
         loss = base(model, params, buffers, batch)
         return loss * float("nan") if calls["n"] > 7 else loss  # round 1: 2 + 2 + 3 steps
 
-    from fedssl.runtime import StageFailed
+    from fedssl.stage.runtime import StageFailed
 
     model = tiny_model()
     fed = make_fed(model, toy_data(), tmp_path, rounds=3, loss=nan_in_round_2)

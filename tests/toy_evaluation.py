@@ -5,8 +5,8 @@ declaration into fedssl/evaluations/ (see README, "Adding an evaluation")."""
 from __future__ import annotations
 
 from fedssl.data import load_clients
-from fedssl.runtime import write_json
-from fedssl.stage import main_guard
+from fedssl.stage.context import main_guard
+from fedssl.stage.runtime import write_json
 from stages.common import context
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedssl.runtime import ArtifactError
+from fedssl.stage.runtime import ArtifactError
 
 
 def sha256(array: np.ndarray) -> str:
@@ -44,7 +44,7 @@ RERUN = "rerun the stage that writes it (or `dvc checkout` it)"  # a damaged art
 def load_split(data_dir: Path, split: str, verify: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """A prepared split's images (memory-mapped) and labels; ``verify``: compare both with the
     SHA-256 recorded in dataset.json (the stage runtime checks every input file this way
-    before a stage starts, :func:`fedssl.stagebase.verify_inputs`)."""
+    before a stage starts, :func:`fedssl.stage.base.verify_inputs`)."""
     data_dir = Path(data_dir)
     images = _load(data_dir / f"{split}_images.npy", mmap_mode="r")
     labels = _load(data_dir / f"{split}_labels.npy")

@@ -17,7 +17,7 @@ from fedssl.epochs import run_epochs
 from fedssl.optim import warmup_cosine
 from fedssl.params import FinetuneParams
 from fedssl.precision import under_policy
-from fedssl.runtime import derive_seed, torch_generator
+from fedssl.stage.runtime import derive_seed, torch_generator
 
 
 class Classifier(nn.Module):

@@ -22,7 +22,7 @@ from fedssl.data.augment import to_float
 from fedssl.data.partition import stratified_subset
 from fedssl.eval.probes import knn_accuracy
 from fedssl.params import KnnParams
-from fedssl.runtime import derive_seed
+from fedssl.stage.runtime import derive_seed
 
 BANK_SIZE = 5000  # labelled bank images, from the clients' training data
 QUERY_SIZE = 2000  # query images, from the test split

@@ -10,8 +10,8 @@ from torch import nn
 from fedssl.data.augment import to_float
 from fedssl.params import KnnParams, LinearProbeParams
 from fedssl.precision import under_policy
-from fedssl.progress import Progress, advance
-from fedssl.runtime import derive_seed
+from fedssl.stage.progress import Progress, advance
+from fedssl.stage.runtime import derive_seed
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fedssl.contract import DATA, PARTITION
+from fedssl.stage.contract import DATA, PARTITION
 
 __all__ = [
     "DATA",

@@ -24,8 +24,8 @@ from torch.func import functional_call, grad_and_value, vmap
 from fedssl.layout import is_channels_last
 from fedssl.models.norms import has_running_stats
 from fedssl.precision import laid_out, under_policy
-from fedssl.progress import advance
-from fedssl.runtime import numpy_rng
+from fedssl.stage.progress import advance
+from fedssl.stage.runtime import numpy_rng
 
 Tensors = dict[str, torch.Tensor]
 # make_views(images uint8 [n, C, H, W], generator) -> tuple of float tensors [n, ...]

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from fedssl.fl.cohort import Tensors
-from fedssl.runtime import numpy_rng, write_tsv
+from fedssl.stage.runtime import numpy_rng, write_tsv
 
 if TYPE_CHECKING:
     from fedssl.params import FederationSettings

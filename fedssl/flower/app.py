@@ -26,7 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedssl.fl.cohort import Tensors
 from fedssl.flower.rounds import Client, ClientMemory, RemoteRounds, Result, Task
-from fedssl.runtime import StageFailed
+from fedssl.stage.runtime import StageFailed
 
 PARTITION_ID = "partition-id"  # Flower's node config key for which client a SuperNode is
 
@@ -46,7 +46,8 @@ class GridExchange:
     At start it waits up to ``wait`` seconds for ``clients`` nodes and asks each which client
     it is; with ``facts`` it hands each node's answer to ``compare(facts, answer, client)``,
     which raises where the node's params or data differ. Fewer nodes, a client no node is, or
-    a node lost mid-run stop the run with a :class:`~fedssl.runtime.StageFailed` of one line."""
+    a node lost mid-run stop the run with a :class:`~fedssl.stage.runtime.StageFailed` of one
+    line."""
 
     def __init__(self, grid: Grid, clients: int, wait: float = 600.0, facts=None, compare=None):
         self.grid = grid

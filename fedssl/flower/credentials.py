@@ -26,7 +26,7 @@ import secrets
 import subprocess
 from pathlib import Path
 
-from fedssl.runtime import StageFailed
+from fedssl.stage.runtime import StageFailed
 
 CA, SUPERLINK, TOKEN, TOKEN_DIGEST = "ca", "superlink", "control.token", "control.sha256"
 VALID_DAYS = 365

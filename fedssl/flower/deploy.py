@@ -27,7 +27,7 @@ from fedssl.flower.app import PARTITION_ID, GridExchange, client_app
 from fedssl.flower.rounds import RemoteRounds
 from fedssl.flower.stage import StepFederation, check_step, run_with
 from fedssl.flower.superlink import ROOT_ENV
-from fedssl.runtime import StageFailed
+from fedssl.stage.runtime import StageFailed
 
 DERIVED_KINDS = ("prepare_data", "partition")  # what a node may compute for itself, in order
 
@@ -78,7 +78,7 @@ def agreement(ctx) -> dict[str, str]:
 def derive_inputs(ctx) -> None:
     """Run, on this node, the data set and partition stages of the step whose outputs are
     missing (the same commands the front ends run)."""
-    from fedssl.stagebase import plan_record
+    from fedssl.stage.base import plan_record
 
     for kind in DERIVED_KINDS:
         for name, stage in ctx.record["inputs"].items():
@@ -103,7 +103,7 @@ server = ServerApp()
 
 @server.main()
 def main(grid: Grid, context: Context) -> None:
-    from fedssl.stage import StageContext
+    from fedssl.stage.context import StageContext
 
     step, experiment = step_of(context)
     os.chdir(server_root())
@@ -131,7 +131,7 @@ class NodeFederation:
         self.facts: dict[str, str] | None = None
 
     def __call__(self, context: Context):
-        from fedssl.stage import StageContext
+        from fedssl.stage.context import StageContext
 
         step, experiment = step_of(context)
         os.chdir(node_root(context))

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from fedssl.methods.base import call_hook
-from fedssl.runtime import StageFailed, pick_device
+from fedssl.stage.runtime import StageFailed, pick_device
 
 
 def flower_hook(method, step: str) -> str:
@@ -35,7 +35,7 @@ class StepFederation:
 
     def __call__(self, context=None):
         from fedssl import precision
-        from fedssl.stage import StageContext, set_threads
+        from fedssl.stage.context import StageContext, set_threads
 
         os.chdir(self.root)  # the project's params/ and artifacts/ (a SuperNode's own process)
         set_threads()  # FEDSSL_THREADS, as a stage: float sums depend on the thread count

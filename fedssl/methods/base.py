@@ -24,8 +24,8 @@ import importlib
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from fedssl.contract import DATA, PARTITION, StepContext
 from fedssl.params import Strict
+from fedssl.stage.contract import DATA, PARTITION, StepContext
 
 __all__ = [
     "DATA",

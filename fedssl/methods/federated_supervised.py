@@ -19,7 +19,7 @@ from fedssl.methods.base import call_hook
 from fedssl.methods.federated import trainer_loss
 from fedssl.rounds.loop import Federation, LocalTraining
 from fedssl.rounds.runner import run_federation, train_data
-from fedssl.runtime import derive_seed, torch_save, write_json
+from fedssl.stage.runtime import derive_seed, torch_save, write_json
 from fedssl.strategies.base import Strategy
 
 

@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 
 from fedssl.methods.base import Method
-from fedssl.record import did_you_mean
+from fedssl.stage.record import did_you_mean
 
 _METHODS: dict[str, Method] = {}
 _NOT_PLUGINS = {"base", "registry", "federated", "federated_supervised"}  # the contract, runtimes

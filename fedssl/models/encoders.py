@@ -11,7 +11,7 @@ from fedssl.models.norms import make_norm
 from fedssl.models.pooling import GlobalAvgPool
 from fedssl.params import ModelParams
 from fedssl.precision import channels_last
-from fedssl.runtime import derive_seed
+from fedssl.stage.runtime import derive_seed
 
 
 def conv_norm_relu(cin: int, cout: int, stride: int, norm: str, cpg: int) -> nn.Sequential:
@@ -128,7 +128,7 @@ def frozen(module: nn.Module) -> nn.Module:
 
 
 def save_contrastive_model(model: ContrastiveModel, path, image_shape) -> None:
-    from fedssl.runtime import torch_save
+    from fedssl.stage.runtime import torch_save
 
     torch_save({"model": model.state_dict(), "image_shape": tuple(image_shape)}, path)
 

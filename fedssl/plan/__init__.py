@@ -9,8 +9,8 @@
 * :mod:`~fedssl.plan.cli`: the command line (``python -m fedssl.pipeline ...``).
 
 What the planner writes for each stage, its plan record, and the fingerprint made of it are in
-:mod:`fedssl.record` (a ground-floor module): a stage reads its record (through
-:mod:`fedssl.stagebase`) and, if it loads presets, the layout here, never the DAG, so editing
+:mod:`fedssl.stage.record` (a ground-floor module): a stage reads its record (through
+:mod:`fedssl.stage.base`) and, if it loads presets, the layout here, never the DAG, so editing
 the planner, the freshness rules, the ``dvc.yaml`` writer or the command line reruns no stage
 whose record stays the same. Nothing here imports torch: planning stays cheap.
 """

@@ -16,7 +16,7 @@ step's ``runner``, the ``encoder``, ``client_costs`` or report functions), so a 
 code is not a dependency of its training and the reverse. DVC compares these itself; for
 Snakemake every stage has a *fingerprint* of the same things (:meth:`Dag.fingerprint`, checked
 by :mod:`fedssl.plan.freshness`). All of it is in each stage's plan record (:meth:`Dag.record`,
-:mod:`fedssl.record`), which the stage reads instead of this module.
+:mod:`fedssl.stage.record`), which the stage reads instead of this module.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from pathlib import Path
 from fedssl import evaluations
 from fedssl import params as P
 from fedssl.codegraph import code_files
-from fedssl.contract import DATA, PARTITION
 from fedssl.data.catalog import dataset_spec
 from fedssl.methods import registry
 from fedssl.plan.layout import (
@@ -51,7 +50,8 @@ from fedssl.presets import (
     check_experiment_fits,
     check_partition_fits,
 )
-from fedssl.record import (
+from fedssl.stage.contract import DATA, PARTITION
+from fedssl.stage.record import (
     PRECISION,
     fingerprint,
     fingerprint_inputs,
@@ -413,7 +413,7 @@ class Dag:
 
     # ------------------------------------------------------------------ records, fingerprints
     def record(self, name: str) -> dict:
-        """The stage's plan record (:mod:`fedssl.record`): what the stage runtime reads
+        """The stage's plan record (:mod:`fedssl.stage.record`): what the stage runtime reads
         instead of this DAG."""
         s = self.stages[name]
         return {
@@ -469,7 +469,7 @@ class Dag:
 
     def fingerprint_inputs(self, name: str) -> dict:
         """What a stage's output depends on, as both front ends see it (see
-        :func:`fedssl.record.fingerprint_inputs`)."""
+        :func:`fedssl.stage.record.fingerprint_inputs`)."""
         return fingerprint_inputs(self.record(name), raw_values(self.stages[name].params))
 
     def fingerprint(self, name: str) -> str:

@@ -27,7 +27,7 @@ from fedssl.methods import registry
 from fedssl.plan.dag import Dag, Stage
 from fedssl.plan.freshness import RAN_LOG, check_data
 from fedssl.presets import OVERRIDES_ENV, PARAMS_DIR, Presets
-from fedssl.record import PLAN_RECORDS, record_path, record_text
+from fedssl.stage.record import PLAN_RECORDS, record_path, record_text
 
 EXTRA_PIPELINES_DIR = Path("pipelines")
 DAG_STAGE = "dag"

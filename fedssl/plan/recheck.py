@@ -27,7 +27,7 @@ from fedssl.fl.state import TIMING_FIELDS
 from fedssl.plan.dag import Dag
 from fedssl.plan.layout import RESULTS
 from fedssl.presets import Presets
-from fedssl.runtime import cpu_summary
+from fedssl.stage.runtime import cpu_summary
 
 SHARED_KINDS = ("prepare_data", "partition", "report")
 BAD = ("differs beyond the spread", "missing", "failed")

@@ -43,9 +43,9 @@ from pydantic import BaseModel, ValidationError
 from fedssl import evaluations
 from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED
 from fedssl.plan.layout import owner_of, report_dir
-from fedssl.record import ParamsError, read_yaml
 from fedssl.reporting import stats
 from fedssl.reporting.formatting import markdown_table, mean_sd, number, sd_note, to_float
+from fedssl.stage.record import ParamsError, read_yaml
 
 SD = "sample"
 # The stages' run records the board keeps beside itself (committed, so that the wall times
@@ -899,14 +899,14 @@ def _plot_family_over_run(drawn: list[tuple[dict, list]], path: Path, family: st
 def run_records(
     dag, kept: dict | None = None, reported: set[str] | None = None
 ) -> tuple[dict[str, float], list[dict], float]:
-    """From the stages' run records (:func:`fedssl.stagebase.run_record`): wall seconds per
+    """From the stages' run records (:func:`fedssl.stage.base.run_record`): wall seconds per
     experiment (its own stages, shared ones counted in each), every record, and the
     pipeline's total (each stage once). ``kept`` (stage -> record, from the board's
     committed :data:`RUNS_FILE`) fills in the stages this workspace has not run: a board
     made over several sessions keeps the wall times of the runs an earlier one made.
     ``reported`` (the experiments the report has a row or a failure for) leaves out the
     records of runs that are not on the board: one stopped half-way, or removed after."""
-    from fedssl.stage import run_record
+    from fedssl.stage.context import run_record
 
     wanted = set(dag.stages)
     if reported is not None:

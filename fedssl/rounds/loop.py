@@ -24,7 +24,7 @@ from torch import nn
 
 from fedssl.fl.cohort import CohortTrainer, LocalData, Tensors
 from fedssl.fl.state import FederationConfig, FedState, Ledger, RoundUpdates
-from fedssl.runtime import check_finite, load_checkpoint, torch_generator, torch_save
+from fedssl.stage.runtime import check_finite, load_checkpoint, torch_generator, torch_save
 from fedssl.strategies.aggregation import RunningMean
 from fedssl.strategies.base import Strategy
 

@@ -13,9 +13,9 @@ from fedssl.data import to_device
 from fedssl.eval.monitor import knn_monitor
 from fedssl.fl.cohort import LocalData, client_data
 from fedssl.fl.state import LOG_FIELDS, TIMING_FIELDS, FedState, write_round_log
-from fedssl.progress import Progress, say
 from fedssl.rounds.loop import Federation
-from fedssl.runtime import write_json
+from fedssl.stage.progress import Progress, say
+from fedssl.stage.runtime import write_json
 
 
 def train_data(ctx) -> LocalData:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from fedssl.runtime import derive_seed
+from fedssl.stage.runtime import derive_seed
 from fedssl.strategies.aggregation import fedavg, stacked
 from fedssl.strategies.base import Strategy
 

@@ -58,7 +58,7 @@ def test_an_os_error_while_downloading_is_reported_the_same_way(tmp_path, monkey
 def test_the_prepare_data_stage_prints_one_message_and_exits_2(
     tmp_path, monkeypatch, offline, capsys
 ):
-    from fedssl.stage import main_guard
+    from fedssl.stage.context import main_guard
     from stages.prepare_data import run
 
     root = make_tiny_project(tmp_path, git=False)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedssl.runtime import StageFailed
+from fedssl.stage.runtime import StageFailed
 from tests.fixtures import REPO, TINY_MFCL_EXPERIMENT, in_project, make_tiny_project, run_stage
 from tests.lwfedssl_fixtures import TINY_PARTITION as LW_PARTITION
 from tests.lwfedssl_fixtures import TINY_SCRATCH, tiny_text
@@ -274,10 +274,10 @@ EXERCISES = {
         "{partition}/clients.npz",
         npz_keys=("client_0", "client_1", "client_2"),
     ),
-    "fedssl/stage.py::StageContext.server_indices::numpy.load": Exercise(
+    "fedssl/stage/context.py::StageContext.server_indices::numpy.load": Exercise(
         "grow_1", "tiny_lw_fedssl", "{partition}/server.npy"
     ),
-    "fedssl/runtime.py::load_checkpoint::torch.load@engine": Exercise(
+    "fedssl/stage/runtime.py::load_checkpoint::torch.load@engine": Exercise(
         "pretrain", "tiny_simclr", "{resume}.pt"
     ),
     "fedssl/models/encoders.py::load_encoder::torch.load": Exercise(
@@ -289,7 +289,7 @@ EXERCISES = {
         "{in:features}/features.npz",
         npz_keys=("train_x", "train_y", "test_x", "test_y"),
     ),
-    "fedssl/runtime.py::load_checkpoint::torch.load@finetune": Exercise(
+    "fedssl/stage/runtime.py::load_checkpoint::torch.load@finetune": Exercise(
         "finetune", "tiny_vit_scratch", "{resume}.pt"
     ),
     "fedssl/data/__init__.py::load_npz::numpy.load@personal": Exercise(
@@ -298,7 +298,7 @@ EXERCISES = {
         "{in:train}/personal.npz",
         npz_keys=("accuracy", "choice", "labels", "probs"),
     ),
-    "fedssl/runtime.py::load_checkpoint::torch.load@cpcfl-pretrain": Exercise(
+    "fedssl/stage/runtime.py::load_checkpoint::torch.load@cpcfl-pretrain": Exercise(
         "pretrain", "tiny_cpcfl", "{resume}.w16.pt"
     ),
     "fedssl/methods/cpcfl/encoder_source.py::pretrained_encoder::torch.load": Exercise(
@@ -325,7 +325,7 @@ EXERCISES = {
         "{in:export}/client_0.npy",
         plain={"{in:export}/manifest.json": MANIFEST},
     ),
-    "fedssl/runtime.py::load_checkpoint::torch.load@rserver": Exercise(
+    "fedssl/stage/runtime.py::load_checkpoint::torch.load@rserver": Exercise(
         "rserver",
         "tiny_mfcl",
         "{resume}.pt",
@@ -416,7 +416,7 @@ def refusing_site(error: BaseException, sites: list[Site]) -> str | None:
 
 
 REFUSALS = (
-    "refused unread",  # a checkpoint (fedssl.runtime.load_checkpoint)
+    "refused unread",  # a checkpoint (fedssl.stage.runtime.load_checkpoint)
     "Weights only load failed",
     "allow_pickle",
     "Python objects in dtype",
@@ -435,7 +435,7 @@ def test_a_crafted_pickle_at_each_load_site_is_refused(project, key, tmp_path, m
     monkeypatch.setenv("FEDSSL_DEVICE", "cpu")
     # the stage runtime refuses an input that differs from what its producer recorded before
     # any load (tests/plan/test_reliability.py); here the load site itself must refuse the file
-    monkeypatch.setattr("fedssl.stagebase.verify_inputs", lambda record: None)
+    monkeypatch.setattr("fedssl.stage.base.verify_inputs", lambda record: None)
     ex = EXERCISES[key]
     marker = tmp_path / "the-pickle-ran"
     with in_project(project) as planned_stage:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from fedssl import evaluations
-from fedssl.contract import DATA, PARTITION
 from fedssl.evaluations import Metric
 from fedssl.reporting import board, report
+from fedssl.stage.contract import DATA, PARTITION
 
 
 def test_the_evaluations_join_an_experiment_after_those_they_read():

@@ -89,7 +89,7 @@ def project(tmp_path_factory):
 def test_an_exported_encoder_gives_the_probes_features(project, monkeypatch, experiment):
     from fedssl.eval.probes import extract_features
     from fedssl.export import export, load_encoder
-    from fedssl.stage import StageContext
+    from fedssl.stage.context import StageContext
 
     monkeypatch.chdir(project)
     out = export(experiment, project / "exported" / experiment)
@@ -141,7 +141,7 @@ def test_every_method_evaluated_by_the_probes_can_export_its_encoder():
 
 def test_a_method_without_a_frozen_encoder_says_so(project, monkeypatch):
     from fedssl.export import export
-    from fedssl.runtime import StageFailed
+    from fedssl.stage.runtime import StageFailed
 
     monkeypatch.chdir(project)
     (project / "params" / "experiments" / "tiny_leak.yaml").write_text(
@@ -230,7 +230,7 @@ def test_a_tampered_card_or_weights_file_is_refused(project, monkeypatch, tmp_pa
 
 def test_an_untrained_experiment_names_the_stage_to_run(project, monkeypatch, capsys):
     from fedssl.export import run
-    from fedssl.stage import main_guard
+    from fedssl.stage.context import main_guard
 
     monkeypatch.chdir(project)
     (project / "params" / "experiments" / "tiny_simclr3.yaml").write_text(

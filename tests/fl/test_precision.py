@@ -264,7 +264,7 @@ def test_stages_cap_the_kernel_cache_unless_the_user_did(monkeypatch):
     count; stages cap it before computing, and a user's own cap wins."""
     import os
 
-    from fedssl.stagebase import KERNEL_CACHE, bound_kernel_cache
+    from fedssl.stage.base import KERNEL_CACHE, bound_kernel_cache
 
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     bound_kernel_cache()
@@ -280,7 +280,7 @@ def test_a_stage_computes_in_its_experiments_precision_and_records_it(tmp_path):
     and says so in meta.json (which the report reads) and in its run record."""
     import json
 
-    from fedssl import stage
+    from fedssl.stage import context as stage
     from tests.fixtures import in_project, make_tiny_project, run_stage
 
     root = make_tiny_project(tmp_path, git=False)

@@ -7,8 +7,8 @@ import re
 
 import torch
 
-from fedssl import progress
-from fedssl.progress import Progress
+from fedssl.stage import progress
+from fedssl.stage.progress import Progress
 
 
 def test_lines_say_share_rate_and_eta_and_only_every_so_often(monkeypatch):

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from fedssl.runtime import cpu
+from fedssl.stage.runtime import cpu
 from tests.fixtures import make_tiny_project, run
 
 pytestmark = pytest.mark.timeout(900)
@@ -86,7 +86,7 @@ def test_fedssl_threads_holds_whenever_the_stage_imports_torch(torch_first):
     """A stage that imports torch only after the runtime set the threads computes on as many
     threads as one that had it loaded: one here, where torch's default is every core."""
     code = (
-        "from fedssl.stagebase import set_threads\n"
+        "from fedssl.stage.base import set_threads\n"
         + ("import torch\n" if torch_first else "")
         + "set_threads()\nimport torch\nprint(torch.get_num_threads())\n"
     )
@@ -109,7 +109,7 @@ def test_a_stage_computes_on_one_thread_unless_told(threads, computes_on, wait_p
     """One thread per stage by default (under load a second one waits on a descheduled
     sibling: benchmarks/threads.py); more when asked, with OpenMP's idle threads asleep."""
     code = (
-        "import os\nfrom fedssl.stagebase import set_threads\nset_threads()\nimport torch\n"
+        "import os\nfrom fedssl.stage.base import set_threads\nset_threads()\nimport torch\n"
         "print(torch.get_num_threads(), os.environ.get('OMP_WAIT_POLICY'))\n"
     )
     env = {k: v for k, v in os.environ.items() if "THREADS" not in k and "OMP_" not in k}

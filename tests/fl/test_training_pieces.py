@@ -15,7 +15,7 @@ from fedssl.epochs import run_epochs
 from fedssl.losses import masked_cross_entropy
 from fedssl.params import AugmentParams, FinetuneParams
 from fedssl.precision import autocast_dtype, channels_last, policy, under_policy
-from fedssl.runtime import StageFailed, derive_seed, load_checkpoint
+from fedssl.stage.runtime import StageFailed, derive_seed, load_checkpoint
 
 
 # ------------------------------------------------------------------ precision policy
@@ -320,7 +320,7 @@ def test_cpcfl_encoder_epochs_are_two_passes_with_their_own_seeds_and_an_epoch_m
     from fedssl.fl.cohort import CohortTrainer, OptimizerConfig, vectorise_clients
     from fedssl.methods.cpcfl import federation as cfl
     from fedssl.methods.cpcfl.models import PoolModel
-    from fedssl.runtime import torch_generator
+    from fedssl.stage.runtime import torch_generator
     from fedssl.strategies.aggregation import fedavg, stacked
     from tests.methods.cpcfl.test_cpcfl import (
         SHAPE,

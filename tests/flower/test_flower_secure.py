@@ -15,7 +15,7 @@ pytest.importorskip("flwr")
 
 from fedssl.flower import credentials  # noqa: E402
 from fedssl.flower.superlink import LocalRuntimeOnly, token_plugin  # noqa: E402
-from fedssl.runtime import StageFailed  # noqa: E402
+from fedssl.stage.runtime import StageFailed  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fedssl.runtime import StageFailed
-from fedssl.stage import run_record
+from fedssl.stage.context import run_record
+from fedssl.stage.runtime import StageFailed
 from tests.fixtures import in_project, make_tiny_project, output_files, run_stage
 from tests.methods.mpfedcon.test_mpfedcon_chain import EXPERIMENT as MPF
 from tests.methods.mpfedcon.test_mpfedcon_chain import PARTITION as SHARDS

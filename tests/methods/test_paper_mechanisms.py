@@ -15,7 +15,7 @@ from fedssl.methods.mfcl import run as mfcl
 from fedssl.methods.mocosfl.split import prefixed
 from fedssl.methods.mpfedcon import run as R
 from fedssl.methods.mpfedcon import train as T
-from fedssl.runtime import torch_generator
+from fedssl.stage.runtime import torch_generator
 from tests.fixtures import toy_images
 from tests.methods.mfcl import test_mfcl as mfcl_tests
 from tests.methods.mocosfl import test_mocosfl as mocosfl_tests

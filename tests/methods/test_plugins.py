@@ -61,7 +61,7 @@ def test_the_toy_method_runs_through_snakemake(project):
 EXPORT_AND_LOAD = """
 import torch
 from fedssl.export import export, load_encoder
-from fedssl.stage import StageContext
+from fedssl.stage.context import StageContext
 
 out = export("tiny_toy")
 ctx = StageContext("features", "tiny_toy")

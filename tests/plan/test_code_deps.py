@@ -124,7 +124,12 @@ def test_editing_the_presets_or_the_params_models_reruns_all_but_the_data_prepar
     records = {p.stem for p in (project / "pipelines/plan").glob("*.json")}
     others = {r for r in records if not r.startswith("prepare_data__")}
     assert records - others == {"prepare_data__tiny"}
-    jobs, stale = edited(project, "fedssl/presets.py", "fedssl/params.py", "fedssl/stage.py")
+    jobs, stale = edited(
+        project,
+        "fedssl/presets.py",
+        "fedssl/params.py",
+        "fedssl/stage/context.py",
+    )
     assert jobs == stale == others
 
 

@@ -16,12 +16,12 @@ from fedssl.methods.base import Method
 from tests.fixtures import REPO
 
 # Planning and stage-runtime modules a method must not import (types under TYPE_CHECKING and
-# the exception in fedssl.runtime excepted).
+# the exception in fedssl.stage.runtime excepted).
 ABOVE_THE_METHODS = (
     "fedssl.plan",
     "fedssl.pipeline",
-    "fedssl.stage",
-    "fedssl.stagebase",
+    "fedssl.stage.context",
+    "fedssl.stage.base",
     "fedssl.presets",
     "fedssl.experiment",
     "fedssl.projected_costs",
@@ -42,7 +42,7 @@ def _at_repo(monkeypatch):
 )
 def test_the_library_has_no_import_cycle(top_level, with_types):
     """Type-only imports included: the method contract names the stage context's type through
-    the ground-floor contract (fedssl.contract), not through the stage runtime."""
+    the ground-floor contract (fedssl.stage.contract), not through the stage runtime."""
     graph = codegraph.import_graph(top_level=top_level, with_types=with_types)
     assert "fedssl.plan.dag" in graph and "fedssl.methods.base" in graph
     assert codegraph.cycles(graph) == []
@@ -103,11 +103,11 @@ def test_a_method_package_init_only_declares(package):
     module = f"fedssl.methods.{package.name}"
     shared = {
         "fedssl/__init__.py",
-        "fedssl/contract.py",  # the step context's type and the step-input names
+        "fedssl/stage/contract.py",  # the step context's type and the step-input names
         "fedssl/params.py",
-        "fedssl/record.py",  # ParamsError, with the reader of params files (every stage's code)
+        "fedssl/stage/record.py",  # ParamsError, with the params files' reader (every stage's code)
         "fedssl/data/__init__.py",  # the data-set registry: facts that params validate against
-        "fedssl/runtime.py",  # the prepared-data store's ArtifactError (every stage's code)
+        "fedssl/stage/runtime.py",  # the prepared-data store's ArtifactError (every stage's code)
         "fedssl/data/catalog.py",
         "fedssl/data/sets/__init__.py",  # where the registry finds the data sets, by name
         "fedssl/methods/__init__.py",
@@ -123,7 +123,7 @@ def test_the_stage_runtime_reads_plan_records_not_the_planner():
     """A stage reads its plan record: the DAG, the import graph, the freshness rules and the
     dvc.yaml writer are no stage's code, nor is any data set's file but through its record."""
     runtime = set(codegraph.code_files(*(f"stages.{p.stem}" for p in REPO.glob("stages/*.py"))))
-    assert "fedssl/record.py" in runtime and "fedssl/plan/layout.py" in runtime
+    assert "fedssl/stage/record.py" in runtime and "fedssl/plan/layout.py" in runtime
     for module in ("dag", "freshness", "dvcfile", "cli"):
         assert f"fedssl/plan/{module}.py" not in runtime
     assert not {"fedssl/pipeline.py", "fedssl/codegraph.py"} & runtime
@@ -139,9 +139,9 @@ def test_the_prepare_stage_runs_by_its_record_alone():
         "fedssl/__init__.py",
         "fedssl/data/__init__.py",  # the prepared-data artifact
         "fedssl/data/sources.py",  # the readers (the record names Fashion-MNIST's)
-        "fedssl/record.py",  # the record, its hashes, the params files' raw values
-        "fedssl/runtime.py",  # atomic writes, the lock, the run's environment and machine
-        "fedssl/stagebase.py",  # the stage contract
+        "fedssl/stage/record.py",  # the record, its hashes, the params files' raw values
+        "fedssl/stage/runtime.py",  # atomic writes, the lock, the run's environment and machine
+        "fedssl/stage/base.py",  # the stage contract
         "stages/__init__.py",
         "stages/prepare_data.py",
     ]

@@ -216,7 +216,7 @@ def downstream(project: Path, names: set[str]) -> set[str]:
 # the params models, a preset. Each must rerun the same stages in Snakemake and DVC. More code
 # files of the kinds above (a stage script, a library module) run with `-m slow`.
 EDITS = [
-    pytest.param("fedssl/runtime.py", None, None, id="fedssl/runtime.py"),
+    pytest.param("fedssl/stage/runtime.py", None, None, id="fedssl/stage/runtime.py"),
     pytest.param("fedssl/methods/none.py", None, None, id="fedssl/methods/none.py"),
     pytest.param("fedssl/params.py", "k: PositiveInt = 20", "k: PositiveInt = 21", id="default"),
     pytest.param("params/experiments/tiny_random.yaml", "k: 5,", "k: 4,", id="preset"),

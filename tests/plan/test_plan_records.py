@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from fedssl.record import record_path, record_text
+from fedssl.stage.record import record_path, record_text
 from tests.fixtures import make_tiny_project
 
 
@@ -46,7 +46,7 @@ def test_every_stage_has_its_record_and_depends_on_it(project):
 
 
 def test_the_stage_runs_by_its_record(project):
-    from fedssl.stage import StageContext
+    from fedssl.stage.context import StageContext
 
     path = record_path("partition__tiny_dir05_m3")
     record = json.loads(path.read_text())
@@ -61,7 +61,7 @@ def test_the_prepare_stage_reads_its_data_set_from_its_record(project):
     """Where the data set is read from and which reader reads it are the record's (the
     planner resolved them from the params and the registry): moved in the record alone, the
     stage reads there, and its error names that folder."""
-    from fedssl.stagebase import StageFailed
+    from fedssl.stage.base import StageFailed
     from stages import prepare_data
 
     path = record_path("prepare_data__tiny")
@@ -76,7 +76,7 @@ def test_the_prepare_stage_reads_its_data_set_from_its_record(project):
 
 
 def test_a_record_the_params_moved_on_from_is_made_anew(project):
-    from fedssl.stage import StageContext
+    from fedssl.stage.context import StageContext
 
     path = record_path("partition__tiny_dir05_m3")
     before = json.loads(path.read_text())
@@ -89,7 +89,7 @@ def test_a_record_the_params_moved_on_from_is_made_anew(project):
 
 
 def test_a_stage_of_no_written_pipeline_plans_its_own_record(project):
-    from fedssl.stage import StageContext
+    from fedssl.stage.context import StageContext
 
     (project / "params/experiments/tiny_random_w8.yaml").write_text(
         "extends: tiny_random\ntitle: Random init, width 8\nmethod: {model: {width: 8}}\n"
@@ -104,7 +104,7 @@ def test_the_report_record_keeps_the_pipelines_order_of_experiments():
     """The record is written with sorted keys; the report's rows follow the pipeline's list
     (params/pipelines.yaml), which the record keeps as ``order``."""
     from fedssl.plan.dag import Dag
-    from fedssl.record import record_path
+    from fedssl.stage.record import record_path
     from tests.fixtures import REPO
 
     dag = Dag("default")

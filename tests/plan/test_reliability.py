@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedssl.runtime import (
+from fedssl.stage.runtime import (
     StageFailed,
     atomic_dir,
     load_checkpoint,
@@ -234,7 +234,7 @@ TAMPERINGS = {
 def test_a_stage_refuses_an_input_that_changed_since_its_producer_wrote_it(project, tampering):
     """Through the stage runtime (what both front ends run): the stage stops before its body
     with one line naming the file and the stage to rerun; its output is left as it was."""
-    from fedssl.stage import StageContext
+    from fedssl.stage.context import StageContext
 
     target, tamper, (kind, name), producer = TAMPERINGS[tampering]
     path = project / target
@@ -381,7 +381,7 @@ def test_results_land_from_artifacts_on_another_file_system(project, monkeypatch
 
 
 def test_a_move_across_file_systems_replaces_the_file_whole(tmp_path, monkeypatch):
-    from fedssl.runtime import move_file
+    from fedssl.stage.runtime import move_file
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -430,8 +430,8 @@ def test_the_report_lands_from_artifacts_on_a_real_tmpfs(project, tmpfs):
 def test_the_resume_fingerprint_holds_the_thread_count_and_precision(project):
     import torch
 
-    from fedssl.record import fingerprint
-    from fedssl.stage import StageContext
+    from fedssl.stage.context import StageContext
+    from fedssl.stage.record import fingerprint
 
     before = torch.get_num_threads()
     try:
@@ -518,8 +518,8 @@ def under_file_size_limit(code: str, blocks: int) -> subprocess.CompletedProcess
 def test_the_file_size_limit_stops_a_stage_with_one_line(tmp_path):
     """A real EFBIG: under `ulimit -f 1` a stage's write fails; it exits 2 with one line."""
     code = (
-        "from fedssl.stage import main_guard\n"
-        "from fedssl.runtime import write_json\n"
+        "from fedssl.stage.context import main_guard\n"
+        "from fedssl.stage.runtime import write_json\n"
         f"main_guard(lambda argv: write_json({str(tmp_path / 'big.json')!r}, ['x' * 9999] * 99))"
     )
     proc = under_file_size_limit(code, blocks=1)
@@ -535,8 +535,8 @@ def test_torch_save_past_the_file_size_limit_stops_a_stage_with_one_line(tmp_pat
     path = tmp_path / "model.pt"
     code = (
         "import torch\n"
-        "from fedssl.stage import main_guard\n"
-        "from fedssl.runtime import torch_save\n"
+        "from fedssl.stage.context import main_guard\n"
+        "from fedssl.stage.runtime import torch_save\n"
         f"main_guard(lambda argv: torch_save({{'w': torch.zeros(99999)}}, {str(path)!r}))"
     )
     proc = under_file_size_limit(code, blocks=8)
@@ -559,7 +559,7 @@ def test_torch_save_on_a_full_disk_is_one_line_naming_the_file(tmpfs):
 def test_a_damaged_features_file_stops_evaluation_in_one_line_naming_it(project, capsys):
     """The evaluation reads its features only once the run checked them: a truncated
     features.npz is named (and its producer) in one line, not a zip reader's traceback."""
-    from fedssl.stage import main_guard
+    from fedssl.stage.context import main_guard
     from stages.evaluate import run as evaluate
 
     path = project / "artifacts/experiments/tiny_simclr/features/features.npz"
@@ -608,7 +608,7 @@ class Crafted:
 def test_a_refused_pickle_is_said_without_torchs_advice_to_load_it_unsafely(tmp_path, capsys):
     import torch
 
-    from fedssl.stage import main_guard
+    from fedssl.stage.context import main_guard
 
     path = tmp_path / "model.pt"
     torch.save({"w": Crafted()}, path)
@@ -648,7 +648,7 @@ def test_a_damaged_model_at_any_load_site_ends_the_stage_in_one_line_naming_it(
     one line naming the file and what to do."""
     import torch
 
-    from fedssl.stage import main_guard
+    from fedssl.stage.context import main_guard
 
     path = tmp_path / "model.pt"
     torch_save({"w": torch.zeros(999)}, path)

@@ -16,7 +16,7 @@ from fedssl.fl.state import FedState, model_state, write_round_log
 from fedssl.methods.cpcfl.federation import build_net, initial_pool, make_federation, warmup_params
 from fedssl.methods.cpcfl.pretrain import ENCODER_FILE, PUBLIC_FILE
 from fedssl.methods.cpcfl.trials import run_rounds
-from fedssl.runtime import StageFailed, numpy_rng
+from fedssl.stage.runtime import StageFailed, numpy_rng
 
 Tensors = dict[str, torch.Tensor]
 

@@ -21,7 +21,7 @@ from fedssl.models.heads import (
     simclr_projector,
 )
 from fedssl.models.momentum import ema_update_pairs, momentum_pairs
-from fedssl.runtime import derive_seed
+from fedssl.stage.runtime import derive_seed
 
 
 class Resize(nn.Module):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from fedssl.fl.state import FedState
-from fedssl.runtime import write_tsv
+from fedssl.stage.runtime import write_tsv
 
 
 def _ledger_rows(state: FedState, prefix: str) -> list[dict]:

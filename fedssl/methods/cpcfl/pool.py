@@ -26,7 +26,7 @@ from fedssl.eval.personal import PersonalLog, client_outputs
 from fedssl.fl.cohort import LocalData
 from fedssl.fl.state import FederationConfig, FedState
 from fedssl.methods.cpcfl.models import PoolModel
-from fedssl.runtime import numpy_rng
+from fedssl.stage.runtime import numpy_rng
 from fedssl.strategies.aggregation import fedavg, fedavg_by_group, stacked
 from fedssl.strategies.base import Strategy
 

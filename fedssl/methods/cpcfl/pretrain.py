@@ -19,7 +19,7 @@ from fedssl.fl.state import TIMING_FIELDS
 from fedssl.methods.cpcfl import PAPER_PROJ_WIDTH, SSL_KINDS
 from fedssl.methods.cpcfl.models import Encoder, SSLNet, seeded
 from fedssl.precision import under_policy
-from fedssl.runtime import numpy_rng, torch_generator, torch_save, write_json, write_tsv
+from fedssl.stage.runtime import numpy_rng, torch_generator, torch_save, write_json, write_tsv
 
 ENCODER_FILE, PUBLIC_FILE = "encoder.pt", "public.npy"
 # the committed log holds what the inputs determine; the epochs' timings go to the run record

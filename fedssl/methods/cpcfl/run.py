@@ -23,7 +23,7 @@ from fedssl.methods.cpcfl.outputs import communication, write_choices
 from fedssl.methods.cpcfl.pool import PoolStrategy
 from fedssl.methods.cpcfl.trials import run_trials
 from fedssl.rounds.runner import train_data
-from fedssl.runtime import write_json
+from fedssl.stage.runtime import write_json
 
 
 def run(ctx) -> None:

@@ -23,7 +23,7 @@ from fedssl.fl.cohort import LocalData
 from fedssl.fl.state import FedState, RoundUpdates, model_state
 from fedssl.methods.featarc.model import FeatARCModel
 from fedssl.models.encoders import ContrastiveModel
-from fedssl.runtime import derive_seed, torch_save
+from fedssl.stage.runtime import derive_seed, torch_save
 from fedssl.strategies.aggregation import fedavg_by_group
 from fedssl.strategies.base import Strategy
 

@@ -14,7 +14,7 @@ from fedssl.models.encoders import build_backbone, frozen
 from fedssl.models.heads import BNMLP
 from fedssl.params import ModelParams
 from fedssl.precision import channels_last
-from fedssl.runtime import derive_seed
+from fedssl.stage.runtime import derive_seed
 from fedssl.strategies.byol import TARGET
 
 
@@ -94,7 +94,7 @@ def target_ema(model: ByolNet, p):
 
 def save_online(model: ByolNet, path, image_shape) -> None:
     """The online network and predictor (the target stays behind)."""
-    from fedssl.runtime import torch_save
+    from fedssl.stage.runtime import torch_save
 
     online = {k: v for k, v in model.state_dict().items() if not k.startswith(TARGET)}
     torch_save({"model": online, "image_shape": tuple(image_shape)}, path)

@@ -37,7 +37,7 @@ from fedssl.attacks.leakage import (
     infer_label_from_gradients,
 )
 from fedssl.models.cnn import LeNet
-from fedssl.runtime import derive_seed, numpy_rng, torch_save, write_json, write_tsv
+from fedssl.stage.runtime import derive_seed, numpy_rng, torch_save, write_json, write_tsv
 
 
 def lenet(p, num_classes: int, shape: tuple[int, int, int], seed: int) -> nn.Sequential:

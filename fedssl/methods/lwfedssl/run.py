@@ -33,7 +33,7 @@ from fedssl.models.momentum import ema_after_step
 from fedssl.models.vit import VisionTransformer
 from fedssl.rounds.loop import Federation, LocalTraining
 from fedssl.rounds.runner import run_federation, train_data
-from fedssl.runtime import derive_seed, torch_generator, torch_save, write_json
+from fedssl.stage.runtime import derive_seed, torch_generator, torch_save, write_json
 from fedssl.strategies.base import Strategy
 
 Tensors = dict[str, torch.Tensor]

@@ -14,7 +14,7 @@ from fedssl.methods.mfcl.run import (
     export_client,
 )
 from fedssl.rounds.runner import train_data
-from fedssl.runtime import write_json
+from fedssl.stage.runtime import write_json
 
 
 def export(ctx) -> None:

@@ -30,7 +30,7 @@ from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup
 from fedssl.precision import under_policy
 from fedssl.rounds.loop import Federation, LocalTraining
 from fedssl.rounds.runner import run_federation, train_data
-from fedssl.runtime import derive_seed, numpy_rng, torch_generator, torch_save, write_tsv
+from fedssl.stage.runtime import derive_seed, numpy_rng, torch_generator, torch_save, write_tsv
 from fedssl.strategies.base import Strategy
 from fedssl.strategies.secure_fedavg import SecureFedAvg
 

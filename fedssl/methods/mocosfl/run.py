@@ -28,7 +28,7 @@ from fedssl.methods.mocosfl.split import (
 )
 from fedssl.rounds.loop import Federation
 from fedssl.rounds.runner import run_federation, train_data
-from fedssl.runtime import derive_seed, torch_save, write_json, write_tsv
+from fedssl.stage.runtime import derive_seed, torch_save, write_json, write_tsv
 
 # steps.tsv, one row per logged step. Misalignment of this round's clients' online and
 # momentum models, per parameter element: `misalignment_sq_pre_sync` = the authors' log

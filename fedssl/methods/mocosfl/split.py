@@ -47,7 +47,7 @@ from fedssl.models.heads import ProjectionHead
 from fedssl.models.momentum import FeatureQueue, ema_update, misalignment
 from fedssl.models.split import ServerPart, SplitMobileNetV2, SplittableNet, split_resnet18
 from fedssl.precision import under_policy
-from fedssl.runtime import derive_seed, torch_generator
+from fedssl.stage.runtime import derive_seed, torch_generator
 from fedssl.strategies.aggregation import fedavg
 from fedssl.strategies.base import Strategy
 

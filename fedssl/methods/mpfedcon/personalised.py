@@ -22,7 +22,7 @@ from fedssl.losses import masked_cross_entropy
 from fedssl.methods.mpfedcon.nets import Anchored, part
 from fedssl.methods.mpfedcon.train import SplitStrategy, ce_loss
 from fedssl.rounds.loop import Phase
-from fedssl.runtime import numpy_rng
+from fedssl.stage.runtime import numpy_rng
 from fedssl.strategies import apfl, perfedavg
 from fedssl.strategies.ditto import ditto_prox
 from fedssl.strategies.personal import PersonalModel

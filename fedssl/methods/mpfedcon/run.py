@@ -24,7 +24,7 @@ from fedssl.methods.mpfedcon.train import (
 )
 from fedssl.rounds.loop import Federation, LocalTraining, Phase
 from fedssl.rounds.runner import run_federation, train_data
-from fedssl.runtime import StageFailed, derive_seed, torch_save
+from fedssl.stage.runtime import StageFailed, derive_seed, torch_save
 
 
 # ------------------------------------------------------------------ wiring

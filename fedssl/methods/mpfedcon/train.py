@@ -28,7 +28,7 @@ from fedssl.losses import masked_cross_entropy, model_contrastive_loss
 from fedssl.methods.mpfedcon.nets import Anchored, layer_of, net_keys, part
 from fedssl.models.cnn import LayeredNet
 from fedssl.models.heads import ProjectionHead
-from fedssl.runtime import derive_seed, torch_generator
+from fedssl.stage.runtime import derive_seed, torch_generator
 from fedssl.strategies.aggregation import fedavg, stacked
 from fedssl.strategies.base import Strategy
 from fedssl.strategies.fedprox import proximal

@@ -16,7 +16,7 @@ from fedssl.models.encoders import build_backbone, frozen
 from fedssl.models.heads import BNMLP
 from fedssl.models.momentum import ema_after_step, momentum_pairs
 from fedssl.precision import channels_last
-from fedssl.runtime import derive_seed
+from fedssl.stage.runtime import derive_seed
 
 ROTATIONS = 4  # the degeneracy regulariser predicts a rotation by 0, 90, 180 or 270 degrees
 TARGET_PREFIX = "target."

@@ -23,7 +23,7 @@ from fedssl.fl.cohort import LocalData
 from fedssl.fl.state import FederationConfig, FedState, RoundUpdates, model_state
 from fedssl.methods.orchestra.clustering import global_clustering, local_clustering
 from fedssl.methods.orchestra.model import CENTROIDS, MEMORY, OrchestraModel
-from fedssl.runtime import numpy_rng, torch_generator
+from fedssl.stage.runtime import numpy_rng, torch_generator
 from fedssl.strategies.aggregation import fedavg, stacked
 from fedssl.strategies.base import Strategy
 

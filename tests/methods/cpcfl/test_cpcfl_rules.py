@@ -115,7 +115,7 @@ def test_public_pretraining_images_must_not_be_client_data():
     overlap stops the stage, naming the partition fields that fix it."""
     from types import SimpleNamespace
 
-    from fedssl.stage import StageFailed
+    from fedssl.stage.context import StageFailed
 
     ctx = SimpleNamespace(name="cfl__x", exp=SimpleNamespace(partition="groups"))
     clients = [np.arange(0, 10), np.arange(10, 20)]

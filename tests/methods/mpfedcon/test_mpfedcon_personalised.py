@@ -14,7 +14,7 @@ from fedssl.fl.cohort import Batch
 from fedssl.methods.mpfedcon import personalised as P
 from fedssl.methods.mpfedcon import run as R
 from fedssl.methods.mpfedcon import train as T
-from fedssl.runtime import numpy_rng
+from fedssl.stage.runtime import numpy_rng
 from fedssl.strategies import perfedavg
 from fedssl.strategies import scaffold as S
 from tests.fixtures import make_tiny_project, toy_images

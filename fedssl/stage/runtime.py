@@ -399,7 +399,7 @@ def cpu_summary() -> str:
 def computed_on(device=None) -> dict:
     """What a compute stage's numbers depend on besides its inputs and precision: the CPU (model,
     vector extensions), the threads and OpenMP's wait policy, and the GPU where it ran on one.
-    Call after the thread count is set (:func:`fedssl.stagebase.set_threads`)."""
+    Call after the thread count is set (:func:`fedssl.stage.base.set_threads`)."""
     import sys
 
     c = cpu()

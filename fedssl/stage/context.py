@@ -1,10 +1,10 @@
 """The stage context of every stage that reads validated presets: a method's steps and hooks,
-the evaluations, the partition and the report. It is a :class:`fedssl.stagebase.Stage` (run by
+the evaluations, the partition and the report. It is a :class:`fedssl.stage.base.Stage` (run by
 its plan record: lock, inputs checked, atomic outputs, meta.json) that also gives the body its
 validated params (validated first: a bad value stops it before any compute, naming the field
 and the file), the experiment's method, where the prepared data and partition are, and, for a
 stage that computes on a device, the device and the experiment's precision. It implements
-:class:`fedssl.contract.StepContext`, the type the method plugins name.
+:class:`fedssl.stage.contract.StepContext`, the type the method plugins name.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from pathlib import Path
 
 from fedssl.plan.layout import data_dir, experiment_dir, partition_dir, results_dir
 from fedssl.presets import Presets, command_line_overrides
-from fedssl.record import PRECISION
-from fedssl.runtime import StageFailed, computed_on, pick_device
-from fedssl.stagebase import (
+from fedssl.stage.base import (
     RESUME_DIR,
     RUNS_DIR,
     Stage,
@@ -26,6 +24,8 @@ from fedssl.stagebase import (
     run_record,
     set_threads,
 )
+from fedssl.stage.record import PRECISION
+from fedssl.stage.runtime import StageFailed, computed_on, pick_device
 
 __all__ = ["StageContext", "StageFailed", "main_guard", "RESUME_DIR", "RUNS_DIR", "run_record"]
 

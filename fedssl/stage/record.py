@@ -1,6 +1,6 @@
 """The plan as data: one small JSON record per stage (``pipelines/plan/<stage>.json``),
 written by ``python -m fedssl.pipeline write`` (and by the Snakefile as it plans) from the DAG,
-and read by the stage runtime (:mod:`fedssl.stagebase`) instead of the DAG.
+and read by the stage runtime (:mod:`fedssl.stage.base`) instead of the DAG.
 
 A record says what the stage runs and reads: its command, the params keys it reads (and the
 digest of their values), its inputs (upstream stages and their output folders), its outputs,

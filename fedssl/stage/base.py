@@ -3,11 +3,11 @@ take it), check every input file against the digest its producer recorded, write
 output directory and the committed result files atomically, on success only, and record what
 ran (meta.json with the stage's fingerprint and each file's SHA-256).
 
-A :class:`Stage` runs by its plan record (:mod:`fedssl.record`: its command, params keys,
+A :class:`Stage` runs by its plan record (:mod:`fedssl.stage.record`: its command, params keys,
 inputs, outputs, code), not by the DAG, so the planner is no code of any stage; it gives the
 body where its inputs are, a scratch output folder and the ``info`` dict that ends up in
 meta.json. It loads no presets: a stage that reads an experiment's (or a partition's,
-a pipeline's) validated params runs :class:`fedssl.stage.StageContext`, which adds them, the
+a pipeline's) validated params runs :class:`fedssl.stage.context.StageContext`, which adds them, the
 method and the device; the prepare stage reads what it needs from its record. torch is
 imported only by stages that compute with it.
 """
@@ -25,7 +25,7 @@ from contextlib import contextmanager, nullcontext
 from functools import cached_property
 from pathlib import Path
 
-from fedssl.record import (
+from fedssl.stage.record import (
     ParamsError,
     fingerprint,
     fingerprint_inputs,
@@ -35,7 +35,7 @@ from fedssl.record import (
     read_record,
     write_records,
 )
-from fedssl.runtime import (
+from fedssl.stage.runtime import (
     ArtifactError,
     PeakMemory,
     StageFailed,
@@ -125,7 +125,7 @@ class Stage:
 
     @cached_property
     def fingerprint_inputs(self) -> dict:
-        """What the output depends on (:func:`fedssl.record.fingerprint_inputs`), as the
+        """What the output depends on (:func:`fedssl.stage.record.fingerprint_inputs`), as the
         stage starts."""
         return fingerprint_inputs(self.record, raw_values(self.record["params"]))
 
@@ -144,7 +144,7 @@ class Stage:
     def compute_settings(self):
         """(the context the body runs in, what its numbers depend on): set the thread count;
         a stage that computes on a device adds its device and precision
-        (:meth:`fedssl.stage.StageContext.compute_settings`)."""
+        (:meth:`fedssl.stage.context.StageContext.compute_settings`)."""
         set_threads()
         return nullcontext(), {}
 

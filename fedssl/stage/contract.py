@@ -3,7 +3,7 @@ shared inputs and the :class:`StepContext` a step's runner and a method's hooks 
 
 It imports nothing of the project, so a method's declaration (:mod:`fedssl.methods.base`) and
 its hooks can name the context's type without importing the stage runtime, and the runtime
-(:mod:`fedssl.stage`) implements it without importing any method: no import circle closes
+(:mod:`fedssl.stage.context`) implements it without importing any method: no import circle closes
 through the two, type-only imports included.
 """
 
@@ -19,7 +19,7 @@ DATA, PARTITION = "data", "partition"  # step inputs besides the outputs of earl
 class StepContext(Protocol):
     """What a stage's body (a method step's runner, a hook) reads and writes through: its
     validated params, where its inputs are, its scratch output folder and device, and the
-    facts it records. :class:`fedssl.stage.StageContext` is the implementation."""
+    facts it records. :class:`fedssl.stage.context.StageContext` is the implementation."""
 
     name: str  # the experiment (or data set, partition, pipeline) the stage is named after
     kind: str
