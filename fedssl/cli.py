@@ -54,7 +54,7 @@ TOOLS = {
         "supernode | connect | submit",
     ),
     "flower-sim": ("stages.flower", "run", "a method's federated step in Flower's simulation"),
-    "codegraph": ("fedssl.codegraph", "main", "the import graph: cycles, a module's deps"),
+    "codegraph": ("fedssl.plan.codegraph", "main", "the import graph: cycles, a module's deps"),
     "pipeline": ("fedssl.pipeline", "main", "write / check / commit / accept / show the DAG"),
     "schemas": ("fedssl.experiment", "main", "write schemas/ from the params models"),
     "docs": ("fedssl.reporting.docs", "main", "refill the docs' results pages from the reports"),

@@ -10,7 +10,7 @@ owns its content (:meth:`Dag.owners`), so experiments that differ only downstrea
 
 What decides a rerun is the same for both front ends: a stage's command, the raw params keys it
 reads in every layer of its presets (:meth:`fedssl.presets.Presets.tracked`), the code it runs
-and its inputs. A stage's code is what its entry modules import (:mod:`fedssl.codegraph`): its
+and its inputs. A stage's code is what its entry modules import (:mod:`fedssl.plan.codegraph`): its
 stage script, the method's declaration and, by name, only the module of the hook it runs (a
 step's ``runner``, the ``encoder``, ``client_costs`` or report functions), so a method's report
 code is not a dependency of its training and the reverse. DVC compares these itself; for
@@ -29,9 +29,9 @@ from pathlib import Path
 
 from fedssl import evaluations
 from fedssl import params as P
-from fedssl.codegraph import code_files
 from fedssl.data.catalog import dataset_spec
 from fedssl.methods import registry
+from fedssl.plan.codegraph import code_files
 from fedssl.plan.layout import (
     ARTIFACTS,
     data_dir,

@@ -21,9 +21,9 @@ import yaml
 
 from fedssl import evaluations
 from fedssl import params as P
-from fedssl.codegraph import code_files
 from fedssl.data.catalog import datasets
 from fedssl.methods import registry
+from fedssl.plan.codegraph import code_files
 from fedssl.plan.dag import Dag, Stage
 from fedssl.plan.freshness import RAN_LOG, check_data
 from fedssl.presets import OVERRIDES_ENV, PARAMS_DIR, Presets

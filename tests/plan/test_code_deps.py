@@ -113,7 +113,7 @@ def test_editing_the_dvc_writer_or_the_freshness_rules_reruns_nothing(project):
 def test_editing_the_planner_reruns_nothing(project):
     """No stage imports the DAG, the import graph or the presets' pipelines: each reads its
     plan record, which an edit that changes no plan leaves as it was."""
-    planner = ["fedssl/plan/dag.py", "fedssl/codegraph.py"]
+    planner = ["fedssl/plan/dag.py", "fedssl/plan/codegraph.py"]
     assert edited(project, *planner) == (set(), set())
 
 

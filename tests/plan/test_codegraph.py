@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fedssl import codegraph
 from fedssl.methods import registry
 from fedssl.methods.base import Method
+from fedssl.plan import codegraph
 from tests.fixtures import REPO
 
 # Planning and stage-runtime modules a method must not import (types under TYPE_CHECKING and
@@ -126,7 +126,7 @@ def test_the_stage_runtime_reads_plan_records_not_the_planner():
     assert "fedssl/stage/record.py" in runtime and "fedssl/plan/layout.py" in runtime
     for module in ("dag", "freshness", "dvcfile", "cli"):
         assert f"fedssl/plan/{module}.py" not in runtime
-    assert not {"fedssl/pipeline.py", "fedssl/codegraph.py"} & runtime
+    assert not {"fedssl/pipeline.py", "fedssl/plan/codegraph.py"} & runtime
     assert not any(f.startswith("fedssl/data/sets/") and "__init__" not in f for f in runtime)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedssl import codegraph
+from fedssl.plan import codegraph
 from tests.fixtures import in_project, make_tiny_project
 
 

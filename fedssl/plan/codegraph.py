@@ -8,7 +8,7 @@ dependencies from here, so an edit anywhere a stage's code reaches reruns it in 
 Snakemake alike. Modules found dynamically (the method registry's discovery, the
 ``"module:function"`` hooks a method declares) are named by the caller.
 
-``python -m fedssl.codegraph cycles`` prints the import cycles of the library (every import,
+``python -m fedssl.plan.codegraph cycles`` prints the import cycles of the library (every import,
 lazy ones included; ``--top-level`` counts only the imports that run when a module is loaded,
 ``--with-types`` the type-only ones too).
 """
@@ -247,7 +247,7 @@ def circle(graph: dict[str, set[str]], group: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m fedssl.codegraph", description="the project's import graph"
+        prog="python -m fedssl.plan.codegraph", description="the project's import graph"
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     cyc = sub.add_parser("cycles", help="print the library's import cycles (exit 1 if any)")
