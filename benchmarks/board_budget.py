@@ -34,7 +34,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedssl.reporting.board import BUDGET_FILE  # noqa: E402
+from fedssl.reporting.board.budget import BUDGET_FILE  # noqa: E402
 
 BUDGET_FILE = BUDGET_FILE.resolve()
 

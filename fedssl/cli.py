@@ -44,7 +44,7 @@ RULE_LIKE = re.compile(r"[A-Za-z_][\w-]*")  # a word Snakemake reads as a rule (
 TOOLS = {
     "export": ("fedssl.export", "run", "an experiment's trained encoder as safetensors + card"),
     "report": ("fedssl.reporting.report", "main", "rewrite committed reports (render)"),
-    "board": ("fedssl.reporting.board", "main", "the benchmark board: render, budget"),
+    "board": ("fedssl.reporting.board.write", "main", "the benchmark board: render, budget"),
     "costs": ("fedssl.projected_costs", "main", "projected full-scale client costs of presets"),
     "recheck": ("fedssl.plan.recheck", "main", "rerun committed pipelines and compare"),
     "flower": (

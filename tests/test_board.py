@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fedssl.reporting import board
+from fedssl.stage.record import ParamsError
 from tests.fixtures import make_tiny_project, run
 
 pytestmark = pytest.mark.timeout(900)
@@ -39,13 +40,13 @@ WALL = {"a0": 10.0, "a1": 20.0, "b0": 3.0, "b1": 3.0, "b2": 6.0}
 
 
 def test_board_groups_seeds_and_reports_mean_and_sample_sd():
-    cells = board.cells(ROWS, WALL)
+    cells = board.cells.cells(ROWS, WALL)
     assert [(c["evaluation"], c["method"], c["runs"]) for c in cells] == [
         ("ssl", "A", 2),
         ("personal", "B", 3),
     ]
-    board.compare_lines(cells)
-    numbers = board.metrics(cells)
+    board.significance.compare_lines(cells)
+    numbers = board.significance.metrics(cells)
     a, b = numbers["A | cnn | IID"], numbers["B | cnn | IID"]
     assert a["linear_top1_mean"] == 71.0 and a["linear_top1_sd"] == pytest.approx(1.4142, abs=1e-4)
     assert a["client_GFLOPs_mean"] == 5.0 and a["wall_s_mean"] == 15.0
@@ -54,13 +55,14 @@ def test_board_groups_seeds_and_reports_mean_and_sample_sd():
     assert a["linear_top1_ci95"] == pytest.approx([58.2938, 83.7062], abs=1e-3)
     assert b["personal_top1_mean"] == 85.0 and b["personal_top1_sd"] == 5.0  # sample SD (n-1)
     assert b["rounds_mean"] == 10 and b["wall_s_mean"] == 4.0 and "linear_top1_mean" not in b
-    text = board.table("ssl", cells, "h (2-core CPU)")
+    text = board.tables.table("ssl", cells, "h (2-core CPU)")
     assert (
         "| A | cnn | IID | 2 | 71.0±1.4 | [58.3, 83.7] | best |  | 61.0±1.4 | 2 | 5 | 15 |" in text
     )
     assert "mean ± sample SD over seeds" in text and "hardware: h (2-core CPU)" in text
-    assert "| B | cnn | IID | 3 | 85.0±5.0 | [72.6, 97.4] | best |  | 1 | 10 | 4 |" in board.table(
-        "personal", cells, ""
+    assert (
+        "| B | cnn | IID | 3 | 85.0±5.0 | [72.6, 97.4] | best |  | 1 | 10 | 4 |"
+        in board.tables.table("personal", cells, "")
     )
 
 
@@ -69,9 +71,9 @@ def test_costs_are_every_byte_from_the_ledger():
     costs stage's ledger total, and the board's MB column is that total, not up + down."""
     mfcl = _row("m0", "M", "IID", linear_top1=70.0, client_MB_up=0.02, client_MB_down=0.02)
     mfcl["client_MB_exchanged"] = "15.1"  # as the report writes it (text)
-    assert board.client_mb(mfcl) == 15.1
-    assert board.client_mb(_row("x", "X", "IID", client_MB_up=1.0, client_MB_down=0.5)) == 1.5
-    assert board.client_mb(_row("y", "Y", "IID")) is None
+    assert board.cells.client_mb(mfcl) == 15.1
+    assert board.cells.client_mb(_row("x", "X", "IID", client_MB_up=1.0, client_MB_down=0.5)) == 1.5
+    assert board.cells.client_mb(_row("y", "Y", "IID")) is None
 
 
 def test_committed_board_costs_equal_the_reports_ledger_totals():
@@ -155,20 +157,20 @@ def test_which_lines_separate_from_the_best_and_from_their_reference():
         + _line("C", [70.0, 90.0, 79.0])
         + _line("R", [70.0, 72.0, 71.5], mb=0.0)
     )
-    cells = board.cells(rows, {})
-    board.compare_lines(cells)
+    cells = board.cells.cells(rows, {})
+    board.significance.compare_lines(cells)
     got = {c["method"]: c for c in cells}
     assert got["A"]["vs_best"] == {"verdict": "best"}
     assert got["B"]["vs_best"]["verdict"] == "separable"
     assert got["B"]["vs_best"]["difference"] == pytest.approx(-5.0, abs=1e-3)
     assert got["C"]["vs_best"]["verdict"] == "not separable"
-    assert board.is_reference(got["R"]) and "vs_reference" not in got["R"]
+    assert board.cells.is_reference(got["R"]) and "vs_reference" not in got["R"]
     assert got["A"]["vs_reference"]["verdict"] == "separable"
     assert got["A"]["vs_reference"]["difference"] == pytest.approx(9.8333, abs=1e-3)
     assert got["C"]["vs_reference"]["verdict"] == "not separable"
     # Holm over the partition's three comparisons with the best: B's p is at least its raw p
     assert got["B"]["vs_best"]["p_holm"] >= got["B"]["vs_best"]["p"]
-    text = board.tables_text(cells, "h", 60.0)
+    text = board.tables.tables_text(cells, "h", 60.0)
     # the difference's paired interval beside the adjusted p: B - A = -5.0, -4.9, -5.1
     assert got["B"]["vs_best"]["ci95"] == pytest.approx([-5.2484, -4.7516], abs=1e-3)
     assert (
@@ -188,14 +190,14 @@ def test_the_best_line_is_one_that_can_be_tested_against():
     where its mean is highest: the best is the highest of the lines with two runs or more, and
     the single run is untested against it; with no such line, the highest of all."""
     rows = _line("A", [90.0]) + _line("B", [80.0, 82.0, 81.0]) + _line("C", [70.0, 72.0, 71.0])
-    cells = board.cells(rows, {})
-    board.compare_lines(cells)
+    cells = board.cells.cells(rows, {})
+    board.significance.compare_lines(cells)
     got = {c["method"]: c for c in cells}
     assert got["B"]["vs_best"] == {"verdict": "best"}
     assert got["A"]["vs_best"]["verdict"] == "untested"
     assert got["C"]["vs_best"]["verdict"] == "separable"
-    cells = board.cells(_line("A", [90.0]) + _line("B", [80.0]), {})
-    board.compare_lines(cells)
+    cells = board.cells.cells(_line("A", [90.0]) + _line("B", [80.0]), {})
+    board.significance.compare_lines(cells)
     assert next(c for c in cells if c["method"] == "A")["vs_best"] == {"verdict": "best"}
 
 
@@ -204,10 +206,12 @@ def test_a_line_that_trained_no_round_is_its_encoders_reference_even_when_it_sen
     round: it is the reference its trained line is read against, and a trained line is not."""
     trained = [r | {"rounds": 50} for r in _line("M", [60.0, 61.0, 62.0], mb=15.0)]
     stem = [r | {"rounds": 0} for r in _line("M stem at init", [65.0, 66.5, 67.0], mb=15.0)]
-    cells = board.cells(trained + stem, {})
-    board.compare_lines(cells)
+    cells = board.cells.cells(trained + stem, {})
+    board.significance.compare_lines(cells)
     got = {c["method"]: c for c in cells}
-    assert board.is_reference(got["M stem at init"]) and not board.is_reference(got["M"])
+    assert board.cells.is_reference(got["M stem at init"]) and not board.cells.is_reference(
+        got["M"]
+    )
     assert got["M"]["vs_reference"]["against"] == "M stem at init"
     assert got["M"]["vs_reference"]["difference"] == pytest.approx(-5.1667, abs=1e-3)
 
@@ -215,7 +219,7 @@ def test_a_line_that_trained_no_round_is_its_encoders_reference_even_when_it_sen
 def test_a_line_with_no_traffic_recorded_is_compared_not_taken_for_a_reference():
     """Rows with an accuracy and neither bytes nor rounds (a report without a costs stage):
     the comparisons run (they stopped on a KeyError) and no line is a reference."""
-    cells = board.cells(
+    cells = board.cells.cells(
         [
             _row(f"{m}_s{i}", m, "P", linear_top1=v + i)
             for m, v in (("A", 70.0), ("B", 60.0))
@@ -223,8 +227,8 @@ def test_a_line_with_no_traffic_recorded_is_compared_not_taken_for_a_reference()
         ],
         {},
     )
-    board.compare_lines(cells)
-    assert not any(board.is_reference(c) for c in cells)
+    board.significance.compare_lines(cells)
+    assert not any(board.cells.is_reference(c) for c in cells)
     assert [c["vs_best"]["verdict"] for c in cells] == ["best", "separable"]
 
 
@@ -233,10 +237,10 @@ def test_personalised_accuracy_is_the_last_rounds_mean():
         {**_row(f"p_s{i}", "P", "X", personal_top1=90.0 + i), "personal_last10": 80.0 + i}
         for i in range(3)
     ]
-    (cell,) = board.cells(rows, {})
-    assert board.accuracy_of(cell) == "personal_last" and cell["last_rounds"] == {10}
-    assert "averaged over the last 10 rounds" in board.table("personal", [cell], "")
-    assert "| P | cnn | X | 3 | 81.0±1.0 |" in board.table("personal", [cell], "")
+    (cell,) = board.cells.cells(rows, {})
+    assert board.cells.accuracy_of(cell) == "personal_last" and cell["last_rounds"] == {10}
+    assert "averaged over the last 10 rounds" in board.tables.table("personal", [cell], "")
+    assert "| P | cnn | X | 3 | 81.0±1.0 |" in board.tables.table("personal", [cell], "")
 
 
 def test_rounds_to_the_target_from_the_round_logs(tmp_path):
@@ -261,15 +265,15 @@ def test_rounds_to_the_target_from_the_round_logs(tmp_path):
         ]
         for i, curve in enumerate([[50, 71, 80, 90], [50, 60, 72, 90], [50, 60, 65, 69]])
     }
-    cells = board.cells(solo + mine, {})
-    board.rounds_to_target(cells, logs)
+    cells = board.cells.cells(solo + mine, {})
+    board.cells.rounds_to_target(cells, logs)
     target = next(c for c in cells if c["method"] == "M")["to_target"]
     # runs reach 70 at rounds 2, 3 and never: the median is 3; 3 of 4 rounds' bytes of 4 MB
     assert target == {"target": 70.0, "reached": 2, "of": 3, "rounds": 3, "MB": 3.0, "GFLOPs": 30.0}
     # the personalised family has a figure of its own, beside the encoders' one
     ssl = _ssl_runs("E", knn_top1=60.0, client_MB_up=1.0, client_GFLOPs=20.0)
     logs |= {f"e_s{i}": [{"round": 1, "knn_monitor": 40.0, "bytes_up": 5}] for i in range(2)}
-    files = board.plot_over_run(cells + board.cells(ssl, {}), logs, tmp_path)
+    files = board.figures.plot_over_run(cells + board.cells.cells(ssl, {}), logs, tmp_path)
     assert files == ["board_over_run_personalised.png", "board_over_run_encoders.png"]
 
 
@@ -287,23 +291,23 @@ def test_accuracy_over_the_run_also_reads_against_wall_time(tmp_path):
         ]
         for i in range(2)
     }
-    (cell,) = board.cells(rows, {})
-    curves = board.run_curves(cell, logs)
+    (cell,) = board.cells.cells(rows, {})
+    curves = board.cells.run_curves(cell, logs)
     assert [p[4] for p in curves[0]] == [0.5, 3.0]  # 30 s, then 30 + 60 + 90 s, in minutes
     assert [p[0] for p in curves[1]] == [1, 3] and [p[1] for p in curves[1]] == [41.0, 51.0]
     assert curves[0][1][2:4] == (2.0, 20.0)  # every byte and FLOP by the last round
-    assert board.plot_over_run([cell], logs, tmp_path) == ["board_over_run_encoders.png"]
+    assert board.figures.plot_over_run([cell], logs, tmp_path) == ["board_over_run_encoders.png"]
     assert (tmp_path / "board_over_run_encoders.png").stat().st_size > 0
-    assert [axis for axis, _ in board.OVER_RUN_AXES.values()][:2] == [
+    assert [axis for axis, _ in board.figures.OVER_RUN_AXES.values()][:2] == [
         "round", "wall minutes"
     ]  # fmt: skip
-    assert "wall minutes" not in board.COST_AXES
+    assert "wall minutes" not in board.figures.COST_AXES
     # a committed log keeps no timings: the run's wall time (its stages) shared over its rounds
     for rows_of in logs.values():
         for r in rows_of:
             del r["seconds"]
-    (cell,) = board.cells(rows, {"m_s0": 600.0, "m_s1": 900.0})
-    assert [p[4] for p in board.run_curves(cell, logs)[0]] == [600 / 60 / 3, 600 / 60]
+    (cell,) = board.cells.cells(rows, {"m_s0": 600.0, "m_s1": 900.0})
+    assert [p[4] for p in board.cells.run_curves(cell, logs)[0]] == [600 / 60 / 3, 600 / 60]
 
 
 def test_an_untrained_reference_is_never_on_the_pareto_front():
@@ -378,12 +382,12 @@ def test_a_panels_targets_say_what_and_whose_and_do_not_overlap():
 
     ssl = [(m, "encoders", 73.35) for m in ("A", "B", "C", "D")]
     supervised = [("FedAvg", "encoders", 74.4), ("FedProx (μ=0.01)", "encoders", 74.4)]
-    assert board._distinct_levels(ssl) == [("target: untrained + 3", 73.35)]
-    assert board._distinct_levels(ssl + supervised) == [
+    assert board.figures._distinct_levels(ssl) == [("target: untrained + 3", 73.35)]
+    assert board.figures._distinct_levels(ssl + supervised) == [
         ("target: untrained + 3 (4 lines)", 73.35),
         ("target: untrained + 3 (FedAvg, FedProx)", 74.4),
     ]
-    assert board._distinct_levels([("FedRep", "personal", 60.0)]) == [
+    assert board.figures._distinct_levels([("FedRep", "personal", 60.0)]) == [
         ("target: SOLO's accuracy", 60.0)
     ]
     plt = figures._pyplot()
@@ -399,7 +403,7 @@ def test_a_panels_targets_say_what_and_whose_and_do_not_overlap():
 
 def test_board_files_and_docs_block(tmp_path):
     records = [{"wall_seconds": 7200.0, "environment": {"host": "h", "cpu_count": 2}}]
-    written = board.write_board(tmp_path, "bench", ROWS, WALL, records, 7200.0)
+    written = board.write.write_board(tmp_path, "bench", ROWS, WALL, records, 7200.0)
     assert json.loads((tmp_path / "board.json").read_text()) == written
     assert written["total_wall_hours"] == 2.0
     for name in ("board.md", "board_tables.md", "board_accuracy_vs_MB.png"):
@@ -408,16 +412,16 @@ def test_board_files_and_docs_block(tmp_path):
     page = "x\n<!-- board: bench -->\nold\n<!-- /board -->\ny\n"
     (tmp_path / "r" / "bench").mkdir(parents=True)
     (tmp_path / "r" / "bench" / "board_tables.md").write_text("T\n")
-    assert board.fill_blocks(page, tmp_path / "r") == page.replace("old\n", "T\n")
-    assert board.fill_blocks(page, tmp_path / "none") == page  # not run yet: kept
+    assert board.write.fill_blocks(page, tmp_path / "r") == page.replace("old\n", "T\n")
+    assert board.write.fill_blocks(page, tmp_path / "none") == page  # not run yet: kept
     assert "Partial board" not in (tmp_path / "board_tables.md").read_text()
     # a board made part by part over sessions says how many runs are still to come
-    board.write_board(tmp_path / "p", "bench", ROWS, WALL, records, 7200.0, ["a_s1", "b_s0"])
+    board.write.write_board(tmp_path / "p", "bench", ROWS, WALL, records, 7200.0, ["a_s1", "b_s0"])
     tables = (tmp_path / "p" / "board_tables.md").read_text()
     assert tables.startswith("*Partial board: 2 runs not made yet (named in report.md).*")
     # a run that stopped with an error is named with its error, not counted in its line
     stopped = [{"experiment": "a_s2", "stage": "train__a_s2", "error": "the loss is nan"}]
-    board.write_board(tmp_path / "f", "bench", ROWS, WALL, records, 7200.0, failed=stopped)
+    board.write.write_board(tmp_path / "f", "bench", ROWS, WALL, records, 7200.0, failed=stopped)
     tables = (tmp_path / "f" / "board_tables.md").read_text()
     assert "*1 run(s) stopped with an error" in tables
     assert "`a_s2` (train__a_s2: the loss is nan)" in tables
@@ -449,17 +453,21 @@ def test_wall_times_of_an_earlier_sessions_runs_are_kept(tmp_path, monkeypatch):
         "run_record",
         lambda n: {"stage": n, "wall_seconds": here[n], "environment": env} if n in here else {},
     )
-    wall, records, total = board.run_records(dag, board.kept_records(tmp_path))
+    wall, records, total = board.write.run_records(dag, board.write.kept_records(tmp_path))
     assert wall == {"a": 105.0} and total == 105.0  # nothing kept yet: b has no wall time
-    board.write_board(tmp_path, "bench", ROWS, WALL, records, total)
-    kept = board.kept_records(tmp_path)  # what the caption needs of each machine survives
-    assert board.hardware(kept.values()) == board.hardware(records) == "h (2-core CPU, torch ?)"
+    board.write.write_board(tmp_path, "bench", ROWS, WALL, records, total)
+    kept = board.write.kept_records(tmp_path)  # what the caption needs of each machine survives
+    assert (
+        board.tables.hardware(kept.values())
+        == board.tables.hardware(records)
+        == "h (2-core CPU, torch ?)"
+    )
     here.clear()
     here.update({"data": 6.0, "pre__b": 40.0})  # the next session runs b
-    wall, records, total = board.run_records(dag, board.kept_records(tmp_path))
+    wall, records, total = board.write.run_records(dag, board.write.kept_records(tmp_path))
     assert wall == {"a": 106.0, "b": 46.0} and total == 146.0
     # b stopped half-way (no row, no failure): its stage time is not the board's
-    wall, records, total = board.run_records(dag, board.kept_records(tmp_path), {"a"})
+    wall, records, total = board.write.run_records(dag, board.write.kept_records(tmp_path), {"a"})
     assert wall == {"a": 106.0} and total == 106.0
 
 
@@ -474,7 +482,7 @@ def test_dvc_metrics_diff_between_two_boards(tmp_path):
     run(["dvc", "init", "-q"], tmp_path)
     for first in (70.0, 74.0):  # the second board's A ran better in its first seed
         rows = [{**ROWS[0], "linear_top1": first}, *ROWS[1:]]
-        board.write_board(folder, "bench", rows, WALL, records, 60.0)
+        board.write.write_board(folder, "bench", rows, WALL, records, 60.0)
         run(["git", "add", "-A"], tmp_path)
         run([*git, "commit", "-qm", f"board {first}"], tmp_path)
     diff = json.loads(run(["dvc", "metrics", "diff", "HEAD~1", "--json"], tmp_path).stdout)
@@ -484,21 +492,21 @@ def test_dvc_metrics_diff_between_two_boards(tmp_path):
 
 
 def test_budget_rule_arithmetic():
-    assert board.per_run_budget(10800, 60, 240) == pytest.approx(44.75)
-    assert board.rounds_within(44.75, 20.0, 6.0) == 4  # floor(24.75 / 6)
-    assert board.rounds_within(44.75, 50.0, 6.0) == 1  # at least one round
-    assert board.rounds_within(44.75, 50.0, 6.0, least=3) == 3  # or the method's least
+    assert board.budget.per_run_budget(10800, 60, 240) == pytest.approx(44.75)
+    assert board.budget.rounds_within(44.75, 20.0, 6.0) == 4  # floor(24.75 / 6)
+    assert board.budget.rounds_within(44.75, 50.0, 6.0) == 1  # at least one round
+    assert board.budget.rounds_within(44.75, 50.0, 6.0, least=3) == 3  # or the method's least
     with pytest.raises(ValueError, match="round_s"):
-        board.rounds_within(10, 1, 0)
+        board.budget.rounds_within(10, 1, 0)
     with pytest.raises(ValueError, match="runs"):
-        board.per_run_budget(10, 1, 0)
+        board.budget.per_run_budget(10, 1, 0)
 
 
 def test_budget_table_sets_the_presets_rounds():
     """The committed per-round times, through the rule, give the rounds the presets run."""
     from fedssl.presets import Presets, lookup
 
-    lines = board.budget_table()
+    lines = board.budget.budget_table()
     presets = Presets()
     trained = [  # the random-init reference trains nothing: it is outside the rule
         e
@@ -617,10 +625,10 @@ def test_the_second_boards_plan_covers_its_pipeline_with_equal_rounds_per_family
 
     presets = Presets()
     members = presets.grid_members("experiment")
-    plan = board.plan_table()
+    plan = board.budget.plan_table()
     by_line: dict[str, list[str]] = {}
     for e in presets.pipeline_experiments("board"):
-        by_line.setdefault(board.line_of(e, members), []).append(e)
+        by_line.setdefault(board.budget.line_of(e, members), []).append(e)
     assert {x["grid"] for x in plan} == set(by_line) and len(plan) == len(by_line)
     parts: dict[str, list[str]] = {}
     for x in plan:
@@ -664,19 +672,19 @@ def test_plan_estimates_from_measured_times(tmp_path):
     report.write_text(json.dumps({"rows": [{"experiment": "g_a_s0", "rounds": 4},
                                            {"experiment": "g_a_s1", "rounds": 5}]}))  # fmt: skip
     members = {"g_a_s0": ("g", {"bench_seed": "0"}), "g_a_s1": ("g", {"bench_seed": "1"})}
-    measured = board.measured_times(runs, report, members)
+    measured = board.budget.measured_times(runs, report, members)
     assert measured == {"g": {"round_s": 5.5, "fixed_s": 4.0}}  # (20/4 + 30/5) / 2; 8 / 2
     plan = tmp_path / "plan.tsv"
     plan.write_text(
         "part\tgrid\tmeasured_as\trounds_key\trounds\truns\tround_scale\tmonitor_calls\n"
         "p\tnew\tg\tmethod.rounds\t10\t3\t2\t5\n"
     )
-    (line,) = board.plan_table(plan, measured)
-    assert line["run_s"] == 10 * 5.5 * 2 + 4.0 + 5 * board.MONITOR_CALL_S
+    (line,) = board.budget.plan_table(plan, measured)
+    assert line["run_s"] == 10 * 5.5 * 2 + 4.0 + 5 * board.budget.MONITOR_CALL_S
     assert line["estimate_s"] == round(3 * line["run_s"])
     plan.write_text(plan.read_text().replace("\tg\t", "\tnone\t"))
     with pytest.raises(KeyError, match="measured_as 'none'"):
-        board.plan_table(plan, measured)
+        board.budget.plan_table(plan, measured)
 
 
 def test_the_second_board_names_no_stage_of_a_committed_pipeline():
@@ -731,12 +739,12 @@ def test_accuracy_over_the_run_gives_each_encoder_its_own_row_where_a_panel_mixe
         {**_row(f"{m}_s0", m, "X", knn_top1=60.0), "arch": arch, "evaluation": "ssl"}
         for m, arch in [("A", "cnn"), ("B", "cnn"), ("V", "vit")]
     ]
-    cells = board.cells(rows, {})
-    row_of = board._over_run_rows(cells)
+    cells = board.cells.cells(rows, {})
+    row_of = board.figures._over_run_rows(cells)
     assert {c["method"]: row_of(c) for c in cells} == {
         "A": "X · encoders · cnn", "B": "X · encoders · cnn", "V": "X · encoders · vit"
     }  # fmt: skip
-    one = board._over_run_rows(cells[:2])
+    one = board.figures._over_run_rows(cells[:2])
     assert {one(c) for c in cells[:2]} == {"X · encoders"}
 
 
@@ -756,13 +764,15 @@ def test_a_monitor_without_a_round_0_reading_targets_its_untrained_references_kn
             {"round": 2, "knn_monitor": 54.0},
         ],
     }
-    cells = board.cells(ref + mine, {})
+    cells = board.cells.cells(ref + mine, {})
     refs = {
-        (c["evaluation"], c["encoder"], c["partition"]): c for c in cells if board.is_reference(c)
+        (c["evaluation"], c["encoder"], c["partition"]): c
+        for c in cells
+        if board.cells.is_reference(c)
     }
     line = next(c for c in cells if c["method"] == "M")
-    assert board.targets_of(line, refs, logs) == [45.0 + 3.0, 53.0]
-    board.rounds_to_target(cells, logs)
+    assert board.cells.targets_of(line, refs, logs) == [45.0 + 3.0, 53.0]
+    board.cells.rounds_to_target(cells, logs)
     assert line["to_target"]["reached"] == 2 and line["to_target"]["target"] == 50.5
 
 
@@ -776,13 +786,13 @@ def test_a_reference_far_cheaper_than_every_method_is_a_level_with_its_cost():
         {"x": 500.0, "y": 75.0, "label": "A", "reference": False},
         {"x": 900.0, "y": 76.0, "label": "B", "reference": False},
     ]
-    levels = board._far_below(points, "GFLOPs")
+    levels = board.figures._far_below(points, "GFLOPs")
     assert levels == [{"label": "stem at init\n(9.2 GFLOPs)", "y": 70.0}]
     assert [p["label"] for p in points] == ["SOLO", "A", "B"]
 
 
 def _flags(**entries):
-    return board.BoardFlags(below_reference="diagnoses.md#below", **entries)
+    return board.flags.BoardFlags(below_reference="diagnoses.md#below", **entries)
 
 
 def test_a_line_below_its_zero_cost_reference_is_flagged_and_one_above_is_not():
@@ -795,29 +805,29 @@ def test_a_line_below_its_zero_cost_reference_is_flagged_and_one_above_is_not():
         + _line("B", [70.0, 70.5, 70.0])
         + _line("R", [70.0, 72.0, 71.5], mb=0.0)
     )
-    cells = board.cells(rows, {})
-    board.compare_lines(cells)
-    board.flag_lines(cells, _flags())
+    cells = board.cells.cells(rows, {})
+    board.significance.compare_lines(cells)
+    board.flags.flag_lines(cells, _flags())
     got = {c["method"]: c for c in cells}
     assert got["A"]["flags"] == [] and got["R"]["flags"] == []
     assert [(f["kind"], f["column"]) for f in got["B"]["flags"]] == [
         ("below reference", "linear_top1")
     ]
-    text = board.tables_text(cells, "h", 60.0, links="../docs/")
+    text = board.tables.tables_text(cells, "h", 60.0, links="../docs/")
     assert "| B | cnn | P | 3 | 70.2±0.3 ⚑1 |" in text and "| A | cnn | P | 3 | 81.0±1.0 |" in text
     assert "- ⚑1 Below its zero-cost reference" in text
     assert (
         "**B** (P) against R: −1.0 [−3.2, +1.2] not separable" in text
         and "[Diagnosis](../docs/diagnoses.md#below)" in text
     )
-    assert board.metrics(cells)["B | cnn | P"]["flags"] == [
+    assert board.significance.metrics(cells)["B | cnn | P"]["flags"] == [
         {"kind": "below reference", "column": "linear_top1", "diagnosis": "diagnoses.md#below"}
     ]
-    assert "flags" not in board.metrics(cells)["A | cnn | P"]
-    fresh = board.cells(rows, {})
-    board.compare_lines(fresh)
-    board.flag_lines(fresh, None)  # a pipeline the flags file has no entry for: no flag
-    assert "⚑" not in board.tables_text(fresh, "h", 60.0)
+    assert "flags" not in board.significance.metrics(cells)["A | cnn | P"]
+    fresh = board.cells.cells(rows, {})
+    board.significance.compare_lines(fresh)
+    board.flags.flag_lines(fresh, None)  # a pipeline the flags file has no entry for: no flag
+    assert "⚑" not in board.tables.tables_text(fresh, "h", 60.0)
 
 
 def test_a_papers_ordering_is_flagged_where_the_board_inverts_it_and_a_known_column():
@@ -853,14 +863,14 @@ def test_a_papers_ordering_is_flagged_where_the_board_inverts_it_and_a_known_col
             }
         ],
     )
-    cells = board.cells(rows, {})
-    board.compare_lines(cells)
-    board.flag_lines(cells, flags)
+    cells = board.cells.cells(rows, {})
+    board.significance.compare_lines(cells)
+    board.flags.flag_lines(cells, flags)
     got = {(c["method"], c["partition"]): c["flags"] for c in cells}
     assert [f["kind"] for f in got["P", "X"]] == ["inverted"]
     assert got["P", "Y"] == [] and got["Q", "X"] == [] and got["Q", "Y"] == []
     assert [(f["kind"], f["column"]) for f in got["V", "X"]] == [("known", "finetune_top1")]
-    text = board.tables_text(cells, "h", 60.0)
+    text = board.tables.tables_text(cells, "h", 60.0)
     assert "| V | vit | X | 2 | 70.0±0.0 | [70.0, 70.0] | best |  | 30.0±0.0 ⚑2 | 1 |" in text
     assert (
         "- ⚑1 The paper puts P above Q (Tab. 3: 65 against 60); here it is below, in points "
@@ -878,16 +888,17 @@ def test_a_flags_file_that_names_no_line_or_a_wrong_field_stops_naming_it(tmp_pa
         "board:\n  below_reference: d.md\n"
         "  orderings: [{above: P, below: Qx, paper: t, diagnosis: d}]\n"
     )
-    cells = board.cells(_line("P", [1.0, 2.0]), {})
-    with pytest.raises(board.ParamsError, match=r"flags.yaml: orderings.0.below: no line .* 'Qx'"):
-        board.flag_lines(cells, board.load_flags("board", path), path)
+    cells = board.cells.cells(_line("P", [1.0, 2.0]), {})
+    with pytest.raises(ParamsError, match=r"flags.yaml: orderings.0.below: no line .* 'Qx'"):
+        board.flags.flag_lines(cells, board.flags.load_flags("board", path), path)
     path.write_text(
         "board:\n  below_reference: d.md\n  known: [{method: P, colum: x, says: s, diagnosis: d}]\n"
     )
-    with pytest.raises(board.ParamsError, match=r"flags.yaml: board.known.0.colum: Extra inputs"):
-        board.load_flags("board", path)
+    with pytest.raises(ParamsError, match=r"flags.yaml: board.known.0.colum: Extra inputs"):
+        board.flags.load_flags("board", path)
     assert (
-        board.load_flags("other", path) is None and board.load_flags("b", tmp_path / "no") is None
+        board.flags.load_flags("other", path) is None
+        and board.flags.load_flags("b", tmp_path / "no") is None
     )
 
 
@@ -897,8 +908,8 @@ def test_the_committed_board_flags_every_line_below_its_reference_and_the_invers
     flagged exactly where its line's mean is below the other's, and every flag links a page
     of the docs (its anchor, where it names one, a heading id of that page)."""
     lines = json.loads(Path("results/reports/board/board.json").read_text())["lines"]
-    flags = board.load_flags("board")
-    accuracies = [c for _, columns in board.EVALUATIONS.values() for c in columns]
+    flags = board.flags.load_flags("board")
+    accuracies = [c for _, columns in board.cells.EVALUATIONS.values() for c in columns]
     for key, line in lines.items():
         kinds = [f["kind"] for f in line.get("flags", [])]
         below = line.get("vs_reference", {}).get("difference", 0) < 0

@@ -51,7 +51,7 @@ def figures_text(text: str, page: Path, results: Path = REPORTS) -> str:
 def page_text(text: str, page: Path, results: Path = REPORTS) -> str:
     """A page with its report tables, board tables and figures refilled."""
     text = report.fill_blocks(text, results)
-    text = board.fill_blocks(text, results)
+    text = board.write.fill_blocks(text, results)
     return figures_text(text, page, results)
 
 

@@ -50,13 +50,13 @@ def test_report_and_board_read_the_declarations():
     assert list(tables) == ["knn", "personal", "runs"]
     assert tables["knn"][0] == "k-NN top-1 %"
     assert "| k-NN | personal |" in tables["runs"][1]
-    assert board.EVALUATIONS["ssl"][1] == {
+    assert board.cells.EVALUATIONS["ssl"][1] == {
         "linear_top1": "linear",
         "knn_top1": "k-NN",
         "finetune_top1": "fine-tune",
     }
     # the personalised table leads with the mean over the last rounds, then the declared metric
-    assert board.EVALUATIONS["personal"][1] == {
+    assert board.cells.EVALUATIONS["personal"][1] == {
         "personal_last": "personal",
         "personal_top1": "last round",
     }
@@ -101,7 +101,7 @@ def test_the_generic_client_costs_have_generic_names_and_mfcl_keeps_its_symbols(
         *costs.CLIENT_COSTS,
         *report.full_columns(),
         *report.pivot_costs(),
-        *board.cost_columns().values(),
+        *board.cells.cost_columns().values(),
         *(m.label for m in declared.values()),
     ]
     symbols = ("alpha", "beta", "gamma", "eq6", "Eq. 6", "α", "β", "γ")

@@ -1,0 +1,175 @@
+"""Writing a board (``python -m fedssl.reporting.board render PIPELINE``): the stages' run
+records, the files of the board's folder, the docs' ``<!-- board: -->`` blocks, the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from fedssl.evaluations.costs import CLIENT_GFLOPS
+from fedssl.plan.layout import owner_of, report_dir
+from fedssl.reporting.board.budget import budget_markdown, budget_table, plan_markdown, plan_table
+from fedssl.reporting.board.cells import (
+    MACHINE_KEYS,
+    MB,
+    RUNS_FILE,
+    cells,
+    cost_columns,
+    rounds_to_target,
+)
+from fedssl.reporting.board.figures import plot, plot_over_run
+from fedssl.reporting.board.flags import DOCS_FROM_REPORT, FLAGS_FILE, flag_lines, load_flags
+from fedssl.reporting.board.significance import compare_lines, metrics
+from fedssl.reporting.board.tables import FIGURES, hardware, render, tables_text
+from fedssl.stage.record import ParamsError
+
+
+def run_records(
+    dag, kept: dict | None = None, reported: set[str] | None = None
+) -> tuple[dict[str, float], list[dict], float]:
+    """From the stages' run records (:func:`fedssl.stage.base.run_record`): wall seconds per
+    experiment (its own stages, shared ones counted in each), every record, and the
+    pipeline's total (each stage once). ``kept`` (stage -> record, from the board's
+    committed :data:`RUNS_FILE`) fills in the stages this workspace has not run: a board
+    made over several sessions keeps the wall times of the runs an earlier one made.
+    ``reported`` (the experiments the report has a row or a failure for) leaves out the
+    records of runs that are not on the board: one stopped half-way, or removed after."""
+    from fedssl.stage.context import run_record
+
+    wanted = set(dag.stages)
+    if reported is not None:
+        wanted &= {s for exp in reported for s in dag.of_experiment.get(exp, ())}
+    records = {
+        name: r
+        for name in dag.stages
+        if name in wanted and (r := run_record(name) or (kept or {}).get(name))
+    }
+    wall = {  # an experiment run elsewhere, with no record kept, has no wall time
+        exp: sum(records[s]["wall_seconds"] for s in dag.of_experiment[exp] if s in records)
+        for exp in dag.experiments
+        if any(s in records and owner_of(dag.stages[s].out) == exp for s in dag.of_experiment[exp])
+    }
+    total = sum(r["wall_seconds"] for r in records.values())
+    return wall, list(records.values()), total
+
+
+def kept_records(folder: Path) -> dict:
+    """The run records a previous rendering of the board committed (stage -> record)."""
+    try:
+        return json.loads((folder / RUNS_FILE).read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def write_kept_records(folder: Path, records: Iterable[dict]) -> None:
+    """:data:`RUNS_FILE`: what :func:`run_records` falls back on at the next rendering."""
+    lines = []
+    for r in sorted((r for r in records if "stage" in r), key=lambda r: r["stage"]):
+        env = r.get("environment", {})
+        machine = {k: env[k] for k in MACHINE_KEYS if k in env}
+        kept = {"stage": r["stage"], "wall_seconds": r["wall_seconds"], "environment": machine}
+        lines.append(f"{json.dumps(r['stage'])}: {json.dumps(kept)}")
+    (folder / RUNS_FILE).write_text("{\n" + ",\n".join(lines) + "\n}\n")
+
+
+def write_board(
+    folder: Path,
+    pipeline: str,
+    rows: list[dict],
+    wall,
+    records,
+    total,
+    pending=(),
+    failed=(),
+    logs: dict[str, list[dict]] | None = None,
+    flags_file: Path = FLAGS_FILE,
+) -> dict:
+    """board.md, board.json and the figures in ``folder`` (``logs``: experiment -> its round
+    log's rows, for the accuracy over the run; ``flags_file``: :data:`FLAGS_FILE`, the
+    pipeline's entry flags its lines); returns board.json's content."""
+    cell_list = cells(rows, wall)
+    compare_lines(cell_list)
+    flag_lines(cell_list, load_flags(pipeline, flags_file), flags_file)
+    rounds_to_target(cell_list, logs or {})
+    tables = tables_text(cell_list, hardware(records), total, pending, failed)
+    # board.md sits in the report's folder: its links reach the docs' results pages
+    page = tables_text(cell_list, hardware(records), total, pending, failed, DOCS_FROM_REPORT)
+    folder.mkdir(parents=True, exist_ok=True)
+    headers = cost_columns()
+    plot(cell_list, MB, headers[MB], folder / "board_accuracy_vs_MB.png")
+    gflops = CLIENT_GFLOPS.key
+    plot(cell_list, gflops, headers[gflops], folder / "board_accuracy_vs_GFLOPs.png")
+    drawn = [f for f in FIGURES if f.startswith("board_accuracy_vs")]
+    for stale in folder.glob("board_over_run_*.png"):
+        stale.unlink()  # a family no longer drawn leaves no figure behind
+    drawn += plot_over_run(cell_list, logs or {}, folder)
+    (folder / "board_tables.md").write_text(tables)
+    (folder / "board.md").write_text(render(pipeline, page, [*drawn, "curves.png"]))
+    board = {"total_wall_hours": round(total / 3600, 3), "lines": metrics(cell_list)}
+    (folder / "board.json").write_text(json.dumps(board, indent=1, ensure_ascii=False) + "\n")
+    write_kept_records(folder, records)
+    return board
+
+
+_BLOCK = re.compile(r"(<!-- board: (\w+) -->\n)(.*?)(<!-- /board -->)", re.S)
+
+
+def fill_blocks(text: str, results: Path = Path("results/reports")) -> str:
+    """``text`` with every ``<!-- board: PIPELINE -->`` block refilled from that pipeline's
+    ``board_tables.md``; a block whose board has not run yet stays as it is."""
+
+    def fill(m: re.Match) -> str:
+        path = results / m.group(2) / "board_tables.md"
+        return m.group(1) + path.read_text() + m.group(4) if path.exists() else m.group(0)
+
+    return _BLOCK.sub(fill, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="fedssl board")
+    sub = ap.add_subparsers(dest="command", required=True)
+    draw = sub.add_parser("render", help="write the board from a pipeline's committed report")
+    draw.add_argument("pipeline", nargs="?", default="benchmark")
+    sub.add_parser("budget", help="the budget rule applied to benchmarks/board_budget.tsv")
+    sub.add_parser("plan", help="the second board's parts and their estimated CPU hours")
+    args = ap.parse_args(argv)
+    if args.command == "budget":
+        print(budget_markdown(budget_table()))
+        return 0
+    if args.command == "plan":
+        print(plan_markdown(plan_table()))
+        return 0
+    from fedssl.plan.dag import Dag
+    from fedssl.reporting.report import load_saved, read_round_log, round_logs
+
+    folder = Path(report_dir(args.pipeline))
+    try:
+        saved = load_saved(folder)
+    except (FileNotFoundError, KeyError) as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 1
+    dag = Dag(args.pipeline)
+    reported = {r["experiment"] for r in saved["rows"]}
+    reported |= {f["experiment"] for f in saved.get("failed", [])}
+    wall, records, total = run_records(dag, kept_records(folder), reported)
+    try:
+        write_board(
+            folder,
+            args.pipeline,
+            saved["rows"],
+            wall,
+            records,
+            total,
+            saved.get("pending", []),
+            saved.get("failed", []),
+            {name: read_round_log(paths) for name, paths in round_logs(dag).items()},
+        )
+    except ParamsError as e:  # the flags file: its message names the field
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {folder}/board.md, board.json and its figures")
+    return 0
