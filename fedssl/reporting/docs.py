@@ -7,7 +7,9 @@ A page under ``docs/`` holds blocks that say where their content comes from:
   ``results/reports/PIPELINE/report.json``;
 - ``<!-- board: PIPELINE -->...<!-- /board -->``: that pipeline's ``board_tables.md``;
 - ``<!-- figures: PIPELINE -->...<!-- /figures -->``: every figure of the report's folder,
-  inline (the site serves ``results/reports/`` beside the pages: ``docs/hooks.py``).
+  inline (the site serves ``results/reports/`` beside the pages: ``docs/hooks.py``);
+- ``<!-- layout -->...<!-- /layout -->``: the project's tree, from the library's docstrings
+  (:mod:`fedssl.reporting.tree`).
 
 The pages the site makes from code (the params reference from ``schemas/``, the command's
 reference from its parsers) are written at build time by ``docs/hooks.py``, so they cannot be
@@ -21,7 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-from fedssl.reporting import board, report
+from fedssl.reporting import board, report, tree
 
 DOCS = Path("docs")
 REPORTS = Path("results/reports")
@@ -49,8 +51,8 @@ def figures_text(text: str, page: Path, results: Path = REPORTS) -> str:
 
 
 def page_text(text: str, page: Path, results: Path = REPORTS) -> str:
-    """A page with its report tables, board tables and figures refilled."""
-    text = report.fill_blocks(text, results)
+    """A page with its report tables, board tables, figures and layout tree refilled."""
+    text = tree.fill_blocks(report.fill_blocks(text, results))
     text = board.write.fill_blocks(text, results)
     return figures_text(text, page, results)
 
