@@ -212,13 +212,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             elif w in on_stack:
                 low[v] = min(low[v], index[w])
         if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.append(w)
-                if w == v:
-                    break
+            group = _pop_group(stack, on_stack, v)
             if len(group) > 1:
                 found.append(sorted(group))
 
@@ -227,6 +221,15 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return sorted(found)
+
+
+def _pop_group(stack: list[str], on_stack: set[str], root: str) -> list[str]:
+    """Tarjan's step: the modules on the stack down to ``root``, popped (one group)."""
+    group = []
+    while not group or group[-1] != root:
+        group.append(stack.pop())
+        on_stack.discard(group[-1])
+    return group
 
 
 def circle(graph: dict[str, set[str]], group: list[str]) -> list[str]:
