@@ -7,7 +7,7 @@ returned activation gradients and SGD step).
 Conventional: each client its own ``nn.Module`` pair (online, momentum; deep copies) and its own
 ``torch.optim.SGD``; per step a Python loop over the clients for their forwards, the server
 step, then a loop for the clients' backward passes and optimizer steps. Ours:
-:class:`fedssl.methods.mocosfl.split.SplitMocoTrainer` with the clients' weights stacked and run
+:class:`fedssl.methods.mocosfl.trainer.SplitMocoTrainer` with the clients' weights stacked and run
 as one ``torch.func.vmap`` call (``vmap``), and the same trainer with its per-client loop
 (``loop``, what ``parallel_clients: off`` runs).
 
@@ -33,7 +33,8 @@ from fedssl.fl.cohort import LocalData
 from fedssl.losses import moco_queue_loss
 from fedssl.methods.mocosfl import MocoSflParams
 from fedssl.methods.mocosfl import run as sfl
-from fedssl.methods.mocosfl.split import build_nets
+from fedssl.methods.mocosfl.nets import build_nets
+from fedssl.methods.mocosfl.trainer import RoundTensors, ServerTensors, SplitRound, StepBatch
 from fedssl.models.momentum import FeatureQueue
 
 
@@ -134,34 +135,14 @@ def ours(nets, p, data, parallel: bool):
         "step": torch.zeros(n, device=data.device),
         "m": {k: torch.zeros_like(v) for k, v in online.items()},
     }
-    server = {k: v.unsqueeze(0).clone() for k, v in state.server["server"].items()}
-    server_m = {k: v.clone() for k, v in state.server["server_momentum"].items()}
-    server_opt = {
-        "step": torch.zeros(1, device=data.device),
-        "m": {k: torch.zeros_like(v) for k, v in server.items()},
-    }
-    queue = FeatureQueue(p.moco.queue_size, p.backbone.proj_dim, 0, data.device)
+    server = ServerTensors.start(state.server, data.device)
+    clients = list(range(n))
+    run = SplitRound(state, data, RoundTensors(clients, online, momentum, opt, server), None)
     idx = np.stack([c for c in data.clients])
-    valid = np.ones_like(idx, dtype=bool)
+    batch = StepBatch(clients, clients, idx, np.ones_like(idx, dtype=bool), 0.06)
 
     def step():
-        fed.trainer.step(
-            state,
-            list(range(n)),
-            list(range(n)),
-            idx,
-            valid,
-            data,
-            online,
-            momentum,
-            opt,
-            server,
-            server_m,
-            server_opt,
-            queue,
-            None,
-            0.06,
-        )
+        fed.trainer.step(run, batch)
 
     return step
 

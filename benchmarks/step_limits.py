@@ -149,7 +149,7 @@ def split_step_scenario():
 
     from fedssl.data.augment import to_float
     from fedssl.fl.cohort import LocalData
-    from fedssl.methods.mocosfl.split import build_nets
+    from fedssl.methods.mocosfl.nets import build_nets
 
     n, b, cpu = 5, 20, torch.device("cpu")
     p = params(b, 4, 8)

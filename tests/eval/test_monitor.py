@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedssl.eval.monitor import KnnMonitor, backbone_of
+from fedssl.eval.monitor import KnnMonitor, ModuleFeatures, backbone_of, monitor_of
 from fedssl.methods import federated
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.params import KnnParams
@@ -27,7 +27,14 @@ def _run(tmp_path, monitored: bool, rounds: int = 3):
     if monitored:
         labels = data.labels.numpy()
         fed.monitor = KnnMonitor(
-            model, data.images, labels, data.images[:30], labels[:30], 2, rounds, KnnParams(k=5)
+            ModuleFeatures(model),
+            data.images,
+            labels,
+            data.images[:30],
+            labels[:30],
+            2,
+            rounds,
+            KnnParams(k=5),
         )
         fed.monitor.start = fed.monitor.accuracy()
     torch.manual_seed(123)  # the global stream: the monitor must not draw from it either
@@ -64,11 +71,16 @@ def test_monitor_accuracy_is_k_nn_of_the_backbone():
     images = torch.zeros(20, 1, 2, 2, dtype=torch.uint8)
     images[labels == 1, 0, 0, 0] = 255
     images[labels == 0, 0, 1, 1] = 255
-    monitor = KnnMonitor(Ident(), images, labels, images, labels, 1, 1, KnnParams(k=3))
+    monitor = KnnMonitor(
+        ModuleFeatures(Ident()), images, labels, images, labels, 1, 1, KnnParams(k=3)
+    )
     assert monitor.accuracy() == 100.0
     assert (
         monitor.due(0)
-        and KnnMonitor(Ident(), images, labels, images, labels, 0, 1, KnnParams()).due(0) is False
+        and KnnMonitor(
+            ModuleFeatures(Ident()), images, labels, images, labels, 0, 1, KnnParams()
+        ).due(0)
+        is False
     )
     with pytest.raises(ValueError, match="monitor_every"):
         backbone_of(torch.nn.Linear(2, 2))
@@ -88,3 +100,50 @@ def test_the_monitor_reads_the_backbone_before_any_module_named_encoder(tmp_path
     data, server = toy_data()
     _, learner = run.make_federation(p, stage_model(p, 2), 2, data, tmp_path / "c.pt", "fp", server)
     assert learner.global_encoder is not None and backbone_of(learner) is learner.encoder
+
+
+class Flat(torch.nn.Module):
+    """A model whose backbone flattens the images."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = torch.nn.Flatten()
+
+
+class Splits:
+    """A stage context's data as the monitor reads it: images whose one pixel is their index in
+    their split, two classes in each split, three clients and a server holdout."""
+
+    def split(self, name="train"):
+        n = 120 if name == "train" else 60
+        return np.arange(n, dtype=np.uint8).reshape(n, 1, 1, 1), np.arange(n) % 2
+
+    def clients(self):
+        return [np.arange(0, 30), np.arange(30, 70), np.arange(70, 90)]
+
+    def server_indices(self):
+        return np.arange(90, 120)
+
+
+def test_the_monitor_draws_its_bank_from_the_clients_and_its_queries_from_the_chosen_split():
+    """One draw for every method: the bank is a class-stratified subset of the clients' images
+    (never the holdout), the queries of the test split or of the server holdout, each seeded
+    apart from the training and the same whichever queries are chosen."""
+
+    def drawn(seed=0, queries="test"):
+        features, cpu, knn = ModuleFeatures(Flat()), torch.device("cpu"), KnnParams(k=3)
+        m = monitor_of(Splits(), features, cpu, 1, 1, seed, knn, (20, 10), queries)
+        return [
+            (m.bank.flatten().tolist(), m.bank_labels.tolist()),
+            (m.queries.flatten().tolist(), m.query_labels.tolist()),
+        ]
+
+    test, held = drawn(), drawn(queries="holdout")
+    (bank, bank_labels), (queries, query_labels) = test
+    assert held[0] == test[0] and len(bank) == 20 and max(bank) < 90
+    assert bank_labels == [i % 2 for i in bank] and sum(bank_labels) == 10  # stratified
+    assert len(queries) == 10 and query_labels == [i % 2 for i in queries]
+    held_queries, held_labels = held[1]
+    assert len(held_queries) == 10 and min(held_queries) >= 90 and sum(held_labels) == 5
+    assert held_labels == [i % 2 for i in held_queries]
+    assert drawn(seed=1)[0] != test[0] and drawn(seed=1)[1] != test[1]

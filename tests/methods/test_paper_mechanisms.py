@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from fedssl.data.augment import BatchAugment
 from fedssl.fl.cohort import Batch
 from fedssl.methods.mfcl import run as mfcl
-from fedssl.methods.mocosfl.split import prefixed
+from fedssl.methods.mocosfl.sync import prefixed
 from fedssl.methods.mpfedcon import run as R
 from fedssl.methods.mpfedcon import train as T
 from fedssl.stage.runtime import torch_generator

@@ -17,7 +17,9 @@ What the protocol here sends (float32), per client:
 
 from __future__ import annotations
 
-from fedssl.methods.mocosfl.split import ACT_KEY, ACT_QUERY, GRADIENTS, SYNC_MOMENTUM, SYNC_ONLINE
+# Ledger kinds (bytes per client and direction, from the tensors exchanged)
+ACT_QUERY, ACT_KEY, GRADIENTS = "activations_query", "activations_key", "gradients"
+SYNC_ONLINE, SYNC_MOMENTUM = "sync_online", "sync_momentum"
 
 FLOAT_BYTES = 4
 MIB = 2**20
@@ -99,7 +101,7 @@ def comm_curve(backbone, image_shape, n_img: int, n_sync: int) -> list[dict]:
     ``image_shape`` (e.g. 224 px with the ImageNet stem, 250 images, 10 syncs)."""
     import torch
 
-    from fedssl.methods.mocosfl.split import build_backbone
+    from fedssl.methods.mocosfl.nets import build_backbone
 
     with torch.device("meta"):
         net = build_backbone(backbone, image_shape[0])

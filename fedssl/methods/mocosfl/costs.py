@@ -23,15 +23,10 @@ import torch
 from fedssl import costs
 from fedssl.data.catalog import dataset_spec
 from fedssl.methods.mocosfl import MocoSfl
-from fedssl.methods.mocosfl.comm import FLOAT_BYTES, protocol_bytes
-from fedssl.methods.mocosfl.split import (
-    ACT_KEY,
-    ACT_QUERY,
-    GRADIENTS,
-    SplitNets,
-    build_nets,
-    sync_due,
-)
+from fedssl.methods.mocosfl.comm import ACT_KEY, ACT_QUERY, FLOAT_BYTES, GRADIENTS, protocol_bytes
+from fedssl.methods.mocosfl.nets import SplitNets, build_nets
+from fedssl.methods.mocosfl.schedule import sync_due
+from fedssl.stage.contract import StepContext
 
 SMASHED_UP, SMASHED_DOWN = (ACT_QUERY, ACT_KEY), (GRADIENTS,)
 CLIENT_COPIES = 4  # online, momentum, gradient, SGD momentum
@@ -94,7 +89,7 @@ def client_rows(p, nets: SplitNets, image_shape, ledger: dict, images: list[int]
     return rows
 
 
-def client_costs(ctx) -> list[dict]:
+def client_costs(ctx: StepContext) -> list[dict]:
     p, pretrain = ctx.exp.method, ctx.input("pretrain")
     ledger = json.loads((pretrain / "communication.json").read_text())
     check = json.loads((pretrain / "communication_check.json").read_text())

@@ -12,22 +12,19 @@ import torch
 from fedssl.data import to_device
 from fedssl.data.augment import BatchAugment, multi_view, to_float
 from fedssl.data.partition import stratified_subset
-from fedssl.fl.cohort import OptimizerConfig, vectorise_clients
+from fedssl.eval.monitor import KnnMonitor, monitor_of
+from fedssl.fl.cohort import LocalData, OptimizerConfig, vectorise_clients
 from fedssl.fl.state import federation_config
-from fedssl.methods.mocosfl import paper_layer
+from fedssl.methods.mocosfl import MocoSflParams, paper_layer
 from fedssl.methods.mocosfl.comm import check_ledger
-from fedssl.methods.mocosfl.split import (
-    ClientCosine,
-    KnnMonitor,
-    SflConfig,
-    SflSync,
-    SplitEncoder,
-    SplitMocoTrainer,
-    SplitNets,
-    build_nets,
-)
+from fedssl.methods.mocosfl.nets import SplitEncoder, SplitNets, build_nets
+from fedssl.methods.mocosfl.schedule import ClientCosine, SflSchedule
+from fedssl.methods.mocosfl.sync import SflSync
+from fedssl.methods.mocosfl.trainer import SflConfig, SplitMocoTrainer
+from fedssl.params import KnnParams
 from fedssl.rounds.loop import Federation
 from fedssl.rounds.runner import run_federation, train_data
+from fedssl.stage.contract import StepContext
 from fedssl.stage.runtime import derive_seed, torch_save, write_json, write_tsv
 
 # steps.tsv, one row per logged step. Misalignment of this round's clients' online and
@@ -46,96 +43,64 @@ STEP_FIELDS = [
 ]
 
 
-def sfl_config(p) -> SflConfig:
+def sfl_config(p: MocoSflParams) -> SflConfig:
+    """The split trainer's settings of MocoSFL params ``p``."""
     t, m = p.training, p.moco
     return SflConfig(
-        batch_size=t.batch_size,
         temperature=m.temperature,
         momentum=m.momentum,
         symmetric=m.symmetric,
-        sync_every=t.sync_every,
-        sync_at_round_end=t.sync_at_round_end,
         sgd=OptimizerConfig("sgd", weight_decay=t.weight_decay, momentum=t.momentum),
-        seed=p.seed,
-        log_every=t.log_every,
-        equal_steps=t.round_steps == "equal",
-        client_cosine=ClientCosine(t.lr, t.client_lr_period or t.rounds)
-        if t.client_lr_schedule == "step_cosine"
-        else None,
+        schedule=SflSchedule(
+            batch_size=t.batch_size,
+            seed=p.seed,
+            sync_every=t.sync_every,
+            sync_at_round_end=t.sync_at_round_end,
+            log_every=t.log_every,
+            client_cosine=ClientCosine(t.lr, t.client_lr_period or t.rounds)
+            if t.client_lr_schedule == "step_cosine"
+            else None,
+            equal_steps=t.round_steps == "equal",
+        ),
     )
 
 
 def make_federation(
-    p, nets: SplitNets, data, ckpt, fingerprint: str, monitor=None, parallel: bool | None = None
+    p: MocoSflParams, nets: SplitNets, data: LocalData, ckpt, fingerprint: str, parallel=None
 ) -> Federation:
-    """The split federation of MocoSFL params ``p`` over ``data`` (clients' index arrays)."""
+    """The split federation of MocoSFL params ``p`` over ``data`` (clients' index arrays);
+    ``parallel``: vectorise the clients (None: as ``p.parallel_clients`` says on the device)."""
     t = p.training
     cfg = federation_config(t, p.seed, t.lr_schedule)
-    strategy = SflSync(
-        cfg,
-        nets,
-        align=p.variant == "monacosfl",
-        queue_size=p.moco.queue_size,
-        seed=p.seed,
-        monitor=monitor,
-    )
+    align = p.variant == "monacosfl"
+    strategy = SflSync(cfg, nets, align, p.moco.queue_size, p.seed)
     if parallel is None:
         parallel = vectorise_clients(p.parallel_clients, data.device)
-    trainer = SplitMocoTrainer(
-        nets,
-        sfl_config(p),
-        multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=2),
-        parallel=parallel,
-    )
+    views = multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=2)
+    trainer = SplitMocoTrainer(nets, sfl_config(p), views, parallel=parallel)
     return Federation(strategy, trainer, data, cfg, ckpt, fingerprint)
 
 
-def monitor_of(ctx, p, images: torch.Tensor, labels: np.ndarray) -> KnnMonitor | None:
-    """The k-NN monitor: a labelled bank from the clients' training images and queries from
-    the partition's server holdout (or the test split), both class-stratified and seeded."""
+def split_monitor(ctx: StepContext, p: MocoSflParams, nets: SplitNets, device) -> KnnMonitor | None:
+    """The k-NN monitor of the split model (the library's, on the synced client part and the
+    server's backbone): a labelled bank from the clients' training images, queries from the
+    partition's server holdout (or the test split)."""
     m = p.monitor
     if m.every == 0:
         return None
-    pool = np.sort(np.concatenate(ctx.clients()))
-    bank = pool[
-        stratified_subset(
-            labels[pool], min(m.bank_size, len(pool)), derive_seed(p.seed, "monitor-bank")
-        )
-    ]
-    if m.queries == "holdout":
-        held = ctx.server_indices()
-        q_idx = held[
-            stratified_subset(
-                labels[held], min(m.query_size, len(held)), derive_seed(p.seed, "monitor-queries")
-            )
-        ]
-        q_images, q_labels = images[torch.from_numpy(q_idx).to(images.device)], labels[q_idx]
-    else:
-        test_images, test_labels = ctx.split("test")
-        q_idx = stratified_subset(
-            test_labels, min(m.query_size, len(test_labels)), derive_seed(p.seed, "monitor-queries")
-        )
-        q_images = to_device(test_images[q_idx], images.device)
-        q_labels = test_labels[q_idx]
-    return KnnMonitor(
-        images[torch.from_numpy(bank).to(images.device)],
-        labels[bank],
-        q_images,
-        q_labels,
-        m.k,
-        m.temperature,
-        m.every,
-    )
+    knn = KnnParams(k=m.k, temperature=m.temperature)
+    sizes = (m.bank_size, m.query_size)
+    rounds = p.training.rounds
+    return monitor_of(ctx, nets.embedding, device, m.every, rounds, p.seed, knn, sizes, m.queries)
 
 
 # ============================================================================ pretrain
-def pretrain(ctx) -> None:
+def pretrain(ctx: StepContext) -> None:
     p = ctx.exp.method
     data = train_data(ctx)
-    _, labels = ctx.split("train")
     nets = build_nets(p, ctx.image_shape, ctx.device)
-    monitor = monitor_of(ctx, p, data.images, labels)
-    fed = make_federation(p, nets, data, ctx.resume_path, ctx.fingerprint, monitor)
+    fed = make_federation(p, nets, data, ctx.resume_path, ctx.fingerprint)
+    fed.monitor = split_monitor(ctx, p, nets, data.device)
     print(
         f"{p.variant}: cut {p.cut} (L{paper_layer(p)}), {len(data.clients)} clients, "
         f"{'vectorised' if fed.trainer.parallel else 'one by one'}",
@@ -266,7 +231,7 @@ def plot_misalignment(steps: list[dict], path: Path, title: str) -> None:
 
 
 # ============================================================================ encoder
-def load_final(ctx, step_dir: Path | None = None):
+def load_final(ctx: StepContext, step_dir: Path | None = None):
     p = ctx.exp.method
     ckpt = torch.load(
         (step_dir or ctx.input("pretrain")) / "model.pt", map_location=ctx.device, weights_only=True
@@ -282,7 +247,7 @@ def encoder_skeleton(p, image_shape, projection: bool = False) -> SplitEncoder:
     return frozen(SplitEncoder(nets, nets.client.state_dict(), nets.top.state_dict(), projection))
 
 
-def encoder(ctx) -> SplitEncoder:
+def encoder(ctx: StepContext) -> SplitEncoder:
     """The frozen deployed model: the final synced client part + the server's backbone part
     (pooled features; ``features.layer: projection`` adds the projector)."""
     from fedssl.models.encoders import frozen
@@ -295,7 +260,7 @@ def encoder(ctx) -> SplitEncoder:
 
 
 # ============================================================================ inversion
-def inversion(ctx) -> None:
+def inversion(ctx: StepContext) -> None:
     """§5.3: the attacker holds ``aux_fraction`` of the clients' training images, runs them
     through the final client model, trains a decoder from activations to images (MSE, Adam),
     and is scored on test images by MSE (higher = more private) and SSIM."""
@@ -355,7 +320,7 @@ def _train_attacker(p, h_aux: torch.Tensor, x_aux: torch.Tensor, device):
     return decoder, history
 
 
-def _inversion_images(ctx, p) -> tuple[np.ndarray, np.ndarray]:
+def _inversion_images(ctx: StepContext, p) -> tuple[np.ndarray, np.ndarray]:
     """The attacker's auxiliary images (a stratified ``aux_fraction`` of the clients' training
     images) and the test images it is scored on (a stratified ``eval_images``), seeded."""
     inv = p.inversion

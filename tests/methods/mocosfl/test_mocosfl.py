@@ -19,16 +19,20 @@ from fedssl.losses import moco_queue_loss
 from fedssl.methods import registry
 from fedssl.methods.mocosfl import MocoSflParams, SflBackbone
 from fedssl.methods.mocosfl import run as sfl
-from fedssl.methods.mocosfl.comm import check_ledger, comm_curve, paper_bytes, protocol_bytes
-from fedssl.methods.mocosfl.split import (
+from fedssl.methods.mocosfl.comm import (
     ACT_KEY,
     ACT_QUERY,
     GRADIENTS,
     SYNC_MOMENTUM,
     SYNC_ONLINE,
-    SflSync,
-    build_nets,
+    check_ledger,
+    comm_curve,
+    paper_bytes,
+    protocol_bytes,
 )
+from fedssl.methods.mocosfl.nets import build_nets
+from fedssl.methods.mocosfl.sync import SflSync
+from fedssl.methods.mocosfl.trainer import RoundTensors, ServerTensors, SplitRound, StepBatch
 from fedssl.models.momentum import misalignment
 from fedssl.strategies.aggregation import fedavg
 
@@ -123,22 +127,11 @@ def test_a_split_step_gives_the_gradients_of_end_to_end_backprop(tmp_path):
     idx = np.stack([data.clients[0][:6], data.clients[1][:6]])
     valid = np.ones_like(idx, dtype=bool)
     valid[1, 4:] = False  # a short batch: padded rows must not count
+    tensors = RoundTensors(
+        [0, 1], online, momentum, opt, ServerTensors(server, server_m, server_opt, queue)
+    )
     fed.trainer.step(
-        state,
-        [0, 1],
-        [0, 1],
-        idx,
-        valid,
-        data,
-        online,
-        momentum,
-        opt,
-        server,
-        server_m,
-        server_opt,
-        queue,
-        None,
-        lr,
+        SplitRound(state, data, tensors, None), StepBatch([0, 1], [0, 1], idx, valid, lr)
     )
 
     # the same step by hand, through one graph (the EMA of equal models changes nothing)

@@ -12,7 +12,7 @@ from torch import nn
 
 from fedssl.fl.cohort import LocalData
 from fedssl.methods.mocosfl.costs import client_rows, client_step, projected_rows
-from fedssl.methods.mocosfl.split import build_nets
+from fedssl.methods.mocosfl.nets import build_nets
 from tests.methods.mocosfl.test_mocosfl import SHAPE, federation, params, toy_data
 
 CPU = torch.device("cpu")

@@ -61,7 +61,7 @@ def test_each_misalignment_column_is_what_its_name_says(tmp_path, variant):
 
 def test_the_authors_misalignment_is_summarised_over_every_step(tmp_path):
     from fedssl.methods.mocosfl import run as sfl
-    from fedssl.methods.mocosfl.split import build_nets
+    from fedssl.methods.mocosfl.nets import build_nets
     from tests.methods.mocosfl.test_mocosfl import SHAPE
 
     p = params("mocosfl", training=dict(rounds=2, sync_every=3))
@@ -104,9 +104,9 @@ def test_each_client_steps_its_own_cosine_over_its_own_steps(tmp_path):
     fed = federation(p, tmp_path)
     rates, step = [], fed.trainer.step
 
-    def spy_step(state, clients, *rest):
-        rates.append((list(clients), rest[-2], rest[-1]))
-        return step(state, clients, *rest)
+    def spy_step(run, batch):
+        rates.append((list(batch.clients), batch.lr, batch.client_lr))
+        return step(run, batch)
 
     fed.trainer.step = spy_step
     fed.run(fed.start(None))
@@ -177,12 +177,12 @@ def test_equal_round_steps_give_every_client_the_mean_clients_steps_over_its_own
     the mean client's ceil(20 / 6) = 4, the small one cycling through its images in a fresh
     shuffle, the large one seeing 4 of its 5 batches. Clients of one size: the same batches."""
     from fedssl.methods.mocosfl.run import sfl_config
-    from fedssl.methods.mocosfl.split import round_schedules
+    from fedssl.methods.mocosfl.schedule import round_schedules
     from tests.methods.mocosfl.test_mocosfl import toy_data
 
     clients = toy_data().clients
-    longest = sfl_config(params())
-    equal = sfl_config(params(training=dict(round_steps="equal")))
+    longest = sfl_config(params()).schedule
+    equal = sfl_config(params(training=dict(round_steps="equal"))).schedule
     assert [len(s) for s in round_schedules(clients, longest, 0, [0, 1, 2])] == [2, 3, 5]
     schedules = round_schedules(clients, equal, 0, [0, 1, 2])
     assert [len(s) for s in schedules] == [4, 4, 4]

@@ -11,9 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from fedssl.data.augment import to_float
+from fedssl.eval.monitor import KnnMonitor
 from fedssl.fl.cohort import stack
-from fedssl.methods.mocosfl.split import KnnMonitor, SplitEncoder, unprefixed
+from fedssl.methods.mocosfl.nets import SplitEncoder
+from fedssl.methods.mocosfl.sync import unprefixed
+from fedssl.methods.mocosfl.trainer import RoundTensors, ServerTensors, SplitRound, StepBatch
 from fedssl.models.momentum import FeatureQueue, misalignment
+from fedssl.params import KnnParams
 from tests.methods.mocosfl.test_mocosfl import SHAPE, federation, params, toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,22 +43,11 @@ def test_each_step_moves_every_momentum_model_by_ema_of_its_pre_step_online_mode
     opt = {"step": torch.zeros(2), "m": {k: torch.zeros_like(v) for k, v in online.items()}}
     server_opt = {"step": torch.zeros(1), "m": {k: torch.zeros_like(v) for k, v in server.items()}}
     idx = np.stack([data.clients[0][:6], data.clients[1][:6]])
+    server_side = ServerTensors(server, server_m, server_opt, FeatureQueue(32, 8, 1))
+    tensors = RoundTensors([0, 1], online, momentum, opt, server_side)
     fed.trainer.step(
-        state,
-        [0, 1],
-        [0, 1],
-        idx,
-        np.ones_like(idx, dtype=bool),
-        data,
-        online,
-        momentum,
-        opt,
-        server,
-        server_m,
-        server_opt,
-        FeatureQueue(32, 8, 1),
-        torch.Generator().manual_seed(1),
-        0.1,
+        SplitRound(state, data, tensors, torch.Generator().manual_seed(1)),
+        StepBatch([0, 1], [0, 1], idx, np.ones_like(idx, dtype=bool), 0.1),
     )
     on0, mom0, top0, top_m0 = before
     for k in online:
@@ -70,9 +63,9 @@ def spy_models(fed, record):
     after_step, after_sync = [], []
     step, sync = fed.trainer.step, fed.strategy.sync
 
-    def spy_step(state, clients, rows, idx, valid, data, online, momentum, *rest):
-        loss = step(state, clients, rows, idx, valid, data, online, momentum, *rest)
-        after_step.append(record(online, momentum))
+    def spy_step(run, batch):
+        loss = step(run, batch)
+        after_step.append(record(run.tensors.online, run.tensors.momentum))
         return loss
 
     def spy_sync(state, clients, online, momentum, weights):
@@ -130,18 +123,18 @@ def test_the_knn_monitor_scores_the_latest_synced_model_on_schedule(tmp_path):
     bank, queries = np.arange(40), np.arange(40, 60)
     # a third of the bank mislabelled: which neighbours come first decides the score
     bank_labels = (labels[bank] + (bank % 3 == 0)) % 4
-    monitor = KnnMonitor(
+    p = params("mocosfl", training=dict(rounds=3, sync_every=2))
+    fed = federation(p, tmp_path)
+    fed.monitor = KnnMonitor(
+        fed.strategy.nets.embedding,
         data.images[bank],
         bank_labels,
         data.images[queries],
         labels[queries],
-        k=3,
-        temperature=0.1,
         every=2,
+        rounds=3,
+        knn=KnnParams(k=3, temperature=0.1),
     )
-    p = params("mocosfl", training=dict(rounds=3, sync_every=2))
-    fed = federation(p, tmp_path)
-    fed.strategy.monitor = monitor
     state = fed.start(None)
     seen = []
     while state.round < 3:
@@ -280,7 +273,8 @@ def test_the_servers_step_is_the_authors_compute(tmp_path, symmetric):
     server_m = {k: v.clone() for k, v in momentum.items()}
     server_opt = {"step": torch.zeros(1), "m": {k: torch.zeros_like(v) for k, v in server.items()}}
     valid = torch.ones(shape[:2], dtype=torch.bool)
-    loss, grad = fed.trainer._server_step(h_q, h_k, valid, server, server_m, server_opt, queue, 0.1)
+    server_side = ServerTensors(server, server_m, server_opt, queue)
+    loss, grad = fed.trainer._server_step(h_q, h_k, valid, server_side, 0.1)
     assert float(loss.detach()) == pytest.approx(float(their_loss), abs=1e-5)
     torch.testing.assert_close(grad.flatten(0, 1), their_grad, rtol=1e-4, atol=1e-7)
     for name, w in theirs.model.named_parameters():
