@@ -109,8 +109,9 @@ FEDERATION_FIELDS: dict[str, tuple[Any, str]] = {
 class FederationSettings(Strict):
     """The settings every federation runs with: rounds, the fraction of clients sampled and the
     clients' learning rate. A method's block of them (its top level or a section such as ``cfl``
-    or ``training``) is built by :func:`federation_block`, which adds the common settings it reads
-    from one catalogue (:data:`FEDERATION_FIELDS`), each at the method's default;
+    or ``training``) is built by :func:`fedssl.strategies.choices.federation_block`, which adds
+    the common settings it reads from one catalogue (:data:`FEDERATION_FIELDS`), each at the
+    method's default (:func:`federation_block`), and the choice of a library strategy;
     :func:`fedssl.fl.state.federation_config` turns any of them into the engine's
     configuration."""
 
@@ -142,24 +143,6 @@ def federation_block(**settings: Any) -> type[FederationSettings]:
             value.description = meaning
         fields[name] = (kind, value)
     return create_model("Federation", __base__=FederationSettings, **fields)
-
-
-# The ``strategy:`` field: which library strategy (fedssl/strategies/) a method's federation
-# runs, with its own settings; fedssl.strategies.choose builds it.
-class FedAvgChoice(Strict):
-    """FedAvg: the data-size weighted mean of the clients' models."""
-
-    kind: Literal["fedavg"] = "fedavg"
-
-
-class FedProxChoice(Strict):
-    """FedProx: the local objective plus (mu / 2) ||w - w^t||^2, then FedAvg."""
-
-    kind: Literal["fedprox"] = "fedprox"
-    mu: PositiveFloat = Field(description="weight of the proximal term")
-
-
-StrategyChoice = Annotated[FedAvgChoice | FedProxChoice, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- data sets

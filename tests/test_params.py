@@ -243,6 +243,29 @@ def test_bad_extends_is_named(tiny, body, message):
     assert "tiny_loop.yaml" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "method, old, says",
+    [
+        (
+            "{name: supervised, variant: fedprox, mu: 0.01}",
+            "variant: 'fedprox'",
+            "strategy: {kind: fedprox, mu: 0.01}",
+        ),
+        ("{name: mpfedcon, variant: fedprox}", "variant: 'fedprox'", "{kind: fedprox, mu: 0.1}"),
+        ("{name: mpfedcon, variant: fedavg, prox_mu: 0.3}", "prox_mu", "{kind: fedprox, mu: 0.3}"),
+    ],
+)
+def test_a_params_file_with_retired_fedprox_settings_is_told_the_new_field(tiny, method, old, says):
+    """``variant: fedprox`` and ``prox_mu`` retired for the library's FedProx: an old file
+    fails with the file, the retired setting and the field to write instead."""
+    add_variant(tiny, "tiny_old", f"extends: tiny_simclr\nmethod: {method}\n")
+    with pytest.raises(P.ParamsError) as err:
+        Dag("variants")
+    message = str(err.value)
+    assert "tiny_old.yaml" in message and f"{old}: retired" in message, message
+    assert f"variant: fedavg and strategy: {says.removeprefix('strategy: ')}" in message
+
+
 def test_deep_merge_replaces_lists_and_scalars():
     assert deep_merge({"a": {"b": 1, "c": [1, 2]}, "d": 1}, {"a": {"c": [3]}, "d": {"e": 2}}) == {
         "a": {"b": 1, "c": [3]},

@@ -1,7 +1,7 @@
 """The training of a :class:`fedssl.methods.base.FederatedMethod` (imported when its step runs):
 the seeded model, the clients' views, the cohort trainer running the method's loss under the
-precision policy, the method's strategy, the federation resumed from its checkpoint; and the
-default hooks (a contrastive model under the strategy the params choose)."""
+precision policy, the method's strategy under the params' ``strategy`` choice, the federation
+resumed from its checkpoint; and the default hooks (a contrastive model under FedAvg)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from fedssl.methods.base import call_hook, resolve_hook
 from fedssl.models.encoders import load_encoder, save_contrastive_model, seeded_contrastive_model
 from fedssl.rounds.loop import Federation, LocalTraining, Phase
 from fedssl.rounds.runner import run_federation, train_data
+from fedssl.strategies.compose import chosen_over
+from fedssl.strategies.fedavg import FedAvg
 
 
 def make_federation(p, model: nn.Module, data: LocalData, ckpt, fingerprint) -> Federation:
@@ -30,7 +32,7 @@ def make_federation(p, model: nn.Module, data: LocalData, ckpt, fingerprint) -> 
     method = registry.get(p.name)
     cfg = federation_config(p, p.seed, p.lr_schedule)
     cfg = replace(cfg, rounds=cfg.rounds + method.setup_rounds)
-    strategy = call_hook(method.strategy, cfg, model, p, data)
+    strategy = chosen_over(call_hook(method.strategy, cfg, model, p, data), p)
     loss = trainer_loss(p)
     cohort = CohortTrainer(
         model,
@@ -101,10 +103,9 @@ def contrastive_model(p, image_shape, device) -> nn.Module:
 
 
 def chosen_strategy(cfg, model, p, data):
-    """The library strategy the params' ``strategy`` field chooses (FedAvg, FedProx, ...)."""
-    from fedssl.strategies import choose
-
-    return choose.strategy(p.strategy, cfg)
+    """The strategy of a method that names none: FedAvg, under the params' ``strategy``
+    choice (which :func:`make_federation` stacks over every method's own)."""
+    return FedAvg(cfg)
 
 
 def save_contrastive(model, path, image_shape) -> None:

@@ -1,9 +1,9 @@
 """The training of a :class:`fedssl.methods.base.SupervisedFederatedMethod` (imported when its
 ``train`` step runs): the seeded network (in its wrapper), the clients' labelled views, the
 cohort trainer running the method's loss under the precision policy (as
-:mod:`fedssl.methods.federated` does), the method's strategy and the federation resumed from
-its checkpoint; then the global network, its test accuracy and the frozen encoder the probes
-read. :class:`ScoredFedAvg` is the default strategy."""
+:mod:`fedssl.methods.federated` does), the method's strategy under the params' ``strategy``
+choice and the federation resumed from its checkpoint; then the global network, its test
+accuracy and the frozen encoder the probes read. :class:`ScoredFedAvg` is the default strategy."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from fedssl.rounds.loop import Federation, LocalTraining
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.runtime import derive_seed, torch_save, write_json
 from fedssl.strategies.base import Strategy
+from fedssl.strategies.compose import chosen_over
 
 
 class ScoredFedAvg(Strategy):
@@ -59,7 +60,7 @@ def build_model(p, image_shape, classes: int, device) -> nn.Module:
 def make_federation(p, model, data: LocalData, tests: LocalData, ckpt, fingerprint) -> Federation:
     """The federation of the method whose params are ``p``, over ``data``, training ``model``."""
     cfg = federation_config(p, p.seed)
-    strategy = call_hook(registry.get(p.name).strategy, cfg, p, model, data, tests)
+    strategy = chosen_over(call_hook(registry.get(p.name).strategy, cfg, p, model, data, tests), p)
     cohort = CohortTrainer(
         model,
         views_of(p),

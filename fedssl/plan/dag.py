@@ -60,6 +60,7 @@ from fedssl.stage.record import (
     raw_values,
     values_digest,
 )
+from fedssl.strategies import choices as strategy_choices
 
 REPORT_READS = ("title", "partition", "method")
 
@@ -296,6 +297,10 @@ class Dag:
         exp, part = self._checked_experiment(exp_name)
         method = registry.get(exp.method.name)
         declaration = registry.module_of(method.name)
+        # the method's steps run the strategies its params choose: their declarations (each
+        # imports its strategy's code where it builds it)
+        steps = {s.name for s in method.steps_for(exp.method)}
+        strategies = [type(c).__module__ for c in strategy_choices.chosen(exp.method)]
         sources = {
             DATA: f"prepare_data__{part.dataset}",
             PARTITION: self._add_partition(exp.partition),
@@ -309,7 +314,12 @@ class Dag:
                 entry,
                 EXPERIMENT_MODEL,  # it loads the experiment's params
                 *([PRECISION] if gpu else []),
-                *([declaration, *method.hook_modules(exp.method, kind)] if calls_method else []),
+                *(
+                    [declaration, *method.hook_modules(exp.method, kind)]
+                    + (strategies if kind in steps else [])
+                    if calls_method
+                    else []
+                ),
             ]
             stage = self._exp_stage(
                 kind, exp_name, entry, reads, [sources[i] for i in inputs], modules, gpu

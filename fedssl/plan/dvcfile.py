@@ -28,6 +28,7 @@ from fedssl.plan.dag import Dag, Stage
 from fedssl.plan.freshness import RAN_LOG, check_data
 from fedssl.presets import OVERRIDES_ENV, PARAMS_DIR, Presets
 from fedssl.stage.record import PLAN_RECORDS, record_path, record_text
+from fedssl.strategies import choices as strategy_choices
 
 EXTRA_PIPELINES_DIR = Path("pipelines")
 DAG_STAGE = "dag"
@@ -86,10 +87,11 @@ def dvc_file(pipeline: str) -> Path:
 
 def _dag_stage(root: Path) -> dict:
     """The DAG check: it reads params/ and the planner's code, with the declarations it finds
-    by name (the methods', the evaluations', the data sets')."""
+    by name (the methods', the strategies', the evaluations', the data sets')."""
     modules = [
         "fedssl.pipeline",
         *[registry.module_of(m.name) for m in registry.all()],
+        *strategy_choices.modules(),
         *evaluations.modules(),
         *dict.fromkeys(spec.module for spec in datasets().values()),
     ]

@@ -27,12 +27,19 @@ from fedssl.fl.cohort import LocalData, LossFn, Tensors
 from fedssl.fl.state import (
     FederationConfig,
     FedState,
+    Ledger,
     RoundUpdates,
     cosine_lr,
     model_state,
     sample_clients,
 )
 from fedssl.strategies.aggregation import fedavg, stacked
+
+
+def trained_parameters(model: nn.Module) -> list[str]:
+    """The parameters local training can move, in order (frozen copies such as a BYOL target
+    or MOON's references excluded)."""
+    return [k for k, q in model.named_parameters() if q.requires_grad]
 
 
 class Strategy:
@@ -113,3 +120,11 @@ class Strategy:
     def final_model(self, state: FedState) -> Tensors:
         """The state to load into the model at the end (for methods with one global model)."""
         return state.server["global"]
+
+
+def first_start(strategy: Strategy, model: nn.Module) -> Tensors:
+    """What a client's first local training starts from, before any round (the model as the
+    server holds it, with what the strategy adds, such as FedProx's anchors): the state a
+    cost counter's probe step runs on."""
+    state = FedState(0, strategy.init_server(model), {}, Ledger.empty([1]))
+    return strategy.local_start(state, 0, strategy.download(state, 0))

@@ -17,7 +17,7 @@ from torch import nn
 
 from fedssl.fl.cohort import LossFn, Tensors
 from fedssl.fl.state import FedState
-from fedssl.strategies.base import Strategy
+from fedssl.strategies.base import Strategy, trained_parameters
 
 ANCHOR = "fedprox."  # the round-start weights in a client's state
 
@@ -55,7 +55,7 @@ class FedProx(Strategy):
         self.anchored: list[str] | None = None
 
     def local_objective(self, loss: LossFn, model: nn.Module) -> LossFn:
-        self.anchored = [k for k, _ in model.named_parameters()]
+        self.anchored = trained_parameters(model)
 
         def plain(model, params, buffers, batch):  # the method's loss never sees the anchors
             return loss(model, params, without(ANCHOR, buffers), batch)

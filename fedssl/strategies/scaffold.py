@@ -8,7 +8,7 @@ clients, not the sampled ones. Control variates cover the trained parameters, no
 (those are averaged as FedAvg does).
 
 :class:`Scaffold` mixes into any strategy; it needs the keys under control (``controlled``,
-by default the model's parameters, set by :meth:`Scaffold.local_objective`) and where a
+by default the model's trained parameters, set by :meth:`Scaffold.local_objective`) and where a
 client's state holds the correction of each (``correction_key``, by default ``scaffold.<key>``,
 which the method's loss never sees). Its aggregation reads every upload (the stacked path).
 """
@@ -21,7 +21,7 @@ from torch import nn
 from fedssl.fl.cohort import LossFn, Tensors
 from fedssl.fl.state import FedState, RoundUpdates
 from fedssl.strategies.aggregation import fedavg, stacked
-from fedssl.strategies.base import Strategy
+from fedssl.strategies.base import Strategy, trained_parameters
 
 CONTROL = "control."  # c in a download, Δc_i in an upload, c_i in what a client keeps
 CORRECTION = "scaffold."  # c − c_i in a client's state (the default ``correction_key``)
@@ -71,12 +71,12 @@ class Scaffold(Strategy):
     def local_objective(self, loss: LossFn, model: nn.Module) -> LossFn:
         """The method's loss (which never sees the corrections) plus the drift term."""
         if self.controlled is None:
-            self.controlled = {k for k, _ in model.named_parameters()}
+            self.controlled = set(trained_parameters(model))
 
         def plain(model, params, buffers, batch):  # the method's loss never sees c − c_i
             return loss(model, params, self.without_corrections(buffers), batch)
 
-        names = [k for k, _ in model.named_parameters() if k in self.controlled]
+        names = [k for k in trained_parameters(model) if k in self.controlled]
         pairs = [(k, self.correction_key(k)) for k in names]
         return super().local_objective(corrected(plain, pairs), model)
 

@@ -115,7 +115,7 @@ def test_a_method_package_init_only_declares(package):
         "fedssl/methods/registry.py",
         f"fedssl/methods/{package.name}/__init__.py",
     }
-    strategy_choice = {"fedssl/strategies/__init__.py", "fedssl/strategies/params.py"}
+    strategy_choice = {"fedssl/strategies/__init__.py", "fedssl/strategies/choices/__init__.py"}
     assert set(codegraph.code_files(module)) - strategy_choice == shared
 
 

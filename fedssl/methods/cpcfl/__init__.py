@@ -32,8 +32,8 @@ from fedssl.params import (
     LinearProbeParams,
     ParallelClients,
     Strict,
-    federation_block,
 )
+from fedssl.strategies.choices import federation_block
 
 SSL_KINDS = ("simclr", "byol", "simsiam")
 PRETRAIN_LABELS = {
@@ -141,6 +141,7 @@ class SSLParams(Strict):
 
 
 CFL_FEDERATION = federation_block(
+    strategies=("fedavg",),
     rounds=(PositiveInt, Field(description="T")),
     local_epochs=Field(3, description="E_l"),
     batch_size=32,

@@ -12,9 +12,11 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from fedssl.methods.base import FederatedMethod, MethodParams
 from fedssl.methods.registry import register
-from fedssl.params import AugmentParams, ModelParams, TrainsItsModel, federation_block
+from fedssl.params import AugmentParams, ModelParams, TrainsItsModel
+from fedssl.strategies.choices import federation_block
 
 FEATARC_FEDERATION = federation_block(
+    strategies=("fedavg", "fedprox"),
     local_epochs=5,
     batch_size=256,
     optimizer="adam",

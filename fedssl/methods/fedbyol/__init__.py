@@ -31,8 +31,8 @@ from fedssl.params import (
     AugmentParams,
     ModelParams,
     TrainsItsModel,
-    federation_block,
 )
+from fedssl.strategies.choices import federation_block
 
 BYOL_FEDERATION = federation_block(
     local_epochs=5,

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat
+from pydantic import PositiveFloat
 
 from fedssl.methods.base import FederatedMethod, MethodParams
 from fedssl.methods.registry import register
 from fedssl.params import (
     AugmentParams,
-    FedAvgChoice,
     ModelParams,
-    StrategyChoice,
     TrainsItsModel,
-    federation_block,
 )
+from fedssl.strategies.choices import federation_block
 
 SIMCLR_FEDERATION = federation_block(
     local_epochs=1,
@@ -35,9 +33,6 @@ class FedSimCLRParams(MethodParams, SIMCLR_FEDERATION, TrainsItsModel):
     model: ModelParams
     temperature: PositiveFloat = 0.5
     augment: AugmentParams = AugmentParams()
-    strategy: StrategyChoice = Field(
-        FedAvgChoice(), description="how the server aggregates (fedavg, or fedprox with its mu)"
-    )
 
 
 @register

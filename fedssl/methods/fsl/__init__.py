@@ -25,7 +25,8 @@ from pydantic import (
 
 from fedssl.methods.base import MethodParams, SupervisedFederatedMethod
 from fedssl.methods.registry import register
-from fedssl.params import ModelParams, federation_block
+from fedssl.params import ModelParams
+from fedssl.strategies.choices import federation_block
 
 # Units of each encoder a cut may leave on the client (a conv block, a residual block, ...);
 # the server keeps at least one.
@@ -33,6 +34,7 @@ CUTTABLE_UNITS = {"small_cnn": 4, "resnet18": 9}
 
 
 FSL_FEDERATION = federation_block(
+    strategies=("fedavg",),
     local_epochs=1,
     batch_size=64,
     lr=0.01,

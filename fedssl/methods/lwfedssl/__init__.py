@@ -50,8 +50,8 @@ from fedssl.params import (
     ParallelClients,
     RoundCount,
     Strict,
-    federation_block,
 )
+from fedssl.strategies.choices import federation_block
 
 
 @dataclass(frozen=True)

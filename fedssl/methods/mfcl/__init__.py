@@ -28,8 +28,8 @@ from fedssl.params import (
     ParallelClients,
     RoundCount,
     Strict,
-    federation_block,
 )
+from fedssl.strategies.choices import federation_block
 
 
 class MfclClientModule(Strict):

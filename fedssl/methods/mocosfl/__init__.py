@@ -41,8 +41,8 @@ from fedssl.params import (
     ParallelClients,
     RoundCount,
     Strict,
-    federation_block,
 )
+from fedssl.strategies.choices import federation_block
 
 VARIANT_LABELS = {"mocosfl": "MocoSFL", "monacosfl": "MonAcoSFL"}
 NUM_UNITS = 9  # both backbones: stem + 8 BasicBlocks / stem + 7 stages + final 1x1 conv
@@ -91,6 +91,7 @@ class SflMoco(Strict):
 
 
 SFL_FEDERATION = federation_block(
+    strategies=("fedavg",),
     rounds=(
         RoundCount,
         Field(description="200 in the paper ([code] 200/rho when sampling); 0 = the untrained net"),

@@ -11,7 +11,8 @@ across rounds (A8). The variants:
 * ``fedrep``: the same schedule with CE only; ``fedper``: D shared, P+O local, all trained
   together; ``lg_fedavg``: P+O shared, D local (the mirror split);
 * ``fedavg``: everything shared; ``fedavg_ft``: FedAvg, evaluated after ``finetune_epochs``
-  of local fine-tuning of the head; ``fedprox``: FedAvg with (μ_p/2)‖w − w_g‖²;
+  of local fine-tuning of the head (FedProx: ``fedavg`` with ``strategy: {kind: fedprox, mu:
+  ...}``, the library's (μ_p/2)‖w − w_g‖² that any method can choose);
 * ``solo``: nothing shared, nothing sent (local training only);
 * the personalised baselines of Tab. 1 (spec methods/baselines.md §8-11; module
   :mod:`~fedssl.methods.mpfedcon.personalised`), whole model shared: ``scaffold`` (control
@@ -43,8 +44,8 @@ from fedssl.methods.registry import register
 from fedssl.params import (
     NoiseParams,
     Strict,
-    federation_block,
 )
+from fedssl.strategies.choices import federation_block
 
 Variant = Literal[
     "mpfedcon",
@@ -53,7 +54,6 @@ Variant = Literal[
     "lg_fedavg",
     "fedavg",
     "fedavg_ft",
-    "fedprox",
     "solo",
     "scaffold",
     "apfl",
@@ -70,7 +70,6 @@ DEFAULT_SHARED: dict[str, tuple[str, ...]] = {
     "lg_fedavg": ("projector", "output"),
     "fedavg": ALL_LAYERS,
     "fedavg_ft": ALL_LAYERS,
-    "fedprox": ALL_LAYERS,
     "solo": (),
     "scaffold": ALL_LAYERS,
     "apfl": ALL_LAYERS,
@@ -85,7 +84,6 @@ LABELS = {
     "lg_fedavg": "LG-FedAvg",
     "fedavg": "FedAvg",
     "fedavg_ft": "FedAvg+FT",
-    "fedprox": "FedProx",
     "solo": "SOLO",
     "scaffold": "SCAFFOLD",
     "apfl": "APFL",
@@ -108,6 +106,7 @@ class NetParams(Strict):
 
 
 MPFEDCON_FEDERATION = federation_block(
+    strategies=("fedavg", "fedprox"),
     rounds=(PositiveInt, Field(description="T")),
     client_fraction=Field(0.1, description="r: parties sampled per round"),
     batch_size=10,
@@ -128,7 +127,7 @@ class MpFedconParams(MethodParams, MPFEDCON_FEDERATION):
         None,
         description="layers averaged by the server (the rest stay on the party); None = "
         "the variant's split (mpfedcon/fedrep/fedper: base; lg_fedavg: projector + output; "
-        "fedavg/fedavg_ft/fedprox: all; solo: none)",
+        "fedavg/fedavg_ft: all; solo: none)",
     )
     head_epochs: NonNegativeInt = Field(
         10, description="tau_h: epochs on the local head first (mpfedcon, fedrep)"
@@ -145,7 +144,6 @@ class MpFedconParams(MethodParams, MPFEDCON_FEDERATION):
         description="mpfedcon, A2: z_con from the round-start model, or from "
         "the party's model after its previous local training",
     )
-    prox_mu: NonNegativeFloat = Field(0.1, description="fedprox: weight of the proximal term")
     finetune_epochs: PositiveInt = Field(10, description="fedavg_ft: local fine-tuning epochs")
     finetune_layers: Literal["head", "output"] = Field(
         "head", description="fedavg_ft: what fine-tuning trains: P+O, or O only"
@@ -190,13 +188,40 @@ class MpFedconParams(MethodParams, MPFEDCON_FEDERATION):
         "mixture alpha v + alpha w",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_retired_fedprox(cls, data):
+        if not isinstance(data, dict):
+            return data
+        retired = [
+            *(["variant: 'fedprox'"] if data.get("variant") == "fedprox" else []),
+            *(["prox_mu"] if "prox_mu" in data else []),
+        ]
+        if retired:
+            mu = data.get("prox_mu", 0.1)  # the retired field's default
+            raise ValueError(
+                f"{' and '.join(retired)}: retired; write variant: fedavg and "
+                f"strategy: {{kind: fedprox, mu: {mu}}} (the library's FedProx, which any "
+                "method can choose)"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _own_strategy(self):
+        if self.variant in PERSONALISED and self.strategy.stacks:
+            raise ValueError(
+                f"strategy: variant '{self.variant}' is a strategy of its own; "
+                f"'{self.strategy.kind}' does not stack on it"
+            )
+        return self
+
     @model_validator(mode="after")
     def _split(self):
         if self.shared is None:
             return self
         if len(set(self.shared)) != len(self.shared):
             raise ValueError(f"shared: {list(self.shared)} names a layer twice")
-        fixed = {"fedavg", "fedavg_ft", "fedprox", "solo", *PERSONALISED}
+        fixed = {"fedavg", "fedavg_ft", "solo", *PERSONALISED}
         if self.variant in fixed and set(self.shared) != set(DEFAULT_SHARED[self.variant]):
             raise ValueError(
                 f"shared: variant '{self.variant}' shares "
@@ -261,6 +286,9 @@ class MpFedcon(Method):
 
     def row_label(self, params) -> str:
         label = LABELS[params.variant]
+        if params.strategy.stacks:  # FedAvg + FedProx is FedProx
+            title = params.strategy.title
+            label = title if params.variant == "fedavg" else f"{label} + {title}"
         if params.variant == "mpfedcon":
             label += f" (μ={params.mu:g})"
         if params.variant in PERSONALISED:

@@ -19,6 +19,7 @@ from fedssl.fl.cohort import Batch
 from fedssl.methods.mpfedcon.run import local_phases, make_strategy, num_classes_of, seeded_model
 from fedssl.methods.mpfedcon.train import ce_loss
 from fedssl.rounds.loop import Phase
+from fedssl.strategies.base import first_start
 
 PROBE_PAIRS = 6  # 12 probe rows: Per-FedAvg's meta-step slices its batch in 2 or 3
 
@@ -27,17 +28,21 @@ class PhaseStep(nn.Module):
     """One local step of a phase as a module the cost counters run: its loss on a labelled
     batch, the phase's parameters trainable and every other weight frozen."""
 
-    def __init__(self, model: nn.Module, phase: Phase | None, labels, loss_fn=None, trained=None):
+    def __init__(
+        self, model: nn.Module, phase: Phase | None, labels, loss_fn=None, trained=None, extra=None
+    ):
         super().__init__()
-        self.model, self.labels = model, labels
+        self.model, self.labels, self.extra = model, labels, extra or {}
         self.loss_fn = loss_fn or phase.cohort.loss_fn
         self.trained = trained if trained is not None else phase.trainable(None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The loss on ``x``; ``extra``: what the strategy adds to a client's start (FedProx's
+        anchors), beside the model's own buffers."""
         m = self.model
         params = {k: v if k in self.trained else v.detach() for k, v in m.named_parameters()}
         batch = Batch((x,), self.labels, torch.ones(len(x), dtype=torch.bool))
-        return self.loss_fn(m, params, dict(m.named_buffers()), batch)
+        return self.loss_fn(m, params, {**dict(m.named_buffers()), **self.extra}, batch)
 
 
 def activation_bytes(step: PhaseStep, x: torch.Tensor) -> float:
@@ -57,12 +62,15 @@ def phase_costs(p, shape, classes: int) -> list[dict]:
     if hasattr(model, "has_centre"):
         model.has_centre.fill_(1.0)  # after the first round every class has a centre
     strategy = make_strategy(p, model, tests=None)
+    phases = local_phases(p, model, strategy, parallel=False)
+    own = model.state_dict()
+    extra = {k: v for k, v in first_start(strategy, model).items() if k not in own}
     x = costs.probe_batch(shape, PROBE_PAIRS)
     slots = 1 if p.momentum else 0
     held = costs.tensor_bytes(model.parameters())
     out = []
-    for phase in local_phases(p, model, strategy, parallel=False):
-        step = PhaseStep(model, phase, torch.arange(len(x)) % classes)
+    for phase in phases:
+        step = PhaseStep(model, phase, torch.arange(len(x)) % classes, extra=extra)
         scalar = lambda loss, _x: loss  # noqa: E731 - the step already returns the loss
         trained = costs.tensor_bytes(v for k, v in model.named_parameters() if k in step.trained)
         acts = activation_bytes(step, x) * phase.cohort.batch_size / len(x)

@@ -19,12 +19,12 @@ from fedssl.methods.mpfedcon.train import (
     TestData,
     ce_loss,
     contrast_loss,
-    prox_loss,
     test_data,
 )
 from fedssl.rounds.loop import Federation, LocalTraining, Phase
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.runtime import StageFailed, derive_seed, torch_save
+from fedssl.strategies.compose import chosen_over
 
 
 # ------------------------------------------------------------------ wiring
@@ -39,35 +39,39 @@ def make_strategy(
     p, model: Anchored, tests: TestData | None, data: LocalData | None = None
 ) -> SplitStrategy:
     """The variant's protocol: SCAFFOLD, APFL, Ditto and Per-FedAvg their own, the rest the
-    split strategy (shared layers averaged, personal kept, MpFedcon's class centres)."""
+    split strategy (shared layers averaged, personal kept, MpFedcon's class centres) under the
+    params' ``strategy`` choice (FedProx)."""
     cfg = federation_config(p, p.seed)
     if p.variant in PERSONALISED:
         return personalised.STRATEGIES[p.variant](cfg, p, model, tests, data)
-    return SplitStrategy(cfg, p, model, tests, data)
+    return chosen_over(SplitStrategy(cfg, p, model, tests, data), p)
 
 
 def local_phases(p, model: Anchored, strategy: SplitStrategy, parallel: bool) -> list[Phase]:
     """The variant's local schedule: head epochs (CE) then body epochs (CE, or CE + mu l_con
-    for MpFedcon), or the whole network together (CE, or FedProx's objective), or a
-    personalised baseline's own phases."""
+    for MpFedcon), or the whole network together (CE), or a personalised baseline's own
+    phases; the others' losses go through the strategy's local objective (FedProx's term)."""
     clip = p.scaffold_clip_norm if p.variant == "scaffold" else None
     opt = OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum, clip_norm=clip)
 
-    def cohort(loss, epochs: int, batch_size=p.batch_size, after_step=None) -> CohortTrainer:
+    def trainer(loss, epochs: int, batch_size=p.batch_size, after_step=None) -> CohortTrainer:
         return CohortTrainer(
             model, views_of(p), loss, opt, batch_size, epochs, parallel, after_step
         )
 
-    if p.variant in PERSONALISED:  # SCAFFOLD, APFL, Ditto, Per-FedAvg
-        return personalised.local_schedule(p, strategy, cohort)
+    if p.variant in PERSONALISED:  # SCAFFOLD, APFL, Ditto, Per-FedAvg: objectives of their own
+        return personalised.local_schedule(p, strategy, trainer)
+
+    def cohort(loss, epochs: int) -> CohortTrainer:
+        return trainer(strategy.local_objective(loss, model), epochs)
+
     if p.variant in HEAD_FIRST:
         body = contrast_loss(p.mu, p.temperature) if p.variant == "mpfedcon" else ce_loss()
         return [
             Phase(cohort(ce_loss(), p.head_epochs), lambda s: strategy.personal_params),
             Phase(cohort(body, p.body_epochs), lambda s: strategy.shared_params),
         ]
-    loss = prox_loss(model, p.prox_mu) if p.variant == "fedprox" else ce_loss()
-    return [Phase(cohort(loss, p.body_epochs), lambda s: strategy.net_params)]
+    return [Phase(cohort(ce_loss(), p.body_epochs), lambda s: strategy.net_params)]
 
 
 def make_federation(

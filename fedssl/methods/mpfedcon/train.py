@@ -31,7 +31,6 @@ from fedssl.models.heads import ProjectionHead
 from fedssl.stage.runtime import derive_seed, torch_generator
 from fedssl.strategies.aggregation import fedavg, stacked
 from fedssl.strategies.base import Strategy
-from fedssl.strategies.fedprox import proximal
 
 CENTRE_KEYS = ("centres", "has_centre")  # what the server sends: the bank and which rows hold
 ALIVE_BATCH = 128  # images per party for the alive-unit diagnostic (one forward)
@@ -55,16 +54,6 @@ def ce_loss():
         return _masked_ce(logits, batch)
 
     return loss
-
-
-def prox_loss(model: Anchored, mu: float):
-    """FedProx: CE + (mu / 2) ||w - w_g||^2, w_g = the round-start model (the anchor)."""
-    pairs = [
-        (k, "anchor." + k[len("net.") :])
-        for k, _ in model.named_parameters()
-        if k.startswith("net.")
-    ]
-    return proximal(ce_loss(), mu, pairs)
 
 
 def contrast_loss(mu: float, temperature: float):

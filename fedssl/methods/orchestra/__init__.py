@@ -11,7 +11,8 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from fedssl.methods.base import FederatedMethod, MethodParams
 from fedssl.methods.registry import register
-from fedssl.params import AugmentParams, ModelParams, TrainsItsModel, federation_block
+from fedssl.params import AugmentParams, ModelParams, TrainsItsModel
+from fedssl.strategies.choices import federation_block
 
 # the authors' views (utils.py): A, and A' with less blur and some solarisation
 ORCHESTRA_AUGMENT = AugmentParams(
@@ -21,6 +22,7 @@ ORCHESTRA_AUGMENT_PRIME = ORCHESTRA_AUGMENT.model_copy(update={"blur_p": 0.1, "s
 
 
 ORCHESTRA_FEDERATION = federation_block(
+    strategies=("fedavg", "fedprox"),
     rounds=(
         PositiveInt,
         Field(description="training rounds (a clustering-only round 0 precedes)"),

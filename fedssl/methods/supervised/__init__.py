@@ -7,8 +7,8 @@ SSL rows; P: the Linear-ReLU-Linear projection head; O: the classifier on P's ou
 FedAvg of the whole network, which travels both ways every round. The variants differ only in
 the local loss:
 
-* ``fedavg``: CE;
-* ``fedprox``: CE + (μ/2)‖w − W_g‖² over the trainable weights (W_g: the round's global model);
+* ``fedavg``: CE; FedProx is ``fedavg`` with ``strategy: {kind: fedprox, mu: ...}``, CE +
+  (μ/2)‖w − W_g‖² over the trainable weights (W_g: the round's global model), as any method's;
 * ``moon``: CE + μ·ℓ_con, ℓ_con = −log softmax([cos(z, z_glob), cos(z, z_prev)] / τ) at the
   positive, z = P(D(x)) of the live model, z_glob of the global model, z_prev of the client's
   own model after its previous local training (kept on the client; none yet: ℓ_con = 0, the
@@ -35,13 +35,14 @@ from fedssl.methods.registry import register
 from fedssl.params import (
     ModelParams,
     TrainsItsModel,
-    federation_block,
 )
+from fedssl.strategies.choices import federation_block
 
-LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "moon": "MOON"}
+LABELS = {"fedavg": "FedAvg", "moon": "MOON"}
 
 
 SUPERVISED_FEDERATION = federation_block(
+    strategies=("fedavg", "fedprox"),
     local_epochs=10,
     batch_size=64,
     lr=0.01,
@@ -55,19 +56,28 @@ class SupervisedParams(MethodParams, SUPERVISED_FEDERATION, TrainsItsModel):
     """One global supervised FL run (defaults: MOON's setup, spec §1 and §6.3)."""
 
     name: Literal["supervised"] = "supervised"
-    variant: Literal["fedavg", "fedprox", "moon"]
+    variant: Literal["fedavg", "moon"]
     model: ModelParams = Field(
         description="D and P: the encoder and projection head (proj_hidden, proj_dim); O "
         "reads P's output"
     )
-    mu: NonNegativeFloat = Field(
-        0.0, description="fedprox: weight of the proximal term; moon: weight of l_con"
-    )
+    mu: NonNegativeFloat = Field(0.0, description="moon: weight of l_con")
     temperature: PositiveFloat = Field(0.5, description="moon: tau of l_con")
     augment: Literal["none", "crop_flip"] = Field(
         "none", description="crop_flip = random crop with zero padding + horizontal flip"
     )
     crop_padding: NonNegativeInt = 4
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_retired_variant(cls, data):
+        if isinstance(data, dict) and data.get("variant") == "fedprox":
+            raise ValueError(
+                "variant: 'fedprox': retired; write variant: fedavg and "
+                f"strategy: {{kind: fedprox, mu: {data.get('mu', '...')}}} (the library's "
+                "FedProx, which any method can choose)"
+            )
+        return data
 
     @model_validator(mode="after")
     def _fits(self):
@@ -93,5 +103,8 @@ class Supervised(SupervisedFederatedMethod):
     encoder_of = f"{TRAIN}:global_encoder"
 
     def row_label(self, params) -> str:
-        label = LABELS[params.variant]
-        return f"{label} (μ={params.mu:g})" if params.variant != "fedavg" else label
+        strategy = params.strategy
+        if params.variant == "fedavg":
+            return strategy.label()  # FedAvg, or the chosen strategy with its settings
+        label = f"{LABELS[params.variant]} (μ={params.mu:g})"
+        return f"{label} + {strategy.label()}" if strategy.stacks else label

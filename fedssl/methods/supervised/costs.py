@@ -12,9 +12,21 @@ from fedssl.eval.global_model import load_saved
 from fedssl.fl.cohort import Batch
 from fedssl.methods.federated import trainer_loss
 from fedssl.methods.federated_supervised import build_model
-from fedssl.methods.supervised.train import with_proximal
+from fedssl.methods.supervised.train import reference_pairs
+from fedssl.strategies.fedprox import proximal
 
-REFERENCES_HELD = {"fedavg": 0, "fedprox": 1, "moon": 2}  # frozen model copies a step reads
+
+def references_held(p) -> int:
+    """Frozen model copies a step reads: MOON's two, FedProx's round-start anchor."""
+    return 2 * (p.variant == "moon") + (p.strategy.kind == "fedprox")
+
+
+def step_loss(p, model: nn.Module):
+    """The variant's loss, with FedProx's term (towards the round-start copy) if chosen."""
+    loss = trainer_loss(p)
+    if p.strategy.kind == "fedprox":
+        loss = proximal(loss, p.strategy.mu, reference_pairs(model))
+    return loss
 
 
 class LocalStep(nn.Module):
@@ -23,7 +35,7 @@ class LocalStep(nn.Module):
     def __init__(self, p, model: nn.Module, labels: torch.Tensor):
         super().__init__()
         self.model, self.labels = model, labels
-        self.loss = with_proximal(p, trainer_loss(p), model)
+        self.loss = step_loss(p, model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch = Batch((x,), self.labels, torch.ones(len(x), dtype=torch.bool))
@@ -45,7 +57,7 @@ def step_costs(p, shape, classes: int) -> dict:
     net = costs.tensor_bytes(model.net.parameters())
     return {
         "flops_per_sample": flops,
-        "peak_step_bytes": int(acts + net * (3 + REFERENCES_HELD[p.variant])),
+        "peak_step_bytes": int(acts + net * (3 + references_held(p))),
     }
 
 

@@ -3,7 +3,7 @@
 its costs: :mod:`.costs`).
 
 :class:`WithReferences` holds the client's live network ``net`` beside two frozen copies, the
-global model the round starts from (``glob``: FedProx's proximal point, MOON's positive) and the
+global model the round starts from (``glob``: MOON's positive) and the
 client's previous local model (``prev``: MOON's negative), as ordinary parameters, so the cohort
 trainer stacks them per client like any other weight. :class:`GlobalFedAvg` sends the global
 network down, takes the trained one back, keeps ``prev`` on MOON's clients (in
@@ -30,7 +30,6 @@ from fedssl.losses import masked_cross_entropy, model_contrastive_loss
 from fedssl.methods.federated_supervised import ScoredFedAvg
 from fedssl.models.cnn import LayeredNet, layered_net
 from fedssl.models.encoders import build_backbone, frozen
-from fedssl.strategies.fedprox import proximal
 
 REFERENCES = ("glob", "prev")  # the frozen copies beside the live network
 
@@ -89,14 +88,10 @@ def supervised_loss(outputs, batch, p):
     return ce + p.mu * model_contrastive_loss(z, z_glob, z_prev, p.temperature, rows)
 
 
-def with_proximal(p, loss, model: WithReferences):
-    """FedProx's objective: ``loss`` plus the proximal term towards ``glob``
-    (:func:`~fedssl.strategies.fedprox.proximal`); the other variants' ``loss`` as it is."""
-    if p.variant != "fedprox":
-        return loss
-    return proximal(
-        loss, p.mu, [(f"net.{k}", f"glob.{k}") for k, _ in model.net.named_parameters()]
-    )
+def reference_pairs(model: WithReferences, reference: str = "glob") -> list[tuple[str, str]]:
+    """(live, reference) key pairs of the network's trainable weights (FedProx's term towards
+    ``glob``, in the step the cost counters run)."""
+    return [(f"net.{k}", f"{reference}.{k}") for k, _ in model.net.named_parameters()]
 
 
 # ------------------------------------------------------------------ the protocol
@@ -107,9 +102,6 @@ class GlobalFedAvg(ScoredFedAvg):
     def __init__(self, cfg, p, model: WithReferences, data, tests):
         super().__init__(cfg, p, model, data, tests)
         self.net_params = {f"net.{k}" for k, _ in model.net.named_parameters()}
-
-    def local_objective(self, loss, model):
-        return with_proximal(self.p, loss, model)
 
     def trainable(self, state: FedState) -> set[str]:
         return self.net_params  # the references stay frozen

@@ -34,6 +34,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def params(variant: str = "mpfedcon", **kw) -> MpFedconParams:
+    """Tiny params of ``variant``; ``fedprox``: FedAvg under the library's FedProx (``mu_p``)."""
+    if variant == "fedprox":
+        mu = kw.pop("mu_p", 0.1)
+        variant, kw = "fedavg", {**kw, "strategy": {"kind": "fedprox", "mu": mu}}
     base = dict(
         variant=variant,
         net=NET,
@@ -249,7 +253,7 @@ def test_local_centres_are_class_means_and_the_server_weights_them_by_counts(tmp
 def test_fedprox_adds_the_proximal_term_and_pulls_towards_the_global_model(tmp_path):
     drift = {}
     for mu in (0.0, 5.0):
-        p = params("fedprox", prox_mu=mu, lr=0.05, body_epochs=8)
+        p = params("fedprox", mu_p=mu, lr=0.05, body_epochs=8)
         fed, model = toy_federation(tmp_path, p, f"{mu}.pt")
         state = fed.start(model)
         start = fed.strategy.local_start(state, 0, fed.strategy.download(state, 0))
@@ -273,14 +277,16 @@ def test_fedprox_adds_the_proximal_term_and_pulls_towards_the_global_model(tmp_p
         torch.from_numpy(labels),
         torch.ones(4, dtype=torch.bool),
     )
+    fed, model = toy_federation(tmp_path, params("fedprox", mu_p=3.0), "3.pt")
     state = {k: v.clone() for k, v in model.state_dict().items()}
     buffers = {k: state.pop(k) for k in ("centres", "has_centre")}
+    anchors = {"fedprox." + k: v for k, v in state.items() if k.startswith("net.")}
     moved = {k: v + 0.01 if k.startswith("net.") else v for k, v in state.items()}
     sq = sum(v.numel() * 1e-4 for k, v in state.items() if k.startswith("net."))
     ce = T.ce_loss()(model, moved, buffers, batch)
-    assert torch.allclose(
-        T.prox_loss(model, 3.0)(model, moved, buffers, batch), ce + 1.5 * sq, rtol=1e-4
-    )
+    objective = fed.trainer.phases[0].cohort.loss_fn  # the strategy's, around CE
+    prox = objective(model, moved, {**buffers, **anchors}, batch)
+    assert torch.allclose(prox, ce + 1.5 * sq, rtol=1e-4)
 
 
 def test_fedavg_with_fine_tuning_personalises_the_head_only(tmp_path):

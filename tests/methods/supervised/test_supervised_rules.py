@@ -17,7 +17,7 @@ from fedssl.fl.state import nbytes
 from fedssl.methods import federated_supervised as runtime
 from fedssl.methods.supervised import SupervisedParams
 from fedssl.methods.supervised import train as sup
-from fedssl.methods.supervised.costs import step_costs
+from fedssl.methods.supervised.costs import step_costs, step_loss
 from fedssl.params import ModelParams
 from fedssl.strategies.aggregation import fedavg, stacked
 from tests.fl.test_engine import SHAPE, toy_data
@@ -27,10 +27,14 @@ CLASSES = 3
 
 
 def params(variant: str, mu: float = 0.0, rounds: int = 2, norm: str = "bn") -> SupervisedParams:
+    """The row ``variant`` with its mu; ``fedprox``: FedAvg under the library's FedProx."""
     model = ModelParams(arch="small_cnn", norm=norm, channels_per_group=2, width=4)
     model = model.model_copy(update={"proj_hidden": 16, "proj_dim": 8})
+    row = {"variant": variant, "mu": mu}
+    if variant == "fedprox":
+        row = {"variant": "fedavg", "strategy": {"kind": "fedprox", "mu": mu}}
     return SupervisedParams(
-        variant=variant, model=model, rounds=rounds, lr=0.05, local_epochs=1, batch_size=16, mu=mu
+        **row, model=model, rounds=rounds, lr=0.05, local_epochs=1, batch_size=16
     )
 
 
@@ -128,7 +132,8 @@ def _perturbed(seed: int, variant="moon", mu=2.0):
 
 
 def _loss(p, model, batch):
-    fn = sup.with_proximal(p, runtime.trainer_loss(p), model)
+    """A step's loss with FedProx's term towards ``glob`` if chosen (what the costs count)."""
+    fn = step_loss(p, model)
     return fn(model, dict(model.named_parameters()), dict(model.named_buffers()), batch)
 
 
@@ -161,7 +166,7 @@ def test_fedprox_adds_half_mu_times_the_squared_distance_to_the_global_model():
     dist = sum(
         ((w - g) ** 2).sum() for w, g in zip(model.net.parameters(), model.glob.parameters())
     )
-    expected = F.cross_entropy(model.net(x), batch.labels) + 0.5 * p.mu * dist
+    expected = F.cross_entropy(model.net(x), batch.labels) + 0.5 * p.strategy.mu * dist
     assert torch.allclose(_loss(p, model, batch), expected, atol=1e-5)
 
 
