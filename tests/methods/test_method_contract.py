@@ -331,3 +331,78 @@ def test_the_tests_mirror_the_package():
         if any(f.stem[5:] == n or f.stem[5:].startswith(n + "_") for n in packages)
     ]
     assert not stray, f"method tests at the top of tests/: {stray}"
+
+
+# ---------------------------------------------------------------------- a strategy by params
+def preset_method(name: str, tiny: dict):
+    """The method params of preset ``name`` with ``tiny`` merged over them (sizes that fit)."""
+    from fedssl.presets import Presets, deep_merge
+
+    p = Presets().load("experiment", name).method
+    return type(p).model_validate(deep_merge(p.model_dump(), tiny))
+
+
+def fedbyol_federation(p, ckpt):
+    model = federated.build_model(p, SHAPE, CPU)
+    return model, federated.make_federation(p, model, toy_data(), ckpt, "fp")
+
+
+def mfcl_federation(p, ckpt):
+    from fedssl.methods.mfcl import run as mfcl
+
+    model = mfcl.build_client_module(p, SHAPE, CPU)
+    return model, mfcl.make_phase1_federation(p, model, toy_data(), ckpt, "fp")
+
+
+def lw_federation(p, ckpt):
+    from fedssl.fl.cohort import LocalData
+    from fedssl.methods.lwfedssl import run as lw
+
+    data = toy_data()
+    server = LocalData(data.images, data.labels, [data.clients[0]])  # the calibration set
+    fed, learner = lw.make_federation(
+        p, lw.initial_online(p, SHAPE, 1), 1, data, ckpt, "fp", server
+    )
+    return learner, fed
+
+
+TINY_VIT = {"width": 16, "depth": 3, "heads": 2, "mlp_ratio": 2.0, "patch_size": 7}
+CHOSEN = {  # preset: (tiny sizes, its federation on the toy data, the strategy it stacks)
+    "smoke_fedbyol_scaffold": (
+        {"model": TINY_MODEL, "rounds": 1, "batch_size": 16, "augment": AUGMENT},
+        fedbyol_federation,
+        "Scaffold",
+    ),
+    "smoke_mfcl_fedprox": (
+        {"client_module": {"width": 4, "channels_per_group": 2}, "phase1": {"rounds": 1}},
+        mfcl_federation,
+        "FedProx",
+    ),
+    "smoke_lw_fedssl_fedprox": (
+        {"vit": TINY_VIT, "schedule": {"rounds": 1, "batch_size": 32}},
+        lw_federation,
+        "FedProx",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", CHOSEN)
+def test_a_preset_stacks_its_chosen_strategy_over_the_methods_and_trains_a_round(name, tmp_path):
+    """FedBYOL + SCAFFOLD, MFCL phase 1 + FedProx, LW-FedSSL + FedProx: params alone stack the
+    library's strategy over the method's own, and a round trains through it."""
+    tiny, build, mixin = CHOSEN[name]
+    p = preset_method(name, tiny)
+    model, fed = build(p, tmp_path / "ck.pt")
+    assert mixin in [c.__name__ for c in type(fed.strategy).__mro__]
+    start = fed.start(model)
+    before = {k: v.clone() for k, v in server_tensors(start.server).items()}
+    state = fed.run(start)
+    assert len(state.log) == 1 and torch.isfinite(torch.tensor(state.log[0]["loss"]))
+    after = server_tensors(state.server)
+    assert any(not torch.equal(v, before[k]) for k, v in after.items() if k in before)
+    held = [k for kept in state.clients.values() for k in kept]
+    assert not [k for k in (*after, *held) if k.startswith(("fedprox.", "scaffold."))]
+    if mixin == "Scaffold":  # c moved, each client keeps its c_i, Δc_i travelled
+        assert any(v.abs().sum() > 0 for v in state.server["control"].values())
+        assert all(any(k.startswith("control.") for k in kept) for kept in state.clients.values())
+        assert all(u["control"] > 0 for u in state.ledger.up)

@@ -27,9 +27,10 @@ def test_every_federated_method_offers_the_choice_fedavg_by_default():
             assert block.model_fields["strategy"].default.kind == "fedavg", method.name
             offered[method.name] = choice_kinds(block)
     assert offered["fedsimclr"] == offered["fedbyol"] == sorted(choices.choices())
-    assert offered["lw_fedssl"] == sorted(choices.choices())
-    # MFCL's phase 1 counts batches in pairs, MpFedcon its epochs per phase: no SCAFFOLD K
+    # MFCL's phase 1 counts batches in pairs, MpFedcon its epochs per phase (no SCAFFOLD K);
+    # a LW-FedSSL stage uploads some blocks (no SCAFFOLD server step)
     assert offered["mfcl"] == offered["mpfedcon"] == ["fedavg", "fedprox"]
+    assert offered["lw_fedssl"] == offered["prog_fedssl"] == ["fedavg", "fedprox"]
     assert offered["supervised"] == offered["featarc"] == ["fedavg", "fedprox"]
     assert offered["mocosfl"] == offered["cpcfl"] == ["fedavg"]
     assert len(offered) == 16  # every method but none, gradient_leakage and vit_scratch

@@ -114,6 +114,7 @@ class VitParams(Strict):
 
 
 LW_FEDERATION = federation_block(
+    strategies=("fedavg", "fedprox"),  # a stage uploads some blocks: no SCAFFOLD server step
     rounds=(RoundCount, Field(15, description="R_s: rounds per stage; 0 = the untrained ViT")),
     local_epochs=3,
     batch_size=1024,
@@ -237,7 +238,7 @@ class GrowingParams(MocoFamilyParams):
     def stage(self, s: int) -> Schedule:
         """The settings of stage s (1-based): the schedule with the stage's overrides."""
         over = self.stages.get(f"s{s}")
-        values = self.schedule.model_dump()
+        values = dict(self.schedule)  # its fields as they are (the strategy choice a model)
         if over is not None:
             values.update(
                 {k: v for k, v in over.model_dump().items() if v is not None and k in values}

@@ -35,6 +35,7 @@ from fedssl.rounds.loop import Federation, LocalTraining
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.runtime import derive_seed, torch_generator, torch_save, write_json
 from fedssl.strategies.base import Strategy
+from fedssl.strategies.compose import chosen_over
 
 Tensors = dict[str, torch.Tensor]
 
@@ -371,16 +372,6 @@ def make_federation(
     views = multi_view(BatchAugment(p.augment, size), BatchAugment(p.augment_2 or p.augment, size))
     opt = OptimizerConfig(kind="adamw", weight_decay=st.weight_decay)
     parallel = vectorise_clients(p.parallel_clients, data.device)
-    cohort = CohortTrainer(
-        learner,
-        views,
-        learner_loss,
-        opt,
-        st.batch_size,
-        st.local_epochs,
-        parallel,
-        ema_after_step(ema_pairs(trained_names(learner, plan, s)), st.momentum),
-    )
     calibrate, timing = None, "round_start"
     if p.calibrates:
         calibrate = calibrator(p, model, s, plan, views, opt, server)
@@ -388,7 +379,7 @@ def make_federation(
     rounds = all_rounds(p)
     index = p.growth_stages().index(s)
     cfg = federation_config(st, derive_seed(p.seed, "stage", s or 0) % 2**31)
-    strategy = GrowthStrategy(
+    growth = GrowthStrategy(
         cfg,
         plan,
         s,
@@ -399,6 +390,17 @@ def make_federation(
         lr_schedule=st.lr_schedule,
         calibrate=calibrate,
         timing=timing,
+    )
+    strategy = chosen_over(growth, st)  # the params' strategy choice (FedProx) over it
+    cohort = CohortTrainer(
+        learner,
+        views,
+        strategy.local_objective(learner_loss, learner),
+        opt,
+        st.batch_size,
+        st.local_epochs,
+        parallel,
+        ema_after_step(ema_pairs(trained_names(learner, plan, s)), st.momentum),
     )
     fed = Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
     return fed, learner

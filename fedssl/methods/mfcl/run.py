@@ -32,6 +32,7 @@ from fedssl.rounds.loop import Federation, LocalTraining
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.runtime import derive_seed, numpy_rng, torch_generator, torch_save, write_tsv
 from fedssl.strategies.base import Strategy
+from fedssl.strategies.compose import chosen_over
 from fedssl.strategies.secure_fedavg import SecureFedAvg
 
 
@@ -102,19 +103,19 @@ def make_phase1_federation(
 ) -> Federation:
     """Phase 1 (Alg. 1 l. 1-13): Adam on twin batches of K pairs, fresh optimizer state every
     round, size-weighted FedAvg of the whole autoencoder (optionally through secure
-    aggregation)."""
+    aggregation), under the params' ``strategy`` choice (FedProx)."""
     p1 = p.phase1
+    cfg = federation_config(p1, p.seed)
+    strategy = chosen_over((SecureFedAvg if p1.secure_aggregation else Strategy)(cfg), p1)
     cohort = CohortTrainer(
         model,
         twin_batch(BatchAugment(p.augment, data.images.shape[-1])),
-        autoencoder_loss(p1.loss),
+        strategy.local_objective(autoencoder_loss(p1.loss), model),
         OptimizerConfig(kind="adam", eps=p1.adam_eps),
         batch_size=p1.batch_pairs,
         local_epochs=p1.local_epochs,
         parallel=vectorise_clients(p.parallel_clients, data.device),
     )
-    cfg = federation_config(p1, p.seed)
-    strategy = (SecureFedAvg if p1.secure_aggregation else Strategy)(cfg)
     return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
 
 
