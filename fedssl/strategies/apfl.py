@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import torch
 
+from fedssl.strategies.personal import network_ce, part
+
 
 def apfl_mixture(alpha: torch.Tensor, v: dict, w: dict, fedrep_code: bool = False) -> dict:
     """α v + (1 − α) w (FedRep's code: α v + α w)."""
@@ -41,3 +43,14 @@ def clip_alpha(key: str = "alpha"):
         trained[key].clamp_(0.0, 1.0)
 
     return after
+
+
+def companion_apfl_loss(of: str = "net", name: str = "personal", fedrep_code: bool = False):
+    """:func:`apfl_loss` of a module whose network ``of`` has the personal companion ``name``
+    and a parameter ``alpha``."""
+
+    def w_v_alpha(params, buffers):
+        state = {**params, **buffers}
+        return part(state, of), part(state, name), params["alpha"]
+
+    return apfl_loss(network_ce(of), w_v_alpha, fedrep_code)

@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 import torch
 
+from fedssl.strategies.personal import network_ce, part
+
 
 def ditto_prox(lam: float, lr: float, anchor_of: Callable[[str], str | None]):
     """The trainer's ``after_step``: Ditto's proximal step on every trained entry whose
@@ -25,3 +27,22 @@ def ditto_prox(lam: float, lr: float, anchor_of: Callable[[str], str | None]):
                 v.add_(fixed[anchor], alpha=k_).div_(1 + k_)
 
     return after
+
+
+def personal_ce(of: str = "net", name: str = "personal"):
+    """The loss of Ditto's personal steps: the cross-entropy of the network ``of`` run with
+    the companion ``name``'s weights, v."""
+    ce = network_ce(of)
+
+    def loss(model, params, buffers, batch):
+        v = part({**params, **buffers}, name)
+        return ce(model, v, batch.views[0], batch.labels, batch.valid)
+
+    return loss
+
+
+def anchor_of(name: str = "personal", anchor: str = "anchor") -> Callable[[str], str | None]:
+    """Ditto's proximal point of a companion entry ``name.k``: the round-start network's
+    ``anchor.k`` (None for any other entry)."""
+    prefix = name + "."
+    return lambda key: anchor + "." + key[len(prefix) :] if key.startswith(prefix) else None

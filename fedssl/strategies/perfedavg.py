@@ -9,6 +9,7 @@ from collections.abc import Callable
 from torch.func import grad, grad_and_value
 
 from fedssl.fl.cohort import Batch
+from fedssl.strategies.personal import network_ce, part
 
 
 def slices(batch: Batch, n: int) -> list[tuple]:
@@ -58,3 +59,10 @@ def adapted(f: Callable, w: dict, data, alpha: float) -> dict:
     Per-FedAvg personal model."""
     g = grad(f)(w, data)
     return {k: w[k] - alpha * g[k] for k in w}
+
+
+def companion_perfedavg_loss(alpha: float, order: str, delta: float, of: str = "net"):
+    """:func:`perfedavg_loss` of the network ``of`` of a module."""
+    return perfedavg_loss(
+        network_ce(of), lambda params, buffers: part({**params, **buffers}, of), alpha, order, delta
+    )

@@ -1,12 +1,52 @@
 """A personal model per client beside the global one (Ditto's and APFL's v, APFL's α): the
 entries of ``initial`` start each client's state, and each client keeps its trained values
-across rounds (``FedState.clients``, so a resumed run continues exactly)."""
+across rounds (``FedState.clients``, so a resumed run continues exactly).
+
+The personal model lives in the trained module as a *companion*: a second network of the
+shape of the module's network ``of`` (by default ``net``) under its own name
+(:func:`with_companion`), so the cohort trainer stacks it per client like any other weight.
+Any module that holds its classifier as an attribute takes one; the losses of Ditto, APFL,
+Per-FedAvg and SCAFFOLD's companion correction read the network through :func:`network_ce`.
+"""
 
 from __future__ import annotations
 
-from fedssl.fl.cohort import Tensors
+import copy
+
+import torch
+from torch import nn
+
+from fedssl.fl.cohort import Tensors, forward
 from fedssl.fl.state import FedState
+from fedssl.losses import masked_cross_entropy
 from fedssl.strategies.base import Strategy
+
+
+def with_companion(
+    model: nn.Module, name: str, of: str = "net", alpha: float | None = None
+) -> nn.Module:
+    """``model`` with a copy of its network ``model.<of>`` under ``name`` (the personal model
+    v, or SCAFFOLD's step correction c − c_i) and, for APFL, the mixing weight ``alpha``."""
+    model.add_module(name, copy.deepcopy(getattr(model, of)))
+    if alpha is not None:
+        model.alpha = nn.Parameter(torch.tensor(float(alpha)))
+    return model
+
+
+def part(tensors: dict, prefix: str) -> dict:
+    """The ``prefix.*`` entries of a state, without the prefix."""
+    n = len(prefix) + 1
+    return {k[n:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+
+
+def network_ce(of: str = "net"):
+    """``ce(model, weights, x, labels, valid)``: the masked cross-entropy of the network
+    ``model.<of>`` run with ``weights`` (keys without the prefix), under the precision policy."""
+
+    def ce(model, weights: dict, x: torch.Tensor, labels, valid) -> torch.Tensor:
+        return masked_cross_entropy(forward(getattr(model, of), weights, x), labels, valid)
+
+    return ce
 
 
 class PersonalModel(Strategy):

@@ -22,6 +22,7 @@ from fedssl.fl.cohort import LossFn, Tensors
 from fedssl.fl.state import FedState, RoundUpdates
 from fedssl.strategies.aggregation import fedavg, stacked
 from fedssl.strategies.base import Strategy, trained_parameters
+from fedssl.strategies.personal import part
 
 CONTROL = "control."  # c in a download, Δc_i in an upload, c_i in what a client keeps
 CORRECTION = "scaffold."  # c − c_i in a client's state (the default ``correction_key``)
@@ -152,3 +153,37 @@ class Scaffold(Strategy):
         avg = fedavg(stacked(updates.uploads, others), updates.weights) if others else {}
         state.server["global"] = {**glob, **new_x, **avg}
         state.server["control"] = new_c
+
+
+def companion_corrected(loss: LossFn, of: str = "net", name: str = "correction") -> LossFn:
+    """:func:`corrected` where c − c_i lives in the companion network ``name`` of the module's
+    network ``of`` (``of.k`` corrected by ``name.k``)."""
+
+    def objective(model, params, buffers, batch):
+        pairs = [(f"{of}.{k}", f"{name}.{k}") for k in part(params, name)]
+        return corrected(loss, pairs)(model, params, buffers, batch)
+
+    return objective
+
+
+class CompanionScaffold(Scaffold):
+    """SCAFFOLD whose correction c − c_i a client's module holds in the companion network
+    ``name`` beside its network ``of`` (:func:`fedssl.strategies.personal.with_companion`):
+    the corrections of ``of``'s parameters, zero for its buffers; its loss is
+    :func:`companion_corrected`. The final model's companion is zero."""
+
+    of, name = "net", "correction"
+
+    def correction_key(self, key: str) -> str:
+        return self.name + key[len(self.of) :]
+
+    def corrections(self, start, c, c_i):
+        network = [k for k in start if k.startswith(self.of + ".")]
+        correction = {k: torch.zeros_like(start[k]) for k in network}  # buffers: none
+        correction.update({k: c[k] - c_i[k] for k in c})
+        return {self.correction_key(k): v for k, v in correction.items()}
+
+    def final_model(self, state):
+        glob = state.server["global"]
+        zero = {self.correction_key(k): torch.zeros_like(v) for k, v in glob.items()}
+        return {**super().final_model(state), **zero}

@@ -20,8 +20,8 @@ from fedssl.methods.fedbyol import FedEMAParams
 from fedssl.methods.mpfedcon import personalised as P
 from fedssl.methods.mpfedcon import train as T
 from fedssl.methods.orchestra.model import orchestra_views
-from fedssl.methods.supervised import train as sup
 from fedssl.models.encoders import seeded_contrastive_model
+from fedssl.strategies.references import REFERENCES
 from tests.fl.test_engine import SHAPE, toy_data
 from tests.methods.featarc import test_featarc_rules as featarc_rules
 from tests.methods.fedbyol import test_fedbyol_rules as byol_rules
@@ -160,7 +160,7 @@ def test_the_fedprox_gradient_is_the_ce_gradient_plus_mu_times_w_minus_the_globa
         assert torch.allclose(g, g_ce + p.strategy.mu * (w - glob[k]), atol=1e-6), k
     # and the loss gives the frozen references no gradient
     assert all(not w.requires_grad for w in model.glob.parameters())
-    assert sup.REFERENCES == ("glob", "prev")
+    assert REFERENCES == ("glob", "prev")
 
 
 def test_a_clipped_step_rescales_each_clients_gradient_to_the_norm_as_torch_does():

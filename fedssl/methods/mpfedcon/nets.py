@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from fedssl.models.cnn import CNNCifarBase, LayeredNet, MLPBase, layered_net
+from fedssl.strategies.personal import part  # noqa: F401 - the parts of a state, for the method
 
 LAYERS = ("base", "projector", "output")  # D, P, O, input to output
 
@@ -61,9 +62,3 @@ def layer_of(key: str) -> str:
 def net_keys(model: Anchored) -> list[str]:
     """The network's parameter and buffer names (``net.*``), in order."""
     return [k for k in model.state_dict() if k.startswith("net.")]
-
-
-def part(tensors: dict, prefix: str) -> dict:
-    """The ``prefix.*`` entries of a state, without the prefix."""
-    n = len(prefix) + 1
-    return {k[n:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}

@@ -1,79 +1,50 @@
 """The personalised baselines of MpFedcon's Tab. 1 (spec methods/baselines.md §8-11) on the
-layered network: the library's SCAFFOLD, APFL, Ditto and Per-FedAvg
-(:mod:`fedssl.strategies`) bound to :class:`~fedssl.methods.mpfedcon.train.SplitStrategy` with
-every layer shared, the network's ``net.*`` keys and its companion network (the personal model
-v of APFL / Ditto, or SCAFFOLD's step correction c − c_i, beside ``net`` in the same model).
+layered network: the library's SCAFFOLD, APFL, Ditto and Per-FedAvg over a companion network
+(:mod:`fedssl.strategies.personal`: the personal model v of APFL / Ditto, or SCAFFOLD's step
+correction c − c_i, beside ``net`` in the same module) bound to
+:class:`~fedssl.methods.mpfedcon.train.SplitStrategy` with every layer shared. What stays here
+is the binding: which companion a variant needs, its settings, its local phases and
+Per-FedAvg's scoring on the parties' own data.
 
 Evaluation is the shared personalised one (every party's model on its own test split).
 """
 
 from __future__ import annotations
 
-import copy
-
 import torch
-from torch import nn
 from torch.func import functional_call
 
 from fedssl.data.augment import to_float
 from fedssl.eval.personal import client_outputs
-from fedssl.fl.cohort import forward
-from fedssl.losses import masked_cross_entropy
 from fedssl.methods.mpfedcon.nets import Anchored, part
 from fedssl.methods.mpfedcon.train import SplitStrategy, ce_loss
 from fedssl.rounds.loop import Phase
 from fedssl.stage.runtime import numpy_rng
-from fedssl.strategies import apfl, perfedavg
-from fedssl.strategies.ditto import ditto_prox
-from fedssl.strategies.personal import PersonalModel
-from fedssl.strategies.scaffold import Scaffold, corrected
+from fedssl.strategies import apfl, perfedavg, personal
+from fedssl.strategies.ditto import anchor_of, ditto_prox, personal_ce
+from fedssl.strategies.personal import PersonalModel, network_ce
+from fedssl.strategies.scaffold import CompanionScaffold, companion_corrected
 
 COMPANION = {"scaffold": "correction", "apfl": "personal", "ditto": "personal"}
 
 
-class Companioned(Anchored):
-    """:class:`Anchored` plus a second network of the same shape under ``name`` (the personal
-    model v of APFL / Ditto, or SCAFFOLD's step correction c − c_i) and APFL's ``alpha``."""
-
-    def __init__(self, net: nn.Module, num_classes: int, name: str, alpha: float | None = None):
-        super().__init__(net, num_classes)
-        self.add_module(name, copy.deepcopy(net))
-        if alpha is not None:
-            self.alpha = nn.Parameter(torch.tensor(float(alpha)))
-
-
 def with_companion(p, model: Anchored) -> Anchored:
-    """The variant's model: ``model`` as it is, or with the companion network it needs."""
+    """The variant's model: ``model`` as it is, or with the companion network it needs beside
+    ``net`` (:func:`fedssl.strategies.personal.with_companion`)."""
     if p.variant not in COMPANION:
         return model
     alpha = p.apfl_alpha if p.variant == "apfl" else None
-    out = Companioned(model.net, model.centres.shape[0], COMPANION[p.variant], alpha)
-    return out.to(model.centres.device)
-
-
-def _ce(net: nn.Module, weights: dict, x: torch.Tensor, labels, valid) -> torch.Tensor:
-    return masked_cross_entropy(forward(net, weights, x), labels, valid)
-
-
-def _net_ce(model, weights: dict, x, labels, valid) -> torch.Tensor:
-    """The loss of the party's network ``model.net`` with ``weights``."""
-    return _ce(model.net, weights, x, labels, valid)
+    return personal.with_companion(model, COMPANION[p.variant], "net", alpha)
 
 
 # ------------------------------------------------------------------ SCAFFOLD
 def scaffold_loss():
     """CE + <w, sg(c − c_i)>: its gradient is the corrected g − c_i + c of SCAFFOLD; c − c_i
     lives in the companion network ``correction``."""
-    base = ce_loss()
-
-    def loss(model, params, buffers, batch):
-        pairs = [("net." + k, "correction." + k) for k in part(params, "correction")]
-        return corrected(base, pairs)(model, params, buffers, batch)
-
-    return loss
+    return companion_corrected(ce_loss(), "net", "correction")
 
 
-class ScaffoldStrategy(Scaffold, SplitStrategy):
+class ScaffoldStrategy(CompanionScaffold, SplitStrategy):
     """Control variates on the network's trainable parameters (not on buffers, spec §8.6); the
     correction sits in the companion network, zero for buffers."""
 
@@ -90,46 +61,12 @@ class ScaffoldStrategy(Scaffold, SplitStrategy):
         )
         self.controlled = self.net_params
 
-    def correction_key(self, key: str) -> str:
-        return "correction." + key[len("net.") :]
-
-    def corrections(self, start, c, c_i):
-        correction = {k: torch.zeros_like(start[k]) for k in self.keys}  # buffers: none
-        correction.update({k: c[k] - c_i[k] for k in c})
-        return {self.correction_key(k): v for k, v in correction.items()}
-
-    def final_model(self, state):
-        zero = {
-            self.correction_key(k): torch.zeros_like(v) for k, v in state.server["global"].items()
-        }
-        return {**super().final_model(state), **zero}
-
 
 # ------------------------------------------------------------------ APFL and Ditto
-def _w_v_alpha(params, buffers):
-    state = {**params, **buffers}
-    return part(state, "net"), part(state, "personal"), params["alpha"]
-
-
 def apfl_loss(fedrep_code: bool):
     """CE(w) + CE(v̄), v̄ = α v + (1 − α) sg(w) in parameter space (spec §9.2, paper form);
     FedRep's code mixes α v + α w (``fedrep_code``)."""
-    return apfl.apfl_loss(_net_ce, _w_v_alpha, fedrep_code)
-
-
-def personal_ce():
-    """CE of the personal model v (Ditto's personal steps)."""
-
-    def loss(model, params, buffers, batch):
-        v = part({**params, **buffers}, "personal")
-        return _ce(model.net, v, batch.views[0], batch.labels, batch.valid)
-
-    return loss
-
-
-def _anchor_of(key: str) -> str | None:
-    """Ditto's proximal point of a personal entry: the round-start network (the anchor)."""
-    return "anchor." + key[len("personal.") :] if key.startswith("personal.") else None
+    return apfl.companion_apfl_loss("net", "personal", fedrep_code)
 
 
 class PersonalModelStrategy(PersonalModel, SplitStrategy):
@@ -153,9 +90,7 @@ class PersonalModelStrategy(PersonalModel, SplitStrategy):
 # ------------------------------------------------------------------ Per-FedAvg
 def perfedavg_loss(alpha: float, order: str, delta: float):
     """Per-FedAvg's meta-gradient (spec §11.2) on the party's network."""
-    return perfedavg.perfedavg_loss(
-        _net_ce, lambda params, buffers: part({**params, **buffers}, "net"), alpha, order, delta
-    )
+    return perfedavg.companion_perfedavg_loss(alpha, order, delta, "net")
 
 
 class PerFedAvgStrategy(SplitStrategy):
@@ -165,10 +100,10 @@ class PerFedAvgStrategy(SplitStrategy):
     def outputs(self, state, round_):
         t, data, p = self.tests, self.data, self.p
         w = part(state.server["global"], "net")
-        net = self.model.net
+        net, ce = self.model.net, network_ce("net")
 
         def f(weights, batch):
-            return _ce(net, weights, *batch, None)
+            return ce(self.model, weights, *batch, None)
 
         parties = []
         for c in range(len(t.clients)):
@@ -211,10 +146,14 @@ def local_schedule(p, strategy: SplitStrategy, cohort) -> list[Phase]:
         after = apfl.clip_alpha() if p.apfl_adaptive else None
         return [Phase(cohort(apfl_loss(p.fedrep_code), epochs, after_step=after), lambda s: names)]
     if p.variant == "ditto":  # v steps on the very batches w stepped on (seed_tag ())
-        prox = ditto_prox(p.ditto_lambda, p.lr, _anchor_of)
+        prox = ditto_prox(p.ditto_lambda, p.lr, anchor_of("personal", "anchor"))
         return [
             Phase(cohort(ce_loss(), epochs), lambda s: net),
-            Phase(cohort(personal_ce(), epochs, after_step=prox), lambda s: personal, ()),
+            Phase(
+                cohort(personal_ce("net", "personal"), epochs, after_step=prox),
+                lambda s: personal,
+                (),
+            ),
         ]
     parts = 2 if p.perfedavg_order == "first_order" else 3
     loss = perfedavg_loss(p.perfedavg_alpha, p.perfedavg_order, p.perfedavg_delta)

@@ -12,8 +12,8 @@ from fedssl.eval.global_model import load_saved
 from fedssl.fl.cohort import Batch
 from fedssl.methods.federated import trainer_loss
 from fedssl.methods.federated_supervised import build_model
-from fedssl.methods.supervised.train import reference_pairs
 from fedssl.strategies.fedprox import proximal
+from fedssl.strategies.references import reference_pairs
 
 
 def references_held(p) -> int:

@@ -11,6 +11,7 @@ from torch.func import grad
 from fedssl.methods.mpfedcon import personalised as P
 from fedssl.methods.mpfedcon import run as R
 from fedssl.strategies import perfedavg
+from fedssl.strategies.personal import network_ce, part
 from tests.methods.mpfedcon.test_mpfedcon import CPU, params, run
 from tests.methods.mpfedcon.test_mpfedcon_personalised import meta_gradient, meta_setup, toy_batch
 
@@ -24,10 +25,10 @@ def former_perfedavg_loss(alpha: float, order: str, delta: float):
 
     def loss(model, params, buffers, batch):
         def f(weights, data):
-            return P._ce(model.net, weights, *data)
+            return network_ce("net")(model, weights, *data)
 
         d, d1, d2 = perfedavg.slices(batch, 3)
-        w = P.part({**params, **buffers}, "net")
+        w = part({**params, **buffers}, "net")
         g_in = grad(f)(w, d)
         adapted = {k: w[k] - alpha * g_in[k].detach() for k in w}
         outer = f(adapted, d1)
