@@ -38,7 +38,8 @@ def federation(app: Path = APP) -> dict:
 
 def supernode_command(folder: Path, client: int, root: Path, superlink: str, port: int) -> list:
     """``flower-supernode`` for client ``client``: TLS against the deployment's CA, signed in
-    with the node's key, its project root fixed in its node config."""
+    with the node's key, its project root fixed in its node config, its Runtime API (plain
+    HTTP, no authentication in Flower's subprocess isolation) bound to loopback."""
     root = Path(root).resolve()
     if not (root / "params").is_dir():
         raise SystemExit(f"--root {root} is not a fedssl project (it has no params/ folder)")
@@ -50,6 +51,7 @@ def supernode_command(folder: Path, client: int, root: Path, superlink: str, por
         "--root-certificates", str(Path(folder) / f"{credentials.CA}.crt"),
         "--auth-supernode-private-key", str(key),
         "--superlink", superlink,
+        "--host", "127.0.0.1",  # its Runtime API: this machine's processes only
         "--port", str(port),
         "--node-config", f"partition-id={client} root='{root}'",
     ]  # fmt: skip

@@ -45,12 +45,22 @@ class GridExchange:
 
     At start it waits up to ``wait`` seconds for ``clients`` nodes and asks each which client
     it is; with ``facts`` it hands each node's answer to ``compare(facts, answer, client)``,
-    which raises where the node's params or data differ. Fewer nodes, a client no node is, or
-    a node lost mid-run stop the run with a :class:`~fedssl.stage.runtime.StageFailed` of one
-    line."""
+    which raises where the node's params or data differ. Every reply is awaited at most
+    ``reply_wait`` seconds (None: for ever): a node's task can be taken by another process
+    on its machine, which may never answer. Fewer nodes, a client no node is, a node lost
+    mid-run or a reply past its deadline stop the run with a
+    :class:`~fedssl.stage.runtime.StageFailed` of one line."""
 
-    def __init__(self, grid: Grid, clients: int, wait: float = 600.0, facts=None, compare=None):
-        self.grid = grid
+    def __init__(
+        self,
+        grid: Grid,
+        clients: int,
+        wait: float = 600.0,
+        facts=None,
+        compare=None,
+        reply_wait: float | None = None,
+    ):
+        self.grid, self.clients, self.reply_wait = grid, clients, reply_wait
         self.facts, self.compare = facts or {}, compare
         self.node_of = self.find_clients(clients, wait)
 
@@ -87,21 +97,41 @@ class GridExchange:
         """Each destination node's reply content; a node that failed or was lost (Flower
         answers for it with an error) stops the run with one line naming it."""
         got, errors = {}, []
-        for reply in self.grid.send_and_receive(messages):
+        for reply in self.grid.send_and_receive(messages, timeout=self.reply_wait):
             if reply.has_error():
                 errors.append(reply.error.reason.splitlines()[0])
             else:
                 got[reply.metadata.src_node_id] = reply.content
         lost = [m.metadata.dst_node_id for m in messages if m.metadata.dst_node_id not in got]
         if lost:
-            clients = {n: c for c, n in getattr(self, "node_of", {}).items()}
-            who = ", ".join(f"client {clients[n]}" if n in clients else f"node {n}" for n in lost)
+            why = errors[0] if errors else self.silence()
             raise StageFailed(
-                f"the SuperNode of {who} failed {doing}: "
-                f"{errors[0] if errors else 'no reply'} (restart it and submit the run again: "
-                "it resumes from its last checkpoint)"
+                f"the SuperNode of {self.named(lost, got)} failed {doing}: {why} (restart it "
+                "and submit the run again: it resumes from its last checkpoint)"
             )
         return got
+
+    def named(self, lost: list[int], got: dict[int, RecordDict]) -> str:
+        """The clients of nodes ``lost``; before every node said which client it is, the
+        clients no answer in ``got`` accounts for."""
+        clients = {n: c for c, n in getattr(self, "node_of", {}).items()}
+        if clients:
+            return ", ".join(f"client {clients[n]}" if n in clients else f"node {n}" for n in lost)
+        answered = {int(content["who"]["client"]) for content in got.values()}
+        unheard = sorted(set(range(self.clients)) - answered)
+        nodes = ", ".join(map(str, lost))
+        if len(unheard) == len(lost) == 1:
+            return f"client {unheard[0]} (node {nodes})"
+        return f"node {nodes} (clients {', '.join(map(str, unheard))} unheard of)"
+
+    def silence(self) -> str:
+        """Why a node that sent neither a reply nor an error is given up on."""
+        if self.reply_wait is None:
+            return "no reply"
+        return (
+            f"no reply within {self.reply_wait:.0f} s (reply-wait; its task may have been "
+            "taken by another process on its machine)"
+        )
 
     def __call__(self, tasks: list[Task]) -> list[Result]:
         messages = [

@@ -7,15 +7,18 @@ copy of the project, fixed by whoever runs the node).
 
 Before the first round the server asks every node which client it is and checks, at once:
 as many nodes as the experiment has clients (else one line and a non-zero exit, after
-``node-wait`` seconds for them to connect); each node's step fingerprint (params and code) and
-its data set and partition digests equal the server's. A node derives a missing data set or
-partition itself from the same params (they are deterministic for their seed) before it
-answers. A node lost mid-run ends the run with one line naming the client and how to resume.
+``node-wait`` seconds for them to connect); each node's params, code, data set and partition
+digests and compute settings (device, threads, precision), computed as the server's by
+:func:`agreement`, equal the server's (else one line naming each field that differs). A node
+derives a missing data set or partition itself from the same params (they are deterministic
+for their seed) before it answers. A node lost mid-run, or one that has not replied within
+``reply-wait`` seconds, ends the run with one line naming the client and how to resume.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,17 +65,59 @@ def node_root(context: Context) -> Path:
 
 
 # ---------------------------------------------------------------------------- what must agree
-def agreement(ctx) -> dict[str, str]:
-    """What server and nodes must share: the step's fingerprint (params, code) and the output
-    digest of each data set and partition stage it reads."""
-    import json
+SETTINGS_ENV = {"device": "FEDSSL_DEVICE", "threads": "FEDSSL_THREADS"}
 
-    facts = {"fingerprint": ctx.fingerprint}
+
+def agreement(ctx) -> dict[str, str]:
+    """What server and nodes must share, field by field, computed the same way on both sides
+    (the stage's fingerprint inputs and compute settings, once :meth:`compute_settings` ran):
+    the params, each code file, the command and plan record, the digest of each data set and
+    partition it reads, and the device, threads and precision the numbers depend on."""
+    from fedssl.stage.record import fingerprint
+
+    inputs = ctx.fingerprint_inputs
+    facts = {"params": fingerprint(inputs["params"]), "command": inputs["cmd"]}
+    facts["plan"] = inputs["plan"]
+    facts.update({f"code {path}": digest for path, digest in inputs["code"].items()})
     for name, stage in ctx.record["inputs"].items():
-        if stage["kind"] in DERIVED_KINDS:
-            meta = json.loads((Path(stage["out"]) / "meta.json").read_text())
-            facts[name] = meta["output_digest"]
+        if stage["kind"] in DERIVED_KINDS:  # what a node derives; the rest it does not read
+            facts[name] = str(inputs["upstream"][name])
+    facts.update({name: str(value) for name, value in ctx.settings.items()})
     return facts
+
+
+def advice(fields: list[str]) -> str:
+    """How to make a node agree, for the fields that differ."""
+    said = []
+    if any(f in ("params", "command", "plan") or f.startswith("code ") for f in fields):
+        said.append("check out the same commit and params on every machine")
+    if [f for f in fields if f in SETTINGS_ENV]:
+        env = " and ".join(SETTINGS_ENV[f] for f in fields if f in SETTINGS_ENV)
+        said.append(f"set {env} alike on every machine")
+    if "precision" in fields:
+        said.append("precision 'auto' resolved differently: set fp32 or bf16 in the params")
+    if [f for f in fields if "__" in f]:
+        said.append("delete the node's copy of that output so it derives it again")
+    return "; ".join(said)
+
+
+def compare(server: dict, node: dict, client: int) -> None:
+    """Refuse a node whose facts differ from the server's, naming each field with both
+    values (digests shortened)."""
+    differ = sorted(k for k in server if str(server[k]) != str(node.get(k)))
+    if differ:
+        what = ", ".join(
+            f"{k} (node {_short(node.get(k))}, server {_short(server[k])})" for k in differ
+        )
+        raise StageFailed(
+            f"the SuperNode of client {client} differs from the server in {what}: {advice(differ)}"
+        )
+
+
+def _short(value) -> str:
+    """A digest by its first 12 digits (enough to tell two apart); anything else as it is."""
+    value = "none" if value is None else str(value)
+    return value[:12] if re.fullmatch("[0-9a-f]{64}", value) else value
 
 
 def derive_inputs(ctx) -> None:
@@ -87,16 +132,6 @@ def derive_inputs(ctx) -> None:
                 subprocess.run([sys.executable, *args], check=True)
 
 
-def compare(server: dict, node: dict, client: int) -> None:
-    differ = sorted(k for k in server if server[k] != node.get(k))
-    if differ:
-        what = ", ".join("params or code" if k == "fingerprint" else k for k in differ)
-        raise StageFailed(
-            f"the SuperNode of client {client} has another {what} than the server: "
-            "check out the same commit and params on every machine"
-        )
-
-
 # ---------------------------------------------------------------------------- the apps
 server = ServerApp()
 
@@ -108,13 +143,14 @@ def main(grid: Grid, context: Context) -> None:
     step, experiment = step_of(context)
     os.chdir(server_root())
     ctx = StageContext(step, experiment)
-    wait = float(context.run_config.get("node-wait", 30))
+    wait = float(context.run_config["node-wait"])
+    reply_wait = float(context.run_config["reply-wait"])  # the app's pyproject.toml sets it
     try:
         derive_inputs(ctx)
         with ctx.run():
             check_step(ctx, step)
             clients = ctx.partition.num_clients
-            exchange = GridExchange(grid, clients, wait, agreement(ctx), compare)
+            exchange = GridExchange(grid, clients, wait, agreement(ctx), compare, reply_wait)
             run_with(ctx, step, RemoteRounds(exchange))
             ctx.run_info["engine"] = f"flower deployment, {clients} SuperNodes"
         ctx.done()
@@ -131,14 +167,12 @@ class NodeFederation:
         self.facts: dict[str, str] | None = None
 
     def __call__(self, context: Context):
-        from fedssl.stage.context import StageContext
-
         step, experiment = step_of(context)
-        os.chdir(node_root(context))
-        ctx = StageContext(step, experiment)
+        build = StepFederation(node_root(context), step, experiment)
+        ctx = build.context()
         derive_inputs(ctx)
         self.facts = agreement(ctx)
-        return StepFederation(Path.cwd(), step, experiment)()
+        return build(ctx=ctx)
 
     def who(self, context: Context) -> ConfigRecord:
         me = int(context.node_config[PARTITION_ID])

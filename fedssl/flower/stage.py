@@ -33,15 +33,23 @@ class StepFederation:
     def __init__(self, root: Path, step: str, experiment: str):
         self.root, self.step, self.experiment = Path(root).resolve(), step, experiment
 
-    def __call__(self, context=None):
+    def context(self):
+        """The stage's context in this process, computing as the stage's server side does:
+        its threads, device and precision set by the stage's own
+        :meth:`~fedssl.stage.context.StageContext.compute_settings` (float sums depend on them)."""
         from fedssl import precision
-        from fedssl.stage.context import StageContext, set_threads
+        from fedssl.stage.context import StageContext
 
         os.chdir(self.root)  # the project's params/ and artifacts/ (a SuperNode's own process)
-        set_threads()  # FEDSSL_THREADS, as a stage: float sums depend on the thread count
         ctx = StageContext(self.step, self.experiment)
-        precision.use(ctx.exp.precision)  # as the stage's server side computes
-        ctx.device = pick_device()
+        ctx.compute_settings()
+        precision.use(ctx.exp.precision)  # for good: no block encloses a node's work
+        ctx.device = ctx.device or pick_device()
+        return ctx
+
+    def __call__(self, context=None, ctx=None):
+        """(model, Federation) of the step, in ``ctx`` (default: a fresh :meth:`context`)."""
+        ctx = ctx or self.context()
         return call_hook(flower_hook(ctx.method, self.step), ctx)
 
 

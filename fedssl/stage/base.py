@@ -130,15 +130,21 @@ class Stage:
         return fingerprint_inputs(self.record, raw_values(self.record["params"]))
 
     @property
-    def fingerprint(self) -> str:
-        """What a resume checkpoint must match: the stage's fingerprint and the compute
-        settings of this run (device, threads, precision)."""
+    def settings(self) -> dict:
+        """The compute settings of this run that its numbers depend on (device, threads,
+        precision), as :meth:`compute_settings` made them."""
         settings = {"device": str(self.device or "cpu")}
         if "torch" in sys.modules:
             settings["threads"] = sys.modules["torch"].get_num_threads()
         if "precision" in self.info:
             settings["precision"] = self.info["precision"]
-        return resume_fingerprint(fingerprint(self.fingerprint_inputs), settings)
+        return settings
+
+    @property
+    def fingerprint(self) -> str:
+        """What a resume checkpoint must match: the stage's fingerprint and the compute
+        settings of this run."""
+        return resume_fingerprint(fingerprint(self.fingerprint_inputs), self.settings)
 
     # ------------------------------------------------------------------ running
     def compute_settings(self):

@@ -1,18 +1,19 @@
-"""Opt-in (`make test-flower`, which installs `.[flower]`): a real Flower deployment on
-localhost, set up as docs/how-to/flower-two-machines.md sets up two machines
-(tests/flower_deployment.py): a SuperLink with TLS, SuperNode authentication and a Control API
-token, bound on 0.0.0.0 and dialled at the machine's network address, and two SuperNodes,
-each with its own project root. FedSimCLR's pretraining of a tiny
-two-client project submitted with `flwr run` writes the very files the simulator's stage
-writes, byte for byte; nodes and callers without the deployment's credentials are refused;
-too few nodes and a node lost mid-run end the run with one line and a non-zero exit."""
+"""A real Flower deployment on localhost, set up as docs/how-to/flower-two-machines.md sets up
+two machines (tests/flower/deployment.py): a SuperLink with TLS, SuperNode authentication and a
+Control API token, bound and dialled on 127.0.0.1, and two SuperNodes, each with its own
+project root. FedSimCLR's pretraining of a tiny two-client project submitted with `flwr run`
+writes the very files the engine's stage writes, byte for byte (round losses included); nodes
+and callers without the deployment's credentials are refused; too few nodes, a node lost
+mid-run and a task another local process took end the run with one line and a non-zero exit.
+Opt-in (FEDSSL_FLOWER_TEST=1, with `.[flower]` installed): `make test-flower` runs it all,
+CI (`make test-flower-deploy`) all but the two refusal tests."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
-import ssl
 import subprocess
 import sys
 import time
@@ -21,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from fedssl.flower.__main__ import APP
-from tests.fixtures import make_tiny_project
-from tests.flower_deployment import Deployment, wait_for
+from tests.fixtures import REPO, make_tiny_project
+from tests.flower.deployment import Deployment, wait_for
 
 pytestmark = [
     pytest.mark.flower,
@@ -113,14 +114,6 @@ def test_callers_without_the_credentials_are_refused(deployment):
     assert "Connection to the SuperLink is unavailable" in (out := flwr("ls", "plain")), out
     assert '"runs": []' in d.call("flwr", "ls", "fedssl", "--format", "json").stdout
     print(f"token-less flwr ls and flwr run refused in {seconds:.1f} s")
-    if d.address != "127.0.0.1":  # from another address than loopback: the Runtime API
-        import httpx
-
-        url = f"https://{d.superlink}/v1/runtime/acquire-task"
-        ca = ssl.create_default_context(cafile=d.credentials / "ca.crt")
-        answer = httpx.post(url, verify=ca, timeout=60)
-        assert answer.status_code == 403 and "this machine only" in answer.text
-
     rogue = d.folder / "rogue"  # a node key the SuperLink was never told of
     subprocess.run(
         [sys.executable, "-c", "from fedssl.flower.credentials import _write_node_key as w; "
@@ -179,14 +172,49 @@ def test_too_few_nodes_end_the_run_at_once(deployment):
     assert "finished:failed" in last and "1 of 2 SuperNodes connected within 5 s" in last, last
 
 
+def test_a_task_another_local_process_took_ends_the_run_at_its_deadline(deployment):
+    """Any process on node 1's machine takes its ClientApp task through the node's Runtime API
+    and holds it: the run ends when the reply is ``reply-wait`` seconds late, naming client 1
+    (it used to wait for ever)."""
+    d = deployment
+    forget_outputs(d.server)
+    names = [d.start_node(k, d.server) for k in (0, 1)]
+    thief = subprocess.Popen(
+        [sys.executable, "-m", "tests.flower.thief", str(d.ports["node1"]), "600"],
+        env=d.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        started = time.monotonic()
+        proc = d.submit(RUN + " reply-wait=30")
+        print(f"task taken: run ended after {time.monotonic() - started:.0f} s")
+    finally:
+        for name in names:
+            d.stop(name)
+        thief.kill()
+    last = (proc.stderr.strip().splitlines() or [""])[-1]
+    took = thief.communicate()[0]
+    assert proc.returncode == 1 and "took task" in took, f"{last}\nthief: {took}"
+    assert "finished:failed" in last, last
+    assert re.search(
+        r"the SuperNode of client 1 (\(node \d+\) )?failed (answering which client it is|in "
+        r"round \d): no reply "
+        r"within 30 s \(reply-wait; its task may have been taken by another process",
+        last,
+    ), last
+
+
 def test_a_node_lost_mid_run_ends_the_run_with_one_line(deployment):
+    """Its reply never comes: the run ends at ``reply-wait`` (30 s here) or when Flower has
+    missed two of its heartbeats (about 60 s), whichever comes first. Last: the SuperLink lists
+    the dead node until then, so a run started at once would count it."""
     d = deployment
     forget_outputs(d.server)
     names = [d.start_node(k, d.server) for k in (0, 1)]
     out = d.folder / "lost.out"
+    config = RUN + " reply-wait=30"
     with open(out, "w") as f:
         submit = subprocess.Popen(
-            [sys.executable, "-m", "fedssl.flower", "submit", "--run-config", RUN],
+            [sys.executable, "-m", "fedssl.flower", "submit", "--run-config", config],
             env=d.env, cwd=d.folder, stdout=f, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:

@@ -2,7 +2,8 @@
 tests/flower/test_flower_local.py, opt-in): the credentials the project makes (a CA, the SuperLink's
 certificate for the names nodes dial, node keys Flower accepts, a token kept only as a digest
 on the SuperLink), the Control API token check, the Runtime API closed to other machines, and
-the deployment's refusals (no root, a node whose params or partition differ)."""
+the deployment's refusal of a run without a project root (a node that differs:
+tests/flower/test_flower_deploy.py)."""
 
 from __future__ import annotations
 
@@ -116,15 +117,6 @@ def test_the_server_app_runs_only_under_a_root_fixed_at_superlink_start(monkeypa
 
     with pytest.raises(StageFailed, match="lacks experiment"):
         step_of(Run())
-
-
-def test_a_node_with_other_params_or_partition_is_named():
-    from fedssl.flower.deploy import compare
-
-    server = {"fingerprint": "a", "partition__p": "d1"}
-    compare(server, {"client": 1, **server}, 1)
-    with pytest.raises(StageFailed, match="client 1 has another params or code, partition__p"):
-        compare(server, {"fingerprint": "b", "partition__p": "d2"}, 1)
 
 
 def test_the_fedssl_command_makes_the_credentials(tmp_path, capsys):

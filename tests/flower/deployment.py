@@ -18,17 +18,6 @@ from tests.fixtures import REPO
 FLOWER = [sys.executable, "-m", "fedssl.flower"]
 
 
-def outward_address() -> str:
-    """This machine's address on its network (what another machine would dial), or
-    127.0.0.1 where it has none."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.1", 9))  # no packet is sent: only the route is looked up
-            return s.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -36,13 +25,13 @@ def free_port() -> int:
 
 
 class Deployment:
-    """The SuperLink bound on every interface (as for other machines) and dialled at this
-    machine's network address, which its certificate names."""
+    """The SuperLink bound on the loopback interface only and dialled there (the how-to's
+    default ``--host``): no packet of the test leaves this machine."""
 
     def __init__(self, folder: Path, nodes: int):
         self.folder = Path(folder)
         self.port = free_port()
-        self.address = outward_address()
+        self.address = "127.0.0.1"
         self.superlink = f"{self.address}:{self.port}"
         self.credentials = self.folder / "credentials"
         self.env = {
@@ -55,6 +44,7 @@ class Deployment:
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         }
         self.procs: dict[str, subprocess.Popen] = {}
+        self.ports: dict[str, int] = {}
         self.call("credentials", self.credentials, "--host", self.address, "--nodes", nodes)
 
     def call(self, *args, check=True) -> subprocess.CompletedProcess:
@@ -85,10 +75,22 @@ class Deployment:
     def log(self, name: str) -> str:
         return (self.folder / f"{name}.log").read_text()
 
+    def wait_up(self, name: str, line: str, seconds: float) -> None:
+        """Until ``line`` is in process ``name``'s log; one that exits first fails at once,
+        with its log's last lines."""
+
+        def up() -> bool:
+            if self.procs[name].poll() is not None:
+                tail = "\n".join(self.log(name).splitlines()[-8:])
+                raise RuntimeError(f"{name} exited ({self.procs[name].returncode}):\n{tail}")
+            return line in self.log(name)
+
+        wait_for(up, seconds, name)
+
     def start_superlink(self, root: Path) -> None:
         self.start("superlink", "superlink", "--credentials", self.credentials, "--root", root,
-                   "--host", "0.0.0.0", "--port", self.port)  # fmt: skip
-        wait_for(lambda: "Uvicorn running on https" in self.log("superlink"), 120, "SuperLink")
+                   "--host", self.address, "--port", self.port)  # fmt: skip
+        self.wait_up("superlink", "Uvicorn running on https", 120)
         self.call("connect", "--credentials", self.credentials, "--superlink", self.superlink)
 
     def register(self, node: int) -> str:
@@ -97,9 +99,10 @@ class Deployment:
 
     def start_node(self, client: int, root: Path, credentials: Path | None = None) -> str:
         name = f"node{client}"
+        self.ports[name] = free_port()  # its Runtime API, for the processes it starts
         self.start(name, "supernode", "--credentials", credentials or self.credentials,
                    "--client", client, "--root", root, "--superlink", self.superlink,
-                   "--port", free_port())  # fmt: skip
+                   "--port", self.ports[name])  # fmt: skip
         return name
 
     def submit(self, run_config: str) -> subprocess.CompletedProcess:
