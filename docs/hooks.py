@@ -152,7 +152,9 @@ def stage_kinds_page() -> str:
         "",
         "Generated from the stage scripts' docstrings (`stages/*.py`) each time the site is",
         "built. Every stage is `python -m stages.<kind> <name>`; a method's own steps run",
-        "through `stages/method.py` (`python -m stages.method STEP EXPERIMENT`).",
+        "through `stages/method.py` (`python -m stages.method STEP EXPERIMENT`), the shared",
+        "evaluations through `stages/evaluation.py` (`python -m stages.evaluation KIND",
+        "EXPERIMENT`), each described by its file under `fedssl/evaluations/`.",
         "",
         "## The stage contract",
         "",
@@ -166,4 +168,9 @@ def stage_kinds_page() -> str:
         if script.stem in ("__init__", "common") or not doc:
             continue
         lines += [f"### {script.stem}", "", doc.strip(), ""]
+    for file in sorted((ROOT / "fedssl/evaluations").glob("*.py")):
+        tree = ast.parse(file.read_text())
+        runs = any(isinstance(n, ast.FunctionDef) and n.name == "run" for n in tree.body)
+        if runs:  # an evaluation's stage (a file that only declares metrics has none)
+            lines += [f"### evaluation {file.stem}", "", ast.get_docstring(tree).strip(), ""]
     return "\n".join(lines) + "\n"

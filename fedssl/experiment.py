@@ -1,5 +1,6 @@
-"""The experiment model: the shared sections of :mod:`fedssl.params` plus the ``method`` union of
-the registered methods. It sits above the method registry (the methods' params build on
+"""The experiment model: the shared sections of :mod:`fedssl.params`, the sections the registered
+evaluations add (:func:`fedssl.evaluations.sections`) and the ``method`` union of the registered
+methods. It sits above the method registry (the methods' params build on
 :mod:`fedssl.params`, which imports no method), and writes the JSON Schemas of every params file
 (``python -m fedssl.experiment`` -> ``schemas/``; a test fails when they are stale).
 """
@@ -12,19 +13,15 @@ from typing import Annotated, Union
 
 from pydantic import Field, create_model, model_validator
 
+from fedssl import evaluations
 from fedssl.methods import registry
 from fedssl.params import (
     PRECISION_HELP,
     SCHEMA_DIR,
     DatasetParams,
-    FeatureParams,
-    FinetuneParams,
     GridsParams,
-    KnnParams,
-    LinearProbeParams,
     Name,
     PartitionParams,
-    PersonalEvalParams,
     PipelinesParams,
     PrecisionSetting,
     Strict,
@@ -33,38 +30,32 @@ from fedssl.params import (
 
 
 class ExperimentBase(Strict):
-    """What every experiment has; :func:`experiment_model` adds the ``method`` union."""
+    """What every experiment has; :func:`experiment_model` adds the evaluations' sections and
+    the ``method`` union."""
 
     title: str = Field(description="row label in the report")
     partition: Name = Field(description="name of a params/partitions preset")
-    features: FeatureParams | None = Field(None, description="for methods evaluated by probes")
-    linear_probe: LinearProbeParams | None = None
-    knn: KnnParams | None = None
-    personal: PersonalEvalParams | None = Field(None, description="for personalised methods")
     precision: PrecisionSetting = Field("auto", description=PRECISION_HELP)
-    finetune: FinetuneParams | None = Field(
-        None,
-        description="also fine-tune the encoder end to end (methods whose encoder "
-        "can be trained: `finetunable`)",
-    )
 
     @model_validator(mode="after")
     def _evaluation_sections(self):
-        """The sections the method's evaluation reads must be there (and only those)."""
-        wanted = registry.get(self.method.name).evaluation_sections
-        for section in ("features", "linear_probe", "knn", "personal"):
-            if section in wanted and getattr(self, section) is None:
+        """The sections the method's evaluation reads must be there (and only those); a
+        section the experiment chooses, only where the method allows it."""
+        method = registry.get(self.method.name)
+        for section in evaluations.sections():
+            given = getattr(self, section.name) is not None
+            wanted = section.name in method.evaluation_sections
+            if section.by_method and wanted and not given:
                 raise ValueError(
-                    f"method '{self.method.name}' is evaluated with `{section}`: add that section"
+                    f"method '{method.name}' is evaluated with `{section.name}`: add that section"
                 )
-            if section not in wanted and getattr(self, section) is not None:
+            if section.by_method and given and not wanted:
                 raise ValueError(
-                    f"method '{self.method.name}' does not read `{section}`: remove it"
+                    f"method '{method.name}' does not read `{section.name}`: remove it"
                 )
-        if self.finetune is not None and not registry.get(self.method.name).finetunable:
-            raise ValueError(
-                f"method '{self.method.name}' has no encoder to fine-tune: remove `finetune`"
-            )
+            reason = given and section.refuse and section.refuse(method)
+            if reason:
+                raise ValueError(f"method '{method.name}' {reason}: remove `{section.name}`")
         return self
 
 
@@ -72,20 +63,28 @@ _EXPERIMENT_MODEL: dict[tuple, type] = {}
 
 
 def experiment_model() -> type[ExperimentBase]:
-    """The experiment model for the methods registered now (rebuilt when one is added)."""
+    """The experiment model for the methods and evaluations registered now (rebuilt when one
+    is added)."""
     members = tuple(m.params for m in registry.all())
-    if members not in _EXPERIMENT_MODEL:
+    sections = tuple(evaluations.sections())
+    key = (members, sections)
+    if key not in _EXPERIMENT_MODEL:
         union = (
             members[0]
             if len(members) == 1
             else Annotated[Union[members], Field(discriminator="name")]  # noqa: UP007
         )
-        _EXPERIMENT_MODEL[members] = create_model(
+        fields = {
+            s.name: (s.model | None, Field(None, description=s.description or None))
+            for s in sections
+        }
+        _EXPERIMENT_MODEL[key] = create_model(
             "ExperimentParams",
             __base__=ExperimentBase,
+            **fields,
             method=(union, Field(description="the method and everything it reads")),
         )
-    return _EXPERIMENT_MODEL[members]
+    return _EXPERIMENT_MODEL[key]
 
 
 def json_schemas() -> dict[str, str]:

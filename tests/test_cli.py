@@ -326,7 +326,7 @@ def test_the_tools_are_verbs(project):
     helps = {v: fedssl(project, v, "-h").stdout for v in ("report", "board", "costs", "recheck")}
     assert all(text.startswith(f"usage: fedssl {v}") for v, text in helps.items())
     deps = fedssl(project, "codegraph", "deps", "fedssl.stage.progress").stdout.split()
-    assert deps == ["fedssl/__init__.py", "fedssl/stage/progress.py"]
+    assert deps == ["fedssl/__init__.py", "fedssl/stage/__init__.py", "fedssl/stage/progress.py"]
     shown = fedssl(project, "pipeline", "show", "default").stdout
     assert "evaluate__tiny_pixels" in shown
     assert fedssl(project, "docs", "--check", check=False).returncode == 0  # no docs/: none stale

@@ -1,17 +1,16 @@
-"""A toy shared evaluation's stage script: how evenly a partition spreads the training images
-over the clients. The test copies it to a project's stages/client_balance.py and drops its
-declaration into fedssl/evaluations/ (see README, "Adding an evaluation")."""
+"""A toy shared evaluation: how evenly a partition spreads the training images over the
+clients. The test copies it to a project's fedssl/evaluations/client_balance.py, the one file
+an evaluation is (docs/how-to/add-an-evaluation.md)."""
 
 from __future__ import annotations
 
-from fedssl.data import load_clients
-from fedssl.stage.context import main_guard
-from fedssl.stage.runtime import write_json
-from stages.common import context
+from fedssl.evaluations import PARTITION, Evaluation, Metric, register
 
 
-def run(argv):
-    ctx = context("client_balance", argv, "a params/experiments/<name>.yaml preset")
+def run(ctx) -> None:
+    from fedssl.data import load_clients
+    from fedssl.stage.runtime import write_json
+
     sizes = [len(c) for c in load_clients(ctx.input("partition"))]
     with ctx.run():
         metrics = {"clients": len(sizes), "largest_share": round(max(sizes) / sum(sizes), 4)}
@@ -19,5 +18,16 @@ def run(argv):
         ctx.info["metrics"] = metrics
 
 
-if __name__ == "__main__":
-    main_guard(run)
+register(
+    Evaluation(
+        "client_balance",
+        ("partition",),
+        (PARTITION,),
+        lambda method, exp: True,
+        order=60,
+        metrics=("balance.json",),
+        declares=(Metric("largest_share", "largest client share", order=60, unit="",
+                         higher_is_better=False),),
+        run=run,
+    )
+)  # fmt: skip

@@ -1,13 +1,16 @@
 """The shared evaluations and the metrics they report, one drop-in file each, found like the
 methods: every module of this package is imported when the registry is first read.
 
-An evaluation is a per-experiment stage ``<kind>__<experiment>`` run by ``stages/<kind>.py``
-(:class:`Evaluation`: what it reads, its inputs, which experiments have it, what it writes); a
-:class:`Metric` is one number the report and the board show (its key in the report's rows, its
-label, unit and direction, and the report pivot or board table it heads). The planner
-(:mod:`fedssl.plan.dag`), the report and the board read them here; nothing else describes a
-metric. This package imports nothing of the project but the step-input names, and its files are
-found by name, so adding one edits no file any stage runs.
+An evaluation is a per-experiment stage ``<kind>__<experiment>``, one file here holding all of
+it (:class:`Evaluation`: what it reads, its inputs, which experiments have it, the experiment
+params sections it adds, what it writes, and its ``run(ctx)``, which
+``python -m stages.evaluation <kind> <experiment>`` calls); a :class:`Metric` is one number the
+report and the board show (its key in the report's rows, its label, unit and direction, and the
+report pivot or board table it heads). The planner (:mod:`fedssl.plan.dag`), the experiment
+model (:mod:`fedssl.experiment`), the report and the board read them here; nothing else
+describes an evaluation or a metric. A file imports its computing code inside its ``run``, so
+reading the declarations (planning) loads no torch; its files are found by name, so adding one
+edits no other file.
 """
 
 from __future__ import annotations
@@ -25,14 +28,17 @@ __all__ = [
     "PARTITION",
     "Evaluation",
     "Metric",
+    "Section",
     "accuracies",
     "all",
     "client_costs",
     "declare",
     "evaluated_by",
+    "get",
     "metrics",
     "modules",
     "register",
+    "sections",
 ]
 
 
@@ -65,8 +71,24 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class Section:
+    """A section an evaluation adds to the experiment params: ``name``, its params ``model``
+    (None when absent) and ``description``. ``by_method``: the method says whether an
+    experiment has it (its ``evaluation_sections``: then it must be there exactly when the
+    method names it); else it is the experiment's choice, which ``refuse(method)`` may refuse
+    (a reason, or None)."""
+
+    name: str
+    model: type
+    description: str = ""
+    by_method: bool = True
+    refuse: Callable[[Any], str | None] | None = None
+
+
+@dataclass(frozen=True)
 class Evaluation:
-    """A shared per-experiment stage ``<kind>__<experiment>``, run by ``stages/<kind>.py``.
+    """A shared per-experiment stage ``<kind>__<experiment>``, run by
+    ``python -m stages.evaluation <kind> <experiment>``: its ``run(ctx)``.
 
     ``reads``: the experiment params it reads; ``inputs``: ``data``, ``partition`` or earlier
     evaluations' kinds. ``uses``: what it takes from the experiment's method, which adds that
@@ -76,7 +98,9 @@ class Evaluation:
     params)``: whether the experiment has this stage. ``metrics`` and ``plots``: the files it
     writes under the experiment's ``results/`` folder; ``declares``: the metrics in them.
     ``order``: its place among the evaluations joining an experiment (after the method's
-    steps; an evaluation comes after those whose outputs it reads)."""
+    steps; an evaluation comes after those whose outputs it reads). ``sections``: the
+    experiment params sections it adds (:class:`Section`). ``run(ctx)``: the stage, handed its
+    :class:`~fedssl.stage.context.StageContext`."""
 
     kind: str
     reads: tuple[str, ...]
@@ -88,6 +112,8 @@ class Evaluation:
     metrics: tuple[str, ...] = ()
     plots: tuple[str, ...] = ()
     declares: tuple[Metric, ...] = ()
+    sections: tuple[Section, ...] = ()
+    run: Callable[[Any], None] | None = None
 
 
 _EVALUATIONS: dict[str, Evaluation] = {}
@@ -129,6 +155,19 @@ def all() -> list[Evaluation]:  # noqa: A001 - evaluations.all() reads well at c
     """The evaluations, in the order they join an experiment."""
     _discover()
     return sorted(_EVALUATIONS.values(), key=lambda e: (e.order, e.kind))
+
+
+def get(kind: str) -> Evaluation:
+    """The evaluation of kind ``kind``; an unknown kind is refused, naming the known ones."""
+    _discover()
+    if kind not in _EVALUATIONS:
+        raise KeyError(f"no evaluation {kind!r} (there are: {', '.join(sorted(_EVALUATIONS))})")
+    return _EVALUATIONS[kind]
+
+
+def sections() -> list[Section]:
+    """The experiment params sections the evaluations add, in the evaluations' order."""
+    return [s for e in all() for s in e.sections]
 
 
 def metrics() -> list[Metric]:

@@ -1,6 +1,9 @@
-"""Client costs, from the method's cost hook and the steps it reads (``stages/costs.py``), and
-the per-client means it reports, under the same names for every method (a paper's own symbols
-head only the tables of its plugin)."""
+"""Client costs, from the method's cost hook and the steps it reads (bits in the papers'
+convention and bytes actually sent, FLOPs counted with FlopCounterMode, memory; on the CPU:
+FLOP counts do not depend on the device), and the per-client means it reports, under the same
+names for every method (a paper's own symbols head only the tables of its plugin)."""
+
+from __future__ import annotations
 
 from fedssl.evaluations import PARTITION, Evaluation, Metric, register
 
@@ -54,6 +57,18 @@ PEAK_STEP_MB = Metric(
     beside=True,
 )
 
+
+def run(ctx) -> None:
+    from fedssl.costs import summarize_client_costs
+    from fedssl.stage.runtime import write_json
+
+    with ctx.run() as out:
+        rows = ctx.method.client_costs(ctx)
+        summary = summarize_client_costs(rows, ctx.method.cost_columns)
+        write_json(out / "costs.json", {"per_client": rows, **summary})
+        ctx.info.update(summary)
+
+
 register(
     Evaluation(
         "costs",
@@ -63,5 +78,6 @@ register(
         order=50,
         uses="costs",
         declares=(PAPER_BITS, CLIENT_MB_EXCHANGED, CLIENT_GFLOPS, PAPER_MEMORY_MB, PEAK_STEP_MB),
+        run=run,
     )
 )

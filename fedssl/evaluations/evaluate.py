@@ -1,6 +1,10 @@
-"""The probes on the frozen encoder's features: linear and k-NN (``stages/evaluate.py``)."""
+"""The probes on the frozen encoder's features: linear and k-NN accuracy on the cached features
+(uniform test split), with the ``linear_probe`` and ``knn`` sections they read."""
 
-from fedssl.evaluations import Evaluation, Metric, evaluated_by, register
+from __future__ import annotations
+
+from fedssl.evaluations import Evaluation, Metric, Section, evaluated_by, register
+from fedssl.params import KnnParams, LinearProbeParams
 
 LINEAR_TOP1 = Metric(
     "linear_top1",
@@ -13,6 +17,27 @@ LINEAR_TOP1 = Metric(
 )
 KNN_TOP1 = Metric("knn_top1", "k-NN", order=20, pivot="k-NN top-1 %", pivot_name="knn", board="ssl")
 
+SPLIT = ("train_x", "train_y", "test_x", "test_y")
+
+
+def run(ctx) -> None:
+    from fedssl.data import load_npz
+    from fedssl.eval.probes import knn_accuracy, linear_probe
+    from fedssl.stage.runtime import write_json, write_tsv
+
+    with ctx.run():  # the features are read once the run checked them against their digest
+        split = load_npz(ctx.input("features") / "features.npz", SPLIT).values()
+        curve: list[dict] = []
+        metrics = {
+            **linear_probe(*split, ctx.exp.linear_probe, ctx.device, curve),
+            **knn_accuracy(*split, ctx.exp.knn, ctx.device),
+        }
+        metrics = {k: round(v, 2) for k, v in metrics.items()}
+        write_json(ctx.results_dir / "metrics.json", metrics)
+        write_tsv(curve, ctx.results_dir / "linear_epochs.tsv", ["epoch", "loss", "test_top1"])
+        ctx.info["metrics"] = metrics
+
+
 register(
     Evaluation(
         "evaluate",
@@ -24,5 +49,7 @@ register(
         metrics=("metrics.json",),
         plots=("linear_epochs.tsv",),  # the linear probe's loss and test top-1 per epoch
         declares=(LINEAR_TOP1, KNN_TOP1),
+        sections=(Section("linear_probe", LinearProbeParams), Section("knn", KnnParams)),
+        run=run,
     )
 )

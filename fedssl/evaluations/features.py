@@ -1,7 +1,38 @@
-"""The frozen encoder's features of the training and test splits, for the probes
-(``stages/features.py``)."""
+"""The frozen encoder's features of the labelled training and test splits, for the probes, with
+the ``features`` section it reads."""
 
-from fedssl.evaluations import DATA, Evaluation, evaluated_by, register
+from __future__ import annotations
+
+from fedssl.evaluations import DATA, Evaluation, Section, evaluated_by, register
+from fedssl.params import FeatureParams
+
+
+def run(ctx) -> None:
+    import numpy as np
+
+    from fedssl.data.partition import stratified_subset
+    from fedssl.eval.probes import extract_features
+
+    f = ctx.exp.features
+    with ctx.run() as out:
+        encoder = ctx.method.encoder(ctx)
+        arrays = {}
+        for split in ("train", "test"):
+            images, labels = ctx.split(split)
+            if split == "train" and f.train_size:
+                keep = stratified_subset(labels, f.train_size, ctx.exp.method.seed)
+                images, labels = images[keep], labels[keep]
+            arrays[f"{split}_x"] = extract_features(
+                encoder, images, f.batch_size, ctx.device, f"features ({split})"
+            )
+            arrays[f"{split}_y"] = labels
+        np.savez(out / "features.npz", **arrays)
+        ctx.info.update(
+            dim=int(arrays["train_x"].shape[1]),
+            train=len(arrays["train_y"]),
+            test=len(arrays["test_y"]),
+        )
+
 
 register(
     Evaluation(
@@ -12,5 +43,7 @@ register(
         order=20,
         uses="encoder",
         gpu=True,
+        sections=(Section("features", FeatureParams, "for methods evaluated by probes"),),
+        run=run,
     )
 )

@@ -120,6 +120,11 @@ def _entry(kind: str) -> str:
     return f"stages.{kind}"
 
 
+# The scripts that run any of several kinds, named first on their command line: a method's steps
+# and the shared evaluations.
+DISPATCHERS = ("stages.method", "stages.evaluation")
+
+
 class Dag:
     """The stages of one pipeline (or of some experiments), upstream first, validated against
     their params files."""
@@ -251,7 +256,8 @@ class Dag:
         name = f"{kind}__{owner}"
         if name not in self.stages:
             self.content[name] = key
-            cmd = f"python -m {entry} {owner}".replace("stages.method ", f"stages.method {kind} ")
+            args = [kind, owner] if entry in DISPATCHERS else [owner]
+            cmd = " ".join(["python -m", entry, *args])
             self._add(
                 Stage(
                     name,
@@ -306,14 +312,16 @@ class Dag:
             PARTITION: self._add_partition(exp.partition),
         }
 
-        def add(kind, reads, inputs, gpu, entry=None, calls_method=True) -> Stage:
-            """The stage runs its script and, when it calls the method, the method's declaration
-            and the module of the hook it calls."""
+        def add(kind, reads, inputs, gpu, entry=None, calls_method=True, runs=None) -> Stage:
+            """The stage runs its script and the module it ``runs`` (an evaluation's file),
+            and, when it calls the method, the method's declaration and the module of the hook
+            it calls."""
             entry = _entry(entry or kind)
             modules = [
                 entry,
                 EXPERIMENT_MODEL,  # it loads the experiment's params
                 *([PRECISION] if gpu else []),
+                *([runs] if runs else []),
                 *(
                     [declaration, *method.hook_modules(exp.method, kind)]
                     + (strategies if kind in steps else [])
@@ -338,7 +346,13 @@ class Dag:
             if ev.applies(method, exp):
                 reads, inputs, calls_method = _method_part(method, exp.method, ev.uses)
                 stage = add(
-                    ev.kind, ev.reads + reads, ev.inputs + inputs, ev.gpu, None, calls_method
+                    ev.kind,
+                    ev.reads + reads,
+                    ev.inputs + inputs,
+                    ev.gpu,
+                    "evaluation",
+                    calls_method,
+                    ev.run.__module__,
                 )
                 results = results_dir(owner_of(stage.out))
                 stage.metrics = [f"{results}/{m}" for m in ev.metrics]

@@ -76,14 +76,12 @@ def test_the_linear_probe_scores_as_sklearns_regression_on_train_standardised_fe
 
 
 # ------------------------------------------------------------------ the evaluate stage
-def test_the_evaluate_stage_probes_on_the_training_features_and_scores_the_test_ones(
-    tmp_path, monkeypatch
-):
+def test_the_evaluate_stage_probes_on_the_training_features_and_scores_the_test_ones(tmp_path):
     """Test labels renamed (y + 1 mod 3) against the training ones: the probes, trained and
     banked on the training features, score ~0 on the test split. Trained or banked on the test
     features themselves, they would score ~100 (each query its own nearest neighbour); scored
     on the training features, ~100 too."""
-    import stages.evaluate as stage
+    from fedssl.evaluations import evaluate
 
     rng = np.random.default_rng(1)
     ytr, yte = rng.integers(0, 3, 300), rng.integers(0, 3, 120)
@@ -100,8 +98,7 @@ def test_the_evaluate_stage_probes_on_the_training_features_and_scores_the_test_
         input=lambda _: tmp_path,
         run=nullcontext,
     )
-    monkeypatch.setattr(stage, "context", lambda *_: ctx)
-    stage.run([])
+    evaluate.run(ctx)
     got = ctx.info["metrics"]
     assert got["linear_top1"] < 3 and got["knn_top1"] < 3 and got["linear_train_top1"] > 97
 

@@ -79,6 +79,43 @@ def test_a_declared_metric_gets_its_pivot_and_its_runs_column(monkeypatch):
     assert "| largest share |" in tables["runs"][1]
 
 
+def test_the_experiments_sections_are_the_evaluations_declared_ones(monkeypatch):
+    """The experiment model takes its evaluation sections from the registry: a new evaluation
+    that declares one adds it (optional when the experiment chooses it, refused for a method
+    its ``refuse`` names), with no edit to the experiment model."""
+    from pydantic import ValidationError
+
+    from fedssl.evaluations import Evaluation, Section
+    from fedssl.experiment import experiment_model
+    from fedssl.params import Strict
+    from fedssl.presets import Presets
+    from tests.fixtures import REPO
+
+    builtin = {"personal", "features", "linear_probe", "knn", "finetune"}
+    assert {s.name for s in evaluations.sections()} == builtin
+    assert builtin <= set(experiment_model().model_fields)
+
+    class BalanceParams(Strict):
+        bins: int = 4
+
+    refuse = lambda method: "keeps no partition" if method.name == "none" else None  # noqa: E731
+    balance = Evaluation(
+        "balance", ("balance",), (PARTITION,), lambda method, exp: exp.balance is not None,
+        order=60, sections=(Section("balance", BalanceParams, by_method=False, refuse=refuse),),
+    )  # fmt: skip
+    monkeypatch.setitem(evaluations._EVALUATIONS, "balance", balance)
+    model = experiment_model()
+    presets = Presets(REPO / "params")
+    fedsimclr, untrained = (
+        presets.load("experiment", name).model_dump(exclude_none=True)
+        for name in ("fmnist_fedsimclr", "fmnist_random_init")
+    )
+    assert model.model_validate({**fedsimclr, "balance": {"bins": 2}}).balance.bins == 2
+    assert model.model_validate(fedsimclr).balance is None
+    with pytest.raises(ValidationError, match="'none' keeps no partition: remove `balance`"):
+        model.model_validate({**untrained, "balance": {}})
+
+
 def test_the_generic_client_costs_have_generic_names_and_mfcl_keeps_its_symbols():
     """Every method's cost columns are named for what they count (bytes exchanged, FLOPs,
     memory, with their unit), the same names from the costs stage's file to the report and the

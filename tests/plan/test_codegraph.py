@@ -103,6 +103,7 @@ def test_a_method_package_init_only_declares(package):
     module = f"fedssl.methods.{package.name}"
     shared = {
         "fedssl/__init__.py",
+        "fedssl/stage/__init__.py",  # the package of the three stage-runtime files below
         "fedssl/stage/contract.py",  # the step context's type and the step-input names
         "fedssl/params.py",
         "fedssl/stage/record.py",  # ParamsError, with the params files' reader (every stage's code)
@@ -133,15 +134,17 @@ def test_the_stage_runtime_reads_plan_records_not_the_planner():
 def test_the_prepare_stage_runs_by_its_record_alone():
     """Preparing Fashion-MNIST runs its stage script, the stage contract with the record it
     reads, and the reader and store of the data: no presets, params models, data-set registry,
-    planner or method (their edits rerun every other stage, not this one). Eight files, the
-    bound issue 34 set: a ninth needs a reason."""
+    planner or method (their edits rerun every other stage, not this one). The eight files of
+    the bound issue 34 set, and the package file the stage runtime's modules sit in (a
+    docstring, since issue 49): a tenth needs a reason."""
     assert codegraph.code_files("stages.prepare_data", "fedssl.data.sources") == [
         "fedssl/__init__.py",
         "fedssl/data/__init__.py",  # the prepared-data artifact
         "fedssl/data/sources.py",  # the readers (the record names Fashion-MNIST's)
+        "fedssl/stage/__init__.py",  # the stage runtime's package (a docstring)
+        "fedssl/stage/base.py",  # the stage contract
         "fedssl/stage/record.py",  # the record, its hashes, the params files' raw values
         "fedssl/stage/runtime.py",  # atomic writes, the lock, the run's environment and machine
-        "fedssl/stage/base.py",  # the stage contract
         "stages/__init__.py",
         "stages/prepare_data.py",
     ]

@@ -223,7 +223,7 @@ EDITS = [
 ] + [
     pytest.param(file, None, None, id=file, marks=pytest.mark.slow)
     for file in (
-        "stages/evaluate.py",
+        "fedssl/evaluations/evaluate.py",
         "fedssl/eval/probes.py",
         "fedssl/losses.py",
         "fedssl/data/partition.py",

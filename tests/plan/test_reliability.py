@@ -560,14 +560,14 @@ def test_a_damaged_features_file_stops_evaluation_in_one_line_naming_it(project,
     """The evaluation reads its features only once the run checked them: a truncated
     features.npz is named (and its producer) in one line, not a zip reader's traceback."""
     from fedssl.stage.context import main_guard
-    from stages.evaluate import run as evaluate
+    from stages.evaluation import run as evaluation
 
     path = project / "artifacts/experiments/tiny_simclr/features/features.npz"
     saved = path.read_bytes()
     try:
         truncate(path)
         with in_project(project), pytest.raises(SystemExit) as exit_:
-            main_guard(lambda argv: evaluate(["tiny_simclr"]))
+            main_guard(lambda argv: evaluation(["evaluate", "tiny_simclr"]))
     finally:
         path.write_bytes(saved)
     (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
