@@ -80,10 +80,6 @@ def load_online_encoder(ctx) -> nn.Module:
     return module.to(ctx.device)
 
 
-def seeded_byol_of(p, image_shape, device) -> ByolNet:
-    return seeded_byol(p.model, image_shape, p.seed, device)
-
-
 def target_ema(model: ByolNet, p):
     """The cohort's after-step hook: the target follows the online encoder by EMA."""
     from fedssl.models.momentum import ema_after_step, momentum_pairs
