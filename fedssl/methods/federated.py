@@ -6,6 +6,8 @@ under the strategy the params choose, two augmented views, the whole model saved
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from fedssl.data.augment import BatchAugment, multi_view
@@ -18,6 +20,9 @@ from fedssl.rounds.loop import Federation
 from fedssl.rounds.recipe import Local, Recipe, build_federation
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.strategies.fedavg import FedAvg
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 def recipe_of(p) -> Recipe:
@@ -41,7 +46,7 @@ def build_model(p, image_shape, device) -> nn.Module:
     return recipe_of(p).model(image_shape, device)
 
 
-def federation(ctx) -> tuple[nn.Module, Federation]:
+def federation(ctx: StepContext) -> tuple[nn.Module, Federation]:
     """The pretraining stage's model and federation (what a Flower client builds too)."""
     p = ctx.exp.method
     recipe = recipe_of(p)
@@ -50,7 +55,7 @@ def federation(ctx) -> tuple[nn.Module, Federation]:
     return model, fed
 
 
-def pretrain(ctx) -> None:
+def pretrain(ctx: StepContext) -> None:
     recipe = recipe_of(ctx.exp.method)
     model, fed = federation(ctx)
     state = run_federation(ctx, fed, model)
@@ -103,7 +108,7 @@ def parameter_count(model) -> dict:
     return {"parameters": sum(q.numel() for q in model.parameters())}
 
 
-def contrastive_encoder(ctx) -> nn.Module:
+def contrastive_encoder(ctx: StepContext) -> nn.Module:
     """The frozen backbone (or backbone + projection) of the saved model, for the probes."""
     projection = ctx.exp.features.layer == "projection"
     path = ctx.input("pretrain") / "model.pt"

@@ -8,6 +8,8 @@ checkpoint; then the global network, its test accuracy and the frozen encoder th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -22,6 +24,9 @@ from fedssl.rounds.recipe import Local, Recipe, build_federation
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.runtime import derive_seed, torch_save, write_json
 from fedssl.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 class ScoredFedAvg(Strategy):
@@ -97,7 +102,7 @@ def make_federation(p, model, data: LocalData, tests: LocalData, ckpt, fingerpri
     return build_federation(recipe(p, tests), model, data, ckpt, fingerprint)
 
 
-def train(ctx) -> None:
+def train(ctx: StepContext) -> None:
     """The ``train`` step: the federation (resumable), then the global network (``model.pt``,
     with its image shape and classes) and its test accuracy (``global.json``)."""
     p, method = ctx.exp.method, ctx.method
@@ -121,7 +126,7 @@ def save_network(net: nn.Module, path, image_shape, classes: int) -> None:
     torch_save(saved, path)
 
 
-def load_network(ctx, device=None) -> nn.Module:
+def load_network(ctx: StepContext, device=None) -> nn.Module:
     """The ``train`` step's global network (on ``device``, default the stage's)."""
     saved = load_saved(ctx, device)
     net = build_network(ctx.exp.method, saved["image_shape"], saved["classes"])
@@ -129,7 +134,7 @@ def load_network(ctx, device=None) -> nn.Module:
     return net.to(device or ctx.device)
 
 
-def encoder(ctx) -> nn.Module:
+def encoder(ctx: StepContext) -> nn.Module:
     """The frozen global encoder for the shared probes (``features.layer``)."""
     projection = ctx.exp.features.layer == "projection"
     return call_hook(ctx.method.encoder_of, load_network(ctx), projection)
