@@ -52,12 +52,18 @@ def forward(model: nn.Module, state, *args, **kwargs):
     return under_policy(args[0], functional_call, model, state, args, kwargs)
 
 
-def on_outputs(loss: Callable[[object, Batch], torch.Tensor]) -> LossFn:
+def on_outputs(loss: Callable[[object, Batch], torch.Tensor], own_forward=None) -> LossFn:
     """The trainer's loss from a pure loss of the model's outputs: the batch's views go through
     the model together, under the precision policy, and ``loss(outputs, batch)`` sees the
-    outputs in fp32 (a tensor, or a tuple of them, in the views' order along dim 0)."""
+    outputs in fp32 (a tensor, or a tuple of them, in the views' order along dim 0). With
+    ``own_forward(model, (params, buffers), batch)`` (several branches of the model, a frozen
+    one among them) that runs instead, in one precision region, and ``loss`` sees its outputs
+    as computed."""
 
     def loss_fn(model, params, buffers, batch):
+        if own_forward is not None:
+            state = (params, buffers)
+            return loss(under_policy(batch.views[0], own_forward, model, state, batch), batch)
         out = forward(model, (params, buffers), torch.cat(batch.views))
         out = tuple(o.float() for o in out) if isinstance(out, tuple) else out.float()
         return loss(out, batch)

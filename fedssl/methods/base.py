@@ -12,16 +12,28 @@ A method is one module (or package) under :mod:`fedssl.methods` that defines a
   their projection, the report's tables and figures, and its ``row_label`` / ``arch``.
 
 Code that does the work is named, not imported: a step's ``runner`` and the hooks are
-``"module:function"`` strings (:func:`call_hook` imports them when a stage runs). So the
+``"module:function"`` references (:func:`call_hook` imports them when a stage runs). So the
 declaration stays light (no torch: the front ends import every method's declaration to validate
 params and build the DAG), and each stage depends only on the code it runs: a method's report
-tables are not in its training's code, nor its cost formulas.
+tables are not in its training's code, nor its cost formulas. A reference is checked when its
+plugin registers (:func:`check_hooks`, at import, without importing the code): its module's
+source must define the name, so a typo or a renamed function fails at once, naming the
+plugin's attribute, not when a stage reaches it hours later.
+
+A federated method names one reference for its training, ``recipe``: a function of its params
+returning a typed :class:`fedssl.rounds.recipe.Recipe` (model, views, loss, strategy, ...),
+which the one runtime builds and runs. One reference rather than one per part keeps the
+declaration free of torch and the training's code dependencies exactly the recipe module's
+imports (followed by :mod:`fedssl.codegraph`), while everything past it is typed Python.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
 from typing import Any, ClassVar
 
 from fedssl.params import Strict
@@ -55,6 +67,58 @@ def resolve_hook(hook: str):
 def call_hook(hook: str, *args):
     """Import the function a ``"module:function"`` hook names and call it."""
     return resolve_hook(hook)(*args)
+
+
+ROOT = Path(__file__).resolve().parents[2]  # the project's root, where module paths start
+
+
+@cache
+def defined_names(module: str) -> frozenset[str] | None:
+    """The names a project module defines at its top level (functions, classes, assignments,
+    imports), read from its source without importing it; None: no such module file."""
+    base = ROOT.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            break
+    else:
+        return None
+    names = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return frozenset(names)
+
+
+def check_hook(hook: str, where: str) -> None:
+    """Fail unless ``hook`` is a ``"module:function"`` whose module defines the function."""
+    module, sep, name = hook.partition(":")
+    names = defined_names(module) if sep and name else None
+    if names is None:
+        raise TypeError(f"{where} = {hook!r}: expected 'module:function' of a project module")
+    if name not in names:
+        raise TypeError(f"{where} = {hook!r}: module {module} defines no {name!r}")
+
+
+HOOKS = (  # the class attributes that name code (besides the steps' runners)
+    *("recipe", "encoder_builder", "encoder_hook", "client_costs_hook"),
+    *("projected_costs_hook", "report_tables", "report_figures", "encoder_loader"),
+    *("network", "loss", "step_loss", "encoder_of", "wrapper", "strategy", "describe"),
+)
+
+
+def check_hooks(cls: type[Method]) -> None:
+    """Check every reference a plugin declares (its steps', its hooks', its Flower steps')."""
+    named = {f"{cls.__name__}.{a}": getattr(cls, a, None) for a in HOOKS}
+    named.update({f"{cls.__name__}.steps[{s.name}]": s.runner for s in cls.steps})
+    named.update({f"{cls.__name__}.flower_steps[{k}]": h for k, h in cls.flower_steps.items()})
+    for where, hook in named.items():
+        if hook is not None:
+            check_hook(hook, where)
 
 
 class MethodParams(Strict):
@@ -269,44 +333,21 @@ RUNTIME = "fedssl.methods.federated"  # the code that runs every FederatedMethod
 
 
 class FederatedMethod(PretrainStepMethod):
-    """A FedAvg-style self-supervised method: a loss and a model. Every client trains the model
-    on its augmented views by the loss of the model's outputs; a strategy combines them.
+    """A federated self-supervised method on the one runtime: its ``recipe`` (a
+    ``"module:function"`` of its params returning a :class:`fedssl.rounds.recipe.Recipe`: the
+    seeded model, the clients' views and loss, the strategy, an after-step hook, what is
+    saved) is all it declares about training.
 
-    :mod:`fedssl.methods.federated` runs it: model -> views -> cohort trainer -> strategy ->
-    federation, resumed from its checkpoint; then the model is saved and the probes get its
-    encoder (the Flower adapter builds the same federation). A subclass declares its params (a
-    :func:`fedssl.params.federation_block` block with ``augment``, and ``strategy`` unless it names
-    its own), its ``loss`` and, where they differ from a contrastive model under the library's
-    strategies, the other hooks, all ``"module:function"`` strings (the declaration stays free
-    of torch, and each hook's module is a code dependency of the stages that run it only). Its
-    client costs are its package's ``costs`` module.
+    :mod:`fedssl.methods.federated` runs it: model -> federation (the one builder, which
+    applies the precision policy and the strategy's local objective) resumed from its
+    checkpoint; then the model is saved and the probes get its encoder (``encoder_loader``;
+    the Flower adapter builds the same federation). A subclass declares its params (a
+    :func:`fedssl.params.federation_block` block with ``augment``, and ``strategy`` unless it
+    names its own); its client costs are its package's ``costs`` module. FedSimCLR is the
+    smallest example, FeatARC and Orchestra (their own views, forward, strategy, setup round)
+    the largest."""
 
-    A method whose round is more than one forward of augmented views declares the hooks for
-    what differs: its views (``make_views``), a loss that runs its own forward (``step_loss``),
-    rounds that only exchange before training (``setup_rounds``), and what it keeps of the
-    final state (``save_state``); FeatARC and Orchestra are examples."""
-
-    views: ClassVar[int] = 2
-    loss: ClassVar[str | None] = None  # (outputs in fp32, batch, params) -> scalar
-    # A loss that runs the forward itself (several branches of the model in one precision
-    # region, a buffer it writes), instead of ``loss``: (params) -> the cohort's whole-step
-    # loss (model, weights, buffers, batch) -> scalar.
-    step_loss: ClassVar[str | None] = None
-    # (params, image size) -> the cohort's view builder (images, generator) -> views; None:
-    # ``views`` augmentations by the params' ``augment``.
-    make_views: ClassVar[str | None] = None
-    # Rounds before the first training round in which the clients only exchange what the
-    # strategy says (Orchestra's clustering round 0): the federation runs ``rounds`` + these.
-    setup_rounds: ClassVar[int] = 0
-    model: ClassVar[str] = f"{RUNTIME}:contrastive_model"  # (params, image shape, device)
-    strategy: ClassVar[str] = f"{RUNTIME}:chosen_strategy"  # (config, model, params, data)
-    after_step: ClassVar[str | None] = None  # (model, params) -> the cohort's after_step
-    save: ClassVar[str] = f"{RUNTIME}:save_contrastive"  # (model, path, image shape)
-    # (strategy, final state, output folder) -> run-record facts: what the method keeps of the
-    # federation's end besides the model (FeatARC's cluster models); None: nothing
-    save_state: ClassVar[str | None] = None
-    # (model) -> run-record facts (the report's parameter count); None: none
-    describe: ClassVar[str | None] = f"{RUNTIME}:parameter_count"
+    recipe: ClassVar[str]  # "module:function": (params) -> Recipe
     encoder_loader: ClassVar[str] = f"{RUNTIME}:contrastive_encoder"  # (stage context)
 
     def __init_subclass__(cls, **kwargs):
@@ -319,14 +360,10 @@ class FederatedMethod(PretrainStepMethod):
             cls.flower_steps = {"pretrain": f"{RUNTIME}:federation"}
 
     def hook_modules(self, params, kind: str) -> list[str]:
-        """Training runs the runtime and every hook it calls."""
+        """Training runs the runtime and the recipe's module (and what that imports)."""
         if kind != "pretrain":
             return super().hook_modules(params, kind)
-        hooks = (
-            *(self.loss, self.step_loss, self.make_views, self.model, self.strategy),
-            *(self.after_step, self.save, self.save_state, self.describe),
-        )
-        return [RUNTIME] + sorted({hook_module(h) for h in hooks if h} - {RUNTIME})
+        return [RUNTIME, hook_module(self.recipe)]
 
 
 SUPERVISED_RUNTIME = "fedssl.methods.federated_supervised"  # runs every SupervisedFederatedMethod

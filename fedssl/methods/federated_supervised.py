@@ -1,27 +1,32 @@
 """The training of a :class:`fedssl.methods.base.SupervisedFederatedMethod` (imported when its
-``train`` step runs): the seeded network (in its wrapper), the clients' labelled views, the
-cohort trainer running the method's loss under the precision policy (as
-:mod:`fedssl.methods.federated` does), the method's strategy under the params' ``strategy``
-choice and the federation resumed from its checkpoint; then the global network, its test
-accuracy and the frozen encoder the probes read. :class:`ScoredFedAvg` is the default strategy."""
+``train`` step runs): the seeded network (in its wrapper) and the recipe of its hooks (the
+clients' labelled views, the method's loss, SGD, its strategy under the params' ``strategy``
+choice), which the one builder
+(:func:`fedssl.rounds.recipe.build_federation`) makes a federation of, resumed from its
+checkpoint; then the global network, its test accuracy and the frozen encoder the probes read.
+:class:`ScoredFedAvg` is the default strategy."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from fedssl.data.augment import views_of
 from fedssl.eval.global_model import global_accuracy, load_saved, num_classes, test_split
-from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
+from fedssl.fl.cohort import LocalData, LossFn, OptimizerConfig
 from fedssl.fl.state import FedState, federation_config
 from fedssl.methods import registry
-from fedssl.methods.base import call_hook
-from fedssl.methods.federated import trainer_loss
-from fedssl.rounds.loop import Federation, LocalTraining
+from fedssl.methods.base import call_hook, resolve_hook
+from fedssl.rounds.loop import Federation
+from fedssl.rounds.recipe import Local, Recipe, build_federation
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.runtime import derive_seed, torch_save, write_json
 from fedssl.strategies.base import Strategy
-from fedssl.strategies.compose import chosen_over
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 class ScoredFedAvg(Strategy):
@@ -57,23 +62,47 @@ def build_model(p, image_shape, classes: int, device) -> nn.Module:
     return model.to(device)
 
 
+def local_pass(p) -> Local:
+    """The clients' local training of the method whose params are ``p``: its labelled views,
+    its loss (of the outputs, or a whole-step loss), SGD with momentum."""
+    method = registry.get(p.name)
+    if method.step_loss:
+        loss = {"step_loss": call_hook(method.step_loss, p)}
+    else:
+        of_outputs = resolve_hook(method.loss)
+        loss = {"loss": lambda outputs, batch: of_outputs(outputs, batch, p)}
+    return Local(
+        views=lambda size: views_of(p),
+        batch_size=p.batch_size,
+        local_epochs=p.local_epochs,
+        optimizer=OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum),
+        **loss,
+    )
+
+
+def trainer_loss(p) -> LossFn:
+    """The cohort trainer's loss (before the strategy's local objective)."""
+    return local_pass(p).objective()
+
+
+def recipe(p, tests: LocalData) -> Recipe:
+    """The federation's recipe: the method's strategy (scoring on ``tests``), its local pass."""
+    strategy = registry.get(p.name).strategy
+    return Recipe(
+        config=federation_config(p, p.seed),
+        strategy=lambda cfg, model, data: call_hook(strategy, cfg, p, model, data, tests),
+        local=local_pass(p),
+        parallel=p.parallel_clients,
+        choice=p,
+    )
+
+
 def make_federation(p, model, data: LocalData, tests: LocalData, ckpt, fingerprint) -> Federation:
     """The federation of the method whose params are ``p``, over ``data``, training ``model``."""
-    cfg = federation_config(p, p.seed)
-    strategy = chosen_over(call_hook(registry.get(p.name).strategy, cfg, p, model, data, tests), p)
-    cohort = CohortTrainer(
-        model,
-        views_of(p),
-        strategy.local_objective(trainer_loss(p), model),
-        OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum),
-        p.batch_size,
-        p.local_epochs,
-        vectorise_clients(p.parallel_clients, data.device),
-    )
-    return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
+    return build_federation(recipe(p, tests), model, data, ckpt, fingerprint)
 
 
-def train(ctx) -> None:
+def train(ctx: StepContext) -> None:
     """The ``train`` step: the federation (resumable), then the global network (``model.pt``,
     with its image shape and classes) and its test accuracy (``global.json``)."""
     p, method = ctx.exp.method, ctx.method
@@ -97,7 +126,7 @@ def save_network(net: nn.Module, path, image_shape, classes: int) -> None:
     torch_save(saved, path)
 
 
-def load_network(ctx, device=None) -> nn.Module:
+def load_network(ctx: StepContext, device=None) -> nn.Module:
     """The ``train`` step's global network (on ``device``, default the stage's)."""
     saved = load_saved(ctx, device)
     net = build_network(ctx.exp.method, saved["image_shape"], saved["classes"])
@@ -105,7 +134,7 @@ def load_network(ctx, device=None) -> nn.Module:
     return net.to(device or ctx.device)
 
 
-def encoder(ctx) -> nn.Module:
+def encoder(ctx: StepContext) -> nn.Module:
     """The frozen global encoder for the shared probes (``features.layer``)."""
     projection = ctx.exp.features.layer == "projection"
     return call_hook(ctx.method.encoder_of, load_network(ctx), projection)

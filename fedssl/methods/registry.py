@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from fedssl.methods.base import Method
+from fedssl.methods.base import Method, check_hooks
 from fedssl.stage.record import did_you_mean
 
 _METHODS: dict[str, Method] = {}
@@ -15,10 +15,12 @@ _discovered = False
 
 
 def register(cls: type[Method]) -> type[Method]:
-    """Class decorator: make a :class:`Method` subclass known to the pipeline."""
+    """Class decorator: make a :class:`Method` subclass known to the pipeline, once every code
+    reference it declares names a function of a project module (:func:`check_hooks`)."""
     name = cls.params.model_fields["name"].default
     if name != cls.name:
         raise TypeError(f"{cls.__name__}: params `name` defaults to {name!r}, not {cls.name!r}")
+    check_hooks(cls)
     _METHODS[cls.name] = cls()
     return cls
 

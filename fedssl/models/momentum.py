@@ -1,16 +1,40 @@
 """Momentum (EMA) encoders, their schedule, MoCo's negative queue, and online/momentum drift.
 
-Shared by BYOL (CP-CFL), MoCo v3 (LW-FedSSL, FedMoCo) and MoCo v2 in split learning (MocoSFL,
-MonAcoSFL). Parameters are plain dicts of tensors, optionally stacked along a leading client
-axis as in ``fedssl.fl.cohort``, so one call updates every client's momentum model at once.
+Shared by BYOL (the FedBYOL family, CP-CFL), Orchestra, MoCo v3 (LW-FedSSL, FedMoCo) and MoCo
+v2 in split learning (MocoSFL, MonAcoSFL). A model holds its momentum twin as ``target``
+(:func:`momentum_twin`), its pairs come from :func:`twin_pairs`, and a cohort trainer's
+``after_step`` (:func:`ema_after_step`) moves it. Parameters are plain dicts of tensors,
+optionally stacked along a leading client axis as in ``fedssl.fl.cohort``, so one call updates
+every client's momentum model at once.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+TWIN = "target."  # a model's momentum twin: its tensors ``target.<name>.*`` twin ``<name>.*``
+
+
+def momentum_twin(**online: nn.Module) -> nn.ModuleDict:
+    """The momentum twin of a model's online modules (by the names the model holds them
+    under): deep copies without gradients, in the order given, which the model keeps as its
+    ``target`` attribute (BYOL's, Orchestra's target network)."""
+    twin = nn.ModuleDict({name: copy.deepcopy(module) for name, module in online.items()})
+    for q in twin.parameters():
+        q.requires_grad_(False)
+    return twin
+
+
+def twin_pairs(names, twin: nn.ModuleDict) -> dict[str, str]:
+    """The EMA pairs of a model's :func:`momentum_twin` ``twin`` among ``names`` (its parameter
+    names, or its state's to move the running statistics too)."""
+    return momentum_pairs(names, TWIN, tuple(f"{k}." for k in twin))
+
 
 Tensors = dict[str, torch.Tensor]
 

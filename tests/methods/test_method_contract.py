@@ -84,6 +84,7 @@ def hooks_of(method) -> list[str]:
         method.report_tables,
         method.report_figures,
         method.encoder_builder,
+        getattr(method, "recipe", None),
         *method.flower_steps.values(),
     ]
     return [h for h in named if h]
@@ -215,11 +216,10 @@ class _Ctx:
 
 def save(name: str, model, folder) -> None:
     """What the training step leaves for the encoder hook."""
-    method = registry.get(name)
     if name in SUPERVISED:
         supervised.save_network(supervised.network_of(model), folder / "model.pt", SHAPE, CLASSES)
     else:
-        call_hook(method.save, model, folder / "model.pt", SHAPE)
+        federated.recipe_of(tiny(name)).save(model, folder / "model.pt", SHAPE)
 
 
 @pytest.mark.parametrize("name", ON_A_RUNTIME)

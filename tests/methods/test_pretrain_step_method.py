@@ -102,17 +102,44 @@ def test_every_hook_of_the_plugins_names_a_function_of_their_package(name):
         assert callable(resolve_hook(hook))
 
 
-def test_a_federated_method_is_a_loss_on_the_shared_runtime():
-    """FedSimCLR and the BYOL family declare a loss (and hooks), not a training module; their
-    training stage depends on the runtime and the modules of the hooks it calls."""
+def test_a_federated_method_is_a_recipe_on_the_shared_runtime():
+    """FedSimCLR and the BYOL family declare one recipe, not a training module; their training
+    stage depends on the runtime and the recipe's module (whose imports bring the loss)."""
     for name in ("fedsimclr", "fedbyol", "fedema", "fedu"):
         method = registry.get(name)
         assert isinstance(method, FederatedMethod)
         assert method.steps[0].runner == "fedssl.methods.federated:pretrain"
         assert method.flower_steps == {"pretrain": "fedssl.methods.federated:federation"}
         modules = method.hook_modules(None, "pretrain")
-        assert modules[0] == "fedssl.methods.federated" and "fedssl.losses" in modules
+        assert modules == ["fedssl.methods.federated", f"{method.package}.train"]
         assert method.hook_modules(None, "costs") == [
             method.costs_module or f"{method.package}.costs"
         ]
     assert registry.get("fedsimclr").hook_modules(None, "costs") == ["fedssl.costs.end_to_end"]
+
+
+def test_a_hook_that_names_no_function_fails_when_its_plugin_registers():
+    """A reference is checked at import, from the module's source: a typo or a missing module
+    stops the registration with the attribute named, before any stage runs."""
+    from fedssl.methods.registry import register
+
+    class Typo(FederatedMethod):
+        name = "typo"
+        label = "Typo"
+        params = MethodParams
+        package = "fedssl.methods.fedsimclr"
+        recipe = "fedssl.methods.fedsimclr.train:recipes"
+
+    class Params(MethodParams):
+        name: str = "typo"
+
+    Typo.params = Params
+    with pytest.raises(TypeError, match=r"Typo.recipe = .*defines no 'recipes'"):
+        register(Typo)
+    Typo.recipe = "fedssl.methods.nowhere:recipe"
+    with pytest.raises(TypeError, match="Typo.recipe = .*project module"):
+        register(Typo)
+    Typo.recipe, Typo.encoder_hook = "fedssl.methods.fedsimclr.train:recipe", "a:b"
+    with pytest.raises(TypeError, match="Typo.encoder_hook"):
+        register(Typo)
+    assert "typo" not in [m.name for m in registry.all()]

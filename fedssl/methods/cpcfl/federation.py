@@ -7,12 +7,13 @@ from __future__ import annotations
 import torch
 
 from fedssl.data.augment import to_float
-from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward, vectorise_clients
+from fedssl.fl.cohort import LocalData, OptimizerConfig, forward
 from fedssl.fl.state import FedState, federation_config, model_state
 from fedssl.losses import masked_cross_entropy
 from fedssl.methods.cpcfl.models import PoolModel, seeded
 from fedssl.methods.cpcfl.pool import PoolStrategy
-from fedssl.rounds.loop import Federation, LocalTraining, Phase
+from fedssl.rounds.loop import Federation
+from fedssl.rounds.recipe import Local, Recipe, Schedule, build_federation
 
 Tensors = dict[str, torch.Tensor]
 
@@ -61,51 +62,65 @@ def make_federation(
     attempt=0,
     tests=None,
     true_groups=None,
-    device=None,
 ) -> Federation:
     """The pool ``pool`` trained on ``data`` with method params ``p`` (attempt ``attempt`` of
     the trial; ``tests`` and ``true_groups``: see :class:`PoolStrategy`)."""
-    device = device or data.device
-    train_net = build_net(p, image_shape, num_classes, device).train()
-    eval_net = build_net(p, image_shape, num_classes, device).eval()
-    cfg = federation_config(p.cfl, p.seed)
-    strategy = PoolStrategy(cfg, data, p.cfl, pool, eval_net, attempt, tests, true_groups)
-    phases = local_phases(p, train_net, device, strategy)
-    return Federation(strategy, LocalTraining(phases=phases), data, cfg, ckpt, fingerprint)
+    train_net = build_net(p, image_shape, num_classes, data.device).train()
+    recipe = pool_recipe(p, image_shape, num_classes, pool, attempt, tests, true_groups)
+    return build_federation(recipe, train_net, data, ckpt, fingerprint)
 
 
-def local_phases(p, net: PoolModel, device, strategy: PoolStrategy):
+def pool_recipe(p, image_shape, num_classes, pool, attempt, tests, true_groups) -> Recipe:
+    """The pool's strategy (scoring with a network of its own, in eval mode) and the local
+    phases of a client's round."""
+
+    def strategy(cfg, net: PoolModel, data: LocalData) -> PoolStrategy:
+        eval_net = build_net(p, image_shape, num_classes, data.device).eval()
+        return PoolStrategy(cfg, data, p.cfl, pool, eval_net, attempt, tests, true_groups)
+
+    return Recipe(
+        config=federation_config(p.cfl, p.seed),
+        strategy=strategy,
+        phases=local_phases(p),
+        parallel=p.parallel_clients,
+    )
+
+
+def local_phases(p):
     """A round's local phases. E_l,f (Tab. 7): the first E_l,f local epochs train the whole
     model, the others the heads only (a fresh Adam state); the round's loss is the mean over
     all E_l epochs. While the strategy restricts training (t < T_c), every epoch trains that
     subset in one pass."""
     c = p.cfl
-
-    def cohort(epochs):
-        return CohortTrainer(
-            net,
-            plain_views,
-            cross_entropy,
-            OptimizerConfig("adam", eps=c.adam_eps),
-            batch_size=c.batch_size,
-            local_epochs=epochs,
-            parallel=vectorise_clients(p.parallel_clients, device),
-        )
-
     e = c.local_epochs
     ef = e if c.encoder_epochs is None else c.encoder_epochs
-    whole = [Phase(cohort(e))]
-    heads = {k for k, _ in net.named_parameters() if k.startswith("head.")}
-    split = []
-    for n, names in ((ef, None), (e - ef, heads)):
-        if n:
-            only = None if names is None else (lambda s, names=names: names)
-            split.append(Phase(cohort(n), only, seed_tag=("phase", len(split)), loss_weight=n))
 
-    def schedule(state: FedState) -> list[Phase]:
-        return whole if ef == e or strategy.trainable(state) is not None else split
+    def local(epochs: int, **phase) -> Local:
+        return Local(
+            views=lambda size: plain_views,
+            batch_size=c.batch_size,
+            local_epochs=epochs,
+            optimizer=OptimizerConfig("adam", eps=c.adam_eps),
+            step_loss=cross_entropy,
+            **phase,
+        )
 
-    return schedule
+    def phases(net: PoolModel, strategy: PoolStrategy) -> Schedule:
+        heads = {k for k, _ in net.named_parameters() if k.startswith("head.")}
+        split = []
+        for n, names in ((ef, None), (e - ef, heads)):
+            if n:
+                only = None if names is None else (lambda s, names=names: names)
+                split.append(
+                    local(n, trainable=only, seed_tag=("phase", len(split)), loss_weight=n)
+                )
+
+        def pick(state: FedState) -> str:
+            return "whole" if ef == e or strategy.trainable(state) is not None else "split"
+
+        return Schedule({"whole": [local(e)], "split": split}, pick)
+
+    return phases
 
 
 def warmup_params(p):

@@ -4,8 +4,6 @@ server-side SSL networks (SimCLR, BYOL with an EMA target, SimSiam)."""
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,7 +18,7 @@ from fedssl.models.heads import (
     byol_projector,
     simclr_projector,
 )
-from fedssl.models.momentum import ema_update_pairs, momentum_pairs
+from fedssl.models.momentum import ema_update_pairs, momentum_twin, twin_pairs
 from fedssl.stage.runtime import derive_seed
 
 
@@ -110,17 +108,9 @@ class SSLNet(nn.Module):
             raise ValueError(f"unknown SSL method {kind!r}")
         self.target = None
         if kind == "byol":  # θ'_f, θ'_g: start as copies of the online branch, no gradients
-            self.target = nn.ModuleDict(
-                {"encoder": copy.deepcopy(encoder), "projector": copy.deepcopy(self.projector)}
-            )
-            for q in self.target.parameters():
-                q.requires_grad_(False)
+            self.target = momentum_twin(encoder=encoder, projector=self.projector)
         # BYOL's EMA twins: target.encoder.* / target.projector.* of the online branch
-        self.pairs = (
-            {}
-            if self.target is None
-            else momentum_pairs(self.state_dict(), "target.", ("encoder.", "projector."))
-        )
+        self.pairs = {} if self.target is None else twin_pairs(self.state_dict(), self.target)
 
     def online(self):
         """The modules the optimiser trains."""

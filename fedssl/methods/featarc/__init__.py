@@ -58,12 +58,6 @@ class FeatARC(FederatedMethod):
     params = FeatARCParams
     package = __name__
     encoder_builder = "fedssl.models.encoders:contrastive_encoder"
-    model = f"{__name__}.model:seeded_model"
-    make_views = f"{__name__}.model:views"
-    step_loss = f"{__name__}.model:featarc_loss"
-    strategy = f"{__name__}.strategy:FeatARCStrategy"
-    save = f"{__name__}.model:save_network"
-    save_state = f"{__name__}.strategy:save_clusters"
+    recipe = f"{__name__}.train:recipe"
     # its server assigns every client a cluster from the client's data: no Flower split
     flower_steps = {}
-    describe = None  # no parameter count in its report rows (as its committed ones)

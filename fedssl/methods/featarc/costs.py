@@ -10,9 +10,9 @@ from torch import nn
 
 from fedssl import costs
 from fedssl.data.catalog import dataset_spec
-from fedssl.fl.cohort import Batch
+from fedssl.fl.cohort import Batch, on_outputs
 from fedssl.fl.state import nbytes
-from fedssl.methods.featarc.model import FeatARCModel, featarc_loss
+from fedssl.methods.featarc.model import FeatARCModel, featarc_forward, featarc_loss
 from fedssl.models.encoders import seeded_contrastive_model
 
 
@@ -21,7 +21,7 @@ class _LocalStep(nn.Module):
 
     def __init__(self, model: FeatARCModel, p):
         super().__init__()
-        self.model, self.loss = model, featarc_loss(p)
+        self.model, self.loss = model, on_outputs(featarc_loss(p), featarc_forward)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         v1, v2, raw = images.chunk(3)

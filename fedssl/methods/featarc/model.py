@@ -19,7 +19,6 @@ from torch.func import functional_call
 from fedssl.data.augment import BatchAugment, multi_view, to_float
 from fedssl.losses import masked_mean, nt_xent
 from fedssl.models.encoders import ContrastiveModel, frozen, seeded_contrastive_model
-from fedssl.precision import under_policy
 
 
 class FeatARCModel(nn.Module):
@@ -47,24 +46,23 @@ def alignment_loss(targets: torch.Tensor, y1: torch.Tensor, y2: torch.Tensor, va
     return masked_mean(-0.5 * per_row, valid)
 
 
-def _branches(model, state, x, raw):
-    """The projections and backbone features of the views ``x`` and the anchor's targets for
-    the raw images (no gradient), in one precision region."""
-    z, features = functional_call(model, state, (x,))
+def featarc_forward(model, state, batch):
+    """The projections and backbone features of the two views and the anchor's targets for
+    the raw images (no gradient): the runtime runs them in one precision region."""
+    v1, v2, raw = batch.views
+    z, features = functional_call(model, state, (torch.cat([v1, v2]),))
     with torch.no_grad():
         targets = functional_call(model, state, (raw,), {"branch": "anchor"})
     return z, features, targets
 
 
 def featarc_loss(p):
-    """The cohort's whole-step loss: NT-Xent of the two views plus s·L_align (the forwards of
-    the views and of the anchor in one precision region)."""
+    """The loss of :func:`featarc_forward`'s outputs: NT-Xent of the two views plus
+    s·L_align."""
     temperature, scale, align_space = p.temperature, p.align_scale, p.align_space
 
-    def loss(model, params, buffers, batch):
-        v1, v2, raw = batch.views
-        x = torch.cat([v1, v2])
-        z, features, targets = under_policy(x, _branches, model, (params, buffers), x, raw)
+    def loss(outputs, batch):
+        z, features, targets = outputs
         z1, z2 = z.float().chunk(2)
         ssl = nt_xent(z1, z2, temperature, batch.valid)
         aligned = z if align_space == "proj_to_backbone" else features
@@ -73,7 +71,7 @@ def featarc_loss(p):
     return loss
 
 
-# ---------------------------------------------------------------------- the runtime's hooks
+# ---------------------------------------------------------------------- the recipe's parts
 def seeded_model(p, image_shape, device) -> FeatARCModel:
     """The shared seeded SimCLR network (cluster 0's start) with its anchor."""
     net = seeded_contrastive_model(p.model, image_shape, p.seed, device)

@@ -87,12 +87,7 @@ class _FederatedBYOL(FederatedMethod):
 
     package = __name__
     encoder_builder = "fedssl.methods.fedbyol.model:byol_encoder"
-    loss = "fedssl.losses:byol_views"
-    model = "fedssl.methods.fedbyol.model:seeded_byol_of"
-    strategy = "fedssl.methods.fedbyol.model:family_strategy"
-    after_step = "fedssl.methods.fedbyol.model:target_ema"
-    save = "fedssl.methods.fedbyol.model:save_online"
-    describe = "fedssl.methods.fedbyol.model:describe"
+    recipe = "fedssl.methods.fedbyol.train:recipe"
     encoder_loader = "fedssl.methods.fedbyol.model:load_online_encoder"
 
 

@@ -5,13 +5,12 @@ gradients. Parameter names: ``encoder.*``, ``predictor.*`` (what travels) and
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
 from fedssl.models.encoders import build_backbone, frozen
 from fedssl.models.heads import BNMLP
+from fedssl.models.momentum import momentum_twin, twin_pairs
 from fedssl.params import ModelParams
 from fedssl.precision import channels_last
 from fedssl.stage.runtime import derive_seed
@@ -42,9 +41,7 @@ class ByolNet(nn.Module):
         super().__init__()
         self.encoder = ByolEncoder(params, image_shape)
         self.predictor = mlp(params.proj_dim, params.proj_hidden, params.proj_dim)
-        self.target = nn.ModuleDict({"encoder": copy.deepcopy(self.encoder)})
-        for q in self.target.parameters():
-            q.requires_grad_(False)
+        self.target = momentum_twin(encoder=self.encoder)
 
     def forward(self, x):
         return self.predictor(self.encoder(x)), self.target["encoder"](x)
@@ -80,16 +77,12 @@ def load_online_encoder(ctx) -> nn.Module:
     return module.to(ctx.device)
 
 
-def seeded_byol_of(p, image_shape, device) -> ByolNet:
-    return seeded_byol(p.model, image_shape, p.seed, device)
-
-
 def target_ema(model: ByolNet, p):
     """The cohort's after-step hook: the target follows the online encoder by EMA."""
-    from fedssl.models.momentum import ema_after_step, momentum_pairs
+    from fedssl.models.momentum import ema_after_step
 
     names = [k for k, _ in model.named_parameters()]
-    return ema_after_step(momentum_pairs(names, TARGET, ("encoder.",)), p.target_ema)
+    return ema_after_step(twin_pairs(names, model.target), p.target_ema)
 
 
 def save_online(model: ByolNet, path, image_shape) -> None:

@@ -42,5 +42,5 @@ class FedSimCLR(FederatedMethod):
     params = FedSimCLRParams
     package = __name__
     encoder_builder = "fedssl.models.encoders:contrastive_encoder"
-    loss = "fedssl.losses:simclr_views"
+    recipe = "fedssl.methods.fedsimclr.train:recipe"
     costs_module = "fedssl.costs.end_to_end"  # the whole model both ways, in MFCL's Tab. 3 terms

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedssl.data.augment import BatchAugment, multi_view
-from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward, vectorise_clients
+from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward
 from fedssl.fl.state import (
     FederationConfig,
     FedState,
@@ -31,11 +31,11 @@ from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.mocov3 import MocoV3Learner, ema_pairs, online_state, round_start_state
 from fedssl.models.momentum import ema_after_step
 from fedssl.models.vit import VisionTransformer
-from fedssl.rounds.loop import Federation, LocalTraining
+from fedssl.rounds.loop import Federation
+from fedssl.rounds.recipe import Local, Recipe, build_federation
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.runtime import derive_seed, torch_generator, torch_save, write_json
 from fedssl.strategies.base import Strategy
-from fedssl.strategies.compose import chosen_over
 
 Tensors = dict[str, torch.Tensor]
 
@@ -371,39 +371,52 @@ def make_federation(
     size = input_size(p, data.images.shape[1:])
     views = multi_view(BatchAugment(p.augment, size), BatchAugment(p.augment_2 or p.augment, size))
     opt = OptimizerConfig(kind="adamw", weight_decay=st.weight_decay)
-    parallel = vectorise_clients(p.parallel_clients, data.device)
     calibrate, timing = None, "round_start"
     if p.calibrates:
         calibrate = calibrator(p, model, s, plan, views, opt, server)
         timing = p.calibration.timing
-    rounds = all_rounds(p)
-    index = p.growth_stages().index(s)
-    cfg = federation_config(st, derive_seed(p.seed, "stage", s or 0) % 2**31)
-    growth = GrowthStrategy(
-        cfg,
-        plan,
-        s,
-        learner,
-        p.weight_transfer,
-        offset=sum(rounds[:index]),
-        horizon=sum(rounds),
-        lr_schedule=st.lr_schedule,
-        calibrate=calibrate,
-        timing=timing,
+    recipe = stage_recipe(p, s, views, opt, calibrate, timing)
+    return build_federation(recipe, learner, data, ckpt, fingerprint), learner
+
+
+def stage_recipe(p, s: int | None, views, opt: OptimizerConfig, calibrate, timing) -> Recipe:
+    """Stage s's recipe: its growth strategy (the stage's rounds within the whole schedule),
+    MoCo v3 on the asymmetric views with AdamW, the trained blocks' momentum twins following
+    them after every step."""
+    plan, st = p.plan(s), p.settings(s)
+    rounds, index = all_rounds(p), p.growth_stages().index(s)
+
+    def strategy(cfg, learner: MocoV3Learner, data: LocalData) -> GrowthStrategy:
+        return GrowthStrategy(
+            cfg,
+            plan,
+            s,
+            learner,
+            p.weight_transfer,
+            offset=sum(rounds[:index]),
+            horizon=sum(rounds),
+            lr_schedule=st.lr_schedule,
+            calibrate=calibrate,
+            timing=timing,
+        )
+
+    def momentum(learner: MocoV3Learner):
+        return ema_after_step(ema_pairs(trained_names(learner, plan, s)), st.momentum)
+
+    return Recipe(
+        config=federation_config(st, derive_seed(p.seed, "stage", s or 0) % 2**31),
+        strategy=strategy,
+        local=Local(
+            views=lambda size: views,
+            batch_size=st.batch_size,
+            local_epochs=st.local_epochs,
+            optimizer=opt,
+            step_loss=learner_loss,
+            after_step=momentum,
+        ),
+        parallel=p.parallel_clients,
+        choice=st,  # the params' strategy choice (FedProx) over the growth strategy
     )
-    strategy = chosen_over(growth, st)  # the params' strategy choice (FedProx) over it
-    cohort = CohortTrainer(
-        learner,
-        views,
-        strategy.local_objective(learner_loss, learner),
-        opt,
-        st.batch_size,
-        st.local_epochs,
-        parallel,
-        ema_after_step(ema_pairs(trained_names(learner, plan, s)), st.momentum),
-    )
-    fed = Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
-    return fed, learner
 
 
 def grow(ctx, s: int | None) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.epochs import run_epochs
-from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward, vectorise_clients
+from fedssl.fl.cohort import LocalData, OptimizerConfig, forward
 from fedssl.fl.state import federation_config, write_round_log
 from fedssl.losses import nt_xent
 from fedssl.models.autoencoder import (
@@ -28,11 +28,11 @@ from fedssl.models.encoders import frozen
 from fedssl.models.rserver import MfclEncoder, RServerModel
 from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
 from fedssl.precision import under_policy
-from fedssl.rounds.loop import Federation, LocalTraining
+from fedssl.rounds.loop import Federation
+from fedssl.rounds.recipe import Local, Recipe, build_federation
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.runtime import derive_seed, numpy_rng, torch_generator, torch_save, write_tsv
 from fedssl.strategies.base import Strategy
-from fedssl.strategies.compose import chosen_over
 from fedssl.strategies.secure_fedavg import SecureFedAvg
 
 
@@ -98,25 +98,32 @@ def build_rserver(p, in_channels: int, device) -> RServerModel:
     ).to(device)
 
 
-def make_phase1_federation(
-    p, model: ClientAutoencoder, data: LocalData, ckpt: Path, fingerprint: str
-) -> Federation:
+def phase1_recipe(p) -> Recipe:
     """Phase 1 (Alg. 1 l. 1-13): Adam on twin batches of K pairs, fresh optimizer state every
     round, size-weighted FedAvg of the whole autoencoder (optionally through secure
     aggregation), under the params' ``strategy`` choice (FedProx)."""
     p1 = p.phase1
-    cfg = federation_config(p1, p.seed)
-    strategy = chosen_over((SecureFedAvg if p1.secure_aggregation else Strategy)(cfg), p1)
-    cohort = CohortTrainer(
-        model,
-        twin_batch(BatchAugment(p.augment, data.images.shape[-1])),
-        strategy.local_objective(autoencoder_loss(p1.loss), model),
-        OptimizerConfig(kind="adam", eps=p1.adam_eps),
-        batch_size=p1.batch_pairs,
-        local_epochs=p1.local_epochs,
-        parallel=vectorise_clients(p.parallel_clients, data.device),
+    fedavg = SecureFedAvg if p1.secure_aggregation else Strategy
+    return Recipe(
+        config=federation_config(p1, p.seed),
+        strategy=lambda cfg, model, data: fedavg(cfg),
+        local=Local(
+            views=lambda size: twin_batch(BatchAugment(p.augment, size)),
+            batch_size=p1.batch_pairs,
+            local_epochs=p1.local_epochs,
+            optimizer=OptimizerConfig(kind="adam", eps=p1.adam_eps),
+            step_loss=autoencoder_loss(p1.loss),
+        ),
+        parallel=p.parallel_clients,
+        choice=p1,
     )
-    return Federation(strategy, LocalTraining(cohort), data, cfg, ckpt, fingerprint)
+
+
+def make_phase1_federation(
+    p, model: ClientAutoencoder, data: LocalData, ckpt: Path, fingerprint: str
+) -> Federation:
+    """Phase 1's federation over ``data``, training ``model``."""
+    return build_federation(phase1_recipe(p), model, data, ckpt, fingerprint)
 
 
 def phase1_federation(ctx) -> tuple[ClientAutoencoder, Federation]:

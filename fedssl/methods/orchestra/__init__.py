@@ -73,10 +73,5 @@ class Orchestra(FederatedMethod):
     package = __name__
     encoder_reads = ("method",)
     encoder_builder = f"{__name__}.model:encoder_module"
-    model = f"{__name__}.model:seeded_orchestra_model"
-    make_views = f"{__name__}.model:views"
-    step_loss = f"{__name__}.loss:orchestra_loss"
-    setup_rounds = 1
-    strategy = f"{__name__}.strategy:OrchestraStrategy"
-    after_step = f"{__name__}.model:target_ema"
+    recipe = f"{__name__}.train:recipe"
     encoder_loader = f"{__name__}.model:encoder"

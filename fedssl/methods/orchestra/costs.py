@@ -9,9 +9,9 @@ from torch import nn
 
 from fedssl import costs
 from fedssl.data.catalog import dataset_spec
-from fedssl.fl.cohort import Batch
+from fedssl.fl.cohort import Batch, on_outputs
 from fedssl.fl.state import nbytes
-from fedssl.methods.orchestra.loss import orchestra_loss
+from fedssl.methods.orchestra.loss import orchestra_forward, orchestra_loss
 from fedssl.methods.orchestra.model import MEMORY, ROTATIONS, seeded_orchestra_model
 
 VIEWS = 3  # a step sees x1 (teacher), x2 (student) and the rotated x3
@@ -22,7 +22,7 @@ class _LocalStep(nn.Module):
 
     def __init__(self, model: nn.Module, p):
         super().__init__()
-        self.model, self.loss = model, orchestra_loss(p)
+        self.model, self.loss = model, on_outputs(orchestra_loss(p), orchestra_forward)
 
     def forward(self, views: torch.Tensor) -> torch.Tensor:
         x1, x2, x3 = views.chunk(VIEWS)

@@ -10,7 +10,6 @@ from torch.func import functional_call
 
 from fedssl.losses import masked_cross_entropy, masked_mean
 from fedssl.methods.orchestra.model import CENTROIDS, MEMORY
-from fedssl.precision import under_policy
 
 
 def clustering_loss(student: torch.Tensor, teacher: torch.Tensor, centroids, temperature, valid):
@@ -21,28 +20,28 @@ def clustering_loss(student: torch.Tensor, teacher: torch.Tensor, centroids, tem
     return masked_mean(-(q * log_p).sum(1), valid)
 
 
-def _branches(model, state, x1, x2, x3):
+def orchestra_forward(model, state, batch):
     """The student's projection of x2, the rotation head's logits on x3 and the teacher's
-    projection of x1 (no gradient, fp32): one precision region, the online weights' bf16 casts
-    shared by the student and rotation branches."""
+    projection of x1 (no gradient, fp32), which the runtime runs in one precision region (the
+    online weights' bf16 casts shared by the student and rotation branches); and the client's
+    buffers (centroids, memory) the loss reads and writes."""
+    x1, x2, x3, _ = batch.views
     student = functional_call(model, state, (x2,))
     rotation = functional_call(model, state, (x3,), {"branch": "rotation"})
     with torch.no_grad():
         teacher = functional_call(model, state, (x1,), {"branch": "target"}).float()
-    return student, rotation, teacher
+    return student, rotation, teacher, state[1]
 
 
 def orchestra_loss(p):
-    """The local objective L_clu + L_deg, a whole-step loss (three branches in one precision
-    region). Side effect, like BatchNorm's running statistics: the batch's teacher projections
-    are pushed into the client's memory buffer (FIFO)."""
+    """The local objective L_clu + L_deg of :func:`orchestra_forward`'s outputs. Side effect,
+    like BatchNorm's running statistics: the batch's teacher projections are pushed into the
+    client's memory buffer (FIFO)."""
     temperature = p.temperature
 
-    def loss(model, params, buffers, batch):
-        x1, x2, x3, turns = batch.views
-        student, rotation, teacher = under_policy(
-            x1, _branches, model, (params, buffers), x1, x2, x3
-        )
+    def loss(outputs, batch):
+        student, rotation, teacher, buffers = outputs
+        turns = batch.views[3]
         centroids = buffers[CENTROIDS].float()
         l_clu = clustering_loss(student, teacher, centroids, temperature, batch.valid)
         l_deg = masked_cross_entropy(rotation, turns, batch.valid)

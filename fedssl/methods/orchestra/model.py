@@ -5,8 +5,6 @@ hooks for them and the probes' encoder. Its loss: :mod:`.loss`; its federation: 
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,12 +12,12 @@ from torch import nn
 from fedssl.data.augment import BatchAugment
 from fedssl.models.encoders import build_backbone, frozen
 from fedssl.models.heads import BNMLP
-from fedssl.models.momentum import ema_after_step, momentum_pairs
+from fedssl.models.momentum import TWIN, ema_after_step, momentum_twin, twin_pairs
 from fedssl.precision import channels_last
 from fedssl.stage.runtime import derive_seed
 
 ROTATIONS = 4  # the degeneracy regulariser predicts a rotation by 0, 90, 180 or 270 degrees
-TARGET_PREFIX = "target."
+TARGET_PREFIX = TWIN
 CENTROIDS, MEMORY = "centroids", "memory"
 
 
@@ -33,9 +31,7 @@ class OrchestraModel(nn.Module):
             last_bn_affine=False, bias=False,
         )  # fmt: skip
         self.rotation = nn.Linear(m.proj_dim, ROTATIONS)
-        self.target = nn.ModuleDict(
-            {"backbone": copy.deepcopy(self.backbone), "projector": copy.deepcopy(self.projector)}
-        )
+        self.target = momentum_twin(backbone=self.backbone, projector=self.projector)
         self.register_buffer(
             CENTROIDS, F.normalize(torch.randn(p.global_clusters, m.proj_dim), dim=1)
         )
@@ -58,7 +54,7 @@ class OrchestraModel(nn.Module):
 
     def target_pairs(self) -> dict[str, str]:
         """target.X -> X for the backbone and projector parameters (the EMA's pairs)."""
-        return momentum_pairs(self.online_names(), TARGET_PREFIX, ("backbone.", "projector."))
+        return twin_pairs(self.online_names(), self.target)
 
 
 def seeded_orchestra_model(p, image_shape, device: torch.device) -> OrchestraModel:

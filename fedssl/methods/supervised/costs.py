@@ -10,8 +10,7 @@ from torch import nn
 from fedssl import costs
 from fedssl.eval.global_model import load_saved
 from fedssl.fl.cohort import Batch
-from fedssl.methods.federated import trainer_loss
-from fedssl.methods.federated_supervised import build_model
+from fedssl.methods.federated_supervised import build_model, trainer_loss
 from fedssl.strategies.fedprox import proximal
 from fedssl.strategies.references import reference_pairs
 

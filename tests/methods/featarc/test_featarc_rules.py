@@ -85,7 +85,7 @@ def test_the_local_loss_is_nt_xent_plus_s_times_the_alignment_to_the_frozen_anch
     batch = Batch((v1, v2, raw), torch.zeros(8), torch.ones(8, dtype=torch.bool))
     params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
     reference = {k: v.clone() for k, v in model.state_dict().items()}
-    got = featarc_model.featarc_loss(p)(model, params, buffers, batch)
+    got = federated.trainer_loss(p)(model, params, buffers, batch)
     model.load_state_dict(reference)
     with torch.no_grad():
         z, f = model(torch.cat([v1, v2]))

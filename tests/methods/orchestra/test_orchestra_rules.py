@@ -218,7 +218,7 @@ def test_the_local_loss_adds_rotation_prediction_and_pushes_the_teacher_into_mem
     batch = Batch((x1, x2, x3, turns), turns, torch.ones(10, dtype=torch.bool))
     with torch.no_grad():
         reference = {k: v.clone() for k, v in model.state_dict().items()}
-        got = orch.orchestra_loss(p)(model, params, buffers, batch)
+        got = federated.trainer_loss(p)(model, params, buffers, batch)
         pushed = buffers[MEMORY].clone()
         model.load_state_dict(reference)  # the same BN statistics for the hand-made loss
         teacher = model(x1, branch="target")
