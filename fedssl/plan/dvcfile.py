@@ -12,7 +12,6 @@ over rounds or epochs, drawn by `dvc plots show`).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from fedssl.methods import registry
 from fedssl.plan.codegraph import code_files
 from fedssl.plan.dag import Dag, Stage
 from fedssl.plan.freshness import RAN_LOG, check_data
-from fedssl.presets import OVERRIDES_ENV, PARAMS_DIR, Presets
+from fedssl.presets import PARAMS_DIR, Presets
 from fedssl.stage.record import PLAN_RECORDS, record_path, record_text
 from fedssl.strategies import choices as strategy_choices
 
@@ -227,9 +226,6 @@ def commit_ran(
     sees them as up to date. A failed run leaves the check as it was: the params it failed
     with (a bad edit) are not recorded, so reverting them leaves DVC nothing to do."""
     if not Path(".dvc").is_dir():
-        return []
-    if os.environ.get(OVERRIDES_ENV):  # a one-off run: dvc.lock keeps what the params files make
-        RAN_LOG.unlink(missing_ok=True)
         return []
     names = sorted(set(RAN_LOG.read_text().split())) if RAN_LOG.exists() else []
     if not (succeeded or names):
