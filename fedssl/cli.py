@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -26,7 +27,8 @@ import yaml
 
 from fedssl.methods import registry
 from fedssl.plan.dag import Dag
-from fedssl.plan.layout import results_dir
+from fedssl.plan.freshness import receipt
+from fedssl.plan.layout import LOGS, results_dir
 from fedssl.presets import (
     ParamsError,
     Presets,
@@ -364,7 +366,29 @@ def run_pipeline(presets: Presets, argv: list[str]) -> int:
             )
     cmd = snakemake_command(pipeline, args.snakemake, targets, derived)
     print("$ " + " ".join(cmd), file=sys.stderr)
-    return subprocess.run(cmd).returncode
+    started = time.time()
+    code = subprocess.run(cmd).returncode
+    for line in failures(started) if code else []:  # last, under Snakemake's own report
+        print(line, file=sys.stderr)
+    return code
+
+
+def failures(started: float) -> list[str]:
+    """One line per stage that this run started and did not finish (its log is newer than
+    ``started``, its receipt is not): the stage's own last error line (a stage says what
+    went wrong in one line, which Snakemake's report leaves twenty lines above its end)."""
+    lines = []
+    for log in sorted(LOGS.glob("*.log")):
+        done = receipt(log.stem)
+        if log.stat().st_mtime < started or (done.exists() and done.stat().st_mtime >= started):
+            continue
+        said = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
+        last = next(
+            (x for x in reversed(said) if x.startswith("error: ")), said[-1] if said else ""
+        )
+        why = last.removeprefix("error: ") or "no output"
+        lines.append(f"error: stage {log.stem} failed: {why} (log: {log})")
+    return lines
 
 
 # ---------------------------------------------------------------------------- times
