@@ -116,10 +116,14 @@ docs: $(INSTALLED)
 	$(PY) -m fedssl.reporting.docs
 	NO_MKDOCS_2_WARNING=1 mkdocs build --strict
 
-# Opt-in: open the built site in headless Chromium (Debian's `chromium`): every image loaded,
-# no broken link, on the home, a results page and the board page.
+# Opt-in: open the built site in headless Chromium (Debian's `chromium`, installed here when
+# missing): every image loaded, no broken link, on the home, a results page and the board page;
+# and `dvc plots show`'s page, offline, with every chart drawn.
 docs-browser: docs
-	pytest -q -m browser tests/test_docs_browser.py
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
+	pytest -q -m browser tests/test_docs_browser.py tests/test_offline_plots.py
 
 clean:
 	rm -rf artifacts .snakemake

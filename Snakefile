@@ -25,7 +25,9 @@ GPUS = int(config.get("gpus", 1))  # 0: run the training stages without asking f
 # profile's --max-threads (a job with cores of its own). Past one, OpenMP's idle threads sleep.
 MAX_THREADS = getattr(getattr(workflow, "resource_settings", None), "max_threads", None)
 THREADS = int(config.get("threads") or MAX_THREADS or 1)
-STAGES_DAG = Dag(PIPELINE)            # validates every params file first: errors stop here
+# override runs (`fedssl run EXP key=value`): experiments EXP@<hash> beside the pipeline's
+DERIVED = [name for name in str(config.get("derived", "")).split(",") if name]
+STAGES_DAG = Dag(PIPELINE, derived=DERIVED)  # validates every params file first: errors stop here
 check_data(STAGES_DAG)                # and says how to get a missing data set
 # each stage's plan record, which its job reads (pipelines/plan/; part of its fingerprint): the
 # ones that exist follow the plan at once (after an edit is undone, both front ends see the stage

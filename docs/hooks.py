@@ -33,6 +33,16 @@ def on_files(files, config):
     return files
 
 
+def on_page_markdown(markdown, page, config, files):
+    """A page's facts as their values alone: a fact's tags are HTML comments, and one that
+    starts a source line would start an HTML block there, ending the paragraph mid-sentence
+    (and any emphasis open across it). ``fedssl docs`` keeps the values current (a test fails
+    when a page is stale)."""
+    from fedssl.reporting.readme_facts import FACT
+
+    return FACT.sub(lambda m: m.group(3), markdown)
+
+
 # ---------------------------------------------------------------------------- params
 SCHEMAS = ("experiment", "partition", "dataset", "grids", "pipelines")
 

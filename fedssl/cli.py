@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import hashlib
 import importlib
 import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -27,7 +27,17 @@ import yaml
 
 from fedssl.methods import registry
 from fedssl.plan.dag import Dag
-from fedssl.presets import OVERRIDES_ENV, ParamsError, Presets, deep_merge, model_of
+from fedssl.plan.freshness import receipt
+from fedssl.plan.layout import LOGS, results_dir
+from fedssl.presets import (
+    ParamsError,
+    Presets,
+    deep_merge,
+    derived_file,
+    derived_from,
+    model_of,
+    write_derived,
+)
 from fedssl.stage.context import main_guard
 from fedssl.stage.record import did_you_mean
 
@@ -36,7 +46,6 @@ from fedssl.stage.record import did_you_mean
 PARALLELISM = ("--cores", "-c", "--jobs", "-j", "--profile", "--workflow-profile")
 # Snakemake options whose values are stage names: a stage name after one stays its value
 RULE_VALUED = ("--until", "-U", "--omit-from", "-O", "--forcerun", "-R", "--prioritize", "-P")
-OVERRIDES_DIR = Path("artifacts/.overrides")
 WIDTH, MORE = 100, " ... (-v)"  # `fedssl list` fits a terminal; -v gives whole lines
 RULE_LIKE = re.compile(r"[A-Za-z_][\w-]*")  # a word Snakemake reads as a rule (not a file)
 
@@ -279,30 +288,38 @@ def nested(overrides: dict[str, object]) -> dict:
     return tree
 
 
-def write_overrides(presets: Presets, experiments: list[str], overrides: dict) -> Path:
-    """The overrides of each experiment as a file the run's processes read, validated first
-    (as a params file is: the field and the value named)."""
-    doc = {name: nested(overrides) for name in experiments}
-    text = yaml.safe_dump(doc, sort_keys=True)
-    path = OVERRIDES_DIR / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    os.environ[OVERRIDES_ENV] = str(path)
-    checked = Presets(presets.root)  # reads the overrides now
-    try:
-        for name in experiments:
-            checked.load("experiment", name)
-    except ParamsError:
-        path.unlink()
-        raise
-    return path
+def derive(presets: Presets, experiments: list[str], overrides: dict) -> list[str]:
+    """Each experiment's override run (``EXP@<hash>``), recorded and validated first (as a
+    params file is: the field and the value named)."""
+    names = []
+    for base in experiments:
+        name = write_derived(base, nested(overrides))
+        try:
+            presets.load("experiment", name)
+        except ParamsError:
+            derived_file(name).unlink()
+            raise
+        names.append(name)
+    return names
 
 
-def snakemake_command(pipeline: str, args: list[str], targets: list[str] = ()) -> list[str]:
+def derived_targets(presets: Presets, derived: list[str], stages: list[str]) -> list[str]:
+    """The stages of the override runs: all of them, or those of the kinds named."""
+    dag = Dag(None, presets.root, experiments=derived, presets=presets)
+    kinds = {s.split("__", 1)[0] for s in stages}
+    return [
+        s for d in derived for s in dag.of_experiment[d] if not kinds or dag.stages[s].kind in kinds
+    ]
+
+
+def snakemake_command(
+    pipeline: str, args: list[str], targets: list[str] = (), derived: list[str] = ()
+) -> list[str]:
     """``snakemake`` with the targets first (an option such as ``--resources`` takes every
-    word after it), the user's arguments, and ``--config pipeline=...`` last (config items the
-    user gave are kept in it)."""
+    word after it), the user's arguments, and ``--config pipeline=... [derived=...]`` last
+    (config items the user gave are kept in it)."""
     config, rest, i = [f"pipeline={pipeline}"], [], 0
+    config += [f"derived={','.join(derived)}"] if derived else []
     while i < len(args):
         if args[i] in ("--config", "-C"):
             i += 1
@@ -334,15 +351,44 @@ def run_pipeline(presets: Presets, argv: list[str]) -> int:
         dag = Dag(None, presets.root, experiments=args.experiments, presets=presets)
         for exp in args.experiments:
             targets += [s for s in dag.of_experiment[exp] if s not in targets]
-    if args.overrides:
+    derived = []
+    if args.overrides:  # runs of their own, beside the presets' (whose results stay)
         scope = args.experiments or [s.split("__", 1)[1] for s in args.stages]
-        path = write_overrides(
-            presets, sorted(set(scope or presets.pipeline_experiments(pipeline))), args.overrides
-        )
-        print(f"overrides for this run: {path} (dvc.lock is left as it was)", file=sys.stderr)
-    cmd = snakemake_command(pipeline, args.snakemake, targets)
+        scope = sorted(set(scope or presets.pipeline_experiments(pipeline)))
+        derived = derive(presets, scope, args.overrides)
+        targets = derived_targets(presets, derived, [] if args.experiments else args.stages)
+        sets = " ".join(f"{k}={v}" for k, v in args.overrides.items())
+        for name in derived:
+            print(
+                f"override run {name}: {derived_from(name)} with {sets}; results in "
+                f"{results_dir(name)} (the preset's and dvc.lock stay as they are)",
+                file=sys.stderr,
+            )
+    cmd = snakemake_command(pipeline, args.snakemake, targets, derived)
     print("$ " + " ".join(cmd), file=sys.stderr)
-    return subprocess.run(cmd).returncode
+    started = time.time()
+    code = subprocess.run(cmd).returncode
+    for line in failures(started) if code else []:  # last, under Snakemake's own report
+        print(line, file=sys.stderr)
+    return code
+
+
+def failures(started: float) -> list[str]:
+    """One line per stage that this run started and did not finish (its log is newer than
+    ``started``, its receipt is not): the stage's own last error line (a stage says what
+    went wrong in one line, which Snakemake's report leaves twenty lines above its end)."""
+    lines = []
+    for log in sorted(LOGS.glob("*.log")):
+        done = receipt(log.stem)
+        if log.stat().st_mtime < started or (done.exists() and done.stat().st_mtime >= started):
+            continue
+        said = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
+        last = next(
+            (x for x in reversed(said) if x.startswith("error: ")), said[-1] if said else ""
+        )
+        why = last.removeprefix("error: ") or "no output"
+        lines.append(f"error: stage {log.stem} failed: {why} (log: {log})")
+    return lines
 
 
 # ---------------------------------------------------------------------------- times
@@ -435,8 +481,10 @@ Run a pipeline of params/pipelines.yaml (default: 'default') through Snakemake, 
   EXPERIMENT    every stage of that experiment (and what it needs)
   STAGE         one stage, e.g. evaluate__fmnist_fedsimclr (and what it needs)
   KEY=VALUE     override a setting of the experiments named (all of the pipeline's when none
-                is), validated as a params file is, e.g. linear_probe.lr=0.05; the run's
-                stages record it in meta.json; dvc.lock is left as it was
+                is), validated as a params file is, e.g. linear_probe.lr=0.05; runs as
+                an experiment of its own, EXPERIMENT@<hash> (results/experiments/ under
+                that id, the overrides in its meta.json); the preset's results and dvc.lock
+                stay as they were
   other words   go to snakemake (-n: dry run, --cores N, --profile ...); without --cores
                 or --resources it runs on all cores with one GPU slot
 """

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from fedssl.methods import registry
 from fedssl.plan.layout import ARTIFACTS
-from fedssl.presets import Presets
+from fedssl.presets import Presets, derived_from, overrides_of
 from fedssl.stage.context import StageContext, main_guard
 from fedssl.stage.runtime import StageFailed, write_json
 
@@ -147,6 +147,9 @@ def card(ctx: StageContext, experiment: str, encoder, weights: Path) -> dict:
         },
         "data": _training_data(ctx, params.partition),
         "params": params.model_dump(mode="json"),
+        # an override run (``EXP@<hash>``): the experiment it derives from and what it set
+        "derived_from": derived_from(experiment),
+        "overrides": overrides_of(experiment),
         "trained_by": _trained_by(ctx),
         "features_precision": _features_precision(ctx),
         "metrics": _metrics(ctx, experiment),
@@ -258,6 +261,11 @@ def model_card(info: dict) -> str:
         "",
         f"{info['title']}. Exported by fedssl {info['code']['fedssl'] or '(not installed)'} at "
         f"commit `{info['code']['git'] or 'unknown'}` with torch {info['code']['torch']}.",
+        *(
+            ["", f"An override run of `{info['derived_from']}`: {_brief(info['overrides'])}."]
+            if info.get("derived_from")
+            else []
+        ),
         "",
         "## Architecture",
         f"- module `{arch['module']}`, {arch['parameters']:,} parameters, output layer "

@@ -15,6 +15,7 @@ dependencies), so both front ends rerun a stage on the same edits.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import itertools
 import json
@@ -23,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from fedssl import params as P
@@ -30,9 +32,11 @@ from fedssl.data.catalog import dataset_spec
 from fedssl.stage.record import ParamsError, did_you_mean, lookup, read_yaml
 
 PARAMS_DIR = Path("params")
-# a YAML file of command-line overrides (`fedssl run ... key=value`): experiment -> settings
-# merged over its preset as its nearest layer, in every process of the run
-OVERRIDES_ENV = "FEDSSL_OVERRIDES"
+# An override run (`fedssl run EXP key=value`) is an experiment of its own, ``EXP@<hash>``: its
+# file here holds the settings merged over EXP as its nearest layer. Named by what it sets, so
+# the same overrides find the same run, and never EXP's results (git-ignored, as artifacts/ is).
+DERIVED_DIR = Path("artifacts/.overrides")
+DERIVED_SEP = "@"
 EXTENDS = "extends"
 GRIDS_FILE = "grids.yaml"
 PIPELINES_FILE = "pipelines.yaml"
@@ -182,17 +186,16 @@ class Presets:
     def resolve(self, kind: str, name: str, by: str | None = None) -> Resolved:
         """A preset's merged settings and the layers they come from (nearest first). ``by``:
         where the name was read (file and field), named when there is no such preset."""
-        resolved = self._resolve(kind, name, [], by)
-        overrides = command_line_overrides().get(name) if kind == "experiment" else None
-        if not overrides:
-            return resolved
-        file = Path(os.environ[OVERRIDES_ENV])
+        if kind != "experiment" or DERIVED_SEP not in name:
+            return self._resolve(kind, name, [], by)
+        base, overrides = derived_from(name), overrides_of(name)
+        resolved = self._resolve(kind, base, [], by)
         return Resolved(
             kind,
             name,
             f"{resolved.where} with the command line's overrides",
             deep_merge(resolved.merged, overrides),
-            [Layer(file, name, overrides), *resolved.layers],
+            [Layer(derived_file(name), name, overrides), *resolved.layers],
         )
 
     def _resolve(self, kind: str, name: str, visiting: list[str], where: str | None):
@@ -326,10 +329,43 @@ class Presets:
         return out
 
 
-def command_line_overrides() -> dict[str, dict]:
-    """Experiment -> the settings the command line overrides (``fedssl run ... key=value``)."""
-    path = os.environ.get(OVERRIDES_ENV)
-    return read_yaml(Path(path)) if path else {}
+def derived_name(base: str, overrides: dict) -> str:
+    """The id of the run of experiment ``base`` with ``overrides`` (nested settings)."""
+    text = yaml.safe_dump(overrides, sort_keys=True)
+    return f"{base}{DERIVED_SEP}{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+def derived_file(name: str) -> Path:
+    return DERIVED_DIR / f"{name}.yaml"
+
+
+def derived_from(name: str) -> str | None:
+    """The experiment an override run ``name`` derives from (None: ``name`` is a preset)."""
+    return name.split(DERIVED_SEP, 1)[0] if DERIVED_SEP in name else None
+
+
+def overrides_of(name: str) -> dict:
+    """The settings override run ``name`` sets over its experiment ({} for a preset)."""
+    if derived_from(name) is None:
+        return {}
+    file = derived_file(name)
+    if not file.is_file():
+        raise ParamsError(
+            f"{file}: no such override run ('{name}' is made by `fedssl run "
+            f"{derived_from(name)} KEY=VALUE ...` in this folder)"
+        )
+    return read_yaml(file).get(name) or {}
+
+
+def write_derived(base: str, overrides: dict) -> str:
+    """Record the override run of ``base`` with ``overrides``; returns its id."""
+    name = derived_name(base, overrides)
+    file = derived_file(name)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    tmp.write_text(yaml.safe_dump({name: overrides}, sort_keys=True))
+    tmp.replace(file)
+    return name
 
 
 def train_size_of(dataset: P.DatasetParams, prepared: Path) -> int | None:

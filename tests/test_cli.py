@@ -260,7 +260,8 @@ def metrics_of(root, experiment: str) -> dict:
 def test_run_a_stage_then_an_override_that_is_validated_and_recorded(runs):
     """`fedssl run evaluate__X` runs that stage and what it needs (the wrapper once put it
     after `--resources`, which swallowed it); `KEY=VALUE` changes it for one run, is checked
-    as a params file is, and is written beside what it made; a plain run makes it again."""
+    as a params file is, and runs as an experiment of its own (`tiny_pixels@<hash>`), with
+    the overrides in its records; the preset's result stays, and a plain run has nothing to do."""
     fedssl(runs, "run", "evaluate__tiny_pixels", "--cores", "1")
     plain = metrics_of(runs, "tiny_pixels")
     assert not (runs / "artifacts/experiments/tiny_simclr").exists()  # only what it needs
@@ -270,17 +271,20 @@ def test_run_a_stage_then_an_override_that_is_validated_and_recorded(runs):
     assert "with the command line's overrides: invalid parameters" in bad.stderr
     assert "linear_probe.lr: Input should be greater than 0" in bad.stderr
     assert "$ snakemake" not in bad.stderr  # stopped before running anything
+    assert not list((runs / "artifacts/.overrides").glob("*"))  # nor kept the bad run
 
-    # a probe that barely trains: one epoch at a learning rate of 1e-6
-    fedssl(runs, "run", "linear_probe.epochs=1", "tiny_pixels", "linear_probe.lr=1e-6", "-c1")
-    meta = json.loads((runs / "artifacts/experiments/tiny_pixels/evaluate/meta.json").read_text())
+    # a probe that barely trains: one epoch at a learning rate of 1e-6, on the stage named
+    args = ["linear_probe.epochs=1", "evaluate__tiny_pixels", "linear_probe.lr=1e-6", "-c1"]
+    derived = "tiny_pixels@" + fedssl(runs, "run", *args).stderr.split("tiny_pixels@")[1][:8]
+    meta = json.loads((runs / f"artifacts/experiments/{derived}/evaluate/meta.json").read_text())
     assert meta["overrides"] == {"linear_probe": {"epochs": 1, "lr": 1e-6}}
-    record = json.loads((runs / "artifacts/.runs/evaluate__tiny_pixels.json").read_text())
+    record = json.loads((runs / f"artifacts/.runs/evaluate__{derived}.json").read_text())
     assert record["overrides"] == meta["overrides"]
-    assert metrics_of(runs, "tiny_pixels")["linear_top1"] < plain["linear_top1"] - 20
-
-    fedssl(runs, "run", "tiny_pixels", "--cores", "1")  # without: the preset's result again
+    assert metrics_of(runs, derived)["linear_top1"] < plain["linear_top1"] - 20
     assert metrics_of(runs, "tiny_pixels") == plain
+
+    again = fedssl(runs, "run", "tiny_pixels", "--cores", "1")  # without: the preset, as it was
+    assert "Nothing to be done" in again.stdout + again.stderr
     meta = json.loads((runs / "artifacts/experiments/tiny_pixels/evaluate/meta.json").read_text())
     assert "overrides" not in meta
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fedssl import params as P
 from fedssl.plan.dag import Dag
-from fedssl.plan.dvcfile import check, commit_ran, dvc_file, owners, write_all
+from fedssl.plan.dvcfile import check, commit_ran, dvc_file, owners, relock, write_all
 from fedssl.plan.freshness import accept
 
 
@@ -34,6 +34,11 @@ def parser() -> argparse.ArgumentParser:
     write.add_argument("pipelines", nargs="*", help="also write these pipelines' dvc.yaml")
     sub.add_parser("check", help="validate and regenerate; fail when the shape changed")
     sub.add_parser("commit", help="dvc-commit the stages Snakemake ran")
+    sub.add_parser(
+        "relock",
+        help="record in dvc.lock the code the root's stages now run, their outputs as locked "
+        "(after edits shown not to change them)",
+    )
     acc = sub.add_parser(
         "accept",
         help="declare stages up to date without running them "
@@ -56,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             return check()
         elif args.cmd == "commit":
             commit_ran()
+        elif args.cmd == "relock":
+            print("relocked: " + (", ".join(relock()) or "nothing had changed"))
         elif args.cmd == "accept":
             return accept_stages(args.pipeline, args.stages)
         else:

@@ -135,9 +135,11 @@ class Dag:
         root: Path = PARAMS_DIR,
         experiments: list[str] | None = None,
         presets: Presets | None = None,
+        derived: list[str] = (),
     ):
         """The stages of ``pipeline`` (from pipelines.yaml) with its report, or, with
-        ``experiments``, just those experiments' stages (all a stage script needs)."""
+        ``experiments``, just those experiments' stages (all a stage script needs); plus the
+        stages of the override runs ``derived``, which the report does not read."""
         self.pipeline, self.root = pipeline, Path(root)
         self.presets = presets or Presets(self.root)
         self.row, self.column = "method", "partition"  # the report's pivot
@@ -165,6 +167,9 @@ class Dag:
             self._add_experiment(exp)
         if pipeline is not None and not self.stages.get(f"report__{pipeline}"):
             self._add_report()
+        self._planned = set(self.stages)  # the pipeline's own stages, which its report plans
+        for exp in derived:
+            self._add_experiment(exp)
 
     # ------------------------------------------------------------------ stage scripts
     @classmethod
@@ -476,7 +481,7 @@ class Dag:
             "stages": {
                 n: {"kind": s.kind, "out": s.out, "metrics": s.metrics, "plots": s.plots}
                 for n, s in self.stages.items()
-                if s.kind != "report"
+                if s.kind != "report" and n in self._planned
             },
         }
 

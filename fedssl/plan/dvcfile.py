@@ -12,7 +12,6 @@ over rounds or epochs, drawn by `dvc plots show`).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from fedssl.methods import registry
 from fedssl.plan.codegraph import code_files
 from fedssl.plan.dag import Dag, Stage
 from fedssl.plan.freshness import RAN_LOG, check_data
-from fedssl.presets import OVERRIDES_ENV, PARAMS_DIR, Presets
+from fedssl.presets import PARAMS_DIR, Presets
 from fedssl.stage.record import PLAN_RECORDS, record_path, record_text
 from fedssl.strategies import choices as strategy_choices
 
@@ -228,9 +227,6 @@ def commit_ran(
     with (a bad edit) are not recorded, so reverting them leaves DVC nothing to do."""
     if not Path(".dvc").is_dir():
         return []
-    if os.environ.get(OVERRIDES_ENV):  # a one-off run: dvc.lock keeps what the params files make
-        RAN_LOG.unlink(missing_ok=True)
-        return []
     names = sorted(set(RAN_LOG.read_text().split())) if RAN_LOG.exists() else []
     if not (succeeded or names):
         return []  # failed before any stage finished: no pipeline's DVC state changes
@@ -252,3 +248,34 @@ def commit_ran(
         )
     RAN_LOG.unlink(missing_ok=True)
     return names
+
+
+# ---------------------------------------------------------------------- relock
+def relock(dvcfile: str = "dvc.yaml") -> list[str]:
+    """Record in ``dvcfile``'s lock the code each stage now runs, the outputs kept as the lock
+    has them: after edits that cannot change a stage's outputs (the byte-identical check of
+    every method's chain passed), so a fresh clone's ``dvc status`` lists no changed code. A
+    stage whose params values changed is refused: its committed results need a rerun. Returns
+    the stages relocked."""
+    from dvc.repo import Repo
+
+    changed = []
+    with Repo() as repo, repo.lock:
+        stages = [s for s in repo.index.stages if s.path_in_repo == dvcfile and s.cmd]
+        stale = [
+            f"{s.name}: {dep}"
+            for s in stages
+            if s.name != DAG_STAGE  # the check reads all params: it reruns in a second
+            for dep in s.deps
+            if dep.exists and type(dep).__name__ == "ParamsDependency" and dep.status()
+        ]
+        if stale:
+            raise P.ParamsError(f"{dvcfile}: params changed, rerun: {'; '.join(stale)}")
+        for stage in stages:
+            if any(dep.exists and dep.status() for dep in stage.deps):
+                for dep in stage.deps:
+                    if dep.exists:  # an upstream output a fresh clone lacks keeps its hash
+                        dep.save()
+                stage.dump(update_pipeline=False)
+                changed.append(stage.name)
+    return changed

@@ -58,6 +58,15 @@ def diverged(values: Sequence[float], steps: int, is_loss: bool) -> bool:
     return is_loss and max(values) > DIVERGED_FACTOR * abs(statistics.median(values))
 
 
+def seeds_caption(counts: Iterable[int]) -> str:
+    """What a curve is, true to how many runs (seeds) each line has."""
+    counts = sorted(set(counts))
+    if counts == [1]:
+        return "one run (seed) per line"
+    many = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"median over {many} seeds a line, band = min to max"
+
+
 def robust_limits(values: Iterable[float], pad: float = 0.05) -> tuple[float, float] | None:
     """Axis limits that hold every (finite) value with a margin; None without values."""
     finite = [v for v in values if math.isfinite(v)]
@@ -305,14 +314,20 @@ def _curve_panel(
     what did not diverge."""
     from matplotlib.ticker import MaxNLocator
 
+    xs_all = {x for runs in lines.values() for xs, _ in runs for x in xs}
+    if len(xs_all) == 1:  # one round: each line's value over its name, not a lone dot
+        _one_round_panel(ax, lines, colours)
+        ax.set_title(wrap_title(name, title_chars), fontsize=8)
+        ax.set_xlabel(f"{xlabel} {min(xs_all):g}, the only one logged", fontsize=7)
+        ax.set_ylabel(ylabel, fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.grid(alpha=0.3, axis="y")
+        return
     kept_values, ends = _curves(ax, lines, colours, is_loss, name, gone)
     limits = robust_limits(kept_values + [y for _, y in marks])
     if limits:
         ax.set_ylim(*limits)
     _levels(ax, marks)  # on the final scale: close levels' labels are pushed apart on it
-    xs_all = {x for runs in lines.values() for xs, _ in runs for x in xs}
-    if len(xs_all) == 1 and not log:  # one round: a point, not a scale of 0.1
-        ax.set_xlim(min(xs_all) - 1, min(xs_all) + 1)
     _diverged_ends(ax, ends, limits)
     if log:
         log_axis(ax)
@@ -323,6 +338,19 @@ def _curve_panel(
     ax.set_ylabel(ylabel, fontsize=7)
     ax.tick_params(labelsize=6)
     ax.grid(alpha=0.3)
+
+
+def _one_round_panel(ax, lines: dict, colours: dict) -> None:
+    """A panel whose runs log one round: a column per line, a marker per run and the lines'
+    median written beside it."""
+    for i, (line, runs) in enumerate(lines.items()):
+        ys = [y[0] for _, y in runs if y]
+        ax.plot([i] * len(ys), ys, ls="none", marker="o", ms=4, color=colours[line])
+        if ys:
+            ax.annotate(f"{statistics.median(ys):.3g}", (i, statistics.median(ys)), fontsize=6,
+                        xytext=(6, 0), textcoords="offset points", va="center")  # fmt: skip
+    ax.set_xticks(range(len(lines)), [wrap_title(line, 12, " ") for line in lines], fontsize=6)
+    ax.set_xlim(-0.5, len(lines) - 0.5)
 
 
 def _curve_key(plt, fig, colours: dict, diverged_runs: bool) -> int:
@@ -377,10 +405,8 @@ def learning_curves(
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     key_rows = _curve_key(plt, fig, colours, bool(gone))
-    fig.suptitle(
-        (title + "\n" if title else "") + "median over seeds, band = min to max",
-        fontsize=9,
-    )
+    counts = [len(runs) for lines in panels.values() for runs in lines.values()]
+    fig.suptitle((title + "\n" if title else "") + seeds_caption(counts), fontsize=9)
     height = 2.7 * rows + 0.6
     fig.tight_layout(rect=(0, (0.2 + 0.16 * key_rows) / height, 1, 1 - 0.35 / height))
     save_figure(fig, path, dpi=80)

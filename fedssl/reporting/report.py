@@ -566,8 +566,10 @@ def _seedless(name: str) -> str:
 
 
 def _curve(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
+    """A run's (rounds, values) of ``key``; a round that computes no training loss (a
+    clustering round) logs a loss of 0.0, which no loss reaches: not drawn."""
     pairs = [(float(r["round"]), to_float(r.get(key))) for r in rows]
-    pairs = [(x, y) for x, y in pairs if y is not None]
+    pairs = [(x, y) for x, y in pairs if y is not None and not (key == "loss" and y == 0.0)]
     return [x for x, _ in pairs], [y for _, y in pairs]
 
 

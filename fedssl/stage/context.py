@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 
 from fedssl.plan.layout import data_dir, experiment_dir, partition_dir, results_dir
-from fedssl.presets import Presets, command_line_overrides
+from fedssl.presets import Presets, derived_from, overrides_of
 from fedssl.stage.base import (
     RESUME_DIR,
     RUNS_DIR,
@@ -144,7 +144,8 @@ class StageContext(Stage):
             computed["computed_on"] = computed_on(self.device)
             self.info.update(computed)
             computed["precision_setting"] = setting
-        overrides = command_line_overrides().get(self.name)
-        if overrides:
-            self.info["overrides"] = computed["overrides"] = overrides
+        if derived_from(self.name):  # an override run: what it set, over which experiment
+            computed["overrides"] = overrides_of(self.name)
+            computed["derived_from"] = derived_from(self.name)
+            self.info.update(overrides=computed["overrides"], derived_from=computed["derived_from"])
         return policy, computed

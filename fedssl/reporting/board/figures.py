@@ -3,6 +3,7 @@ and the accuracy over the run per family of lines."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -99,6 +100,7 @@ def _distinct_levels(marks: list[tuple[str, str, float]]) -> list[tuple[str, flo
 # A point's field -> (its axis label, the panel's word): its round, the run's wall minutes,
 # the client's MB and GFLOPs by that round (the declared costs' labels, on log scales).
 COST_AXES = (CLIENT_MB_EXCHANGED.label, CLIENT_GFLOPS.label)
+OVER_RUN_LINES = 6  # the most lines a panel of the accuracy over the run draws
 
 
 OVER_RUN_AXES = {
@@ -112,14 +114,28 @@ OVER_RUN_AXES = {
 def _over_run_rows(cells_: list[dict]):
     """A line's row in the accuracy-over-the-run figure: its panel, split by encoder where
     the panel's curves come from several (a ViT's curve among fifteen small CNNs' is
-    unreadable, and families are compared on their own rounds)."""
+    unreadable, and families are compared on their own rounds), then into rows of at most
+    :data:`OVER_RUN_LINES` lines, each of its own hues (fifteen methods' curves in one panel
+    took shades of one colour)."""
     encoders: dict[str, set[str]] = {}
     for cell in cells_:
         encoders.setdefault(panel_of(cell), set()).add(cell["encoder"])
 
-    def row_of(cell: dict) -> str:
+    def base_row(cell: dict) -> str:
         where = panel_of(cell)
         return f"{where} · {cell['encoder']}" if len(encoders[where]) > 1 else where
+
+    lines: dict[str, list[str]] = {}
+    for cell in cells_:
+        methods = lines.setdefault(base_row(cell), [])
+        methods += [] if cell["method"] in methods else [cell["method"]]
+
+    def row_of(cell: dict) -> str:
+        methods = lines[base_row(cell)]
+        parts = math.ceil(len(methods) / OVER_RUN_LINES)
+        size = math.ceil(len(methods) / parts)  # parts of about equal size
+        part = methods.index(cell["method"]) // size
+        return base_row(cell) + (f" · lines {part + 1} of {parts}" if parts > 1 else "")
 
     return row_of
 
