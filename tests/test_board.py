@@ -168,8 +168,13 @@ def test_which_lines_separate_from_the_best_and_from_their_reference():
     assert got["A"]["vs_reference"]["verdict"] == "separable"
     assert got["A"]["vs_reference"]["difference"] == pytest.approx(9.8333, abs=1e-3)
     assert got["C"]["vs_reference"]["verdict"] == "not separable"
-    # Holm over the partition's three comparisons with the best: B's p is at least its raw p
-    assert got["B"]["vs_best"]["p_holm"] >= got["B"]["vs_best"]["p"]
+    # the screening leaves the reference out: B and C against A, Benjamini-Hochberg over two
+    # (B's rank 1 of 2: twice its p; C's rank 2: its own), R has no screening cell
+    assert "vs_best" not in got["R"]
+    assert got["B"]["vs_best"]["adjusted"] == "BH"
+    assert got["B"]["vs_best"]["p_adj"] == pytest.approx(2 * got["B"]["vs_best"]["p"], abs=1e-4)
+    assert got["C"]["vs_best"]["p_adj"] == got["C"]["vs_best"]["p"]
+    assert got["A"]["vs_reference"]["adjusted"] == "Holm"
     text = board.tables.tables_text(cells, "h", 60.0)
     # the difference's paired interval beside the adjusted p: B - A = -5.0, -4.9, -5.1
     assert got["B"]["vs_best"]["ci95"] == pytest.approx([-5.2484, -4.7516], abs=1e-3)
@@ -181,7 +186,7 @@ def test_which_lines_separate_from_the_best_and_from_their_reference():
         "| C | cnn | P | 3 | 79.7±10.0 | [54.8, 104.5] | −1.3 [−23.7, +21.1] not separable "
         "(p 0.82) |" in text
     )
-    assert "best **A** (81.0); not separable from it: C; below it: B, R." in text
+    assert "best **A** (81.0); not separable from it: C; below it: B." in text
     assert "reference of their encoder: above A, B; not separable C; below none." in text
 
 

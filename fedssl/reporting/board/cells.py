@@ -111,8 +111,9 @@ def cells(rows: Iterable[dict], wall: dict[str, float]) -> list[dict]:
     """The board's lines: the runs grouped by evaluation, method (the report's row label),
     encoder and partition (its column), in the order they first appear. Each line holds
     the runs' values of every accuracy and cost column (a list per column, missing ones left
-    out; ``by_seed``: seed -> value), the runs' experiments, and the last rounds its
-    personalised accuracy averages (``last_rounds``)."""
+    out; ``by_seed``: seed -> value), each seed's partition draw (``draws``: seed -> the run's
+    partition, a block of the planned questions' model), the runs' experiments, and the last
+    rounds its personalised accuracy averages (``last_rounds``)."""
     out: dict[tuple, dict] = {}
     for row in rows:
         values = board_values(row, wall)
@@ -123,10 +124,12 @@ def cells(rows: Iterable[dict], wall: dict[str, float]) -> list[dict]:
         cell = out.setdefault(
             key,
             {"evaluation": evaluation, "method": key[1], "encoder": key[2], "partition": key[3]}
-            | {"runs": 0, "values": {}, "by_seed": {}, "experiments": [], "last_rounds": set()},
+            | {"runs": 0, "values": {}, "by_seed": {}, "experiments": [], "last_rounds": set()}
+            | {"draws": {}},
         )
         cell["runs"] += 1
         cell["experiments"].append(row["experiment"])
+        cell["draws"][seed_of(row["experiment"])] = row.get("partition", "")  # a block's key
         cell["last_rounds"] |= {int(LAST_ROUNDS.match(k)[1]) for k in row if LAST_ROUNDS.match(k)}
         for column, v in values.items():
             cell["values"].setdefault(column, []).append(v)

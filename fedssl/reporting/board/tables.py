@@ -64,11 +64,13 @@ def _table_caption(evaluation: str, heading: str, mine: list[dict], machine: str
         words = f"; personal = the clients' mean accuracy averaged over the last {k} rounds"
     return (
         f"{heading}: {sd_note(SD, 'seeds')} (n = the runs column) and its 95 % interval "
-        f"(Student's t){words}; vs best / vs reference: the difference in points from the "
-        "partition's best line / from the line of the same encoder that exchanges nothing "
-        "(the untrained network; SOLO) with the 95 % interval of the difference paired by seed "
-        "(one comparison on its own), a paired t-test over seeds, p Holm-adjusted over the "
-        "partition's comparisons, 'not separable' at p ≥ 0.05; MB sent + received: every byte "
+        f"(Student's t){words}; vs best (a screening): the difference in points from the "
+        "partition's best trained line, paired by seed (95 % interval), p adjusted for a "
+        "false-discovery rate of 5 % (Benjamini-Hochberg), references left out; vs reference: "
+        "from the line of the same encoder that exchanges nothing (the untrained network; "
+        "SOLO): the planned question's answer where the pipeline plans one (pooled variance, "
+        "Holm within its family, the MDE beside 'not separable'), else paired by seed with "
+        "Holm over the partition; 'not separable' at p ≥ 0.05; MB sent + received: every byte "
         "the ledger counted, one-shot transfers included; costs are means "
         "per client and run (blank: the method has no costs stage); wall s = the run's own "
         f"stages (a stage shared by several runs counts in each); hardware: {machine}"
@@ -95,7 +97,7 @@ def table(evaluation: str, cell_list: list[dict], machine: str, notes: dict | No
     targets = any(c.get("to_target") for c in mine)
     lines = [_table_row(cell, shown, costs, targets, notes) for cell in mine]
     header = ["method", "encoder", "partition", "runs", accuracies[shown[0]], "95 % CI"]
-    header += ["vs best", "vs reference"] + [accuracies[c] for c in shown[1:]]
+    header += ["vs best (screening)", "vs reference"] + [accuracies[c] for c in shown[1:]]
     header += [headers[c] for c in costs] + (
         ["rounds to target", "MB to target"] if targets else []
     )
