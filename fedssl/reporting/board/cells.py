@@ -9,7 +9,9 @@ import statistics
 from collections.abc import Iterable
 
 from fedssl import evaluations
-from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED
+from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED, SERVER_GFLOPS
+from fedssl.reporting.board import simulate
+from fedssl.reporting.board.simulate import simulated
 from fedssl.reporting.formatting import to_float
 
 SD = "sample"
@@ -52,13 +54,23 @@ EVALUATIONS = {
 MB = CLIENT_MB_EXCHANGED.key
 
 
-RUN_COSTS = {"rounds": "rounds", "wall_s": "wall s"}
+# The run's wall seconds stay a value of the line (the curves against wall time) but leave
+# the table: on a shared CPU they measure contention; the simulated seconds per round
+# (:mod:`.simulate`) stand in their place.
+RUN_COSTS = {"rounds": "rounds"}
 
 
 def cost_columns() -> dict[str, str]:
-    """The board's cost columns: column -> header."""
-    beside = {m.key: m.label for m in evaluations.client_costs() if m.beside}
-    return beside | RUN_COSTS
+    """The board's cost columns: column -> header (the client costs declared beside, the total
+    GFLOPs after the client's, the rounds, the simulated seconds per round per profile)."""
+    out = {}
+    for m in evaluations.client_costs():
+        if m.beside:
+            out[m.key] = m.label
+        if m.key == CLIENT_GFLOPS.key:
+            out[simulate.TOTAL] = "total GFLOPs / client (+ server's)"
+    sim = {simulate.column(n): f"s / round, {n} (sim.)" for n in simulate.PROFILES}
+    return out | RUN_COSTS | sim
 
 
 # personal_lastK: the clients' mean personalised accuracy averaged over the last K rounds
@@ -91,9 +103,11 @@ def board_values(row: dict, wall: dict[str, float]) -> dict[str, float]:
     values = {k: to_float(row.get(k)) for k in (*_declared("ssl"), *_declared("personal"))}
     last = [k for k in row if LAST_ROUNDS.match(k)]
     values["personal_last"] = to_float(row[last[0]]) if last else None
-    values |= {k: to_float(row.get(k)) for k in cost_columns() if k not in (MB, "wall_s")}
+    values |= {k: to_float(row.get(k)) for k in cost_columns() if k != MB}
     values |= {MB: client_mb(row), "wall_s": wall.get(row["experiment"])}
-    return {k: v for k, v in values.items() if v is not None}
+    values[SERVER_GFLOPS.key] = to_float(row.get(SERVER_GFLOPS.key))
+    values = {k: v for k, v in values.items() if v is not None}
+    return values | simulated(values)
 
 
 def evaluation_of(values: dict) -> str | None:

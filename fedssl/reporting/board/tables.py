@@ -10,6 +10,7 @@ from fedssl.reporting import stats
 from fedssl.reporting.board.cells import EVALUATIONS, SD, accuracy_of, cost_columns
 from fedssl.reporting.board.flags import MARK, flag_marks, flag_notes
 from fedssl.reporting.board.significance import significance_text, verdict_text
+from fedssl.reporting.board.simulate import PROFILES, SERVER_GFLOPS_PER_S
 from fedssl.reporting.formatting import markdown_table, mean_sd, number, sd_note
 
 
@@ -55,6 +56,11 @@ def _table_row(cell: dict, shown: list[str], costs: list[str], targets: bool, no
     )
 
 
+def _profiles() -> str:
+    """The simulated profiles in words: the FLOPs at the client's rate, bytes over its link."""
+    return "; ".join(f"{name}: {p.words}" for name, p in PROFILES.items())
+
+
 def _table_caption(evaluation: str, heading: str, mine: list[dict], machine: str) -> str:
     """What a table's columns mean (see :func:`table`)."""
     last = sorted({k for c in mine for k in c["last_rounds"]})
@@ -72,8 +78,11 @@ def _table_caption(evaluation: str, heading: str, mine: list[dict], machine: str
         "Holm within its family, the MDE beside 'not separable'), else paired by seed with "
         "Holm over the partition; 'not separable' at p ≥ 0.05; MB sent + received: every byte "
         "the ledger counted, one-shot transfers included; costs are means "
-        "per client and run (blank: the method has no costs stage); wall s = the run's own "
-        f"stages (a stage shared by several runs counts in each); hardware: {machine}"
+        "per client and run (blank: the method has no costs stage); total GFLOPs: the "
+        "client's plus the server's on its behalf where its costs stage counts them (split "
+        f"learning); s / round (sim.): {_profiles()}, server {SERVER_GFLOPS_PER_S:g} GFLOP/s, "
+        "no latency (the measured wall time, contended, is in board.json); the runs' "
+        f"hardware: {machine}"
         + (
             f"; {MARK}n: a flag, its note under the table"
             if any(c.get("flags") for c in mine)
