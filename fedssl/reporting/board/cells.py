@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Iterable
 
 from fedssl import evaluations
-from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED, SERVER_GFLOPS
+from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED
 from fedssl.reporting.board import simulate
 from fedssl.reporting.board.simulate import simulated
 from fedssl.reporting.formatting import to_float
@@ -105,7 +105,8 @@ def board_values(row: dict, wall: dict[str, float]) -> dict[str, float]:
     values["personal_last"] = to_float(row[last[0]]) if last else None
     values |= {k: to_float(row.get(k)) for k in cost_columns() if k != MB}
     values |= {MB: client_mb(row), "wall_s": wall.get(row["experiment"])}
-    values[SERVER_GFLOPS.key] = to_float(row.get(SERVER_GFLOPS.key))
+    server = to_float(row.get(simulate.SERVER_FLOPS))
+    values[simulate.SERVER_GFLOPS] = None if server is None else server * 1e-9
     values = {k: v for k, v in values.items() if v is not None}
     return values | simulated(values)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED, SERVER_GFLOPS
+from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,12 @@ PROFILES = {
 
 
 TOTAL = "total_GFLOPs"
+
+
+# The server's FLOPs on a client's behalf, where a method's costs stage reports them (its
+# mean over clients, ``mean_server_flops``: a report row's ``server_flops``, in FLOPs), and
+# the board's column of them in GFLOPs.
+SERVER_FLOPS, SERVER_GFLOPS = "server_flops", "server_GFLOPs"
 
 
 def column(profile: str) -> str:
@@ -65,7 +71,7 @@ def round_seconds(
 def simulated(values: dict) -> dict[str, float]:
     """A run's board values' total GFLOPs and simulated seconds per round per profile (the
     keys it cannot compute left out)."""
-    client, server = values.get(CLIENT_GFLOPS.key), values.get(SERVER_GFLOPS.key)
+    client, server = values.get(CLIENT_GFLOPS.key), values.get(SERVER_GFLOPS)
     mb = values.get(CLIENT_MB_EXCHANGED.key)
     out = {}
     if (total := total_gflops(client, server)) is not None:
