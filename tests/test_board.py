@@ -781,18 +781,20 @@ def test_a_monitor_without_a_round_0_reading_targets_its_untrained_references_kn
     assert line["to_target"]["reached"] == 2 and line["to_target"]["target"] == 50.5
 
 
-def test_a_reference_far_cheaper_than_every_method_is_a_level_with_its_cost():
-    """MFCL's untrained stem exports in ~10 GFLOPs against the methods' hundreds: drawn as a
-    level labelled with its cost, not a point stretching the log axis; a reference within the
-    methods' range stays a (hollow) point."""
+def test_a_reference_far_cheaper_than_every_method_goes_to_the_edge_with_its_cost():
+    """MFCL's untrained stem exports in ~10 GFLOPs against the methods' hundreds: drawn on the
+    panel's left edge, labelled with its cost, not a point stretching the log axis; a
+    reference within the methods' range stays a (hollow) point."""
     points = [
         {"x": 9.2, "y": 70.0, "label": "stem at init", "reference": True},
         {"x": 300.0, "y": 90.0, "label": "SOLO", "reference": True},
         {"x": 500.0, "y": 75.0, "label": "A", "reference": False},
         {"x": 900.0, "y": 76.0, "label": "B", "reference": False},
     ]
-    levels = board.figures._far_below(points, "GFLOPs")
-    assert levels == [{"label": "stem at init\n(9.2 GFLOPs)", "y": 70.0}]
+    edge = board.figures._far_below(points, "GFLOPs")
+    assert [(p["label"], p["x"], p["y"]) for p in edge] == [
+        ("stem at init (9.2 GFLOPs)", None, 70.0)
+    ]
     assert [p["label"] for p in points] == ["SOLO", "A", "B"]
 
 

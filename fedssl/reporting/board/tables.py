@@ -156,7 +156,7 @@ def tables_text(
 
 FIGURES = {
     "board_accuracy_vs_MB.png": "accuracy against every byte a client exchanged",
-    "board_accuracy_vs_GFLOPs.png": "accuracy against client GFLOPs",
+    "board_accuracy_vs_GFLOPs.png": "accuracy against total GFLOPs (client + server's)",
     "board_over_run_encoders.png": "self-supervised and supervised encoders over the run "
     "(k-NN monitor against rounds, wall time, MB, GFLOPs)",
     "board_over_run_personalised.png": "personalised methods over the run (the clients' mean "

@@ -10,7 +10,6 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from fedssl.evaluations.costs import CLIENT_GFLOPS
 from fedssl.plan.layout import owner_of, report_dir
 from fedssl.reporting.board.budget import budget_markdown, budget_table, plan_markdown, plan_table
 from fedssl.reporting.board.cells import (
@@ -25,6 +24,7 @@ from fedssl.reporting.board.figures import plot, plot_over_run
 from fedssl.reporting.board.flags import DOCS_FROM_REPORT, FLAGS_FILE, flag_lines, load_flags
 from fedssl.reporting.board.questions import QUESTIONS_FILE, ask, load_questions, questions_text
 from fedssl.reporting.board.significance import compare_lines, metrics
+from fedssl.reporting.board.simulate import TOTAL
 from fedssl.reporting.board.tables import FIGURES, hardware, render, tables_text
 from fedssl.stage.record import ParamsError
 
@@ -109,8 +109,8 @@ def write_board(
     folder.mkdir(parents=True, exist_ok=True)
     headers = cost_columns()
     plot(cell_list, MB, headers[MB], folder / "board_accuracy_vs_MB.png")
-    gflops = CLIENT_GFLOPS.key
-    plot(cell_list, gflops, headers[gflops], folder / "board_accuracy_vs_GFLOPs.png")
+    # the client's FLOPs and the server's on its behalf: a split line's server work counts
+    plot(cell_list, TOTAL, headers[TOTAL], folder / "board_accuracy_vs_GFLOPs.png")
     drawn = [f for f in FIGURES if f.startswith("board_accuracy_vs")]
     for stale in folder.glob("board_over_run_*.png"):
         stale.unlink()  # a family no longer drawn leaves no figure behind
