@@ -5,7 +5,7 @@ fedssl list pipelines|experiments|methods [FILTER] [-v]
 fedssl show EXPERIMENT            # resolved params and the stages it runs (YAML)
 fedssl times PIPELINE             # each stage's wall time and peak memory (TSV)
 fedssl export | report | board | costs | recheck | flower | flower-sim | codegraph | pipeline
-       | schemas
+       | schemas | docs | advise
                                   # the project's tools (``fedssl VERB -h``)
 """
 
@@ -67,6 +67,11 @@ TOOLS = {
     "pipeline": ("fedssl.pipeline", "main", "write / check / commit / accept / show the DAG"),
     "schemas": ("fedssl.experiment", "main", "write schemas/ from the params models"),
     "docs": ("fedssl.reporting.docs", "main", "refill the docs' results pages from the reports"),
+    "advise": (
+        "fedssl.reporting.board.advise",
+        "main",
+        "the board's lines that fit a budget on a partition, ranked, with what is resolved",
+    ),
 }
 
 

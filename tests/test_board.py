@@ -57,11 +57,11 @@ def test_board_groups_seeds_and_reports_mean_and_sample_sd():
     assert b["rounds_mean"] == 10 and b["wall_s_mean"] == 4.0 and "linear_top1_mean" not in b
     text = board.tables.table("ssl", cells, "h (2-core CPU)")
     assert (
-        "| A | cnn | IID | 2 | 71.0±1.4 | [58.3, 83.7] | best |  | 61.0±1.4 | 2 | 5 | 15 |" in text
+        "| A | cnn | IID | 2 | 71.0±1.4 | [58.3, 83.7] | best |  | 61.0±1.4 | 2 | 5 | 5 |" in text
     )
     assert "mean ± sample SD over seeds" in text and "hardware: h (2-core CPU)" in text
     assert (
-        "| B | cnn | IID | 3 | 85.0±5.0 | [72.6, 97.4] | best |  | 1 | 10 | 4 |"
+        "| B | cnn | IID | 3 | 85.0±5.0 | [72.6, 97.4] | best |  | 1 | 10 |"
         in board.tables.table("personal", cells, "")
     )
 
@@ -168,8 +168,13 @@ def test_which_lines_separate_from_the_best_and_from_their_reference():
     assert got["A"]["vs_reference"]["verdict"] == "separable"
     assert got["A"]["vs_reference"]["difference"] == pytest.approx(9.8333, abs=1e-3)
     assert got["C"]["vs_reference"]["verdict"] == "not separable"
-    # Holm over the partition's three comparisons with the best: B's p is at least its raw p
-    assert got["B"]["vs_best"]["p_holm"] >= got["B"]["vs_best"]["p"]
+    # the screening leaves the reference out: B and C against A, Benjamini-Hochberg over two
+    # (B's rank 1 of 2: twice its p; C's rank 2: its own), R has no screening cell
+    assert "vs_best" not in got["R"]
+    assert got["B"]["vs_best"]["adjusted"] == "BH"
+    assert got["B"]["vs_best"]["p_adj"] == pytest.approx(2 * got["B"]["vs_best"]["p"], abs=1e-4)
+    assert got["C"]["vs_best"]["p_adj"] == got["C"]["vs_best"]["p"]
+    assert got["A"]["vs_reference"]["adjusted"] == "Holm"
     text = board.tables.tables_text(cells, "h", 60.0)
     # the difference's paired interval beside the adjusted p: B - A = -5.0, -4.9, -5.1
     assert got["B"]["vs_best"]["ci95"] == pytest.approx([-5.2484, -4.7516], abs=1e-3)
@@ -181,7 +186,7 @@ def test_which_lines_separate_from_the_best_and_from_their_reference():
         "| C | cnn | P | 3 | 79.7±10.0 | [54.8, 104.5] | −1.3 [−23.7, +21.1] not separable "
         "(p 0.82) |" in text
     )
-    assert "best **A** (81.0); not separable from it: C; below it: B, R." in text
+    assert "best **A** (81.0); not separable from it: C; below it: B." in text
     assert "reference of their encoder: above A, B; not separable C; below none." in text
 
 
@@ -776,18 +781,20 @@ def test_a_monitor_without_a_round_0_reading_targets_its_untrained_references_kn
     assert line["to_target"]["reached"] == 2 and line["to_target"]["target"] == 50.5
 
 
-def test_a_reference_far_cheaper_than_every_method_is_a_level_with_its_cost():
-    """MFCL's untrained stem exports in ~10 GFLOPs against the methods' hundreds: drawn as a
-    level labelled with its cost, not a point stretching the log axis; a reference within the
-    methods' range stays a (hollow) point."""
+def test_a_reference_far_cheaper_than_every_method_goes_to_the_edge_with_its_cost():
+    """MFCL's untrained stem exports in ~10 GFLOPs against the methods' hundreds: drawn on the
+    panel's left edge, labelled with its cost, not a point stretching the log axis; a
+    reference within the methods' range stays a (hollow) point."""
     points = [
         {"x": 9.2, "y": 70.0, "label": "stem at init", "reference": True},
         {"x": 300.0, "y": 90.0, "label": "SOLO", "reference": True},
         {"x": 500.0, "y": 75.0, "label": "A", "reference": False},
         {"x": 900.0, "y": 76.0, "label": "B", "reference": False},
     ]
-    levels = board.figures._far_below(points, "GFLOPs")
-    assert levels == [{"label": "stem at init\n(9.2 GFLOPs)", "y": 70.0}]
+    edge = board.figures._far_below(points, "GFLOPs")
+    assert [(p["label"], p["x"], p["y"]) for p in edge] == [
+        ("stem at init (9.2 GFLOPs)", None, 70.0)
+    ]
     assert [p["label"] for p in points] == ["SOLO", "A", "B"]
 
 

@@ -241,7 +241,7 @@ class MocoSfl(PretrainStepMethod):
     )
     encoder_reads = ("method.backbone", "method.cut")
     encoder_builder = "fedssl.methods.mocosfl.run:encoder_skeleton"
-    cost_columns = ("flops_per_step", "smashed_bytes_per_step")
+    cost_columns = ("flops_per_step", "smashed_bytes_per_step", "server_flops")
     report_tables = "fedssl.methods.mocosfl.report:tables"
     report_figures = "fedssl.methods.mocosfl.report:figures"
 

@@ -4,8 +4,10 @@
   the gradients returned, the synced models).
 * FLOPs: counted around one client step at the real batch: the online client part's forward
   and backward (from the activation gradients the server returns) on the query rows, and the
-  momentum client part's forward on the key rows. The server's part (its units, projector and
-  loss) is the server's cost, not the client's. Per image x the images the client processed.
+  momentum client part's forward on the key rows. The server's part (its units and projector:
+  forward and backward to the activations on the query rows, the momentum top's forward on
+  the key rows; the loss's queue products left out) is counted apart, as the server FLOPs
+  spent on that client (``server_flops``). Per image x the images the client processed.
 * Memory: that step's saved activations, the activations it holds and the gradient it
   receives, plus the client part four times over (online, momentum, gradient, SGD momentum).
 
@@ -44,12 +46,18 @@ def client_step(p, nets: SplitNets, image_shape) -> dict:
 
     client = nets.client.train()
     flops = costs.train_step_flops(client, x, backward_from_server) + costs.forward_flops(client, x)
+    with torch.no_grad():
+        h = client(x)
+    top = nets.top.train()
+    h_grad = h.clone().requires_grad_(True)  # the server returns the activations' gradient
+    server = costs.train_step_flops(top, h_grad) + costs.forward_flops(top, h)
     weights = costs.tensor_bytes(client.parameters())
     smashed = 2 * returned.numel() * FLOAT_BYTES  # its activations and the gradient back
     saved = costs.saved_activation_bytes(client, x, backward_from_server)
     return {
         "flops_per_step": flops,
         "flops_per_image": flops / p.training.batch_size,
+        "server_flops_per_image": server / p.training.batch_size,
         "step_bytes": int(saved + smashed + CLIENT_COPIES * weights),
     }
 
@@ -83,6 +91,7 @@ def client_rows(p, nets: SplitNets, image_shape, ledger: dict, images: list[int]
                 "smashed_bytes_per_step": smashed,
                 "flops_per_step": step["flops_per_step"],
                 "flops": step["flops_per_image"] * images[c],
+                "server_flops": step["server_flops_per_image"] * images[c],
                 "peak_step_bytes": step["step_bytes"],
             }
         )

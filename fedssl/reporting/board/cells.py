@@ -10,6 +10,8 @@ from collections.abc import Iterable
 
 from fedssl import evaluations
 from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED
+from fedssl.reporting.board import simulate
+from fedssl.reporting.board.simulate import simulated
 from fedssl.reporting.formatting import to_float
 
 SD = "sample"
@@ -52,13 +54,23 @@ EVALUATIONS = {
 MB = CLIENT_MB_EXCHANGED.key
 
 
-RUN_COSTS = {"rounds": "rounds", "wall_s": "wall s"}
+# The run's wall seconds stay a value of the line (the curves against wall time) but leave
+# the table: on a shared CPU they measure contention; the simulated seconds per round
+# (:mod:`.simulate`) stand in their place.
+RUN_COSTS = {"rounds": "rounds"}
 
 
 def cost_columns() -> dict[str, str]:
-    """The board's cost columns: column -> header."""
-    beside = {m.key: m.label for m in evaluations.client_costs() if m.beside}
-    return beside | RUN_COSTS
+    """The board's cost columns: column -> header (the client costs declared beside, the total
+    GFLOPs after the client's, the rounds, the simulated seconds per round per profile)."""
+    out = {}
+    for m in evaluations.client_costs():
+        if m.beside:
+            out[m.key] = m.label
+        if m.key == CLIENT_GFLOPS.key:
+            out[simulate.TOTAL] = "total GFLOPs / client (+ server's)"
+    sim = {simulate.column(n): f"s / round, {n} (sim.)" for n in simulate.PROFILES}
+    return out | RUN_COSTS | sim
 
 
 # personal_lastK: the clients' mean personalised accuracy averaged over the last K rounds
@@ -91,9 +103,12 @@ def board_values(row: dict, wall: dict[str, float]) -> dict[str, float]:
     values = {k: to_float(row.get(k)) for k in (*_declared("ssl"), *_declared("personal"))}
     last = [k for k in row if LAST_ROUNDS.match(k)]
     values["personal_last"] = to_float(row[last[0]]) if last else None
-    values |= {k: to_float(row.get(k)) for k in cost_columns() if k not in (MB, "wall_s")}
+    values |= {k: to_float(row.get(k)) for k in cost_columns() if k != MB}
     values |= {MB: client_mb(row), "wall_s": wall.get(row["experiment"])}
-    return {k: v for k, v in values.items() if v is not None}
+    server = to_float(row.get(simulate.SERVER_FLOPS))
+    values[simulate.SERVER_GFLOPS] = None if server is None else server * 1e-9
+    values = {k: v for k, v in values.items() if v is not None}
+    return values | simulated(values)
 
 
 def evaluation_of(values: dict) -> str | None:
@@ -111,8 +126,9 @@ def cells(rows: Iterable[dict], wall: dict[str, float]) -> list[dict]:
     """The board's lines: the runs grouped by evaluation, method (the report's row label),
     encoder and partition (its column), in the order they first appear. Each line holds
     the runs' values of every accuracy and cost column (a list per column, missing ones left
-    out; ``by_seed``: seed -> value), the runs' experiments, and the last rounds its
-    personalised accuracy averages (``last_rounds``)."""
+    out; ``by_seed``: seed -> value), each seed's partition draw (``draws``: seed -> the run's
+    partition, a block of the planned questions' model), the runs' experiments, and the last
+    rounds its personalised accuracy averages (``last_rounds``)."""
     out: dict[tuple, dict] = {}
     for row in rows:
         values = board_values(row, wall)
@@ -123,10 +139,12 @@ def cells(rows: Iterable[dict], wall: dict[str, float]) -> list[dict]:
         cell = out.setdefault(
             key,
             {"evaluation": evaluation, "method": key[1], "encoder": key[2], "partition": key[3]}
-            | {"runs": 0, "values": {}, "by_seed": {}, "experiments": [], "last_rounds": set()},
+            | {"runs": 0, "values": {}, "by_seed": {}, "experiments": [], "last_rounds": set()}
+            | {"draws": {}},
         )
         cell["runs"] += 1
         cell["experiments"].append(row["experiment"])
+        cell["draws"][seed_of(row["experiment"])] = row.get("partition", "")  # a block's key
         cell["last_rounds"] |= {int(LAST_ROUNDS.match(k)[1]) for k in row if LAST_ROUNDS.match(k)}
         for column, v in values.items():
             cell["values"].setdefault(column, []).append(v)

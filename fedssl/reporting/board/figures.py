@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED
 from fedssl.reporting.board.cells import EVALUATIONS, accuracy_of, is_reference, run_curves
+from fedssl.reporting.formatting import save_figure
 
 
 def family_of(cell: dict) -> str:
@@ -27,15 +28,11 @@ def _reference_label(cell: dict) -> str:
     return cell["method"] if cell["evaluation"] == "personal" else f"untrained {cell['encoder']}"
 
 
-def plot(cell_list: list[dict], cost: str, label: str, path: Path) -> None:
-    """Accuracy (the line's :func:`accuracy_of`) against a cost, one panel per evaluation and
-    partition: a point per line with its SD over seeds, the Pareto front labelled, the lines
-    that exchange nothing (or cost nothing) as dotted levels, a reference that does cost
-    something (MFCL's untrained stem uploads its representations) as a hollow point
-    (:func:`fedssl.reporting.figures.accuracy_vs_cost`)."""
-    from fedssl.reporting.figures import accuracy_vs_cost
-
-    panels, references, ylabels = {}, {}, {}
+def _panels(cell_list: list[dict], cost: str) -> tuple[dict, dict]:
+    """Per panel (:func:`panel_of`), its points (``x`` the mean cost, ``y`` the mean accuracy,
+    ``err`` its SD, ``label``, ``group`` the encoder, ``reference``) and its y label; a line
+    that costs nothing has ``x`` None."""
+    panels, ylabels = {}, {}
     for cell in cell_list:
         accuracy = accuracy_of(cell)
         if not accuracy:
@@ -43,42 +40,215 @@ def plot(cell_list: list[dict], cost: str, label: str, path: Path) -> None:
         name = panel_of(cell)
         ys, xs = cell["values"][accuracy], cell["values"].get(cost)
         ylabels[name] = f"{EVALUATIONS[cell['evaluation']][1][accuracy]} top-1 %"
-        y = statistics.mean(ys)
-        if not xs or statistics.mean(xs) <= 0:
-            references.setdefault(name, []).append({"label": _reference_label(cell), "y": y})
-            panels.setdefault(name, [])
-            continue
+        x = statistics.mean(xs) if xs and statistics.mean(xs) > 0 else None
+        reference = is_reference(cell) or x is None
         panels.setdefault(name, []).append(
-            {
-                "x": statistics.mean(xs),
-                "y": y,
-                "err": statistics.stdev(ys) if len(ys) > 1 else 0.0,
-                "label": cell["method"],
-                "group": cell["encoder"],
-                "reference": is_reference(cell),  # drawn hollow, never on the front
-            }
+            {"x": x, "y": statistics.mean(ys), "err": statistics.stdev(ys) if len(ys) > 1 else 0.0}
+            | {"group": cell["encoder"], "reference": reference}
+            | {"label": _reference_label(cell) if reference else cell["method"]}
         )
-    for name, points in panels.items():
-        references.setdefault(name, []).extend(_far_below(points, label.split(" /")[0]))
-    order = sorted(panels, key=lambda n: (n.endswith("personalised"), list(panels).index(n)))
-    accuracy_vs_cost(
-        {n: panels[n] for n in order},
-        label,
-        ylabels,
-        path,
-        references=references,
-    )
+    return panels, ylabels
+
+
+def front_of(points: list[dict]) -> list[int]:
+    """The methods on the Pareto front: those no other line beats in cost and accuracy, a
+    reference included (one that costs nothing sits at cost 0), the references never on it."""
+    from fedssl.reporting.figures import pareto_front
+
+    pairs = [(p["x"] or 0.0, p["y"]) for p in points]
+    return [i for i in pareto_front(pairs) if not points[i]["reference"]]
+
+
+def plot(cell_list: list[dict], cost: str, label: str, path: Path) -> None:
+    """Accuracy against a cost (:func:`draw`), saved at ``path``."""
+    fig = draw(cell_list, cost, label)
+    save_figure(fig, path, dpi=90)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def draw(cell_list: list[dict], cost: str, label: str):
+    """Accuracy (the line's :func:`accuracy_of`) against a cost, one panel per evaluation and
+    partition: a point per line with its SD over seeds, the cost axis log-scaled, the Pareto
+    front of the methods drawn and named; the references as hollow diamonds, those that cost
+    nothing (or under a fifth of the cheapest method's) on the panel's left edge with their
+    name, never on the front but beating the methods below them off it; the other lines
+    numbered, their names in the key; no label over another (:func:`place_labels`)."""
+    from fedssl.reporting.figures import _pyplot, colours_for, grid_shape, log_axis
+
+    panels, ylabels = _panels(cell_list, cost)
+    unit = label.split(" /")[0]
+    for points in panels.values():
+        _to_edge(points, unit)
+    names = sorted(panels, key=lambda n: (n.endswith("personalised"), list(panels).index(n)))
+    plt = _pyplot()
+    rows, cols = grid_shape(len(names), 3)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.4 * cols, 4.6 * rows), squeeze=False)
+    colours = colours_for(plt, list(dict.fromkeys(p["group"] for n in names for p in panels[n])))
+    numbered: dict[str, int] = {}
+    drawn = []
+    for ax, name in zip(axes.flat, names):
+        log_axis(ax)
+        drawn.append((ax, _cost_panel(ax, panels[name], colours, numbered)))
+        ax.set_title(name, fontsize=9, pad=14)  # room for a label pushed above the panel
+        ax.set_xlabel(label, fontsize=8)
+        ax.set_ylabel(ylabels[name], fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3, which="both")
+    for ax in list(axes.flat)[len(names) :]:
+        ax.axis("off")
+    _cost_key(plt, fig, colours, numbered)
+    fig.tight_layout(rect=(0.02, 0.1, 0.98, 1))
+    for ax, labels in drawn:  # on the final layout: the labels are placed in display space
+        place_labels(ax, labels)
+    return fig
+
+
+def _to_edge(points: list[dict], unit: str) -> None:
+    """References that cost nothing, or under a fifth of the cheapest method's cost (MFCL's
+    stem at init: ~9 GFLOPs against hundreds), go to the panel's left edge (``x`` None), the
+    cost they have in their label."""
+    points.extend(_far_below(points, unit))
+
+
+def _cost_panel(ax, points: list[dict], colours: dict, numbered: dict[str, int]) -> list:
+    """One panel's points, its front as a step line; returns the labels to place, each
+    ``(text, anchor in data or axes-edge coordinates, transform)``."""
+    front = front_of(points)
+    edge = ax.get_yaxis_transform()  # x in axes fraction, y in data: the left edge
+    labels = []
+    for i, p in enumerate(points):
+        colour = colours[p["group"]]
+        marker, face = ("D", "white") if p["reference"] else ("o", colour)
+        at, transform = ((0.0, p["y"]), edge) if p["x"] is None else ((p["x"], p["y"]), None)
+        ax.errorbar(*at, yerr=p["err"] or None, marker=marker, ms=4, capsize=2, ls="none",
+                    color=colour, mfc=face, clip_on=False,
+                    transform=transform or ax.transData)  # fmt: skip
+        named = i in front or p["reference"]
+        text = p["label"] if named else str(numbered.setdefault(p["label"], len(numbered) + 1))
+        labels.append((text, at, transform))
+    if front:
+        xs, ys = [points[i]["x"] for i in front], [points[i]["y"] for i in front]
+        ax.step(xs, ys, where="post", color="k", lw=0.8, alpha=0.6)
+    return labels
+
+
+def _cost_key(plt, fig, colours: dict, numbered: dict[str, int]) -> None:
+    """The key under the panels: a colour per encoder, the front, the references' mark, and
+    the numbered lines' names."""
+    import textwrap
+
+    handles = [plt.Line2D([], [], marker="o", ls="none", color=c, label=g)
+               for g, c in colours.items()]  # fmt: skip
+    handles.append(plt.Line2D([], [], color="k", lw=0.8, label="Pareto front (named)"))
+    handles.append(plt.Line2D([], [], marker="D", ls="none", color="0.4", mfc="white",
+                              label="reference (left edge: costs nothing)"))  # fmt: skip
+    fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7,
+               frameon=False, bbox_to_anchor=(0.5, 0.0))  # fmt: skip
+    key = "   ".join(f"{n}: {name}" for name, n in numbered.items())
+    if key:
+        fig.text(0.01, 0.045, "\n".join(textwrap.wrap("Off the front: " + key, 230)),
+                 fontsize=6, va="bottom")  # fmt: skip
+
+
+LABEL_GAP_PX = 1.0
+
+
+def place_labels(ax, labels: list[tuple], fontsize: int = 6) -> list:
+    """Each label beside its point, moved up (or, under the panel's title, down) until its
+    box is clear of every label placed before it by a few pixels, and to the point's left
+    where it would leave the figure; returns the drawn texts."""
+    renderer = ax.figure.canvas.get_renderer()
+    title = ax.title.get_window_extent(renderer)
+    room = (ax.figure.bbox.x1, min(ax.figure.bbox.y1, title.y0), ax.figure.bbox.y0)
+    placed, texts = [title], []
+    for text, at, transform in sorted(labels, key=lambda x: _anchor_px(ax, x)[1]):
+        t = ax.annotate(
+            text, at, xycoords=transform or "data", xytext=(3, 2), textcoords="offset points",
+            fontsize=fontsize, annotation_clip=False,
+            arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.4, "shrinkA": 0, "shrinkB": 2},
+        )  # fmt: skip
+        if _box(t, renderer).x1 > room[0]:
+            t.set_horizontalalignment("right")
+            t.xyann = (-3, 2)
+        _clear(t, placed, renderer, room[1:])
+        placed.append(_box(t, renderer))
+        texts.append(t)
+    return texts
+
+
+LABEL_GAP_PX = (4.0, 1.0)  # the clearance kept between two labels' boxes: across, up
+
+
+def _clear(t, placed: list, renderer, room: tuple[float, float], tries: int = 400) -> None:
+    """Moves ``t`` up past every placed box it comes near, down from its start where up would
+    cross ``room``'s ceiling (its floor is the figure's bottom)."""
+    start, step = t.xyann, +1
+    per_px = 72 / t.figure.dpi
+    ceiling, floor = room
+    for _ in range(tries):
+        box = _box(t, renderer)
+        hit = next((b for b in placed if _near(box, b)), None)
+        if box.y1 > ceiling and step > 0:  # up is out: start again, downwards
+            t.xyann, step = start, -1
+            continue
+        if hit is None or box.y0 < floor:
+            return
+        gap = LABEL_GAP_PX[1]
+        dy = hit.y1 - box.y0 + gap if step > 0 else hit.y0 - box.y1 - gap
+        t.xyann = (t.xyann[0], t.xyann[1] + dy * per_px)
+
+
+def _near(a, b) -> bool:
+    """Two boxes closer than :data:`LABEL_GAP_PX` (across) or overlapping (up)."""
+    gap = LABEL_GAP_PX[0]
+    return a.x0 - gap < b.x1 and b.x0 - gap < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def _box(t, renderer):
+    """A label's text box alone (an annotation's own extent spans its leader line too)."""
+    from matplotlib.text import Text
+
+    t.update_positions(renderer)  # where its offset puts it now
+    return Text.get_window_extent(t, renderer)
+
+
+def _overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def _anchor_px(ax, label: tuple) -> tuple[float, float]:
+    _, at, transform = label
+    return (transform or ax.transData).transform(at)
+
+
+def label_boxes(fig) -> list[list]:
+    """Per panel of a drawn figure, the display boxes of its title and point labels (its
+    annotations), the title first."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    return [
+        [ax.title.get_window_extent(renderer)] + [_box(t, renderer) for t in ax.texts]
+        for ax in fig.axes
+        if ax.texts
+    ]
 
 
 def _far_below(points: list[dict], unit: str, factor: float = 5.0) -> list[dict]:
     """Takes out of ``points`` the references that cost under a ``factor``-th of the panel's
-    cheapest method and returns them as levels with their cost in the label (MFCL's untrained
-    stem exports its representations in ~10 GFLOPs against the methods' 500-2,000: as a point
-    it would stretch the log axis over decades where no method is)."""
+    cheapest method and returns them for the panel's edge (``x`` None) with their cost in the
+    label (MFCL's untrained stem exports its representations in ~10 GFLOPs against the
+    methods' 500-2,000: as a point it would stretch the log axis over decades where no
+    method is)."""
     cheapest = min((p["x"] for p in points if not p["reference"]), default=None)
-    far = [p for p in points if p["reference"] and cheapest and p["x"] * factor < cheapest]
+    far = [
+        p
+        for p in points
+        if p["reference"] and p["x"] is not None and cheapest and p["x"] * factor < cheapest
+    ]
     points[:] = [p for p in points if p not in far]
-    return [{"label": f"{p['label']}\n({p['x']:.3g} {unit})", "y": p["y"]} for p in far]
+    return [p | {"label": f"{p['label']} ({p['x']:.3g} {unit})", "x": None} for p in far]
 
 
 # run_curves' fields the accuracy over the run is drawn against: field -> (axis, panel word)

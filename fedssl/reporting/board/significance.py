@@ -1,5 +1,8 @@
-"""Which lines of the board separate: the paired comparisons over seeds against the best line
-and against each line's zero-cost reference (Holm-corrected), and their text under a table."""
+"""Which lines of the board separate: the screening of every trained line against the best
+(false-discovery rate, Benjamini-Hochberg: the best is chosen from the same data, so it is a
+screening, not a planned question), each line against its zero-cost reference (paired over
+seeds, Holm-corrected; the planned questions of :mod:`.questions` replace these where the
+pipeline has them), and their text under a table."""
 
 from __future__ import annotations
 
@@ -10,40 +13,46 @@ from fedssl.reporting.board.cells import EVALUATIONS, SD, accuracy_of, cell_key,
 
 
 def compare_lines(cell_list: list[dict]) -> None:
-    """For each evaluation and partition, every line against the best and against its
-    reference (:func:`is_reference`, same encoder): the paired t-test over seeds
-    (:func:`fedssl.reporting.stats.compare`), Holm-corrected over the partition's comparisons of
-    each kind, into ``cell["vs_best"]`` / ``cell["vs_reference"]``. The best is the highest mean
-    accuracy among the lines of two runs or more, which a test can compare with (on a board
-    made part by part, a line's single first run would otherwise be the best and leave every
-    comparison untested); the highest of all where no line has two."""
+    """For each evaluation and partition, every trained line against the best trained line
+    (the screening: the references left out, p adjusted by Benjamini-Hochberg) and against
+    its reference (:func:`is_reference`, same encoder; Holm over the partition's): the paired
+    t-test over seeds (:func:`fedssl.reporting.stats.compare`), into ``cell["vs_best"]`` /
+    ``cell["vs_reference"]``. The best is the highest mean accuracy among the trained lines of
+    two runs or more, which a test can compare with (on a board made part by part, a line's
+    single first run would otherwise be the best and leave every comparison untested); the
+    highest of all where no line has two."""
     groups: dict[tuple, list[dict]] = {}
     for cell in cell_list:
         if accuracy_of(cell):
             groups.setdefault((cell["evaluation"], cell["partition"]), []).append(cell)
     for mine in groups.values():
-        testable = [c for c in mine if len(c["values"][accuracy_of(c)]) > 1]
-        best = max(testable or mine, key=lambda c: statistics.mean(c["values"][accuracy_of(c)]))
-        best["vs_best"] = {"verdict": "best"}
-        others = [c for c in mine if c is not best]
-        _verdicts(others, [best] * len(others), "vs_best")
+        trained = [c for c in mine if not is_reference(c)]
+        if trained:
+            testable = [c for c in trained if len(c["values"][accuracy_of(c)]) > 1]
+            best = max(
+                testable or trained, key=lambda c: statistics.mean(c["values"][accuracy_of(c)])
+            )
+            best["vs_best"] = {"verdict": "best"}
+            others = [c for c in trained if c is not best]
+            _verdicts(others, [best] * len(others), "vs_best", stats.benjamini_hochberg, "BH")
         refs = {c["encoder"]: c for c in mine if is_reference(c)}
-        trained = [c for c in mine if not is_reference(c) and c["encoder"] in refs]
-        _verdicts(trained, [refs[c["encoder"]] for c in trained], "vs_reference")
+        paired = [c for c in trained if c["encoder"] in refs]
+        _verdicts(paired, [refs[c["encoder"]] for c in paired], "vs_reference", stats.holm, "Holm")
 
 
-def _verdicts(cells_: list[dict], against: list[dict], name: str) -> None:
+def _verdicts(cells_: list[dict], against: list[dict], name: str, adjust, adjusted: str) -> None:
     found = [
         stats.compare(c["by_seed"][accuracy_of(c)], o["by_seed"].get(accuracy_of(c), {}))
         for c, o in zip(cells_, against)
     ]
-    for cell, other, comparison, p in zip(cells_, against, found, stats.holm([f.p for f in found])):
+    for cell, other, comparison, p in zip(cells_, against, found, adjust([f.p for f in found])):
         verdict = "untested" if p is None else "separable" if p < stats.ALPHA else "not separable"
         cell[name] = {
             "against": other["method"],
             "difference": round(comparison.difference, 4),
             "p": None if comparison.p is None else round(comparison.p, 4),
-            "p_holm": None if p is None else round(p, 4),
+            "p_adj": None if p is None else round(p, 4),
+            "adjusted": adjusted,
             "ci95": comparison.interval and [round(x, 4) for x in comparison.interval],
             "test": comparison.test,
             "verdict": verdict,
@@ -52,8 +61,8 @@ def _verdicts(cells_: list[dict], against: list[dict], name: str) -> None:
 
 def verdict_text(v: dict | None) -> str:
     """A comparison as a table cell: "best", "−3.1 [−4.0, −2.2] (p 0.004)" or "−0.4 [−2.9,
-    +2.1] not separable (p 0.6)" (the difference in points, the 95 % interval of the paired
-    difference, the Holm-adjusted p-value)."""
+    +2.1] not separable, MDE 2.5 (p 0.6)" (the difference in points, its 95 % interval, the
+    minimum detectable effect where the analysis gives one, the adjusted p-value)."""
     if not v:
         return ""
     if v["verdict"] == "best":
@@ -64,7 +73,9 @@ def verdict_text(v: dict | None) -> str:
     if v.get("ci95"):
         diff += " [{:+.1f}, {:+.1f}]".format(*v["ci95"]).replace("-", "−")
     words = " not separable" if v["verdict"] == "not separable" else ""
-    p = "p < 0.001" if v["p_holm"] < 0.001 else f"p {v['p_holm']:.2g}"
+    if words and v.get("mde") is not None:
+        words += f", MDE {v['mde']:.1f}"
+    p = "p < 0.001" if v["p_adj"] < 0.001 else f"p {v['p_adj']:.2g}"
     return f"{diff}{words} ({p})"
 
 
@@ -140,9 +151,11 @@ def significance_text(cell_list: list[dict]) -> str:
     if not parts:
         return ""
     return (
-        "**Which differences are significant** (paired t-test over seeds, Holm-adjusted per "
-        "partition, α = 0.05; with 3 seeds a difference must be large and steady to "
-        "separate):\n" + "\n".join(parts) + "\n"
+        "**Which differences are significant.** Against the best: a *screening* (the best "
+        "is picked from the same runs; paired t-test over seeds, false-discovery rate 5 % "
+        "by Benjamini-Hochberg, the zero-cost references left out). Against the reference: "
+        "the planned questions where the pipeline has them (the table of questions), else "
+        "the paired t-test, Holm-adjusted per partition, α = 0.05:\n" + "\n".join(parts) + "\n"
     )
 
 

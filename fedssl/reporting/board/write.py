@@ -10,7 +10,6 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from fedssl.evaluations.costs import CLIENT_GFLOPS
 from fedssl.plan.layout import owner_of, report_dir
 from fedssl.reporting.board.budget import budget_markdown, budget_table, plan_markdown, plan_table
 from fedssl.reporting.board.cells import (
@@ -23,7 +22,9 @@ from fedssl.reporting.board.cells import (
 )
 from fedssl.reporting.board.figures import plot, plot_over_run
 from fedssl.reporting.board.flags import DOCS_FROM_REPORT, FLAGS_FILE, flag_lines, load_flags
+from fedssl.reporting.board.questions import QUESTIONS_FILE, ask, load_questions, questions_text
 from fedssl.reporting.board.significance import compare_lines, metrics
+from fedssl.reporting.board.simulate import TOTAL
 from fedssl.reporting.board.tables import FIGURES, hardware, render, tables_text
 from fedssl.stage.record import ParamsError
 
@@ -87,22 +88,29 @@ def write_board(
     failed=(),
     logs: dict[str, list[dict]] | None = None,
     flags_file: Path = FLAGS_FILE,
+    questions_file: Path = QUESTIONS_FILE,
 ) -> dict:
     """board.md, board.json and the figures in ``folder`` (``logs``: experiment -> its round
     log's rows, for the accuracy over the run; ``flags_file``: :data:`FLAGS_FILE`, the
-    pipeline's entry flags its lines); returns board.json's content."""
+    pipeline's entry flags its lines; ``questions_file``: its planned questions, answered
+    into ``board_questions.md`` and board.json, and into the lines' vs reference);
+    returns board.json's content."""
     cell_list = cells(rows, wall)
     compare_lines(cell_list)
+    plan = load_questions(pipeline, questions_file)
+    answers = ask(cell_list, plan, f"{questions_file}: {pipeline}")
     flag_lines(cell_list, load_flags(pipeline, flags_file), flags_file)
     rounds_to_target(cell_list, logs or {})
-    tables = tables_text(cell_list, hardware(records), total, pending, failed)
+    asked = questions_text(answers, plan)
+    tables = tables_text(cell_list, hardware(records), total, pending, failed) + asked
     # board.md sits in the report's folder: its links reach the docs' results pages
     page = tables_text(cell_list, hardware(records), total, pending, failed, DOCS_FROM_REPORT)
+    page += asked
     folder.mkdir(parents=True, exist_ok=True)
     headers = cost_columns()
     plot(cell_list, MB, headers[MB], folder / "board_accuracy_vs_MB.png")
-    gflops = CLIENT_GFLOPS.key
-    plot(cell_list, gflops, headers[gflops], folder / "board_accuracy_vs_GFLOPs.png")
+    # the client's FLOPs and the server's on its behalf: a split line's server work counts
+    plot(cell_list, TOTAL, headers[TOTAL], folder / "board_accuracy_vs_GFLOPs.png")
     drawn = [f for f in FIGURES if f.startswith("board_accuracy_vs")]
     for stale in folder.glob("board_over_run_*.png"):
         stale.unlink()  # a family no longer drawn leaves no figure behind
@@ -110,6 +118,9 @@ def write_board(
     (folder / "board_tables.md").write_text(tables)
     (folder / "board.md").write_text(render(pipeline, page, [*drawn, "curves.png"]))
     board = {"total_wall_hours": round(total / 3600, 3), "lines": metrics(cell_list)}
+    if answers:
+        board["questions"] = answers
+        (folder / "board_questions.md").write_text(asked)
     (folder / "board.json").write_text(json.dumps(board, indent=1, ensure_ascii=False) + "\n")
     write_kept_records(folder, records)
     return board
@@ -168,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             saved.get("failed", []),
             {name: read_round_log(paths) for name, paths in round_logs(dag).items()},
         )
-    except ParamsError as e:  # the flags file: its message names the field
+    except ParamsError as e:  # the flags or questions file: its message names the field
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"wrote {folder}/board.md, board.json and its figures")

@@ -1,5 +1,5 @@
 """MocoSFL / MonAcoSFL's costs stage: a client step's FLOPs are its part's (online forward and
-backward, momentum forward; never the server's), the smashed data per step follow the
+backward, momentum forward; the server's counted apart), the smashed data per step follow the
 protocol's formula, and each client's bytes by kind come from the ledger."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from fedssl import costs
 from fedssl.fl.cohort import LocalData
 from fedssl.methods.mocosfl.costs import client_rows, client_step, projected_rows
 from fedssl.methods.mocosfl.nets import build_nets
@@ -38,7 +39,7 @@ def test_a_client_step_costs_its_parts_forward_and_backward_only(symmetric):
     """Per image: the online forward F, its backward 2F less the first convolution's
     gradient with respect to the images (none is needed), the momentum forward F, with or
     without the symmetric loss (the server swaps the activations). The server's units and
-    projector run on the server and do not count."""
+    projector run on the server and count apart, as its FLOPs on the client's behalf."""
     p = params("mocosfl", cut=3, moco=dict(queue_size=32, symmetric=symmetric))
     nets = build_nets(p, SHAPE, CPU)
     convs = conv_flops_per_image(nets.client)
@@ -46,6 +47,11 @@ def test_a_client_step_costs_its_parts_forward_and_backward_only(symmetric):
     step = client_step(p, nets, SHAPE)
     assert step["flops_per_step"] == rows * (4 * sum(convs) - convs[0])
     assert step["flops_per_image"] == step["flops_per_step"] / p.training.batch_size
+    # the server's FLOPs on the client's behalf, counted apart: its top's forward F_s, the
+    # backward to its weights and to the activations 2 F_s, the momentum top's forward F_s
+    with torch.no_grad():
+        h = nets.client(torch.zeros(1, *SHAPE))
+    assert step["server_flops_per_image"] == 4 * costs.forward_flops(nets.top, h)
     # memory: four copies of the client part, its activations and the gradient back, plus
     # what autograd saves (some of it)
     weights = sum(t.numel() * 4 for t in nets.client.parameters())

@@ -1,0 +1,204 @@
+"""``fedssl advise --partition P [--mb-per-client X] [--client-gflops Y] [--peak-mb Z]``: the
+board's lines that fit a client's budget on a partition, ranked by accuracy with their 95 %
+intervals, and which of the differences from the top line the runs resolve.
+
+A line fits when each budgeted cost's mean over its runs is within the budget (a line that
+lacks a budgeted cost does not fit: its cost is unknown). The zero-cost references fit every
+budget and stay in the ranking: a user may be best served by federating nothing. The top line
+of each evaluation is compared with every other fitting line under the pooled linear model of
+the fitting lines' runs (:class:`fedssl.reporting.stats.LineModel`), Holm-adjusted over those
+comparisons; an unresolved difference is printed with its minimum detectable effect."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED, PEAK_STEP_MB
+from fedssl.reporting import stats
+from fedssl.reporting.board.cells import EVALUATIONS, accuracy_of, cells, is_reference
+from fedssl.reporting.formatting import markdown_table
+
+COSTS = (CLIENT_MB_EXCHANGED.key, CLIENT_GFLOPS.key, PEAK_STEP_MB.key)  # the budget's, in order
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A client's budget over a run: MB exchanged, GFLOPs, peak step MB (None: no limit)."""
+
+    mb: float | None = None
+    gflops: float | None = None
+    peak_mb: float | None = None
+
+    def limits(self) -> dict[str, float]:
+        given = (self.mb, self.gflops, self.peak_mb)
+        return {k: v for k, v in zip(COSTS, given) if v is not None}
+
+
+def partition_of(cell_list: list[dict], asked: str) -> str:
+    """The board's partition that ``asked`` names: its label, or a part of exactly one."""
+    names = list(dict.fromkeys(c["partition"] for c in cell_list))
+    if asked in names:
+        return asked
+    found = [n for n in names if asked.lower() in n.lower()]
+    if len(found) != 1:
+        raise ValueError(
+            f"--partition: '{asked}' names {'no' if not found else 'more than one'} partition "
+            f"of the board ({'; '.join(names)})"
+        )
+    return found[0]
+
+
+def fits(cell: dict, budget: Budget) -> bool:
+    """Each budgeted cost's mean within the budget; a cost the line lacks is unknown (it does
+    not fit), except for a zero-cost reference, which records none where it spends none."""
+    values = cell["values"]
+    missing = 0.0 if is_reference(cell) else float("inf")
+    return all(
+        (statistics.mean(values[key]) if key in values else missing) <= limit
+        for key, limit in budget.limits().items()
+    )
+
+
+def _ranked(cell_list: list[dict], evaluation: str, partition: str, budget: Budget) -> list:
+    mine = [
+        c
+        for c in cell_list
+        if c["evaluation"] == evaluation and c["partition"] == partition and accuracy_of(c)
+    ]
+    fitting = [c for c in mine if fits(c, budget)]
+    return sorted(fitting, key=lambda c: -statistics.mean(c["values"][accuracy_of(c)]))
+
+
+def _line(cell: dict) -> dict:
+    values = cell["values"][accuracy_of(cell)]
+    ci = stats.interval(values)
+    costs = {k: round(statistics.mean(cell["values"][k]), 4) for k in COSTS if k in cell["values"]}
+    return {
+        "method": cell["method"],
+        "encoder": cell["encoder"],
+        "runs": len(values),
+        "mean": round(statistics.mean(values), 4),
+        "ci95": ci and [round(x, 4) for x in ci],
+        "reference": is_reference(cell),
+    } | costs
+
+
+def _against_top(ranked: list[dict]) -> list[dict]:
+    """The top line against each other fitting line, each under the pooled model of the
+    fitting lines of the two lines' encoders (an encoder's noise is its own: a ResNet's SD of 6
+    points would bury the small CNN's differences), Holm over the comparisons."""
+    top, others = ranked[0], ranked[1:]
+    found = []
+    for other in others:
+        encoders = {top["encoder"], other["encoder"]}
+        runs = [
+            (c["method"], seed, v)
+            for c in ranked
+            if c["encoder"] in encoders
+            for seed, v in c["by_seed"][accuracy_of(c)].items()
+        ]
+        found.append(stats.LineModel(runs).contrast(top["method"], other["method"]))
+    adjusted = stats.holm([None if f is None else f.p for f in found])
+    level = stats.ALPHA / max(len(others), 1)
+    out = []
+    for other, f, p in zip(others, found, adjusted):
+        if f is None:
+            out.append({"line": other["method"], "resolved": False, "verdict": "untested"})
+            continue
+        out.append(
+            {"line": other["method"], "difference": round(f.difference, 4)}
+            | {"p_adj": round(p, 6), "resolved": p < stats.ALPHA, "mde": round(f.mde(level), 4)}
+        )
+    return out
+
+
+def advise(rows: list[dict], partition: str, budget: Budget) -> dict:
+    """Per evaluation of the board on ``partition``: the fitting lines, best first, and the
+    top line's comparisons with the others."""
+    cell_list = cells(rows, {})
+    partition = partition_of(cell_list, partition)
+    out = {"partition": partition, "budget": budget.limits(), "evaluations": {}}
+    for evaluation in EVALUATIONS:
+        ranked = _ranked(cell_list, evaluation, partition, budget)
+        if ranked:
+            compared = _against_top(ranked) if len(ranked) > 1 else []
+            out["evaluations"][evaluation] = {
+                "lines": [_line(c) for c in ranked],
+                "against_top": compared,
+            }
+    return out
+
+
+def _number(x, spec=".3g") -> str:
+    return "" if x is None else format(x, spec)
+
+
+def advise_text(advice: dict) -> str:
+    """The advice as a reader gets it: per evaluation a ranked table and a sentence."""
+    limits = ", ".join(f"{k} ≤ {v:g}" for k, v in advice["budget"].items()) or "no limit"
+    parts = [f"Partition {advice['partition']}; budget per client over the run: {limits}.\n"]
+    for evaluation, found in advice["evaluations"].items():
+        vs = {a["line"]: a for a in found["against_top"]}
+        rows = []
+        for i, line in enumerate(found["lines"]):
+            a = vs.get(line["method"])
+            ci = "[{:.1f}, {:.1f}]".format(*line["ci95"]) if line["ci95"] else "(one run)"
+            if a is None:
+                word = "top"
+            elif a.get("verdict") == "untested":
+                word = "untested"
+            elif a["resolved"]:
+                p = "< 0.001" if a["p_adj"] < 0.001 else f"{a['p_adj']:.2g}"
+                word = f"{-a['difference']:+.1f}, resolved (p {p})"
+            else:
+                word = f"{-a['difference']:+.1f}, not resolved (MDE {a['mde']:.1f})"
+            name = line["method"] + (" (reference)" if line["reference"] else "")
+            costs = [line.get(k) for k in COSTS]
+            rows.append(
+                [str(i + 1), name, line["encoder"], str(line["runs"])]
+                + [f"{line['mean']:.1f}", ci, word.replace("-", "−")]
+                + [_number(c) for c in costs]
+            )
+        header = ["rank", "line", "encoder", "runs", "top-1 %", "95 % CI", "vs top"]
+        header += ["MB / client", "GFLOPs / client", "peak step MB"]
+        tied = [a["line"] for a in found["against_top"] if not a["resolved"]]
+        words = (
+            f"The top line, {found['lines'][0]['method']}, is resolved from every other line."
+            if not tied
+            else f"Not resolved from the top line {found['lines'][0]['method']}: {', '.join(tied)}."
+        )
+        parts.append(
+            f"**{EVALUATIONS[evaluation][0]}**\n\n{markdown_table(header, rows)}\n{words}\n"
+        )
+    if not advice["evaluations"]:
+        parts.append("No line of the board fits this budget on this partition.\n")
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="fedssl advise", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--partition", required=True, help="a partition of the board (or a part)")
+    ap.add_argument("--mb-per-client", type=float, help="MB a client may exchange over the run")
+    ap.add_argument("--client-gflops", type=float, help="GFLOPs a client may spend over the run")
+    ap.add_argument("--peak-mb", type=float, help="a client's peak step memory, MB")
+    ap.add_argument("--board", default="board", help="the pipeline whose board to read")
+    ap.add_argument("--json", action="store_true", help="the advice as JSON")
+    args = ap.parse_args(argv)
+    report = Path("results/reports") / args.board / "report.json"
+    if not report.exists():
+        print(f"error: --board: no committed report {report}", file=sys.stderr)
+        return 1
+    rows = json.loads(report.read_text())["rows"]
+    budget = Budget(args.mb_per_client, args.client_gflops, args.peak_mb)
+    try:
+        advice = advise(rows, args.partition, budget)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(advice, indent=1, ensure_ascii=False) if args.json else advise_text(advice))
+    return 0

@@ -1,0 +1,248 @@
+"""The board's planned questions (``params/board_questions.yaml``): per partition, named
+families of comparisons written before the runs are read (each trained line against its own
+reference, and the contrasts a reader asks within a family of methods), each answered under a
+linear model with the variance pooled over the family's lines, Holm-adjusted within the
+family, with the minimum detectable effect beside every verdict.
+
+Why a pooled variance and not a paired test: with 3 seeds a paired t has 2 degrees of freedom
+and its critical value alone (4.3) buries every gain under 9-10 points; the seed effect the
+pairing removes is nil on the committed board (one partition draw for every seed). Pooling
+the residual variance over the family's lines (each line its own mean: ``variance: pooled``)
+gives 2 x lines degrees of freedom. Where the seed also draws the partition and that block
+shifts every line alike, ``variance: blocked`` adds a block per (partition draw, seed), the
+fixed-effect form of a mixed model with line fixed and seed/partition random; its contrasts
+equal the mixed model's on a complete grid, and it needs no variance-component estimate that
+3-10 blocks cannot give. The pooled model assumes the lines of a family are about equally
+noisy, which is why a family holds one encoder's lines: its SDs are printed beside it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from fedssl.reporting import stats
+from fedssl.reporting.board.cells import accuracy_of
+from fedssl.reporting.formatting import markdown_table
+from fedssl.stage.record import ParamsError, read_yaml
+
+QUESTIONS_FILE = Path("params/board_questions.yaml")
+
+
+RESOLVED_MDE = 1.0  # points: a "not separable" with an MDE this small still answers the question
+
+
+class Family(BaseModel, extra="forbid"):
+    """A named family of questions on one evaluation's lines (by method): each trained line
+    against its reference (``lines``: a list, each against ``reference``; or line ->
+    its own reference), and each pair of ``contrasts`` (first minus second). ``pool``: more
+    lines whose runs enter the variance, not asked about (a contrast of two lines borrows
+    the noise of its encoder's other lines)."""
+
+    says: str
+    evaluation: Literal["ssl", "personal"]
+    variance: Literal["pooled", "blocked"] = "pooled"
+    reference: str | None = None
+    lines: list[str] | dict[str, str] = []
+    contrasts: list[tuple[str, str]] = []
+    pool: list[str] = []
+
+    @model_validator(mode="after")
+    def _some_question(self) -> Family:
+        if isinstance(self.lines, list) and bool(self.reference) != bool(self.lines):
+            raise ValueError("reference and a list of lines go together (each against it)")
+        if isinstance(self.lines, dict) and self.reference:
+            raise ValueError("reference: lines already name each line's own reference")
+        if not self.lines and not self.contrasts:
+            raise ValueError("a family asks at least one question (lines or contrasts)")
+        return self
+
+    def questions(self) -> list[tuple[str, str, str]]:
+        """(line, against, the field that asks it) in the family's order."""
+        lines = self.lines if isinstance(self.lines, dict) else dict.fromkeys(self.lines)
+        asked = [(a, b or self.reference, f"lines.{a}") for a, b in lines.items()]
+        return asked + [(a, b, f"contrasts.{i}") for i, (a, b) in enumerate(self.contrasts)]
+
+
+class BoardQuestions(BaseModel, extra="forbid"):
+    """One pipeline's planned questions: the families, asked on each of ``partitions`` (the
+    board's partition labels), at family-wise level ``alpha``; the MDE at ``power``."""
+
+    partitions: list[str] = Field(min_length=1)
+    alpha: float = Field(stats.ALPHA, gt=0, lt=1)
+    power: float = Field(0.8, gt=0, lt=1)
+    families: dict[str, Family] = Field(min_length=1)
+
+
+def load_questions(pipeline: str, path: Path = QUESTIONS_FILE) -> BoardQuestions | None:
+    """The pipeline's planned questions (None: no file, or no entry for the pipeline)."""
+    raw = read_yaml(path).get(pipeline) if path.exists() else None
+    if raw is None:
+        return None
+    try:
+        return BoardQuestions.model_validate(raw)
+    except ValidationError as e:
+        fields = "; ".join(
+            f"{pipeline}.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()
+        )
+        raise ParamsError(f"{path}: {fields}") from None
+
+
+def _runs(cell: dict) -> list[tuple[str, str, float]]:
+    """A line's runs as (line, block, accuracy): the block is the partition draw and seed."""
+    column = accuracy_of(cell)
+    draws = cell.get("draws", {})
+    return [
+        (cell["method"], f"{draws.get(seed, '')}/{seed}", value)
+        for seed, value in cell["by_seed"][column].items()
+    ]
+
+
+def _lines_of(cell_list, family: Family, name: str, partition: str, where: str) -> dict:
+    """The family's lines on a partition (method -> cell); a line the board lacks stops here,
+    naming the field that asks for it."""
+    lines = {
+        c["method"]: c
+        for c in cell_list
+        if c["evaluation"] == family.evaluation and c["partition"] == partition and accuracy_of(c)
+    }
+    asked = [(a, b, field) for a, b, field in family.questions()]
+    asked += [(m, m, f"pool.{i}") for i, m in enumerate(family.pool)]
+    for a, b, field in asked:
+        for method in (a, b):
+            if method not in lines:
+                raise ParamsError(
+                    f"{where}.families.{name}.{field}: no {family.evaluation} line "
+                    f"'{method}' on partition '{partition}'"
+                )
+    return lines
+
+
+def ask_family(
+    cell_list: list[dict],
+    family: Family,
+    plan: BoardQuestions,
+    name: str,
+    partition: str,
+    where: str = "questions",
+) -> list[dict]:
+    """One family's questions on one partition: each a difference in points with its
+    interval, raw and Holm-adjusted p, verdict and minimum detectable effect (at the
+    family's Bonferroni level alpha / m, Holm's strictest step, and ``plan.power``)."""
+    lines = _lines_of(cell_list, family, name, partition, where)
+    asked = family.questions()
+    named = list(dict.fromkeys([*(m for a, b, _ in asked for m in (a, b)), *family.pool]))
+    runs = [run for m in named for run in _runs(lines[m])]
+    model = stats.LineModel(runs, blocked=family.variance == "blocked")
+    found = [model.contrast(a, b) for a, b, _ in asked]
+    adjusted = stats.holm([None if f is None else f.p for f in found])
+    level = plan.alpha / len(asked)
+    out = []
+    for (a, b, _), contrast, p in zip(asked, found, adjusted):
+        answer = {
+            "family": name,
+            "partition": partition,
+            "line": a,
+            "against": b,
+            "n": [
+                len(lines[a]["by_seed"][accuracy_of(lines[a])]),
+                len(lines[b]["by_seed"][accuracy_of(lines[b])]),
+            ],
+        }
+        if contrast is None:
+            out.append(answer | {"verdict": "untested"})
+            continue
+        mde = contrast.mde(level, plan.power)
+        separable = p < plan.alpha
+        out.append(
+            answer
+            | {
+                "difference": round(contrast.difference, 4),
+                "ci95": [round(float(x), 4) for x in contrast.interval],
+                "p": round(contrast.p, 6),
+                "p_adj": round(p, 6),
+                "adjusted": "Holm",
+                "test": f"{family.variance} t, df {contrast.df}",
+                "sd": round(math.sqrt(model.variance), 4),
+                "mde": round(mde, 4),
+                "verdict": "separable" if separable else "not separable",
+                "resolved": separable or mde <= RESOLVED_MDE,
+            }
+        )
+    return out
+
+
+def ask(cell_list: list[dict], plan: BoardQuestions | None, where: str = "questions") -> list:
+    """Every family's questions on every partition of the plan (none without a plan); each
+    trained line's answer against its reference also goes into its ``vs_reference``."""
+    if plan is None:
+        return []
+    answers = []
+    for partition in plan.partitions:
+        for name, family in plan.families.items():
+            found = ask_family(cell_list, family, plan, name, partition, where)
+            answers += found
+            _into_cells(cell_list, family, found)
+    return answers
+
+
+def _into_cells(cell_list: list[dict], family: Family, found: list[dict]) -> None:
+    by_line = {(c["evaluation"], c["partition"], c["method"]): c for c in cell_list}
+    for answer, (_, _, field) in zip(found, family.questions()):
+        if field.startswith("lines."):
+            cell = by_line[(family.evaluation, answer["partition"], answer["line"])]
+            keep = (
+                "against",
+                "difference",
+                "p",
+                "p_adj",
+                "adjusted",
+                "ci95",
+                "test",
+                "verdict",
+                "mde",
+                "family",
+            )
+            cell["vs_reference"] = {k: answer[k] for k in keep if k in answer}
+
+
+def _answer_row(a: dict) -> list[str]:
+    if a["verdict"] == "untested":
+        return [a["family"], a["line"], a["against"], "", "", "untested", "", ""]
+    points = "{:+.1f} [{:+.1f}, {:+.1f}]".format(a["difference"], *a["ci95"]).replace("-", "−")
+    p = "< 0.001" if a["p_adj"] < 0.001 else f"{a['p_adj']:.2g}"
+    resolved = "yes" if a["resolved"] else "no"
+    return [a["family"], a["line"], a["against"], points, p, a["verdict"], f"{a['mde']:.1f}"] + [
+        resolved
+    ]
+
+
+def questions_text(answers: list[dict], plan: BoardQuestions | None) -> str:
+    """The planned questions as tables, one per partition, each family's count of verdicts
+    in a line under it (empty without a plan)."""
+    if not answers or plan is None:
+        return ""
+    header = ["family", "line", "against", "difference [95 % CI]", "p (Holm)", "verdict"]
+    header += ["MDE", "resolved"]
+    caption = (
+        "Planned questions (params/board_questions.yaml): the difference in points of the "
+        "lines' means under a linear model of the runs with the variance pooled over the "
+        "family's lines (test: its degrees of freedom), its unadjusted 95 % interval, p "
+        f"Holm-adjusted within the family (α = {plan.alpha:g}); MDE: the minimum detectable "
+        f"effect, the true difference found with {plan.power:.0%} power at the family's level "
+        f"α / m; resolved: separable, or an MDE ≤ {RESOLVED_MDE:g} point"
+    )
+    parts = []
+    for partition in plan.partitions:
+        mine = [a for a in answers if a["partition"] == partition]
+        counts = [
+            f"{name}: {sum(a['verdict'] == 'separable' for a in of)} of {len(of)} separable, "
+            f"{sum(bool(a.get('resolved')) for a in of)} resolved"
+            for name in plan.families
+            if (of := [a for a in mine if a["family"] == name])
+        ]
+        table = markdown_table(header, [_answer_row(a) for a in mine], f"{caption}; {partition}")
+        parts.append(f"{table}\n" + "".join(f"- {c}\n" for c in counts))
+    return "**Planned questions, per partition**\n\n" + "\n".join(parts)

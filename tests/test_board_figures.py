@@ -1,0 +1,77 @@
+"""The board's accuracy-against-cost figures: references as points off the front that still
+beat the methods below them, and labels that do not collide (their drawn boxes measured)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+from fedssl.reporting import board
+from fedssl.reporting.board import figures
+
+
+def _point(label, x, y, reference=False):
+    return {"label": label, "x": x, "y": y, "err": 0.0, "group": "g", "reference": reference}
+
+
+def test_references_are_never_on_the_front_and_beat_what_is_below_them():
+    """The untrained network costs nothing (x None) at 75: A (70, cheap) is off the front it
+    would have led; B (80) and D (85) are on it; C (78, dearer than B) is not; a hollow
+    reference at 5 MB and 82 takes B off the front too."""
+    points = [
+        _point("untrained", None, 75.0, reference=True),
+        _point("A", 10.0, 70.0),
+        _point("B", 20.0, 80.0),
+        _point("C", 30.0, 78.0),
+        _point("D", 40.0, 85.0),
+    ]
+    assert figures.front_of(points) == [2, 4]
+    assert figures.front_of(points + [_point("stem", 5.0, 82.0, reference=True)]) == [4]
+
+
+def _overlaps(fig) -> list[tuple]:
+    """Pairs of a panel's boxes (title and labels) that overlap, and boxes off the figure."""
+    page, bad = fig.bbox, []
+    for boxes in figures.label_boxes(fig):
+        bad += [(a, b) for a, b in itertools.combinations(boxes, 2) if figures._overlap(a, b)]
+        bad += [(b,) for b in boxes if b.x0 < page.x0 or b.x1 > page.x1 or b.y1 > page.y1]
+    return bad
+
+
+def _crowd():
+    """Twelve lines within half a point and a few MB of each other, two references."""
+    rows = []
+    for i in range(12):
+        method = f"a long method name {i}" if i % 3 == 0 else f"M{i}"
+        for s in range(2):
+            rows.append(
+                {"experiment": f"{method}_s{s}", "row": method, "arch": "cnn", "column": "P"}
+                | {"linear_top1": 70.0 + 0.04 * i + 0.1 * s, "client_MB_exchanged": 30 + i % 4}
+            )
+    for name, mb in (("untrained", 0.0), ("stem at init", 29.0)):
+        rows += [
+            {"experiment": f"{name}_s{s}", "row": name, "arch": "cnn", "column": "P"}
+            | {"linear_top1": 70.2, "client_MB_exchanged": mb, "rounds": 0}
+            for s in range(2)
+        ]
+    return board.cells.cells(rows, {})
+
+
+def test_crowded_labels_are_drawn_apart():
+    fig = figures.draw(_crowd(), "client_MB_exchanged", "MB / client")
+    assert sum(len(b) for b in figures.label_boxes(fig)) == 1 + 14  # the title and 14 labels
+    assert _overlaps(fig) == []
+    # the same labels without placing them (each at its point) would collide
+    ax = next(a for a in fig.axes if a.texts)
+    for t in ax.texts:
+        t.xyann = (3, 2)
+    assert _overlaps(fig) != []
+
+
+def test_the_committed_boards_figures_have_no_colliding_label():
+    rows = json.loads(Path("results/reports/board/report.json").read_text())["rows"]
+    cells = board.cells.cells(rows, {})
+    for cost in ("client_MB_exchanged", "total_GFLOPs"):
+        fig = figures.draw(cells, cost, cost)
+        assert _overlaps(fig) == [], cost
