@@ -65,7 +65,9 @@ class Local:
     size and epochs, an ``after_step`` builder of the model (a momentum target's EMA). As a
     phase of several: which parameters it trains (``trainable(state)``; None: the
     strategy's), its batch draws' ``seed_tag`` and its ``loss_weight`` (see
-    :class:`fedssl.rounds.loop.Phase`)."""
+    :class:`fedssl.rounds.loop.Phase`). ``own_objective``: the loss already holds what the
+    strategy's local objective would add (a personalised baseline that builds its SCAFFOLD
+    correction from a companion network), so the builder does not wrap it again."""
 
     views: Callable[[int], ViewFn]
     batch_size: int
@@ -78,6 +80,7 @@ class Local:
     trainable: Callable[[FedState], set[str] | None] | None = None
     seed_tag: tuple | None = None
     loss_weight: int | None = None
+    own_objective: bool = False
 
     def __post_init__(self):
         if (self.loss is None) == (self.step_loss is None):
@@ -90,6 +93,12 @@ class Local:
         if self.step_loss is not None:
             return self.step_loss
         return on_outputs(self.loss, self.forward)
+
+    def objective_under(self, strategy: Strategy, model: nn.Module) -> LossFn:
+        """What this pass trains under ``strategy``: its loss in the strategy's local
+        objective (unless ``own_objective``)."""
+        loss = self.objective()
+        return loss if self.own_objective else strategy.local_objective(loss, model)
 
 
 @dataclass(frozen=True)
@@ -162,7 +171,7 @@ def _trainer(recipe: Recipe, model: nn.Module, strategy: Strategy, data: LocalDa
         cohort = CohortTrainer(
             model,
             local.views(size),
-            strategy.local_objective(local.objective(), model),
+            local.objective_under(strategy, model),
             local.optimizer,
             batch_size=local.batch_size,
             local_epochs=local.local_epochs,

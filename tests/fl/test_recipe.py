@@ -38,13 +38,19 @@ def local(epochs: int = 1, **phase) -> Local:
     return Local(lambda size: noisy_views, 16, epochs, step_loss=simclr_loss(0.5), **phase)
 
 
-def test_every_pass_trains_the_strategys_local_objective(tmp_path):
-    passes = [local(1), local(2, trainable=lambda s: {"head.0.weight"})]
+def test_every_pass_trains_the_strategys_local_objective_but_one_that_holds_its_own(tmp_path):
+    """A pass whose loss already holds the strategy's term (MpFedcon's SCAFFOLD baseline, its
+    correction in a companion network) is not wrapped twice."""
+    passes = [
+        local(1),
+        local(2, trainable=lambda s: {"head.0.weight"}),
+        local(1, own_objective=True),
+    ]
     recipe = Recipe(CFG, lambda cfg, model, data: Marking(cfg), phases=lambda m, s: passes)
     fed = build_federation(recipe, tiny_model(), toy_data(), tmp_path / "ck.pt", "fp")
     phases = fed.trainer.phases
-    assert [ph.cohort.local_epochs for ph in phases] == [1, 2]
-    assert all(hasattr(ph.cohort.loss_fn, "wrapped") for ph in phases)
+    assert [ph.cohort.local_epochs for ph in phases] == [1, 2, 1]
+    assert [hasattr(ph.cohort.loss_fn, "wrapped") for ph in phases] == [True, True, False]
     assert phases[1].trainable(None) == {"head.0.weight"}
 
 

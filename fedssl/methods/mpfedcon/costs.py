@@ -18,7 +18,7 @@ from fedssl import costs
 from fedssl.fl.cohort import Batch
 from fedssl.methods.mpfedcon.run import local_phases, make_strategy, num_classes_of, seeded_model
 from fedssl.methods.mpfedcon.train import ce_loss
-from fedssl.rounds.loop import Phase
+from fedssl.rounds.recipe import Local
 from fedssl.strategies.base import first_start
 
 PROBE_PAIRS = 6  # 12 probe rows: Per-FedAvg's meta-step slices its batch in 2 or 3
@@ -29,11 +29,11 @@ class PhaseStep(nn.Module):
     batch, the phase's parameters trainable and every other weight frozen."""
 
     def __init__(
-        self, model: nn.Module, phase: Phase | None, labels, loss_fn=None, trained=None, extra=None
+        self, model: nn.Module, phase: Local | None, labels, loss_fn=None, trained=None, extra=None
     ):
         super().__init__()
         self.model, self.labels, self.extra = model, labels, extra or {}
-        self.loss_fn = loss_fn or phase.cohort.loss_fn
+        self.loss_fn = loss_fn
         self.trained = trained if trained is not None else phase.trainable(None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -62,22 +62,23 @@ def phase_costs(p, shape, classes: int) -> list[dict]:
     if hasattr(model, "has_centre"):
         model.has_centre.fill_(1.0)  # after the first round every class has a centre
     strategy = make_strategy(p, model, tests=None)
-    phases = local_phases(p, model, strategy, parallel=False)
+    phases = local_phases(p, model, strategy)
+    losses = [phase.objective_under(strategy, model) for phase in phases]  # before the start
     own = model.state_dict()
     extra = {k: v for k, v in first_start(strategy, model).items() if k not in own}
     x = costs.probe_batch(shape, PROBE_PAIRS)
     slots = 1 if p.momentum else 0
     held = costs.tensor_bytes(model.parameters())
     out = []
-    for phase in phases:
-        step = PhaseStep(model, phase, torch.arange(len(x)) % classes, extra=extra)
+    for phase, loss in zip(phases, losses):
+        step = PhaseStep(model, phase, torch.arange(len(x)) % classes, loss, extra=extra)
         scalar = lambda loss, _x: loss  # noqa: E731 - the step already returns the loss
         trained = costs.tensor_bytes(v for k, v in model.named_parameters() if k in step.trained)
-        acts = activation_bytes(step, x) * phase.cohort.batch_size / len(x)
+        acts = activation_bytes(step, x) * phase.batch_size / len(x)
         out.append(
             {
                 "flops_per_sample": costs.train_step_flops(step, x, scalar) / len(x),
-                "epochs": phase.cohort.local_epochs,
+                "epochs": phase.local_epochs,
                 "step_bytes": int(acts + held + trained * (1 + slots)),
             }
         )

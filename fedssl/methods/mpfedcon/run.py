@@ -5,12 +5,14 @@ federation (the training pieces are in :mod:`.train`, the personalised baselines
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
+from functools import partial
 
 import torch
 
 from fedssl.data.augment import views_of
 from fedssl.eval.personal import PersonalLog
-from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, vectorise_clients
+from fedssl.fl.cohort import LocalData, OptimizerConfig
 from fedssl.fl.state import federation_config, nbytes
 from fedssl.methods.mpfedcon import HEAD_FIRST, PERSONALISED, personalised
 from fedssl.methods.mpfedcon.nets import Anchored, build_net
@@ -21,7 +23,8 @@ from fedssl.methods.mpfedcon.train import (
     contrast_loss,
     test_data,
 )
-from fedssl.rounds.loop import Federation, LocalTraining, Phase
+from fedssl.rounds.loop import Federation, Phase
+from fedssl.rounds.recipe import Local, Recipe, build_federation
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.runtime import StageFailed, derive_seed, torch_save
 from fedssl.strategies.compose import chosen_over
@@ -47,42 +50,53 @@ def make_strategy(
     return chosen_over(SplitStrategy(cfg, p, model, tests, data), p)
 
 
-def local_phases(p, model: Anchored, strategy: SplitStrategy, parallel: bool) -> list[Phase]:
+def local_phases(p, model: Anchored, strategy: SplitStrategy) -> list[Local]:
     """The variant's local schedule: head epochs (CE) then body epochs (CE, or CE + mu l_con
     for MpFedcon), or the whole network together (CE), or a personalised baseline's own
     phases; the others' losses go through the strategy's local objective (FedProx's term)."""
     clip = p.scaffold_clip_norm if p.variant == "scaffold" else None
     opt = OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum, clip_norm=clip)
 
-    def trainer(loss, epochs: int, batch_size=p.batch_size, after_step=None) -> CohortTrainer:
-        return CohortTrainer(
-            model, views_of(p), loss, opt, batch_size, epochs, parallel, after_step
+    def local(loss, epochs: int, batch_size=p.batch_size, after_step=None, **phase) -> Local:
+        return Local(
+            views=lambda size: views_of(p),
+            batch_size=batch_size,
+            local_epochs=epochs,
+            optimizer=opt,
+            step_loss=loss,
+            after_step=None if after_step is None else (lambda model: after_step),
+            **phase,
         )
 
     if p.variant in PERSONALISED:  # SCAFFOLD, APFL, Ditto, Per-FedAvg: objectives of their own
-        return personalised.local_schedule(p, strategy, trainer)
-
-    def cohort(loss, epochs: int) -> CohortTrainer:
-        return trainer(strategy.local_objective(loss, model), epochs)
-
+        schedule = personalised.local_schedule(p, strategy, partial(local, own_objective=True))
+        return [as_local(phase) for phase in schedule]
     if p.variant in HEAD_FIRST:
         body = contrast_loss(p.mu, p.temperature) if p.variant == "mpfedcon" else ce_loss()
         return [
-            Phase(cohort(ce_loss(), p.head_epochs), lambda s: strategy.personal_params),
-            Phase(cohort(body, p.body_epochs), lambda s: strategy.shared_params),
+            local(ce_loss(), p.head_epochs, trainable=lambda s: strategy.personal_params),
+            local(body, p.body_epochs, trainable=lambda s: strategy.shared_params),
         ]
-    return [Phase(cohort(ce_loss(), p.body_epochs), lambda s: strategy.net_params)]
+    return [local(ce_loss(), p.body_epochs, trainable=lambda s: strategy.net_params)]
+
+
+def as_local(phase: Phase) -> Local:
+    """A phase of :func:`personalised.local_schedule` (a pass, which parameters it trains, its
+    seed tag) as one pass of the recipe."""
+    return replace(phase.cohort, trainable=phase.trainable, seed_tag=phase.seed_tag)
 
 
 def make_federation(
     p, model: Anchored, data: LocalData, tests: TestData, ckpt, fingerprint: str
 ) -> Federation:
     """The variant's strategy and local schedule over the parties' data."""
-    strategy = make_strategy(p, model, tests, data)
-    parallel = vectorise_clients(p.parallel_clients, data.device)
-    phases = local_phases(p, model, strategy, parallel)
-    cfg = federation_config(p, p.seed)
-    return Federation(strategy, LocalTraining(phases=phases), data, cfg, ckpt, fingerprint)
+    recipe = Recipe(
+        config=federation_config(p, p.seed),
+        strategy=lambda cfg, model, data: make_strategy(p, model, tests, data),
+        phases=lambda model, strategy: local_phases(p, model, strategy),
+        parallel=p.parallel_clients,
+    )
+    return build_federation(recipe, model, data, ckpt, fingerprint)
 
 
 def num_classes_of(ctx) -> int:
