@@ -27,7 +27,7 @@ def _stack(runs: Sequence[Sequence[Run]]) -> list:
     (lines, images), so one resampling of indices serves every line (paired on the test set)."""
 
     def zip_level(nodes):
-        if isinstance(nodes[0], np.ndarray) or np.ndim(nodes[0]) == 1:
+        if _is_images(nodes[0]):
             arrays = [np.asarray(n, dtype=float) for n in nodes]
             if len({a.shape for a in arrays}) != 1:
                 raise ValueError("lines compared on one test set need the same test images")
@@ -39,6 +39,12 @@ def _stack(runs: Sequence[Sequence[Run]]) -> list:
     if len({len(r) for r in runs}) != 1:
         raise ValueError("lines compared on one test set need the same runs (seeds)")
     return [zip_level([line[i] for line in runs]) for i in range(len(runs[0]))]
+
+
+def _is_images(node) -> bool:
+    """A run's (or a client's) test images: an array, or a list of 0/1 numbers, where a list
+    of arrays is clients (of as many images each as they hold)."""
+    return isinstance(node, np.ndarray) or (len(node) > 0 and np.isscalar(node[0]))
 
 
 def _accuracy(node, rng: np.random.Generator | None) -> np.ndarray:
@@ -108,3 +114,15 @@ def mcnemar(a: np.ndarray, b: np.ndarray) -> McNemar:
 def mcnemar_per_seed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, McNemar]:
     """McNemar's test per seed both lines ran (seed -> its test images' correctness)."""
     return {s: mcnemar(a[s], b[s]) for s in sorted(set(a) & set(b))}
+
+
+def personal_correctness(npz_path) -> list[np.ndarray]:
+    """A personalised run's per-test-image correctness, one array per client, from the
+    ``personal.npz`` its step wrote (:class:`fedssl.eval.personal.PersonalLog`: each test
+    image's label, the final model's softmax outputs and its client): the run's input to
+    :func:`two_level_bootstrap`. Its accuracy is the final round's, where the board reads the
+    mean over the last rounds."""
+    with np.load(npz_path) as z:
+        labels, probs, client = z["labels"], z["probs"], z["client"]
+    right = (probs.argmax(1) == labels).astype(float)
+    return [right[client == c] for c in range(int(client.max()) + 1 if client.size else 0)]
