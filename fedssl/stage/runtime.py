@@ -398,8 +398,10 @@ def cpu_summary() -> str:
 
 def computed_on(device=None) -> dict:
     """What a compute stage's numbers depend on besides its inputs and precision: the CPU (model,
-    vector extensions), the threads and OpenMP's wait policy, and the GPU where it ran on one.
-    Call after the thread count is set (:func:`fedssl.stage.base.set_threads`)."""
+    vector extensions), the threads, and the GPU where it ran on one. Not OpenMP's wait policy,
+    which changes how idle threads wait, not what they compute (and differs between the front
+    ends: the run record keeps it). Call after the thread count is set
+    (:func:`fedssl.stage.base.set_threads`)."""
     import sys
 
     c = cpu()
@@ -408,7 +410,6 @@ def computed_on(device=None) -> dict:
         out["isa_cap"] = c["cpu_isa_cap"]
     if "torch" in sys.modules:
         out["threads"] = sys.modules["torch"].get_num_threads()
-    out["wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "default").lower()
     if device is not None and getattr(device, "type", None) == "cuda":
         import torch
 
