@@ -7,16 +7,18 @@
 # loses nothing. Receipts say what is up to date (fedssl.plan.freshness.sync_receipts). The
 # report's files, for `snakemake --report`, are declared as copies beside its receipt, for the
 # same reason: a failed or killed report job loses only those copies, never the committed report.
+import os
 import sys
 
 sys.path.insert(0, workflow.basedir)
 from fedssl.plan.dag import Dag
 from fedssl.plan.dvcfile import commit_ran
 from fedssl.plan.freshness import (
-    RAN_LOG, check_data, receipt, show_command, shown, shown_files, sync_receipts
+    RAN_LOG, check_data, receipt, show_command, shown, shown_files, sync_receipts, tidy
 )
 from fedssl.plan.layout import LOGS
 from fedssl.stage.record import write_records
+from fedssl.stage.runtime import RUN_ENV, StageFailed, hold_run, release_run
 
 PIPELINE = config.get("pipeline", "default")
 GPUS = int(config.get("gpus", 1))  # 0: run the training stages without asking for a GPU
@@ -33,10 +35,14 @@ check_data(STAGES_DAG)                # and says how to get a missing data set
 # ones that exist follow the plan at once (after an edit is undone, both front ends see the stage
 # as it was), new ones are written only when jobs run (onstart): a dry run creates no file
 write_records([STAGES_DAG.record(name) for name in STAGES_DAG.stages], existing_only=True)
-STALE = sync_receipts(STAGES_DAG)     # what changed since each stage last ran
+STALE = sync_receipts(STAGES_DAG)     # what changed since each stage last ran (files included)
 for name, reasons in STALE.items():
     print(f"{name} will run: {'; '.join(reasons[:4])}" + (" ..." if len(reasons) > 4 else ""),
           file=sys.stderr)
+LEFT = tidy(STAGES_DAG, STALE)        # what killed stages left: partial folders, checkpoints
+if LEFT:
+    print(f"removed what killed stages left: {', '.join(map(str, LEFT[:4]))}"
+          + (f" and {len(LEFT) - 4} more" if len(LEFT) > 4 else ""), file=sys.stderr)
 
 
 rule all:
@@ -73,12 +79,19 @@ for stage in STAGES_DAG.stages.values():
 
 
 onstart:
+    # the run lock: no DVC run replaces what these jobs read, nor they what its stages read
+    try:
+        os.environ[RUN_ENV] = hold_run("snakemake")
+    except StageFailed as refused:
+        sys.exit(f"error: {refused}")
     write_records([STAGES_DAG.record(name) for name in STAGES_DAG.stages])
 
 
 onsuccess:
     commit_ran(PIPELINE)
+    release_run(os.environ.get(RUN_ENV, ""))
 
 
 onerror:
     commit_ran(PIPELINE, succeeded=False)
+    release_run(os.environ.get(RUN_ENV, ""))

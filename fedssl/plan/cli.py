@@ -4,13 +4,20 @@ show`` (see ``--help``)."""
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
 from fedssl import params as P
 from fedssl.plan.dag import Dag
-from fedssl.plan.dvcfile import check, commit_ran, dvc_file, owners, relock, write_all
+from fedssl.plan.dvcfile import (
+    check,
+    commit_ran,
+    dvc_commit,
+    dvc_file,
+    owners,
+    relock,
+    write_all,
+)
 from fedssl.plan.freshness import accept
 
 
@@ -86,19 +93,11 @@ def accept_stages(pipeline: str, stages: list[str]) -> int:
     # an accepted stage's meta.json is part of its output, so DVC sees every stage that reads
     # it as changed too: commit those as well
     commit = [n for n in dag.stages if n in names or downstream_of(dag, n, names)]
-    done = subprocess.run(
-        [
-            "dvc",
-            "commit",
-            "--force",
-            "--quiet",
-            *[f"{dvc_file(owner[n][0])}:{n}" for n in commit if n in owner],
-        ]
-    )
-    if done.returncode:  # e.g. an output the stages now declare is missing
+    failed = dvc_commit([f"{dvc_file(owner[n][0])}:{n}" for n in commit if n in owner])
+    if failed:  # e.g. an output the stages now declare is missing
         print(
             "error: dvc commit failed: DVC still sees these stages as changed; "
             "rerun them (an output they declare may be missing)",
             file=sys.stderr,
         )
-    return done.returncode
+    return failed

@@ -241,7 +241,7 @@ def commit_ran(
     ]
     targets = [f"dvc.yaml:{DAG_STAGE}"] if succeeded else []
     targets += [f"{dvc_file(owner[n][0])}:{n}" for n in complete]
-    if targets and subprocess.run(["dvc", "commit", "--force", "--quiet", *targets]).returncode:
+    if targets and dvc_commit(targets):
         print(
             f"warning: `dvc commit` failed; `dvc status` may list {', '.join(names)}",
             file=sys.stderr,
@@ -279,3 +279,10 @@ def relock(dvcfile: str = "dvc.yaml") -> list[str]:
                 stage.dump(update_pipeline=False)
                 changed.append(stage.name)
     return changed
+
+
+def dvc_commit(targets: list[str]) -> int:
+    """``dvc commit --force`` of ``targets`` (``dvc.yaml:stage``), saying each stage as it is
+    recorded (:mod:`fedssl.plan.dvccommit`); returns its exit status."""
+    print(f"dvc commit: recording {len(targets)} stages in dvc.lock", file=sys.stderr, flush=True)
+    return subprocess.run([sys.executable, "-m", "fedssl.plan.dvccommit", *targets]).returncode

@@ -9,10 +9,14 @@ stage must run, and gives Snakemake its view of the DAG: each rule's output is a
 that exists, dated 1970, when the stage is up to date, and is removed when it must run.
 Snakemake never sees the real outputs, so it cannot delete them before a job (stages replace
 their outputs atomically, on success only), file times restored by ``dvc checkout`` do not
-matter, and after one front end ran the other sees nothing to do. The report's files, which
-``snakemake --report`` shows, are declared through copies beside its receipt (:func:`shown`),
-never as themselves: Snakemake would delete the committed report before every report job and
-after a failed one.
+matter, and after one front end ran the other sees nothing to do. Like DVC, it sees a file a
+stage wrote that changed since (a flipped byte, an edited report, a file added to an output):
+each is checked against the SHA-256 its stage recorded, hashing only the files whose size,
+mtime or inode moved (:func:`fedssl.stage.record.changed_files`), and the stage runs again, the
+message naming the file and what restores it instead. The report's files, which ``snakemake
+--report`` shows, are declared through copies beside its receipt (:func:`shown`), never as
+themselves: Snakemake would delete the committed report before every report job and after a
+failed one. Planning also removes what killed stages left behind (:func:`tidy`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ from fedssl.data.catalog import missing_data
 from fedssl.params import ParamsError
 from fedssl.plan.dag import Dag
 from fedssl.plan.layout import ARTIFACTS
+from fedssl.stage.record import changed_files
+from fedssl.stage.runtime import (
+    RESUME_DIR,
+    StageFailed,
+    remove_dead,
+    remove_dead_scratch,
+    run_holder,
+    stage_lock,
+)
 
 STAMPS = ARTIFACTS / ".receipts"
 RAN_LOG = STAMPS / "ran-by-snakemake"
@@ -40,9 +53,9 @@ def why_stale(dag: Dag, name: str) -> list[str]:
     except (OSError, ValueError):
         return ["not run yet"]
     if meta.get("fingerprint") == dag.fingerprint(name):
-        # a committed result file deleted since (DVC sees it too: an out went missing)
+        # a file it wrote changed, went missing or was added since (DVC sees it too)
         recorded = meta.get("files", {})
-        return [f"{f} missing" for f in stage.committed if f in recorded and not Path(f).exists()]
+        return [damaged(f, stage, recorded) for f in changed_files(name, stage.out, recorded)]
     old, new = meta.get("inputs", {}), dag.fingerprint_inputs(name)
     reasons = ["command changed"] if old.get("cmd") != new["cmd"] else []
     reasons += ["plan record changed"] if old.get("plan") != new["plan"] else []
@@ -63,6 +76,21 @@ def why_stale(dag: Dag, name: str) -> list[str]:
         if old.get("upstream", {}).get(u) != d
     ]
     return reasons or ["its recorded fingerprint differs"]
+
+
+def damaged(path: str, stage, recorded: dict[str, str]) -> str:
+    """Why a stage must run, for one of its files that is not as it wrote it (``recorded``:
+    the digests in its meta.json), and what restores it instead: git for a committed result,
+    DVC's cache for an output."""
+    if path not in recorded:
+        return f"{path} is not among the files it wrote (deleting it keeps the stage as it is)"
+    if not Path(path).exists():
+        return f"{path} missing"
+    restore = f"git checkout -- {path}" if path in stage.committed else f"dvc checkout {stage.out}"
+    return (
+        f"{path} changed since it was written (its SHA-256 differs from the one in "
+        f"{stage.out}/meta.json; `{restore}` restores it instead)"
+    )
 
 
 def stale_stages(dag: Dag) -> dict[str, list[str]]:
@@ -124,6 +152,27 @@ def sync_receipts(dag: Dag) -> dict[str, list[str]]:
                 shutil.copy2(path, copy)
         os.utime(receipt(name), (0, 0))
     return stale
+
+
+def tidy(dag: Dag, stale: dict[str, list[str]]) -> list[Path]:
+    """Remove what killed stages left behind: their scratch folders (a stage's partial output,
+    its results written aside) and files of processes that are gone, and the checkpoints of
+    stages that are up to date (``stale``: those that must run), which no run resumes. Not
+    while a run of either front end is in progress, nor for a stage running now. Returns what
+    was removed."""
+    if run_holder() is not None:
+        return []
+    removed = remove_dead(RESUME_DIR, "*.tmp-*")  # a checkpoint's write cut short
+    for name, stage in dag.stages.items():
+        try:
+            with stage_lock(name):
+                removed += remove_dead_scratch(Path(stage.out))
+                for checkpoint in [] if name in stale else RESUME_DIR.glob(f"{name}.*"):
+                    checkpoint.unlink()
+                    removed.append(checkpoint)
+        except StageFailed:  # it is running
+            continue
+    return removed
 
 
 def check_data(dag: Dag) -> None:

@@ -14,7 +14,6 @@ imported only by stages that compute with it.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import os
@@ -27,20 +26,25 @@ from pathlib import Path
 
 from fedssl.stage.record import (
     ParamsError,
+    changed_files,
     fingerprint,
     fingerprint_inputs,
     is_current,
     output_digest,
     raw_values,
     read_record,
+    remember_files,
+    sha256_file,
     write_records,
 )
 from fedssl.stage.runtime import (
+    RESUME_DIR,
     ArtifactError,
     PeakMemory,
     StageFailed,
     atomic_dir,
     environment,
+    join_run,
     move_file,
     refusal,
     resume_fingerprint,
@@ -50,7 +54,6 @@ from fedssl.stage.runtime import (
     write_json,
 )
 
-RESUME_DIR = Path("artifacts/.resume")  # checkpoints of unfinished stages, outside all outputs
 # How each stage's last run went (wall time, memory, device, host): kept apart from its outputs,
 # which hold only what the inputs determine, so an identical rerun leaves identical outputs
 # (and an unchanged dvc.lock).
@@ -165,19 +168,23 @@ class Stage:
         say(f"{self.stage_name}: started on {self.device or 'cpu'}")
         start = time.time()
         try:
-            with stage_lock(self.stage_name), atomic_dir(self.output_dir) as out:
-                verify_inputs(self.record)
-                self.out, self.running = out, True
-                try:
-                    with PeakMemory(self.device) as peak, policy:
-                        yield out
-                    staged = self.staged_files()
-                    self.write_meta(out, stage_fingerprint, inputs, staged)
-                    self.land(staged)  # then atomic_dir puts the outputs in place
-                finally:
-                    self.running = False
-                    for scratch in self.landing.values():
-                        shutil.rmtree(scratch, ignore_errors=True)
+            with stage_lock(self.stage_name):
+                join_run(self.stage_name)  # no run of the other front end is in progress
+                with atomic_dir(self.output_dir) as out:
+                    verify_inputs(self.record)
+                    self.out, self.running = out, True
+                    try:
+                        with PeakMemory(self.device) as peak, policy:
+                            yield out
+                        staged = self.staged_files()
+                        files = file_digests(self.output_dir, out, self.committed, staged)
+                        self.write_meta(out, stage_fingerprint, inputs, staged, files)
+                        self.land(staged)  # then atomic_dir puts the outputs in place
+                    finally:
+                        self.running = False
+                        for scratch in self.landing.values():
+                            shutil.rmtree(scratch, ignore_errors=True)
+                remember_files(self.stage_name, files)  # as they lie: planning hashes none
         except BaseException:
             say(f"{self.stage_name}: stopped after {time.time() - start:.1f} s")
             raise
@@ -185,7 +192,9 @@ class Stage:
         say(f"{self.stage_name}: done in {wall:.1f} s")
         self.write_run_record(wall, computed, peak)
 
-    def write_meta(self, out: Path, stage_fingerprint: str, inputs: dict, staged) -> None:
+    def write_meta(
+        self, out: Path, stage_fingerprint: str, inputs: dict, staged, files: dict
+    ) -> None:
         """The output's meta.json: what made it (fingerprint, inputs, command), the digest of
         what it holds and the stage's own facts (``info``)."""
         write_json(
@@ -195,7 +204,7 @@ class Stage:
                 "fingerprint": stage_fingerprint,
                 "inputs": inputs,
                 "output_digest": output_digest(self.committed, out, staged),
-                "files": file_digests(self.output_dir, out, self.committed, staged),
+                "files": files,
                 "command": self.record["command"],
                 **self.info,
             },
@@ -266,15 +275,7 @@ def file_digests(
     files = {str(final / f.relative_to(out)): f for f in sorted(out.rglob("*")) if f.is_file()}
     files.pop(str(final / "meta.json"), None)
     files.update({c: Path(staged.get(c, c)) for c in committed})
-    return {name: _sha256(path) for name, path in files.items() if path.is_file()}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    return {name: sha256_file(path) for name, path in files.items() if path.is_file()}
 
 
 def verify_inputs(record: dict) -> None:
@@ -287,7 +288,7 @@ def verify_inputs(record: dict) -> None:
             recorded = json.loads(meta_path.read_text())["files"]
         except (OSError, ValueError, KeyError):
             continue  # not run here (the front ends run it first), or before files were recorded
-        changed = _changed_files(Path(spec["out"]), recorded)
+        changed = changed_files(upstream, Path(spec["out"]), recorded, trust_stat=False)
         if changed:
             more = f" and {len(changed) - 1} more" if changed[1:] else ""
             raise StageFailed(
@@ -296,14 +297,6 @@ def verify_inputs(record: dict) -> None:
                 f"{upstream}` or `dvc repro --force --single-item {upstream}`), or `dvc "
                 f"checkout {spec['out']}`"
             )
-
-
-def _changed_files(out: Path, recorded: dict[str, str]) -> list[str]:
-    """The files of a stage's output folder and committed files that differ from ``recorded``
-    (changed, missing, or new in the folder)."""
-    changed = [f for f in recorded if not Path(f).is_file() or _sha256(Path(f)) != recorded[f]]
-    present = (str(f) for f in sorted(out.rglob("*")) if f.is_file() and f.name != "meta.json")
-    return changed + [f for f in present if f not in recorded]
 
 
 def say(line: str) -> None:

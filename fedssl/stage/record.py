@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 from functools import cache
 from pathlib import Path
 
@@ -150,6 +151,76 @@ def recorded(out: str, key: str) -> str | None:
         return json.loads((Path(out) / "meta.json").read_text()).get(key)
     except (OSError, ValueError):
         return None
+
+
+# ---------------------------------------------------------------------------- files written
+# Each stage's files as they lay when last found intact (size, mtime, inode and SHA-256), one
+# small file per stage: checking an output against the digests in its meta.json hashes only
+# the files whose stat changed since (DVC's state database does the same), so planning stays
+# cheap however large the models and pixels are. A cache: not part of any output.
+FILE_STATS = Path("artifacts/.cache/files")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _stat(path: str) -> list[int] | None:
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def remember_files(stage: str, digests: dict[str, str]) -> None:
+    """Note the files ``stage`` just put in place, with their SHA-256 ``digests``."""
+    _write_stats(stage, {f: [*s, d] for f, d in digests.items() if (s := _stat(f))})
+
+
+def changed_files(
+    stage: str, out: Path, recorded: dict[str, str], trust_stat: bool = True
+) -> list[str]:
+    """The files of ``stage`` (its output folder ``out`` and its committed files) that differ
+    from the SHA-256 ``recorded`` in its meta.json: changed, missing, or new in the folder. A
+    file is hashed only when its size, mtime or inode changed since it was found intact
+    (every file, without ``trust_stat``: before a stage reads them)."""
+    known, intact, changed = _read_stats(stage), {}, []
+    for name, digest in recorded.items():
+        stat = _stat(name)
+        if trust_stat and stat is not None and known.get(name) == [*stat, digest]:
+            intact[name] = known[name]
+        elif stat is not None and sha256_file(Path(name)) == digest:
+            intact[name] = [*stat, digest]
+        else:
+            changed.append(name)
+    if intact != known:
+        _write_stats(stage, intact)
+    present = (str(f) for f in sorted(Path(out).rglob("*")) if f.is_file())
+    return changed + [f for f in present if f not in recorded and Path(f).name != "meta.json"]
+
+
+def _read_stats(stage: str) -> dict:
+    try:
+        return json.loads((FILE_STATS / f"{stage}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_stats(stage: str, stats: dict) -> None:
+    """Replace the stage's file (a lost write costs a hash at the next check, nothing else)."""
+    path = FILE_STATS / f"{stage}.json"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        FILE_STATS.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(stats, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------- params files

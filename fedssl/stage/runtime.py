@@ -255,12 +255,21 @@ def atomic_dir(final: Path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def remove_dead_scratch(final: Path) -> None:
-    """Remove the scratch folders of ``final`` whose process is gone."""
-    for old in final.parent.glob(f"{final.name}.partial*"):
+def remove_dead_scratch(final: Path) -> list[Path]:
+    """Remove the scratch folders of ``final`` whose process is gone; returns them."""
+    return remove_dead(Path(final).parent, f"{Path(final).name}.partial*")
+
+
+def remove_dead(folder: Path, pattern: str) -> list[Path]:
+    """Remove the scratch folders or files (``pattern``, named ``...-<pid>``) in ``folder``
+    whose process is gone; returns them."""
+    removed = []
+    for old in Path(folder).glob(pattern):
         pid = old.name.rpartition("-")[2]
         if not (pid.isdigit() and _alive(int(pid))):
-            shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+            removed.append(old)
+    return removed
 
 
 def _alive(pid: int) -> bool:
@@ -274,6 +283,7 @@ def _alive(pid: int) -> bool:
 
 
 LOCKS_DIR = Path("artifacts/.locks")
+RESUME_DIR = Path("artifacts/.resume")  # checkpoints of unfinished stages, outside all outputs
 
 
 @contextmanager
@@ -303,6 +313,120 @@ def stage_lock(stage: str, locks: Path = LOCKS_DIR):
             yield
         finally:
             f.truncate(0)
+
+
+# ---------------------------------------------------------------------------- the run lock
+# A run of either front end holds the project's run lock from its first job to its end, so the
+# other front end runs no stage meanwhile: one never replaces an output the other's stage is
+# reading. Snakemake takes it as its jobs start (the Snakefile's onstart) and hands its jobs
+# the holder's token (RUN_ENV); DVC has no such hook, so its first stage takes it for the
+# `dvc` process it runs under, which holds it until it exits. The lock file names the holder
+# (front end, process, host, its start time); a holder that is gone holds nothing.
+RUN_LOCK = LOCKS_DIR / "run.lock"
+RUN_ENV = "FEDSSL_RUN"
+
+
+@contextmanager
+def _run_lock_file():
+    """The run lock file, flocked for a read-and-write, with its holder (None: free)."""
+    import fcntl
+
+    with writing(LOCKS_DIR):
+        LOCKS_DIR.mkdir(parents=True, exist_ok=True)
+    with open(RUN_LOCK, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # held for a read and a write, no longer
+        f.seek(0)
+        try:
+            holder = json.loads(f.read() or "null")
+        except ValueError:
+            holder = None
+        yield f, (holder if holder and _holds(holder) else None)
+
+
+def _holds(holder: dict) -> bool:
+    """Whether the holder's process still runs (one on another host is taken to)."""
+    if holder.get("host") != platform.node():
+        return True
+    return _alive(holder["pid"]) and _started(holder["pid"]) == holder.get("started")
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (a reused pid differs), or None where it cannot be told."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def run_holder() -> dict | None:
+    """The run holding the run lock now (None: no front end is running)."""
+    if not RUN_LOCK.exists():
+        return None
+    with _run_lock_file() as (_, holder):
+        return holder
+
+
+def hold_run(front_end: str, pid: int | None = None) -> str:
+    """Take the run lock for ``front_end``'s run in process ``pid`` (this one by default), or
+    refuse in one line naming the run that holds it; returns the holder's token."""
+    pid = pid or os.getpid()
+    token = f"{front_end}-{pid}-{platform.node()}-{_started(pid)}"
+    with _run_lock_file() as (f, holder):
+        if holder and holder["token"] != token:
+            raise StageFailed(busy(holder))
+        new = {"front_end": front_end, "pid": pid, "host": platform.node(), "token": token}
+        f.truncate(0)
+        f.write(json.dumps({**new, "started": _started(pid)}))
+    return token
+
+
+def release_run(token: str) -> None:
+    """Free the run lock if the run of ``token`` holds it."""
+    if RUN_LOCK.exists():
+        with _run_lock_file() as (f, holder):
+            if holder and holder["token"] == token:
+                f.truncate(0)
+
+
+def busy(holder: dict) -> str:
+    return (
+        f"a {holder['front_end']} run is in progress (process {holder['pid']} on "
+        f"{holder['host']}; lock {RUN_LOCK}): it may be reading what this run would replace; "
+        f"wait for it to finish or stop it, then run again"
+    )
+
+
+def join_run(stage: str) -> None:
+    """Before a stage runs: it belongs to the run holding the run lock (a Snakemake job), or
+    takes the lock for the `dvc` process it runs under; a run of the other front end in
+    progress refuses it in one line. A stage run by hand runs unless a front end runs."""
+    holder = run_holder()
+    if holder and holder["token"] == os.environ.get(RUN_ENV):
+        return
+    dvc = _dvc_ancestor()
+    try:
+        if dvc is not None:
+            hold_run("dvc", dvc)
+        elif holder:
+            raise StageFailed(busy(holder))
+    except StageFailed as refused:
+        raise StageFailed(f"{stage}: not run: {refused}") from None
+
+
+def _dvc_ancestor() -> int | None:
+    """The `dvc` process this one runs under (a stage of `dvc repro`), if any."""
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:3]
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        names = [Path(a.decode(errors="replace")).name for a in args[:2]]
+        if "dvc" in names or args[1:3] == [b"-m", b"dvc"]:  # dvc, python .../dvc, python -m dvc
+            return pid
+        pid = int(stat.rpartition(")")[2].split()[1])
+    return None
 
 
 # ---------------------------------------------------------------------------- the machine

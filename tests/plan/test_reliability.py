@@ -10,7 +10,11 @@
 * saved bytes do not depend on Python's hash seed (SCAFFOLD's control variates);
 * resource errors and damaged files end in one line naming the file;
 * a failing or killed report stage leaves the committed report as it was, in both front ends,
-  and results land from an ``artifacts/`` on another file system.
+  and results land from an ``artifacts/`` on another file system;
+* Snakemake sees at planning every file a stage wrote that changed since, as DVC does; a
+  stage writes the same bytes whichever front end runs it; a run of one front end refuses the
+  other's; the end-of-run `dvc commit` says each stage; planning removes what killed stages
+  left (issue 53).
 """
 
 from __future__ import annotations
@@ -119,8 +123,17 @@ def test_a_killed_stage_under_an_edit_leaves_committed_files_and_both_front_ends
             os.killpg(proc.pid, signal.SIGKILL)
         params.write_text(good)
     assert committed(project) == before
+    left = leftovers(project)  # its partial output and results, and its checkpoint
+    assert any(".partial-" in f for f in left) and f"artifacts/.resume/{STAGE}.pt" in left
     assert planned_jobs(project) == set()
     assert dvc_stale(project) == set()
+    assert leftovers(project) == [], "planning removes what the killed stage left"
+
+
+def leftovers(root: Path) -> list[str]:
+    """Scratch folders of stages and resume checkpoints under ``artifacts/``."""
+    found = [*root.glob("artifacts/**/*.partial-*"), *root.glob("artifacts/.resume/*")]
+    return sorted(str(f.relative_to(root)) for f in found)
 
 
 def test_a_second_run_of_a_running_stage_is_refused_by_both_front_ends(project):
@@ -262,15 +275,29 @@ def test_a_stage_refuses_an_input_that_changed_since_its_producer_wrote_it(proje
     assert "\n" not in message and not ran
 
 
+def unseen(damage):
+    """``damage`` done in place keeping the file's size and mtime, which planning trusts (as
+    DVC's status does): only a stage's own check, which hashes every input it reads, sees it."""
+
+    def done(path: Path) -> None:
+        stat = path.stat()
+        damage(path)
+        assert path.stat().st_size == stat.st_size
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+    return done
+
+
 def test_snakemake_refuses_a_tampered_partition_instead_of_training_on_it(project):
-    """The issue's probe: a rewritten (valid) clients.npz and an lr edit: Snakemake's
-    pretraining stops with the file and the stage to rerun; nothing committed changes."""
+    """The issue's probe: a rewritten (valid) clients.npz of the same size and mtime, and an
+    lr edit: Snakemake's pretraining stops with the file and the stage to rerun; nothing
+    committed changes."""
     before = committed(project)
     clients = project / "artifacts/partitions/tiny_dir05_m3/clients.npz"
     params = project / "params/experiments/tiny_simclr.yaml"
     good, saved = params.read_text(), clients.read_bytes()
     try:
-        rewrite_clients(clients)
+        unseen(rewrite_clients)(clients)
         params.write_text(good.replace("lr: 0.001", "lr: 0.002"))
         proc = run(["snakemake", STAGE, "--cores", "1"], project, check=False)
     finally:
@@ -291,14 +318,15 @@ def test_a_failing_report_stage_leaves_the_committed_report_and_both_front_ends_
     project,
 ):
     """The report stage forced to fail (a partition heat-map it copies changed since its
-    stage wrote it), run by each front end: Snakemake deletes a job's declared outputs before
-    it runs, so the report's committed files must not be among them. Every committed file is
-    byte for byte what it was, and neither front end plans anything once the input is back."""
+    stage wrote it, keeping its size and mtime), run by each front end: Snakemake deletes a
+    job's declared outputs before it runs, so the report's committed files must not be among
+    them. Every committed file is byte for byte what it was, and neither front end plans
+    anything once the input is back."""
     before = committed(project)
     heatmap = project / "artifacts/partitions/tiny_dir05_m3/heatmap.png"
     saved = heatmap.read_bytes()
     try:
-        flip_byte(heatmap)
+        unseen(flip_byte)(heatmap)
         for cmd in (
             ["snakemake", REPORT, "--forcerun", REPORT, "--cores", "1"],
             ["dvc", "repro", "--force", "--single-item", REPORT],
@@ -424,6 +452,152 @@ def test_the_report_lands_from_artifacts_on_a_real_tmpfs(project, tmpfs):
         subprocess.run(["umount", str(reports)], check=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert committed(project) == before
+
+
+# ------------------------------------------------------------------ issue 53: the front ends agree
+def touch_up(path: Path) -> None:
+    path.write_text(path.read_text() + "\n")
+
+
+def add_beside(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+# a file of each kind a stage writes, changed -> (how, the stage that wrote it)
+DAMAGES = {
+    "artifacts/data/tiny/train_images.npy": (flip_byte, DATA),  # pixels
+    "artifacts/partitions/tiny_dir05_m3/clients.npz": (rewrite_clients, PARTITION),
+    "artifacts/experiments/tiny_simclr/pretrain/model.pt": (  # the model checkpoint
+        lambda p: flip_byte(p, p.stat().st_size // 2),
+        STAGE,
+    ),
+    "results/experiments/tiny_simclr/rounds.tsv": (touch_up, STAGE),
+    "artifacts/experiments/tiny_simclr/features/features.npz": (truncate, "features__tiny_simclr"),
+    "artifacts/experiments/tiny_random/features/extra.npy": (add_beside, "features__tiny_random"),
+    "results/experiments/tiny_simclr/metrics.json": (touch_up, "evaluate__tiny_simclr"),
+    "artifacts/experiments/tiny_simclr/costs/costs.json": (touch_up, "costs__tiny_simclr"),
+    "results/reports/default/report.md": (touch_up, REPORT),
+    "results/reports/default/curves.png": (flip_byte, REPORT),
+}
+
+
+def test_snakemake_sees_at_planning_every_changed_file_dvc_sees(project):
+    """Ten files of eight stages changed (pixels, a partition, a model, its round log,
+    features, a file added to an output, metrics, costs, the final report and its figure):
+    `snakemake -n` plans each one's stage, saying in its line the file and what restores it,
+    as `dvc status` lists them; once restored, neither front end has anything to do."""
+    saved = {p: (project / p).read_bytes() for p in DAMAGES if (project / p).exists()}
+    try:
+        for path, (damage, _) in DAMAGES.items():
+            damage(project / path)
+        proc = run(["snakemake", "-n", "--cores", "1"], project)
+        dvc_sees = dvc_stale(project)
+    finally:
+        (project / "artifacts/experiments/tiny_random/features/extra.npy").unlink()
+        for path, content in saved.items():
+            (project / path).write_bytes(content)
+    jobs = set(re.findall(r"^(\w+__\w+)\s+\d+$", proc.stdout, re.M))
+    producers = {stage for _, stage in DAMAGES.values()}
+    assert producers <= jobs and producers <= dvc_sees
+    for path, (_, stage) in DAMAGES.items():
+        (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"{stage} will run: ")]
+        said = "changed since it was" if path in saved else "is not among the files it wrote"
+        assert f"{path} {said}" in line, line
+    restore = "`git checkout -- results/reports/default/report.md` restores it instead"
+    assert restore in proc.stderr
+    assert planned_jobs(project) == set() and dvc_stale(project) == set()
+
+
+def test_planning_hashes_a_file_only_when_its_size_mtime_or_inode_moved(tmp_path, monkeypatch):
+    from fedssl.stage import record
+
+    monkeypatch.chdir(tmp_path)
+    out, name = tmp_path / "out", "out/model.pt"
+    out.mkdir()
+    path = out / "model.pt"
+    path.write_bytes(b"abc")
+    digest = record.sha256_file(path)
+    record.remember_files("s", {name: digest})
+    hashed, sha256 = [], record.sha256_file
+    monkeypatch.setattr(record, "sha256_file", lambda p: hashed.append(str(p)) or sha256(p))
+
+    def changed(mtime: int | None = None) -> list[str]:
+        if mtime is not None:
+            os.utime(path, ns=(mtime, mtime))
+        return record.changed_files("s", Path("out"), {name: digest})
+
+    assert changed() == [] and hashed == []  # as it landed: no hash
+    path.write_bytes(b"abd")
+    assert changed(mtime=10**18) == [name] and hashed == [name]
+    path.write_bytes(b"abc")  # put back: hashed once, then known intact
+    assert changed(mtime=2 * 10**18) == [] and changed() == [] and hashed == [name, name]
+    (out / "extra.npy").write_bytes(b"")
+    assert changed() == ["out/extra.npy"]
+
+
+RANDOM = "pretrain__tiny_random"
+
+
+def test_a_stage_writes_the_same_bytes_whichever_front_end_runs_it(project):
+    """A compute stage run by Snakemake, then by DVC: its output folder and dvc.lock are the
+    same bytes (its meta.json once recorded the OpenMP wait policy, which only Snakemake sets,
+    so a rerun by the other front end changed its bytes and its dvc.lock hash)."""
+    folder = project / "artifacts/experiments/tiny_random/pretrain"
+
+    def outputs() -> dict[str, bytes]:
+        return {**{f.name: f.read_bytes() for f in folder.iterdir()}, **committed(project)}
+
+    run(["snakemake", RANDOM, "--forcerun", RANDOM, "--cores", "1"], project)
+    by_snakemake = outputs()
+    run(["dvc", "repro", "--force", "--single-item", RANDOM], project)
+    by_dvc = outputs()
+    assert by_dvc.keys() == by_snakemake.keys() and "meta.json" in by_dvc
+    assert [f for f in by_dvc if by_dvc[f] != by_snakemake[f]] == []
+
+
+def test_a_run_of_one_front_end_refuses_the_other(project):
+    """The run lock held by a DVC run: Snakemake starts no job; held by a Snakemake run: DVC's
+    stage does not run. Each says so in one line naming the holder; nothing changes."""
+    from fedssl.stage.runtime import hold_run, release_run
+
+    before = committed(project)
+    for holder, cmd, said in (
+        ("dvc", ["snakemake", RANDOM, "--forcerun", RANDOM, "--cores", "1"], "error: a dvc"),
+        (
+            "snakemake",
+            ["dvc", "repro", "--force", "--single-item", RANDOM],
+            f"error: {RANDOM}: not run: a snakemake",
+        ),
+    ):
+        with in_project(project):
+            token = hold_run(holder)
+        try:
+            proc = run(cmd, project, check=False)
+        finally:
+            with in_project(project):
+                release_run(token)
+        lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "in progress" in ln]
+        assert proc.returncode != 0 and len(lines) == 1, (cmd, proc.stderr[-2000:])
+        assert lines[0].startswith(f"{said} run is in progress (process {os.getpid()} on ")
+    assert committed(project) == before
+    assert planned_jobs(project) == set()
+
+
+def test_the_end_of_run_dvc_commit_says_each_stage(project, capfd):
+    """Recording what Snakemake ran in dvc.lock (3 minutes of a 10-minute run, once silent)
+    says each stage as it goes, with its size and time."""
+    from fedssl.plan.dvcfile import commit_ran
+    from fedssl.plan.freshness import RAN_LOG
+
+    with in_project(project):
+        RAN_LOG.write_text(f"{DATA}\n{PARTITION}\n")
+        assert commit_ran() == [PARTITION, DATA]
+    said = capfd.readouterr().err
+    assert "dvc commit: recording 3 stages in dvc.lock" in said
+    for i, name in enumerate(("dag", PARTITION, DATA), 1):
+        assert re.search(rf"^dvc commit \[{i}/3\] {name}: [\d.]+ MB in [\d.]+ s$", said, re.M)
+    assert re.search(r"^dvc commit: 3 stages in [\d.]+ s$", said, re.M)
+    assert dvc_stale(project) == set()
 
 
 # ------------------------------------------------------------------ 4: resume settings
