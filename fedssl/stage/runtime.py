@@ -397,36 +397,46 @@ def busy(holder: dict) -> str:
 
 
 def join_run(stage: str) -> None:
-    """Before a stage runs: it belongs to the run holding the run lock (a Snakemake job), or
-    takes the lock for the `dvc` process it runs under; a run of the other front end in
-    progress refuses it in one line. A stage run by hand runs unless a front end runs."""
+    """Before a stage runs: it belongs to the run holding the run lock (a Snakemake job: it has
+    the run's token, or on a cluster's node runs under Snakemake), or takes the lock for the
+    `dvc` process it runs under; a run of the other front end in progress refuses it in one
+    line. A stage run by hand runs unless a front end runs."""
     holder = run_holder()
     if holder and holder["token"] == os.environ.get(RUN_ENV):
         return
-    dvc = _dvc_ancestor()
+    front_end, pid = _front_end_ancestor()
+    if holder and holder["front_end"] == front_end == "snakemake":
+        return
     try:
-        if dvc is not None:
-            hold_run("dvc", dvc)
+        if front_end == "dvc":
+            hold_run("dvc", pid)
         elif holder:
             raise StageFailed(busy(holder))
     except StageFailed as refused:
         raise StageFailed(f"{stage}: not run: {refused}") from None
 
 
-def _dvc_ancestor() -> int | None:
-    """The `dvc` process this one runs under (a stage of `dvc repro`), if any."""
+FRONT_ENDS = ("dvc", "snakemake")
+
+
+def _front_end_ancestor() -> tuple[str | None, int]:
+    """The front end this process runs under (a stage of `dvc repro`, a Snakemake job) and
+    its process: the nearest ancestor named dvc or snakemake (``dvc``, ``python .../dvc``,
+    ``python -m dvc``); (None, 0) for none."""
     pid = os.getppid()
     while pid > 1:
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:3]
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
-            return None
+            break
         names = [Path(a.decode(errors="replace")).name for a in args[:2]]
-        if "dvc" in names or args[1:3] == [b"-m", b"dvc"]:  # dvc, python .../dvc, python -m dvc
-            return pid
+        names += [args[2].decode(errors="replace")] if args[1:2] == [b"-m"] else []
+        for name in FRONT_ENDS:
+            if name in names:
+                return name, pid
         pid = int(stat.rpartition(")")[2].split()[1])
-    return None
+    return None, 0
 
 
 # ---------------------------------------------------------------------------- the machine

@@ -583,6 +583,32 @@ def test_a_run_of_one_front_end_refuses_the_other(project):
     assert planned_jobs(project) == set()
 
 
+def test_a_stage_under_snakemake_joins_a_snakemake_run_without_its_token(tmp_path, monkeypatch):
+    """On a cluster's node a job runs under a `snakemake` process of its own, perhaps without
+    the run's environment: it joins the Snakemake run holding the lock; a stage under no
+    front end is refused in one line."""
+    from fedssl.stage.runtime import RUN_ENV, hold_run, release_run
+
+    monkeypatch.chdir(tmp_path)
+    wrapper = tmp_path / "snakemake"  # a process of that name, the stage's parent
+    wrapper.write_text('#!/bin/sh\n"$@"\n')
+    wrapper.chmod(0o755)
+    code = "from fedssl.stage.runtime import join_run\njoin_run('s')\nprint('joined')"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop(RUN_ENV, None)
+    token = hold_run("snakemake")
+    try:
+        under, alone = (
+            subprocess.run([*cmd, sys.executable, "-c", code], env=env, capture_output=True)
+            for cmd in ([str(wrapper)], [])
+        )
+    finally:
+        release_run(token)
+    assert under.stdout.decode().split() == ["joined"], under.stderr[-2000:]
+    (line,) = alone.stderr.decode().strip().splitlines()[-1:]
+    assert alone.returncode != 0 and "s: not run: a snakemake run is in progress" in line
+
+
 def test_the_end_of_run_dvc_commit_says_each_stage(project, capfd):
     """Recording what Snakemake ran in dvc.lock (3 minutes of a 10-minute run, once silent)
     says each stage as it goes, with its size and time."""
