@@ -307,6 +307,32 @@ class Dag:
     def _add_experiment(self, exp_name: str) -> None:
         exp, part = self._checked_experiment(exp_name)
         method = registry.get(exp.method.name)
+        add = self._stage_adder(exp_name, exp, part)
+        for step in method.steps_for(exp.method):
+            stage = add(step.name, step.reads, step.inputs, step.gpu, entry="method")
+            results = results_dir(owner_of(stage.out))
+            stage.plots = [f"{results}/{p}" for p in step.plots]
+            stage.metrics = [f"{results}/{m}" for m in step.metrics]
+        for ev in evaluations.all():
+            if ev.applies(method, exp):
+                reads, inputs, calls_method = _method_part(method, exp.method, ev.uses)
+                stage = add(
+                    ev.kind,
+                    ev.reads + reads,
+                    ev.inputs + inputs,
+                    ev.gpu,
+                    "evaluation",
+                    calls_method,
+                    ev.run.__module__,
+                )
+                results = results_dir(owner_of(stage.out))
+                stage.metrics = [f"{results}/{m}" for m in ev.metrics]
+                stage.plots = [f"{results}/{p}" for p in ev.plots]
+
+    def _stage_adder(self, exp_name: str, exp, part):
+        """``add(kind, reads, inputs, gpu, ...)``: adds one stage of experiment ``exp_name``
+        (its inputs named by what earlier calls added) and returns it."""
+        method = registry.get(exp.method.name)
         declaration = registry.module_of(method.name)
         # the method's steps run the strategies its params choose: their declarations (each
         # imports its strategy's code where it builds it)
@@ -342,26 +368,7 @@ class Dag:
             sources[kind] = stage.name
             return stage
 
-        for step in method.steps_for(exp.method):
-            stage = add(step.name, step.reads, step.inputs, step.gpu, entry="method")
-            results = results_dir(owner_of(stage.out))
-            stage.plots = [f"{results}/{p}" for p in step.plots]
-            stage.metrics = [f"{results}/{m}" for m in step.metrics]
-        for ev in evaluations.all():
-            if ev.applies(method, exp):
-                reads, inputs, calls_method = _method_part(method, exp.method, ev.uses)
-                stage = add(
-                    ev.kind,
-                    ev.reads + reads,
-                    ev.inputs + inputs,
-                    ev.gpu,
-                    "evaluation",
-                    calls_method,
-                    ev.run.__module__,
-                )
-                results = results_dir(owner_of(stage.out))
-                stage.metrics = [f"{results}/{m}" for m in ev.metrics]
-                stage.plots = [f"{results}/{p}" for p in ev.plots]
+        return add
 
     def owners(self) -> dict[tuple[str, str], str]:
         """(stage kind, content key) -> the first experiment, by name, among every preset

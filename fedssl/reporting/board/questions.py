@@ -154,24 +154,27 @@ def ask_family(
         if contrast is None:
             out.append(answer | {"verdict": "untested"})
             continue
-        mde = contrast.mde(level, plan.power)
-        separable = p < plan.alpha
-        out.append(
-            answer
-            | {
-                "difference": round(contrast.difference, 4),
-                "ci95": [round(float(x), 4) for x in contrast.interval],
-                "p": round(contrast.p, 6),
-                "p_adj": round(p, 6),
-                "adjusted": "Holm",
-                "test": f"{family.variance} t, df {contrast.df}",
-                "sd": round(math.sqrt(model.variance), 4),
-                "mde": round(mde, 4),
-                "verdict": "separable" if separable else "not separable",
-                "resolved": separable or mde <= RESOLVED_MDE,
-            }
-        )
+        out.append(answer | _answer(contrast, p, model, family, plan, level))
     return out
+
+
+def _answer(contrast, p_adj: float, model, family: Family, plan: BoardQuestions, level: float):
+    """A tested question's numbers: the difference, its interval, raw and adjusted p, the
+    verdict and the minimum detectable effect at ``level``."""
+    mde = contrast.mde(level, plan.power)
+    separable = p_adj < plan.alpha
+    return {
+        "difference": round(contrast.difference, 4),
+        "ci95": [round(float(x), 4) for x in contrast.interval],
+        "p": round(contrast.p, 6),
+        "p_adj": round(p_adj, 6),
+        "adjusted": "Holm",
+        "test": f"{family.variance} t, df {contrast.df}",
+        "sd": round(math.sqrt(model.variance), 4),
+        "mde": round(mde, 4),
+        "verdict": "separable" if separable else "not separable",
+        "resolved": separable or mde <= RESOLVED_MDE,
+    }
 
 
 def ask(cell_list: list[dict], plan: BoardQuestions | None, where: str = "questions") -> list:

@@ -120,32 +120,13 @@ def significance_text(cell_list: list[dict]) -> str:
             tied = [c["method"] for c in mine if c["vs_best"]["verdict"] == "not separable"]
             below = [c["method"] for c in mine if c["vs_best"]["verdict"] == "separable"]
             untested = [c["method"] for c in mine if c["vs_best"]["verdict"] == "untested"]
-            ref = [c for c in mine if c.get("vs_reference")]
-            above = [
-                c["method"]
-                for c in ref
-                if c["vs_reference"]["verdict"] == "separable"
-                and c["vs_reference"]["difference"] > 0
-            ]
-            under = [
-                c["method"]
-                for c in ref
-                if c["vs_reference"]["verdict"] == "separable"
-                and c["vs_reference"]["difference"] < 0
-            ]
-            level = [c["method"] for c in ref if c["vs_reference"]["verdict"] == "not separable"]
             text = (
                 f"- **{partition}**, {accuracies[acc]}: best **{best['method']}** "
                 f"({statistics.mean(best['values'][acc]):.1f}); not separable from it: "
                 f"{', '.join(tied) or 'none'}; below it: {', '.join(below) or 'none'}"
                 + (f"; untested (one run): {', '.join(untested)}" if untested else "")
             )
-            if ref:
-                text += (
-                    f". Against the reference of their encoder: above {_names(above)}; "
-                    f"not separable {_names(level)}; below {_names(under)}"
-                )
-            parts.append(text + ".")
+            parts.append(text + _against_references(mine) + ".")
         if by_partition:
             parts.insert(len(parts) - len(by_partition), f"\n*{heading}*\n")
     if not parts:
@@ -157,6 +138,25 @@ def significance_text(cell_list: list[dict]) -> str:
         "the planned questions where the pipeline has them (the table of questions), else "
         "the paired t-test, Holm-adjusted per partition, α = 0.05:\n" + "\n".join(parts) + "\n"
     )
+
+
+def _against_references(cells: list[dict]) -> str:
+    """The clause on the lines that beat, match or trail their encoder's reference."""
+    ref = [c for c in cells if c.get("vs_reference")]
+    if not ref:
+        return ""
+    level = [c["method"] for c in ref if c["vs_reference"]["verdict"] == "not separable"]
+    return (
+        f". Against the reference of their encoder: above "
+        f"{_names([c['method'] for c in ref if _beats(c, 1)])}; not separable "
+        f"{_names(level)}; below {_names([c['method'] for c in ref if _beats(c, -1)])}"
+    )
+
+
+def _beats(cell: dict, sign: int) -> bool:
+    """Separable from its reference, on the side ``sign`` says (1 above, -1 below)."""
+    versus = cell["vs_reference"]
+    return versus["verdict"] == "separable" and sign * versus["difference"] > 0
 
 
 def _names(methods: list[str]) -> str:
