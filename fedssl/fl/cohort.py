@@ -12,6 +12,7 @@ momentum encoder's EMA update of frozen target weights, MoCo / BYOL).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -49,7 +50,24 @@ def forward(model: nn.Module, state, *args, **kwargs):
     """``model(*args, **kwargs)`` with the weights ``state`` (a dict, or (params, buffers)),
     under the precision policy on the device of ``args[0]`` (the batch): the forward of every
     local loss. Outputs as the model gives them (bf16 where the policy autocasts)."""
-    return under_policy(args[0], functional_call, model, state, args, kwargs)
+    tie = has_tied_tensors(model)
+    return under_policy(args[0], functional_call, model, state, args, kwargs, tie_weights=tie)
+
+
+_TIED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def has_tied_tensors(model: nn.Module) -> bool:
+    """Whether a tensor of ``model`` sits under two names (shared weights), looked up once per
+    model: ``functional_call`` walks every module on every call to untie them, a fixed cost of
+    each local step (about 0.6 ms on the default CNN), needless where nothing is shared."""
+    tied = _TIED.get(model)
+    if tied is None:
+        tied = _TIED[model] = any(
+            len(list(named(remove_duplicate=False))) != len(list(named()))
+            for named in (model.named_parameters, model.named_buffers)
+        )
+    return tied
 
 
 def on_outputs(loss: Callable[[object, Batch], torch.Tensor], own_forward=None) -> LossFn:
@@ -119,6 +137,9 @@ class StackedOptimizer:
         state["step"] += 1
         if c.clip_norm is not None:
             grads = clip_grad_norm(grads, c.clip_norm)
+        # the bias corrections once a step, not once a tensor (a step's fixed cost)
+        if c.kind != "sgd":
+            bc1, bc2 = (1 - beta ** state["step"] for beta in c.betas)
         for k, p in params.items():
             rate = lr.view(-1, *[1] * (p.dim() - 1)) if torch.is_tensor(lr) else lr
             g = grads[k]
@@ -135,9 +156,7 @@ class StackedOptimizer:
             m.mul_(c.betas[0]).add_(g, alpha=1 - c.betas[0])
             v.mul_(c.betas[1]).addcmul_(g, g, value=1 - c.betas[1])
             shape = (-1,) + (1,) * (p.dim() - 1)
-            bc1 = (1 - c.betas[0] ** state["step"]).view(shape)
-            bc2 = (1 - c.betas[1] ** state["step"]).view(shape)
-            p.sub_(rate * (m / bc1) / ((v / bc2).sqrt() + c.eps))
+            p.sub_(rate * (m / bc1.view(shape)) / ((v / bc2.view(shape)).sqrt() + c.eps))
 
 
 def stack(states: list[Tensors]) -> Tensors:
