@@ -89,13 +89,10 @@ def report(images: int, rows: dict[int, list[dict]]) -> None:
         per = (med[hi][part] - med[lo][part]) / extra * 1e3
         print(f"{part:>12}" + "".join(f"{v:>14.3f}" for v in vals) + f"{per:>18.3f}")
     peaks = ", ".join(f"{n}: {m['peak_mb']:.0f}" for n, m in med.items())
-    print(
-        f"round at {hi} / at {lo} clients: {med[hi]['round'] / med[lo]['round']:.2f}x; "
-        f"turns {hi}: {[round(r['cpu_s'], 2) for r in rows[hi]]}, "
-        f"{lo}: {[round(r['cpu_s'], 2) for r in rows[lo]]}; "
-        f"peak MB {peaks}",
-        flush=True,
-    )
+    for n in [n for n in med if n != lo]:
+        print(f"round at {n} / at {lo} clients: {med[n]['round'] / med[lo]['round']:.2f}x")
+    turns = "; ".join(f"{n}: {[round(r['cpu_s'], 2) for r in rows[n]]}" for n in rows)
+    print(f"turns {turns}; peak MB {peaks}", flush=True)
 
 
 def _median_row(turns: list[dict]) -> dict:
