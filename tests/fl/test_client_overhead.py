@@ -37,12 +37,14 @@ def adam_step_ops(tensors: int) -> Counter:
     return ops.count
 
 
-def test_adam_bias_corrections_are_computed_once_a_step():
-    """Two powers a step (beta1^t, beta2^t) whatever the model's tensor count; once a tensor
-    they cost a tiny client's step 2 x 20 more operators on the default CNN."""
+def test_an_adam_step_runs_as_many_operators_for_any_tensor_count():
+    """Every operation of a step is one call over the model's tensors, and the bias corrections
+    are computed once a step (two powers): per tensor, a tiny client's step paid ~11 operator
+    calls x 20 tensors of Python dispatch on the default CNN (views aside: free)."""
     few, many = adam_step_ops(2), adam_step_ops(20)
     assert few["pow"] == many["pow"] == 2
-    assert many["rsub"] <= 2
+    del few["view"], many["view"]
+    assert few == many
 
 
 def test_adam_step_unchanged_by_hoisting():
