@@ -24,6 +24,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,11 +64,14 @@ def one_round(clients: int, images: int, stacked: bool = False, seed: int = 0) -
             fed.strategy.needs_uploads = lambda: True
         assert fed.strategy.needs_uploads() == stacked
         before = rss_mb()
+        t0 = time.process_time()
         state = fed.run(fed.start(model))
+        cpu_s = time.process_time() - t0
         used = precision.resolved(torch.device("cpu"))
     return {
         "before_mb": before,
         "peak_mb": rss_mb(),
+        "cpu_s": cpu_s,  # the round and its checkpoint, process CPU seconds
         "loss": state.log[-1]["loss"],
         "precision": used,
         "threads": torch.get_num_threads(),

@@ -209,3 +209,17 @@ def test_each_line_is_paired_with_the_untrained_line_of_its_own_encoder(
     assert [ln.split("\t")[:5] for ln in lines] == [
         ["MFCL", "P", m, "2", "-5.00 -3.00"] for m in ("linear_top1", "knn_top1")
     ]
+
+
+def test_the_client_overhead_benchmark_times_functions_the_engine_has():
+    """benchmarks/client_overhead.py times a round by part around named engine functions: a
+    function that moved or was renamed fails here, not as a part silently timed at zero."""
+    spec = importlib.util.spec_from_file_location(
+        "client_overhead", REPO / "benchmarks/client_overhead.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for mod, owner, attr in module.PARTS.values():
+        holder = importlib.import_module(mod)
+        holder = getattr(holder, owner) if owner else holder
+        assert callable(vars(holder).get(attr)), (mod, owner, attr)

@@ -12,6 +12,7 @@ momentum encoder's EMA update of frozen target weights, MoCo / BYOL).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -49,7 +50,24 @@ def forward(model: nn.Module, state, *args, **kwargs):
     """``model(*args, **kwargs)`` with the weights ``state`` (a dict, or (params, buffers)),
     under the precision policy on the device of ``args[0]`` (the batch): the forward of every
     local loss. Outputs as the model gives them (bf16 where the policy autocasts)."""
-    return under_policy(args[0], functional_call, model, state, args, kwargs)
+    tie = has_tied_tensors(model)
+    return under_policy(args[0], functional_call, model, state, args, kwargs, tie_weights=tie)
+
+
+_TIED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def has_tied_tensors(model: nn.Module) -> bool:
+    """Whether a tensor of ``model`` sits under two names (shared weights), looked up once per
+    model: ``functional_call`` walks every module on every call to untie them, a fixed cost of
+    each local step (about 0.6 ms on the default CNN), needless where nothing is shared."""
+    tied = _TIED.get(model)
+    if tied is None:
+        tied = _TIED[model] = any(
+            len(list(named(remove_duplicate=False))) != len(list(named()))
+            for named in (model.named_parameters, model.named_buffers)
+        )
+    return tied
 
 
 def on_outputs(loss: Callable[[object, Batch], torch.Tensor], own_forward=None) -> LossFn:
@@ -114,30 +132,46 @@ class StackedOptimizer:
 
     @torch.no_grad()
     def step(self, params: Tensors, grads: Tensors, state: dict, lr: float | torch.Tensor) -> None:
-        """``lr``: one rate for all clients, or a tensor of one rate per client row."""
+        """``lr``: one rate for all clients, or a tensor of one rate per client row. Each
+        operation runs over the model's tensors at once (``torch._foreach_*``: on the CPU the
+        very per-tensor kernels, in one call, so a tiny client's step pays no Python per tensor
+        and operator)."""
         c = self.cfg
         state["step"] += 1
         if c.clip_norm is not None:
             grads = clip_grad_norm(grads, c.clip_norm)
-        for k, p in params.items():
-            rate = lr.view(-1, *[1] * (p.dim() - 1)) if torch.is_tensor(lr) else lr
-            g = grads[k]
-            if c.weight_decay and c.kind != "adamw":  # L2 added to the gradient
-                g = g + c.weight_decay * p
-            elif c.weight_decay:  # AdamW: decay the weights themselves, before the Adam step
-                p.mul_(1 - rate * c.weight_decay)
-            m = state["m"][k]
-            if c.kind == "sgd":
-                m.mul_(c.momentum).add_(g)
-                p.sub_(rate * m)
-                continue
-            v = state["v"][k]
-            m.mul_(c.betas[0]).add_(g, alpha=1 - c.betas[0])
-            v.mul_(c.betas[1]).addcmul_(g, g, value=1 - c.betas[1])
-            shape = (-1,) + (1,) * (p.dim() - 1)
-            bc1 = (1 - c.betas[0] ** state["step"]).view(shape)
-            bc2 = (1 - c.betas[1] ** state["step"]).view(shape)
-            p.sub_(rate * (m / bc1) / ((v / bc2).sqrt() + c.eps))
+        p, m = list(params.values()), [state["m"][k] for k in params]
+        g = [grads[k] for k in params]
+        rate = [lr.view(_rows(q)) for q in p] if torch.is_tensor(lr) else lr
+        if c.weight_decay and c.kind != "adamw":  # L2 added to the gradient
+            g = torch._foreach_add(g, torch._foreach_mul(p, c.weight_decay))
+        elif c.weight_decay:  # AdamW: decay the weights themselves, before the Adam step
+            decay = [1 - r * c.weight_decay for r in rate] if isinstance(rate, list) else None
+            torch._foreach_mul_(p, decay if decay is not None else 1 - rate * c.weight_decay)
+        if c.kind == "sgd":
+            torch._foreach_mul_(m, c.momentum)
+            torch._foreach_add_(m, g)
+            torch._foreach_sub_(p, torch._foreach_mul(m, rate))
+            return
+        v = [state["v"][k] for k in params]
+        b1, b2 = c.betas
+        torch._foreach_mul_(m, b1)
+        torch._foreach_add_(m, g, alpha=1 - b1)
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, g, g, value=1 - b2)
+        bc1, bc2 = (1 - beta ** state["step"] for beta in c.betas)  # once a step
+        step = torch._foreach_div(m, [bc1.view(_rows(q)) for q in p])
+        torch._foreach_mul_(step, rate)
+        denom = torch._foreach_div(v, [bc2.view(_rows(q)) for q in p])
+        torch._foreach_sqrt_(denom)
+        torch._foreach_add_(denom, c.eps)
+        torch._foreach_div_(step, denom)
+        torch._foreach_sub_(p, step)
+
+
+def _rows(t: torch.Tensor) -> tuple:
+    """The shape that broadcasts one value per client row over ``t``."""
+    return (-1,) + (1,) * (t.dim() - 1)
 
 
 def stack(states: list[Tensors]) -> Tensors:

@@ -80,6 +80,8 @@ class RunningMean:
 
     def __init__(self, weights: torch.Tensor):
         self.w = weights / weights.sum()
+        # each client's weight in both sum dtypes, cast once a round rather than once a client
+        self.w_as = {dtype: self.w.to(dtype) for dtype in (torch.float32, torch.float64)}
         self.added = 0
         self.sums: Tensors = {}
         self.maxima: Tensors = {}
@@ -91,11 +93,11 @@ class RunningMean:
             raise ValueError(f"more uploads than the {len(self.w)} weights given")
         if not self.added:
             self._open(upload)
-        w = {dtype: self.w[self.added].to(dtype) for dtype in (torch.float32, torch.float64)}
+        i = self.added
         for k, v in upload.items():
             total = self.sums.get(k)
             if total is not None:
-                total.add_(w[total.dtype] * v.to(total.dtype))
+                total.add_(self.w_as[total.dtype][i] * v.to(total.dtype))
             else:
                 top = self.maxima.get(k)
                 self.maxima[k] = v.clone() if top is None else torch.maximum(top, v)
