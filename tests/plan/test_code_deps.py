@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import REPO, make_tiny_project, run, run_and_record
-from tests.fl.test_extensions import DECLARATION
 from tests.lwfedssl_fixtures import TINY_PARTITION, tiny_text
 
 pytestmark = pytest.mark.timeout(900)
@@ -156,10 +155,7 @@ def test_adding_an_evaluation_runs_it_and_reruns_only_the_reports(project):
     reports, whose records now read its metrics, rerun (tests/fl/test_extensions.py's example)."""
     jobs, stale = with_files(
         project,
-        {
-            "fedssl/evaluations/client_balance.py": DECLARATION,
-            "stages/client_balance.py": (REPO / "tests/toy_evaluation.py").read_text(),
-        },
+        {"fedssl/evaluations/client_balance.py": (REPO / "tests/toy_evaluation.py").read_text()},
     )
     new = {j for j in jobs if j.startswith("client_balance__")}
     assert new == {"client_balance__tiny_fedmoco", "client_balance__tiny_pixels"}

@@ -8,9 +8,9 @@ import re
 import statistics
 from collections.abc import Iterable
 
+import fedssl.reporting.board.simulate as simulate
 from fedssl import evaluations
 from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED
-from fedssl.reporting.board import simulate
 from fedssl.reporting.board.simulate import simulated
 from fedssl.reporting.formatting import to_float
 
