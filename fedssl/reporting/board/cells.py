@@ -7,12 +7,16 @@ import math
 import re
 import statistics
 from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
 
 import fedssl.reporting.board.simulate as simulate
 from fedssl import evaluations
 from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED
 from fedssl.reporting.board.simulate import simulated
 from fedssl.reporting.formatting import to_float
+from fedssl.stage.record import ParamsError, read_yaml
 
 SD = "sample"
 
@@ -259,3 +263,19 @@ def rounds_to_target(cell_list: list[dict], logs: dict[str, list[dict]]) -> None
             "MB": median(2),
             "GFLOPs": median(3),
         }
+
+
+def pipeline_entry(path: Path, pipeline: str, model: type[BaseModel]):
+    """``pipeline``'s entry of the YAML file ``path`` (the board's flags, its questions) as a
+    ``model``; None when the file or the entry is absent. A bad entry fails naming the file
+    and each field."""
+    raw = read_yaml(path).get(pipeline) if path.exists() else None
+    if raw is None:
+        return None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        fields = "; ".join(
+            f"{pipeline}.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()
+        )
+        raise ParamsError(f"{path}: {fields}") from None

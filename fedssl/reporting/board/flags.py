@@ -7,12 +7,12 @@ import math
 import statistics
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from fedssl.reporting import stats
-from fedssl.reporting.board.cells import EVALUATIONS, accuracy_of
+from fedssl.reporting.board.cells import EVALUATIONS, accuracy_of, pipeline_entry
 from fedssl.reporting.board.significance import verdict_text
-from fedssl.stage.record import ParamsError, read_yaml
+from fedssl.stage.record import ParamsError
 
 # What the board cannot vouch for, marked in its cell with a note under the table that links
 # the line's diagnosis. The papers' orderings and the hand-written diagnoses are data (a file
@@ -61,16 +61,7 @@ class BoardFlags(BaseModel, extra="forbid"):
 
 def load_flags(pipeline: str, path: Path = FLAGS_FILE) -> BoardFlags | None:
     """The pipeline's flags (None: no file, or no entry for it: the board flags nothing)."""
-    raw = read_yaml(path).get(pipeline) if path.exists() else None
-    if raw is None:
-        return None
-    try:
-        return BoardFlags.model_validate(raw)
-    except ValidationError as e:
-        fields = "; ".join(
-            f"{pipeline}.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()
-        )
-        raise ParamsError(f"{path}: {fields}") from None
+    return pipeline_entry(path, pipeline, BoardFlags)
 
 
 BELOW_REFERENCE = (

@@ -21,12 +21,12 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from fedssl.reporting import stats
-from fedssl.reporting.board.cells import accuracy_of
+from fedssl.reporting.board.cells import accuracy_of, pipeline_entry
 from fedssl.reporting.formatting import markdown_table
-from fedssl.stage.record import ParamsError, read_yaml
+from fedssl.stage.record import ParamsError
 
 QUESTIONS_FILE = Path("params/board_questions.yaml")
 
@@ -78,16 +78,7 @@ class BoardQuestions(BaseModel, extra="forbid"):
 
 def load_questions(pipeline: str, path: Path = QUESTIONS_FILE) -> BoardQuestions | None:
     """The pipeline's planned questions (None: no file, or no entry for the pipeline)."""
-    raw = read_yaml(path).get(pipeline) if path.exists() else None
-    if raw is None:
-        return None
-    try:
-        return BoardQuestions.model_validate(raw)
-    except ValidationError as e:
-        fields = "; ".join(
-            f"{pipeline}.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()
-        )
-        raise ParamsError(f"{path}: {fields}") from None
+    return pipeline_entry(path, pipeline, BoardQuestions)
 
 
 def _runs(cell: dict) -> list[tuple[str, str, float]]:
