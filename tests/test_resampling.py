@@ -82,6 +82,7 @@ def test_a_difference_on_one_test_set_is_paired():
 def test_a_personalised_runs_images_come_from_its_personal_record(tmp_path):
     """personal.npz (labels, softmax outputs, client per test image, as PersonalLog writes it)
     gives one correctness array per client, in the record's order."""
+    from fedssl.data import load_npz
     from fedssl.eval.personal import PersonalLog
 
     labels = [np.array([0, 1, 1]), np.array([2, 2])]
@@ -89,7 +90,8 @@ def test_a_personalised_runs_images_come_from_its_personal_record(tmp_path):
     log = PersonalLog({})
     log.record([66.7, 50.0])
     log.save(tmp_path / "personal.npz", labels, probs)
-    got = resampling.personal_correctness(tmp_path / "personal.npz")
+    record = load_npz(tmp_path / "personal.npz", ("labels", "probs", "client"))
+    got = resampling.personal_correctness(**record)
     assert [a.tolist() for a in got] == [[1.0, 0.0, 1.0], [1.0, 0.0]]
     assert resampling.two_level_bootstrap([got], draws=50).estimate == pytest.approx(
         100 * (2 / 3 + 1 / 2) / 2

@@ -116,13 +116,12 @@ def mcnemar_per_seed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict
     return {s: mcnemar(a[s], b[s]) for s in sorted(set(a) & set(b))}
 
 
-def personal_correctness(npz_path) -> list[np.ndarray]:
-    """A personalised run's per-test-image correctness, one array per client, from the
-    ``personal.npz`` its step wrote (:class:`fedssl.eval.personal.PersonalLog`: each test
-    image's label, the final model's softmax outputs and its client): the run's input to
+def personal_correctness(labels: np.ndarray, probs: np.ndarray, client: np.ndarray) -> list:
+    """A personalised run's per-test-image correctness, one array per client, from the arrays
+    of the ``personal.npz`` its step wrote (:class:`fedssl.eval.personal.PersonalLog`: each test
+    image's label, the final model's softmax outputs and its client; read them with
+    :func:`fedssl.data.load_npz`, which refuses pickles): the run's input to
     :func:`two_level_bootstrap`. Its accuracy is the final round's, where the board reads the
     mean over the last rounds."""
-    with np.load(npz_path) as z:
-        labels, probs, client = z["labels"], z["probs"], z["client"]
     right = (probs.argmax(1) == labels).astype(float)
     return [right[client == c] for c in range(int(client.max()) + 1 if client.size else 0)]
