@@ -92,7 +92,7 @@ def _runs(cell: dict) -> list[tuple[str, str, float]]:
 
 
 def _lines_of(cell_list, family: Family, name: str, partition: str, where: str) -> dict:
-    """The family's lines on a partition (method -> cell); a line the board lacks stops here,
+    """The family's lines on a partition (row label -> cell); a line the board lacks stops here,
     naming the field that asks for it."""
     lines = {
         c["method"]: c
@@ -102,11 +102,11 @@ def _lines_of(cell_list, family: Family, name: str, partition: str, where: str) 
     asked = [(a, b, field) for a, b, field in family.questions()]
     asked += [(m, m, f"pool.{i}") for i, m in enumerate(family.pool)]
     for a, b, field in asked:
-        for method in (a, b):
-            if method not in lines:
+        for label in (a, b):
+            if label not in lines:
                 raise ParamsError(
                     f"{where}.families.{name}.{field}: no {family.evaluation} line "
-                    f"'{method}' on partition '{partition}'"
+                    f"'{label}' on partition '{partition}'"
                 )
     return lines
 
