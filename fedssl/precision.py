@@ -4,9 +4,11 @@ device runs under and whether convolution models and image batches go channels-l
 The setting (:data:`fedssl.params.PrecisionSetting`) is each experiment's ``precision``; a stage
 runs its body inside :func:`policy` with it, and the library's forward passes ask
 :func:`under_policy` / :func:`channels_last` without naming it. Outside any stage the setting is
-``auto``. :func:`under_policy` is the one place autocast is applied: local training reaches it
-through :func:`fedssl.fl.cohort.forward`, the probes, fine-tuning and a method's own loops call
-it; no method names autocast (``tests/fl/test_precision.py`` scans for it).
+``auto``. :func:`under_policy` is the one place autocast is applied, and the runtime calls it:
+local training through :func:`fedssl.fl.cohort.forward`, centralised loops (the probes,
+fine-tuning, a method's own epochs and encodings) through :mod:`fedssl.epochs`, MocoSFL's split
+trainer for its server step; no other method names it, nor autocast
+(``tests/fl/test_precision.py`` scans for both).
 
 * ``auto``: bf16 autocast where the device computes bf16 natively (CUDA; a CPU with AVX-512
   BF16 or AMX, detected once), fp32 elsewhere; channels-last either way;

@@ -13,10 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedssl.data.augment import BatchAugment, to_float
-from fedssl.epochs import run_epochs
+from fedssl.epochs import encoded, run_epochs, train_steps
 from fedssl.optim import warmup_cosine
 from fedssl.params import FinetuneParams
-from fedssl.precision import under_policy
 from fedssl.stage.runtime import derive_seed, torch_generator
 
 
@@ -32,10 +31,10 @@ class Classifier(nn.Module):
 @torch.no_grad()
 def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch: int) -> float:
     model.eval()
+    starts = range(0, len(images), batch)
+    batches = ((to_float(images[start : start + batch]),) for start in starts)
     correct = 0
-    for start in range(0, len(images), batch):
-        x = to_float(images[start : start + batch])
-        logits = under_policy(x, model, x)
+    for start, logits in zip(starts, encoded(images.device, model, batches), strict=True):
         correct += (logits.argmax(1) == labels[start : start + batch]).sum().item()
     return 100.0 * correct / len(images)
 
@@ -56,17 +55,15 @@ def _epoch(model, opt, augment, train, p: FinetuneParams, device, epoch: int) ->
         len(xtr),
         generator=torch.Generator().manual_seed(derive_seed(p.seed, "finetune-order", epoch)),
     ).to(device)
-    loss_sum = 0.0
-    for i, idx in enumerate(order.split(p.batch_size)):
-        for group in opt.param_groups:
-            group["lr"] = warmup_cosine(epoch * steps + i, total, warmup, p.lr)
-        x = augment(xtr[idx], gen)
-        loss = under_policy(x, _cross_entropy, model, x, ytr[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        loss_sum += loss.item()
-    return {"epoch": epoch + 1, "loss": round(loss_sum / steps, 5)}
+
+    def batches():
+        for i, idx in enumerate(order.split(p.batch_size)):
+            for group in opt.param_groups:
+                group["lr"] = warmup_cosine(epoch * steps + i, total, warmup, p.lr)
+            yield model, augment(xtr[idx], gen), ytr[idx]
+
+    loss = train_steps(opt, device, _cross_entropy, batches())
+    return {"epoch": epoch + 1, "loss": round(loss, 5)}
 
 
 def finetune(

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedssl.data.augment import to_float
+from fedssl.epochs import encoded
 from fedssl.params import KnnParams, LinearProbeParams
-from fedssl.precision import under_policy
 from fedssl.stage.progress import Progress, advance
 from fedssl.stage.runtime import derive_seed
 
@@ -26,11 +26,15 @@ def extract_features(
     encoder.eval()
     out = []
     with Progress(desc, len(images)):
-        for start in range(0, len(images), batch_size):
-            x = to_float(torch.from_numpy(np.array(images[start : start + batch_size])).to(device))
-            out.append(under_policy(device, encoder, x).float().cpu())
-            advance(len(x))
+        for z in encoded(device, encoder, _batches(images, batch_size, device)):
+            out.append(z.float().cpu())
+            advance(len(z))
     return torch.cat(out).numpy()
+
+
+def _batches(images: np.ndarray, batch_size: int, device: torch.device):
+    for start in range(0, len(images), batch_size):
+        yield (to_float(torch.from_numpy(np.array(images[start : start + batch_size])).to(device)),)
 
 
 def linear_probe(

@@ -308,8 +308,9 @@ def test_a_stage_computes_in_its_experiments_precision_and_records_it(tmp_path):
 
 def test_only_the_policy_applies_autocast():
     """Precision is applied in one place (:func:`fedssl.precision.under_policy`): local losses
-    reach it through the cohort's ``forward``, the probes, fine-tuning and a method's own
-    loops call it; no method, nor any other library module, opens an autocast region itself."""
+    reach it through the cohort's ``forward``, centralised loops (the probes, fine-tuning, a
+    method's own) through :mod:`fedssl.epochs`; no method, nor any other library module, opens
+    an autocast region itself."""
     package = Path("fedssl")
     opening = [
         str(f.relative_to(package)) for f in package.rglob("*.py") if "autocast(" in f.read_text()
@@ -317,6 +318,89 @@ def test_only_the_policy_applies_autocast():
     assert opening == ["precision.py"]
     assert "autocast" not in "".join(f.read_text() for f in (package / "methods").rglob("*.py"))
     assert (package / "precision.py").read_text().count("torch.autocast(") == 1
+
+
+POLICY_CALL = re.compile(r"(?<![\w.])under_policy\(")
+OWNERS = {"fl/cohort.py", "epochs.py", "methods/mocosfl/trainer.py"}
+
+
+def test_the_runtime_owns_the_precision_regions():
+    """The policy's regions are drawn by the runtime: the cohort's forward, the loops of
+    :mod:`fedssl.epochs` and MocoSFL's split trainer (a step of its own over two parties),
+    at most 4 calls in all; no other method names ``under_policy`` (imported or called), so
+    a method cannot move a region's boundary and with it its committed numbers."""
+    package = Path("fedssl")
+    calls = {}
+    for f in sorted(package.rglob("*.py")):
+        text, name = f.read_text(), str(f.relative_to(package))
+        if name != "precision.py" and (n := len(POLICY_CALL.findall(text))):
+            calls[name] = n
+        if name.startswith("methods/") and name not in OWNERS:
+            assert "under_policy" not in text, f"{name}: run it through fedssl.epochs instead"
+    assert set(calls) <= OWNERS and sum(calls.values()) <= 4, calls
+
+
+def autocast_log(log: list, where: str):
+    """A function that notes whether autocast is on where it runs, then returns its input."""
+
+    def note(x, *rest):
+        log.append((where, torch.is_autocast_enabled("cpu"), torch.is_grad_enabled()))
+        return x
+
+    return note
+
+
+@pytest.mark.parametrize("setting, on", [("bf16", True), ("fp32", False)])
+def test_the_loops_put_only_the_forward_under_the_policy(setting, on):
+    """:func:`fedssl.epochs.train_steps` runs each forward in the policy's region and the
+    batch's preparation, the loss of the outputs and the after-step outside it (where the
+    committed loops drew them); :func:`fedssl.epochs.encoded` runs its encoder in the region,
+    without gradients, and leaves the caller's code between batches with them."""
+    from fedssl.epochs import encoded, train_steps
+
+    log, layer = [], torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    prepare, note = autocast_log(log, "batch"), autocast_log(log, "forward")
+
+    def batches():
+        for i in range(2):
+            yield (prepare(torch.full((2, 3), float(i))),)
+
+    def loss(out):
+        return autocast_log(log, "loss")(out).float().pow(2).mean()
+
+    after = autocast_log(log, "after")
+    with precision.policy(setting):
+        train_steps(opt, "cpu", lambda x: note(layer(x)), batches(), loss, lambda: after(0))
+        for _ in encoded("cpu", lambda x: autocast_log(log, "encode")(x), batches()):
+            log.append(("caller", torch.is_autocast_enabled("cpu"), torch.is_grad_enabled()))
+    step = [("batch", False, True), ("forward", on, True), ("loss", False, True)]
+    encode = [("batch", False, False), ("encode", on, False), ("caller", False, True)]
+    assert log == [*step, ("after", False, True)] * 2 + encode * 2
+
+
+def test_train_steps_is_the_plain_loop_bit_for_bit():
+    """The runner's steps and mean loss are those of the loop it replaced, number for number."""
+    from fedssl.epochs import train_steps
+
+    def run(runner: bool):
+        torch.manual_seed(0)
+        layer, data = torch.nn.Linear(4, 2), torch.randn(3, 5, 4)
+        opt = torch.optim.Adam(layer.parameters(), lr=0.01)
+        if runner:
+            mean = train_steps(opt, "cpu", layer, ((x,) for x in data), lambda o: o.pow(2).mean())
+            return mean, layer.weight
+        total = 0.0
+        for x in data:
+            value = layer(x).pow(2).mean()
+            opt.zero_grad(set_to_none=True)
+            value.backward()
+            opt.step()
+            total += value.item()
+        return total / len(data), layer.weight
+
+    (mean, weight), (plain_mean, plain_weight) = run(True), run(False)
+    assert mean == plain_mean and torch.equal(weight, plain_weight)
 
 
 def activation_dtypes(model) -> set:

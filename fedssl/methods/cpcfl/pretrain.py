@@ -13,12 +13,11 @@ import torch
 from fedssl.data import to_device
 from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.partition import stratified_subset
-from fedssl.epochs import run_epochs
+from fedssl.epochs import run_epochs, train_steps
 from fedssl.eval.probes import extract_features, linear_probe
 from fedssl.fl.state import TIMING_FIELDS
 from fedssl.methods.cpcfl import PAPER_PROJ_WIDTH, SSL_KINDS
 from fedssl.methods.cpcfl.models import Encoder, SSLNet, seeded
-from fedssl.precision import under_policy
 from fedssl.stage.runtime import numpy_rng, torch_generator, torch_save, write_json, write_tsv
 
 ENCODER_FILE, PUBLIC_FILE = "encoder.pt", "public.npy"
@@ -117,17 +116,8 @@ def _say_epoch(p, width: int, rows: list[dict]) -> None:
 
 def _ssl_epoch(net: SSLNet, opt, two_views, batches, gen, device) -> float:
     """One epoch of Adam steps of the SSL loss on two views of each batch: the mean loss."""
-    total, steps = 0.0, 0
-    for x in batches:
-        v1, v2 = two_views(x, gen)
-        loss = under_policy(device, net.loss, v1, v2)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        net.after_step()
-        total += loss.item()
-        steps += 1
-    return total / steps
+    views = (two_views(x, gen) for x in batches)
+    return train_steps(opt, device, net.loss, views, after_step=net.after_step)
 
 
 def _subset(labels: np.ndarray, size: int | None, seed: int) -> np.ndarray:

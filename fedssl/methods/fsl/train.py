@@ -16,12 +16,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedssl.epochs import encoded
 from fedssl.fl.state import FedState
 from fedssl.losses import masked_cross_entropy
 from fedssl.methods.federated_supervised import ScoredFedAvg
 from fedssl.models.encoders import build_backbone, frozen
 from fedssl.models.pooling import GlobalAvgPool
-from fedssl.precision import under_policy
 
 SMASHED, LABELS = "smashed_data", "labels"  # ledger kinds besides the models
 
@@ -64,7 +64,8 @@ def smashed_sample(model: SplitClassifier, images: torch.Tensor) -> torch.Tensor
     model.client.eval()  # leaves the BN statistics alone
     try:
         with torch.no_grad():
-            return under_policy(x, model.client, x)[0]
+            (smashed,) = encoded(x.device, model.client, [(x,)])
+            return smashed[0]
     finally:
         model.client.train()
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fedssl.data.augment import BatchAugment, multi_view
-from fedssl.epochs import run_epochs
+from fedssl.epochs import encoded, run_epochs, train_steps
 from fedssl.fl.cohort import LocalData, OptimizerConfig, forward
 from fedssl.fl.state import federation_config, write_round_log
 from fedssl.losses import nt_xent
@@ -27,7 +27,6 @@ from fedssl.models.autoencoder import (
 from fedssl.models.encoders import frozen
 from fedssl.models.rserver import MfclEncoder, RServerModel
 from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
-from fedssl.precision import under_policy
 from fedssl.rounds.loop import Federation
 from fedssl.rounds.recipe import Local, Recipe, build_federation
 from fedssl.rounds.runner import run_federation, train_data
@@ -197,21 +196,27 @@ def export_client(
     holding the stride-2 conv). Twin Norm pairs the two views of each sample again. Each
     (client, pair, chunk) draws its views from its own seeded generator."""
     model.train(bn_mode == "train")
-    out = None
     idx_all = torch.from_numpy(np.asarray(indices)).to(images.device)
-    for r in range(pairs):
-        for j, start in enumerate(range(0, len(indices), batch)):
+    starts = range(0, len(indices), batch)
+    slots = [(r, j, start) for r in range(pairs) for j, start in enumerate(starts)]
+
+    def views():
+        for r, j, start in slots:
             x = images[idx_all[start : start + batch]]
             gen = torch_generator(images.device, seed, "export", client, r, j)
             v1, v2 = twin_batch(augment)(x, gen)
             if tn_pairing == "pseudo":  # the "positive" is another image (the next one)
                 v2 = v2.roll(-1, 0)
-            z = under_policy(x, encode_pair, model, v1, v2, tn_pairing).to(torch.float16)
-            if out is None:
-                out = torch.empty(
-                    (len(indices), pairs, 2, *z.shape[1:]), dtype=torch.float16, device="cpu"
-                )
-            out[start : start + len(x), r] = torch.stack(z.chunk(2), 1).cpu()
+            yield model, v1, v2, tn_pairing
+
+    out = None
+    for (r, _, start), z in zip(slots, encoded(images.device, encode_pair, views()), strict=True):
+        pair = torch.stack(z.to(torch.float16).chunk(2), 1)
+        if out is None:
+            out = torch.empty(
+                (len(indices), pairs, *pair.shape[1:]), dtype=pair.dtype, device="cpu"
+            )
+        out[start : start + len(pair), r] = pair.cpu()
     model.eval()
     return out
 
@@ -264,20 +269,21 @@ def _rserver_epoch(model: RServerModel, opt, reps: torch.Tensor, p, peak: float,
     gen = torch_generator(torch.device("cpu"), p.seed, "rserver", epoch)
     order = torch.randperm(n, generator=gen)
     pick = torch.randint(rho, (n,), generator=gen)
-    loss_sum, t0 = 0.0, time.perf_counter()
-    for s in range(steps):
-        idx = order[s * p.batch_pairs : (s + 1) * p.batch_pairs]
-        pair = reps[idx.to(device), pick[idx].to(device)].float()  # [B, 2, C, H, W]
-        set_lr(opt, warmup_cosine(epoch * steps + s, total, warmup, peak))
-        proj = under_policy(device, model, torch.cat([pair[:, 0], pair[:, 1]]))
-        loss = nt_xent(*proj.float().chunk(2), p.temperature)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        loss_sum += loss.item()
+    t0 = time.perf_counter()
+
+    def batches():
+        for s in range(steps):
+            idx = order[s * p.batch_pairs : (s + 1) * p.batch_pairs]
+            pair = reps[idx.to(device), pick[idx].to(device)].float()  # [B, 2, C, H, W]
+            set_lr(opt, warmup_cosine(epoch * steps + s, total, warmup, peak))
+            yield (torch.cat([pair[:, 0], pair[:, 1]]),)
+
+    def loss(proj):
+        return nt_xent(*proj.float().chunk(2), p.temperature)
+
     return {
         "epoch": epoch + 1,
-        "loss": loss_sum / steps,
+        "loss": train_steps(opt, device, model, batches(), loss),
         "lr": warmup_cosine((epoch + 1) * steps - 1, total, warmup, peak),
         "seconds": round(time.perf_counter() - t0, 3),
     }
