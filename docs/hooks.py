@@ -34,13 +34,12 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
-    """A page's facts as their values alone: a fact's tags are HTML comments, and one that
-    starts a source line would start an HTML block there, ending the paragraph mid-sentence
-    (and any emphasis open across it). ``fedssl docs`` keeps the values current (a test fails
-    when a page is stale)."""
-    from fedssl.reporting.readme_facts import FACT
+    """A page's facts as their numbers alone, without their keys and definitions (see
+    :mod:`fedssl.reporting.readme_facts`; ``fedssl docs`` keeps the numbers current, and a
+    test fails when a page is stale)."""
+    from fedssl.reporting.readme_facts import strip_facts
 
-    return FACT.sub(lambda m: m.group(3), markdown)
+    return strip_facts(markdown)
 
 
 # ---------------------------------------------------------------------------- params

@@ -9,7 +9,9 @@ A page under ``docs/`` holds blocks that say where their content comes from:
 - ``<!-- figures: PIPELINE -->...<!-- /figures -->``: every figure of the report's folder,
   inline (the site serves ``results/reports/`` beside the pages: ``docs/hooks.py``);
 - ``<!-- layout -->...<!-- /layout -->``: the project's tree, from the library's docstrings
-  (:mod:`fedssl.reporting.tree`).
+  (:mod:`fedssl.reporting.tree`);
+- ``NUMBER[^KEY]`` in a sentence, with ``[^KEY]: ...`` at the page's end: a number of a
+  report or a log (:mod:`fedssl.reporting.readme_facts`).
 
 The pages the site makes from code (the params reference from ``schemas/``, the command's
 reference from its parsers) are written at build time by ``docs/hooks.py``, so they cannot be
@@ -23,7 +25,7 @@ import re
 import sys
 from pathlib import Path
 
-from fedssl.reporting import board, report, tree
+from fedssl.reporting import board, readme_facts, report, tree
 
 DOCS = Path("docs")
 REPORTS = Path("results/reports")
@@ -64,9 +66,14 @@ def pages(docs: Path = DOCS) -> list[Path]:
 
 
 def stale_pages(docs: Path = DOCS, results: Path = REPORTS) -> list[Path]:
-    return [
-        p for p in pages(docs) if page_text(p.read_text(), where(p, docs), results) != p.read_text()
-    ]
+    stale = []
+    for p in pages(docs):
+        try:
+            if page_text(p.read_text(), where(p, docs), results) != p.read_text():
+                stale.append(p)
+        except (FileNotFoundError, KeyError, ValueError) as e:
+            raise type(e)(f"{p}: {e.args[0] if e.args else e}") from e
+    return stale
 
 
 def where(page: Path, docs: Path = DOCS) -> Path:
@@ -77,11 +84,19 @@ def where(page: Path, docs: Path = DOCS) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fedssl docs", description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="only say which pages are stale")
+    ap.add_argument(
+        "--key-facts",
+        action="store_true",
+        help="first rewrite inline <!-- fact: ... --> tags (the former syntax) as NUMBER[^KEY]",
+    )
     args = ap.parse_args(argv)
+    if args.key_facts:
+        for p in pages():
+            p.write_text(readme_facts.keyed(p.read_text()))
     try:
         stale = stale_pages()
-    except (FileNotFoundError, KeyError) as e:
-        print(f"error: {e.args[0] if isinstance(e.args[0], str) else e}", file=sys.stderr)
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
         return 1
     if args.check:
         for p in stale:

@@ -1,13 +1,17 @@
 """Numbers in the docs' sentences, generated from the committed reports like their tables.
 
-A fact is an inline block ``<!-- fact: PIPELINE | KIND | ARG | ... -->TEXT<!-- /fact -->``;
-:func:`fill_facts` rewrites TEXT from ``results/reports/PIPELINE/report.json``'s rows, so a
-sentence cannot drift from its file (``fedssl docs`` refills them, and the docs test fails
-when one is stale). A cell is the mean over the runs (seeds) of one row (method) and column
-(setting); rows are named as in the report's tables (or one run by its experiment), several
-joined by ``,`` (a comma and a space stay part of a name), as may be the metrics of
-``range``; ``DIGITS`` is the number of decimals (``1%``: as a percentage with one decimal;
-``+1``: with its sign) or a format spec (``.2g``). Kinds:
+A fact is a number in a sentence followed by its key, as a footnote reference would be
+(``reads 58.0[^s0-max] % at``), and the key's definition on a line of its own at the page's
+end, ``[^KEY]: PIPELINE | KIND | ARG | ...`` (continued on lines indented by four spaces, as a
+footnote is), so the prose reads as prose in the source. :func:`fill_facts` rewrites each
+number from its definition over ``results/reports/PIPELINE/report.json``'s rows, so a sentence
+cannot drift from its file (``fedssl docs`` refills them, and the docs test fails when one is
+stale); the site shows the numbers alone (:func:`strip_facts`, in ``docs/hooks.py``). On a page
+with facts every footnote is a fact. A cell is the mean over the runs (seeds) of one row
+(method) and column (setting); rows are named as in the report's tables (or one run by its
+experiment), several joined by ``,`` (a comma and a space stay part of a name), as may be the
+metrics of ``range``; ``DIGITS`` is the number of decimals (``1%``: as a percentage with one
+decimal; ``+1``: with its sign) or a format spec (``.2g``). Kinds:
 
 * ``value | ROW | COLUMN | METRIC | DIGITS``: one cell, e.g. ``69.1``;
 * ``range | ROWS | COLUMN | METRIC | DIGITS``: the lowest and highest cell of those rows in
@@ -24,7 +28,7 @@ joined by ``,`` (a comma and a space stay part of a name), as may be the metrics
   difference between REFERENCE's cell and the rows' cells, ``lo-hi``.
 
 A number of a committed log (a round log, a stage-times table: tab-separated with a header,
-``#`` lines skipped) is ``<!-- fact: file | PATH | WHICH | COLUMN | DIGITS -->``, PATH from
+``#`` lines skipped) is defined as ``file | PATH | WHICH | COLUMN | DIGITS``, PATH from
 the project's root; WHICH picks the row: ``KEY=VALUE`` (the first with that value),
 ``first`` or ``last`` (of the rows with a COLUMN value), ``max`` or ``min`` (of COLUMN), or
 ``sum`` of COLUMN (``sum KEY=VALUE``: over the rows with that value).
@@ -42,7 +46,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-FACT = re.compile(r"<!-- fact: (\w+) \| (.+?) -->(.*?)<!-- /fact -->", re.S)
+_NUMBER = r"[-+]?\d[\d.,]*(?:e[-+]\d+)?"
+# a fact in the prose: its number (or lo-hi), then its key
+MARKER = re.compile(rf"(?<![\w.\]])({_NUMBER}(?:-{_NUMBER})?)\[\^([\w-]+)\]")
+# a key's definition, a line at the page's end (and its continuation lines)
+DEFINITION = re.compile(r"^\[\^([\w-]+)\]: (.*(?:\n {4}\S.*)*)\n?", re.M)
 
 
 def names_of(row: dict) -> set[str]:
@@ -213,29 +221,86 @@ def log_fact(path: Path, which: str, column: str, digits: str) -> str:
     return _fmt(values[0][1], digits)
 
 
+def definitions(text: str) -> dict[str, str]:
+    """A page's facts: key -> definition (its continuation lines joined)."""
+    found = {}
+    for m in DEFINITION.finditer(text):
+        if m.group(1) in found:
+            raise KeyError(f"fact [^{m.group(1)}] defined twice")
+        found[m.group(1)] = re.sub(r"\n {4}", " ", m.group(2)).strip()
+    return found
+
+
+def fact_value(definition: str, results_root: Path) -> str:
+    """The number a definition gives, from its pipeline's report (or its log, under the
+    project's root: ``results_root``'s grandparent)."""
+    source, *spec = [a.strip() for a in definition.split("|")]
+    if source == "file" and len(spec) == 4:
+        return log_fact(results_root.parent.parent / spec[0], *spec[1:])
+    path = results_root / source / "report.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no report of pipeline '{source}' (run it)")
+    return fact_text(json.loads(path.read_text())["rows"], spec, str(path))
+
+
 def fill_facts(text: str, results_root: Path) -> str:
-    """``text`` with every fact block's TEXT regenerated from its pipeline's report (or its
-    log, under the project's root: ``results_root``'s grandparent)."""
+    """``text`` with every fact's number regenerated from its definition; a key without a
+    definition, or a definition no number uses, is an error that names it."""
+    if "<!-- fact:" in text:
+        raise ValueError("an inline <!-- fact: ... --> tag: write NUMBER[^KEY] and its definition")
+    defined = definitions(text)
+    first = DEFINITION.search(text)
+    if first and DEFINITION.sub("", text[first.start() :]).strip():
+        raise ValueError(f"text after the fact definitions, which end the page: {first.group(0)!r}")
+    used = {m.group(2) for m in MARKER.finditer(DEFINITION.sub("", text))}
+    if unknown := sorted(used - set(defined)):
+        raise KeyError(f"facts without a definition ([^KEY]: ... at the page's end): {unknown}")
+    if unused := sorted(set(defined) - used):
+        raise KeyError(f"facts defined but not in the text (a number then [^KEY]): {unused}")
+    values = {key: fact_value(d, results_root) for key, d in defined.items()}
+    return MARKER.sub(lambda m: f"{values[m.group(2)]}[^{m.group(2)}]", text)
 
-    def fill(m: re.Match) -> str:
-        spec = [a.strip() for a in m.group(2).split("|")]
-        if m.group(1) == "file" and len(spec) == 4:
-            value = log_fact(results_root.parent.parent / spec[0], *spec[1:])
-            return f"<!-- fact: file | {m.group(2)} -->{value}<!-- /fact -->"
-        path = results_root / m.group(1) / "report.json"
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no report of pipeline '{m.group(1)}' (run it)")
-        value = fact_text(json.loads(path.read_text())["rows"], spec, str(path))
-        return f"<!-- fact: {m.group(1)} | {m.group(2)} -->{value}<!-- /fact -->"
 
-    return FACT.sub(fill, text)
+def strip_facts(text: str) -> str:
+    """``text`` as the site shows it: each fact's number alone, the definitions gone."""
+    return MARKER.sub(r"\1", DEFINITION.sub("", text)).rstrip("\n") + "\n"
+
+
+_INLINE = re.compile(r"<!-- fact: (.+?) -->(.*?)<!-- /fact -->", re.S)
+
+
+def keyed(text: str, width: int = 100) -> str:
+    """``text`` with its inline ``<!-- fact: DEFINITION -->NUMBER<!-- /fact -->`` tags (this
+    module's former syntax, still in branches written before it) as ``NUMBER[^KEY]``, keys
+    numbered after the page's, the definitions appended, wrapped at ``width``."""
+    keys = dict.fromkeys(definitions(text))
+    start = 1 + max((int(k) for k in keys if k.isdigit()), default=0)
+    found = {}
+
+    def key(m: re.Match) -> str:
+        definition = re.sub(r"\s+", " ", m.group(1))
+        found.setdefault(definition, str(start + len(found)))
+        return f"{m.group(2)}[^{found[definition]}]"
+
+    text = _INLINE.sub(key, text)
+    lines = [wrapped(f"[^{k}]: {d}", width) for d, k in found.items()]
+    return text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n" if lines else text
+
+
+def wrapped(line: str, width: int) -> str:
+    """A definition's line broken after its ``|`` separators, continued four spaces in."""
+    out = [""]
+    for part in re.split(r"(?<=\|) ", line):
+        if out[-1].strip() and len(out[-1]) + 1 + len(part) > width:
+            out.append("   ")
+        out[-1] += (" " if out[-1] else "") + part
+    return "\n".join(out)
 
 
 # what a page's prose is, for :func:`typed_figures`: generated blocks, facts, code and table
 # rows are not
 _NOT_PROSE = re.compile(
-    r"<!-- (results|board|figures): [^>]*-->.*?<!-- /\1 -->|<!-- fact: .*? -->.*?<!-- /fact -->"
-    r"|```.*?```|^\|.*$",
+    r"<!-- (results|board|figures): [^>]*-->.*?<!-- /\1 -->|```.*?```|^\|.*$",
     re.S | re.M,
 )
 _SCORES = re.compile(r"top1|auroc|personal|^ari$|^purity$")  # the metrics a sentence quotes
@@ -244,9 +309,10 @@ _FIGURE = re.compile(r"(?<![\w.])\d+\.\d{1,2}(?![\d.]*\d)")  # 79.4, 79.40; not 
 
 def typed_figures(text: str, results_root: Path) -> list[str]:
     """Numbers in a page's prose, outside its facts, that equal a score cell (to their
-    decimals) of a report the page names (a results, board or fact block, or `PIPELINE` in
+    decimals) of a report the page names (a results or board block, a fact, or `PIPELINE` in
     backticks): a figure typed by hand from a committed file, which would not follow it."""
-    names = set(re.findall(r"<!-- (?:results|fact|board): (\w+)", text))
+    names = set(re.findall(r"<!-- (?:results|board): (\w+)", text))
+    names |= {d.split("|")[0].strip() for d in definitions(text).values()}
     names |= set(re.findall(r"`(\w+)`", text))
     cells_text = set()
     for name in names:
@@ -257,5 +323,5 @@ def typed_figures(text: str, results_root: Path) -> list[str]:
         for metric in {k for r in rows for k in r if _SCORES.search(k)}:
             for value in cells(rows, metric).values():
                 cells_text |= {f"{value:.1f}", f"{value:.2f}"}
-    prose = _NOT_PROSE.sub("", text)
+    prose = _NOT_PROSE.sub("", MARKER.sub("", DEFINITION.sub("", text)))
     return [n for n in _FIGURE.findall(prose) if float(n) >= 1 and n in cells_text]
