@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -79,7 +80,20 @@ def cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def model_section(name: str, spec: dict) -> list[str]:
+def meaning(spec: dict, defs: dict) -> str:
+    """A field's description; without one, a tag (one allowed value: ``name``, ``kind``) says
+    what it picks, and a field of a model (or None) takes the model's first sentence."""
+    if "description" in spec:
+        return spec["description"]
+    if "const" in spec:
+        return "picks this model among the alternatives of its place"
+    refs = [s["$ref"] for s in [spec, *spec.get("anyOf", [])] if "$ref" in s]
+    doc = defs.get(refs[0].rsplit("/", 1)[1], {}).get("description", "") if refs else ""
+    first = doc.split(". ")[0].split("\n\n")[0].rstrip(".")
+    return re.sub(r":\w+:`~?([^`]+)`", r"`\1`", first).replace("``", "`")  # Sphinx roles
+
+
+def model_section(name: str, spec: dict, defs: dict) -> list[str]:
     lines = [f"### {name}", ""]
     if spec.get("description"):
         lines += [spec["description"].strip(), ""]
@@ -89,8 +103,7 @@ def model_section(name: str, spec: dict) -> list[str]:
         for field, p in props.items():
             default = f"`{json.dumps(p['default'])}`" if "default" in p else "required"
             lines.append(
-                f"| `{field}` | {cell(type_of(p))} | {cell(default)} "
-                f"| {cell(p.get('description', ''))} |"
+                f"| `{field}` | {cell(type_of(p))} | {cell(default)} | {cell(meaning(p, defs))} |"
             )
         lines.append("")
     return lines
@@ -111,10 +124,10 @@ def params_page() -> str:
         if schema.get("description"):
             lines += [schema["description"].strip(), ""]
         if "properties" in schema:
-            lines += model_section(schema.get("title", kind), schema)[2:]
+            lines += model_section(schema.get("title", kind), schema, schema.get("$defs", {}))[2:]
         for name, spec in schema.get("$defs", {}).items():
             if not name.endswith("Partial"):  # the same model, every field optional
-                lines += model_section(name, spec)
+                lines += model_section(name, spec, schema["$defs"])
     return "\n".join(lines) + "\n"
 
 

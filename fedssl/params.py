@@ -47,7 +47,10 @@ class Strict(BaseModel):
     """Every params model: no unknown keys, no infinite or NaN number, and no YAML boolean
     (``yes``, ``on``, ``true``) where a number or a name is meant (pydantic reads True as 1)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # a field's docstring (a string under it) is its description, in the schemas and the site
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False, use_attribute_docstrings=True
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -139,9 +142,9 @@ def federation_block(**settings: Any) -> type[FederationSettings]:
             kind, value = value
         if not isinstance(value, FieldInfo):
             value = Field(value)
-        if not value.description:
-            value.description = meaning
-        fields[name] = (kind, value)
+        # the catalogue's meaning under the method's own Field (its description wins): set on
+        # the FieldInfo afterwards, pydantic's merge of the two dropped it from every schema
+        fields[name] = (Annotated[kind, Field(description=meaning)], value)
     return create_model("Federation", __base__=FederationSettings, **fields)
 
 
@@ -153,6 +156,7 @@ class DatasetParams(Strict):
     """Where a data set is read from; the prepare stage writes it once as a uint8 artifact."""
 
     name: DatasetName
+    """a registered data set (fedssl.data)"""
     data_root: str | None = Field(
         None,
         description="folder holding the data set in its usual "
@@ -179,6 +183,7 @@ class ShardsScheme(Strict):
 
     kind: Literal["shards"] = "shards"
     classes_per_client: PositiveInt
+    """label classes each client holds"""
 
 
 class ClassGroupsScheme(Strict):
@@ -189,9 +194,13 @@ class ClassGroupsScheme(Strict):
     groups: list[list[NonNegativeInt]] = Field(
         default_factory=lambda: [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]]
     )
+    """each group's classes; the clients are split evenly over the groups"""
     major_classes: PositiveInt = 2
+    """classes of its group a client holds many samples of"""
     major_count: PositiveInt = 20
+    """samples of each of a client's major classes"""
     minor_count: NonNegativeInt = 5
+    """samples of each other class of its group"""
 
 
 class CyclicLognormalScheme(Strict):
@@ -202,9 +211,13 @@ class CyclicLognormalScheme(Strict):
 
     kind: Literal["cyclic_lognormal"] = "cyclic_lognormal"
     classes_per_client: PositiveInt
+    """consecutive classes (mod C) each client holds"""
     lognormal_mean: float = 4.0
+    """mean of the log of a client's sample count"""
     lognormal_sigma: NonNegativeFloat = 1.0
+    """SD of the log of a client's sample count"""
     size_offset: NonNegativeFloat = 100.0
+    """samples added to every client's lognormal draw"""
 
 
 PartitionScheme = Annotated[
@@ -238,7 +251,9 @@ class ClientTestSplit(Strict):
 class PartitionParams(Strict):
     dataset: Name = Field(description="name of a params/datasets preset")
     num_clients: PositiveInt
+    """clients the training split is dealt to"""
     scheme: PartitionScheme
+    """how the samples are dealt, chosen by its kind"""
     subset: PositiveInt | None = Field(
         None, description="split a class-stratified random subset of this many training samples"
     )
@@ -256,6 +271,7 @@ class PartitionParams(Strict):
         "server slice (and what the server computed from it) across client resamplings",
     )
     seed: int = 0
+    """seed of the split (and of the subset)"""
 
 
 # --------------------------------------------------------------------------- shared pieces
@@ -266,10 +282,13 @@ class ModelParams(Strict):
         description="pixels = no encoder: the flattened image is the representation"
     )
     norm: Literal["bn", "gn"] = "gn"
+    """normalisation layers: BatchNorm or GroupNorm"""
     channels_per_group: PositiveInt = Field(16, description="GroupNorm group size (Lambda)")
     width: PositiveInt = Field(32, description="channels of the first block")
     proj_hidden: PositiveInt = 256
+    """hidden width of the projection head"""
     proj_dim: PositiveInt = 128
+    """output width of the projection head (the loss's space)"""
 
 
 class TrainsItsModel(Strict):
@@ -286,17 +305,29 @@ class AugmentParams(Strict):
     """SimCLR view generation; every sample draws its own parameters."""
 
     crop_scale: tuple[Fraction, Fraction] = (0.2, 1.0)
+    """random resized crop: range of the area kept"""
     crop_ratio: tuple[PositiveFloat, PositiveFloat] = (3 / 4, 4 / 3)
+    """random resized crop: range of the aspect ratio"""
     flip_p: Probability = 0.5
+    """probability of a horizontal flip"""
     jitter_p: Probability = 0.8
+    """probability of colour jitter"""
     brightness: NonNegativeFloat = 0.4
+    """colour jitter: largest relative change of brightness"""
     contrast: NonNegativeFloat = 0.4
+    """colour jitter: largest relative change of contrast"""
     saturation: NonNegativeFloat = 0.4
+    """colour jitter: largest relative change of saturation"""
     hue: Annotated[float, Field(ge=0.0, le=0.5)] = 0.1
+    """colour jitter: largest shift of hue (a fraction of the circle)"""
     grayscale_p: Probability = 0.2
+    """probability of turning a view grey"""
     blur_p: Probability = 0.0
+    """probability of a Gaussian blur"""
     blur_sigma: tuple[PositiveFloat, PositiveFloat] = (0.1, 2.0)
+    """range of the blur's sigma, in pixels"""
     solarize_p: Probability = 0.0
+    """probability of solarising a view"""
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -318,23 +349,31 @@ PRECISION_HELP = (
 
 class FeatureParams(Strict):
     layer: Literal["backbone", "projection"] = "backbone"
+    """which output the probes read: the encoder's or the projection head's"""
     train_size: PositiveInt | None = Field(
         None, description="labelled training images for the probes (class-stratified); None = all"
     )
     batch_size: PositiveInt = 1024
+    """images per forward pass when extracting"""
 
 
 class LinearProbeParams(Strict):
     epochs: PositiveInt = 100
+    """passes over the labelled features"""
     lr: PositiveFloat = 1e-2
+    """the probe's learning rate (Adam, cosine decay)"""
     weight_decay: NonNegativeFloat = 0.0
+    """the probe's L2 weight decay"""
     batch_size: PositiveInt = 1024
+    """features per step"""
     standardize: bool = Field(True, description="z-score features with train statistics first")
     seed: int = 0
+    """seed of the probe's initialisation and batch order"""
 
 
 class KnnParams(Strict):
     k: PositiveInt = 20
+    """neighbours that vote (cosine similarity)"""
     temperature: PositiveFloat = Field(0.07, description="weights votes by exp(cos / T)")
 
 
@@ -349,15 +388,22 @@ class FinetuneParams(Strict):
     1e-5; the paper's RandAugment is replaced by ``augment`` (crops and flips by default)."""
 
     epochs: PositiveInt = 40
+    """passes over the labelled training split"""
     warmup_epochs: NonNegativeInt = 10
+    """epochs of linear warmup before the cosine decay"""
     lr: PositiveFloat = 1e-3
+    """peak learning rate (AdamW)"""
     weight_decay: NonNegativeFloat = 1e-5
+    """AdamW weight decay"""
     batch_size: PositiveInt = 256
+    """images per step"""
     train_size: PositiveInt | None = Field(
         None, description="labelled training images (class-stratified); None = all"
     )
     augment: AugmentParams = Field(default_factory=_light_augment)
+    """views of the training images (light crops and flips by default)"""
     seed: int = 0
+    """seed of the head's initialisation, batch order and views"""
 
     @model_validator(mode="after")
     def _warmup_fits(self):
@@ -385,7 +431,9 @@ class NoiseParams(Strict):
     gradient-leakage defence, e.g. MpFedcon Tab. 4)."""
 
     kind: Literal["gaussian", "laplace"]
+    """the noise's distribution"""
     variance: NonNegativeFloat
+    """the noise's variance"""
 
 
 # --------------------------------------------------------------------------- grids
@@ -421,7 +469,9 @@ class GridsParams(Strict):
         default_factory=dict, description="axis -> labels (a list) or label -> value (a mapping)"
     )
     partitions: dict[Name, Grid] = Field(default_factory=dict)
+    """grids of partition presets, by grid name"""
     experiments: dict[Name, Grid] = Field(default_factory=dict)
+    """grids of experiment presets, by grid name"""
 
 
 # --------------------------------------------------------------------------- pipelines
@@ -446,6 +496,7 @@ class PipelinesParams(Strict):
     """Pipeline name -> the experiments it runs (and reports in one table)."""
 
     pipelines: dict[Name, list[Name] | PipelineSpec]
+    """each pipeline: a list of experiments (or grids), or its spec"""
 
     @model_validator(mode="after")
     def _has_default(self):

@@ -49,7 +49,10 @@ register(
         metrics=("metrics.json",),
         plots=("linear_epochs.tsv",),  # the linear probe's loss and test top-1 per epoch
         declares=(LINEAR_TOP1, KNN_TOP1),
-        sections=(Section("linear_probe", LinearProbeParams), Section("knn", KnnParams)),
+        sections=(
+            Section("linear_probe", LinearProbeParams, "the linear probe on the frozen features"),
+            Section("knn", KnnParams, "the k-NN classifier on the frozen features"),
+        ),
         run=run,
     )
 )
