@@ -36,6 +36,7 @@ from fedssl.methods.mocosfl import run as sfl
 from fedssl.methods.mocosfl.nets import build_nets
 from fedssl.methods.mocosfl.trainer import RoundTensors, ServerTensors, SplitRound, StepBatch
 from fedssl.models.momentum import FeatureQueue
+from fedssl.rounds.recipe import build_federation
 
 
 def params(clients_batch: int, cut: int, width: int) -> MocoSflParams:
@@ -123,7 +124,8 @@ class Conventional:
 # ----------------------------------------------------------------------------- ours
 def ours(nets, p, data, parallel: bool):
     tmp = tempfile.mkdtemp()
-    fed = sfl.make_federation(p, nets, data, Path(tmp) / "ck.pt", "bench", parallel=parallel)
+    p = p.model_copy(update={"parallel_clients": "on" if parallel else "off"})
+    fed = build_federation(sfl.recipe(p), nets, data, Path(tmp) / "ck.pt", "bench")
     fed.trainer.make_views = views
     state = fed.start(None)
     n = len(data.clients)

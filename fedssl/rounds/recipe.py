@@ -115,7 +115,9 @@ class Recipe:
     """What a federated method trains: the engine's ``config``, its ``strategy`` (built from
     the config, the model and the clients' data), and its clients' training: one ``local``
     pass, or ``phases`` (built from the model and the strategy: passes in order, or a
-    :class:`Schedule`), or a ``trainer`` of its own (from the model and the strategy).
+    :class:`Schedule`), or a ``trainer`` of its own (from the model, the strategy, the
+    clients' data and whether to vectorise the clients, as ``parallel`` says on their device:
+    split learning's, whose clients and server step together every batch).
     ``choice``: the federation block whose ``strategy:`` choice (FedProx, SCAFFOLD, ...) the
     builder stacks over the method's strategy (None: the method's alone).
     ``setup_rounds``: rounds before the first training round in which the clients only
@@ -130,7 +132,7 @@ class Recipe:
     strategy: Callable[[FederationConfig, nn.Module, LocalData], Strategy]
     local: Local | None = None
     phases: Callable[[nn.Module, Strategy], Sequence[Local] | Schedule] | None = None
-    trainer: Callable[[nn.Module, Strategy], RoundTrainer] | None = None
+    trainer: Callable[[nn.Module, Strategy, LocalData, bool], RoundTrainer] | None = None
     choice: Any = None
     setup_rounds: int = 0
     parallel: str = "auto"
@@ -161,10 +163,10 @@ def build_federation(
     )
 
 
-def _trainer(recipe: Recipe, model: nn.Module, strategy: Strategy, data: LocalData):
-    if recipe.trainer is not None:
-        return recipe.trainer(model, strategy)
+def _trainer(recipe: Recipe, model: nn.Module, strategy: Strategy, data: LocalData) -> RoundTrainer:
     parallel = vectorise_clients(recipe.parallel, data.device)
+    if recipe.trainer is not None:
+        return recipe.trainer(model, strategy, data, parallel)
     size = data.images.shape[-1]
 
     def phase(local: Local) -> Phase:

@@ -5,6 +5,9 @@ schedule of passes), what a recipe must say, and the momentum twin models share.
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -127,3 +130,41 @@ def test_a_momentum_twin_is_a_frozen_copy_paired_by_name():
         "target.encoder.weight": "encoder.weight",
         "target.encoder.bias": "encoder.bias",
     }
+
+
+@pytest.mark.parametrize("setting,vectorised", [("on", True), ("off", False), ("auto", False)])
+def test_a_trainer_of_its_own_gets_the_model_strategy_data_and_the_parallel_setting(
+    tmp_path, setting, vectorised
+):
+    """Split learning's slot: the builder hands the trainer what it trains (the recipe's
+    model), its strategy (the one the federation drives), the clients' data, and whether to
+    vectorise them as ``parallel`` says on their device (``auto``: not on the CPU)."""
+    seen = []
+
+    class Trainer:
+        def train_round(self, fed, state, chosen, round_, lr):
+            raise AssertionError("not trained here")
+
+    def trainer(model, strategy, data, parallel):
+        seen.append((model, strategy, data, parallel))
+        return Trainer()
+
+    model, data = tiny_model(), toy_data()
+    recipe = Recipe(CFG, lambda cfg, m, d: Strategy(cfg, d), trainer=trainer, parallel=setting)
+    fed = build_federation(recipe, model, data, tmp_path / "ck.pt", "fp")
+    assert isinstance(fed.trainer, Trainer)
+    assert seen == [(model, fed.strategy, data, vectorised)]
+
+
+def test_only_the_builder_constructs_a_federation():
+    """One builder: no module of the library but the recipe's calls ``Federation(...)``, so
+    every method's federation gets the strategy choice and the precision policy one way."""
+    root = Path(federated.__file__).parents[1]
+    callers = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            func = getattr(node, "func", None) if isinstance(node, ast.Call) else None
+            name = getattr(func, "id", None) or getattr(func, "attr", None)
+            if name == "Federation":
+                callers.add(path.relative_to(root.parent).as_posix())
+    assert callers == {"fedssl/rounds/recipe.py"}

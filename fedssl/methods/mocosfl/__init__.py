@@ -228,6 +228,9 @@ class MocoSfl(PretrainStepMethod):
     label = "MocoSFL"
     params = MocoSflParams
     package = "fedssl.methods.mocosfl"
+    # its training is a recipe the one builder makes a federation of (its own pretrain step
+    # runs it: it saves two parts and writes the split run's logs, which the runtime does not)
+    recipe = "fedssl.methods.mocosfl.run:recipe"
     pretrain_reads = TRAINING
     pretrain_plots = ("rounds.tsv", "steps.tsv", "misalignment.png")
     later_steps = (

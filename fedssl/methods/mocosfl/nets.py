@@ -5,7 +5,7 @@ for functional calls; the weights the federation trains live in dicts of tensors
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -47,14 +47,16 @@ def build_backbone(b, in_channels: int) -> SplittableNet:
     )
 
 
-@dataclass
-class SplitNets:
-    """Template modules for functional calls, and the seeded initial weights."""
+class SplitNets(nn.Module):
+    """The model a MocoSFL recipe trains: the template modules for functional calls (the
+    clients' bottom ``cut`` units, ``client``; the server's ``top``) holding the seeded initial
+    weights."""
 
-    net: SplittableNet
-    client: nn.Sequential
-    top: ServerTop
-    cut: int
+    def __init__(self, net: SplittableNet, client: nn.Sequential, top: ServerTop, cut: int):
+        super().__init__()
+        self.client, self.top, self.cut = client, top, cut
+        # the whole net is not a submodule (its units are client's and top's): only its shapes
+        self._activation_shape = partial(net.cut_activation_shape, cut)
 
     def client_state(self) -> Tensors:
         return {k: v.detach().clone() for k, v in self.client.named_parameters()}
@@ -63,7 +65,7 @@ class SplitNets:
         return {k: v.detach().clone() for k, v in self.top.named_parameters()}
 
     def activation_shape(self, image_shape) -> tuple[int, int, int]:
-        return self.net.cut_activation_shape(self.cut, image_shape)
+        return self._activation_shape(image_shape)
 
     def client_numel(self) -> int:
         return sum(p.numel() for p in self.client.parameters())

@@ -13,7 +13,7 @@ from fedssl.data import to_device
 from fedssl.data.augment import BatchAugment, multi_view, to_float
 from fedssl.data.partition import stratified_subset
 from fedssl.eval.monitor import KnnMonitor, monitor_of
-from fedssl.fl.cohort import LocalData, OptimizerConfig, vectorise_clients
+from fedssl.fl.cohort import LocalData, OptimizerConfig
 from fedssl.fl.state import federation_config
 from fedssl.methods.mocosfl import MocoSflParams, paper_layer
 from fedssl.methods.mocosfl.comm import check_ledger
@@ -22,7 +22,7 @@ from fedssl.methods.mocosfl.schedule import ClientCosine, SflSchedule
 from fedssl.methods.mocosfl.sync import SflSync
 from fedssl.methods.mocosfl.trainer import SflConfig, SplitMocoTrainer
 from fedssl.params import KnnParams
-from fedssl.rounds.loop import Federation
+from fedssl.rounds.recipe import Recipe, build_federation
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.contract import StepContext
 from fedssl.stage.runtime import derive_seed, torch_save, write_json, write_tsv
@@ -65,20 +65,26 @@ def sfl_config(p: MocoSflParams) -> SflConfig:
     )
 
 
-def make_federation(
-    p: MocoSflParams, nets: SplitNets, data: LocalData, ckpt, fingerprint: str, parallel=None
-) -> Federation:
-    """The split federation of MocoSFL params ``p`` over ``data`` (clients' index arrays);
-    ``parallel``: vectorise the clients (None: as ``p.parallel_clients`` says on the device)."""
+def recipe(p: MocoSflParams) -> Recipe:
+    """MocoSFL's recipe: the seeded split nets, the sync strategy and the split trainer (no
+    local passes: clients and server step together every batch). No ``strategy:`` choice is
+    stacked: the split trainer exchanges activations, not the models a strategy moves."""
     t = p.training
-    cfg = federation_config(t, p.seed, t.lr_schedule)
     align = p.variant == "monacosfl"
-    strategy = SflSync(cfg, nets, align, p.moco.queue_size, p.seed)
-    if parallel is None:
-        parallel = vectorise_clients(p.parallel_clients, data.device)
+    return Recipe(
+        config=federation_config(t, p.seed, t.lr_schedule),
+        model=lambda shape, device: build_nets(p, shape, device),
+        strategy=lambda cfg, nets, data: SflSync(cfg, nets, align, p.moco.queue_size, p.seed),
+        trainer=lambda nets, strategy, data, parallel: split_trainer(p, nets, data, parallel),
+        parallel=p.parallel_clients,
+    )
+
+
+def split_trainer(p: MocoSflParams, nets: SplitNets, data: LocalData, parallel: bool):
+    """The split trainer of MocoSFL params ``p`` over ``data`` (two views of its image size),
+    its clients vectorised where ``parallel``."""
     views = multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=2)
-    trainer = SplitMocoTrainer(nets, sfl_config(p), views, parallel=parallel)
-    return Federation(strategy, trainer, data, cfg, ckpt, fingerprint)
+    return SplitMocoTrainer(nets, sfl_config(p), views, parallel=parallel)
 
 
 def split_monitor(ctx: StepContext, p: MocoSflParams, nets: SplitNets, device) -> KnnMonitor | None:
@@ -98,8 +104,9 @@ def split_monitor(ctx: StepContext, p: MocoSflParams, nets: SplitNets, device) -
 def pretrain(ctx: StepContext) -> None:
     p = ctx.exp.method
     data = train_data(ctx)
-    nets = build_nets(p, ctx.image_shape, ctx.device)
-    fed = make_federation(p, nets, data, ctx.resume_path, ctx.fingerprint)
+    split = recipe(p)
+    nets = split.model(ctx.image_shape, ctx.device)
+    fed = build_federation(split, nets, data, ctx.resume_path, ctx.fingerprint)
     fed.monitor = split_monitor(ctx, p, nets, data.device)
     print(
         f"{p.variant}: cut {p.cut} (L{paper_layer(p)}), {len(data.clients)} clients, "

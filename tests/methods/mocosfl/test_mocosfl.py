@@ -34,6 +34,7 @@ from fedssl.methods.mocosfl.nets import build_nets
 from fedssl.methods.mocosfl.sync import SflSync
 from fedssl.methods.mocosfl.trainer import RoundTensors, ServerTensors, SplitRound, StepBatch
 from fedssl.models.momentum import misalignment
+from fedssl.rounds.recipe import build_federation
 from fedssl.strategies.aggregation import fedavg
 
 CPU = torch.device("cpu")
@@ -67,10 +68,12 @@ def toy_data(n: int = 60) -> LocalData:
 
 
 def federation(p, tmp_path, data=None, parallel=True, name="ck.pt"):
-    nets = build_nets(p, SHAPE, CPU)
-    return sfl.make_federation(
-        p, nets, data or toy_data(), tmp_path / name, "fp", parallel=parallel
-    )
+    """MocoSFL's federation of ``p`` from its recipe (the one builder), clients vectorised or
+    not (``parallel``, whatever ``p`` says)."""
+    p = p.model_copy(update={"parallel_clients": "on" if parallel else "off"})
+    recipe = sfl.recipe(p)
+    nets = recipe.model(SHAPE, CPU)
+    return build_federation(recipe, nets, data or toy_data(), tmp_path / name, "fp")
 
 
 # ------------------------------------------------------------------ params
@@ -94,6 +97,30 @@ def test_params_are_checked_and_labelled():
         MocoSflParams.model_validate(
             {**params().model_dump(), "training": {"rounds": 1, "batch_size": 4}}
         )
+
+
+@pytest.mark.parametrize("variant,setting", [("mocosfl", "auto"), ("monacosfl", "on")])
+def test_the_declared_recipe_builds_the_split_federation(tmp_path, variant, setting):
+    """MocoSFL declares its recipe as the other federated methods do, and the one builder
+    makes its federation: the seeded split nets, the sync strategy (MonAcoSFL aligns the
+    momentum models), the split trainer vectorised as ``parallel_clients`` says (auto: not
+    on the CPU), stepping the params' batches at the params' settings."""
+    from fedssl.methods import federated
+    from fedssl.methods.mocosfl.trainer import SplitMocoTrainer
+
+    p = params(variant, parallel_clients=setting)
+    nets = federated.build_model(p, SHAPE, CPU)
+    assert nets.client_state().keys() == build_nets(p, SHAPE, CPU).client_state().keys()
+    assert all(
+        torch.equal(v, build_nets(p, SHAPE, CPU).client_state()[k])
+        for k, v in nets.client_state().items()
+    )
+    fed = federated.make_federation(p, nets, toy_data(), tmp_path / "ck.pt", "fp")
+    assert isinstance(fed.strategy, SflSync) and fed.strategy.nets is nets
+    assert fed.strategy.align == (variant == "monacosfl")
+    assert isinstance(fed.trainer, SplitMocoTrainer) and fed.trainer.nets is nets
+    assert fed.trainer.parallel == (setting == "on")
+    assert fed.trainer.cfg.schedule.batch_size == 6 and fed.trainer.cfg.temperature == 0.1
 
 
 # ------------------------------------------------------------------ the protocol
