@@ -32,8 +32,8 @@ from fedssl.data.augment import to_float
 from fedssl.fl.cohort import LocalData
 from fedssl.losses import moco_queue_loss
 from fedssl.methods.mocosfl import MocoSflParams
-from fedssl.methods.mocosfl import run as sfl
 from fedssl.methods.mocosfl.nets import build_nets
+from fedssl.methods.mocosfl.train import recipe
 from fedssl.methods.mocosfl.trainer import RoundTensors, ServerTensors, SplitRound, StepBatch
 from fedssl.models.momentum import FeatureQueue
 from fedssl.rounds.recipe import build_federation
@@ -125,7 +125,7 @@ class Conventional:
 def ours(nets, p, data, parallel: bool):
     tmp = tempfile.mkdtemp()
     p = p.model_copy(update={"parallel_clients": "on" if parallel else "off"})
-    fed = build_federation(sfl.recipe(p), nets, data, Path(tmp) / "ck.pt", "bench")
+    fed = build_federation(recipe(p), nets, data, Path(tmp) / "ck.pt", "bench")
     fed.trainer.make_views = views
     state = fed.start(None)
     n = len(data.clients)

@@ -10,19 +10,15 @@ import numpy as np
 import torch
 
 from fedssl.data import to_device
-from fedssl.data.augment import BatchAugment, multi_view, to_float
+from fedssl.data.augment import to_float
 from fedssl.data.partition import stratified_subset
 from fedssl.eval.monitor import KnnMonitor, monitor_of
-from fedssl.fl.cohort import LocalData, OptimizerConfig
-from fedssl.fl.state import federation_config
 from fedssl.methods.mocosfl import MocoSflParams, paper_layer
 from fedssl.methods.mocosfl.comm import check_ledger
 from fedssl.methods.mocosfl.nets import SplitEncoder, SplitNets, build_nets
-from fedssl.methods.mocosfl.schedule import ClientCosine, SflSchedule
-from fedssl.methods.mocosfl.sync import SflSync
-from fedssl.methods.mocosfl.trainer import SflConfig, SplitMocoTrainer
+from fedssl.methods.mocosfl.train import recipe
 from fedssl.params import KnnParams
-from fedssl.rounds.recipe import Recipe, build_federation
+from fedssl.rounds.recipe import build_federation
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.contract import StepContext
 from fedssl.stage.runtime import derive_seed, torch_save, write_json, write_tsv
@@ -43,51 +39,9 @@ STEP_FIELDS = [
 ]
 
 
-def sfl_config(p: MocoSflParams) -> SflConfig:
-    """The split trainer's settings of MocoSFL params ``p``."""
-    t, m = p.training, p.moco
-    return SflConfig(
-        temperature=m.temperature,
-        momentum=m.momentum,
-        symmetric=m.symmetric,
-        sgd=OptimizerConfig("sgd", weight_decay=t.weight_decay, momentum=t.momentum),
-        schedule=SflSchedule(
-            batch_size=t.batch_size,
-            seed=p.seed,
-            sync_every=t.sync_every,
-            sync_at_round_end=t.sync_at_round_end,
-            log_every=t.log_every,
-            client_cosine=ClientCosine(t.lr, t.client_lr_period or t.rounds)
-            if t.client_lr_schedule == "step_cosine"
-            else None,
-            equal_steps=t.round_steps == "equal",
-        ),
-    )
-
-
-def recipe(p: MocoSflParams) -> Recipe:
-    """MocoSFL's recipe: the seeded split nets, the sync strategy and the split trainer (no
-    local passes: clients and server step together every batch). No ``strategy:`` choice is
-    stacked: the split trainer exchanges activations, not the models a strategy moves."""
-    t = p.training
-    align = p.variant == "monacosfl"
-    return Recipe(
-        config=federation_config(t, p.seed, t.lr_schedule),
-        model=lambda shape, device: build_nets(p, shape, device),
-        strategy=lambda cfg, nets, data: SflSync(cfg, nets, align, p.moco.queue_size, p.seed),
-        trainer=lambda nets, strategy, data, parallel: split_trainer(p, nets, data, parallel),
-        parallel=p.parallel_clients,
-    )
-
-
-def split_trainer(p: MocoSflParams, nets: SplitNets, data: LocalData, parallel: bool):
-    """The split trainer of MocoSFL params ``p`` over ``data`` (two views of its image size),
-    its clients vectorised where ``parallel``."""
-    views = multi_view(BatchAugment(p.augment, data.images.shape[-1]), views=2)
-    return SplitMocoTrainer(nets, sfl_config(p), views, parallel=parallel)
-
-
-def split_monitor(ctx: StepContext, p: MocoSflParams, nets: SplitNets, device) -> KnnMonitor | None:
+def split_monitor(
+    ctx: StepContext, p: MocoSflParams, nets: SplitNets, device: torch.device
+) -> KnnMonitor | None:
     """The k-NN monitor of the split model (the library's, on the synced client part and the
     server's backbone): a labelled bank from the clients' training images, queries from the
     partition's server holdout (or the test split)."""

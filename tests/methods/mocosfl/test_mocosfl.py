@@ -18,7 +18,6 @@ from fedssl.fl.state import FedState, Ledger
 from fedssl.losses import moco_queue_loss
 from fedssl.methods import registry
 from fedssl.methods.mocosfl import MocoSflParams, SflBackbone
-from fedssl.methods.mocosfl import run as sfl
 from fedssl.methods.mocosfl.comm import (
     ACT_KEY,
     ACT_QUERY,
@@ -32,6 +31,7 @@ from fedssl.methods.mocosfl.comm import (
 )
 from fedssl.methods.mocosfl.nets import build_nets
 from fedssl.methods.mocosfl.sync import SflSync
+from fedssl.methods.mocosfl.train import recipe as split_recipe
 from fedssl.methods.mocosfl.trainer import RoundTensors, ServerTensors, SplitRound, StepBatch
 from fedssl.models.momentum import misalignment
 from fedssl.rounds.recipe import build_federation
@@ -71,7 +71,7 @@ def federation(p, tmp_path, data=None, parallel=True, name="ck.pt"):
     """MocoSFL's federation of ``p`` from its recipe (the one builder), clients vectorised or
     not (``parallel``, whatever ``p`` says)."""
     p = p.model_copy(update={"parallel_clients": "on" if parallel else "off"})
-    recipe = sfl.recipe(p)
+    recipe = split_recipe(p)
     nets = recipe.model(SHAPE, CPU)
     return build_federation(recipe, nets, data or toy_data(), tmp_path / name, "fp")
 

@@ -176,8 +176,8 @@ def test_equal_round_steps_give_every_client_the_mean_clients_steps_over_its_own
     round lasts 5 steps and the largest client sets it; with equal steps every client takes
     the mean client's ceil(20 / 6) = 4, the small one cycling through its images in a fresh
     shuffle, the large one seeing 4 of its 5 batches. Clients of one size: the same batches."""
-    from fedssl.methods.mocosfl.run import sfl_config
     from fedssl.methods.mocosfl.schedule import round_schedules
+    from fedssl.methods.mocosfl.train import sfl_config
     from tests.methods.mocosfl.test_mocosfl import toy_data
 
     clients = toy_data().clients
