@@ -113,8 +113,7 @@ import os
 
 import numpy as np
 
-from fedssl.data.sources import DataNotFound
-from fedssl.data.sources import Source, Split
+from fedssl.data.sets import DataNotFound, DatasetSpec, Source, Split, register
 
 
 def _check(root):
@@ -131,8 +130,6 @@ def _load(root, download):
 STRIPES = Source(_load, _check)
 '''
 TOY_ENTRY = """
-from fedssl.data.catalog import DatasetSpec, register
-
 register(DatasetSpec("stripes", "Stripes", 3, (1, 8, 8), 60, "fedssl.data.sets.stripes:STRIPES"))
 """
 
