@@ -6,8 +6,8 @@ runs its body inside :func:`policy` with it, and the library's forward passes as
 :func:`under_policy` / :func:`channels_last` without naming it. Outside any stage the setting is
 ``auto``. :func:`under_policy` is the one place autocast is applied, and the runtime calls it:
 local training through :func:`fedssl.fl.cohort.forward`, centralised loops (the probes,
-fine-tuning, a method's own epochs and encodings) through :mod:`fedssl.epochs`, MocoSFL's split
-trainer for its server step; no other method names it, nor autocast
+fine-tuning, a method's own epochs and encodings) through :mod:`fedssl.training.epochs`,
+MocoSFL's split trainer for its server step; no other method names it, nor autocast
 (``tests/fl/test_precision.py`` scans for both).
 
 * ``auto``: bf16 autocast where the device computes bf16 natively (CUDA; a CPU with AVX-512

@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from fedssl import params as P
-from fedssl.data.catalog import dataset_spec
+from fedssl.data.catalog import dataset_spec, raw_train_size
 from fedssl.stage.record import ParamsError, did_you_mean, lookup, read_yaml
 
 PARAMS_DIR = Path("params")
@@ -373,9 +373,7 @@ def train_size_of(dataset: P.DatasetParams, prepared: Path) -> int | None:
     files' headers where the format has one (Fashion-MNIST's idx), else the count of its
     prepared copy in folder ``prepared``, else the catalog's figure (None: known only once
     read)."""
-    from fedssl.data.sources import raw_train_size
-
-    size = raw_train_size(dataset.name, dataset.data_root or dataset_spec(dataset.name).root)
+    size = raw_train_size(dataset.name, dataset.data_root)
     if size is None:
         try:
             summary = json.loads((Path(prepared) / "dataset.json").read_text())

@@ -7,7 +7,7 @@ place filled in), so no params models, presets or registry code run here."""
 from __future__ import annotations
 
 from fedssl.data import write_prepared
-from fedssl.data.sources import DataNotFound
+from fedssl.data.sets import DataNotFound
 from fedssl.stage.base import Stage, StageFailed, main_guard
 
 

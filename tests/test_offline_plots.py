@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fedssl import offline_plots
+from fedssl.reporting import offline_plots
 from tests.fixtures import REPO, run
 
 pytestmark = pytest.mark.timeout(300)

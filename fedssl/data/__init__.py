@@ -1,7 +1,7 @@
-"""Data sets: on-disk sources (:mod:`.sources`, read through the registry :mod:`.catalog`),
-partitions, augmentation; and here the prepared-data artifact every stage reads: per split, a
-uint8 image array [N, C, H, W] and int64 labels, stored as plain .npy (memory-mappable),
-described with SHA-256 checksums in dataset.json."""
+"""Data sets: one file each with its reader and entry (:mod:`.sets`, found by the registry
+:mod:`.catalog`), partitions, augmentation; and here the prepared-data artifact every stage
+reads: per split, a uint8 image array [N, C, H, W] and int64 labels, stored as plain .npy
+(memory-mappable), described with SHA-256 checksums in dataset.json."""
 
 from __future__ import annotations
 

@@ -1,60 +1,25 @@
-"""The data-set registry: one :class:`DatasetSpec` per supported data set. Params validation,
-planning checks, costs, the report's labels and the prepare stage all read it.
+"""The data-set registry: one :class:`~fedssl.data.sets.DatasetSpec` per supported data set.
+Params validation, planning checks, costs, the report's labels and the prepare stage's record
+all read it.
 
-A data set is one drop-in file under :mod:`fedssl.data.sets` that registers its entry, found
-like the methods: every module there is imported when the registry is first read (by name, so
-no stage's code depends on the other data sets' files: adding one reruns nothing). A stage that
-reads a data set's entry (its prepare stage, the report) depends on that file.
-
-The entry names its reader as ``"module:object"`` (an object with ``load(root, download)``
-and ``check(root)``, see :class:`fedssl.data.sources.Source`), imported only when data is read
-or checked (:func:`load_dataset`, :func:`missing_data`): planning and every other stage read
-the facts here without the readers' code. The prepare stage runs none of this module: its
-record holds the entry's facts it needs and names the reader, whose module is its code. This
-module imports no torch and no numpy.
+A data set is one drop-in file under :mod:`fedssl.data.sets` that holds its reader and
+registers its entry, found like the methods: every module there is imported when the registry
+is first read (by name, so no stage's code depends on the data sets' files: adding one reruns
+nothing). A stage that reads a data set's entry (the report) depends on that file, and so does
+its prepare stage, which runs the reader the entry names (``"module:object"``, a
+:class:`~fedssl.data.sets.Source`) from its record: its code is that file and the package file
+it builds on, none of this module. This module imports no torch and no numpy; a data-set file
+imports torch and torchvision only when it reads.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    name: str  # the key in params/datasets/*.yaml (``name:``)
-    label: str  # how reports print it
-    classes: int  # labels are 0 .. classes - 1 as loaded
-    shape: tuple[int, int, int]  # C, H, W as loaded
-    train_size: int | None  # None: only known once read (it depends on how it was sampled)
-    source: str  # "module:object" reading it (load / check)
-    default_root: str = ""  # where it is read from when params give no data_root; "" = data/<name>
-    downloadable: bool = True  # `download: true` can fetch it
-    module: str = ""  # the module that registers it (set when it is discovered)
-
-    @property
-    def root(self) -> str:
-        return self.default_root or f"data/{self.name}"
-
-    @property
-    def source_module(self) -> str:
-        return self.source.partition(":")[0]
-
-    def reader(self):
-        """The object that reads this data set (imported now)."""
-        module, _, name = self.source.partition(":")
-        return getattr(importlib.import_module(module), name)
-
-
-DATASETS: dict[str, DatasetSpec] = {}
-
-
-def register(spec: DatasetSpec) -> DatasetSpec:
-    if spec.name in DATASETS:
-        raise ValueError(f"data set {spec.name!r} is registered twice")
-    DATASETS[spec.name] = spec
-    return spec
+import fedssl.data.sets as sets
+from fedssl.data.sets import DATASETS, DatasetSpec
 
 
 def datasets() -> dict[str, DatasetSpec]:
@@ -80,15 +45,14 @@ _discovered = False
 
 def _discover() -> None:
     """Import every data-set file of :mod:`fedssl.data.sets` (alphabetically) and note in each
-    entry the module that registered it. On first use, not when this module is imported: a
-    data-set file may import a reader module that imports this one."""
+    entry the module that registered it. On first use, not when this module is imported."""
     global _discovered
     if _discovered:
         return
     _discovered = True
-    import fedssl.data.sets as sets
-
     for info in pkgutil.iter_modules(sets.__path__):
+        if info.name.startswith("_"):
+            continue  # code the data-set files share
         module = f"{sets.__name__}.{info.name}"
         before = set(DATASETS)
         importlib.import_module(module)
@@ -107,7 +71,7 @@ def missing_data(name: str, root: str | None = None, download: bool = False) -> 
     """Why data set ``name`` cannot be loaded from ``root`` and how to get it, or None when its
     files are there (or it will be downloaded). Reads no data: the front ends call this while
     planning, so a missing data set stops them before any stage runs. (A reader's ``check``
-    raises :class:`fedssl.data.sources.DataNotFound`, a FileNotFoundError: caught as such,
+    raises :class:`fedssl.data.sets.DataNotFound`, a FileNotFoundError: caught as such,
     so that the registry imports no reader.)"""
     spec = dataset_spec(name)
     if download and spec.downloadable:
@@ -117,3 +81,12 @@ def missing_data(name: str, root: str | None = None, download: bool = False) -> 
     except FileNotFoundError as e:
         return str(e)
     return None
+
+
+def raw_train_size(name: str, root: str | None = None) -> int | None:
+    """The training samples data set ``name``'s raw files under ``root`` hold, where its
+    reader reads that from a header without loading them (Fashion-MNIST's idx files); else
+    None."""
+    spec = dataset_spec(name)
+    reader = spec.reader()
+    return reader.train_size(root or spec.root) if reader.train_size else None

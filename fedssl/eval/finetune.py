@@ -1,6 +1,6 @@
 """Fine-tuning a pretrained encoder end to end with a new linear head (the shared `finetune`
 stage): AdamW, linear warmup then cosine decay per step, augmented training views, top-1 on the
-untouched test split. Resumable per epoch (:func:`fedssl.epochs.run_epochs`)."""
+untouched test split. Resumable per epoch (:func:`fedssl.training.epochs.run_epochs`)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedssl.data.augment import BatchAugment, to_float
-from fedssl.epochs import encoded, run_epochs, train_steps
-from fedssl.optim import warmup_cosine
 from fedssl.params import FinetuneParams
 from fedssl.stage.runtime import derive_seed, torch_generator
+from fedssl.training.epochs import encoded, run_epochs, train_steps
+from fedssl.training.optim import warmup_cosine
 
 
 class Classifier(nn.Module):

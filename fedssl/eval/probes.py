@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedssl.data.augment import to_float
-from fedssl.epochs import encoded
 from fedssl.params import KnnParams, LinearProbeParams
 from fedssl.stage.progress import Progress, advance
 from fedssl.stage.runtime import derive_seed
+from fedssl.training.epochs import encoded
 
 
 @torch.no_grad()

@@ -61,6 +61,17 @@ def test_missing_data_names_the_set_and_how_to_get_it(tmp_path):
         )
 
 
+def test_listing_the_data_sets_imports_no_torch():
+    """Each data-set file holds its reader: the registry imports them all to list the entries,
+    so a reader imports torch or torchvision only when it reads (planning stays light)."""
+    code = (
+        "import sys; from fedssl.data.catalog import datasets; datasets(); "
+        "sys.exit(sorted({'torch', 'torchvision'} & set(sys.modules)) or None)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_unknown_names_list_the_registry():
     with pytest.raises(ValueError, match="known data sets: cifar10, cifar100"):
         dataset_spec("imagenet21k")
@@ -113,8 +124,7 @@ import os
 
 import numpy as np
 
-from fedssl.data.sources import DataNotFound
-from fedssl.data.sources import Source, Split
+from fedssl.data.sets import DataNotFound, DatasetSpec, Source, Split, register
 
 
 def _check(root):
@@ -131,8 +141,6 @@ def _load(root, download):
 STRIPES = Source(_load, _check)
 '''
 TOY_ENTRY = """
-from fedssl.data.catalog import DatasetSpec, register
-
 register(DatasetSpec("stripes", "Stripes", 3, (1, 8, 8), 60, "fedssl.data.sets.stripes:STRIPES"))
 """
 

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from fedssl.data.catalog import load_dataset
-from fedssl.data.sources import DataNotFound
+from fedssl.data.sets import DataNotFound
 from tests.fixtures import make_tiny_project
 
 

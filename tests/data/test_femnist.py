@@ -1,12 +1,12 @@
-"""fedssl.data.femnist against tiny data sets written in LEAF's JSON layout."""
+"""fedssl/data/sets/femnist.py against tiny data sets written in LEAF's JSON layout."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedssl.data.femnist import load_femnist, per_user
-from fedssl.data.sources import DataNotFound
+from fedssl.data.sets import DataNotFound
+from fedssl.data.sets.femnist import load_femnist, per_user
 from tests.formats import LETTER_A, write_leaf_file
 
 

@@ -1,4 +1,5 @@
-"""fedssl.data.sources against tiny fixtures written in each data set's real on-disk format."""
+"""The data sets' readers (fedssl/data/sets/) against tiny fixtures written in each data set's
+real on-disk format."""
 
 import pickle
 from pathlib import Path
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedssl.data.catalog import dataset_spec, datasets, load_dataset
-from fedssl.data.sources import DataNotFound, Split
+from fedssl.data.sets import DataNotFound, Split
 from tests.formats import (
     write_cifar10,
     write_cifar100,
@@ -71,6 +72,22 @@ def test_idx_fixture_matches_torchvision_reader(tmp_path):
     np.testing.assert_array_equal(
         read_label_file(str(tmp_path / "train-labels-idx1-ubyte")).numpy(), data["train"][1]
     )
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_planning_reads_the_training_size_from_the_idx_header(tmp_path, gz):
+    """The partition-size check asks the reader for its raw files' training size (a header,
+    no images read); a format without one answers None, and so do missing files."""
+    from fedssl.data.catalog import raw_train_size
+    from fedssl.params import DatasetParams
+    from fedssl.presets import train_size_of
+
+    _write_fashion(tmp_path / "FashionMNIST" / "raw", gz=gz)
+    assert raw_train_size("fashion_mnist", str(tmp_path)) == 5
+    params = DatasetParams(name="fashion_mnist", data_root=str(tmp_path))
+    assert train_size_of(params, tmp_path / "not_prepared") == 5
+    assert raw_train_size("fashion_mnist", str(tmp_path / "nowhere")) is None
+    assert raw_train_size("cifar10", str(tmp_path)) is None
 
 
 def test_fashion_mnist_missing(tmp_path):

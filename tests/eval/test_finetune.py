@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from fedssl.eval.finetune import finetune
-from fedssl.optim import warmup_cosine
 from fedssl.params import FinetuneParams
+from fedssl.training.optim import warmup_cosine
 
 CPU = torch.device("cpu")
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from fedssl.models.norms import TwinNorm
-from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
+from fedssl.training.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
 
 
 def test_lars_update_matches_hand_computation():

@@ -309,8 +309,8 @@ def test_a_stage_computes_in_its_experiments_precision_and_records_it(tmp_path):
 def test_only_the_policy_applies_autocast():
     """Precision is applied in one place (:func:`fedssl.precision.under_policy`): local losses
     reach it through the cohort's ``forward``, centralised loops (the probes, fine-tuning, a
-    method's own) through :mod:`fedssl.epochs`; no method, nor any other library module, opens
-    an autocast region itself."""
+    method's own) through :mod:`fedssl.training.epochs`; no method, nor any other library
+    module, opens an autocast region itself."""
     package = Path("fedssl")
     opening = [
         str(f.relative_to(package)) for f in package.rglob("*.py") if "autocast(" in f.read_text()
@@ -321,12 +321,12 @@ def test_only_the_policy_applies_autocast():
 
 
 POLICY_CALL = re.compile(r"(?<![\w.])under_policy\(")
-OWNERS = {"fl/cohort.py", "epochs.py", "methods/mocosfl/trainer.py"}
+OWNERS = {"fl/cohort.py", "training/epochs.py", "methods/mocosfl/trainer.py"}
 
 
 def test_the_runtime_owns_the_precision_regions():
     """The policy's regions are drawn by the runtime: the cohort's forward, the loops of
-    :mod:`fedssl.epochs` and MocoSFL's split trainer (a step of its own over two parties),
+    :mod:`fedssl.training.epochs` and MocoSFL's split trainer (a step of its own over two parties),
     at most 4 calls in all; no other method names ``under_policy`` (imported or called), so
     a method cannot move a region's boundary and with it its committed numbers."""
     package = Path("fedssl")
@@ -336,7 +336,9 @@ def test_the_runtime_owns_the_precision_regions():
         if name != "precision.py" and (n := len(POLICY_CALL.findall(text))):
             calls[name] = n
         if name.startswith("methods/") and name not in OWNERS:
-            assert "under_policy" not in text, f"{name}: run it through fedssl.epochs instead"
+            assert "under_policy" not in text, (
+                f"{name}: run it through fedssl.training.epochs instead"
+            )
     assert set(calls) <= OWNERS and sum(calls.values()) <= 4, calls
 
 
@@ -352,11 +354,11 @@ def autocast_log(log: list, where: str):
 
 @pytest.mark.parametrize("setting, on", [("bf16", True), ("fp32", False)])
 def test_the_loops_put_only_the_forward_under_the_policy(setting, on):
-    """:func:`fedssl.epochs.train_steps` runs each forward in the policy's region and the
-    batch's preparation, the loss of the outputs and the after-step outside it (where the
-    committed loops drew them); :func:`fedssl.epochs.encoded` runs its encoder in the region,
-    without gradients, and leaves the caller's code between batches with them."""
-    from fedssl.epochs import encoded, train_steps
+    """:func:`fedssl.training.epochs.train_steps` runs each forward in the policy's region and
+    the batch's preparation, the loss of the outputs and the after-step outside it (where the
+    committed loops drew them); :func:`fedssl.training.epochs.encoded` runs its encoder in the
+    region, without gradients, and leaves the caller's code between batches with them."""
+    from fedssl.training.epochs import encoded, train_steps
 
     log, layer = [], torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(layer.parameters(), lr=0.1)
@@ -381,7 +383,7 @@ def test_the_loops_put_only_the_forward_under_the_policy(setting, on):
 
 def test_train_steps_is_the_plain_loop_bit_for_bit():
     """The runner's steps and mean loss are those of the loop it replaced, number for number."""
-    from fedssl.epochs import train_steps
+    from fedssl.training.epochs import train_steps
 
     def run(runner: bool):
         torch.manual_seed(0)

@@ -11,11 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedssl.data.augment import BatchAugment, multi_view
-from fedssl.epochs import run_epochs
 from fedssl.losses import masked_cross_entropy
 from fedssl.params import AugmentParams, FinetuneParams
 from fedssl.precision import autocast_dtype, channels_last, policy, under_policy
 from fedssl.stage.runtime import StageFailed, derive_seed, load_checkpoint
+from fedssl.training.epochs import run_epochs
 
 
 # ------------------------------------------------------------------ precision policy

@@ -132,16 +132,26 @@ def test_editing_the_presets_or_the_params_models_reruns_all_but_the_data_prepar
     assert jobs == stale == others
 
 
-def test_editing_a_data_sets_entry_reruns_only_the_reports(project):
-    """The report labels the data set from its registry entry; the prepare stage reads the
-    entry's facts from its record, which an edit that changes no fact leaves as it was."""
+def test_editing_a_data_sets_file_reruns_its_prepare_stage_and_the_reports(project):
+    """A data set's file holds its reader, which its prepare stage runs (named in its record),
+    and its entry, whose label the report prints: no other stage reads it (the planner's size
+    check asks the reader by name). DVC sees those two changed, and reruns what follows the
+    prepare stage only if its data changed; Snakemake's dry run plans all that follows it."""
     jobs, stale = edited(project, "fedssl/data/sets/fashion_mnist.py")
-    assert jobs == stale == REPORTS
+    assert stale == {"prepare_data__tiny"} | REPORTS
+    assert {"prepare_data__tiny", "partition__tiny_dir05_m3"} | REPORTS <= jobs
 
 
-STRIPES = """from fedssl.data.catalog import DatasetSpec, register
+def test_editing_another_data_sets_reader_reruns_nothing(project):
+    """The readers are one file per data set: CIFAR-10's, and the torchvision layouts' shared
+    code, are no code of a Fashion-MNIST pipeline's stages."""
+    files = ("fedssl/data/sets/cifar10.py", "fedssl/data/sets/_torchvision.py")
+    assert edited(project, *files) == (set(), set())
 
-register(DatasetSpec("stripes", "Stripes", 3, (1, 8, 8), 60, "fedssl.data.sources:CIFAR10"))
+
+STRIPES = """from fedssl.data.sets import DatasetSpec, register
+
+register(DatasetSpec("stripes", "Stripes", 3, (1, 8, 8), 60, "fedssl.data.sets.cifar10:CIFAR10"))
 """
 
 

@@ -133,20 +133,39 @@ def test_the_stage_runtime_reads_plan_records_not_the_planner():
 
 def test_the_prepare_stage_runs_by_its_record_alone():
     """Preparing Fashion-MNIST runs its stage script, the stage contract with the record it
-    reads, and the reader and store of the data: no presets, params models, data-set registry,
-    planner or method (their edits rerun every other stage, not this one). The eight files of
-    the bound issue 34 set, and the package file the stage runtime's modules sit in (a
-    docstring, since issue 49): a tenth needs a reason."""
-    assert codegraph.code_files("stages.prepare_data", "fedssl.data.sources") == [
+    reads, and the data set's file (its reader) with the package file it builds on, and the
+    store of the data: no presets, params models, data-set registry, planner, method, nor any
+    other data set's reader (their edits rerun every other stage, not this one). The eight
+    files of the bound issue 34 set, the package file the stage runtime's modules sit in (a
+    docstring, since issue 49), and since issue 49 item 5 the reader in its data set's file
+    beside the types it builds on (two files for the one the readers of all data sets shared):
+    an eleventh needs a reason."""
+    assert codegraph.code_files("stages.prepare_data", "fedssl.data.sets.fashion_mnist") == [
         "fedssl/__init__.py",
         "fedssl/data/__init__.py",  # the prepared-data artifact
-        "fedssl/data/sources.py",  # the readers (the record names Fashion-MNIST's)
+        "fedssl/data/sets/__init__.py",  # a data set's file's types: Source, Split, the entry
+        "fedssl/data/sets/fashion_mnist.py",  # its reader (the record names it) and entry
         "fedssl/stage/__init__.py",  # the stage runtime's package (a docstring)
         "fedssl/stage/base.py",  # the stage contract
         "fedssl/stage/record.py",  # the record, its hashes, the params files' raw values
         "fedssl/stage/runtime.py",  # atomic writes, the lock, the run's environment and machine
         "stages/__init__.py",
         "stages/prepare_data.py",
+    ]
+
+
+def test_a_data_sets_reader_reaches_no_other_data_set():
+    """CIFAR-10's prepare stage runs the torchvision layouts' shared code and its own file:
+    an edit of another data set's reader (Fashion-MNIST's, STL-10's) reruns none of it."""
+    from fedssl.data.catalog import dataset_spec
+
+    files = codegraph.code_files("stages.prepare_data", dataset_spec("cifar10").source_module)
+    readers = [f for f in files if f.startswith("fedssl/data/")]
+    assert readers == [
+        "fedssl/data/__init__.py",
+        "fedssl/data/sets/__init__.py",
+        "fedssl/data/sets/_torchvision.py",
+        "fedssl/data/sets/cifar10.py",
     ]
 
 

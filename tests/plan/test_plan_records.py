@@ -67,7 +67,7 @@ def test_the_prepare_stage_reads_its_data_set_from_its_record(project):
     path = record_path("prepare_data__tiny")
     record = json.loads(path.read_text())
     assert record["dataset"] == {"name": "fashion_mnist", "root": "raw", "download": False}
-    assert record["hooks"] == ["fedssl.data.sources:FASHION_MNIST"]
+    assert record["hooks"] == ["fedssl.data.sets.fashion_mnist:FASHION_MNIST"]
     record["dataset"]["root"] = "elsewhere"
     path.write_text(record_text(record))
     with pytest.raises(StageFailed, match=f"fashion_mnist not found at {project}/elsewhere"):

@@ -862,7 +862,7 @@ def test_a_damaged_model_at_any_load_site_ends_the_stage_in_one_line_naming_it(
 
 def test_a_damaged_raw_data_file_is_refused_naming_it(tmp_path):
     from fedssl.data.catalog import load_dataset
-    from fedssl.data.sources import DataNotFound
+    from fedssl.data.sets import DataNotFound
     from tests.fixtures import toy_images
     from tests.formats import write_fashion_mnist
 

@@ -13,12 +13,12 @@ import torch
 from fedssl.data import to_device
 from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.data.partition import stratified_subset
-from fedssl.epochs import run_epochs, train_steps
 from fedssl.eval.probes import extract_features, linear_probe
 from fedssl.fl.state import TIMING_FIELDS
 from fedssl.methods.cpcfl import PAPER_PROJ_WIDTH, SSL_KINDS
 from fedssl.methods.cpcfl.models import Encoder, SSLNet, seeded
 from fedssl.stage.runtime import numpy_rng, torch_generator, torch_save, write_json, write_tsv
+from fedssl.training.epochs import run_epochs, train_steps
 
 ENCODER_FILE, PUBLIC_FILE = "encoder.pt", "public.npy"
 # the committed log holds what the inputs determine; the epochs' timings go to the run record

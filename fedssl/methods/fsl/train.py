@@ -16,12 +16,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedssl.epochs import encoded
 from fedssl.fl.state import FedState
 from fedssl.losses import masked_cross_entropy
 from fedssl.methods.federated_supervised import ScoredFedAvg
 from fedssl.models.encoders import build_backbone, frozen
 from fedssl.models.pooling import GlobalAvgPool
+from fedssl.training.epochs import encoded
 
 SMASHED, LABELS = "smashed_data", "labels"  # ledger kinds besides the models
 

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from fedssl.data.augment import BatchAugment, multi_view
-from fedssl.epochs import encoded, run_epochs, train_steps
 from fedssl.fl.cohort import LocalData, OptimizerConfig, forward
 from fedssl.fl.state import federation_config, write_round_log
 from fedssl.losses import nt_xent
@@ -26,13 +25,14 @@ from fedssl.models.autoencoder import (
 )
 from fedssl.models.encoders import frozen
 from fedssl.models.rserver import MfclEncoder, RServerModel
-from fedssl.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
 from fedssl.rounds.loop import Federation
 from fedssl.rounds.recipe import Local, Recipe, build_federation
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.runtime import derive_seed, numpy_rng, torch_generator, torch_save, write_tsv
 from fedssl.strategies.base import Strategy
 from fedssl.strategies.secure_fedavg import SecureFedAvg
+from fedssl.training.epochs import encoded, run_epochs, train_steps
+from fedssl.training.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
 
 
 def twin_batch(augment: BatchAugment):

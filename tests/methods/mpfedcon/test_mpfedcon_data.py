@@ -35,7 +35,7 @@ def test_femnist_data_set_keeps_the_letters_a_to_j_of_leafs_splits(tmp_path):
     )
     np.testing.assert_array_equal(test.labels, [1])
     assert train.images.dtype == np.uint8 and train.images.shape == (3, 1, 28, 28)
-    from fedssl.data.sources import DataNotFound
+    from fedssl.data.sets import DataNotFound
 
     with pytest.raises(DataNotFound, match="cannot be downloaded"):
         load_dataset("femnist", str(tmp_path), download=True)

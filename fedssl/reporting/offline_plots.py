@@ -4,7 +4,7 @@ the PNG figures. The project's DVC config points at an HTML template (``.dvc/plo
 holds the three bundles inline instead, copied from the ones Snakemake ships for its own
 reports (a dependency already), so the page DVC writes draws its charts anywhere, offline.
 
-``python -m fedssl.offline_plots`` rewrites the template from the installed Snakemake.
+``python -m fedssl.reporting.offline_plots`` rewrites the template from the installed Snakemake.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ PAGE = """<!DOCTYPE html>
     <meta charset="utf-8">
     <title>DVC Plot</title>
     <!-- vega, vega-lite and vega-embed inline (BSD-3-Clause, the Vega authors), for a page
-         that draws with no network: written by `python -m fedssl.offline_plots` -->
+         that draws with no network: written by `python -m fedssl.reporting.offline_plots` -->
 {bundles}
     <style>
         table {
