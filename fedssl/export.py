@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import json
 import os
 import subprocess
@@ -27,6 +26,7 @@ import warnings
 from pathlib import Path
 
 from fedssl.methods import registry
+from fedssl.methods.hooks import resolve_hook
 from fedssl.plan.layout import ARTIFACTS
 from fedssl.presets import Presets, derived_from, overrides_of
 from fedssl.stage.context import StageContext, main_guard
@@ -135,7 +135,7 @@ def card(ctx: StageContext, experiment: str, encoder, weights: Path) -> dict:
         "label": method.row_label(params.method) or params.title,
         "architecture": _architecture(encoder, shape, params.features.layer),
         "builder": {
-            "function": method.encoder_builder,
+            "function": str(method.encoder_builder),
             "params": params.method.model_dump(mode="json"),
             "image_shape": shape,
             "projection": params.features.layer == "projection",
@@ -348,17 +348,16 @@ def load_encoder(path: Path | str):
     if info.get("format") != FORMAT:
         raise ValueError(f"{folder / CARD}: format {info.get('format')!r}, expected {FORMAT!r}")
     method, builder = registry.get(info["method"]), info["builder"]
-    if builder["function"] != method.encoder_builder:
+    if builder["function"] != str(method.encoder_builder):
         raise ValueError(
             f"{folder / CARD}: builder {builder['function']!r} is not the one "
-            f"method '{method.name}' declares ({method.encoder_builder!r}): "
+            f"method '{method.name}' declares ({str(method.encoder_builder)!r}): "
             f"exported by another version of fedssl?"
         )
     weights = folder / info["weights"]["file"]
     if _sha256(weights) != info["weights"]["sha256"]:
         raise ValueError(f"{weights}: its sha256 differs from the card's (a different file?)")
-    module_name, _, function = builder["function"].partition(":")
-    build = getattr(importlib.import_module(module_name), function)
+    build = resolve_hook(method.encoder_builder)
     params = method.params.model_validate(builder["params"])
     with torch.random.fork_rng(devices=[]):  # builders seed their initialisation
         encoder = build(params, tuple(builder["image_shape"]), builder["projection"])

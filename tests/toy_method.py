@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import PositiveInt
 
-from fedssl.methods.base import Method, MethodParams, Step
+from fedssl.methods.base import Hook, Method, MethodParams, Step
 from fedssl.methods.registry import register
 
 
@@ -43,7 +43,7 @@ class Toy(Method):
     params = ToyParams
     steps = (Step("fit", reads=("partition", "method"), plots=("rounds.tsv",)),)
     encoder_inputs = ("fit",)
-    encoder_builder = f"{__name__}:untrained_encoder"  # what `fedssl export` loads into
+    encoder_builder = Hook(__name__, "untrained_encoder")  # what `fedssl export` loads into
 
     def arch(self, params) -> str:
         return f"linear-{params.dim}"

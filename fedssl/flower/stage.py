@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fedssl.methods.base import call_hook
+from fedssl.methods.hooks import Hook, call_hook
 from fedssl.stage.runtime import StageFailed, pick_device
 
 
-def flower_hook(method, step: str) -> str:
+def flower_hook(method, step: str) -> Hook:
     if step not in method.flower_steps:
         ready = ", ".join(method.flower_steps) or "none"
         raise StageFailed(

@@ -12,30 +12,51 @@ A method is one module (or package) under :mod:`fedssl.methods` that defines a
   their projection, the report's tables and figures, and its ``row_label`` / ``arch``.
 
 Code that does the work is named, not imported: a step's ``runner`` and the hooks are
-``"module:function"`` references (:func:`call_hook` imports them when a stage runs). So the
+:class:`~fedssl.methods.hooks.Hook` references (module and attribute; :func:`call_hook` imports
+them when a stage runs), each field typed by the protocol its hook must satisfy. So the
 declaration stays light (no torch: the front ends import every method's declaration to validate
 params and build the DAG), and each stage depends only on the code it runs: a method's report
-tables are not in its training's code, nor its cost formulas. A reference is checked when its
+tables are not in its training's code, nor its cost formulas. A hook is checked when its
 plugin registers (:func:`check_hooks`, at import, without importing the code): its module's
-source must define the name, so a typo or a renamed function fails at once, naming the
-plugin's attribute, not when a stage reaches it hours later.
+source must define the name and take the arguments the field's protocol passes, so a typo, a
+renamed function or a wrong signature fails at once, naming the plugin's field, not when a
+stage reaches it hours later.
 
-A federated method names one reference for its training, ``recipe``: a function of its params
+A federated method names one hook for its training, ``recipe``: a function of its params
 returning a typed :class:`fedssl.rounds.recipe.Recipe` (model, views, loss, strategy, ...),
-which the one runtime builds and runs. One reference rather than one per part keeps the
+which the one runtime builds and runs. One hook rather than one per part keeps the
 declaration free of torch and the training's code dependencies exactly the recipe module's
 imports (followed by :mod:`fedssl.codegraph`), while everything past it is typed Python.
 """
 
 from __future__ import annotations
 
-import ast
-import importlib
 from dataclasses import dataclass, replace
-from functools import cache
-from pathlib import Path
 from typing import Any, ClassVar
 
+from fedssl.methods.hooks import (
+    ClientCosts,
+    Describe,
+    EncoderBuilder,
+    EncoderLoader,
+    EncoderOf,
+    FlowerFederation,
+    Hook,
+    NetworkOf,
+    OutputsLoss,
+    ProjectedCosts,
+    RecipeOf,
+    ReportFigures,
+    ReportTables,
+    StepLossOf,
+    StepRunner,
+    StrategyOf,
+    WrapperOf,
+    call_hook,
+    check_hook,
+    hook_fields,
+    hook_module,
+)
 from fedssl.params import Strict
 from fedssl.stage.contract import DATA, PARTITION, StepContext
 
@@ -43,6 +64,7 @@ __all__ = [
     "DATA",
     "PARTITION",
     "FederatedMethod",
+    "Hook",
     "Method",
     "SupervisedFederatedMethod",
     "MethodParams",
@@ -52,73 +74,19 @@ __all__ = [
 ]
 
 
-def hook_module(hook: str) -> str:
-    """The module of a ``"module:function"`` hook (its code is a dependency of the stage that
-    calls it)."""
-    return hook.partition(":")[0]
-
-
-def resolve_hook(hook: str):
-    """The function a ``"module:function"`` hook names (its module imported)."""
-    module, _, function = hook.partition(":")
-    return getattr(importlib.import_module(module), function)
-
-
-def call_hook(hook: str, *args):
-    """Import the function a ``"module:function"`` hook names and call it."""
-    return resolve_hook(hook)(*args)
-
-
-ROOT = Path(__file__).resolve().parents[2]  # the project's root, where module paths start
-
-
-@cache
-def defined_names(module: str) -> frozenset[str] | None:
-    """The names a project module defines at its top level (functions, classes, assignments,
-    imports), read from its source without importing it; None: no such module file."""
-    base = ROOT.joinpath(*module.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            break
-    else:
-        return None
-    names = set()
-    for node in ast.parse(path.read_text(), str(path)).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names.update(t.id for t in targets if isinstance(t, ast.Name))
-    return frozenset(names)
-
-
-def check_hook(hook: str, where: str) -> None:
-    """Fail unless ``hook`` is a ``"module:function"`` whose module defines the function."""
-    module, sep, name = hook.partition(":")
-    names = defined_names(module) if sep and name else None
-    if names is None:
-        raise TypeError(f"{where} = {hook!r}: expected 'module:function' of a project module")
-    if name not in names:
-        raise TypeError(f"{where} = {hook!r}: module {module} defines no {name!r}")
-
-
-HOOKS = (  # the class attributes that name code (besides the steps' runners)
-    *("recipe", "encoder_builder", "encoder_hook", "client_costs_hook"),
-    *("projected_costs_hook", "report_tables", "report_figures", "encoder_loader"),
-    *("network", "loss", "step_loss", "encoder_of", "wrapper", "strategy", "describe"),
-)
-
-
 def check_hooks(cls: type[Method]) -> None:
-    """Check every reference a plugin declares (its steps', its hooks', its Flower steps')."""
-    named = {f"{cls.__name__}.{a}": getattr(cls, a, None) for a in HOOKS}
-    named.update({f"{cls.__name__}.steps[{s.name}]": s.runner for s in cls.steps})
-    named.update({f"{cls.__name__}.flower_steps[{k}]": h for k, h in cls.flower_steps.items()})
-    for where, hook in named.items():
-        if hook is not None:
-            check_hook(hook, where)
+    """Check every hook a plugin declares (its typed fields', its steps' runners, its Flower
+    steps') against the protocol its field names (:func:`fedssl.methods.hooks.check_hook`)."""
+    where = f"method '{cls.name}': {cls.__name__}"
+    for field, (spec, strings) in hook_fields(cls).items():
+        ref = getattr(cls, field, None)
+        if ref is not None:
+            check_hook(f"{where}.{field}", ref, spec, strings=strings)
+    for s in cls.steps:
+        if s.runner is not None:
+            check_hook(f"{where}.steps[{s.name}].runner", s.runner, StepRunner, len(s.args))
+    for step, ref in cls.flower_steps.items():
+        check_hook(f"{where}.flower_steps[{step}]", ref, FlowerFederation)
 
 
 class MethodParams(Strict):
@@ -138,7 +106,7 @@ class Step:
     per-round or per-epoch logs it writes (TSV, committed under ``results/``). ``metrics``:
     metric files it writes there (JSON, DVC metrics; the report reads the first one), for a
     method that evaluates itself (``evaluation_sections = ()``, e.g. an attack study).
-    ``runner``: the ``"module:function"`` that runs it, called with the stage context and then
+    ``runner``: the hook that runs it, called with the stage context and then
     ``args``; the stage depends on that module's code only (None: the method's own
     ``<name>(ctx)``, for code that lives in the declaration itself)."""
 
@@ -148,7 +116,7 @@ class Step:
     gpu: bool = True
     plots: tuple[str, ...] = ()
     metrics: tuple[str, ...] = ()
-    runner: str | None = None
+    runner: Hook[StepRunner] | None = None
     args: tuple[Any, ...] = ()
 
 
@@ -170,31 +138,31 @@ class Method:
     # Fine-tuning (an experiment's optional `finetune` section): the encoder hook's module can
     # be unfrozen and trained end to end.
     finetunable: ClassVar[bool] = False
-    # Taking the encoder away (fedssl.export): "module:function" building the untrained module
+    # Taking the encoder away (fedssl.export): the hook building the untrained module
     # the ``encoder`` hook returns, from (method params, image shape, projection); the exported
     # weights load into it. None: the method's encoder cannot be exported.
-    encoder_builder: ClassVar[str | None] = None
-    # The hooks, as "module:function" (see the module doc). The frozen encoder: function(ctx)
-    # -> nn.Module.
-    encoder_hook: ClassVar[str | None] = None
+    encoder_builder: ClassVar[Hook[EncoderBuilder] | None] = None
+    # The hooks (see the module doc). The frozen encoder: function(ctx) -> nn.Module.
+    encoder_hook: ClassVar[Hook[EncoderLoader] | None] = None
     # Client costs (a `costs` stage) when set: the steps whose outputs the costs read, and
     # function(ctx) -> per-client rows; the projection at full scale: function(exp, partition,
     # dataset) -> the average client's costs (for `fedssl costs`).
     costs_inputs: ClassVar[tuple[str, ...] | None] = None
     costs_reads: ClassVar[tuple[str, ...]] = ("method", "partition")
-    client_costs_hook: ClassVar[str | None] = None
-    projected_costs_hook: ClassVar[str | None] = None
+    # (The cost hooks may still be "module:function" strings, checked the same way.)
+    client_costs_hook: ClassVar[Hook[ClientCosts] | str | None] = None
+    projected_costs_hook: ClassVar[Hook[ProjectedCosts] | str | None] = None
     # Report tables in the paper's layout: function(rows) -> {name: Markdown}; figures:
     # function(rows, out_dir) -> {file: caption}.
-    report_tables: ClassVar[str | None] = None
-    report_figures: ClassVar[str | None] = None
+    report_tables: ClassVar[Hook[ReportTables] | None] = None
+    report_figures: ClassVar[Hook[ReportFigures] | None] = None
     # Per-client numbers of `client_costs` besides Tab. 3's that the report averages (columns
     # named without the `mean_` prefix).
     cost_columns: ClassVar[tuple[str, ...]] = ()
     # Steps that can run as a Flower app (`python -m stages.flower STEP EXPERIMENT`, see
-    # fedssl.flower): step -> "module:function" building (model, its Federation) from the stage
+    # fedssl.flower): step -> the hook building (model, its Federation) from the stage
     # context, the federation the step's runner drives and each Flower client trains.
-    flower_steps: ClassVar[dict[str, str]] = {}
+    flower_steps: ClassVar[dict[str, Hook[FlowerFederation]]] = {}
 
     # ------------------------------------------------------------------ report
     def row_label(self, params: MethodParams) -> str:
@@ -218,7 +186,7 @@ class Method:
         return call_hook(self.report_figures, rows, out_dir) if self.report_figures else {}
 
     def hooks(self, params: MethodParams, kind: str) -> list[str]:
-        """The ``"module:function"`` hooks a stage of kind ``kind`` (a step, or a shared stage
+        """The hooks (as ``"module:function"``) a stage of kind ``kind`` (a step, or a shared stage
         that calls a hook) calls of this method (its plan record names them)."""
         hooks = {
             "features": [self.encoder_hook],
@@ -228,7 +196,7 @@ class Method:
         }.get(kind)
         if hooks is None:
             hooks = [s.runner for s in self.steps_for(params) if s.name == kind]
-        return [h for h in hooks if h]
+        return [str(h) for h in hooks if h]
 
     def hook_modules(self, params: MethodParams, kind: str) -> list[str]:
         """The modules of :meth:`hooks`, which a stage of kind ``kind`` runs of this method
@@ -317,10 +285,10 @@ class PretrainStepMethod(Method):
             "pretrain",
             reads=cls.pretrain_reads,
             plots=cls.pretrain_plots,
-            runner=f"{package}.run:pretrain",
+            runner=Hook(f"{package}.run", "pretrain"),
         )
         cls.steps = (pretrain, *cls.later_steps)
-        cls.encoder_hook = f"{package}.run:encoder"
+        cls.encoder_hook = Hook(f"{package}.run", "encoder")
         costs = cls.costs_module or f"{package}.costs"
         cls.client_costs_hook = f"{costs}:client_costs"
         cls.projected_costs_hook = f"{costs}:projected_costs"
@@ -334,7 +302,7 @@ RUNTIME = "fedssl.methods.federated"  # the code that runs every FederatedMethod
 
 class FederatedMethod(PretrainStepMethod):
     """A federated self-supervised method on the one runtime: its ``recipe`` (a
-    ``"module:function"`` of its params returning a :class:`fedssl.rounds.recipe.Recipe`: the
+    hook, a function of its params returning a :class:`fedssl.rounds.recipe.Recipe`: the
     seeded model, the clients' views and loss, the strategy, an after-step hook, what is
     saved) is all it declares about training.
 
@@ -347,17 +315,17 @@ class FederatedMethod(PretrainStepMethod):
     smallest example, FeatARC and Orchestra (their own views, forward, strategy, setup round)
     the largest."""
 
-    recipe: ClassVar[str]  # "module:function": (params) -> Recipe
-    encoder_loader: ClassVar[str] = f"{RUNTIME}:contrastive_encoder"  # (stage context)
+    recipe: ClassVar[Hook[RecipeOf]]
+    encoder_loader: ClassVar[Hook[EncoderLoader]] = Hook(RUNTIME, "contrastive_encoder")
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if getattr(cls, "package", None) is None:
             return
-        cls.steps = (replace(cls.steps[0], runner=f"{RUNTIME}:pretrain"), *cls.steps[1:])
+        cls.steps = (replace(cls.steps[0], runner=Hook(RUNTIME, "pretrain")), *cls.steps[1:])
         cls.encoder_hook = cls.encoder_loader
         if "flower_steps" not in vars(cls):  # one that declares its own ({}: none) keeps them
-            cls.flower_steps = {"pretrain": f"{RUNTIME}:federation"}
+            cls.flower_steps = {"pretrain": Hook(RUNTIME, "federation")}
 
     def hook_modules(self, params, kind: str) -> list[str]:
         """Training runs the runtime and the recipe's module (and what that imports)."""
@@ -381,16 +349,16 @@ class SupervisedFederatedMethod(Method):
     (``global.json``); the probes get the encoder ``encoder_of`` takes from the saved network.
     A subclass declares its params (a federation block with ``augment`` and ``crop_padding``),
     its ``package`` (its client costs are that package's ``costs:client_costs``), and the
-    hooks below, all ``"module:function"`` strings (see :class:`FederatedMethod`)."""
+    hooks below (see :class:`FederatedMethod`)."""
 
-    network: ClassVar[str]  # (params, image shape, classes) -> the network, untrained
-    loss: ClassVar[str]  # (outputs in fp32, batch, params) -> scalar
-    step_loss: ClassVar[str | None] = None  # a whole-step loss instead (see FederatedMethod)
-    encoder_of: ClassVar[str]  # (network, projection) -> the frozen encoder for the probes
-    wrapper: ClassVar[str | None] = None  # (params, network) -> the module the clients train
+    network: ClassVar[Hook[NetworkOf]]  # (params, image shape, classes) -> untrained network
+    loss: ClassVar[Hook[OutputsLoss]]  # (outputs in fp32, batch, params) -> scalar
+    step_loss: ClassVar[Hook[StepLossOf] | None] = None  # a whole-step loss instead
+    encoder_of: ClassVar[Hook[EncoderOf]]  # (network, projection) -> the probes' encoder
+    wrapper: ClassVar[Hook[WrapperOf] | None] = None  # (params, network) -> what clients train
     # (config, params, model, data, tests) -> the Strategy; default: FedAvg of the whole network
-    strategy: ClassVar[str] = f"{SUPERVISED_RUNTIME}:ScoredFedAvg"
-    describe: ClassVar[str | None] = None  # (federation, params) -> run-record facts
+    strategy: ClassVar[Hook[StrategyOf]] = Hook(SUPERVISED_RUNTIME, "ScoredFedAvg")
+    describe: ClassVar[Hook[Describe] | None] = None  # (federation, params) -> run facts
     package: ClassVar[str]
     encoder_inputs = ("train",)
     encoder_reads = ("method.model",)
@@ -407,11 +375,11 @@ class SupervisedFederatedMethod(Method):
                 reads=("partition", "method"),
                 plots=("rounds.tsv",),
                 metrics=("global.json",),
-                runner=f"{SUPERVISED_RUNTIME}:train",
+                runner=Hook(SUPERVISED_RUNTIME, "train"),
             ),
         )
-        cls.encoder_hook = f"{SUPERVISED_RUNTIME}:encoder"
-        cls.encoder_builder = f"{SUPERVISED_RUNTIME}:untrained_encoder"
+        cls.encoder_hook = Hook(SUPERVISED_RUNTIME, "encoder")
+        cls.encoder_builder = Hook(SUPERVISED_RUNTIME, "untrained_encoder")
         cls.client_costs_hook = f"{package}.costs:client_costs"
 
     def arch(self, params: MethodParams) -> str:

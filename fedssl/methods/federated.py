@@ -14,7 +14,7 @@ from fedssl.data.augment import BatchAugment, multi_view
 from fedssl.fl.cohort import LocalData, LossFn, OptimizerConfig
 from fedssl.fl.state import federation_config
 from fedssl.methods import registry
-from fedssl.methods.base import resolve_hook
+from fedssl.methods.hooks import resolve_hook
 from fedssl.models.encoders import load_encoder, save_contrastive_model, seeded_contrastive_model
 from fedssl.rounds.loop import Federation
 from fedssl.rounds.recipe import Local, Recipe, build_federation

@@ -18,7 +18,7 @@ from fedssl.eval.global_model import global_accuracy, load_saved, num_classes, t
 from fedssl.fl.cohort import LocalData, LossFn, OptimizerConfig
 from fedssl.fl.state import FedState, federation_config
 from fedssl.methods import registry
-from fedssl.methods.base import call_hook, resolve_hook
+from fedssl.methods.hooks import call_hook, resolve_hook
 from fedssl.rounds.loop import Federation
 from fedssl.rounds.recipe import Local, Recipe, build_federation
 from fedssl.rounds.runner import run_federation, train_data

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fedssl.methods.base import DATA, Method, MethodParams, Step
+from fedssl.methods.base import DATA, Hook, Method, MethodParams, Step
 from fedssl.methods.registry import register
 from fedssl.params import ModelParams
 
@@ -23,7 +23,7 @@ class NoPretraining(Method):
     steps = (Step("pretrain", reads=("method.model", "method.seed"), inputs=(DATA,)),)
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.model",)
-    encoder_builder = "fedssl.models.encoders:contrastive_encoder"
+    encoder_builder = Hook("fedssl.models.encoders", "contrastive_encoder")
 
     def arch(self, params) -> str:
         return params.model.arch

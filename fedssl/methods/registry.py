@@ -10,7 +10,13 @@ from fedssl.methods.base import Method, check_hooks
 from fedssl.stage.record import did_you_mean
 
 _METHODS: dict[str, Method] = {}
-_NOT_PLUGINS = {"base", "registry", "federated", "federated_supervised"}  # the contract, runtimes
+_NOT_PLUGINS = {
+    "base",
+    "hooks",
+    "registry",
+    "federated",
+    "federated_supervised",
+}  # contract, runtimes
 _discovered = False
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedssl.methods.hooks import resolve_hook
 from tests.fixtures import add_tiny_mfcl, make_tiny_project
 from tests.lwfedssl_fixtures import TINY_PARTITION, TINY_SCRATCH, tiny_text
 from tests.methods.mocosfl.test_mocosfl import TINY as TINY_SFL
@@ -135,8 +136,7 @@ def test_every_method_evaluated_by_the_probes_can_export_its_encoder():
         "vit_scratch",
     }
     for m in probed:
-        module, _, function = m.encoder_builder.partition(":")
-        assert callable(getattr(importlib.import_module(module), function)), m.name
+        assert callable(resolve_hook(m.encoder_builder)), m.name
 
 
 def test_a_method_without_a_frozen_encoder_says_so(project, monkeypatch):

@@ -11,6 +11,7 @@ import torch
 from fedssl.flower.rounds import Client, ClientMemory, RemoteRounds, SoloCohort
 from fedssl.methods import federated, registry
 from fedssl.methods.fedbyol import FedEMAParams, FedUParams
+from fedssl.methods.hooks import Hook
 from fedssl.methods.mfcl import run as mfcl
 from fedssl.models.encoders import seeded_contrastive_model
 from tests.fl.test_engine import toy_data
@@ -170,7 +171,7 @@ def test_featarc_does_not_split_its_server_scores_the_clients_data():
     """FeatARC's server assigns each client a cluster from the client's own images, which a
     server of the split does not hold: it declares no Flower step (the runtime's default)."""
     assert registry.get("featarc").flower_steps == {}
-    runtime = f"{federated.__name__}:federation"
+    runtime = Hook(federated.__name__, "federation")
     assert registry.get("orchestra").flower_steps == {"pretrain": runtime}
 
 

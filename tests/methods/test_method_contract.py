@@ -15,7 +15,6 @@ export builder rebuilds, and the ledger counts a payload both ways each round.""
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 import subprocess
 import sys
@@ -30,9 +29,8 @@ from fedssl.methods.base import (
     FederatedMethod,
     PretrainStepMethod,
     SupervisedFederatedMethod,
-    call_hook,
-    hook_module,
 )
+from fedssl.methods.hooks import call_hook, hook_module, resolve_hook
 from tests.fixtures import (
     TINY_PROBES,
     assert_a_killed_stage_resumes,
@@ -76,7 +74,7 @@ EXTRA = {
 }
 
 
-def hooks_of(method) -> list[str]:
+def hooks_of(method) -> list:
     named = [
         method.encoder_hook,
         method.client_costs_hook,
@@ -103,8 +101,7 @@ def test_the_declarations_import_without_torch():
 def test_every_hook_a_method_names_is_a_function(name):
     method = registry.get(name)
     for hook in hooks_of(method):
-        module, _, function = hook.partition(":")
-        assert callable(getattr(importlib.import_module(module), function)), hook
+        assert callable(resolve_hook(hook)), hook
     assert method.params.model_fields["name"].default == name
 
 

@@ -14,9 +14,8 @@ from fedssl.methods.base import (
     MethodParams,
     PretrainStepMethod,
     Step,
-    hook_module,
-    resolve_hook,
 )
+from fedssl.methods.hooks import Hook, hook_module, resolve_hook
 
 
 class _Shared(PretrainStepMethod):
@@ -38,8 +37,8 @@ def test_the_step_and_hooks_point_into_the_named_package():
         (DATA, PARTITION),
         ("rounds.tsv",),
     )
-    assert step.runner == "somewhere.toy.run:pretrain"
-    assert Toy.encoder_hook == "somewhere.toy.run:encoder"
+    assert step.runner == Hook("somewhere.toy.run", "pretrain")
+    assert Toy.encoder_hook == Hook("somewhere.toy.run", "encoder")
     assert Toy.client_costs_hook == "somewhere.toy.costs:client_costs"
     assert Toy.projected_costs_hook == "somewhere.toy.costs:projected_costs"
     assert Toy.encoder_inputs == Toy.costs_inputs == ("pretrain",)
@@ -57,7 +56,10 @@ class ToyWithAttack(_Shared):
     pretrain_plots = ("rounds.tsv", "steps.tsv")
     later_steps = (
         Step(
-            "attack", reads=("method.attack",), inputs=(DATA, PARTITION, "pretrain"), runner="a:b"
+            "attack",
+            reads=("method.attack",),
+            inputs=(DATA, PARTITION, "pretrain"),
+            runner=Hook("a", "b"),
         ),
     )
 
@@ -69,7 +71,7 @@ def test_training_reads_what_it_declares_and_later_steps_follow_it():
         ("partition", "method.training"),
         ("rounds.tsv", "steps.tsv"),
     )
-    assert pretrain.runner == "somewhere.attack.run:pretrain"
+    assert pretrain.runner == Hook("somewhere.attack.run", "pretrain")
     assert attack is ToyWithAttack.later_steps[0]
     assert ToyWithAttack.client_costs_hook == "somewhere.attack.costs:client_costs"
 
@@ -108,38 +110,11 @@ def test_a_federated_method_is_a_recipe_on_the_shared_runtime():
     for name in ("fedsimclr", "fedbyol", "fedema", "fedu"):
         method = registry.get(name)
         assert isinstance(method, FederatedMethod)
-        assert method.steps[0].runner == "fedssl.methods.federated:pretrain"
-        assert method.flower_steps == {"pretrain": "fedssl.methods.federated:federation"}
+        assert method.steps[0].runner == Hook("fedssl.methods.federated", "pretrain")
+        assert method.flower_steps == {"pretrain": Hook("fedssl.methods.federated", "federation")}
         modules = method.hook_modules(None, "pretrain")
         assert modules == ["fedssl.methods.federated", f"{method.package}.train"]
         assert method.hook_modules(None, "costs") == [
             method.costs_module or f"{method.package}.costs"
         ]
     assert registry.get("fedsimclr").hook_modules(None, "costs") == ["fedssl.costs.end_to_end"]
-
-
-def test_a_hook_that_names_no_function_fails_when_its_plugin_registers():
-    """A reference is checked at import, from the module's source: a typo or a missing module
-    stops the registration with the attribute named, before any stage runs."""
-    from fedssl.methods.registry import register
-
-    class Typo(FederatedMethod):
-        name = "typo"
-        label = "Typo"
-        params = MethodParams
-        package = "fedssl.methods.fedsimclr"
-        recipe = "fedssl.methods.fedsimclr.train:recipes"
-
-    class Params(MethodParams):
-        name: str = "typo"
-
-    Typo.params = Params
-    with pytest.raises(TypeError, match=r"Typo.recipe = .*defines no 'recipes'"):
-        register(Typo)
-    Typo.recipe = "fedssl.methods.nowhere:recipe"
-    with pytest.raises(TypeError, match="Typo.recipe = .*project module"):
-        register(Typo)
-    Typo.recipe, Typo.encoder_hook = "fedssl.methods.fedsimclr.train:recipe", "a:b"
-    with pytest.raises(TypeError, match="Typo.encoder_hook"):
-        register(Typo)
-    assert "typo" not in [m.name for m in registry.all()]

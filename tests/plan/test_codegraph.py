@@ -4,7 +4,6 @@ resolves to a function."""
 
 from __future__ import annotations
 
-import importlib
 import re
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from fedssl.methods import registry
 from fedssl.methods.base import Method
+from fedssl.methods.hooks import Hook, resolve_hook
 from fedssl.plan import codegraph
 from tests.fixtures import REPO
 
@@ -99,7 +99,8 @@ def method_packages() -> list[Path]:
 @pytest.mark.parametrize("package", method_packages(), ids=lambda p: p.name)
 def test_a_method_package_init_only_declares(package):
     """Its declaration reaches the shared declarations only: its training, report and cost
-    code are named by "module:function" strings, so no stage depends on them by accident."""
+    code are named by typed hooks (module and attribute), so no stage depends on them by
+    accident."""
     module = f"fedssl.methods.{package.name}"
     shared = {
         "fedssl/__init__.py",
@@ -113,6 +114,7 @@ def test_a_method_package_init_only_declares(package):
         "fedssl/data/sets/__init__.py",  # where the registry finds the data sets, by name
         "fedssl/methods/__init__.py",
         "fedssl/methods/base.py",
+        "fedssl/methods/hooks.py",  # the hooks' type, their protocols and their check
         "fedssl/methods/registry.py",
         f"fedssl/methods/{package.name}/__init__.py",
     }
@@ -169,7 +171,7 @@ def test_a_data_sets_reader_reaches_no_other_data_set():
     ]
 
 
-def declared_hooks(method: Method) -> list[str]:
+def declared_hooks(method: Method) -> list:
     hooks = [s.runner for s in method.steps if s.runner] + list(method.flower_steps.values())
     hooks += [
         h
@@ -188,8 +190,7 @@ def declared_hooks(method: Method) -> list[str]:
 @pytest.mark.parametrize("method", registry.all(), ids=lambda m: m.name)
 def test_every_declared_hook_is_a_function(method):
     for hook in declared_hooks(method):
-        module, _, function = hook.partition(":")
-        assert callable(getattr(importlib.import_module(module), function)), hook
+        assert callable(resolve_hook(hook)), hook
     assert all(s.runner or callable(getattr(method, s.name, None)) for s in method.steps)
 
 
@@ -200,7 +201,7 @@ def test_the_growing_methods_run_each_growth_stage_through_one_runner():
     exp = Presets(REPO / "params").load("experiment", "smoke_lw_fedssl")
     steps = method.steps_for(exp.method)
     assert [(s.name, s.runner, s.args) for s in steps] == [
-        (f"grow_{s}", "fedssl.methods.lwfedssl.run:grow", (s,))
+        (f"grow_{s}", Hook("fedssl.methods.lwfedssl.run", "grow"), (s,))
         for s in range(1, exp.method.vit.depth + 1)
     ]
     assert method.hook_modules(exp.method, "grow_2") == ["fedssl.methods.lwfedssl.run"]

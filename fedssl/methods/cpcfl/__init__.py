@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from fedssl.methods.base import DATA, PARTITION, Method, MethodParams, Step
+from fedssl.methods.base import DATA, PARTITION, Hook, Method, MethodParams, Step
 from fedssl.methods.registry import register
 from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
@@ -240,14 +240,14 @@ class Cpcfl(Method):
             reads=("method.encoder", "method.pretrain", "method.ssl"),
             inputs=(DATA,),
             plots=("ssl_epochs.tsv",),
-            runner="fedssl.methods.cpcfl.pretrain:run",
+            runner=Hook("fedssl.methods.cpcfl.pretrain", "run"),
         ),
         Step(
             "cfl",
             reads=("partition", "method"),
             inputs=(DATA, PARTITION, "pretrain"),
             plots=("rounds.tsv", "choices.tsv", "choice_trace.png"),
-            runner="fedssl.methods.cpcfl.run:run",
+            runner=Hook("fedssl.methods.cpcfl.run", "run"),
         ),
     )
     evaluation_sections = ("personal",)
@@ -255,7 +255,7 @@ class Cpcfl(Method):
     costs_inputs = ("cfl",)
     client_costs_hook = "fedssl.methods.cpcfl.costs:client_costs"
     projected_costs_hook = "fedssl.methods.cpcfl.costs:projected_costs"
-    report_tables = "fedssl.methods.cpcfl.tables:paper_tables"
+    report_tables = Hook("fedssl.methods.cpcfl.tables", "paper_tables")
 
     def row_label(self, params) -> str:
         label = f"{algorithm(params)} ({PRETRAIN_LABELS[params.pretrain]})"

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
-from fedssl.methods.base import FederatedMethod, MethodParams
+from fedssl.methods.base import FederatedMethod, Hook, MethodParams
 from fedssl.methods.registry import register
 from fedssl.params import AugmentParams, ModelParams, TrainsItsModel
 from fedssl.strategies.choices import federation_block
@@ -57,7 +57,7 @@ class FeatARC(FederatedMethod):
     label = "FeatARC"
     params = FeatARCParams
     package = __name__
-    encoder_builder = "fedssl.models.encoders:contrastive_encoder"
-    recipe = f"{__name__}.train:recipe"
+    encoder_builder = Hook("fedssl.models.encoders", "contrastive_encoder")
+    recipe = Hook(f"{__name__}.train", "recipe")
     # its server assigns every client a cluster from the client's data: no Flower split
     flower_steps = {}

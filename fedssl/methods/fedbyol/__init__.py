@@ -25,7 +25,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeFloat
 
-from fedssl.methods.base import FederatedMethod, MethodParams
+from fedssl.methods.base import FederatedMethod, Hook, MethodParams
 from fedssl.methods.registry import register
 from fedssl.params import (
     AugmentParams,
@@ -86,9 +86,9 @@ class _FederatedBYOL(FederatedMethod):
     online backbone, client costs from the exchanged tensors."""
 
     package = __name__
-    encoder_builder = "fedssl.methods.fedbyol.model:byol_encoder"
-    recipe = "fedssl.methods.fedbyol.train:recipe"
-    encoder_loader = "fedssl.methods.fedbyol.model:load_online_encoder"
+    encoder_builder = Hook("fedssl.methods.fedbyol.model", "byol_encoder")
+    recipe = Hook("fedssl.methods.fedbyol.train", "recipe")
+    encoder_loader = Hook("fedssl.methods.fedbyol.model", "load_online_encoder")
 
 
 @register

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import PositiveFloat
 
-from fedssl.methods.base import FederatedMethod, MethodParams
+from fedssl.methods.base import FederatedMethod, Hook, MethodParams
 from fedssl.methods.registry import register
 from fedssl.params import (
     AugmentParams,
@@ -41,6 +41,6 @@ class FedSimCLR(FederatedMethod):
     label = "FedSimCLR"
     params = FedSimCLRParams
     package = __name__
-    encoder_builder = "fedssl.models.encoders:contrastive_encoder"
-    recipe = "fedssl.methods.fedsimclr.train:recipe"
+    encoder_builder = Hook("fedssl.models.encoders", "contrastive_encoder")
+    recipe = Hook("fedssl.methods.fedsimclr.train", "recipe")
     costs_module = "fedssl.costs.end_to_end"  # the whole model both ways, in MFCL's Tab. 3 terms

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedssl.methods.base import MethodParams, SupervisedFederatedMethod
+from fedssl.methods.base import Hook, MethodParams, SupervisedFederatedMethod
 from fedssl.methods.registry import register
 from fedssl.params import ModelParams
 from fedssl.strategies.choices import federation_block
@@ -74,11 +74,11 @@ class FSL(SupervisedFederatedMethod):
     label = "FSL"
     params = FSLParams
     package = __name__
-    network = f"{TRAIN}:SplitClassifier"
-    loss = f"{TRAIN}:fsl_loss"
-    strategy = f"{TRAIN}:FSLTraffic"
-    describe = f"{TRAIN}:describe"
-    encoder_of = f"{TRAIN}:global_encoder"
+    network = Hook(TRAIN, "SplitClassifier")
+    loss = Hook(TRAIN, "fsl_loss")
+    strategy = Hook(TRAIN, "FSLTraffic")
+    describe = Hook(TRAIN, "describe")
+    encoder_of = Hook(TRAIN, "global_encoder")
     encoder_reads = ("method.model", "method.cut")
 
     def arch(self, params) -> str:

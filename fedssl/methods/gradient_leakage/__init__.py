@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from fedssl.methods.base import DATA, Method, MethodParams, Step
+from fedssl.methods.base import DATA, Hook, Method, MethodParams, Step
 from fedssl.methods.registry import register
 from fedssl.params import Name, NoiseParams, Strict
 
@@ -97,11 +97,11 @@ class GradientLeakage(Method):
             gpu=False,
             metrics=("metrics.json",),
             plots=("mse_curves.tsv", "reconstructions.png"),
-            runner="fedssl.methods.gradient_leakage.run:attack",
+            runner=Hook("fedssl.methods.gradient_leakage.run", "attack"),
         ),
     )
     evaluation_sections = ()
-    report_tables = "fedssl.methods.gradient_leakage.tables:leakage_tables"
+    report_tables = Hook("fedssl.methods.gradient_leakage.tables", "leakage_tables")
 
     def arch(self, params) -> str:
         return "lenet" + "".join(f"-fc{w}" for w in params.fc_hidden)

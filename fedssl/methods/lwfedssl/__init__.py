@@ -42,7 +42,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedssl.methods.base import DATA, PARTITION, Method, MethodParams, Step
+from fedssl.methods.base import DATA, PARTITION, Hook, Method, MethodParams, Step
 from fedssl.methods.registry import register
 from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
@@ -338,14 +338,14 @@ class _Family(Method):
     """What the four methods share: evaluation, costs, labels, the Tab. 3 table."""
 
     encoder_reads = ("method.vit",)
-    encoder_builder = "fedssl.methods.lwfedssl.run:encoder_skeleton"
+    encoder_builder = Hook("fedssl.methods.lwfedssl.run", "encoder_skeleton")
     costs_reads = ("method", "partition")
     cost_columns = COST_COLUMNS
     finetunable = True
-    encoder_hook = f"{RUN}:encoder"
+    encoder_hook = Hook(RUN, "encoder")
     client_costs_hook = "fedssl.methods.lwfedssl.costs:client_costs"
     projected_costs_hook = "fedssl.methods.lwfedssl.costs:projected_costs"
-    report_tables = "fedssl.methods.lwfedssl.tables:tab3"
+    report_tables = Hook("fedssl.methods.lwfedssl.tables", "tab3")
 
     def arch(self, params) -> str:
         v = params.vit
@@ -379,7 +379,7 @@ class _Growing(_Family):
                     reads=SHARED_READS + self.extra_reads(params) + own + others,
                     inputs=inputs,
                     plots=(f"grow_{s}.tsv",),
-                    runner=f"{RUN}:grow",
+                    runner=Hook(RUN, "grow"),
                     args=(s,),
                 )
             )
@@ -402,7 +402,7 @@ class FedMoCo(_Family):
             "pretrain",
             reads=SHARED_READS,
             plots=("rounds.tsv",),
-            runner=f"{RUN}:grow",
+            runner=Hook(RUN, "grow"),
             args=(None,),
         ),
     )  # end to end: no growth stage
@@ -459,12 +459,14 @@ class VitScratch(Method):
     label = "Scratch"
     params = VitScratchParams
     steps = (
-        Step("init", reads=("method.seed", "method.vit"), inputs=(DATA,), runner=f"{RUN}:scratch"),
+        Step(
+            "init", reads=("method.seed", "method.vit"), inputs=(DATA,), runner=Hook(RUN, "scratch")
+        ),
     )
     encoder_inputs = ("init",)
     encoder_reads = ("method.vit",)
-    encoder_builder = "fedssl.methods.lwfedssl.run:encoder_skeleton"
-    encoder_hook = f"{RUN}:encoder"
+    encoder_builder = Hook("fedssl.methods.lwfedssl.run", "encoder_skeleton")
+    encoder_hook = Hook(RUN, "encoder")
     finetunable = True
 
     def arch(self, params) -> str:

@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedssl.methods.base import DATA, PARTITION, Method, MethodParams, Step
+from fedssl.methods.base import DATA, PARTITION, Hook, Method, MethodParams, Step
 from fedssl.methods.registry import register
 from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
@@ -167,31 +167,31 @@ class Mfcl(Method):
             "pretrain",
             reads=("partition", *VIEWS, "method.parallel_clients", "method.phase1"),
             plots=("rounds.tsv",),
-            runner="fedssl.methods.mfcl.run:phase1",
+            runner=Hook("fedssl.methods.mfcl.run", "phase1"),
         ),
         Step(
             "export",
             reads=("partition", *VIEWS, "method.export"),
             inputs=(DATA, PARTITION, "pretrain"),
-            runner="fedssl.methods.mfcl.export:export",
+            runner=Hook("fedssl.methods.mfcl.export", "export"),
         ),
         Step(
             "rserver",
             reads=("method.client_module", "method.rserver"),
             inputs=("export",),
             plots=("rserver_epochs.tsv",),
-            runner="fedssl.methods.mfcl.run:rserver",
+            runner=Hook("fedssl.methods.mfcl.run", "rserver"),
         ),
     )
-    flower_steps = {"pretrain": "fedssl.methods.mfcl.run:phase1_federation"}
+    flower_steps = {"pretrain": Hook("fedssl.methods.mfcl.run", "phase1_federation")}
     encoder_inputs = ("pretrain", "rserver")
     encoder_reads = ("method.client_module", "method.rserver")
-    encoder_builder = "fedssl.methods.mfcl.run:encoder_skeleton"
-    encoder_hook = "fedssl.methods.mfcl.run:deployed_encoder"
+    encoder_builder = Hook("fedssl.methods.mfcl.run", "encoder_skeleton")
+    encoder_hook = Hook("fedssl.methods.mfcl.run", "deployed_encoder")
     costs_inputs = ("pretrain", "export")
     client_costs_hook = "fedssl.methods.mfcl.costs:client_costs"
     projected_costs_hook = "fedssl.methods.mfcl.costs:projected_costs"
-    report_tables = "fedssl.methods.mfcl.tables:tables"
+    report_tables = Hook("fedssl.methods.mfcl.tables", "tables")
 
     def row_label(self, params) -> str:
         return f"MFCL({params.client_module.norm.upper()})"

@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedssl.methods.base import DATA, PARTITION, MethodParams, PretrainStepMethod, Step
+from fedssl.methods.base import DATA, PARTITION, Hook, MethodParams, PretrainStepMethod, Step
 from fedssl.methods.registry import register
 from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
@@ -239,14 +239,14 @@ class MocoSfl(PretrainStepMethod):
             reads=("partition", "method.seed", "method.backbone", "method.cut", "method.inversion"),
             inputs=(DATA, PARTITION, "pretrain"),
             plots=("inversion.png",),
-            runner="fedssl.methods.mocosfl.run:inversion",
+            runner=Hook("fedssl.methods.mocosfl.run", "inversion"),
         ),
     )
     encoder_reads = ("method.backbone", "method.cut")
-    encoder_builder = "fedssl.methods.mocosfl.run:encoder_skeleton"
+    encoder_builder = Hook("fedssl.methods.mocosfl.run", "encoder_skeleton")
     cost_columns = ("flops_per_step", "smashed_bytes_per_step", "server_flops")
-    report_tables = "fedssl.methods.mocosfl.report:tables"
-    report_figures = "fedssl.methods.mocosfl.report:figures"
+    report_tables = Hook("fedssl.methods.mocosfl.report", "tables")
+    report_figures = Hook("fedssl.methods.mocosfl.report", "figures")
 
     def row_label(self, params) -> str:
         layer = paper_layer(params)

@@ -39,7 +39,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedssl.methods.base import Method, MethodParams, Step
+from fedssl.methods.base import Hook, Method, MethodParams, Step
 from fedssl.methods.registry import register
 from fedssl.params import (
     NoiseParams,
@@ -274,15 +274,15 @@ class MpFedcon(Method):
             "train",
             reads=("partition", "method"),
             plots=("rounds.tsv",),
-            runner="fedssl.methods.mpfedcon.run:train",
+            runner=Hook("fedssl.methods.mpfedcon.run", "train"),
         ),
     )
-    flower_steps = {"train": "fedssl.methods.mpfedcon.run:flower_federation"}
+    flower_steps = {"train": Hook("fedssl.methods.mpfedcon.run", "flower_federation")}
     evaluation_sections = ("personal",)
     personal_inputs = ("train",)
     costs_inputs = ("train",)
     client_costs_hook = "fedssl.methods.mpfedcon.costs:client_costs"
-    report_tables = "fedssl.methods.mpfedcon.tables:paper_tables"
+    report_tables = Hook("fedssl.methods.mpfedcon.tables", "paper_tables")
 
     def row_label(self, params) -> str:
         label = LABELS[params.variant]

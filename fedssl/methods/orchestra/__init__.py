@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from fedssl.methods.base import FederatedMethod, MethodParams
+from fedssl.methods.base import FederatedMethod, Hook, MethodParams
 from fedssl.methods.registry import register
 from fedssl.params import AugmentParams, ModelParams, TrainsItsModel
 from fedssl.strategies.choices import federation_block
@@ -72,6 +72,6 @@ class Orchestra(FederatedMethod):
     params = OrchestraParams
     package = __name__
     encoder_reads = ("method",)
-    encoder_builder = f"{__name__}.model:encoder_module"
-    recipe = f"{__name__}.train:recipe"
-    encoder_loader = f"{__name__}.model:encoder"
+    encoder_builder = Hook(f"{__name__}.model", "encoder_module")
+    recipe = Hook(f"{__name__}.train", "recipe")
+    encoder_loader = Hook(f"{__name__}.model", "encoder")

@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedssl.methods.base import MethodParams, SupervisedFederatedMethod
+from fedssl.methods.base import Hook, MethodParams, SupervisedFederatedMethod
 from fedssl.methods.registry import register
 from fedssl.params import (
     ModelParams,
@@ -95,12 +95,12 @@ class Supervised(SupervisedFederatedMethod):
     label = "Supervised FL"
     params = SupervisedParams
     package = __name__
-    network = f"{TRAIN}:build_net"
-    wrapper = f"{TRAIN}:with_references"
-    loss = f"{TRAIN}:supervised_loss"
-    strategy = f"{TRAIN}:GlobalFedAvg"
-    describe = f"{TRAIN}:describe"
-    encoder_of = f"{TRAIN}:global_encoder"
+    network = Hook(TRAIN, "build_net")
+    wrapper = Hook(TRAIN, "with_references")
+    loss = Hook(TRAIN, "supervised_loss")
+    strategy = Hook(TRAIN, "GlobalFedAvg")
+    describe = Hook(TRAIN, "describe")
+    encoder_of = Hook(TRAIN, "global_encoder")
 
     def row_label(self, params) -> str:
         strategy = params.strategy
