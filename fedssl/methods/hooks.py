@@ -51,10 +51,11 @@ if TYPE_CHECKING:
     from fedssl.strategies.base import Strategy
 
 F = TypeVar("F", bound=Callable[..., Any])
+F_co = TypeVar("F_co", bound=Callable[..., Any], covariant=True)
 
 
 @dataclass(frozen=True)
-class Hook(Generic[F]):
+class Hook(Generic[F_co]):
     """The attribute ``name`` of project module ``module``: a function (or class) of type ``F``,
     imported only when a stage resolves it. ``str(hook)`` is ``"module:name"`` (what plan
     records and export cards write)."""
@@ -65,7 +66,7 @@ class Hook(Generic[F]):
     def __str__(self) -> str:
         return f"{self.module}:{self.name}"
 
-    def resolve(self) -> F:
+    def resolve(self) -> F_co:
         """The attribute, its module imported (the one place a hook is imported)."""
         return getattr(importlib.import_module(self.module), self.name)
 
@@ -298,7 +299,7 @@ def signature(node: ast.FunctionDef | ast.ClassDef | None) -> Signature | None:
     return Signature(names, sum(s.value is None for s in fields))
 
 
-def check_hook(where: str, ref: object, spec: type, extra: int = 0, strings=False) -> None:
+def check_hook(where: str, ref: object, spec: type, extra: int = 0, strings: bool = False) -> None:
     """Fail, naming ``where`` (the plugin's field), unless ``ref`` is a :class:`Hook` (or, with
     ``strings``, a ``"module:name"``) whose module's source defines the name and, where it says
     how, accepts the positional arguments ``spec`` passes (plus ``extra``)."""
@@ -313,7 +314,7 @@ def check_hook(where: str, ref: object, spec: type, extra: int = 0, strings=Fals
     problem = sig.refuses(n) if sig else None
     if problem:
         raise TypeError(
-            f"{where} = {hook}: a {spec.__name__} is called with {n} positional "
+            f"{where} = {hook}: called as a {spec.__name__}, with {n} positional "
             f"argument{'s' * (n != 1)}, but {problem}"
         )
 

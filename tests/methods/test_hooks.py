@@ -60,8 +60,8 @@ def test_a_misspelt_attribute_fails_at_import_naming_the_method_and_field():
 def test_a_wrong_signature_fails_at_import_naming_the_method_and_field():
     figures = Hook("fedssl.methods.mocosfl.report", "figures")  # (rows, out_dir)
     assert refused(plugin(report_tables=figures)) == (
-        "method 'typo': Typo.report_tables = fedssl.methods.mocosfl.report:figures: a "
-        "ReportTables is called with 1 positional argument, but it requires 2 (rows, out_dir)"
+        "method 'typo': Typo.report_tables = fedssl.methods.mocosfl.report:figures: called as a "
+        "ReportTables, with 1 positional argument, but it requires 2 (rows, out_dir)"
     )
     # a step's runner gets the stage context and then the step's args: LW-FedSSL's grow(ctx, s)
     grow = Hook("fedssl.methods.lwfedssl.run", "grow")
@@ -69,7 +69,7 @@ def test_a_wrong_signature_fails_at_import_naming_the_method_and_field():
     message = refused(plugin(later_steps=(attack,)))
     assert message.startswith("method 'typo': Typo.steps[attack].runner = ")
     assert message.endswith(
-        "a StepRunner is called with 1 positional argument, but it requires 2 (ctx, s)"
+        "called as a StepRunner, with 1 positional argument, but it requires 2 (ctx, s)"
     )
     check_hooks(plugin(later_steps=(Step("attack", reads=("method",), runner=grow, args=(1,)),)))
     flower = plugin(flower_steps={"pretrain": figures})
@@ -88,7 +88,7 @@ def test_a_string_is_read_only_where_the_field_admits_one_and_is_checked_alike()
     assert costs.client_costs_hook == "fedssl.costs.end_to_end:client_costs"
     check_hooks(costs)
     costs.client_costs_hook = "fedssl.costs.end_to_end:projected_costs"
-    assert "Typo.client_costs_hook = fedssl.costs.end_to_end:projected_costs: a " in refused(costs)
+    assert "projected_costs: called as a ClientCosts, with 1 positional" in refused(costs)
 
 
 def test_signatures_are_read_from_the_source():
