@@ -78,7 +78,11 @@ def check_hooks(cls: type[Method]) -> None:
     """Check every hook a plugin declares (its typed fields', its steps' runners, its Flower
     steps') against the protocol its field names (:func:`fedssl.methods.hooks.check_hook`)."""
     where = f"method '{cls.name}': {cls.__name__}"
-    for field, (spec, strings) in hook_fields(cls).items():
+    fields = hook_fields(cls)
+    for name in dir(cls):
+        if isinstance(getattr(cls, name), Hook) and name not in fields:
+            raise TypeError(f"{where}.{name}: a Hook in a field no base types as Hook[protocol]")
+    for field, (spec, strings) in fields.items():
         ref = getattr(cls, field, None)
         if ref is not None:
             check_hook(f"{where}.{field}", ref, spec, strings=strings)
@@ -272,6 +276,9 @@ class PretrainStepMethod(Method):
     pretrain_reads: ClassVar[tuple[str, ...]] = ("partition", "method")
     pretrain_plots: ClassVar[tuple[str, ...]] = ("rounds.tsv",)
     later_steps: ClassVar[tuple[Step, ...]] = ()  # steps after pretrain (MocoSFL's attack)
+    # its training's recipe, where its own step runs one (MocoSFL); a FederatedMethod's is run
+    # by the one runtime
+    recipe: ClassVar[Hook[RecipeOf] | None] = None
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.model",)
     costs_inputs = ("pretrain",)

@@ -74,6 +74,10 @@ def test_a_wrong_signature_fails_at_import_naming_the_method_and_field():
     check_hooks(plugin(later_steps=(Step("attack", reads=("method",), runner=grow, args=(1,)),)))
     flower = plugin(flower_steps={"pretrain": figures})
     assert "Typo.flower_steps[pretrain] = " in refused(flower)
+    # a hook in a field no base types is refused rather than left unchecked
+    assert refused(plugin(report_table=figures)) == (
+        "method 'typo': Typo.report_table: a Hook in a field no base types as Hook[protocol]"
+    )
 
 
 def test_a_string_is_read_only_where_the_field_admits_one_and_is_checked_alike():

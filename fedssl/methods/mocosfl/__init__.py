@@ -230,7 +230,7 @@ class MocoSfl(PretrainStepMethod):
     package = "fedssl.methods.mocosfl"
     # its training is a recipe the one builder makes a federation of (its own pretrain step
     # runs it: it saves two parts and writes the split run's logs, which the runtime does not)
-    recipe = "fedssl.methods.mocosfl.train:recipe"
+    recipe = Hook("fedssl.methods.mocosfl.train", "recipe")
     pretrain_reads = TRAINING
     pretrain_plots = ("rounds.tsv", "steps.tsv", "misalignment.png")
     later_steps = (
