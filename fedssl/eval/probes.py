@@ -45,10 +45,13 @@ def linear_probe(
     p: LinearProbeParams,
     device: torch.device,
     curve: list[dict] | None = None,
+    predicted: dict[str, np.ndarray] | None = None,
 ) -> dict:
     """Multinomial logistic regression on fixed features (Adam, cosine schedule). When
     ``curve`` is a list, one row per epoch is appended to it: the epoch's mean training loss
-    and the test top-1 after it (the probe's learning curve; measuring it changes nothing)."""
+    and the test top-1 after it (the probe's learning curve; measuring it changes nothing).
+    When ``predicted`` is a dict, ``predicted["linear_top1"]`` (the metric's key) is set to
+    each test image's predicted class (the board's per-image input; it changes nothing)."""
     xtr, xte = (torch.from_numpy(a).float().to(device) for a in (train_x, test_x))
     ytr, yte = (torch.from_numpy(a).long().to(device) for a in (train_y, test_y))
     if p.standardize:
@@ -83,6 +86,9 @@ def linear_probe(
                     }
                 )
     train_acc, test_acc = _accuracy(clf, xtr, ytr), _accuracy(clf, xte, yte)
+    if predicted is not None:
+        with torch.no_grad():
+            predicted["linear_top1"] = clf(xte).argmax(1).cpu().numpy()
     return {"linear_top1": 100 * test_acc, "linear_train_top1": 100 * train_acc}
 
 
@@ -100,17 +106,22 @@ def knn_accuracy(
     p: KnnParams,
     device: torch.device,
     chunk: int = 1024,
+    predicted: dict[str, np.ndarray] | None = None,
 ) -> dict:
-    """Weighted k-NN on cosine similarity: each of the k neighbours votes exp(sim / T)."""
+    """Weighted k-NN on cosine similarity: each of the k neighbours votes exp(sim / T).
+    ``predicted``: as :func:`linear_probe`'s, its ``"knn_top1"`` set."""
     bank = F.normalize(torch.from_numpy(train_x).float().to(device), dim=1)
     labels = torch.from_numpy(train_y).long().to(device)
     num_classes = int(labels.max()) + 1
-    correct = 0
+    guesses = []
     for start in range(0, len(test_x), chunk):
         q = F.normalize(torch.from_numpy(test_x[start : start + chunk]).float().to(device), dim=1)
         sim, idx = (q @ bank.T).topk(min(p.k, len(bank)), dim=1)
         votes = torch.zeros(len(q), num_classes, device=device)
         votes.scatter_add_(1, labels[idx], (sim / p.temperature).exp())
-        truth = torch.from_numpy(test_y[start : start + chunk]).to(device)
-        correct += (votes.argmax(1) == truth).sum().item()
+        guesses.append(votes.argmax(1).cpu())
+    guess = torch.cat(guesses).numpy() if guesses else np.zeros(0, dtype=np.int64)
+    if predicted is not None:
+        predicted["knn_top1"] = guess
+    correct = int((guess == np.asarray(test_y)).sum())
     return {"knn_top1": 100 * correct / len(test_x)}

@@ -100,7 +100,8 @@ class Evaluation:
     ``order``: its place among the evaluations joining an experiment (after the method's
     steps; an evaluation comes after those whose outputs it reads). ``sections``: the
     experiment params sections it adds (:class:`Section`). ``run(ctx)``: the stage, handed its
-    :class:`~fedssl.stage.context.StageContext`."""
+    :class:`~fedssl.stage.context.StageContext`. ``results``: other files it commits there
+    (DVC outs with ``cache: false``, neither metrics nor plots: per-image predictions)."""
 
     kind: str
     reads: tuple[str, ...]
@@ -111,6 +112,7 @@ class Evaluation:
     gpu: bool = False
     metrics: tuple[str, ...] = ()
     plots: tuple[str, ...] = ()
+    results: tuple[str, ...] = ()
     declares: tuple[Metric, ...] = ()
     sections: tuple[Section, ...] = ()
     run: Callable[[Any], None] | None = None

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from fedssl.eval.predictions import FILE as PREDICTIONS
 from fedssl.evaluations import Evaluation, Metric, Section, evaluated_by, register
 from fedssl.params import KnnParams, LinearProbeParams
 
@@ -22,19 +23,22 @@ SPLIT = ("train_x", "train_y", "test_x", "test_y")
 
 def run(ctx) -> None:
     from fedssl.data import load_npz
+    from fedssl.eval.predictions import write_predictions
     from fedssl.eval.probes import knn_accuracy, linear_probe
     from fedssl.stage.runtime import write_json, write_tsv
 
     with ctx.run():  # the features are read once the run checked them against their digest
-        split = load_npz(ctx.input("features") / "features.npz", SPLIT).values()
+        split = load_npz(ctx.input("features") / "features.npz", SPLIT)
         curve: list[dict] = []
+        predicted: dict = {}  # per test image, each probe's class, under its metric's key
         metrics = {
-            **linear_probe(*split, ctx.exp.linear_probe, ctx.device, curve),
-            **knn_accuracy(*split, ctx.exp.knn, ctx.device),
+            **linear_probe(*split.values(), ctx.exp.linear_probe, ctx.device, curve, predicted),
+            **knn_accuracy(*split.values(), ctx.exp.knn, ctx.device, predicted=predicted),
         }
         metrics = {k: round(v, 2) for k, v in metrics.items()}
         write_json(ctx.results_dir / "metrics.json", metrics)
         write_tsv(curve, ctx.results_dir / "linear_epochs.tsv", ["epoch", "loss", "test_top1"])
+        write_predictions(ctx.results_dir / PREDICTIONS, split["test_y"], predicted)
         ctx.info["metrics"] = metrics
 
 
@@ -48,6 +52,7 @@ register(
         gpu=True,
         metrics=("metrics.json",),
         plots=("linear_epochs.tsv",),  # the linear probe's loss and test top-1 per epoch
+        results=(PREDICTIONS,),  # per test image, each probe's class (the board's)
         declares=(LINEAR_TOP1, KNN_TOP1),
         sections=(
             Section("linear_probe", LinearProbeParams, "the linear probe on the frozen features"),

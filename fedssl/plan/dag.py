@@ -328,6 +328,7 @@ class Dag:
                 results = results_dir(owner_of(stage.out))
                 stage.metrics = [f"{results}/{m}" for m in ev.metrics]
                 stage.plots = [f"{results}/{p}" for p in ev.plots]
+                stage.results = [f"{results}/{r}" for r in ev.results]
 
     def _stage_adder(self, exp_name: str, exp, part):
         """``add(kind, reads, inputs, gpu, ...)``: adds one stage of experiment ``exp_name``

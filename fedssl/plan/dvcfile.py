@@ -110,9 +110,10 @@ def _entry_of(s: Stage, wdir: bool) -> dict:
             {f: list(keys)} if keys is not None else {f: None} for f, keys in s.params.items()
         ]
     kept = {"cache": False, "persist": True}  # committed in git, kept in place before a rerun
-    entry["outs"] = [{s.out: {"persist": True}}] + [{r: kept} for r in s.results]
+    # a copy each: one dict twice in a stage would be written as a YAML anchor and alias
+    entry["outs"] = [{s.out: {"persist": True}}] + [{r: dict(kept)} for r in s.results]
     if s.metrics:
-        entry["metrics"] = [{m: kept} for m in s.metrics]
+        entry["metrics"] = [{m: dict(kept)} for m in s.metrics]
     if s.plots:
         entry["plots"] = [{p: {**kept, **plot_axes(p)}} for p in s.plots]
     return {"wdir": "../..", **entry} if wdir else entry
