@@ -162,7 +162,14 @@ def table_format(x: float) -> str:
 # the same names for every method (a paper's own symbols head only its plugin's tables). How
 # the report and the board show each (label, unit, scale) is declared in
 # fedssl.evaluations.costs.
-CLIENT_COSTS = ("paper_bits", "bytes_exchanged", "flops", "paper_memory_bytes", "peak_step_bytes")
+CLIENT_COSTS = (
+    "paper_bits",
+    "bytes_exchanged",
+    "encoder_bytes_exchanged",
+    "flops",
+    "paper_memory_bytes",
+    "peak_step_bytes",
+)
 
 
 def measured_step_bytes(
@@ -209,6 +216,45 @@ def ledger_of(step_dir: Path, sizes: list[int]) -> ClientTraffic:
     return ClientTraffic(
         list(sizes), [r["rounds"] for r in rows], [r["bytes_up"] + r["bytes_down"] for r in rows]
     )
+
+
+# The ledger's kinds (a strategy's ``traffic`` split) that hold the encoder's parameters and
+# nothing else: a whole ``encoder``, or a ViT's ``blocks`` and patch ``embedding``. The heads
+# a method trains on top (projector, predictor, MoCo's heads) travel under other kinds; a
+# ledger of one kind (``model``: the whole network) does not tell the encoder apart.
+ENCODER_KINDS = ("encoder", "blocks", "embedding")
+
+
+def encoder_traffic(step_dirs: Iterable[Path]) -> list[int] | None:
+    """Per client, the bytes of the encoder's parameters it sent and received over the
+    federated steps in ``step_dirs`` (their ``communication.json`` ledgers, kinds of
+    :data:`ENCODER_KINDS`); None where no ledger tells the encoder apart."""
+    totals: list[int] | None = None
+    for step_dir in step_dirs:
+        path = Path(step_dir) / "communication.json"
+        if not path.exists():
+            continue
+        by_kind = [
+            [r.get(d, {}) for d in ("up_by_kind", "down_by_kind")]
+            for r in json.loads(path.read_text())["per_client"]
+        ]
+        if not any(k in kinds for client in by_kind for kinds in client for k in ENCODER_KINDS):
+            continue
+        found = [sum(kinds.get(k, 0) for kinds in c for k in ENCODER_KINDS) for c in by_kind]
+        totals = found if totals is None else [a + b for a, b in zip(totals, found, strict=True)]
+    return totals
+
+
+def add_encoder_bytes(rows: list[dict], step_dirs: Iterable[Path]) -> list[dict]:
+    """The costs stage's rows with each client's ``encoder_bytes_exchanged``
+    (:func:`encoder_traffic`, matched by the row's ``client``) where the ledgers tell the
+    encoder apart; the rows as they were otherwise."""
+    traffic = encoder_traffic(step_dirs)
+    if traffic is None:
+        return rows
+    return [
+        r | {"encoder_bytes_exchanged": traffic[r.get("client", i)]} for i, r in enumerate(rows)
+    ]
 
 
 def step_traffic(ctx, step: str) -> ClientTraffic:

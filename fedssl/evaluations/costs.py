@@ -27,6 +27,18 @@ CLIENT_MB_EXCHANGED = Metric(
     scale=1e-6,
     beside=True,
 )
+# The encoder's share of that traffic (its parameters, without the heads trained on top),
+# where the ledger tells it apart (fedssl.costs.ENCODER_KINDS): what papers that exchange
+# only an encoder count. A column of the full table; the board shows it after the total.
+CLIENT_MB_ENCODER = Metric(
+    "client_MB_encoder",
+    "encoder MB sent + received / client",
+    order=125,
+    unit="MB",
+    higher_is_better=False,
+    costs="encoder_bytes_exchanged",
+    scale=1e-6,
+)
 CLIENT_GFLOPS = Metric(
     "client_GFLOPs",
     "GFLOPs / client",
@@ -59,11 +71,12 @@ PEAK_STEP_MB = Metric(
 
 
 def run(ctx) -> None:
-    from fedssl.costs import summarize_client_costs
+    from fedssl.costs import add_encoder_bytes, summarize_client_costs
     from fedssl.stage.runtime import write_json
 
     with ctx.run() as out:
-        rows = ctx.method.client_costs(ctx)
+        steps = ctx.method.costs_inputs_for(ctx.exp.method) or ()
+        rows = add_encoder_bytes(ctx.method.client_costs(ctx), [ctx.input(s) for s in steps])
         summary = summarize_client_costs(rows, ctx.method.cost_columns)
         write_json(out / "costs.json", {"per_client": rows, **summary})
         ctx.info.update(summary)
@@ -77,7 +90,14 @@ register(
         lambda method, exp: method.costs_inputs_for(exp.method) is not None,
         order=50,
         uses="costs",
-        declares=(PAPER_BITS, CLIENT_MB_EXCHANGED, CLIENT_GFLOPS, PAPER_MEMORY_MB, PEAK_STEP_MB),
+        declares=(
+            PAPER_BITS,
+            CLIENT_MB_EXCHANGED,
+            CLIENT_MB_ENCODER,
+            CLIENT_GFLOPS,
+            PAPER_MEMORY_MB,
+            PEAK_STEP_MB,
+        ),
         run=run,
     )
 )

@@ -32,6 +32,7 @@ def test_each_metric_is_declared_once_with_its_presentation():
         "finetune_top1",
         "paper_bits",
         "client_MB_exchanged",
+        "client_MB_encoder",
         "client_GFLOPs",
         "paper_memory_MB",
         "peak_step_MB",
@@ -127,6 +128,7 @@ def test_the_generic_client_costs_have_generic_names_and_mfcl_keeps_its_symbols(
     assert {k: (m.costs, m.unit, m.scale) for k, m in declared.items()} == {
         "paper_bits": ("paper_bits", "bits", 1.0),
         "client_MB_exchanged": ("bytes_exchanged", "MB", 1e-6),
+        "client_MB_encoder": ("encoder_bytes_exchanged", "MB", 1e-6),
         "client_GFLOPs": ("flops", "GFLOPs", 1e-9),
         "paper_memory_MB": ("paper_memory_bytes", "MB", 1e-6),
         "peak_step_MB": ("peak_step_bytes", "MB", 1e-6),

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 import fedssl.reporting.board.simulate as simulate
 from fedssl import evaluations
-from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED
+from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_ENCODER, CLIENT_MB_EXCHANGED
 from fedssl.reporting.board.simulate import simulated
 from fedssl.reporting.formatting import to_float
 from fedssl.stage.record import ParamsError, read_yaml
@@ -65,12 +65,15 @@ RUN_COSTS = {"rounds": "rounds"}
 
 
 def cost_columns() -> dict[str, str]:
-    """The board's cost columns: column -> header (the client costs declared beside, the total
-    GFLOPs after the client's, the rounds, the simulated seconds per round per profile)."""
+    """The board's cost columns: column -> header (the client costs declared beside, the
+    encoder's MB after the total MB, the total GFLOPs after the client's, the rounds, the
+    simulated seconds per round per profile)."""
     out = {}
     for m in evaluations.client_costs():
         if m.beside:
             out[m.key] = m.label
+        if m.key == CLIENT_MB_EXCHANGED.key:
+            out[CLIENT_MB_ENCODER.key] = CLIENT_MB_ENCODER.label
         if m.key == CLIENT_GFLOPS.key:
             out[simulate.TOTAL] = "total GFLOPs / client (+ server's)"
     sim = {simulate.column(n): f"s / round, {n} (sim.)" for n in simulate.PROFILES}
@@ -102,6 +105,21 @@ def client_mb(row: dict) -> float | None:
     return None if up is None and down is None else (up or 0.0) + (down or 0.0)
 
 
+# A method's own count of its encoder's bytes, in rows its costs stage wrote before the
+# declared column (CLIENT_MB_ENCODER) counted them for every method (the layer-wise family's).
+ENCODER_BYTES = "encoder_bytes"
+
+
+def encoder_mb(row: dict) -> float | None:
+    """The MB of the encoder's parameters the average client sent or received: the declared
+    column, else the method's own count (:data:`ENCODER_BYTES`) of the same ledger kinds."""
+    mb = to_float(row.get(CLIENT_MB_ENCODER.key))
+    if mb is not None:
+        return mb
+    own = to_float(row.get(ENCODER_BYTES))
+    return None if own is None else own * 1e-6
+
+
 def board_values(row: dict, wall: dict[str, float]) -> dict[str, float]:
     """A report row's numbers in the board's columns (blanks left out)."""
     values = {k: to_float(row.get(k)) for k in (*_declared("ssl"), *_declared("personal"))}
@@ -109,6 +127,7 @@ def board_values(row: dict, wall: dict[str, float]) -> dict[str, float]:
     values["personal_last"] = to_float(row[last[0]]) if last else None
     values |= {k: to_float(row.get(k)) for k in cost_columns() if k != MB}
     values |= {MB: client_mb(row), "wall_s": wall.get(row["experiment"])}
+    values[CLIENT_MB_ENCODER.key] = encoder_mb(row)
     server = to_float(row.get(simulate.SERVER_FLOPS))
     values[simulate.SERVER_GFLOPS] = None if server is None else server * 1e-9
     values = {k: v for k, v in values.items() if v is not None}
