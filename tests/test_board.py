@@ -943,3 +943,84 @@ def test_the_committed_board_flags_every_line_below_its_reference_and_the_invers
         page, _, anchor = link.partition("#")
         text = (Path("docs/results") / page).read_text()
         assert not anchor or "{#" + anchor + "}" in text, link
+
+
+def test_the_accuracy_over_the_run_is_faceted_by_question_family_highest_lines_first():
+    """With a plan, a line's row is its partition and the first family that asks about it
+    (a line, its reference, a contrast's side; a pool only lends noise), the family's lines
+    split into rows of at most six from the highest accuracy down (lines that end close share
+    a zoomed axis); a line no family asks about, or a partition the plan lacks, keeps its
+    panel's row."""
+    plan = board.questions.BoardQuestions.model_validate(
+        {
+            "partitions": ["X"],
+            "families": {
+                "vs_solo": {"says": "s", "evaluation": "personal", "reference": "SOLO",
+                            "lines": [f"L{i}" for i in range(7)]},
+                "pair": {"says": "s", "evaluation": "personal", "contrasts": [["L0", "K"]],
+                         "pool": ["P"]},
+            },
+        }
+    )  # fmt: skip
+    families = board.questions.line_families(plan)
+    assert families[("personal", "X", "SOLO")] == "vs_solo"
+    assert families[("personal", "X", "L0")] == "vs_solo"  # its first family
+    assert families[("personal", "X", "K")] == "pair" and ("personal", "X", "P") not in families
+    names = ["SOLO", *(f"L{i}" for i in range(7)), "K", "P"]
+    rows = [
+        _row(f"{m}_s0", m, part, personal_last10=90.0 + i / 10, arch="cnn")
+        for part in ("X", "Y")
+        for i, m in enumerate(names)
+    ]
+    cells = board.cells.cells(rows, {})
+    row_of = board.figures._over_run_rows(cells, families)
+    got = {c["method"]: row_of(c) for c in cells if c["partition"] == "X"}
+    top = [m for m in got if got[m] == "X · vs_solo · lines 1 of 2"]
+    assert sorted(top) == ["L3", "L4", "L5", "L6"]  # the highest four of the eight
+    assert got["SOLO"] == got["L0"] == "X · vs_solo · lines 2 of 2"
+    assert got["K"] == "X · pair" and got["P"] == "X · personalised"
+    assert {row_of(c) for c in cells if c["partition"] == "Y"} == {
+        "Y · personalised · lines 1 of 2", "Y · personalised · lines 2 of 2"
+    }  # fmt: skip
+
+
+def test_lines_sharing_a_panel_get_hues_apart_and_a_zoomed_axis_separates_close_ends(tmp_path):
+    """Seven lines in two panels sharing one line: every panel's lines in different tab10
+    hues (no dark hue beside its light twin); a panel whose lines end between 89 and 96 %
+    after starting at 10 % is drawn on about 88-97 %, not 0-100 %, when zoomed; each
+    keyed panel carries its own lines' key."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from fedssl.reporting import figures
+
+    panels = [["A", "B", "C", "D"], ["D", "E", "F", "G"]]
+    colours = figures.colours_apart(plt, panels)
+    for names in panels:
+        assert len({colours[n] for n in names}) == len(names)
+    assert set(colours.values()) <= {plt.get_cmap("tab10")(h) for h in range(10)}
+    rounds = list(range(20))
+    ends = {"A": 89.0, "B": 92.0, "C": 94.0, "D": 96.0}
+    lines = {
+        m: [(rounds, [10 + (end - 10) * min(1, r / 5) for r in rounds])] for m, end in ends.items()
+    }
+    seen = {}
+    original = figures._curve_panel
+
+    def spy(ax, name, *args, **kwargs):
+        original(ax, name, *args, **kwargs)
+        seen[name] = (ax.get_ylim(), ax)
+
+    try:
+        figures._curve_panel = spy
+        figures.learning_curves(
+            {"zoomed": lines, "whole": lines}, {}, tmp_path / "c.png", zoom=0.5, keyed=["zoomed"]
+        )
+        figures.learning_curves({"whole": lines}, {}, tmp_path / "d.png")
+    finally:
+        figures._curve_panel = original
+    (lo, hi), ax = seen["zoomed"]
+    assert 88 < lo < 89 and 96 < hi < 97 and ax.get_legend() is not None
+    assert seen["whole"][0][0] < 10 and seen["whole"][1].get_legend() is None

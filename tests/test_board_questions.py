@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from fedssl.eval.predictions import write_predictions
 from fedssl.reporting import board, stats
 from fedssl.reporting.board import questions
 from fedssl.stage.record import ParamsError
@@ -188,3 +189,89 @@ def test_the_committed_board_answers_its_planned_questions():
     assert len(twin) == 9 and sum(a["verdict"] == "separable" for a in twin) == 8
     assert sum(a["resolved"] for a in twin) == 8
     assert {a["line"] for a in twin if a["verdict"] != "separable"} == {"FeatARC"}
+
+
+def _records(tmp_path, right: dict[str, float], n: int = 400) -> dict:
+    """A predictions file per run of the toy board: the first ``right[line]`` share of the
+    ``n`` test images right (the lines nest: A's right images include B's), the rest wrong."""
+    labels = np.arange(n) % 10
+    files = {}
+    for method, share in right.items():
+        for s in range(3):
+            guess = labels.copy()
+            guess[int(share * n) + s :] = (labels[int(share * n) + s :] + 1) % 10
+            path = tmp_path / f"{method}_s{s}.npz"
+            write_predictions(path, labels, {"linear_top1": guess})
+            files[f"{method}_s{s}"] = {"ssl": path}
+    return files
+
+
+def test_questions_add_the_test_images_where_every_run_kept_them(tmp_path):
+    """A against B on the images: A gets 80 % right and B 70 % of the same 400 images, and
+    every image B gets right A gets too, so McNemar sees 40 discordant images all one way
+    (exact p = 2 x 0.5^40) and the bootstrap's difference is 10 points; a question with a
+    line that kept no record says so with a dash, and the count under the table too."""
+    cells = _cells()
+    plan = questions.BoardQuestions.model_validate(PLAN)
+    files = _records(tmp_path, {"A": 0.8, "B": 0.7, "C": 0.7})
+    answers = questions.ask(cells, plan, records=files)
+    ab = next(a for a in answers if a["family"] == "ab")
+    images = ab["test_images"]
+    assert images["difference"] == pytest.approx(10.0)
+    assert images["ci95"][0] > 5 and images["ci95"][1] < 15
+    assert images["mcnemar"]["0"] == [40, 0, pytest.approx(2 * 0.5**40, rel=1e-3)]
+    twin = [a for a in answers if a["family"] == "twin"]
+    assert all("test_images" not in a for a in twin)  # R kept no record
+    text = questions.questions_text(answers, plan)
+    assert "+10.0 [" in text and "McNemar p 1.8e−12, 1.8e−12, 1.8e−12 |" in text
+    assert "test-image records: 1 of 4 questions" in text
+    assert "| twin | A | R |" in text and "| — |" in text
+
+
+def test_without_records_the_questions_say_their_intervals_cover_seeds_only():
+    plan = questions.BoardQuestions.model_validate(PLAN)
+    text = questions.questions_text(questions.ask(_cells(), plan), plan)
+    assert "test-image records: none of the 4 questions (their runs were made before" in text
+
+
+def test_personalised_lines_bootstrap_clients_then_images_from_their_step_records(tmp_path):
+    """Two personalised lines whose step records (personal.npz, final round) hold 2 clients
+    of 10 test images: line A gets 9 and 7 right, B 6 and 6: A - B = mean over clients of
+    (90 + 70) / 2 - 60 = +20 points; clients hold their own images, so no McNemar. The
+    records are found beside each experiment's stage outputs; a stage without one adds none."""
+    from types import SimpleNamespace
+
+    from fedssl.eval.personal import PersonalLog
+    from fedssl.reporting.board import imagewise
+
+    def record(folder, right):
+        folder.mkdir(parents=True)
+        labels = [np.zeros(10, dtype=np.int64)] * 2
+        probs = [np.eye(2)[(np.arange(10) >= r).astype(int)] for r in right]
+        PersonalLog({}).save(folder / "personal.npz", labels, probs)
+
+    stages, of = {}, {}
+    for method, right in (("A", (9, 7)), ("B", (6, 6))):
+        for s in range(2):
+            exp = f"{method}_s{s}"
+            record(tmp_path / exp / "train", right)
+            stages[f"train__{exp}"] = SimpleNamespace(out=str(tmp_path / exp / "train"), results=[])
+            stages[f"costs__{exp}"] = SimpleNamespace(out=str(tmp_path / exp / "c"), results=[])
+            of[exp] = [f"train__{exp}", f"costs__{exp}"]
+    dag = SimpleNamespace(experiments=list(of), of_experiment=of, stages=stages)
+    files = imagewise.record_files(dag)
+    assert files["A_s1"] == {"personal": tmp_path / "A_s1" / "train" / "personal.npz"}
+    rows = [_row_p(f"{m}_s{s}", m, v) for m, v in (("A", 80.0), ("B", 60.0)) for s in range(2)]
+    a, b = board.cells.cells(rows, {})
+    found = imagewise.image_bootstrap(a, b, files, draws=300)
+    assert found["difference"] == pytest.approx(20.0) and "mcnemar" not in found
+    assert found["ci95"][0] < 20 < found["ci95"][1]
+    assert (
+        imagewise.image_bootstrap(a, b, {k: v for k, v in files.items() if k != "B_s1"}, 10) is None
+    )
+
+
+def _row_p(experiment, method, value):
+    return {"experiment": experiment, "row": method, "arch": "cnn", "column": "P"} | {
+        "personal_last3": value
+    }

@@ -129,6 +129,26 @@ def colours_for(plt, names: list[str]) -> dict:
     return {n: cmap((2 * i + i // 10) % 20) for i, n in enumerate(names)}
 
 
+def colours_apart(plt, panels: Iterable[Iterable[str]]) -> dict:
+    """A colour per name of ``panels`` (each the names drawn together) among tab10's ten
+    dark hues, names that share a panel in different hues (up to ten a panel), each name
+    the least-used hue its panels leave: tab20's light twins beside their dark hues read as
+    one line. A hue may return on another panel: such a figure keys each row in its panel
+    (:func:`learning_curves`' ``keyed``)."""
+    cmap = plt.get_cmap("tab10")
+    together: dict[str, set[str]] = {}
+    for names in panels:
+        names = list(names)
+        for n in names:
+            together.setdefault(n, set()).update(m for m in names if m != n)
+    chosen: dict[str, int] = {}
+    for name, others in together.items():
+        near = {chosen[o] for o in others if o in chosen}
+        uses = [list(chosen.values()).count(h) for h in range(10)]
+        chosen[name] = min(range(10), key=lambda h: (h in near, uses[h], h))
+    return {n: cmap(h) for n, h in chosen.items()}
+
+
 def _label(ax, xs, ys, texts, fontsize=6) -> None:
     """Point labels moved apart from each other and from the points (adjustText)."""
     from adjustText import adjust_text
@@ -269,9 +289,9 @@ def accuracy_vs_cost(
 
 def _curves(ax, lines: dict, colours: dict, is_loss: bool, name: str, gone: list[str]):
     """Draw one panel's lines (median and band over the runs that did not diverge); returns
-    the values drawn (they set the scale) and the diverged runs' last finite points, and
-    appends those runs' names to ``gone``."""
-    kept_values, ends = [], []
+    the runs drawn (their values set the scale) and the diverged runs' last finite points,
+    and appends those runs' names to ``gone``."""
+    kept_runs, ends = [], []
     for line, runs in lines.items():
         steps = max(len(y) for _, y in runs)
         good = [(x, y) for x, y in runs if not diverged(y, steps, is_loss)]
@@ -288,8 +308,8 @@ def _curves(ax, lines: dict, colours: dict, is_loss: bool, name: str, gone: list
         ax.plot(xs, median, color=colours[line], lw=1.2, marker="." if len(xs) < 12 else None)
         if len(good) > 1:
             ax.fill_between(xs, low, high, color=colours[line], alpha=0.2, lw=0)
-        kept_values += [v for _, y in good for v in y]
-    return kept_values, ends
+        kept_runs += [list(y) for _, y in good]
+    return kept_runs, ends
 
 
 def _diverged_ends(ax, ends: list[tuple[float, float]], limits) -> None:
@@ -309,9 +329,10 @@ def _diverged_ends(ax, ends: list[tuple[float, float]], limits) -> None:
 def _curve_panel(
     ax, name: str, lines: dict, colours: dict, gone: list[str], *, is_loss: bool, log: bool,
     marks: list[tuple[str, float]], xlabel: str, ylabel: str, title_chars: int,
+    zoom: float | None = None,
 ) -> None:  # fmt: skip
     """One panel of :func:`learning_curves`: its lines, levels and diverged runs, scaled to
-    what did not diverge."""
+    what did not diverge (to the last ``zoom`` share of each run's points, where given)."""
     from matplotlib.ticker import MaxNLocator
 
     xs_all = {x for runs in lines.values() for xs, _ in runs for x in xs}
@@ -323,7 +344,9 @@ def _curve_panel(
         ax.tick_params(labelsize=6)
         ax.grid(alpha=0.3, axis="y")
         return
-    kept_values, ends = _curves(ax, lines, colours, is_loss, name, gone)
+    kept_runs, ends = _curves(ax, lines, colours, is_loss, name, gone)
+    start = (lambda y: int(len(y) * (1 - zoom))) if zoom else (lambda y: 0)
+    kept_values = [v for y in kept_runs for v in y[start(y) :]]
     limits = robust_limits(kept_values + [y for _, y in marks])
     if limits:
         ax.set_ylim(*limits)
@@ -359,6 +382,8 @@ def _curve_key(plt, fig, colours: dict, diverged_runs: bool) -> int:
     handles = [plt.Line2D([], [], color=c, lw=2, label=line) for line, c in colours.items()]
     if diverged_runs:
         handles.append(plt.Line2D([], [], marker="x", color="red", ls="none", label="diverged run"))
+    if not handles:
+        return 0
     fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), fontsize=7,
                frameon=False)  # fmt: skip
     return math.ceil(len(handles) / min(5, len(handles)))
@@ -374,6 +399,9 @@ def learning_curves(
     columns: int = 4,
     log_x: Iterable[str] = (),
     levels: dict[str, list[tuple[str, float]]] | None = None,
+    colours: dict | None = None,
+    zoom: float | None = None,
+    keyed: Iterable[str] = (),
 ) -> list[str]:
     """Small multiples, one panel per method or family: per line (a setting, e.g. a partition)
     the median over its runs (seeds) with a band from the lowest to the highest; a run that
@@ -382,7 +410,12 @@ def learning_curves(
     ``panels``: panel -> line -> its runs as (x, y) lists; ``ylabels``: panel -> the metric's
     name; ``loss_panels``: panels whose metric is a loss; ``log_x``: panels whose x is a
     cost (log-scaled); ``levels``: per panel, labelled dotted levels (a target, a
-    reference). Returns the diverged runs as ``panel / line #i``."""
+    reference); ``colours``: line -> colour (default :func:`colours_for` in order of
+    appearance); ``zoom``: the share of each run's last points that sets a panel's y-axis
+    (None: every point), so lines that end close apart are told apart while their early
+    rounds rise in from below; ``keyed``: panels that carry the key of their own lines (the
+    figure's key then holds only the lines of no keyed panel). Returns the diverged runs as
+    ``panel / line #i``."""
     plt = _pyplot()
     names = list(panels)
     loss_panels, log_x = set(loss_panels), set(log_x)
@@ -390,7 +423,7 @@ def learning_curves(
     width = max(3.6 * cols, 6.0)  # room for the title and the key under one panel
     fig, axes = plt.subplots(rows, cols, figsize=(width, 2.7 * rows + 0.6), squeeze=False)
     lines_all = list(dict.fromkeys(line for lines in panels.values() for line in lines))
-    colours = colours_for(plt, lines_all)
+    colours = colours or colours_for(plt, lines_all)
     gone = []
     for ax, name in zip(axes.flat, names):
         _curve_panel(
@@ -398,13 +431,21 @@ def learning_curves(
             is_loss=name in loss_panels,
             log=name in log_x,
             marks=(levels or {}).get(name, []),
+            zoom=zoom,
             xlabel=xlabel if isinstance(xlabel, str) else xlabel.get(name, ""),
             ylabel=ylabels.get(name, ""),
             title_chars=int(width / cols * TITLE_CHARS_PER_INCH),
         )  # fmt: skip
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
-    key_rows = _curve_key(plt, fig, colours, bool(gone))
+    keyed = [n for n in keyed if n in panels]
+    for ax, name in zip(axes.flat, names):
+        if name in keyed:
+            handles = [plt.Line2D([], [], color=colours[n], lw=2, label=n) for n in panels[name]]
+            ax.legend(handles=handles, fontsize=5.5, loc="best", framealpha=0.85)
+    in_panels = {line for n in keyed for line in panels[n]}
+    unkeyed = {n: c for n, c in colours.items() if n in lines_all and n not in in_panels}
+    key_rows = _curve_key(plt, fig, unkeyed, bool(gone))
     counts = [len(runs) for lines in panels.values() for runs in lines.values()]
     fig.suptitle((title + "\n" if title else "") + seeds_caption(counts), fontsize=9)
     height = 2.7 * rows + 0.6

@@ -20,10 +20,11 @@ report's folder:
   every run's per-round curves are the report's ``curves.png``).
 
 Its modules: the cells (:mod:`.cells`: a line per method, encoder and partition over seeds),
-which lines separate (:mod:`.significance`), what it cannot vouch for (:mod:`.flags`), the
-tables (:mod:`.tables`), the figures (:mod:`.figures`), the budget rule that sets each method's
-rounds (:mod:`.budget`, ``python -m fedssl.reporting.board budget``) and the writing of it all
-(:mod:`.write`).
+which lines separate (:mod:`.significance`; the planned questions, :mod:`.questions`, with
+their test images where the runs kept per-image records, :mod:`.imagewise`), what it cannot
+vouch for (:mod:`.flags`), the tables (:mod:`.tables`), the figures (:mod:`.figures`), the
+budget rule that sets each method's rounds (:mod:`.budget`, ``python -m
+fedssl.reporting.board budget``) and the writing of it all (:mod:`.write`).
 
 ``python -m fedssl.reporting.board render PIPELINE`` (``make benchmark`` runs it after the
 pipeline); ``fedssl docs`` refills the docs' ``<!-- board: PIPELINE -->`` blocks from it.

@@ -271,6 +271,9 @@ def _distinct_levels(marks: list[tuple[str, str, float]]) -> list[tuple[str, flo
 # the client's MB and GFLOPs by that round (the declared costs' labels, on log scales).
 COST_AXES = (CLIENT_MB_EXCHANGED.label, CLIENT_GFLOPS.label)
 OVER_RUN_LINES = 6  # the most lines a panel of the accuracy over the run draws
+# The share of each run's last points that sets a panel's y-axis: nine personalised lines
+# ending within 89-96 % were one band on the 0-100 % their first rounds span.
+OVER_RUN_ZOOM = 0.5
 
 
 OVER_RUN_AXES = {
@@ -281,22 +284,27 @@ OVER_RUN_AXES = {
 }
 
 
-def _over_run_rows(cells_: list[dict]):
-    """A line's row in the accuracy-over-the-run figure: its panel, split by encoder where
-    the panel's curves come from several (a ViT's curve among fifteen small CNNs' is
-    unreadable, and families are compared on their own rounds), then into rows of at most
-    :data:`OVER_RUN_LINES` lines, each of its own hues (fifteen methods' curves in one panel
-    took shades of one colour)."""
+def _over_run_rows(cells_: list[dict], families: dict | None = None):
+    """A line's row in the accuracy-over-the-run figure: its partition and the planned
+    question family that asks about it (``families``: :func:`.questions.line_families`), or
+    for a line no family asks about its panel, split by encoder where the panel's curves come
+    from several (a ViT's curve among fifteen small CNNs' is unreadable, and families are
+    compared on their own rounds); then into rows of at most :data:`OVER_RUN_LINES` lines,
+    the highest lines (by the board's accuracy) first, so lines that end close together
+    share a panel and its zoomed axis."""
     encoders: dict[str, set[str]] = {}
     for cell in cells_:
         encoders.setdefault(panel_of(cell), set()).add(cell["encoder"])
 
     def base_row(cell: dict) -> str:
         where = panel_of(cell)
+        asked = (families or {}).get((cell["evaluation"], cell["partition"], cell["method"]))
+        if asked:
+            return f"{cell['partition']} · {asked}"
         return f"{where} · {cell['encoder']}" if len(encoders[where]) > 1 else where
 
     lines: dict[str, list[str]] = {}
-    for cell in cells_:
+    for cell in sorted(cells_, key=lambda c: -_level(c)):
         methods = lines.setdefault(base_row(cell), [])
         methods += [] if cell["method"] in methods else [cell["method"]]
 
@@ -310,37 +318,51 @@ def _over_run_rows(cells_: list[dict]):
     return row_of
 
 
+def _level(cell: dict) -> float:
+    """A line's mean accuracy (the board's column), 0 where it has none."""
+    accuracy = accuracy_of(cell)
+    return statistics.mean(cell["values"][accuracy]) if accuracy else 0.0
+
+
 def over_run_file(family: str) -> str:
     """The accuracy-over-the-run figure of a family (``encoders``, ``personalised``): a file
     each, so each has its own colours and a key of its own lines."""
     return f"board_over_run_{family}.png"
 
 
-def plot_over_run(cell_list: list[dict], logs: dict[str, list[dict]], folder: Path) -> list[str]:
+def plot_over_run(
+    cell_list: list[dict],
+    logs: dict[str, list[dict]],
+    folder: Path,
+    families: dict | None = None,
+) -> list[str]:
     """Accuracy over the run (median over seeds) against rounds, wall time, MB and GFLOPs, a
-    figure per family (:func:`over_run_file`) with a row of panels per partition whose runs
-    log accuracy per round (a line per method); returns the files drawn."""
+    figure per family (:func:`over_run_file`) with a row of panels per partition and planned
+    question family (``families``, :func:`_over_run_rows`) whose runs log accuracy per round
+    (a line per method), each panel's y-axis zoomed to where its runs end
+    (:data:`OVER_RUN_ZOOM`), lines that share a panel in hues apart; returns the files
+    drawn."""
     drawn = [
         (cell, curves) for cell in cell_list if (curves := [c for c in run_curves(cell, logs) if c])
     ]
-    families: dict[str, list] = {}
+    by_figure: dict[str, list] = {}
     for cell, curves in drawn:
-        families.setdefault(family_of(cell), []).append((cell, curves))
+        by_figure.setdefault(family_of(cell), []).append((cell, curves))
     files = []
-    for family, members in families.items():
-        if _plot_family_over_run(members, folder / over_run_file(family), family):
+    for family, members in by_figure.items():
+        row_of = _over_run_rows([cell for cell, _ in members], families)
+        if _plot_family_over_run(members, folder / over_run_file(family), family, row_of):
             files.append(over_run_file(family))
     return files
 
 
-def _plot_family_over_run(drawn: list[tuple[dict, list]], path: Path, family: str) -> bool:
-    from fedssl.reporting.figures import learning_curves
+def _plot_family_over_run(drawn: list[tuple[dict, list]], path: Path, family: str, row_of) -> bool:
+    from fedssl.reporting.figures import _pyplot, colours_apart, learning_curves
 
     rows: dict[str, dict[int, dict]] = {}  # row -> field -> method -> runs
     marks: dict[str, list[tuple[str, str, float]]] = {}  # row -> its lines' targets
     panels_in_order = list(dict.fromkeys(panel_of(cell) for cell, _ in drawn))
     drawn = sorted(drawn, key=lambda d: panels_in_order.index(panel_of(d[0])))  # rows together
-    row_of = _over_run_rows([cell for cell, _ in drawn])
     for cell, curves in drawn:
         target = (cell.get("to_target") or {}).get("target")
         if target is not None:
@@ -367,7 +389,12 @@ def _plot_family_over_run(drawn: list[tuple[dict, list]], path: Path, family: st
         xlabel=xlabels,
         columns=len(OVER_RUN_AXES),
         log_x=[n for n, axis in xlabels.items() if axis in COST_AXES],
-        title=f"Accuracy over the run, {family} ({metric}); dotted: the targets",
+        title=f"Accuracy over the run, {family} ({metric}), a row per partition and planned "
+        f"question family, each axis zoomed to the runs' last {OVER_RUN_ZOOM:.0%}; dotted: "
+        "the targets",
         levels=levels,
+        colours=colours_apart(_pyplot(), [list(lines) for lines in panels.values()]),
+        zoom=OVER_RUN_ZOOM,
+        keyed=[f"{where}\nagainst {OVER_RUN_AXES[0][1]}" for where in rows],
     )
     return True

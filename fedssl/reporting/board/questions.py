@@ -24,6 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from fedssl.reporting import stats
+from fedssl.reporting.board import imagewise
 from fedssl.reporting.board.cells import accuracy_of, pipeline_entry
 from fedssl.reporting.formatting import markdown_table
 from fedssl.stage.record import ParamsError
@@ -81,6 +82,19 @@ def load_questions(pipeline: str, path: Path = QUESTIONS_FILE) -> BoardQuestions
     return pipeline_entry(path, pipeline, BoardQuestions)
 
 
+def line_families(plan: BoardQuestions | None) -> dict[tuple[str, str, str], str]:
+    """(evaluation, partition, line) -> the first family of the plan that asks about the line
+    (as a line, its reference or one side of a contrast; a pool only lends its noise): the
+    facet its curves are drawn in (:func:`.figures.plot_over_run`)."""
+    found: dict[tuple[str, str, str], str] = {}
+    for partition in plan.partitions if plan else []:
+        for name, family in plan.families.items():
+            for a, b, _ in family.questions():
+                for line in (a, b):
+                    found.setdefault((family.evaluation, partition, line), name)
+    return found
+
+
 def _runs(cell: dict) -> list[tuple[str, str, float]]:
     """A line's runs as (line, block, accuracy): the block is the partition draw and seed."""
     column = accuracy_of(cell)
@@ -113,15 +127,18 @@ def _lines_of(cell_list, family: Family, name: str, partition: str, where: str) 
 
 def ask_family(
     cell_list: list[dict],
-    family: Family,
     plan: BoardQuestions,
     name: str,
     partition: str,
     where: str = "questions",
+    records: dict | None = None,
 ) -> list[dict]:
-    """One family's questions on one partition: each a difference in points with its
+    """Family ``name``'s questions on one partition: each a difference in points with its
     interval, raw and Holm-adjusted p, verdict and minimum detectable effect (at the
-    family's Bonferroni level alpha / m, Holm's strictest step, and ``plan.power``)."""
+    family's Bonferroni level alpha / m, Holm's strictest step, and ``plan.power``), and
+    where the runs kept per-image ``records`` (:func:`.imagewise.record_files`) its
+    test-image bootstrap and McNemar tests (``test_images``)."""
+    family = plan.families[name]
     lines = _lines_of(cell_list, family, name, partition, where)
     asked = family.questions()
     named = list(dict.fromkeys([*(m for a, b, _ in asked for m in (a, b)), *family.pool]))
@@ -145,7 +162,9 @@ def ask_family(
         if contrast is None:
             out.append(answer | {"verdict": "untested"})
             continue
-        out.append(answer | _answer(contrast, p, model, family, plan, level))
+        answer |= _answer(contrast, p, model, family, plan, level)
+        images = imagewise.image_bootstrap(lines[a], lines[b], records or {}, imagewise.DRAWS)
+        out.append(answer | ({"test_images": images} if images else {}))
     return out
 
 
@@ -168,15 +187,21 @@ def _answer(contrast, p_adj: float, model, family: Family, plan: BoardQuestions,
     }
 
 
-def ask(cell_list: list[dict], plan: BoardQuestions | None, where: str = "questions") -> list:
-    """Every family's questions on every partition of the plan (none without a plan); each
-    trained line's answer against its reference also goes into its ``vs_reference``."""
+def ask(
+    cell_list: list[dict],
+    plan: BoardQuestions | None,
+    where: str = "questions",
+    records: dict | None = None,
+) -> list:
+    """Every family's questions on every partition of the plan (none without a plan), with
+    the runs' per-image ``records`` where they have them; each trained line's answer against
+    its reference also goes into its ``vs_reference``."""
     if plan is None:
         return []
     answers = []
     for partition in plan.partitions:
         for name, family in plan.families.items():
-            found = ask_family(cell_list, family, plan, name, partition, where)
+            found = ask_family(cell_list, plan, name, partition, where, records)
             answers += found
             _into_cells(cell_list, family, found)
     return answers
@@ -204,13 +229,26 @@ def _into_cells(cell_list: list[dict], family: Family, found: list[dict]) -> Non
 
 def _answer_row(a: dict) -> list[str]:
     if a["verdict"] == "untested":
-        return [a["family"], a["line"], a["against"], "", "", "untested", "", ""]
+        return [a["family"], a["line"], a["against"], "", "", "untested", "", "", ""]
     points = "{:+.1f} [{:+.1f}, {:+.1f}]".format(a["difference"], *a["ci95"]).replace("-", "−")
     p = "< 0.001" if a["p_adj"] < 0.001 else f"{a['p_adj']:.2g}"
     resolved = "yes" if a["resolved"] else "no"
+    images = imagewise.cell_text(a.get("test_images"))
     return [a["family"], a["line"], a["against"], points, p, a["verdict"], f"{a['mde']:.1f}"] + [
-        resolved
+        resolved,
+        images,
     ]
+
+
+def _with_images(answers: list[dict]) -> str:
+    """How many of a partition's questions had per-image records for every run."""
+    kept = sum("test_images" in a for a in answers)
+    if kept:
+        return f"test-image records: {kept} of {len(answers)} questions"
+    return (
+        f"test-image records: none of the {len(answers)} questions (their runs were made "
+        "before the evaluations kept per-image records): intervals over seeds only"
+    )
 
 
 def questions_text(answers: list[dict], plan: BoardQuestions | None) -> str:
@@ -219,14 +257,18 @@ def questions_text(answers: list[dict], plan: BoardQuestions | None) -> str:
     if not answers or plan is None:
         return ""
     header = ["family", "line", "against", "difference [95 % CI]", "p (Holm)", "verdict"]
-    header += ["MDE", "resolved"]
+    header += ["MDE", "resolved", "with test images [95 % CI]"]
     caption = (
         "Planned questions (params/board_questions.yaml): the difference in points of the "
         "lines' means under a linear model of the runs with the variance pooled over the "
         "family's lines (test: its degrees of freedom), its unadjusted 95 % interval, p "
         f"Holm-adjusted within the family (α = {plan.alpha:g}); MDE: the minimum detectable "
         f"effect, the true difference found with {plan.power:.0%} power at the family's level "
-        f"α / m; resolved: separable, or an MDE ≤ {RESOLVED_MDE:g} point"
+        f"α / m; resolved: separable, or an MDE ≤ {RESOLVED_MDE:g} point; with test images: "
+        "the difference from the runs' per-image records, its interval from a bootstrap "
+        "over runs then test images (personalised: runs, clients, images; the final round), "
+        "and McNemar's exact p per seed on the shared test set; — where a run has no "
+        "record (runs made before the records were kept): the interval covers seeds only"
     )
     parts = []
     for partition in plan.partitions:
@@ -237,6 +279,7 @@ def questions_text(answers: list[dict], plan: BoardQuestions | None) -> str:
             for name in plan.families
             if (of := [a for a in mine if a["family"] == name])
         ]
+        counts.append(_with_images(mine))
         table = markdown_table(header, [_answer_row(a) for a in mine], f"{caption}; {partition}")
         parts.append(f"{table}\n" + "".join(f"- {c}\n" for c in counts))
     return "**Planned questions, per partition**\n\n" + "\n".join(parts)

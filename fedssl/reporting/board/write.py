@@ -22,7 +22,14 @@ from fedssl.reporting.board.cells import (
 )
 from fedssl.reporting.board.figures import plot, plot_over_run
 from fedssl.reporting.board.flags import DOCS_FROM_REPORT, FLAGS_FILE, flag_lines, load_flags
-from fedssl.reporting.board.questions import QUESTIONS_FILE, ask, load_questions, questions_text
+from fedssl.reporting.board.imagewise import record_files
+from fedssl.reporting.board.questions import (
+    QUESTIONS_FILE,
+    ask,
+    line_families,
+    load_questions,
+    questions_text,
+)
 from fedssl.reporting.board.significance import compare_lines, metrics
 from fedssl.reporting.board.simulate import TOTAL
 from fedssl.reporting.board.tables import FIGURES, hardware, render, tables_text
@@ -89,16 +96,18 @@ def write_board(
     logs: dict[str, list[dict]] | None = None,
     flags_file: Path = FLAGS_FILE,
     questions_file: Path = QUESTIONS_FILE,
+    image_records: dict[str, dict[str, Path]] | None = None,
 ) -> dict:
     """board.md, board.json and the figures in ``folder`` (``logs``: experiment -> its round
     log's rows, for the accuracy over the run; ``flags_file``: :data:`FLAGS_FILE`, the
     pipeline's entry flags its lines; ``questions_file``: its planned questions, answered
-    into ``board_questions.md`` and board.json, and into the lines' vs reference);
-    returns board.json's content."""
+    into ``board_questions.md`` and board.json, and into the lines' vs reference, with the
+    test images where the runs have per-image records, ``image_records``:
+    :func:`.imagewise.record_files`); returns board.json's content."""
     cell_list = cells(rows, wall)
     compare_lines(cell_list)
     plan = load_questions(pipeline, questions_file)
-    answers = ask(cell_list, plan, f"{questions_file}: {pipeline}")
+    answers = ask(cell_list, plan, f"{questions_file}: {pipeline}", image_records)
     flag_lines(cell_list, load_flags(pipeline, flags_file), flags_file)
     rounds_to_target(cell_list, logs or {})
     asked = questions_text(answers, plan)
@@ -114,7 +123,7 @@ def write_board(
     drawn = [f for f in FIGURES if f.startswith("board_accuracy_vs")]
     for stale in folder.glob("board_over_run_*.png"):
         stale.unlink()  # a family no longer drawn leaves no figure behind
-    drawn += plot_over_run(cell_list, logs or {}, folder)
+    drawn += plot_over_run(cell_list, logs or {}, folder, line_families(plan))
     (folder / "board_tables.md").write_text(tables)
     (folder / "board.md").write_text(render(pipeline, page, [*drawn, "curves.png"]))
     board = {"total_wall_hours": round(total / 3600, 3), "lines": metrics(cell_list)}
@@ -178,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             saved.get("pending", []),
             saved.get("failed", []),
             {name: read_round_log(paths) for name, paths in round_logs(dag).items()},
+            image_records=record_files(dag),
         )
     except ParamsError as e:  # the flags or questions file: its message names the field
         print(f"error: {e}", file=sys.stderr)
