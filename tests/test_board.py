@@ -1016,7 +1016,10 @@ def test_lines_sharing_a_panel_get_hues_apart_and_a_zoomed_axis_separates_close_
     try:
         figures._curve_panel = spy
         figures.learning_curves(
-            {"zoomed": lines, "whole": lines}, {}, tmp_path / "c.png", zoom=0.5, keyed=["zoomed"]
+            {"zoomed": lines, "whole": lines},
+            {},
+            tmp_path / "c.png",
+            look=figures.CurveLook(zoom=0.5, keyed=("zoomed",)),
         )
         figures.learning_curves({"whole": lines}, {}, tmp_path / "d.png")
     finally:

@@ -85,16 +85,17 @@ def linear_probe(
                         "test_top1": round(100 * _accuracy(clf, xte, yte), 2),
                     }
                 )
-    train_acc, test_acc = _accuracy(clf, xtr, ytr), _accuracy(clf, xte, yte)
-    if predicted is not None:
-        with torch.no_grad():
-            predicted["linear_top1"] = clf(xte).argmax(1).cpu().numpy()
+    train_acc, test_acc = _accuracy(clf, xtr, ytr), _accuracy(clf, xte, yte, predicted)
     return {"linear_top1": 100 * test_acc, "linear_train_top1": 100 * train_acc}
 
 
 @torch.no_grad()
-def _accuracy(clf: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    return (clf(x).argmax(1) == y).float().mean().item()
+def _accuracy(clf: nn.Module, x: torch.Tensor, y: torch.Tensor, predicted=None) -> float:
+    """Top-1 of ``clf`` on (x, y), each image's class into ``predicted["linear_top1"]``."""
+    guess = clf(x).argmax(1)
+    if predicted is not None:
+        predicted["linear_top1"] = guess.cpu().numpy()
+    return (guess == y).float().mean().item()
 
 
 @torch.no_grad()

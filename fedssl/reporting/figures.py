@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedssl.reporting.formatting import save_figure
@@ -389,6 +390,32 @@ def _curve_key(plt, fig, colours: dict, diverged_runs: bool) -> int:
     return math.ceil(len(handles) / min(5, len(handles)))
 
 
+@dataclass(frozen=True)
+class CurveLook:
+    """How :func:`learning_curves` draws beyond its defaults: ``colours`` (line -> colour;
+    None: :func:`colours_for` in order of appearance), ``zoom`` (the share of each run's last
+    points that sets a panel's y-axis, so lines that end close are told apart while their
+    first rounds rise in from below; None: every point), ``keyed`` (panels that key their own
+    lines, :func:`_keys`)."""
+
+    colours: dict | None = None
+    zoom: float | None = None
+    keyed: tuple[str, ...] = ()
+
+
+def _keys(plt, fig, axes: dict, panels: dict, colours: dict, keyed, diverged_runs: bool) -> int:
+    """The ``keyed`` panels' keys of their own lines, and the figure's key of the other lines
+    (:func:`_curve_key`); returns how many lines of text the figure's key takes."""
+    keyed = [n for n in keyed if n in panels]
+    for name in keyed:
+        handles = [plt.Line2D([], [], color=colours[n], lw=2, label=n) for n in panels[name]]
+        axes[name].legend(handles=handles, fontsize=5.5, loc="best", framealpha=0.85)
+    drawn = {line for lines in panels.values() for line in lines}
+    in_keys = {line for n in keyed for line in panels[n]}
+    rest = {n: c for n, c in colours.items() if n in drawn and n not in in_keys}
+    return _curve_key(plt, fig, rest, diverged_runs)
+
+
 def learning_curves(
     panels: dict[str, dict[str, list[tuple[list[float], list[float]]]]],
     ylabels: dict[str, str],
@@ -399,9 +426,7 @@ def learning_curves(
     columns: int = 4,
     log_x: Iterable[str] = (),
     levels: dict[str, list[tuple[str, float]]] | None = None,
-    colours: dict | None = None,
-    zoom: float | None = None,
-    keyed: Iterable[str] = (),
+    look: CurveLook = CurveLook(),
 ) -> list[str]:
     """Small multiples, one panel per method or family: per line (a setting, e.g. a partition)
     the median over its runs (seeds) with a band from the lowest to the highest; a run that
@@ -410,12 +435,8 @@ def learning_curves(
     ``panels``: panel -> line -> its runs as (x, y) lists; ``ylabels``: panel -> the metric's
     name; ``loss_panels``: panels whose metric is a loss; ``log_x``: panels whose x is a
     cost (log-scaled); ``levels``: per panel, labelled dotted levels (a target, a
-    reference); ``colours``: line -> colour (default :func:`colours_for` in order of
-    appearance); ``zoom``: the share of each run's last points that sets a panel's y-axis
-    (None: every point), so lines that end close apart are told apart while their early
-    rounds rise in from below; ``keyed``: panels that carry the key of their own lines (the
-    figure's key then holds only the lines of no keyed panel). Returns the diverged runs as
-    ``panel / line #i``."""
+    reference); ``look``: colours, zoom and keys (:class:`CurveLook`). Returns the diverged
+    runs as ``panel / line #i``."""
     plt = _pyplot()
     names = list(panels)
     loss_panels, log_x = set(loss_panels), set(log_x)
@@ -423,29 +444,21 @@ def learning_curves(
     width = max(3.6 * cols, 6.0)  # room for the title and the key under one panel
     fig, axes = plt.subplots(rows, cols, figsize=(width, 2.7 * rows + 0.6), squeeze=False)
     lines_all = list(dict.fromkeys(line for lines in panels.values() for line in lines))
-    colours = colours or colours_for(plt, lines_all)
-    gone = []
+    colours, gone = look.colours or colours_for(plt, lines_all), []
     for ax, name in zip(axes.flat, names):
         _curve_panel(
             ax, name, panels[name], colours, gone,
             is_loss=name in loss_panels,
             log=name in log_x,
             marks=(levels or {}).get(name, []),
-            zoom=zoom,
+            zoom=look.zoom,
             xlabel=xlabel if isinstance(xlabel, str) else xlabel.get(name, ""),
             ylabel=ylabels.get(name, ""),
             title_chars=int(width / cols * TITLE_CHARS_PER_INCH),
         )  # fmt: skip
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
-    keyed = [n for n in keyed if n in panels]
-    for ax, name in zip(axes.flat, names):
-        if name in keyed:
-            handles = [plt.Line2D([], [], color=colours[n], lw=2, label=n) for n in panels[name]]
-            ax.legend(handles=handles, fontsize=5.5, loc="best", framealpha=0.85)
-    in_panels = {line for n in keyed for line in panels[n]}
-    unkeyed = {n: c for n, c in colours.items() if n in lines_all and n not in in_panels}
-    key_rows = _curve_key(plt, fig, unkeyed, bool(gone))
+    key_rows = _keys(plt, fig, dict(zip(names, axes.flat)), panels, colours, look.keyed, bool(gone))
     counts = [len(runs) for lines in panels.values() for runs in lines.values()]
     fig.suptitle((title + "\n" if title else "") + seeds_caption(counts), fontsize=9)
     height = 2.7 * rows + 0.6

@@ -357,7 +357,7 @@ def plot_over_run(
 
 
 def _plot_family_over_run(drawn: list[tuple[dict, list]], path: Path, family: str, row_of) -> bool:
-    from fedssl.reporting.figures import _pyplot, colours_apart, learning_curves
+    from fedssl.reporting.figures import CurveLook, _pyplot, colours_apart, learning_curves
 
     rows: dict[str, dict[int, dict]] = {}  # row -> field -> method -> runs
     marks: dict[str, list[tuple[str, str, float]]] = {}  # row -> its lines' targets
@@ -393,8 +393,10 @@ def _plot_family_over_run(drawn: list[tuple[dict, list]], path: Path, family: st
         f"question family, each axis zoomed to the runs' last {OVER_RUN_ZOOM:.0%}; dotted: "
         "the targets",
         levels=levels,
-        colours=colours_apart(_pyplot(), [list(lines) for lines in panels.values()]),
-        zoom=OVER_RUN_ZOOM,
-        keyed=[f"{where}\nagainst {OVER_RUN_AXES[0][1]}" for where in rows],
+        look=CurveLook(
+            colours_apart(_pyplot(), [list(lines) for lines in panels.values()]),
+            OVER_RUN_ZOOM,
+            tuple(f"{where}\nagainst {OVER_RUN_AXES[0][1]}" for where in rows),
+        ),
     )
     return True

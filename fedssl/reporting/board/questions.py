@@ -23,8 +23,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+import fedssl.reporting.board.imagewise as imagewise
 from fedssl.reporting import stats
-from fedssl.reporting.board import imagewise
 from fedssl.reporting.board.cells import accuracy_of, pipeline_entry
 from fedssl.reporting.formatting import markdown_table
 from fedssl.stage.record import ParamsError
