@@ -131,6 +131,12 @@ class StackedOptimizer:
         return state
 
     @torch.no_grad()
+    def reset(self, state: dict) -> None:
+        """``state`` back to what :meth:`init` gives, in place (one call over its tensors)."""
+        moments = [t for k in ("m", "v") for t in state.get(k, {}).values()]
+        torch._foreach_zero_([state["step"], *moments])
+
+    @torch.no_grad()
     def step(self, params: Tensors, grads: Tensors, state: dict, lr: float | torch.Tensor) -> None:
         """``lr``: one rate for all clients, or a tensor of one rate per client row. Each
         operation runs over the model's tensors at once (``torch._foreach_*``: on the CPU the
@@ -189,6 +195,20 @@ def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
     for row, t in zip(out, tensors):
         row.copy_(t)
     return out
+
+
+@torch.no_grad()
+def refill(row: Tensors, state: Tensors) -> None:
+    """One client's ``state`` copied into the one-row stack ``row`` (its layout kept)."""
+    dst, src = [v[0] for v in row.values()], [state.get(k) for k in row]
+    if len(state) != len(row) or any(
+        s is None or s.shape != d.shape or s.dtype != d.dtype for d, s in zip(dst, src)
+    ):
+        raise ValueError(
+            "a client's starting state differs from the first client's in its names, "
+            "shapes or dtypes"
+        )
+    torch._foreach_copy_(dst, src)
 
 
 def gather(tree, rows: torch.Tensor):
@@ -293,38 +313,61 @@ class CohortTrainer:
         ]
         names = set(self.param_names) if trainable is None else set(trainable)
         if self.parallel:
-            out, losses = self._train_group(stack(starts), schedules, data, lr, generator, names)
-            return _hand_over(out, len(client_ids), finished), losses
-        # one client at a time, each written into the stacked result as it finishes (or handed
-        # over): a round holds one copy of the cohort's models, not a list and their concatenation
-        out, losses = None, torch.empty(len(client_ids), device=data.device)
+            state = stack(starts)
+            groups = self._groups(state, names)
+            losses = self._train_group(
+                groups, self.optimizer.init(groups[0]), schedules, data, lr, generator
+            )
+            return _hand_over(state, len(client_ids), finished), losses
+        return self._one_at_a_time(starts, schedules, data, lr, generator, names, finished)
+
+    def _one_at_a_time(self, starts, schedules, data, lr, generator, names, finished):
+        """Each client in turn, written into the stacked result as it finishes (or handed over:
+        ``finished`` copies what it keeps): a round holds one copy of the cohort's models, not
+        a list and their concatenation. One client's row of weights and optimizer state is
+        laid out once and refilled for each client (a copy and a zeroing, one call each over
+        the tensors), not rebuilt tensor by tensor."""
+        row = stack(starts[:1])
+        groups = self._groups(row, names)
+        opt_state = self.optimizer.init(groups[0])
+        out, losses = None, torch.empty(len(starts), device=data.device)
         for i, (s, sch) in enumerate(zip(starts, schedules)):
-            state, loss = self._train_group(stack([s]), [sch], data, lr, generator, names)
-            losses[i] = loss[0]
+            if i:
+                refill(row, s)
+                self.optimizer.reset(opt_state)
+            losses[i] = self._train_group(groups, opt_state, [sch], data, lr, generator)[0]
             if finished is not None:
-                finished(i, {k: v[0] for k, v in state.items()})
+                finished(i, {k: v[0] for k, v in row.items()})
                 continue
             if out is None:
-                out = {k: v.new_empty((len(client_ids), *v.shape[1:])) for k, v in state.items()}
-            for k, v in state.items():
+                out = {k: v.new_empty((len(starts), *v.shape[1:])) for k, v in row.items()}
+            for k, v in row.items():
                 out[k][i] = v[0]
         return out, losses
 
-    def _train_group(self, state: Tensors, schedules, data: LocalData, lr, generator, names):
-        n = len(schedules)
+    def _groups(self, state: Tensors, names: set[str]) -> tuple[Tensors, Tensors, Tensors]:
+        """``state``'s tensors as (trained, frozen, buffers)."""
         trained = {k: state[k] for k in self.param_names if k in names}
         frozen = {k: state[k] for k in self.param_names if k not in names}
         buffers = {k: v for k, v in state.items() if k not in trained and k not in frozen}
-        opt_state = self.optimizer.init(trained)
+        return trained, frozen, buffers
+
+    def _train_group(self, groups, opt_state, schedules, data: LocalData, lr, generator):
+        """The local steps of the clients stacked in ``groups`` (trained, frozen, buffers),
+        in place; their mean losses."""
+        n = len(schedules)
         loss_sum = torch.zeros(n, device=data.device)
         for step in range(max(len(s) for s in schedules)):
             rows = [i for i, s in enumerate(schedules) if step < len(s)]
             batch = self._gather_batch([schedules[i][step] for i in rows], data, generator)
-            losses = self._step(trained, frozen, buffers, opt_state, rows, batch, lr)
-            loss_sum[rows] += losses.detach().float()
+            losses = self._step(*groups, opt_state, rows, batch, lr).detach().float()
+            if len(rows) == n:
+                loss_sum += losses
+            else:
+                loss_sum[rows] += losses
             advance(sum(len(schedules[i][step]) for i in rows))
         steps = torch.tensor([len(s) for s in schedules], device=data.device)
-        return state, loss_sum / steps
+        return loss_sum / steps
 
     def _gather_batch(self, batches: list[np.ndarray], data: LocalData, generator) -> Batch:
         """One index gather on the device; short batches are padded and flagged invalid."""

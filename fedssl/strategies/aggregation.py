@@ -74,9 +74,10 @@ class RunningMean:
     (float32 or float64; half precision in float32, rounded back once at the end), each
     product rounded, then added: two elementwise operations, each correctly rounded, so the
     bits depend on no kernel choice (``add_(v, alpha=w)`` would be a fused multiply-add on some
-    instruction sets and not on others). Integer counters (BatchNorm's batch count) take a
-    running maximum, exact in any order. It holds one model's worth of sums, whatever the
-    client count."""
+    instruction sets and not on others); each of the two runs as one call over the tensors of a
+    dtype (``torch._foreach_*``: on the CPU the same per-tensor kernels). Integer counters
+    (BatchNorm's batch count) take a running maximum, exact in any order. It holds one model's
+    worth of sums, whatever the client count."""
 
     def __init__(self, weights: torch.Tensor):
         self.w = weights / weights.sum()
@@ -86,6 +87,7 @@ class RunningMean:
         self.sums: Tensors = {}
         self.maxima: Tensors = {}
         self.dtypes: dict[str, torch.dtype] = {}
+        self.by_dtype: dict[torch.dtype, list[str]] = {}  # the float tensors by sum dtype
 
     @torch.no_grad()
     def add(self, upload: Tensors) -> None:
@@ -94,13 +96,12 @@ class RunningMean:
         if not self.added:
             self._open(upload)
         i = self.added
-        for k, v in upload.items():
-            total = self.sums.get(k)
-            if total is not None:
-                total.add_(self.w_as[total.dtype][i] * v.to(total.dtype))
-            else:
-                top = self.maxima.get(k)
-                self.maxima[k] = v.clone() if top is None else torch.maximum(top, v)
+        for dtype, keys in self.by_dtype.items():  # one product, one sum, over the tensors
+            products = torch._foreach_mul([upload[k].to(dtype) for k in keys], self.w_as[dtype][i])
+            torch._foreach_add_([self.sums[k] for k in keys], products)
+        for k in [k for k in self.dtypes if k not in self.sums]:
+            top, v = self.maxima.get(k), upload[k]
+            self.maxima[k] = v.clone() if top is None else torch.maximum(top, v)
         self.added += 1
 
     def _open(self, upload: Tensors) -> None:
@@ -112,6 +113,7 @@ class RunningMean:
                 self.sums[k] = torch.zeros_like(
                     v, dtype=dtype, memory_format=torch.contiguous_format
                 )
+                self.by_dtype.setdefault(dtype, []).append(k)
 
     def result(self) -> Tensors:
         if self.added != len(self.w):

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 import torch
 from torch import nn
 from torch.nn.utils import stateless
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fedssl.fl.cohort import OptimizerConfig, StackedOptimizer, forward
+from fedssl.fl.cohort import OptimizerConfig, StackedOptimizer, forward, refill
 from fedssl.strategies.aggregation import RunningMean
 
 
@@ -115,3 +116,80 @@ def test_running_mean_casts_the_weights_once_a_round():
         mean.add(ups[2])
     assert ops.count["_to_copy"] == 0
     assert torch.allclose(mean.result()["w"], torch.full((2,), 4 / 3))
+
+
+def add_ops(tensors: int) -> Counter:
+    mean = RunningMean(torch.tensor([1.0, 2.0], dtype=torch.float64))
+    up = {f"w{i}": torch.randn(3) for i in range(tensors)} | {"n": torch.tensor(1)}
+    mean.add(up)
+    with Ops() as ops:
+        mean.add(up)
+    return ops.count
+
+
+def test_adding_an_upload_runs_as_many_operators_for_any_tensor_count():
+    """The running mean's product and sum are one call each over the float tensors, not two
+    operators per tensor (56 on the default CNN, ~0.05 ms a client)."""
+    assert add_ops(2) == add_ops(20)
+
+
+def test_running_mean_keeps_its_bits():
+    """The sums as written out per tensor, product rounded then added, in client order: float32,
+    float64 and half uploads, an integer counter at its maximum."""
+    torch.manual_seed(0)
+    w = torch.tensor([0.3, 1.7, 2.0], dtype=torch.float64)
+    ups = [
+        {
+            "a": torch.randn(4, 3),
+            "b": torch.randn(5, dtype=torch.float64),
+            "h": torch.randn(2).half(),
+            "n": torch.tensor(i * 3 % 5),
+        }
+        for i in range(3)
+    ]
+    mean = RunningMean(w)
+    for u in ups:
+        mean.add(u)
+    got, share = mean.result(), w / w.sum()
+    for k, dtype in (("a", torch.float32), ("b", torch.float64), ("h", torch.float32)):
+        total = torch.zeros(ups[0][k].shape, dtype=dtype)
+        for i, u in enumerate(ups):
+            total.add_(share.to(dtype)[i] * u[k].to(dtype))
+        assert torch.equal(got[k], total.to(ups[0][k].dtype)), k
+    assert got["n"] == 3  # of 0, 3, 1
+
+
+def refill_ops(tensors: int) -> Counter:
+    row = {f"w{i}": torch.zeros(1, 2, 3) for i in range(tensors)}
+    state = {k: torch.ones(2, 3) for k in row}
+    with Ops() as ops:
+        refill(row, state)
+    assert all(torch.equal(v[0], state[k]) for k, v in row.items())
+    del ops.count["select"]  # the rows' views
+    return ops.count
+
+
+def test_a_clients_row_is_refilled_in_one_call():
+    """One-at-a-time training copies the next client's start into the cohort's one-row stack
+    with one copy over the tensors (before: a fresh stack of ~4 operators per tensor)."""
+    assert refill_ops(2) == refill_ops(20) == Counter({"_foreach_copy_": 1})
+
+
+def test_refill_refuses_a_state_of_another_shape():
+    row = {"w": torch.zeros(1, 3)}
+    with pytest.raises(ValueError, match="shapes or dtypes"):
+        refill(row, {"w": torch.ones(1)})  # would broadcast silently into the row
+    with pytest.raises(ValueError, match="names"):
+        refill(row, {"v": torch.ones(3)})
+
+
+def test_optimizer_reset_is_a_fresh_init():
+    opt = StackedOptimizer(OptimizerConfig("adam"))
+    params = {"a": torch.randn(1, 3), "b": torch.randn(1, 2, 2)}
+    state = opt.init(params)
+    opt.step(params, {k: torch.randn_like(v) for k, v in params.items()}, state, 0.1)
+    opt.reset(state)
+    fresh = opt.init(params)
+    assert torch.equal(state["step"], fresh["step"])
+    for k in ("m", "v"):
+        assert all(torch.equal(state[k][n], fresh[k][n]) for n in params)
