@@ -5,6 +5,10 @@ process, one thread, in turns; the medians of the process CPU seconds of the rou
 part of the round (timed in the child around each engine function, CPU seconds):
 
     python benchmarks/client_overhead.py [--clients 10 1000] [--images 2000 20000] [--turns 3]
+        [--baseline DIR]
+
+``--baseline DIR``: a checkout of the code before a change (its ``fedssl`` imported first),
+run in turns with this one (each size, baseline then this checkout), both tables printed.
 
 A BatchNorm model trains its clients one at a time, one local step each where a client has
 fewer images than a batch: the ``step`` part (forward, backward, optimizer) is the fixed cost
@@ -29,7 +33,9 @@ PARTS = {
     "sample": ("fedssl.strategies.base", "Strategy", "sample"),
     "download": ("fedssl.rounds.loop", None, "client_starts"),
     "stack": ("fedssl.fl.cohort", None, "stack"),
+    "refill": ("fedssl.fl.cohort", None, "refill"),
     "opt_init": ("fedssl.fl.cohort", "StackedOptimizer", "init"),
+    "opt_reset": ("fedssl.fl.cohort", "StackedOptimizer", "reset"),
     "schedule": ("fedssl.fl.cohort", None, "client_batches"),
     "gather": ("fedssl.fl.cohort", "CohortTrainer", "_gather_batch"),
     "step": ("fedssl.fl.cohort", "CohortTrainer", "_step"),
@@ -40,15 +46,18 @@ PARTS = {
 
 
 def timed(parts: dict) -> None:
-    """Wrap each part's function with a CPU-time accumulator (outermost call only)."""
+    """Wrap each part's function with a CPU-time accumulator (outermost call only); a part
+    the measured checkout lacks (a baseline's older code) stays at zero (the test
+    ``test_the_client_overhead_benchmark_times_functions_the_engine_has`` holds this
+    checkout's parts to exist)."""
     import importlib
 
     for name, (mod, owner, attr) in PARTS.items():
         m = importlib.import_module(mod)
         holder = getattr(m, owner) if owner else m
         parts[name] = 0.0
-        holder.__dict__[attr]  # noqa: B018 -- fail early where a part moved
-        setattr(holder, attr, _accumulate(getattr(holder, attr), parts, name))
+        if attr in vars(holder):
+            setattr(holder, attr, _accumulate(getattr(holder, attr), parts, name))
 
 
 def _accumulate(fn, parts: dict, name: str):
@@ -72,17 +81,21 @@ def child(clients: int, images: int) -> dict:
     return {**out, "parts": parts}
 
 
-def run(clients: int, images: int) -> dict:
+def run(clients: int, images: int, checkout: str | None = None) -> dict:
+    """One round in a fresh process, importing ``fedssl`` from ``checkout`` (None: this one)."""
     cmd = [sys.executable, __file__, "--one", str(clients), "--images", str(images)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ)
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join([checkout, env.get("PYTHONPATH", "")])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def report(images: int, rows: dict[int, list[dict]]) -> None:
+def report(images: int, rows: dict[int, list[dict]], label: str = "") -> None:
     med = {n: _median_row(r) for n, r in rows.items()}
     lo, hi = min(med), max(med)
     extra = hi - lo
-    print(f"== {images} images; CPU-s of the round, median of {len(rows[lo])} turn(s)")
+    print(f"== {label}{images} images; CPU-s of the round, median of {len(rows[lo])} turn(s)")
     print(f"{'part':>12}" + "".join(f"{n:>11} cl" for n in med) + "   ms / extra client")
     for part in [*PARTS, "other", "round"]:
         vals = [m[part] for m in med.values()]
@@ -109,6 +122,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[10, 1000])
     ap.add_argument("--images", type=int, nargs="+", default=[2000, 20000])
     ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--baseline", default=None, help="a checkout to run in turns with this one")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # the child's size
     args = ap.parse_args()
     if args.one is not None:
@@ -117,12 +131,16 @@ def main() -> None:
     from fedssl.stage.runtime import cpu_summary
 
     print(f"# {cpu_summary()}, one thread a process; load average {os.getloadavg()}")
+    checkouts = {"baseline": args.baseline, "this": None} if args.baseline else {"": None}
     for images in args.images:
-        rows: dict[int, list[dict]] = {n: [] for n in args.clients}
+        rows = {c: {n: [] for n in args.clients} for c in checkouts}
         for _ in range(args.turns):
             for n in args.clients:
-                rows[n].append(run(n, images))
-        report(images, rows)
+                for c, path in checkouts.items():
+                    rows[c][n].append(run(n, images, path))
+        for c in checkouts:
+            report(images, rows[c], f"{c} checkout, " if c else "")
+        print(f"== load average {os.getloadavg()}", flush=True)
 
 
 if __name__ == "__main__":
