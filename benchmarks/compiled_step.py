@@ -87,16 +87,19 @@ class Step:
         with compiled.policy(setting):
             self.trainer = CohortTrainer(model, None, loss_fn, OptimizerConfig(), 64, 1, False)
         state = stack([{k: v.detach() for k, v in model.state_dict(keep_vars=True).items()}])
-        names = set(self.trainer.param_names)
-        self.trained = {k: v for k, v in state.items() if k in names}
-        self.buffers = {k: v for k, v in state.items() if k not in names}
+        params = dict(model.named_parameters())  # frozen: an anchor, a momentum target
+        self.trained = {k: v for k, v in state.items() if k in params and params[k].requires_grad}
+        self.frozen = {k: v for k, v in state.items() if k in params and k not in self.trained}
+        self.buffers = {k: v for k, v in state.items() if k not in params}
         self.opt = self.trainer.optimizer.init(self.trained)
         n = len(batch.views[0])
         labels = batch.labels if batch.labels is not None else torch.zeros(n, dtype=torch.long)
         self.batch = Batch(tuple(v[None] for v in batch.views), labels[None], batch.valid[None])
 
     def __call__(self) -> float:
-        loss = self.trainer._step(self.trained, {}, self.buffers, self.opt, [0], self.batch, 1e-3)
+        loss = self.trainer._step(
+            self.trained, self.frozen, self.buffers, self.opt, [0], self.batch, 1e-3
+        )
         return float(loss[0])
 
 
@@ -176,9 +179,11 @@ def main():
         rows += json.loads(out.splitlines()[-1])
         for r in rows[-2:]:
             print("\t".join(str(r[c]) for c in COLUMNS), flush=True)
-    if args.write:
+    lines = header(args.turns, args.steps)
+    if args.write and kept_rows(rows):  # with the header of the run that measured them
+        lines += [f"# rows kept from an earlier run: {ln[2:]}" for ln in old_header()]
         rows = kept_rows(rows) + rows
-    lines = header(args.turns, args.steps) + ["\t".join(COLUMNS)]
+    lines += ["\t".join(COLUMNS)]
     lines += ["\t".join(str(r[c]) for c in COLUMNS) for r in rows]
     print("\n".join(lines))
     if args.write:
@@ -190,6 +195,12 @@ def table_path() -> Path:
     from fedssl.compiled import TABLE_DIR, cpu_kind
 
     return TABLE_DIR / f"{cpu_kind()}.tsv"
+
+
+def old_header() -> list[str]:
+    """The committed table's comment lines but those about rows it kept itself."""
+    lines = table_path().read_text().splitlines()
+    return [ln for ln in lines if ln[:1] == "#" and not ln.startswith("# rows kept")]
 
 
 def kept_rows(measured: list[dict]) -> list[dict]:
