@@ -129,3 +129,35 @@ def test_a_stage_records_its_compile_choice_and_fingerprints_it(tmp_path, monkey
     assert Stage.settings.fget(ran)["compile"] == "on"  # a checkpoint of another setting
     eager = SimpleNamespace(device=None, info={"precision": "fp32"})  # is not resumed; an
     assert "compile" not in Stage.settings.fget(eager)  # eager run's, as before the setting
+
+
+def test_the_committed_tables_choose_by_their_own_speedups():
+    """Every committed table's choice is the benchmark's rule applied to its measured speedup,
+    so a table cannot say ``on`` where the step measured slower."""
+    import sys
+
+    sys.path.insert(0, str(BENCH))
+    from compiled_step import THRESHOLD
+
+    paths = sorted(compiled.TABLE_DIR.glob("*.tsv"))
+    assert paths, "no committed table"
+    for path in paths:
+        rows = compiled.table.__wrapped__(path.stem)
+        assert rows, path
+        lines = [ln.split("\t") for ln in path.read_text().splitlines() if ln[:1] != "#"]
+        head = lines[0]
+        for line in lines[1:]:
+            r = dict(zip(head, line))
+            assert r["choice"] == ("on" if float(r["speedup"]) >= THRESHOLD else "off"), r
+
+
+def test_the_speed_page_shows_the_committed_table():
+    """The speed page's table of compiled steps is the committed table's rows, to the digit."""
+    page = (BENCH.parent / "docs/explanation/speed.md").read_text()
+    for path in sorted(compiled.TABLE_DIR.glob("*.tsv")):
+        lines = [ln.split("\t") for ln in path.read_text().splitlines() if ln[:1] != "#"]
+        for line in lines[1:]:
+            r = dict(zip(lines[0], line))
+            cells = ("family", "precision", "eager_ms", "compiled_ms", "speedup", "compile_cpu_s")
+            row = "| " + " | ".join(r[c] for c in cells) + f" | {r['choice']} |"
+            assert row in page, row
