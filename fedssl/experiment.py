@@ -16,8 +16,10 @@ from pydantic import Field, create_model, model_validator
 from fedssl import evaluations
 from fedssl.methods import registry
 from fedssl.params import (
+    COMPILE_HELP,
     PRECISION_HELP,
     SCHEMA_DIR,
+    CompileSetting,
     DatasetParams,
     GridsParams,
     Name,
@@ -36,6 +38,7 @@ class ExperimentBase(Strict):
     title: str = Field(description="row label in the report")
     partition: Name = Field(description="name of a params/partitions preset")
     precision: PrecisionSetting = Field("auto", description=PRECISION_HELP)
+    compile: CompileSetting = Field("off", description=COMPILE_HELP)
 
     @model_validator(mode="after")
     def _evaluation_sections(self):

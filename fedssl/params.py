@@ -347,6 +347,16 @@ PRECISION_HELP = (
 )
 
 
+CompileSetting = Literal["off", "on", "auto"]
+COMPILE_HELP = (
+    "whether local training steps run through torch.compile: off = eager (every committed "
+    "result); on = compiled; auto = compiled where the committed benchmark table of this CPU "
+    "kind says it is faster for the model family and precision "
+    "(results/bench/compiled_step/, fedssl.compiled). Agrees with eager within float "
+    "rounding, not bit for bit"
+)
+
+
 class FeatureParams(Strict):
     layer: Literal["backbone", "projection"] = "backbone"
     """which output the probes read: the encoder's or the projection head's"""

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedssl import compiled
 from fedssl.layout import is_channels_last
 from fedssl.models.norms import has_running_stats
 from fedssl.precision import laid_out, under_policy
@@ -57,6 +58,7 @@ def forward(model: nn.Module, state, *args, **kwargs):
 _TIED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
+@torch.compiler.assume_constant_result  # a compiled step asks once, at trace time
 def has_tied_tensors(model: nn.Module) -> bool:
     """Whether a tensor of ``model`` sits under two names (shared weights), looked up once per
     model: ``functional_call`` walks every module on every call to untie them, a fixed cost of
@@ -285,6 +287,7 @@ class CohortTrainer:
         self.parallel = parallel and not has_running_stats(model)
         self.param_names = [k for k, _ in model.named_parameters()]
         self._grad = grad_and_value(self._loss)
+        self._one_loss = compiled.step(model, self._loss)  # a cohort of one's, built once
         self._vgrad = vmap(self._grad)
 
     def _loss(self, trained, frozen, buffers, batch):
@@ -392,7 +395,7 @@ class CohortTrainer:
             p = {k: v[0].detach().requires_grad_(True) for k, v in trained.items()}
             f = {k: v[0] for k, v in frozen.items()}
             b = {k: v[0] for k, v in buffers.items()}  # views: BN stats update the stack
-            loss = self._loss(p, f, b, Batch(*(_row(x) for x in batch)))
+            loss = self._one_loss(p, f, b, Batch(*(_row(x) for x in batch)))
             grads = torch.autograd.grad(loss, list(p.values()))
             self.optimizer.step(
                 trained, {k: g.unsqueeze(0) for k, g in zip(p, grads)}, opt_state, lr

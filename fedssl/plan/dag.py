@@ -52,6 +52,7 @@ from fedssl.presets import (
 )
 from fedssl.stage.contract import DATA, PARTITION
 from fedssl.stage.record import (
+    COMPILED,
     PRECISION,
     fingerprint,
     fingerprint_inputs,
@@ -252,8 +253,9 @@ class Dag:
         """A per-experiment stage reading ``inputs`` (names of upstream stages). It is named
         after the experiment that owns its content (:meth:`owner`), so experiments that differ
         only downstream of it share it."""
-        # a stage that computes on the device computes in the experiment's precision
-        reads = _with_name(reads) + (("precision",) if gpu else ())
+        # a stage that computes on the device computes in the experiment's precision, its
+        # local steps compiled or not
+        reads = _with_name(reads) + (("precision", "compile") if gpu else ())
         key = content_key(
             kind, self._values(exp_name, reads), [self.content.get(u, u) for u in inputs]
         )
@@ -352,7 +354,7 @@ class Dag:
             modules = [
                 entry,
                 EXPERIMENT_MODEL,  # it loads the experiment's params
-                *([PRECISION] if gpu else []),
+                *([PRECISION, COMPILED] if gpu else []),
                 *([runs] if runs else []),
                 *(
                     [declaration, *method.hook_modules(exp.method, kind)]

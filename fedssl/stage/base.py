@@ -141,6 +141,8 @@ class Stage:
             settings["threads"] = sys.modules["torch"].get_num_threads()
         if "precision" in self.info:
             settings["precision"] = self.info["precision"]
+        if "compile" in self.info:  # recorded where not off: old checkpoints still resume
+            settings["compile"] = self.info["compile"]
         return settings
 
     @property

@@ -10,7 +10,7 @@ stage that computes on a device, the device and the experiment's precision. It i
 from __future__ import annotations
 
 import importlib
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import cached_property
 from pathlib import Path
 
@@ -24,8 +24,15 @@ from fedssl.stage.base import (
     run_record,
     set_threads,
 )
-from fedssl.stage.record import PRECISION
+from fedssl.stage.record import COMPILED, PRECISION
 from fedssl.stage.runtime import StageFailed, computed_on, pick_device
+
+
+@contextmanager
+def _both(first, second):
+    with first, second:
+        yield
+
 
 __all__ = ["StageContext", "StageFailed", "main_guard", "RESUME_DIR", "RUNS_DIR", "run_record"]
 
@@ -137,8 +144,14 @@ class StageContext(Stage):
 
             self.device = pick_device()
             setting = self.exp.precision
-            policy = precision.policy(setting)
+            steps: dict[str, str] = {}  # each trainer's compile choice, as the body makes it
+            policy = _both(
+                precision.policy(setting),
+                importlib.import_module(COMPILED).policy(self.exp.compile, steps),
+            )
             computed = {"precision": precision.resolved(self.device, setting)}
+            if self.exp.compile != "off":
+                computed.update(compile=self.exp.compile, compiled_steps=steps)
         set_threads()
         if self.record["gpu"]:
             computed["computed_on"] = computed_on(self.device)

@@ -32,6 +32,7 @@ PLAN_RECORDS = Path("pipelines") / "plan"  # each stage's record, committed
 # The precision policy: the stage runtime imports it by name, for a stage that computes on a
 # device (its record's ``gpu``), so the planner names it among those stages' code only.
 PRECISION = "fedssl.precision"
+COMPILED = "fedssl.compiled"  # the compile policy, likewise
 
 
 class ParamsError(ValueError):

@@ -1,0 +1,117 @@
+"""Compiled local steps: whether the cohort trainer's step (forward under the precision policy,
+loss, backward) runs through ``torch.compile`` (inductor) or eagerly.
+
+The setting is each experiment's ``compile`` (:data:`fedssl.params.CompileSetting`); a stage
+that computes on a device runs its body inside :func:`policy` with it, as it does with the
+precision policy:
+
+* ``off`` (the default): eager, the code path of every committed result;
+* ``on``: compiled, for every model family;
+* ``auto``: compiled where the committed benchmark table of this CPU kind
+  (``results/bench/compiled_step/<cpu kind>.tsv``, written by
+  ``benchmarks/compiled_step.py``) says so for the model's family and the resolved precision;
+  no table or no row: eager. A table, not a timing at run time, so that a run's numbers stay a
+  function of its params and its CPU.
+
+A compiled step agrees with the eager one within float rounding, not bit for bit (inductor
+fuses and reorders the arithmetic). The compile is paid once per trainer, that is once per
+stage and phase, on its first step (and once more when the batch shape first changes). Each
+trainer's choice is recorded in the stage's meta.json (``compiled_steps``).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Callable
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+from typing import TypeVar, get_args
+
+from torch import nn
+
+from fedssl.params import CompileSetting
+from fedssl.stage.runtime import cpu
+
+SETTINGS = get_args(CompileSetting)
+TABLE_DIR = Path(__file__).resolve().parent.parent / "results" / "bench" / "compiled_step"
+F = TypeVar("F", bound=Callable)
+_active: CompileSetting = "off"
+_choices: dict[str, str] | None = None  # the running stage's record: family -> on / off
+
+
+@contextmanager
+def policy(setting: CompileSetting, choices: dict[str, str] | None = None):
+    """Run the block under ``setting``; every trainer built in it records its choice in
+    ``choices`` (the stage's meta.json section, filled as the body runs)."""
+    global _active, _choices
+    if setting not in SETTINGS:
+        raise ValueError(f"compile {setting!r}: expected one of {', '.join(SETTINGS)}")
+    before = _active, _choices
+    _active, _choices = setting, choices
+    try:
+        yield
+    finally:
+        _active, _choices = before
+
+
+def family(model: nn.Module) -> str:
+    """The model family a table row names: the model's class and the kind of its backbone
+    (``ContrastiveModel/cnn``, ``ContrastiveModel/resnet18``, ``Anchored/cnn``,
+    ``MocoV3Learner/vit``). The kind is read off the modules it holds, so any model has one."""
+    kinds = [type(m).__name__ for m in model.modules()]
+    if any("Attention" in k for k in kinds):
+        backbone = "vit"
+    elif "BasicBlock" in kinds:  # two convolutions a block, with the stem and the output
+        backbone = f"resnet{2 + 2 * kinds.count('BasicBlock')}"
+    elif "Conv2d" in kinds:
+        backbone = "cnn"
+    else:
+        backbone = "mlp"
+    return f"{type(model).__name__}/{backbone}"
+
+
+def cpu_kind() -> str:
+    """This CPU as the run record names it (model, family and model numbers, any kernel cap),
+    as a file name: ``amd-epyc-family-25-model-17``."""
+    c = cpu()
+    name = c["cpu_model"] + (f" cap {c['cpu_isa_cap']}" if c["cpu_isa_cap"] else "")
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+@cache
+def table(kind: str) -> dict[tuple[str, str], str]:
+    """(family, precision) -> ``on`` / ``off`` from the committed table of CPU ``kind``
+    (empty when there is none)."""
+    path = TABLE_DIR / f"{kind}.tsv"
+    if not path.is_file():
+        return {}
+    with path.open() as f:
+        rows = csv.DictReader((line for line in f if not line.startswith("#")), delimiter="\t")
+        return {(r["family"], r["precision"]): r["choice"] for r in rows}
+
+
+def chosen(model: nn.Module, precision: str, setting: CompileSetting | None = None) -> bool:
+    """Whether ``model``'s step compiles under ``setting`` (by default the active one) in the
+    resolved ``precision`` (``fp32`` / ``bf16``)."""
+    setting = setting or _active
+    if setting != "auto":
+        return setting == "on"
+    return table(cpu_kind()).get((family(model), precision)) == "on"
+
+
+def step(model: nn.Module, fn: F) -> F:
+    """``fn`` (the trainer's loss of ``model``), compiled where :func:`chosen` says so for the
+    precision the active policy resolves to on the model's device; the choice is recorded in
+    the running stage's meta.json. Build it once per trainer: the compiled function keeps its
+    compiled code for the trainer's life."""
+    import torch
+
+    from fedssl.precision import resolved
+
+    device = next(model.parameters(), torch.empty(0)).device
+    on = chosen(model, resolved(device))
+    if _choices is not None:
+        _choices[family(model)] = "on" if on else "off"
+    return torch.compile(fn) if on else fn
