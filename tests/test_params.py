@@ -147,7 +147,12 @@ def edit(path: Path, old: str, new: str) -> None:
             "temperature: 0.5\n  temprature: 1",
             "method.fedsimclr.temprature",
         ),
-        ("experiments/tiny_simclr.yaml", "rounds: 2", "rounds: two", "method.fedsimclr.rounds"),
+        (
+            "experiments/tiny_simclr.yaml",
+            "rounds: 2",
+            "rounds: two",
+            "method.fedsimclr.federation.rounds",
+        ),
         ("experiments/tiny_simclr.yaml", "name: fedsimclr", "name: fedsimclrr", "method"),
         ("partitions/tiny_dir05_m3.yaml", "alpha: 0.5", "alpha: 0", "scheme.dirichlet.alpha"),
         ("partitions/tiny_dir05_m3.yaml", "alpha: 0.5", "alpha: -0.1", "scheme.dirichlet.alpha"),
@@ -159,7 +164,12 @@ def edit(path: Path, old: str, new: str) -> None:
             "crop_scale",
         ),
         ("experiments/tiny_random.yaml", "knn: {k: 5, temperature: 0.1}", "", "knn"),
-        ("experiments/tiny_pixels.yaml", "name: none", "name: fedsimclr\n  rounds: 1", "pixels"),
+        (
+            "experiments/tiny_pixels.yaml",
+            "name: none",
+            "name: fedsimclr\n  federation: {rounds: 1}",
+            "pixels",
+        ),
     ],
 )
 def test_bad_params_name_file_and_field(tiny, file, old, new, field):
@@ -263,7 +273,29 @@ def test_a_params_file_with_retired_fedprox_settings_is_told_the_new_field(tiny,
         Dag("variants")
     message = str(err.value)
     assert "tiny_old.yaml" in message and f"{old}: retired" in message, message
-    assert f"variant: fedavg and strategy: {says.removeprefix('strategy: ')}" in message
+    assert f"variant: fedavg and federation.strategy: {says.removeprefix('strategy: ')}" in message
+
+
+@pytest.mark.parametrize(
+    "method, moved",
+    [
+        ("{rounds: 1}", "rounds"),
+        ("{lr: 0.1, strategy: {kind: fedprox, mu: 0.01}}", "lr, strategy"),
+        ("{name: supervised, variant: fedavg, local_epochs: 2}", "local_epochs"),
+    ],
+)
+def test_a_params_file_with_federation_settings_at_the_old_path_is_told_the_new_one(
+    tiny, method, moved
+):
+    """The federation settings moved from the method's top level into ``method.federation``:
+    an old file fails before compute, naming the file, the setting and its new path."""
+    add_variant(tiny, "tiny_old", f"extends: tiny_simclr\nmethod: {method}\n")
+    with pytest.raises(P.ParamsError) as err:
+        Dag("variants")
+    message = str(err.value)
+    assert "tiny_old.yaml" in message and f"{moved}: moved into the federation block" in message
+    first = moved.split(",")[0]
+    assert f"write method.federation.{first}" in message, message
 
 
 def test_deep_merge_replaces_lists_and_scalars():

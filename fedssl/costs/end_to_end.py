@@ -146,12 +146,12 @@ def contrastive_client_costs(p, shape, samples: list[int], rounds: list[int], se
         model,
         probe.chunk(2),
         lambda z, _x: nt_xent(*z.chunk(2), p.temperature),
-        p.batch_size,
+        p.federation.batch_size,
         samples,
         rounds,
-        p.local_epochs,
+        p.federation.local_epochs,
         sent,
-        optimizer_slots=2 if p.optimizer == "adam" else 1,
+        optimizer_slots=2 if p.federation.optimizer == "adam" else 1,
     )
 
 
@@ -164,7 +164,7 @@ def projected_costs(exp, part, dataset: str) -> dict:
     """The average client at full scale: the model state down and up in each of its rounds."""
     p, shape = exp.method, dataset_spec(dataset).shape
     n = average_client_samples(part, dataset)
-    rounds = round(p.client_fraction * p.rounds)
+    rounds = round(p.federation.client_fraction * p.federation.rounds)
     state = seeded_contrastive_model(p.model, shape, p.seed, torch.device("cpu")).state_dict()
     sent = 2 * tensor_bytes(state.values()) * rounds
     return summarize_client_costs(contrastive_client_costs(p, shape, [n], [rounds], [sent]))

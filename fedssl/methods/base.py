@@ -34,6 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from pydantic import model_validator
+
 from fedssl.methods.hooks import (
     ClientCosts,
     Describe,
@@ -94,10 +96,31 @@ def check_hooks(cls: type[Method]) -> None:
 
 
 class MethodParams(Strict):
-    """Base of a method's params section; each method narrows ``name`` to its own Literal."""
+    """Base of a method's params section; each method narrows ``name`` to its own Literal.
+    A federated method keeps its federation settings in one block, ``federation`` (a
+    :func:`fedssl.strategies.choices.federation_block`)."""
 
     name: str
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _federation_settings_in_their_block(cls, data):
+        """A federation setting at the method's top level (where files wrote it before the
+        ``federation`` block) is named with its new path, before any compute."""
+        field = cls.model_fields.get("federation")
+        if field is None or not isinstance(data, dict):
+            return data
+        moved = [
+            k for k in data if k in field.annotation.model_fields and k not in cls.model_fields
+        ]
+        if moved:
+            paths = ", ".join(f"method.federation.{k}" for k in moved)
+            raise ValueError(
+                f"{', '.join(moved)}: moved into the federation block; write {paths} "
+                f"(method: {{federation: {{{moved[0]}: ...}}}})"
+            )
+        return data
 
 
 @dataclass(frozen=True)

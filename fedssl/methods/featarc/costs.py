@@ -39,10 +39,14 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
     per_image = costs.train_step_flops(step, probe, lambda loss, _x: loss) / k
     scoring = costs.forward_flops(net.backbone.eval(), probe[:k]) / k * (p.clusters + 1)
     peak = costs.measured_step_bytes(
-        step, probe, lambda loss, _x: loss, optimizer_slots=2, batch_scale=p.batch_size / k
+        step,
+        probe,
+        lambda loss, _x: loss,
+        optimizer_slots=2,
+        batch_scale=p.federation.batch_size / k,
     )
     traffic = costs.ClientTraffic(samples, rounds, sent)
-    return costs.client_rows(traffic, per_image * p.local_epochs + scoring, peak)
+    return costs.client_rows(traffic, per_image * p.federation.local_epochs + scoring, peak)
 
 
 def client_costs(ctx) -> list[dict]:
@@ -53,7 +57,7 @@ def projected_costs(exp, part, dataset: str) -> dict:
     """The average client at full scale: C cluster models down and one model up per round."""
     p, shape = exp.method, dataset_spec(dataset).shape
     n = costs.average_client_samples(part, dataset)
-    rounds = round(p.client_fraction * p.rounds)
+    rounds = round(p.federation.client_fraction * p.federation.rounds)
     state = seeded_contrastive_model(p.model, shape, p.seed, torch.device("cpu")).state_dict()
     sent = (p.clusters + 1) * nbytes(state) * rounds
     return costs.summarize_client_costs(_client_costs(p, shape, [n], [rounds], [sent]))

@@ -25,11 +25,15 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
     per_sample = costs.train_step_flops(model, probe, _loss) / (probe.shape[0] // 2)
     every = sum(q.numel() * q.element_size() for q in model.parameters())
     online = sum(q.numel() * q.element_size() for q in model.parameters() if q.requires_grad)
-    slots = 2 if p.optimizer == "adam" else 1
-    acts = costs.saved_activation_bytes(model, probe, _loss) * p.batch_size / (probe.shape[0] // 2)
+    slots = 2 if p.federation.optimizer == "adam" else 1
+    acts = (
+        costs.saved_activation_bytes(model, probe, _loss)
+        * p.federation.batch_size
+        / (probe.shape[0] // 2)
+    )
     peak = int(acts + every + online * (1 + slots))  # weights, online grads, optimizer state
     traffic = costs.ClientTraffic(samples, rounds, sent)
-    return costs.client_rows(traffic, per_sample * p.local_epochs, peak)
+    return costs.client_rows(traffic, per_sample * p.federation.local_epochs, peak)
 
 
 def client_costs(ctx) -> list[dict]:
@@ -47,6 +51,6 @@ def projected_costs(exp, part, dataset: str) -> dict:
     """The average client at full scale: the payload down and up in each of its rounds."""
     p, shape = exp.method, dataset_spec(dataset).shape
     n = costs.average_client_samples(part, dataset)
-    rounds = round(p.client_fraction * p.rounds)
+    rounds = round(p.federation.client_fraction * p.federation.rounds)
     rows = _client_costs(p, shape, [n], [rounds], [2 * payload_bytes(p, shape) * rounds])
     return costs.summarize_client_costs(rows)
