@@ -95,7 +95,7 @@ def moco_v3_vit():
         online = initial_online(p, SHAPE, p.vit.depth)
         return learner_of(p, online, None, p.plan(None))
 
-    return build, learner_loss, batch_of(views(p.schedule.batch_size))
+    return build, learner_loss, batch_of(views(p.federation.batch_size))
 
 
 def personalised_cnn():

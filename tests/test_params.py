@@ -11,6 +11,7 @@ import yaml
 
 from fedssl import params as P
 from fedssl.experiment import json_schemas
+from fedssl.methods import registry
 from fedssl.plan.dag import Dag
 from fedssl.plan.dvcfile import generated_files
 from fedssl.presets import Presets, deep_merge
@@ -296,6 +297,17 @@ def test_a_params_file_with_federation_settings_at_the_old_path_is_told_the_new_
     assert "tiny_old.yaml" in message and f"{moved}: moved into the federation block" in message
     first = moved.split(",")[0]
     assert f"write method.federation.{first}" in message, message
+
+
+@pytest.mark.parametrize(
+    "method, old",
+    [("lw_fedssl", "schedule"), ("fedmoco", "schedule"), ("mocosfl", "training"), ("cpcfl", "cfl")],
+)
+def test_a_federation_block_under_its_old_name_is_told_the_new_path(method, old):
+    """LW-FedSSL's family ``schedule``, MocoSFL's ``training`` and CP-CFL's ``cfl`` became
+    ``method.federation``: the old name fails before any other check, naming the new path."""
+    with pytest.raises(ValueError, match=f"{old}: renamed; write method.federation"):
+        registry.get(method).params.model_validate({"name": method, old: {"rounds": 1}})
 
 
 def test_deep_merge_replaces_lists_and_scalars():

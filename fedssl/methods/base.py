@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from pydantic import model_validator
+from pydantic import BaseModel, model_validator
 
 from fedssl.methods.hooks import (
     ClientCosts,
@@ -59,7 +59,7 @@ from fedssl.methods.hooks import (
     hook_fields,
     hook_module,
 )
-from fedssl.params import Strict
+from fedssl.params import FederationSettings, Strict
 from fedssl.stage.contract import DATA, PARTITION, StepContext
 
 __all__ = [
@@ -102,15 +102,23 @@ class MethodParams(Strict):
 
     name: str
     seed: int = 0
+    # the name the federation block had before it was ``federation`` (a file using it is told)
+    federation_was: ClassVar[str | None] = None
 
     @model_validator(mode="before")
     @classmethod
     def _federation_settings_in_their_block(cls, data):
-        """A federation setting at the method's top level (where files wrote it before the
-        ``federation`` block) is named with its new path, before any compute."""
+        """A federation setting at the method's top level, or the block under its old name
+        (where files wrote them before the one ``federation`` block), is named with its new
+        path, before any compute."""
         field = cls.model_fields.get("federation")
         if field is None or not isinstance(data, dict):
             return data
+        if cls.federation_was in data:
+            raise ValueError(
+                f"{cls.federation_was}: renamed; write method.federation (the method's one "
+                f"federation block, with the same settings)"
+            )
         moved = [
             k for k in data if k in field.annotation.model_fields and k not in cls.model_fields
         ]
@@ -121,6 +129,21 @@ class MethodParams(Strict):
                 f"(method: {{federation: {{{moved[0]}: ...}}}})"
             )
         return data
+
+
+def federation_path(model: type[BaseModel], prefix: str = "method") -> str | None:
+    """The dotted path of the federation block in a method's params model
+    (``method.federation``, or a phase's), found by its type; None: it federates nothing."""
+    for name, field in model.model_fields.items():
+        kind = field.annotation
+        if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
+            continue
+        if issubclass(kind, FederationSettings):
+            return f"{prefix}.{name}"
+        inner = federation_path(kind, f"{prefix}.{name}")
+        if inner is not None:
+            return inner
+    return None
 
 
 @dataclass(frozen=True)
@@ -236,6 +259,17 @@ class Method:
     def steps_for(self, params: MethodParams) -> tuple[Step, ...]:
         """The steps of an experiment with these method params (default: ``steps``)."""
         return self.steps
+
+    def round_steps(self, params: MethodParams) -> tuple[str, ...]:
+        """The steps that run the federation's rounds: those that read its block."""
+        path = federation_path(type(params))
+        if path is None:
+            return ()
+        return tuple(
+            s.name
+            for s in self.steps_for(params)
+            if any(path == r or path.startswith(r + ".") for r in s.reads)
+        )
 
     def encoder_inputs_for(self, params: MethodParams) -> tuple[str, ...]:
         """The steps the frozen encoder is built from (default: ``encoder_inputs``)."""

@@ -379,7 +379,7 @@ CHOSEN = {  # preset: (tiny sizes, its federation on the toy data, the strategy 
         "FedProx",
     ),
     "smoke_lw_fedssl_fedprox": (
-        {"vit": TINY_VIT, "schedule": {"rounds": 1, "batch_size": 32}},
+        {"vit": TINY_VIT, "federation": {"rounds": 1, "batch_size": 32}},
         lw_federation,
         "FedProx",
     ),
