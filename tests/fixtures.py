@@ -82,8 +82,10 @@ method:
             blur_p: 0.0, blur_sigma: [0.1, 2.0], solarize_p: 0.0}}
   seed: 0
   client_module: {{arch: resnet18, width: 4, norm: {norm}, channels_per_group: 2}}
-  phase1: {{rounds: 2, local_epochs: 1, batch_pairs: 16, lr: 0.01, loss: bce,
-           client_fraction: 1.0, secure_aggregation: {secure}}}
+  phases:
+    phase1:
+      federation: {{rounds: 2, local_epochs: 1, batch_pairs: 16, lr: 0.01, loss: bce,
+                   client_fraction: 1.0, secure_aggregation: {secure}}}
   export: {{pairs: 2, client_dropout: 0.34, bn_export_mode: eval, batch_pairs: 64}}
   rserver: {{width: 4, proj_hidden: 16, proj_dim: 8, epochs: 2, batch_pairs: 32, lr: 1.0,
             lr_scaling: none, weight_decay: 0.0001, warmup_epochs: 1, temperature: 0.5}}

@@ -300,13 +300,20 @@ def test_a_params_file_with_federation_settings_at_the_old_path_is_told_the_new_
 
 
 @pytest.mark.parametrize(
-    "method, old",
-    [("lw_fedssl", "schedule"), ("fedmoco", "schedule"), ("mocosfl", "training"), ("cpcfl", "cfl")],
+    "method, old, new",
+    [
+        ("lw_fedssl", "schedule", "method.federation"),
+        ("fedmoco", "schedule", "method.federation"),
+        ("mocosfl", "training", "method.federation"),
+        ("cpcfl", "cfl", "method.federation"),
+        ("mfcl", "phase1", "method.phases.phase1.federation"),
+    ],
 )
-def test_a_federation_block_under_its_old_name_is_told_the_new_path(method, old):
+def test_a_federation_block_under_its_old_name_is_told_the_new_path(method, old, new):
     """LW-FedSSL's family ``schedule``, MocoSFL's ``training`` and CP-CFL's ``cfl`` became
-    ``method.federation``: the old name fails before any other check, naming the new path."""
-    with pytest.raises(ValueError, match=f"{old}: renamed; write method.federation"):
+    ``method.federation``, MFCL's ``phase1`` ``method.phases.phase1.federation``: the old name
+    fails before any other check, naming the new path."""
+    with pytest.raises(ValueError, match=f"{old}: renamed; write {new} "):
         registry.get(method).params.model_validate({"name": method, old: {"rounds": 1}})
 
 

@@ -97,28 +97,32 @@ def check_hooks(cls: type[Method]) -> None:
 
 class MethodParams(Strict):
     """Base of a method's params section; each method narrows ``name`` to its own Literal.
-    A federated method keeps its federation settings in one block, ``federation`` (a
-    :func:`fedssl.strategies.choices.federation_block`)."""
+    A federated method keeps its federation settings in one block (a
+    :func:`fedssl.strategies.choices.federation_block`) at ``method.federation``, or a
+    multi-phase method at ``method.phases.<name>.federation``."""
 
     name: str
     seed: int = 0
-    # the name the federation block had before it was ``federation`` (a file using it is told)
+    # the name the federation block had before it moved (a file still using it is told)
     federation_was: ClassVar[str | None] = None
 
     @model_validator(mode="before")
     @classmethod
     def _federation_settings_in_their_block(cls, data):
         """A federation setting at the method's top level, or the block under its old name
-        (where files wrote them before the one ``federation`` block), is named with its new
+        (where files wrote them before the one federation block), is named with its new
         path, before any compute."""
-        field = cls.model_fields.get("federation")
-        if field is None or not isinstance(data, dict):
+        path = federation_path(cls)
+        if path is None or not isinstance(data, dict):
             return data
         if cls.federation_was in data:
             raise ValueError(
-                f"{cls.federation_was}: renamed; write method.federation (the method's one "
-                f"federation block, with the same settings)"
+                f"{cls.federation_was}: renamed; write {path} (the method's one federation "
+                f"block, with the same settings)"
             )
+        field = cls.model_fields.get("federation")
+        if field is None:
+            return data
         moved = [
             k for k in data if k in field.annotation.model_fields and k not in cls.model_fields
         ]
@@ -150,9 +154,10 @@ def federation_path(model: type[BaseModel], prefix: str = "method") -> str | Non
 class Step:
     """A stage a method adds to each of its experiments (``<name>__<experiment>``).
 
-    ``reads``: the experiment params it reads, as dotted keys (``method.phase1``, ``partition``);
-    both front ends rerun it when one of them changes, and only then. ``inputs``: ``data``,
-    ``partition`` and/or earlier steps of the same method whose outputs it reads. ``plots``:
+    ``reads``: the experiment params it reads, as dotted keys (``method.phases.phase1``,
+    ``partition``); both front ends rerun it when one of them changes, and only then.
+    ``inputs``: ``data``, ``partition`` and/or earlier steps of the same method whose outputs it
+    reads. ``plots``:
     per-round or per-epoch logs it writes (TSV, committed under ``results/``). ``metrics``:
     metric files it writes there (JSON, DVC metrics; the report reads the first one), for a
     method that evaluates itself (``evaluation_sections = ()``, e.g. an attack study).

@@ -374,7 +374,10 @@ CHOSEN = {  # preset: (tiny sizes, its federation on the toy data, the strategy 
         "Scaffold",
     ),
     "smoke_mfcl_fedprox": (
-        {"client_module": {"width": 4, "channels_per_group": 2}, "phase1": {"rounds": 1}},
+        {
+            "client_module": {"width": 4, "channels_per_group": 2},
+            "phases": {"phase1": {"federation": {"rounds": 1}}},
+        },
         mfcl_federation,
         "FedProx",
     ),

@@ -18,15 +18,15 @@ from fedssl.models.autoencoder import reconstruction_loss
 def _client_costs(p, shape, samples, rounds, sent, export: list[dict]) -> list[dict]:
     """Per-client MFCL costs: phase-1 training and traffic, plus the one-shot export."""
     ae = build_client_module(p, shape, torch.device("cpu")).train()
-    kind = p.phase1.loss
+    kind = p.phases.phase1.federation.loss
     return paper_costs.mfcl_client_costs(
         ae,
         costs.probe_batch(shape),
         lambda logits, x: reconstruction_loss(logits, x, kind),
-        p.phase1.batch_pairs,
+        p.phases.phase1.federation.batch_pairs,
         samples,
         rounds,
-        p.phase1.local_epochs,
+        p.phases.phase1.federation.local_epochs,
         p.export.pairs,
         [c["dropped"] for c in export],
         [b + c["bytes_sent"] for b, c in zip(sent, export)],
@@ -50,7 +50,7 @@ def projected_costs(exp, part, dataset: str) -> dict:
     model = build_client_module(p, shape, torch.device("cpu"))
     with torch.no_grad():
         view = model.eval().encode(torch.zeros(2, *shape))[0]
-    rounds = round(p.phase1.client_fraction * p.phase1.rounds)
+    rounds = round(p.phases.phase1.federation.client_fraction * p.phases.phase1.federation.rounds)
     sent = 2 * nbytes(model.state_dict()) * rounds
     export = [{"dropped": False, "bytes_sent": n * p.export.pairs * 2 * view.numel() * 2}]
     return costs.summarize_client_costs(_client_costs(p, shape, [n], [rounds], [sent], export))
