@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, model_validator
+from pydantic import model_validator
 
 from fedssl.methods.hooks import (
     ClientCosts,
@@ -59,7 +59,7 @@ from fedssl.methods.hooks import (
     hook_fields,
     hook_module,
 )
-from fedssl.params import FederationSettings, Strict
+from fedssl.params import Strict, federation_path
 from fedssl.stage.contract import DATA, PARTITION, StepContext
 
 __all__ = [
@@ -133,21 +133,6 @@ class MethodParams(Strict):
                 f"(method: {{federation: {{{moved[0]}: ...}}}})"
             )
         return data
-
-
-def federation_path(model: type[BaseModel], prefix: str = "method") -> str | None:
-    """The dotted path of the federation block in a method's params model
-    (``method.federation``, or a phase's), found by its type; None: it federates nothing."""
-    for name, field in model.model_fields.items():
-        kind = field.annotation
-        if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
-            continue
-        if issubclass(kind, FederationSettings):
-            return f"{prefix}.{name}"
-        inner = federation_path(kind, f"{prefix}.{name}")
-        if inner is not None:
-            return inner
-    return None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 
 from fedssl import costs
-from fedssl.data.catalog import dataset_spec
 from fedssl.fl.state import nbytes
 from fedssl.losses import byol_loss
 from fedssl.methods.fedbyol.model import seeded_byol
@@ -47,10 +46,5 @@ def payload_bytes(p, shape) -> int:
     return nbytes({k: v for k, v in state.items() if not k.startswith(TARGET)})
 
 
-def projected_costs(exp, part, dataset: str) -> dict:
-    """The average client at full scale: the payload down and up in each of its rounds."""
-    p, shape = exp.method, dataset_spec(dataset).shape
-    n = costs.average_client_samples(part, dataset)
-    rounds = round(p.federation.client_fraction * p.federation.rounds)
-    rows = _client_costs(p, shape, [n], [rounds], [2 * payload_bytes(p, shape) * rounds])
-    return costs.summarize_client_costs(rows)
+# the average client at full scale: the payload down and up in each of its rounds
+projected_costs = costs.projection(_client_costs, lambda p, shape: 2 * payload_bytes(p, shape))
