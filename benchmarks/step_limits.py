@@ -68,7 +68,7 @@ def simclr_cnn():
 
     p = method_params("fmnist_fedsimclr")
     build = lambda: seeded_contrastive_model(p.model, SHAPE, p.seed, torch.device("cpu"))  # noqa: E731
-    return build, trainer_loss(p), batch_of(views(p.batch_size))
+    return build, trainer_loss(p), batch_of(views(p.federation.batch_size))
 
 
 def mfcl_autoencoder():
