@@ -404,3 +404,28 @@ def test_bad_grids_are_named(tiny, grid, message):
         for name in Presets().names("experiment"):
             Presets().load("experiment", name)
     assert "grids.yaml" in str(err.value)
+
+
+def test_every_federated_method_keeps_one_federation_block_at_one_path():
+    """Issue 49's one block at one path: ``method.federation``, or a multi-phase method's
+    ``method.phases.<name>.federation``, and no second federation block anywhere in a
+    method's params."""
+    import re
+
+    from fedssl.params import FederationSettings, federation_path
+
+    def blocks(model, prefix):
+        for name, field in model.model_fields.items():
+            kind = field.annotation
+            if isinstance(kind, type) and issubclass(kind, FederationSettings):
+                yield f"{prefix}.{name}"
+            elif isinstance(kind, type) and hasattr(kind, "model_fields"):
+                yield from blocks(kind, f"{prefix}.{name}")
+
+    found = {m.name: list(blocks(m.params, "method")) for m in registry.all()}
+    federated = {name: paths for name, paths in found.items() if paths}
+    assert len(federated) == 16  # every method but none, gradient_leakage and vit_scratch
+    for name, paths in federated.items():
+        assert paths == [federation_path(registry.get(name).params)], name
+        assert re.fullmatch(r"method(\.phases\.\w+)?\.federation", paths[0]), (name, paths)
+    assert federated["mfcl"] == ["method.phases.phase1.federation"]
