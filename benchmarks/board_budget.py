@@ -34,28 +34,13 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedssl.reporting.board.budget import BUDGET_FILE  # noqa: E402
+from fedssl.reporting.board.budget import BUDGET_FILE, budget_lines  # noqa: E402
 
 BUDGET_FILE = BUDGET_FILE.resolve()
 
-# preset -> (its rounds setting, the steps that run those rounds, the board's runs of it)
-LINES = {
-    "bench_fedsimclr": ("method.rounds", "pretrain", 9),
-    "bench_fedbyol": ("method.rounds", "pretrain", 9),
-    "bench_fedema": ("method.rounds", "pretrain", 9),
-    "bench_fedu": ("method.rounds", "pretrain", 9),
-    "bench_orchestra": ("method.rounds", "pretrain", 9),
-    "bench_featarc": ("method.rounds", "pretrain", 9),
-    "bench_mfcl": ("method.phase1.rounds", "pretrain", 27),
-    "bench_fedmoco": ("method.schedule.rounds", "pretrain", 9),
-    "bench_fedmoco_lw": ("method.schedule.rounds", "grow_*", 9),
-    "bench_lw_fedssl": ("method.schedule.rounds", "grow_*", 9),
-    "bench_prog_fedssl": ("method.schedule.rounds", "grow_*", 9),
-    "bench_mocosfl": ("method.training.rounds", "pretrain", 18),
-    "bench_supervised": ("method.rounds", "train", 27),
-    "bench_personal": ("method.rounds", "train", 72),
-    "bench_cpcfl": ("method.cfl.rounds", "cfl", 12),
-}
+# preset -> (its rounds setting, the steps that run those rounds, the board's runs of it),
+# derived from the presets and the method registry
+LINES = budget_lines()
 # presets measured at, and never run below, more than one unit of their rounds (CP-CFL explores
 # for 2 rounds before its clusters train)
 UNITS = {

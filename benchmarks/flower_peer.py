@@ -72,7 +72,9 @@ def run_ours(clients: int, images: int, rounds: int, setting: str) -> dict:
     from fedssl.methods import federated
     from fedssl.models.encoders import seeded_contrastive_model
 
-    p = method().model_copy(update={"rounds": rounds, "client_fraction": 1.0})
+    p = method()
+    block = p.federation.model_copy(update={"rounds": rounds, "client_fraction": 1.0})
+    p = p.model_copy(update={"federation": block})
     data, shares = clients_of(images, clients)
     x = torch.from_numpy(np.array(data))
     with precision.policy(setting), tempfile.TemporaryDirectory() as tmp:
@@ -131,10 +133,10 @@ def train_client(weights: dict, client: int, lr: float, images: int, clients: in
     model.load_state_dict(weights)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     loader = DataLoader(
-        TwoViews(c["images"][idx], c["transform"]), batch_size=p.batch_size, shuffle=True
+        TwoViews(c["images"][idx], c["transform"]), batch_size=p.federation.batch_size, shuffle=True
     )
     model.train()
-    for _ in range(p.local_epochs):
+    for _ in range(p.federation.local_epochs):
         for v1, v2 in loader:
             loss = c["loss"](model, v1, v2)
             opt.zero_grad()

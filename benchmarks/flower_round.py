@@ -50,9 +50,11 @@ class Build:
         p = FedSimCLRParams.model_validate(
             {
                 "model": {"arch": "small_cnn", "width": 8, "channels_per_group": 4},
-                "rounds": self.rounds,
-                "batch_size": 32,
-                "parallel_clients": "off",  # clients one at a time, as a Flower client trains
+                "federation": {
+                    "rounds": self.rounds,
+                    "batch_size": 32,
+                    "parallel_clients": "off",  # clients one at a time, as a Flower client trains
+                },
             }
         )
         g = torch.Generator().manual_seed(0)

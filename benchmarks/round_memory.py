@@ -51,7 +51,8 @@ def one_round(clients: int, images: int, stacked: bool = False, seed: int = 0) -
     bound_kernel_cache()
     set_threads()
     p = Presets().load("experiment", PRESET).method
-    p = p.model_copy(update={"rounds": 1, "client_fraction": 1.0})
+    block = p.federation.model_copy(update={"rounds": 1, "client_fraction": 1.0})
+    p = p.model_copy(update={"federation": block})
     split = load_dataset("fashion_mnist")["train"]
     pool = np.random.default_rng(seed).permutation(stratified_subset(split.labels, images, seed))
     x = torch.from_numpy(np.array(split.images))

@@ -47,7 +47,7 @@ def params(clients_batch: int, cut: int, width: int) -> MocoSflParams:
             cut=cut,
             backbone=dict(arch="resnet18", width=width, proj_hidden=256, proj_dim=128),
             moco=dict(queue_size=1024, symmetric=False),
-            training=dict(
+            federation=dict(
                 rounds=1,
                 batch_size=clients_batch,
                 sync_every=10**6,
@@ -78,7 +78,7 @@ class Conventional:
         self.momentum = [copy.deepcopy(nets.client) for _ in range(n)]
         for m in self.momentum:
             m.requires_grad_(False)
-        t = p.training
+        t = p.federation
         self.opts = [
             torch.optim.SGD(
                 c.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay

@@ -68,7 +68,7 @@ def simclr_cnn():
 
     p = method_params("fmnist_fedsimclr")
     build = lambda: seeded_contrastive_model(p.model, SHAPE, p.seed, torch.device("cpu"))  # noqa: E731
-    return build, trainer_loss(p), batch_of(views(p.batch_size))
+    return build, trainer_loss(p), batch_of(views(p.federation.batch_size))
 
 
 def mfcl_autoencoder():
@@ -95,7 +95,7 @@ def moco_v3_vit():
         online = initial_online(p, SHAPE, p.vit.depth)
         return learner_of(p, online, None, p.plan(None))
 
-    return build, learner_loss, batch_of(views(p.schedule.batch_size))
+    return build, learner_loss, batch_of(views(p.federation.batch_size))
 
 
 def personalised_cnn():

@@ -148,6 +148,31 @@ def federation_block(**settings: Any) -> type[FederationSettings]:
     return create_model("Federation", __base__=FederationSettings, **fields)
 
 
+def federation_path(model: type[BaseModel], prefix: str = "method") -> str | None:
+    """The dotted path of the federation block in a method's params model
+    (``method.federation``, or a phase's), found by its type; None: it federates nothing."""
+    for name, field in model.model_fields.items():
+        kind = field.annotation
+        if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
+            continue
+        if issubclass(kind, FederationSettings):
+            return f"{prefix}.{name}"
+        inner = federation_path(kind, f"{prefix}.{name}")
+        if inner is not None:
+            return inner
+    return None
+
+
+def federation_of(params: BaseModel) -> FederationSettings | None:
+    """The federation block of validated method params (at :func:`federation_path`)."""
+    path = federation_path(type(params))
+    if path is None:
+        return None
+    for name in path.split(".")[1:]:
+        params = getattr(params, name)
+    return params
+
+
 # --------------------------------------------------------------------------- data sets
 DatasetName = Literal[tuple(datasets())]  # the registry's data sets, in registration order
 

@@ -41,20 +41,21 @@ knn: {{k: 5, temperature: 0.1}}
 """
 
 TINY_SIMCLR_TRAINING = """\
-  rounds: {rounds}
-  local_epochs: 1
-  client_fraction: 1.0
-  batch_size: 32
-  optimizer: adam
-  lr: 0.001
-  lr_schedule: constant
-  momentum: 0.9
-  weight_decay: 0.0
+  federation:
+    rounds: {rounds}
+    local_epochs: 1
+    client_fraction: 1.0
+    batch_size: 32
+    optimizer: adam
+    lr: 0.001
+    lr_schedule: constant
+    momentum: 0.9
+    weight_decay: 0.0
+    parallel_clients: auto
   temperature: 0.5
   augment: {{crop_scale: [0.5, 1.0], crop_ratio: [0.75, 1.3333], flip_p: 0.5, jitter_p: 0.8,
             brightness: 0.4, contrast: 0.4, saturation: 0.0, hue: 0.0, grayscale_p: 0.0,
             blur_p: 0.0, blur_sigma: [0.1, 2.0], solarize_p: 0.0}}
-  parallel_clients: auto
 """
 
 
@@ -81,8 +82,10 @@ method:
             blur_p: 0.0, blur_sigma: [0.1, 2.0], solarize_p: 0.0}}
   seed: 0
   client_module: {{arch: resnet18, width: 4, norm: {norm}, channels_per_group: 2}}
-  phase1: {{rounds: 2, local_epochs: 1, batch_pairs: 16, lr: 0.01, loss: bce,
-           client_fraction: 1.0, secure_aggregation: {secure}}}
+  phases:
+    phase1:
+      federation: {{rounds: 2, local_epochs: 1, batch_pairs: 16, lr: 0.01, loss: bce,
+                   client_fraction: 1.0, secure_aggregation: {secure}}}
   export: {{pairs: 2, client_dropout: 0.34, bn_export_mode: eval, batch_pairs: 64}}
   rserver: {{width: 4, proj_hidden: 16, proj_dim: 8, epochs: 2, batch_pairs: 32, lr: 1.0,
             lr_scaling: none, weight_decay: 0.0001, warmup_epochs: 1, temperature: 0.5}}
@@ -401,3 +404,19 @@ def spy_local_rounds(fed):
 
     s.local_start, s.upload = spy_start, spy_upload
     return seen
+
+
+def method_params(model, settings: dict):
+    """A federated method's params validated from flat ``settings``: those its federation
+    block holds go into ``method.federation``, so a test names each setting once."""
+    block = model.model_fields["federation"].annotation.model_fields
+    federation = {k: v for k, v in settings.items() if k in block and k not in model.model_fields}
+    rest = {k: v for k, v in settings.items() if k not in federation}
+    return model.model_validate(
+        {**rest, "federation": {**rest.get("federation", {}), **federation}}
+    )
+
+
+def federation_changed(p, **changes):
+    """``p`` with ``changes`` to its federation block."""
+    return p.model_copy(update={"federation": p.federation.model_copy(update=changes)})

@@ -21,8 +21,8 @@ method:
   seed: 0
   vit: {{width: 16, depth: 3, heads: 2, mlp_ratio: 2.0, patch_size: 7, pool: cls,
         head_hidden: 32, head_out: 16}}
-  schedule: {{rounds: 1, local_epochs: 1, batch_size: 32, lr: 0.001, lr_schedule: cosine,
-             weight_decay: 1.0e-5, momentum: 0.99, temperature: 0.2, client_fraction: 1.0}}
+  federation: {{rounds: 1, local_epochs: 1, batch_size: 32, lr: 0.001, lr_schedule: cosine,
+               weight_decay: 1.0e-5, momentum: 0.99, temperature: 0.2, client_fraction: 1.0}}
   augment: {{crop_scale: [0.5, 1.0], crop_ratio: [0.75, 1.3333], flip_p: 0.5, jitter_p: 0.8,
             brightness: 0.4, contrast: 0.4, saturation: 0.0, hue: 0.0, grayscale_p: 0.0,
             blur_p: 0.0, blur_sigma: [0.1, 2.0], solarize_p: 0.0}}

@@ -524,6 +524,30 @@ def test_budget_table_sets_the_presets_rounds():
         assert lookup(params, line["rounds_key"]) == line["rounds"], line["preset"]
 
 
+def test_the_budget_lines_are_derived_from_the_presets_and_measured_for_each():
+    """The budget's line table (preset, rounds setting, round steps, runs) comes from the
+    benchmark pipeline's presets and the registry: a line per federated preset, in the order
+    the board runs them, and the committed measurements hold exactly those lines."""
+    import csv
+
+    derived = board.budget.budget_lines()
+    measured = list(csv.DictReader(open(board.budget.BUDGET_FILE), delimiter="\t"))
+    assert [(x["preset"], x["rounds_key"], x["round_steps"], int(x["runs"])) for x in measured] == [
+        (preset, *line) for preset, line in derived.items()
+    ]
+    assert derived["bench_fedmoco_lw"] == ("method.federation.rounds", "grow_*", 9)
+    assert derived["bench_cpcfl"] == ("method.federation.rounds", "cfl", 12)
+    assert "bench_random_init" not in derived  # it federates nothing
+    assert board.budget.round_step_names() == {
+        "pretrain",
+        "train",
+        "cfl",
+        "grow_1",
+        "grow_2",
+        "grow_3",
+    }
+
+
 def test_benchmark_plans_shared_partitions_and_seeds():
     from fedssl.plan.dag import Dag
 

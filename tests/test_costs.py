@@ -212,3 +212,48 @@ def test_cost_summaries_leave_out_what_a_method_does_not_measure():
         "mean_flops": 20.0,
         "mean_peak_step_bytes": 5.0,
     }
+
+
+@pytest.mark.parametrize("preset", ["smoke_fedbyol", "smoke_mfcl"])
+def test_the_generic_projection_reads_the_federation_block_wherever_it_sits(preset, monkeypatch):
+    """``costs.projection``: the average client (|D| / M of the partition) takes
+    round(client_fraction x rounds) rounds plus the setup rounds, and sends the round's bytes
+    in each, read from ``method.federation`` or a phase's block (MFCL's
+    ``method.phases.phase1.federation``)."""
+    from fedssl.params import federation_of
+    from fedssl.presets import Presets
+    from tests.fixtures import REPO
+
+    monkeypatch.chdir(REPO)
+    presets = Presets()
+    exp = presets.load("experiment", preset)
+    part = presets.load("partition", exp.partition)
+    block = federation_of(exp.method).model_copy(update={"rounds": 10, "client_fraction": 0.35})
+    seen = []
+
+    def client_costs(p, shape, samples, rounds, sent):
+        seen.append((p, tuple(shape), samples, rounds, sent))
+        return [{"paper_bits": 1.0, "bytes_exchanged": sent[0], "flops": 2.0, "peak_step_bytes": 3}]
+
+    exp = exp.model_copy(update={"method": _with_block(exp.method, block)})
+    projected = costs.projection(client_costs, lambda p, shape: 7, setup_rounds=1)
+    out = projected(exp, part, "fashion_mnist")
+    ((p, shape, samples, rounds, sent),) = seen
+    assert p is exp.method and shape == (1, 28, 28)
+    assert samples == [costs.average_client_samples(part, "fashion_mnist")]
+    assert rounds == [round(0.35 * 10) + 1] == [5] and sent == [7 * 5]
+    assert out["mean_bytes_exchanged"] == 35.0
+
+
+def _with_block(method, block):
+    """``method`` with its federation block replaced by ``block`` (at its path)."""
+    from fedssl.params import federation_path
+
+    *parents, leaf = federation_path(type(method)).split(".")[1:]
+    chain = [method]
+    for name in parents:
+        chain.append(getattr(chain[-1], name))
+    value = block
+    for owner, name in zip(reversed(chain), reversed([*parents, leaf])):
+        value = owner.model_copy(update={name: value})
+    return value

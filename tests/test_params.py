@@ -11,6 +11,7 @@ import yaml
 
 from fedssl import params as P
 from fedssl.experiment import json_schemas
+from fedssl.methods import registry
 from fedssl.plan.dag import Dag
 from fedssl.plan.dvcfile import generated_files
 from fedssl.presets import Presets, deep_merge
@@ -147,7 +148,12 @@ def edit(path: Path, old: str, new: str) -> None:
             "temperature: 0.5\n  temprature: 1",
             "method.fedsimclr.temprature",
         ),
-        ("experiments/tiny_simclr.yaml", "rounds: 2", "rounds: two", "method.fedsimclr.rounds"),
+        (
+            "experiments/tiny_simclr.yaml",
+            "rounds: 2",
+            "rounds: two",
+            "method.fedsimclr.federation.rounds",
+        ),
         ("experiments/tiny_simclr.yaml", "name: fedsimclr", "name: fedsimclrr", "method"),
         ("partitions/tiny_dir05_m3.yaml", "alpha: 0.5", "alpha: 0", "scheme.dirichlet.alpha"),
         ("partitions/tiny_dir05_m3.yaml", "alpha: 0.5", "alpha: -0.1", "scheme.dirichlet.alpha"),
@@ -159,7 +165,12 @@ def edit(path: Path, old: str, new: str) -> None:
             "crop_scale",
         ),
         ("experiments/tiny_random.yaml", "knn: {k: 5, temperature: 0.1}", "", "knn"),
-        ("experiments/tiny_pixels.yaml", "name: none", "name: fedsimclr\n  rounds: 1", "pixels"),
+        (
+            "experiments/tiny_pixels.yaml",
+            "name: none",
+            "name: fedsimclr\n  federation: {rounds: 1}",
+            "pixels",
+        ),
     ],
 )
 def test_bad_params_name_file_and_field(tiny, file, old, new, field):
@@ -263,7 +274,47 @@ def test_a_params_file_with_retired_fedprox_settings_is_told_the_new_field(tiny,
         Dag("variants")
     message = str(err.value)
     assert "tiny_old.yaml" in message and f"{old}: retired" in message, message
-    assert f"variant: fedavg and strategy: {says.removeprefix('strategy: ')}" in message
+    assert f"variant: fedavg and federation.strategy: {says.removeprefix('strategy: ')}" in message
+
+
+@pytest.mark.parametrize(
+    "method, moved",
+    [
+        ("{rounds: 1}", "rounds"),
+        ("{lr: 0.1, strategy: {kind: fedprox, mu: 0.01}}", "lr, strategy"),
+        ("{name: supervised, variant: fedavg, local_epochs: 2}", "local_epochs"),
+    ],
+)
+def test_a_params_file_with_federation_settings_at_the_old_path_is_told_the_new_one(
+    tiny, method, moved
+):
+    """The federation settings moved from the method's top level into ``method.federation``:
+    an old file fails before compute, naming the file, the setting and its new path."""
+    add_variant(tiny, "tiny_old", f"extends: tiny_simclr\nmethod: {method}\n")
+    with pytest.raises(P.ParamsError) as err:
+        Dag("variants")
+    message = str(err.value)
+    assert "tiny_old.yaml" in message and f"{moved}: moved into the federation block" in message
+    first = moved.split(",")[0]
+    assert f"write method.federation.{first}" in message, message
+
+
+@pytest.mark.parametrize(
+    "method, old, new",
+    [
+        ("lw_fedssl", "schedule", "method.federation"),
+        ("fedmoco", "schedule", "method.federation"),
+        ("mocosfl", "training", "method.federation"),
+        ("cpcfl", "cfl", "method.federation"),
+        ("mfcl", "phase1", "method.phases.phase1.federation"),
+    ],
+)
+def test_a_federation_block_under_its_old_name_is_told_the_new_path(method, old, new):
+    """LW-FedSSL's family ``schedule``, MocoSFL's ``training`` and CP-CFL's ``cfl`` became
+    ``method.federation``, MFCL's ``phase1`` ``method.phases.phase1.federation``: the old name
+    fails before any other check, naming the new path."""
+    with pytest.raises(ValueError, match=f"{old}: renamed; write {new} "):
+        registry.get(method).params.model_validate({"name": method, old: {"rounds": 1}})
 
 
 def test_deep_merge_replaces_lists_and_scalars():
@@ -353,3 +404,28 @@ def test_bad_grids_are_named(tiny, grid, message):
         for name in Presets().names("experiment"):
             Presets().load("experiment", name)
     assert "grids.yaml" in str(err.value)
+
+
+def test_every_federated_method_keeps_one_federation_block_at_one_path():
+    """Issue 49's one block at one path: ``method.federation``, or a multi-phase method's
+    ``method.phases.<name>.federation``, and no second federation block anywhere in a
+    method's params."""
+    import re
+
+    from fedssl.params import FederationSettings, federation_path
+
+    def blocks(model, prefix):
+        for name, field in model.model_fields.items():
+            kind = field.annotation
+            if isinstance(kind, type) and issubclass(kind, FederationSettings):
+                yield f"{prefix}.{name}"
+            elif isinstance(kind, type) and hasattr(kind, "model_fields"):
+                yield from blocks(kind, f"{prefix}.{name}")
+
+    found = {m.name: list(blocks(m.params, "method")) for m in registry.all()}
+    federated = {name: paths for name, paths in found.items() if paths}
+    assert len(federated) == 16  # every method but none, gradient_leakage and vit_scratch
+    for name, paths in federated.items():
+        assert paths == [federation_path(registry.get(name).params)], name
+        assert re.fullmatch(r"method(\.phases\.\w+)?\.federation", paths[0]), (name, paths)
+    assert federated["mfcl"] == ["method.phases.phase1.federation"]

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedssl.data.catalog import dataset_spec
+from fedssl.params import federation_of
 
 BITS_PER_FLOAT = 32
 
@@ -291,3 +292,21 @@ def average_client_samples(part, dataset: str) -> int:
     """|D_m| of the average client of a partition preset, without splitting anything."""
     train_size = dataset_spec(dataset).train_size
     return min(part.subset or train_size, train_size) // part.num_clients
+
+
+def projection(client_costs: Callable, round_bytes: Callable, setup_rounds: int = 0) -> Callable:
+    """A method's ``projected_costs`` hook read from its federation block: the average client
+    at full scale takes its expected share of the rounds (``client_fraction`` x ``rounds``,
+    plus ``setup_rounds`` every client is in), sends and receives ``round_bytes(params,
+    shape)`` in each, and costs what the method's ``client_costs(params, shape, samples,
+    rounds, sent)`` counts for those."""
+
+    def projected_costs(exp, part, dataset: str) -> dict:
+        p, shape = exp.method, dataset_spec(dataset).shape
+        block = federation_of(p)
+        n = average_client_samples(part, dataset)
+        rounds = round(block.client_fraction * block.rounds) + setup_rounds
+        sent = round_bytes(p, shape) * rounds
+        return summarize_client_costs(client_costs(p, shape, [n], [rounds], [sent]))
+
+    return projected_costs

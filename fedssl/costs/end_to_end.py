@@ -21,16 +21,14 @@ from torch import Tensor, nn
 
 from fedssl.costs import (
     BITS_PER_FLOAT,
-    average_client_samples,
     conv_feature_map_numels,
     measured_step_bytes,
     probe_batch,
-    summarize_client_costs,
+    projection,
     tensor_bytes,
     traffic_costs,
     train_step_flops,
 )
-from fedssl.data.catalog import dataset_spec
 from fedssl.losses import nt_xent
 from fedssl.models.encoders import seeded_contrastive_model
 
@@ -146,12 +144,12 @@ def contrastive_client_costs(p, shape, samples: list[int], rounds: list[int], se
         model,
         probe.chunk(2),
         lambda z, _x: nt_xent(*z.chunk(2), p.temperature),
-        p.batch_size,
+        p.federation.batch_size,
         samples,
         rounds,
-        p.local_epochs,
+        p.federation.local_epochs,
         sent,
-        optimizer_slots=2 if p.optimizer == "adam" else 1,
+        optimizer_slots=2 if p.federation.optimizer == "adam" else 1,
     )
 
 
@@ -160,11 +158,11 @@ def client_costs(ctx) -> list[dict]:
     return traffic_costs(ctx, contrastive_client_costs)
 
 
-def projected_costs(exp, part, dataset: str) -> dict:
-    """The average client at full scale: the model state down and up in each of its rounds."""
-    p, shape = exp.method, dataset_spec(dataset).shape
-    n = average_client_samples(part, dataset)
-    rounds = round(p.client_fraction * p.rounds)
+def model_round_bytes(p, shape) -> int:
+    """One client's round: the model state down and up."""
     state = seeded_contrastive_model(p.model, shape, p.seed, torch.device("cpu")).state_dict()
-    sent = 2 * tensor_bytes(state.values()) * rounds
-    return summarize_client_costs(contrastive_client_costs(p, shape, [n], [rounds], [sent]))
+    return 2 * tensor_bytes(state.values())
+
+
+# the average client at full scale: the model state down and up in each of its rounds
+projected_costs = projection(contrastive_client_costs, model_round_bytes)

@@ -34,6 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from pydantic import model_validator
+
 from fedssl.methods.hooks import (
     ClientCosts,
     Describe,
@@ -57,7 +59,7 @@ from fedssl.methods.hooks import (
     hook_fields,
     hook_module,
 )
-from fedssl.params import Strict
+from fedssl.params import Strict, federation_path
 from fedssl.stage.contract import DATA, PARTITION, StepContext
 
 __all__ = [
@@ -94,19 +96,53 @@ def check_hooks(cls: type[Method]) -> None:
 
 
 class MethodParams(Strict):
-    """Base of a method's params section; each method narrows ``name`` to its own Literal."""
+    """Base of a method's params section; each method narrows ``name`` to its own Literal.
+    A federated method keeps its federation settings in one block (a
+    :func:`fedssl.strategies.choices.federation_block`) at ``method.federation``, or a
+    multi-phase method at ``method.phases.<name>.federation``."""
 
     name: str
     seed: int = 0
+    # the name the federation block had before it moved (a file still using it is told)
+    federation_was: ClassVar[str | None] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _federation_settings_in_their_block(cls, data):
+        """A federation setting at the method's top level, or the block under its old name
+        (where files wrote them before the one federation block), is named with its new
+        path, before any compute."""
+        path = federation_path(cls)
+        if path is None or not isinstance(data, dict):
+            return data
+        if cls.federation_was in data:
+            raise ValueError(
+                f"{cls.federation_was}: renamed; write {path} (the method's one federation "
+                f"block, with the same settings)"
+            )
+        field = cls.model_fields.get("federation")
+        if field is None:
+            return data
+        moved = [
+            k for k in data if k in field.annotation.model_fields and k not in cls.model_fields
+        ]
+        if moved:
+            paths = ", ".join(f"method.federation.{k}" for k in moved)
+            raise ValueError(
+                f"{', '.join(moved)}: moved into the federation block; write {paths} "
+                f"(method: {{federation: {{{moved[0]}: ...}}}})"
+            )
+        return data
 
 
 @dataclass(frozen=True)
 class Step:
     """A stage a method adds to each of its experiments (``<name>__<experiment>``).
 
-    ``reads``: the experiment params it reads, as dotted keys (``method.phase1``, ``partition``);
-    both front ends rerun it when one of them changes, and only then. ``inputs``: ``data``,
-    ``partition`` and/or earlier steps of the same method whose outputs it reads. ``plots``:
+    ``reads``: the experiment params it reads, as dotted keys (``method.phases.phase1``,
+    ``partition``); both front ends rerun it when one of them changes, and only then.
+    ``inputs``: ``data``, ``partition`` and/or earlier steps of the same method whose outputs it
+    reads. ``plots``:
     per-round or per-epoch logs it writes (TSV, committed under ``results/``). ``metrics``:
     metric files it writes there (JSON, DVC metrics; the report reads the first one), for a
     method that evaluates itself (``evaluation_sections = ()``, e.g. an attack study).
@@ -213,6 +249,17 @@ class Method:
     def steps_for(self, params: MethodParams) -> tuple[Step, ...]:
         """The steps of an experiment with these method params (default: ``steps``)."""
         return self.steps
+
+    def round_steps(self, params: MethodParams) -> tuple[str, ...]:
+        """The steps that run the federation's rounds: those that read its block."""
+        path = federation_path(type(params))
+        if path is None:
+            return ()
+        return tuple(
+            s.name
+            for s in self.steps_for(params)
+            if any(path == r or path.startswith(r + ".") for r in s.reads)
+        )
 
     def encoder_inputs_for(self, params: MethodParams) -> tuple[str, ...]:
         """The steps the frozen encoder is built from (default: ``encoder_inputs``)."""

@@ -85,15 +85,15 @@ def contrastive_recipe(p, **parts) -> Recipe:
         **{k: v for k, v in parts.items() if k not in local_fields},
     }
     return Recipe(
-        config=federation_config(p, p.seed, p.lr_schedule),
+        config=federation_config(p.federation, p.seed, p.federation.lr_schedule),
         local=Local(
-            batch_size=p.batch_size,
-            local_epochs=p.local_epochs,
-            optimizer=OptimizerConfig.of(p),
+            batch_size=p.federation.batch_size,
+            local_epochs=p.federation.local_epochs,
+            optimizer=OptimizerConfig.of(p.federation),
             **local,
         ),
-        parallel=p.parallel_clients,
-        choice=p,
+        parallel=p.federation.parallel_clients,
+        choice=p.federation,
         **defaults,
     )
 

@@ -73,9 +73,11 @@ def local_pass(p) -> Local:
         loss = {"loss": lambda outputs, batch: of_outputs(outputs, batch, p)}
     return Local(
         views=lambda size: views_of(p),
-        batch_size=p.batch_size,
-        local_epochs=p.local_epochs,
-        optimizer=OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum),
+        batch_size=p.federation.batch_size,
+        local_epochs=p.federation.local_epochs,
+        optimizer=OptimizerConfig(
+            "sgd", weight_decay=p.federation.weight_decay, momentum=p.federation.momentum
+        ),
         **loss,
     )
 
@@ -89,11 +91,11 @@ def recipe(p, tests: LocalData) -> Recipe:
     """The federation's recipe: the method's strategy (scoring on ``tests``), its local pass."""
     strategy = registry.get(p.name).strategy
     return Recipe(
-        config=federation_config(p, p.seed),
+        config=federation_config(p.federation, p.seed),
         strategy=lambda cfg, model, data: call_hook(strategy, cfg, p, model, data, tests),
         local=local_pass(p),
-        parallel=p.parallel_clients,
-        choice=p,
+        parallel=p.federation.parallel_clients,
+        choice=p.federation,
     )
 
 

@@ -7,7 +7,8 @@ supervised, a self-supervised or a personalised objective alike. A model that al
 its round-start copy (MOON's and MpFedcon's networks) names the (trained, anchor) pairs itself;
 for any other, :class:`FedProx` sends the round-start weights along as ``fedprox.*`` entries of
 the client's starting state and strips them from what the client uploads and keeps, so
-"FedSimCLR + FedProx" is a params choice (``strategy: {kind: fedprox, mu: ...}``), not code.
+"FedSimCLR + FedProx" is a params choice (``federation.strategy: {kind: fedprox, mu: ...}``),
+not code.
 """
 
 from __future__ import annotations

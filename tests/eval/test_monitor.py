@@ -12,6 +12,7 @@ from fedssl.eval.monitor import KnnMonitor, ModuleFeatures, backbone_of, monitor
 from fedssl.methods import federated
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.params import KnnParams
+from tests.fixtures import federation_changed
 from tests.fl.test_engine import toy_data
 from tests.methods.fedsimclr.test_fedsimclr_rules import SHAPE, tiny_params
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _run(tmp_path, monitored: bool, rounds: int = 3):
-    p = tiny_params().model_copy(update={"rounds": rounds})
+    p = federation_changed(tiny_params(), rounds=rounds)
     model = seeded_contrastive_model(p.model, SHAPE, 0, torch.device("cpu"))
     data = toy_data()
     fed = federated.make_federation(p, model, data, tmp_path / f"ck{monitored}.pt", "fp")

@@ -64,11 +64,13 @@ def test_the_params_strategy_choice_stacks_over_the_methods_strategy(tmp_path):
         {
             "name": "fedsimclr",
             "model": {"arch": "small_cnn", "width": 4, "proj_hidden": 16, "proj_dim": 8},
-            "rounds": 1,
-            "local_epochs": 1,
-            "batch_size": 16,
-            "lr": 0.01,
-            "strategy": {"kind": "fedprox", "mu": 0.1},
+            "federation": {
+                "rounds": 1,
+                "local_epochs": 1,
+                "batch_size": 16,
+                "lr": 0.01,
+                "strategy": {"kind": "fedprox", "mu": 0.1},
+            },
         }
     )
     model = federated.build_model(p, SHAPE, torch.device("cpu"))

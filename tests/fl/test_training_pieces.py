@@ -234,7 +234,8 @@ def test_every_federation_block_is_one_settings_class_and_builds_one_config():
     from fedssl.methods.mpfedcon import MpFedconParams
     from fedssl.params import FederationSettings
 
-    for block in (CflParams, FedSimCLRParams, Schedule, MfclPhase1, SflTraining, MpFedconParams):
+    flat = [m.model_fields["federation"].annotation for m in (FedSimCLRParams, MpFedconParams)]
+    for block in (CflParams, Schedule, MfclPhase1, SflTraining, *flat):
         assert issubclass(block, FederationSettings), block
         assert {"rounds", "client_fraction", "lr"} <= set(block.model_fields)
     s = Schedule(rounds=4, lr=0.5, client_fraction=0.25)
@@ -331,7 +332,7 @@ def test_cpcfl_encoder_epochs_are_two_passes_with_their_own_seeds_and_an_epoch_m
     )
 
     p = tiny_exp(
-        cfl={
+        federation={
             "clusters": 1,
             "rounds": 1,
             "explore_rounds": 0,
@@ -353,8 +354,8 @@ def test_cpcfl_encoder_epochs_are_two_passes_with_their_own_seeds_and_an_epoch_m
             model,
             cfl.plain_views,
             cfl.cross_entropy,
-            OptimizerConfig("adam", eps=p.cfl.adam_eps),
-            p.cfl.batch_size,
+            OptimizerConfig("adam", eps=p.federation.adam_eps),
+            p.federation.batch_size,
             epochs,
             parallel=vectorise_clients(p.parallel_clients, cpu),
         )
@@ -362,11 +363,17 @@ def test_cpcfl_encoder_epochs_are_two_passes_with_their_own_seeds_and_an_epoch_m
     clients = list(range(len(data.clients)))
     gen = torch_generator(cpu, p.seed, "augment", 0)
     body, l0 = cohort(1).train(
-        [start] * len(clients), data, clients, p.cfl.lr, (p.seed, "local", 0, "phase", 0), gen, None
+        [start] * len(clients),
+        data,
+        clients,
+        p.federation.lr,
+        (p.seed, "local", 0, "phase", 0),
+        gen,
+        None,
     )
     starts = [{k: v[j] for k, v in body.items()} for j in clients]
     trained, l1 = cohort(2).train(
-        starts, data, clients, p.cfl.lr, (p.seed, "local", 0, "phase", 1), gen, heads
+        starts, data, clients, p.federation.lr, (p.seed, "local", 0, "phase", 1), gen, heads
     )
     sizes = torch.tensor(data.sizes(), dtype=torch.float64)
     expected = fedavg(stacked([{k: v[j] for k, v in trained.items()} for j in clients]), sizes)

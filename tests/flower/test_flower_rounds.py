@@ -14,6 +14,7 @@ from fedssl.methods.fedbyol import FedEMAParams, FedUParams
 from fedssl.methods.hooks import Hook
 from fedssl.methods.mfcl import run as mfcl
 from fedssl.models.encoders import seeded_contrastive_model
+from tests.fixtures import federation_changed
 from tests.fl.test_engine import toy_data
 from tests.methods.fedbyol import test_fedbyol_rules as byol
 from tests.methods.fedsimclr.test_fedsimclr_rules import SHAPE, tiny_params
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def simclr_federation(folder, name: str, rounds: int = 2):
-    p = tiny_params().model_copy(update={"rounds": rounds, "batch_size": 16})
+    p = federation_changed(tiny_params(), rounds=rounds, batch_size=16)
     model = seeded_contrastive_model(p.model, SHAPE, p.seed, torch.device("cpu"))
     return model, federated.make_federation(p, model, toy_data(), folder / f"{name}.pt", name)
 

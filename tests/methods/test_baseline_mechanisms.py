@@ -157,7 +157,7 @@ def test_the_fedprox_gradient_is_the_ce_gradient_plus_mu_times_w_minus_the_globa
     ce = torch.autograd.grad(F.cross_entropy(model.net(x), batch.labels), list(net.values()))
     glob = dict(model.glob.named_parameters())
     for (k, w), g_ce, g in zip(net.items(), ce, got):
-        assert torch.allclose(g, g_ce + p.strategy.mu * (w - glob[k]), atol=1e-6), k
+        assert torch.allclose(g, g_ce + p.federation.strategy.mu * (w - glob[k]), atol=1e-6), k
     # and the loss gives the frozen references no gradient
     assert all(not w.requires_grad for w in model.glob.parameters())
     assert REFERENCES == ("glob", "prev")

@@ -31,6 +31,7 @@ from fedssl.methods.base import (
     SupervisedFederatedMethod,
 )
 from fedssl.methods.hooks import call_hook, hook_module, resolve_hook
+from fedssl.presets import deep_merge
 from tests.fixtures import (
     TINY_PROBES,
     assert_a_killed_stage_resumes,
@@ -69,8 +70,17 @@ KILLED = [n for n in ON_A_BASE if n not in ON_A_RUNTIME] + [FEDERATED[0], SUPERV
 EXTRA = {
     "supervised": {"variant": "moon", "mu": 1.0, "augment": "crop_flip"},
     "fsl": {"augment": "crop_flip"},
-    "featarc": {"model": {**TINY_MODEL, "proj_dim": 16}, "lr": 0.001, "augment": AUGMENT},
-    "orchestra": {"global_clusters": 6, "local_clusters": 4, "memory_size": 48, "lr": 0.01},
+    "featarc": {
+        "model": {**TINY_MODEL, "proj_dim": 16},
+        "federation": {"lr": 0.001},
+        "augment": AUGMENT,
+    },
+    "orchestra": {
+        "global_clusters": 6,
+        "local_clusters": 4,
+        "memory_size": 48,
+        "federation": {"lr": 0.01},
+    },
 }
 
 
@@ -107,18 +117,11 @@ def test_every_hook_a_method_names_is_a_function(name):
 
 def section(name: str, rounds: int = 2, batch_size: int = 16) -> dict:
     """The tiny method section of ``name``: the common settings, its defaults otherwise."""
-    common = {
-        "name": name,
-        "model": TINY_MODEL,
-        "rounds": rounds,
-        "local_epochs": 1,
-        "batch_size": batch_size,
-        "lr": 0.05,
-        "seed": 0,
-    }
+    federation = {"rounds": rounds, "local_epochs": 1, "batch_size": batch_size, "lr": 0.05}
+    common = {"name": name, "model": TINY_MODEL, "federation": federation, "seed": 0}
     if isinstance(registry.get(name), FederatedMethod):
         common["augment"] = AUGMENT
-    return {**common, **EXTRA.get(name, {})}
+    return deep_merge(common, EXTRA.get(name, {}))
 
 
 def tiny(name: str, rounds: int = 2):
@@ -366,17 +369,20 @@ def lw_federation(p, ckpt):
 TINY_VIT = {"width": 16, "depth": 3, "heads": 2, "mlp_ratio": 2.0, "patch_size": 7}
 CHOSEN = {  # preset: (tiny sizes, its federation on the toy data, the strategy it stacks)
     "smoke_fedbyol_scaffold": (
-        {"model": TINY_MODEL, "rounds": 1, "batch_size": 16, "augment": AUGMENT},
+        {"model": TINY_MODEL, "federation": {"rounds": 1, "batch_size": 16}, "augment": AUGMENT},
         fedbyol_federation,
         "Scaffold",
     ),
     "smoke_mfcl_fedprox": (
-        {"client_module": {"width": 4, "channels_per_group": 2}, "phase1": {"rounds": 1}},
+        {
+            "client_module": {"width": 4, "channels_per_group": 2},
+            "phases": {"phase1": {"federation": {"rounds": 1}}},
+        },
         mfcl_federation,
         "FedProx",
     ),
     "smoke_lw_fedssl_fedprox": (
-        {"vit": TINY_VIT, "schedule": {"rounds": 1, "batch_size": 32}},
+        {"vit": TINY_VIT, "federation": {"rounds": 1, "batch_size": 32}},
         lw_federation,
         "FedProx",
     ),

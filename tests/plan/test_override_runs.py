@@ -79,13 +79,13 @@ def test_an_override_run_keeps_apart_and_coexists_with_dvc_experiments(project):
 def test_export_and_its_card_read_the_override_run_they_export(project):
     """`fedssl export EXP@<hash>` exports the run it names: its params (one round, not the
     preset's two), its probe metrics, and says what it overrode."""
-    sets = ["method.rounds=1", "linear_probe.epochs=1", "linear_probe.lr=1e-6"]
+    sets = ["method.federation.rounds=1", "linear_probe.epochs=1", "linear_probe.lr=1e-6"]
     derived = derived_id(fedssl(project, "run", "tiny_simclr", *sets).stderr)
     assert (project / f"results/experiments/{derived}/rounds.tsv").read_text().count("\n") == 2
     fedssl(project, "export", derived)
     card = json.loads((project / f"artifacts/exports/{derived}/encoder.json").read_text())
-    assert card["experiment"] == derived and card["params"]["method"]["rounds"] == 1
-    overrides = {"method": {"rounds": 1}, "linear_probe": {"epochs": 1, "lr": 1e-6}}
+    assert card["experiment"] == derived and card["params"]["method"]["federation"]["rounds"] == 1
+    overrides = {"method": {"federation": {"rounds": 1}}, "linear_probe": {"epochs": 1, "lr": 1e-6}}
     assert card["derived_from"] == "tiny_simclr" and card["overrides"] == overrides
     assert card["metrics"] == metrics(project, derived) != metrics(project, "tiny_simclr")
     assert f"pretrain__{derived}" in card["trained_by"]  # its own pretraining

@@ -68,16 +68,24 @@ def test_fedprox_over_fedavg_streams_and_leaves_no_anchor_in_the_model(tmp_path)
 
 
 def test_fedsimclr_plus_fedprox_is_a_params_choice(tmp_path):
-    base = {"name": "fedsimclr", "rounds": 1, "lr": 0.1, "model": {"arch": "small_cnn"}}
-    assert isinstance(make(FedSimCLRParams.model_validate(base), tmp_path), FedAvg)
-    p = FedSimCLRParams.model_validate({**base, "strategy": {"kind": "fedprox", "mu": 0.01}})
+    base = {"name": "fedsimclr", "model": {"arch": "small_cnn"}}
+    block = {"rounds": 1, "lr": 0.1}
+    assert isinstance(
+        make(FedSimCLRParams.model_validate({**base, "federation": block}), tmp_path), FedAvg
+    )
+    fedprox = {**block, "strategy": {"kind": "fedprox", "mu": 0.01}}
+    p = FedSimCLRParams.model_validate({**base, "federation": fedprox})
     strategy = make(p, tmp_path)
     assert isinstance(strategy, FedProx) and strategy.mu == 0.01
     assert strategy.anchored == [k for k, _ in tiny_model().named_parameters()]
-    with pytest.raises(ValidationError, match="strategy.fedprox.mu"):
-        FedSimCLRParams.model_validate({**base, "strategy": {"kind": "fedprox"}})
+    with pytest.raises(ValidationError, match="federation.strategy.fedprox.mu"):
+        FedSimCLRParams.model_validate(
+            {**base, "federation": {**block, "strategy": {"kind": "fedprox"}}}
+        )
     with pytest.raises(ValidationError, match="strategy"):
-        FedSimCLRParams.model_validate({**base, "strategy": {"kind": "fedsgd"}})
+        FedSimCLRParams.model_validate(
+            {**base, "federation": {**block, "strategy": {"kind": "fedsgd"}}}
+        )
 
 
 def make(p, tmp_path):

@@ -13,14 +13,14 @@ cluster model on its own test split each round, and how well the choices recover
 groups.
 
 The paper's baselines are settings of the same method (one Method, one code path):
-FedAvg = ``cfl.clusters: 1``; IFCA (None) = ``pretrain: none`` (N fully random models,
-``cfl.explore_rounds: 0``, restarts on clustering failure); IFCA (FedAvg) = ``pretrain:
+FedAvg = ``federation.clusters: 1``; IFCA (None) = ``pretrain: none`` (N fully random models,
+``federation.explore_rounds: 0``, restarts on clustering failure); IFCA (FedAvg) = ``pretrain:
 fedavg`` (the encoder of a FedAvg (None) run on the same clients, recomputed in this step).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
@@ -199,6 +199,7 @@ class CpcflParams(MethodParams):
     pretraining has ``ssl.seed``)."""
 
     name: Literal["cpcfl"] = "cpcfl"
+    federation_was: ClassVar[str] = "cfl"
     encoder: CpcflEncoderParams = CpcflEncoderParams()
     pretrain: Literal["none", "simclr", "byol", "simsiam", "fedavg"] = Field(
         description="the encoder's source: none (random), server-side SSL, or the global model "
@@ -206,9 +207,10 @@ class CpcflParams(MethodParams):
     )
     ssl: SSLParams | None = Field(None, description="needed when pretrain is simclr/byol/simsiam")
     warmup_rounds: PositiveInt | None = Field(
-        None, description="pretrain: fedavg: rounds of the FedAvg (None) run; None = cfl.rounds"
+        None,
+        description="pretrain: fedavg: rounds of the FedAvg (None) run; None = federation.rounds",
     )
-    cfl: CflParams
+    federation: CflParams
     relevance_samples: PositiveInt = Field(
         300, description="images from each side for the relevance score (Tab. 5)"
     )
@@ -224,7 +226,7 @@ class CpcflParams(MethodParams):
 def algorithm(p: CpcflParams) -> str:
     """The paper's name for these settings: FedAvg (one model), IFCA (no server-side SSL),
     CP-CFL."""
-    if p.cfl.clusters == 1:
+    if p.federation.clusters == 1:
         return "FedAvg"
     return "CP-CFL" if p.pretrain in SSL_KINDS else "IFCA"
 
@@ -259,11 +261,11 @@ class Cpcfl(Method):
 
     def row_label(self, params) -> str:
         label = f"{algorithm(params)} ({PRETRAIN_LABELS[params.pretrain]})"
-        if algorithm(params) == "IFCA" and params.cfl.restarts == 0:
+        if algorithm(params) == "IFCA" and params.federation.restarts == 0:
             label += ", no restarts"
         return label
 
     def arch(self, params) -> str:
         e = params.encoder
         arch = f"cnn4-{e.padding}" if e.arch == "cnn4" else f"resnet18-{e.norm}"
-        return f"{arch}+head-{params.cfl.head}"
+        return f"{arch}+head-{params.federation.head}"

@@ -29,7 +29,7 @@ def _step_costs(p, shape, num_classes: int):
 
     full = costs.train_step_flops(net, probe, ce) / k
     peak = costs.measured_step_bytes(
-        net, probe, ce, optimizer_slots=2, batch_scale=p.cfl.batch_size / k
+        net, probe, ce, optimizer_slots=2, batch_scale=p.federation.batch_size / k
     )
     for name, q in net.named_parameters():
         q.requires_grad_(name.startswith("head."))
@@ -43,7 +43,7 @@ def _rows(p, shape, num_classes, samples, feds, bytes_exchanged) -> list[dict]:
     """Per client: traffic by Eqs. 13-15 (T (N+1) S for a pool of N, 2 S T for FedAvg; S in
     32-bit values) and as actually sent, compute (training, plus the N selection forwards per
     exploiting round when N > 1) and memory (a step's peak plus the other N-1 models held)."""
-    c = p.cfl
+    c = p.federation
     full, head, fwd, peak, n_params, model_bytes = _step_costs(p, shape, num_classes)
     e, ef = c.local_epochs, c.local_epochs if c.encoder_epochs is None else c.encoder_epochs
     rows = []
@@ -90,7 +90,7 @@ def client_costs(ctx) -> list[dict]:
 def projected_costs(exp, part, dataset: str) -> dict:
     """The average client at full scale (all clients every round; no restarts)."""
     p = exp.method
-    c = p.cfl
+    c = p.federation
     scheme = part.scheme
     n = (
         scheme.major_classes * scheme.major_count

@@ -30,7 +30,7 @@ def plain_views(batch: torch.Tensor, generator: torch.Generator):
 
 
 def build_net(p, image_shape, num_classes: int, device) -> PoolModel:
-    return PoolModel(p.encoder, p.cfl.head, image_shape, num_classes).to(device)
+    return PoolModel(p.encoder, p.federation.head, image_shape, num_classes).to(device)
 
 
 def initial_pool(
@@ -39,7 +39,7 @@ def initial_pool(
     """N seeded models: fully random (no encoder given: IFCA (None), FedAvg (None)), or the
     given encoder with a random head each."""
     pool = []
-    for n in range(p.cfl.clusters):
+    for n in range(p.federation.clusters):
         what = "model" if encoder is None else "head"
         net = seeded(
             lambda: build_net(p, image_shape, num_classes, device), p.seed, what, attempt, n
@@ -76,10 +76,10 @@ def pool_recipe(p, image_shape, num_classes, pool, attempt, tests, true_groups) 
 
     def strategy(cfg, net: PoolModel, data: LocalData) -> PoolStrategy:
         eval_net = build_net(p, image_shape, num_classes, data.device).eval()
-        return PoolStrategy(cfg, data, p.cfl, pool, eval_net, attempt, tests, true_groups)
+        return PoolStrategy(cfg, data, p.federation, pool, eval_net, attempt, tests, true_groups)
 
     return Recipe(
-        config=federation_config(p.cfl, p.seed),
+        config=federation_config(p.federation, p.seed),
         strategy=strategy,
         phases=local_phases(p),
         parallel=p.parallel_clients,
@@ -91,7 +91,7 @@ def local_phases(p):
     model, the others the heads only (a fresh Adam state); the round's loss is the mean over
     all E_l epochs. While the strategy restricts training (t < T_c), every epoch trains that
     subset in one pass."""
-    c = p.cfl
+    c = p.federation
     e = c.local_epochs
     ef = e if c.encoder_epochs is None else c.encoder_epochs
 
@@ -126,14 +126,14 @@ def local_phases(p):
 def warmup_params(p):
     """FedAvg (None) with this experiment's local settings and seed: the same settings (and so
     the same model) as the FedAvg (None) experiment of the trial."""
-    cfl = p.cfl.model_copy(
+    cfl = p.federation.model_copy(
         update={
             "clusters": 1,
             "explore_rounds": 0,
             "encoder_epochs": None,
             "global_encoder": False,
             "restarts": 0,
-            "rounds": p.warmup_rounds or p.cfl.rounds,
+            "rounds": p.warmup_rounds or p.federation.rounds,
         }
     )
-    return p.model_copy(update={"pretrain": "none", "cfl": cfl})
+    return p.model_copy(update={"pretrain": "none", "federation": cfl})

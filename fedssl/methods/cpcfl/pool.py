@@ -29,9 +29,10 @@ Tensors = dict[str, torch.Tensor]
 
 class PoolStrategy(IFCA):
     """Alg. 2 on the engine's hooks (see the module docstring). ``data``: the clients' training
-    data (each scores the pool on its own); ``c``: the ``cfl`` settings; ``pool``: the N
-    initial model states; ``tests``: (test images on the device, labels, each client's test
-    indices) for the evaluate hook, or None (the FedAvg warm-up is not evaluated)."""
+    data (each scores the pool on its own); ``c``: the federation settings
+    (``method.federation``); ``pool``: the N initial model states; ``tests``: (test images on
+    the device, labels, each client's test indices) for the evaluate hook, or None (the FedAvg
+    warm-up is not evaluated)."""
 
     def __init__(
         self,

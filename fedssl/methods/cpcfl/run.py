@@ -27,7 +27,7 @@ from fedssl.stage.runtime import write_json
 
 
 def run(ctx) -> None:
-    p, c = ctx.exp.method, ctx.exp.method.cfl
+    p, c = ctx.exp.method, ctx.exp.method.federation
     data = train_data(ctx)
     shape = tuple(data.images.shape[1:])
     num_classes = int(data.labels.max()) + 1
@@ -68,7 +68,7 @@ def personal_tests(ctx):
 def save_outputs(
     ctx, strategy: PoolStrategy, state: FedState, parts, sizes, extra: dict, groups
 ) -> None:
-    c = ctx.exp.method.cfl
+    c = ctx.exp.method.federation
     accs, labels, probs = strategy.outputs(state)
     PersonalLog(state.memo).save(ctx.out / "personal.npz", labels, probs)
     choices = np.asarray(state.memo["personal"]["choice"], dtype=np.int64)

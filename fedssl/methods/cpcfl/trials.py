@@ -40,7 +40,7 @@ def run_trials(ctx, data, image_shape, num_classes: int, encoder, tests, groups)
     encoder, or None), until one ends without the failure rule firing or no restart is left
     (the last attempt then stands, failure and all). Returns the final attempt's federation
     and state, and the failed attempts as (ledger prefix, clusters, state)."""
-    p, c = ctx.exp.method, ctx.exp.method.cfl
+    p, c = ctx.exp.method, ctx.exp.method.federation
     failed: list[tuple[str, int, FedState]] = []
     for attempt in range(c.restarts + 1):
         pool = initial_pool(p, image_shape, num_classes, ctx.device, attempt, encoder)

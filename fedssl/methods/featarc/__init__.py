@@ -31,8 +31,9 @@ FEATARC_FEDERATION = federation_block(
 )
 
 
-class FeatARCParams(MethodParams, FEATARC_FEDERATION, TrainsItsModel):
+class FeatARCParams(MethodParams, TrainsItsModel):
     name: Literal["featarc"] = "featarc"
+    federation: FEATARC_FEDERATION
     model: ModelParams
     temperature: PositiveFloat = 0.5
     clusters: PositiveInt = Field(2, description="C: cluster models kept by the server")

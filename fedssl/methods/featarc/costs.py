@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from fedssl import costs
-from fedssl.data.catalog import dataset_spec
 from fedssl.fl.cohort import Batch, on_outputs
 from fedssl.fl.state import nbytes
 from fedssl.methods.featarc.model import FeatARCModel, featarc_forward, featarc_loss
@@ -39,21 +38,24 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
     per_image = costs.train_step_flops(step, probe, lambda loss, _x: loss) / k
     scoring = costs.forward_flops(net.backbone.eval(), probe[:k]) / k * (p.clusters + 1)
     peak = costs.measured_step_bytes(
-        step, probe, lambda loss, _x: loss, optimizer_slots=2, batch_scale=p.batch_size / k
+        step,
+        probe,
+        lambda loss, _x: loss,
+        optimizer_slots=2,
+        batch_scale=p.federation.batch_size / k,
     )
     traffic = costs.ClientTraffic(samples, rounds, sent)
-    return costs.client_rows(traffic, per_image * p.local_epochs + scoring, peak)
+    return costs.client_rows(traffic, per_image * p.federation.local_epochs + scoring, peak)
 
 
 def client_costs(ctx) -> list[dict]:
     return costs.traffic_costs(ctx, _client_costs)
 
 
-def projected_costs(exp, part, dataset: str) -> dict:
-    """The average client at full scale: C cluster models down and one model up per round."""
-    p, shape = exp.method, dataset_spec(dataset).shape
-    n = costs.average_client_samples(part, dataset)
-    rounds = round(p.client_fraction * p.rounds)
+def round_bytes(p, shape) -> int:
+    """One client's round: the C cluster models down and one model up."""
     state = seeded_contrastive_model(p.model, shape, p.seed, torch.device("cpu")).state_dict()
-    sent = (p.clusters + 1) * nbytes(state) * rounds
-    return costs.summarize_client_costs(_client_costs(p, shape, [n], [rounds], [sent]))
+    return (p.clusters + 1) * nbytes(state)
+
+
+projected_costs = costs.projection(_client_costs, round_bytes)

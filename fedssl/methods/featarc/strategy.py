@@ -69,7 +69,7 @@ class FeatARCStrategy(Strategy):
         backbone = {k[len(NET + "backbone.") :]: weights[k] for k in self.backbone_keys}
         out = [
             functional_call(self.model.anchor, backbone, (to_float(chunk),))
-            for chunk in images.split(self.p.batch_size)
+            for chunk in images.split(self.p.federation.batch_size)
         ]
         return F.normalize(torch.cat(out).float(), dim=1)
 

@@ -46,12 +46,13 @@ BYOL_FEDERATION = federation_block(
 )
 
 
-class FedBYOLParams(MethodParams, BYOL_FEDERATION, TrainsItsModel):
+class FedBYOLParams(MethodParams, TrainsItsModel):
     """BYOL on every client (EasyFL's defaults where the smoke scale allows: SGD, cosine over
     rounds, target EMA 0.99 per step). ``model.proj_hidden`` / ``proj_dim`` size both the
     projector and the predictor (Linear-BN-ReLU-Linear, spec §2.3: 4096 / 2048)."""
 
     name: Literal["fedbyol"] = "fedbyol"
+    federation: BYOL_FEDERATION
     model: ModelParams
     target_ema: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
         0.99, description="the target's EMA decay after every optimizer step"

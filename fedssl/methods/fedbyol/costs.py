@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 
 from fedssl import costs
-from fedssl.data.catalog import dataset_spec
 from fedssl.fl.state import nbytes
 from fedssl.losses import byol_loss
 from fedssl.methods.fedbyol.model import seeded_byol
@@ -25,11 +24,15 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
     per_sample = costs.train_step_flops(model, probe, _loss) / (probe.shape[0] // 2)
     every = sum(q.numel() * q.element_size() for q in model.parameters())
     online = sum(q.numel() * q.element_size() for q in model.parameters() if q.requires_grad)
-    slots = 2 if p.optimizer == "adam" else 1
-    acts = costs.saved_activation_bytes(model, probe, _loss) * p.batch_size / (probe.shape[0] // 2)
+    slots = 2 if p.federation.optimizer == "adam" else 1
+    acts = (
+        costs.saved_activation_bytes(model, probe, _loss)
+        * p.federation.batch_size
+        / (probe.shape[0] // 2)
+    )
     peak = int(acts + every + online * (1 + slots))  # weights, online grads, optimizer state
     traffic = costs.ClientTraffic(samples, rounds, sent)
-    return costs.client_rows(traffic, per_sample * p.local_epochs, peak)
+    return costs.client_rows(traffic, per_sample * p.federation.local_epochs, peak)
 
 
 def client_costs(ctx) -> list[dict]:
@@ -43,10 +46,5 @@ def payload_bytes(p, shape) -> int:
     return nbytes({k: v for k, v in state.items() if not k.startswith(TARGET)})
 
 
-def projected_costs(exp, part, dataset: str) -> dict:
-    """The average client at full scale: the payload down and up in each of its rounds."""
-    p, shape = exp.method, dataset_spec(dataset).shape
-    n = costs.average_client_samples(part, dataset)
-    rounds = round(p.client_fraction * p.rounds)
-    rows = _client_costs(p, shape, [n], [rounds], [2 * payload_bytes(p, shape) * rounds])
-    return costs.summarize_client_costs(rows)
+# the average client at full scale: the payload down and up in each of its rounds
+projected_costs = costs.projection(_client_costs, lambda p, shape: 2 * payload_bytes(p, shape))

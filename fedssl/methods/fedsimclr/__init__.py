@@ -28,8 +28,9 @@ SIMCLR_FEDERATION = federation_block(
 )
 
 
-class FedSimCLRParams(MethodParams, SIMCLR_FEDERATION, TrainsItsModel):
+class FedSimCLRParams(MethodParams, TrainsItsModel):
     name: Literal["fedsimclr"] = "fedsimclr"
+    federation: SIMCLR_FEDERATION
     model: ModelParams
     temperature: PositiveFloat = 0.5
     augment: AugmentParams = AugmentParams()

@@ -44,8 +44,9 @@ FSL_FEDERATION = federation_block(
 )
 
 
-class FSLParams(MethodParams, FSL_FEDERATION):
+class FSLParams(MethodParams):
     name: Literal["fsl"] = "fsl"
+    federation: FSL_FEDERATION
     model: ModelParams = Field(description="the encoder (its projection fields are not used)")
     cut: PositiveInt = Field(2, description="encoder units on the client (w_c)")
     augment: Literal["none", "crop_flip"] = Field(

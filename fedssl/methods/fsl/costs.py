@@ -19,7 +19,7 @@ def client_costs(ctx) -> list[dict]:
     y = torch.arange(len(x)) % model.aux[-1].out_features
     loss = lambda out, _x: F.cross_entropy(out, y)  # noqa: E731
     flops = costs.train_step_flops(local, x, loss) / len(x)
-    acts = costs.saved_activation_bytes(local, x, loss) * p.batch_size / len(x)
+    acts = costs.saved_activation_bytes(local, x, loss) * p.federation.batch_size / len(x)
     peak = int(acts + 3 * costs.tensor_bytes(local.parameters()))
     ledger = costs.step_traffic(ctx, "train")
-    return costs.client_rows(ledger, flops * p.local_epochs, peak)
+    return costs.client_rows(ledger, flops * p.federation.local_epochs, peak)

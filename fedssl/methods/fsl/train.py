@@ -87,7 +87,7 @@ class FSLTraffic(ScoredFedAvg):
         }
 
     def upload(self, state: FedState, client: int, trained: dict) -> dict:
-        rows = len(self.data.clients[client]) * self.p.local_epochs  # h = 1
+        rows = len(self.data.clients[client]) * self.p.federation.local_epochs  # h = 1
         state.ledger.sent(client, {"s": self.smashed.expand(rows, *self.smashed.shape)}, SMASHED)
         state.ledger.sent(
             client, {"y": torch.empty(rows, dtype=torch.int64, device="meta")}, LABELS

@@ -19,7 +19,7 @@ The heads (H, P and the final LayerNorm) always train and travel; the patch embe
 with L_1 (and with every block where all blocks train). ``vit_scratch`` is the reference row:
 the seeded initial encoder, never trained (the paper's "Scratch").
 
-Per-stage settings: ``schedule`` holds what every stage uses and ``stages`` overrides it for
+Per-stage settings: ``federation`` holds what every stage uses and ``stages`` overrides it for
 single stages, keyed ``s1``..``sS`` (``stages: {s7: {rounds: 30}}``). A mapping keyed by stage
 reads better than a list of S entries (DVC and the presets address mapping keys by name, not
 list items) and a uniform schedule stays one line. Stage s reads the schedule, its own override
@@ -182,8 +182,10 @@ STAGE_KEY = re.compile(r"^s([1-9][0-9]*)$")
 class MocoFamilyParams(MethodParams):
     """What all four methods read."""
 
+    federation_was: ClassVar[str] = "schedule"
+
     vit: VitParams = VitParams()
-    schedule: Schedule = Schedule()
+    federation: Schedule = Field(Schedule(), description="what every stage federates with")
     augment: AugmentParams = Field(description="view 1 (MoCo v3: blur always, no solarize)")
     augment_2: AugmentParams | None = Field(
         None, description="view 2 (MoCo v3: blur p=0.1, solarize p=0.2); None = as view 1"
@@ -238,12 +240,12 @@ class GrowingParams(MocoFamilyParams):
     def stage(self, s: int) -> Schedule:
         """The settings of stage s (1-based): the schedule with the stage's overrides."""
         over = self.stages.get(f"s{s}")
-        values = dict(self.schedule)  # its fields as they are (the strategy choice a model)
+        values = dict(self.federation)  # its fields as they are (the strategy choice a model)
         if over is not None:
             values.update(
                 {k: v for k, v in over.model_dump().items() if v is not None and k in values}
             )
-        return self.schedule.model_copy(update=values)
+        return self.federation.model_copy(update=values)
 
     def stage_rounds(self) -> list[int]:
         return [self.stage(s).rounds for s in range(1, self.vit.depth + 1)]
@@ -253,7 +255,7 @@ class GrowingParams(MocoFamilyParams):
 
 
 class FedMoCoParams(MocoFamilyParams):
-    """End-to-end FedAvg of MoCo v3: ``vit.depth`` x ``schedule.rounds`` rounds (the same R as
+    """End-to-end FedAvg of MoCo v3: ``vit.depth`` x ``federation.rounds`` rounds (the same R as
     the layer-wise schedule)."""
 
     name: Literal["fedmoco"] = "fedmoco"
@@ -265,7 +267,8 @@ class FedMoCoParams(MocoFamilyParams):
 
     def settings(self, s: int | None) -> Schedule:
         """S x R_s rounds of the schedule."""
-        return self.schedule.model_copy(update={"rounds": self.schedule.rounds * self.vit.depth})
+        rounds = self.federation.rounds * self.vit.depth
+        return self.federation.model_copy(update={"rounds": rounds})
 
 
 class FedMoCoLWParams(GrowingParams):
@@ -319,7 +322,7 @@ SHARED_READS = (
     "partition",
     "method.seed",
     "method.vit",
-    "method.schedule",
+    "method.federation",
     "method.augment",
     "method.augment_2",
     "method.parallel_clients",
@@ -366,7 +369,7 @@ class _Growing(_Family):
         for s in range(1, params.vit.depth + 1):
             own = (f"method.stages.s{s}",) if f"s{s}" in params.stages else ()
             others = ()
-            if params.schedule.lr_schedule == "cosine":  # the position in the whole schedule
+            if params.federation.lr_schedule == "cosine":  # the position in the whole schedule
                 others = tuple(
                     f"method.stages.s{t}.rounds"
                     for t in range(1, params.vit.depth + 1)

@@ -9,7 +9,7 @@ rServer trains the remaining ResNet stages + projection head on them with NT-Xen
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -87,6 +87,20 @@ class MfclPhase1(MFCL_FEDERATION):
     )
 
 
+class MfclPhase1Section(Strict):
+    """Phase 1's section: its federation (a method's federated phase keeps its block at
+    ``method.phases.<name>.federation``)."""
+
+    federation: MfclPhase1
+
+
+class MfclPhases(Strict):
+    """MFCL's federated phases by name: phase 1 (the export and the rServer are not
+    federations)."""
+
+    phase1: MfclPhase1Section
+
+
 class MfclExport(Strict):
     """Phase 2 upload: rho pairs of twin views per sample through the frozen client module."""
 
@@ -146,10 +160,11 @@ class MfclParams(MethodParams):
     augmentation shared by phase 1 and the export."""
 
     name: Literal["mfcl"] = "mfcl"
+    federation_was: ClassVar[str] = "phase1"
     augment: AugmentParams = AugmentParams()
     parallel_clients: ParallelClients = Field("auto", description=PARALLEL_CLIENTS_HELP)
     client_module: MfclClientModule
-    phase1: MfclPhase1
+    phases: MfclPhases
     export: MfclExport
     rserver: MfclRServer
 
@@ -165,7 +180,7 @@ class Mfcl(Method):
     steps = (
         Step(
             "pretrain",
-            reads=("partition", *VIEWS, "method.parallel_clients", "method.phase1"),
+            reads=("partition", *VIEWS, "method.parallel_clients", "method.phases.phase1"),
             plots=("rounds.tsv",),
             runner=Hook("fedssl.methods.mfcl.run", "phase1"),
         ),

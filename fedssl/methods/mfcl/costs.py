@@ -8,7 +8,6 @@ import json
 import torch
 
 from fedssl import costs
-from fedssl.data.catalog import dataset_spec
 from fedssl.fl.state import nbytes
 from fedssl.methods.mfcl import paper_costs
 from fedssl.methods.mfcl.run import build_client_module, pre_pool_numel
@@ -18,15 +17,15 @@ from fedssl.models.autoencoder import reconstruction_loss
 def _client_costs(p, shape, samples, rounds, sent, export: list[dict]) -> list[dict]:
     """Per-client MFCL costs: phase-1 training and traffic, plus the one-shot export."""
     ae = build_client_module(p, shape, torch.device("cpu")).train()
-    kind = p.phase1.loss
+    kind = p.phases.phase1.federation.loss
     return paper_costs.mfcl_client_costs(
         ae,
         costs.probe_batch(shape),
         lambda logits, x: reconstruction_loss(logits, x, kind),
-        p.phase1.batch_pairs,
+        p.phases.phase1.federation.batch_pairs,
         samples,
         rounds,
-        p.phase1.local_epochs,
+        p.phases.phase1.federation.local_epochs,
         p.export.pairs,
         [c["dropped"] for c in export],
         [b + c["bytes_sent"] for b, c in zip(sent, export)],
@@ -42,15 +41,21 @@ def client_costs(ctx) -> list[dict]:
     )
 
 
-def projected_costs(exp, part, dataset: str) -> dict:
-    """The average client at full scale (Tab. 3's setting): the autoencoder down and up in each
-    of its rounds and the fp16 export of rho twin pairs per sample."""
-    p, shape = exp.method, dataset_spec(dataset).shape
-    n = costs.average_client_samples(part, dataset)
+def _round_bytes(p, shape) -> int:
+    """A phase-1 round of one client: the autoencoder down and up."""
+    return 2 * nbytes(build_client_module(p, shape, torch.device("cpu")).state_dict())
+
+
+def _projected_client_costs(p, shape, samples, rounds, sent) -> list[dict]:
+    """:func:`_client_costs` with what MFCL adds to the projection of its federation: each
+    client's one-shot fp16 export of rho twin pairs per sample."""
     model = build_client_module(p, shape, torch.device("cpu"))
     with torch.no_grad():
         view = model.eval().encode(torch.zeros(2, *shape))[0]
-    rounds = round(p.phase1.client_fraction * p.phase1.rounds)
-    sent = 2 * nbytes(model.state_dict()) * rounds
-    export = [{"dropped": False, "bytes_sent": n * p.export.pairs * 2 * view.numel() * 2}]
-    return costs.summarize_client_costs(_client_costs(p, shape, [n], [rounds], [sent], export))
+    per_sample = p.export.pairs * 2 * view.numel() * 2
+    export = [{"dropped": False, "bytes_sent": n * per_sample} for n in samples]
+    return _client_costs(p, shape, samples, rounds, sent, export)
+
+
+# the average client at full scale (Tab. 3's setting), from phase 1's federation block
+projected_costs = costs.projection(_projected_client_costs, _round_bytes)

@@ -101,7 +101,7 @@ def phase1_recipe(p) -> Recipe:
     """Phase 1 (Alg. 1 l. 1-13): Adam on twin batches of K pairs, fresh optimizer state every
     round, size-weighted FedAvg of the whole autoencoder (optionally through secure
     aggregation), under the params' ``strategy`` choice (FedProx)."""
-    p1 = p.phase1
+    p1 = p.phases.phase1.federation
     fedavg = SecureFedAvg if p1.secure_aggregation else Strategy
     return Recipe(
         config=federation_config(p1, p.seed),
@@ -136,7 +136,7 @@ def phase1_federation(ctx) -> tuple[ClientAutoencoder, Federation]:
 
 def phase1(ctx) -> None:
     p = ctx.exp.method
-    if p.phase1.rounds > 0:
+    if p.phases.phase1.federation.rounds > 0:
         model, fed = phase1_federation(ctx)
         run_federation(ctx, fed, model)
     else:
@@ -149,7 +149,7 @@ def phase1(ctx) -> None:
     ctx.info.update(
         parameters=sum(q.numel() for q in model.parameters()),
         encoder_parameters=model.num_parameters("encoder"),
-        secure_aggregation=p.phase1.secure_aggregation,
+        secure_aggregation=p.phases.phase1.federation.secure_aggregation,
     )
 
 

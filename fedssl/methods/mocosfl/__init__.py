@@ -22,7 +22,7 @@ side by side in the paper's layout (per cut, per number of clients).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -185,6 +185,7 @@ class MocoSflParams(MethodParams):
     monitor, the inversion attack."""
 
     name: Literal["mocosfl"] = "mocosfl"
+    federation_was: ClassVar[str] = "training"
     variant: Literal["mocosfl", "monacosfl"] = Field(
         description="mocosfl = sync the client online models only; monacosfl = also average "
         "the client momentum models at every sync (momentum alignment)"
@@ -196,7 +197,7 @@ class MocoSflParams(MethodParams):
         "(9 adds the final 1x1 conv)"
     )
     moco: SflMoco = SflMoco()
-    training: SflTraining
+    federation: SflTraining
     augment: AugmentParams = AugmentParams()
     monitor: SflMonitor = SflMonitor()
     inversion: SflInversion = SflInversion()
@@ -215,7 +216,7 @@ TRAINING = (
     "method.backbone",
     "method.cut",
     "method.moco",
-    "method.training",
+    "method.federation",
     "method.augment",
     "method.monitor",
     "method.parallel_clients",

@@ -36,7 +36,7 @@ CLIENT_COPIES = 4  # online, momentum, gradient, SGD momentum
 
 def client_step(p, nets: SplitNets, image_shape) -> dict:
     """FLOPs and memory of one client step on a fixed probe batch of the step's real size."""
-    rows = p.training.batch_size  # the online model's view and the momentum model's
+    rows = p.federation.batch_size  # the online model's view and the momentum model's
     gen = torch.Generator().manual_seed(0)
     x = torch.rand((rows, *image_shape), generator=gen)
     returned = torch.randn((rows, *nets.activation_shape(image_shape)), generator=gen)
@@ -56,8 +56,8 @@ def client_step(p, nets: SplitNets, image_shape) -> dict:
     saved = costs.saved_activation_bytes(client, x, backward_from_server)
     return {
         "flops_per_step": flops,
-        "flops_per_image": flops / p.training.batch_size,
-        "server_flops_per_image": server / p.training.batch_size,
+        "flops_per_image": flops / p.federation.batch_size,
+        "server_flops_per_image": server / p.federation.batch_size,
         "step_bytes": int(saved + smashed + CLIENT_COPIES * weights),
     }
 
@@ -73,7 +73,7 @@ def smashed_bytes_per_step(ledger_rows: list[dict], images: int, batch_size: int
 def client_rows(p, nets: SplitNets, image_shape, ledger: dict, images: list[int]) -> list[dict]:
     """One row per client: its ledger's bytes by kind, its FLOPs and its step's memory."""
     step = client_step(p, nets, image_shape)
-    smashed = smashed_bytes_per_step(ledger["per_client"], sum(images), p.training.batch_size)
+    smashed = smashed_bytes_per_step(ledger["per_client"], sum(images), p.federation.batch_size)
     rows = []
     for row in ledger["per_client"]:
         c = row["client"]
@@ -126,7 +126,7 @@ def projected_rows(p, image_shape, samples: int) -> list[dict]:
     sampled in rho x rounds rounds, one pass over its data each, in the cohort's syncs of those
     rounds; a sampled round after one it sat out starts with a catch-up download (expected
     rho R (1 - rho) of them: an estimate where rho < 1)."""
-    t = p.training
+    t = p.federation
     rounds = round(t.client_fraction * t.rounds)
     steps = math.ceil(samples / t.batch_size)
     syncs = syncs_per_run(steps, t.rounds, t) * rounds // max(t.rounds, 1)

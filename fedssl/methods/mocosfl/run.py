@@ -50,7 +50,7 @@ def split_monitor(
         return None
     knn = KnnParams(k=m.k, temperature=m.temperature)
     sizes = (m.bank_size, m.query_size)
-    rounds = p.training.rounds
+    rounds = p.federation.rounds
     return monitor_of(ctx, nets.embedding, device, m.every, rounds, p.seed, knn, sizes, m.queries)
 
 

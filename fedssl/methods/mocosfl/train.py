@@ -16,7 +16,7 @@ from fedssl.rounds.recipe import Recipe
 
 def sfl_config(p: MocoSflParams) -> SflConfig:
     """The split trainer's settings of MocoSFL params ``p``."""
-    t, m = p.training, p.moco
+    t, m = p.federation, p.moco
     return SflConfig(
         temperature=m.temperature,
         momentum=m.momentum,
@@ -40,7 +40,7 @@ def recipe(p: MocoSflParams) -> Recipe:
     """MocoSFL's recipe: the seeded split nets, the sync strategy and the split trainer (no
     local passes: clients and server step together every batch). No ``strategy:`` choice is
     stacked: the split trainer exchanges activations, not the models a strategy moves."""
-    t = p.training
+    t = p.federation
     align = p.variant == "monacosfl"
     return Recipe(
         config=federation_config(t, p.seed, t.lr_schedule),

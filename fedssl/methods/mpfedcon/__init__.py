@@ -11,8 +11,8 @@ across rounds (A8). The variants:
 * ``fedrep``: the same schedule with CE only; ``fedper``: D shared, P+O local, all trained
   together; ``lg_fedavg``: P+O shared, D local (the mirror split);
 * ``fedavg``: everything shared; ``fedavg_ft``: FedAvg, evaluated after ``finetune_epochs``
-  of local fine-tuning of the head (FedProx: ``fedavg`` with ``strategy: {kind: fedprox, mu:
-  ...}``, the library's (μ_p/2)‖w − w_g‖² that any method can choose);
+  of local fine-tuning of the head (FedProx: ``fedavg`` with ``federation.strategy: {kind:
+  fedprox, mu: ...}``, the library's (μ_p/2)‖w − w_g‖² that any method can choose);
 * ``solo``: nothing shared, nothing sent (local training only);
 * the personalised baselines of Tab. 1 (spec methods/baselines.md §8-11; module
   :mod:`~fedssl.methods.mpfedcon.personalised`), whole model shared: ``scaffold`` (control
@@ -117,10 +117,11 @@ MPFEDCON_FEDERATION = federation_block(
 )
 
 
-class MpFedconParams(MethodParams, MPFEDCON_FEDERATION):
+class MpFedconParams(MethodParams):
     """One personalised-FL run: the variant, its network and split, and Alg. 1's settings."""
 
     name: Literal["mpfedcon"] = "mpfedcon"
+    federation: MPFEDCON_FEDERATION
     variant: Variant
     net: NetParams
     shared: tuple[Layer, ...] | None = Field(
@@ -201,17 +202,17 @@ class MpFedconParams(MethodParams, MPFEDCON_FEDERATION):
             mu = data.get("prox_mu", 0.1)  # the retired field's default
             raise ValueError(
                 f"{' and '.join(retired)}: retired; write variant: fedavg and "
-                f"strategy: {{kind: fedprox, mu: {mu}}} (the library's FedProx, which any "
-                "method can choose)"
+                f"federation.strategy: {{kind: fedprox, mu: {mu}}} (the library's FedProx, "
+                "which any method can choose)"
             )
         return data
 
     @model_validator(mode="after")
     def _own_strategy(self):
-        if self.variant in PERSONALISED and self.strategy.stacks:
+        if self.variant in PERSONALISED and self.federation.strategy.stacks:
             raise ValueError(
                 f"strategy: variant '{self.variant}' is a strategy of its own; "
-                f"'{self.strategy.kind}' does not stack on it"
+                f"'{self.federation.strategy.kind}' does not stack on it"
             )
         return self
 
@@ -286,8 +287,8 @@ class MpFedcon(Method):
 
     def row_label(self, params) -> str:
         label = LABELS[params.variant]
-        if params.strategy.stacks:  # FedAvg + FedProx is FedProx
-            title = params.strategy.title
+        if params.federation.strategy.stacks:  # FedAvg + FedProx is FedProx
+            title = params.federation.strategy.title
             label = title if params.variant == "fedavg" else f"{label} + {title}"
         if params.variant == "mpfedcon":
             label += f" (μ={params.mu:g})"

@@ -56,7 +56,7 @@ class ScaffoldStrategy(CompanionScaffold, SplitStrategy):
             tests,
             data,
             local_epochs=p.body_epochs,
-            batch_size=p.batch_size,
+            batch_size=p.federation.batch_size,
             eta_g=p.scaffold_eta_g,
         )
         self.controlled = self.net_params
@@ -108,7 +108,7 @@ class PerFedAvgStrategy(SplitStrategy):
         parties = []
         for c in range(len(t.clients)):
             idx = numpy_rng(p.seed, "adapt", round_, c).permutation(data.clients[c])
-            idx = torch.as_tensor(idx[: p.batch_size], device=data.device)
+            idx = torch.as_tensor(idx[: p.federation.batch_size], device=data.device)
             batch = (to_float(data.images[idx]), data.labels[idx])
             parties.append(perfedavg.adapted(f, w, batch, p.perfedavg_alpha))
         return client_outputs(
@@ -146,7 +146,7 @@ def local_schedule(p, strategy: SplitStrategy, cohort) -> list[Phase]:
         after = apfl.clip_alpha() if p.apfl_adaptive else None
         return [Phase(cohort(apfl_loss(p.fedrep_code), epochs, after_step=after), lambda s: names)]
     if p.variant == "ditto":  # v steps on the very batches w stepped on (seed_tag ())
-        prox = ditto_prox(p.ditto_lambda, p.lr, anchor_of("personal", "anchor"))
+        prox = ditto_prox(p.ditto_lambda, p.federation.lr, anchor_of("personal", "anchor"))
         return [
             Phase(cohort(ce_loss(), epochs), lambda s: net),
             Phase(
@@ -157,4 +157,4 @@ def local_schedule(p, strategy: SplitStrategy, cohort) -> list[Phase]:
         ]
     parts = 2 if p.perfedavg_order == "first_order" else 3
     loss = perfedavg_loss(p.perfedavg_alpha, p.perfedavg_order, p.perfedavg_delta)
-    return [Phase(cohort(loss, epochs, batch_size=parts * p.batch_size), lambda s: net)]
+    return [Phase(cohort(loss, epochs, batch_size=parts * p.federation.batch_size), lambda s: net)]

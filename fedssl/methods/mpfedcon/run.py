@@ -44,10 +44,10 @@ def make_strategy(
     """The variant's protocol: SCAFFOLD, APFL, Ditto and Per-FedAvg their own, the rest the
     split strategy (shared layers averaged, personal kept, MpFedcon's class centres) under the
     params' ``strategy`` choice (FedProx)."""
-    cfg = federation_config(p, p.seed)
+    cfg = federation_config(p.federation, p.seed)
     if p.variant in PERSONALISED:
         return personalised.STRATEGIES[p.variant](cfg, p, model, tests, data)
-    return chosen_over(SplitStrategy(cfg, p, model, tests, data), p)
+    return chosen_over(SplitStrategy(cfg, p, model, tests, data), p.federation)
 
 
 def local_phases(p, model: Anchored, strategy: SplitStrategy) -> list[Local]:
@@ -55,9 +55,12 @@ def local_phases(p, model: Anchored, strategy: SplitStrategy) -> list[Local]:
     for MpFedcon), or the whole network together (CE), or a personalised baseline's own
     phases; the others' losses go through the strategy's local objective (FedProx's term)."""
     clip = p.scaffold_clip_norm if p.variant == "scaffold" else None
-    opt = OptimizerConfig("sgd", weight_decay=p.weight_decay, momentum=p.momentum, clip_norm=clip)
+    fed = p.federation
+    opt = OptimizerConfig(
+        "sgd", weight_decay=fed.weight_decay, momentum=fed.momentum, clip_norm=clip
+    )
 
-    def local(loss, epochs: int, batch_size=p.batch_size, after_step=None, **phase) -> Local:
+    def local(loss, epochs: int, batch_size=fed.batch_size, after_step=None, **phase) -> Local:
         return Local(
             views=lambda size: views_of(p),
             batch_size=batch_size,
@@ -91,10 +94,10 @@ def make_federation(
 ) -> Federation:
     """The variant's strategy and local schedule over the parties' data."""
     recipe = Recipe(
-        config=federation_config(p, p.seed),
+        config=federation_config(p.federation, p.seed),
         strategy=lambda cfg, model, data: make_strategy(p, model, tests, data),
         phases=lambda model, strategy: local_phases(p, model, strategy),
-        parallel=p.parallel_clients,
+        parallel=p.federation.parallel_clients,
     )
     return build_federation(recipe, model, data, ckpt, fingerprint)
 

@@ -296,8 +296,8 @@ class SplitStrategy(Strategy):
             head,
             lambda b, g: (b,),
             _head_ce,
-            OptimizerConfig("sgd", p.weight_decay, p.momentum),
-            p.batch_size,
+            OptimizerConfig("sgd", p.federation.weight_decay, p.federation.momentum),
+            p.federation.batch_size,
             p.finetune_epochs,
             parallel=True,
         )
@@ -306,7 +306,7 @@ class SplitStrategy(Strategy):
             [start] * n,
             local,
             list(range(n)),
-            p.lr,
+            p.federation.lr,
             (p.seed, "finetune", round_),
             torch_generator(data.device, p.seed, "finetune", round_),
         )

@@ -41,8 +41,9 @@ ORCHESTRA_FEDERATION = federation_block(
 )
 
 
-class OrchestraParams(MethodParams, ORCHESTRA_FEDERATION, TrainsItsModel):
+class OrchestraParams(MethodParams, TrainsItsModel):
     name: Literal["orchestra"] = "orchestra"
+    federation: ORCHESTRA_FEDERATION
     model: ModelParams = Field(description="backbone; proj_hidden / proj_dim size the projector")
     temperature: PositiveFloat = Field(0.1, description="T of the cluster softmaxes")
     target_momentum: Annotated[float, Field(ge=0.0, le=1.0)] = 0.996

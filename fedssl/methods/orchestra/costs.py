@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from fedssl import costs
-from fedssl.data.catalog import dataset_spec
 from fedssl.fl.cohort import Batch, on_outputs
 from fedssl.fl.state import nbytes
 from fedssl.methods.orchestra.loss import orchestra_forward, orchestra_loss
@@ -48,7 +47,7 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
         probe,
         lambda loss, _x: loss,
         optimizer_slots=1,
-        batch_scale=p.batch_size / costs.PROBE_PAIRS,
+        batch_scale=p.federation.batch_size / costs.PROBE_PAIRS,
     )
     return [
         {
@@ -57,7 +56,7 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
             "rounds": r,
             "bytes_exchanged": b,
             # round 0 only clusters: training rounds are r - 1 for a client that took part in it
-            "flops": per_image * n * p.local_epochs * max(r - 1, 0),
+            "flops": per_image * n * p.federation.local_epochs * max(r - 1, 0),
             "peak_step_bytes": peak,
         }
         for m, (n, r, b) in enumerate(zip(samples, rounds, sent))
@@ -76,12 +75,5 @@ def round_bytes(p, shape) -> tuple[int, int]:
     return down, down + p.local_clusters * p.model.proj_dim * 4
 
 
-def projected_costs(exp, part, dataset: str) -> dict:
-    """The average client at full scale, taking part in every round (plus round 0)."""
-    p, shape = exp.method, dataset_spec(dataset).shape
-    n = costs.average_client_samples(part, dataset)
-    rounds = round(p.client_fraction * p.rounds) + 1
-    down, up = round_bytes(p, shape)
-    return costs.summarize_client_costs(
-        _client_costs(p, shape, [n], [rounds], [(down + up) * rounds])
-    )
+# the average client at full scale, in its share of the rounds plus round 0 (every client's)
+projected_costs = costs.projection(_client_costs, lambda p, shape: sum(round_bytes(p, shape)), 1)

@@ -100,7 +100,7 @@ class OrchestraStrategy(Strategy):
         buffers[MEMORY] = self.model.memory
         weights = {k: v for k, v in received.items() if k not in buffers}
         parts = []
-        for batch in rows.split(p.batch_size):
+        for batch in rows.split(p.federation.batch_size):
             x = view(data.images[batch], gen)
             parts.append(
                 functional_call(self.model, (weights, buffers), (x,), {"branch": "target"})

@@ -7,8 +7,9 @@ SSL rows; P: the Linear-ReLU-Linear projection head; O: the classifier on P's ou
 FedAvg of the whole network, which travels both ways every round. The variants differ only in
 the local loss:
 
-* ``fedavg``: CE; FedProx is ``fedavg`` with ``strategy: {kind: fedprox, mu: ...}``, CE +
-  (μ/2)‖w − W_g‖² over the trainable weights (W_g: the round's global model), as any method's;
+* ``fedavg``: CE; FedProx is ``fedavg`` with ``federation.strategy: {kind: fedprox, mu:
+  ...}``, CE + (μ/2)‖w − W_g‖² over the trainable weights (W_g: the round's global model), as
+  any method's;
 * ``moon``: CE + μ·ℓ_con, ℓ_con = −log softmax([cos(z, z_glob), cos(z, z_prev)] / τ) at the
   positive, z = P(D(x)) of the live model, z_glob of the global model, z_prev of the client's
   own model after its previous local training (kept on the client; none yet: ℓ_con = 0, the
@@ -52,10 +53,11 @@ SUPERVISED_FEDERATION = federation_block(
 )
 
 
-class SupervisedParams(MethodParams, SUPERVISED_FEDERATION, TrainsItsModel):
+class SupervisedParams(MethodParams, TrainsItsModel):
     """One global supervised FL run (defaults: MOON's setup, spec §1 and §6.3)."""
 
     name: Literal["supervised"] = "supervised"
+    federation: SUPERVISED_FEDERATION
     variant: Literal["fedavg", "moon"]
     model: ModelParams = Field(
         description="D and P: the encoder and projection head (proj_hidden, proj_dim); O "
@@ -73,8 +75,8 @@ class SupervisedParams(MethodParams, SUPERVISED_FEDERATION, TrainsItsModel):
     def _no_retired_variant(cls, data):
         if isinstance(data, dict) and data.get("variant") == "fedprox":
             raise ValueError(
-                "variant: 'fedprox': retired; write variant: fedavg and "
-                f"strategy: {{kind: fedprox, mu: {data.get('mu', '...')}}} (the library's "
+                "variant: 'fedprox': retired; write variant: fedavg and federation.strategy: "
+                f"{{kind: fedprox, mu: {data.get('mu', '...')}}} (the library's "
                 "FedProx, which any method can choose)"
             )
         return data
@@ -103,7 +105,7 @@ class Supervised(SupervisedFederatedMethod):
     encoder_of = Hook(TRAIN, "global_encoder")
 
     def row_label(self, params) -> str:
-        strategy = params.strategy
+        strategy = params.federation.strategy
         if params.variant == "fedavg":
             return strategy.label()  # FedAvg, or the chosen strategy with its settings
         label = f"{LABELS[params.variant]} (μ={params.mu:g})"

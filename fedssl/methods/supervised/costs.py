@@ -17,14 +17,14 @@ from fedssl.strategies.references import reference_pairs
 
 def references_held(p) -> int:
     """Frozen model copies a step reads: MOON's two, FedProx's round-start anchor."""
-    return 2 * (p.variant == "moon") + (p.strategy.kind == "fedprox")
+    return 2 * (p.variant == "moon") + (p.federation.strategy.kind == "fedprox")
 
 
 def step_loss(p, model: nn.Module):
     """The variant's loss, with FedProx's term (towards the round-start copy) if chosen."""
     loss = trainer_loss(p)
-    if p.strategy.kind == "fedprox":
-        loss = proximal(loss, p.strategy.mu, reference_pairs(model))
+    if p.federation.strategy.kind == "fedprox":
+        loss = proximal(loss, p.federation.strategy.mu, reference_pairs(model))
     return loss
 
 
@@ -43,7 +43,7 @@ class LocalStep(nn.Module):
 
 
 def step_costs(p, shape, classes: int) -> dict:
-    """FLOPs per sample of a local step and its memory at batch size ``p.batch_size``: saved
+    """FLOPs per sample of a local step and its memory at the federation's batch size: saved
     activations + the live network's weights, gradients and SGD momentum + the frozen
     references the variant reads."""
     model = build_model(p, shape, classes, torch.device("cpu"))
@@ -52,7 +52,7 @@ def step_costs(p, shape, classes: int) -> dict:
     step = LocalStep(p, model, torch.arange(len(x)) % classes)
     scalar = lambda out, _x: out  # noqa: E731 - the step already returns the loss
     flops = costs.train_step_flops(step, x, scalar) / len(x)
-    acts = costs.saved_activation_bytes(step, x, scalar) * p.batch_size / len(x)
+    acts = costs.saved_activation_bytes(step, x, scalar) * p.federation.batch_size / len(x)
     net = costs.tensor_bytes(model.net.parameters())
     return {
         "flops_per_sample": flops,
@@ -65,5 +65,5 @@ def client_costs(ctx) -> list[dict]:
     saved = load_saved(ctx, "cpu")
     ledger = costs.step_traffic(ctx, "train")
     step = step_costs(p, ctx.image_shape, saved["classes"])
-    per_sample_round = step["flops_per_sample"] * p.local_epochs
+    per_sample_round = step["flops_per_sample"] * p.federation.local_epochs
     return costs.client_rows(ledger, per_sample_round, step["peak_step_bytes"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import statistics
 from pathlib import Path
 
@@ -30,6 +31,46 @@ def per_run_budget(total_s: float, shared_s: float, runs: int) -> float:
 
 
 BUDGET_FILE = Path("benchmarks/board_budget.tsv")
+
+
+BUDGET_PIPELINE = "benchmark"  # the first board, whose presets the budget measures
+
+
+def budget_lines(pipeline: str = BUDGET_PIPELINE, presets=None) -> dict[str, tuple[str, str, int]]:
+    """The budget's line table, derived from the presets and the method registry: for each
+    preset the pipeline's experiments extend (a grid's ``extends``, or the experiment
+    itself) and that federates, its rounds setting (the federation block's ``rounds``), the
+    steps that run those rounds (a glob: ``grow_*`` for a growing encoder's stages) and the
+    pipeline's runs of it."""
+    if presets is None:
+        from fedssl.presets import Presets
+
+        presets = Presets()
+    members, grids = presets.grid_members("experiment"), presets.grids().experiments
+    runs: dict[str, int] = {}
+    for e in presets.pipeline_experiments(pipeline):
+        grid = members.get(e, (e, {}))[0]
+        base = grids[grid].extends if grid in grids else e
+        runs[base] = runs.get(base, 0) + 1
+    out = {}
+    for preset, n in runs.items():
+        entry = line_entry(presets.load("experiment", preset).method)
+        if entry is not None:
+            out[preset] = (*entry, n)
+    return out
+
+
+def line_entry(method_params) -> tuple[str, str] | None:
+    """A method's rounds setting and the glob of its round steps; None: no federation."""
+    from fedssl.methods import registry
+    from fedssl.methods.base import federation_path
+
+    path = federation_path(type(method_params))
+    if path is None:
+        return None
+    steps = registry.get(method_params.name).round_steps(method_params)
+    glob = steps[0] if len(steps) == 1 else os.path.commonprefix(steps) + "*"
+    return f"{path}.rounds", glob
 
 
 BUDGET_TOTAL_S = 3 * 3600  # the board on a 2-core CPU
@@ -81,7 +122,18 @@ MEASURED_FILE = Path("results/runs/benchmark.tsv")
 MEASURED_REPORT = Path("results/reports/benchmark/report.json")
 
 
-ROUND_STEPS = {"pretrain", "train", "cfl", "grow_1", "grow_2", "grow_3"}  # they run the rounds
+def round_step_names(pipeline: str = BUDGET_PIPELINE) -> set[str]:
+    """The stage kinds that run a federation's rounds in the pipeline's experiments (the
+    steps that read the federation block, by the registry)."""
+    from fedssl.methods import registry
+    from fedssl.presets import Presets
+
+    presets = Presets()
+    names: set[str] = set()
+    for e in presets.pipeline_experiments(pipeline):
+        method = presets.load("experiment", e).method
+        names.update(registry.get(method.name).round_steps(method))
+    return names
 
 
 MONITOR_CALL_S = 2.0  # one k-NN monitor evaluation on the small CNN (bank 5,000, queries 2,000)
@@ -114,11 +166,12 @@ def measured_times(
 
         members = Presets().grid_members("experiment")
     rounds = {r["experiment"]: r["rounds"] for r in json.loads(report.read_text())["rows"]}
+    round_steps = round_step_names()
     lines: dict[str, dict] = {}
     with open(runs_file) as f:
         for r in csv.DictReader((x for x in f if not x.startswith("#")), delimiter="\t"):
             line = lines.setdefault(line_of(r["experiment"], members), {"round": {}, "fixed": {}})
-            kind = "round" if r["stage"] in ROUND_STEPS else "fixed"
+            kind = "round" if r["stage"] in round_steps else "fixed"
             line[kind][r["experiment"]] = line[kind].get(r["experiment"], 0.0) + float(
                 r["wall_seconds"]
             )

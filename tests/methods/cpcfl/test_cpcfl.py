@@ -49,7 +49,7 @@ method:
               blur_p: 0.0, blur_sigma: [0.1, 2.0], solarize_p: 0.0}}
     linear_eval: {{proxy: public, train_size: null, test_size: null,
                   probe: {{epochs: 5, lr: 0.01, batch_size: 64}}}}
-  cfl: {{clusters: {clusters}, rounds: 3, explore_rounds: {explore}, local_epochs: 1,
+  federation: {{clusters: {clusters}, rounds: 3, explore_rounds: {explore}, local_epochs: 1,
          batch_size: 8, lr: 0.001, restarts: 0}}
   relevance_samples: 20
 personal: {{last_rounds: 2, checkpoints: [0.25, 0.5, 0.75, 1.0]}}
@@ -190,7 +190,7 @@ def snapshots(fed):
 
 
 def test_the_encoder_is_bit_identical_to_the_pretrained_one_until_t_c(tmp_path):
-    p = tiny_exp(cfl={"clusters": 3, "rounds": 4, "explore_rounds": 2})
+    p = tiny_exp(federation={"clusters": 3, "rounds": 4, "explore_rounds": 2})
     enc = pretrained_encoder(p)
     state, seen = snapshots(pool_fed(tmp_path, p, encoder=enc))
     for t, pool in enumerate(seen):
@@ -207,7 +207,7 @@ def test_the_encoder_is_bit_identical_to_the_pretrained_one_until_t_c(tmp_path):
 
 
 def test_after_t_c_each_client_takes_the_model_with_the_lowest_loss_on_its_data(tmp_path):
-    p = tiny_exp(cfl={"clusters": 3, "rounds": 3, "explore_rounds": 1})
+    p = tiny_exp(federation={"clusters": 3, "rounds": 3, "explore_rounds": 1})
     fed = pool_fed(tmp_path, p, encoder=pretrained_encoder(p))
     state = fed.start(None)
     fed.run_round(state)  # exploration: random choices
@@ -229,7 +229,7 @@ def test_after_t_c_each_client_takes_the_model_with_the_lowest_loss_on_its_data(
 
 
 def test_ties_go_to_the_lowest_index_and_an_empty_cluster_keeps_its_model(tmp_path):
-    p = tiny_exp(cfl={"clusters": 3, "rounds": 2, "explore_rounds": 0})
+    p = tiny_exp(federation={"clusters": 3, "rounds": 2, "explore_rounds": 0})
     one = cfl.initial_pool(p, SHAPE, 4, torch.device("cpu"), 0, None)[0]
     same = [{k: v.clone() for k, v in one.items()} for _ in range(3)]
     state, seen = snapshots(pool_fed(tmp_path, p, pool=same))
@@ -244,7 +244,7 @@ def test_ties_go_to_the_lowest_index_and_an_empty_cluster_keeps_its_model(tmp_pa
 
 
 def test_each_cluster_model_is_the_size_weighted_mean_of_its_clients(tmp_path):
-    p = tiny_exp(cfl={"clusters": 2, "rounds": 1, "explore_rounds": 0})
+    p = tiny_exp(federation={"clusters": 2, "rounds": 1, "explore_rounds": 0})
     data = grouped_data()
     data.clients[0] = data.clients[0][:5]  # unequal sizes
     fed = pool_fed(tmp_path, p, data=data)
@@ -280,7 +280,9 @@ def test_each_cluster_model_is_the_size_weighted_mean_of_its_clients(tmp_path):
 
 
 def test_a_global_encoder_is_shared_by_every_cluster_and_heads_stay_apart(tmp_path):
-    p = tiny_exp(cfl={"clusters": 2, "rounds": 2, "explore_rounds": 1, "global_encoder": True})
+    p = tiny_exp(
+        federation={"clusters": 2, "rounds": 2, "explore_rounds": 1, "global_encoder": True}
+    )
     state, _ = snapshots(pool_fed(tmp_path, p, encoder=pretrained_encoder(p)))
     for k in state.server["pool0"]:
         if k.startswith("encoder."):
@@ -295,7 +297,7 @@ def test_encoder_local_epochs_zero_freezes_the_encoder_one_trains_it_less(tmp_pa
     results = {}
     for ef in (0, 1, None):
         p = tiny_exp(
-            cfl={
+            federation={
                 "clusters": 2,
                 "rounds": 2,
                 "explore_rounds": 0,
@@ -335,7 +337,7 @@ class HeadWarmupFedAvg(Strategy):
 def test_a_pool_of_one_is_fedavg_bit_for_bit(tmp_path):
     """N = 1 (CP-CFL's Tab. 9 row) equals FedAvg (SimCLR) at the same seed (Tab. 3), against a
     FedAvg written with the engine's default hooks; the traffic is 2 S per round both ways."""
-    p = tiny_exp(cfl={"clusters": 1, "rounds": 3, "explore_rounds": 1})
+    p = tiny_exp(federation={"clusters": 1, "rounds": 3, "explore_rounds": 1})
     enc = pretrained_encoder(p)
     data = grouped_data()
     pool_state, _ = snapshots(pool_fed(tmp_path, p, data=data, encoder=enc))
@@ -348,12 +350,12 @@ def test_a_pool_of_one_is_fedavg_bit_for_bit(tmp_path):
         model.train(),
         cfl.plain_views,
         cfl.cross_entropy,
-        OptimizerConfig("adam", eps=p.cfl.adam_eps),
-        p.cfl.batch_size,
-        p.cfl.local_epochs,
+        OptimizerConfig("adam", eps=p.federation.adam_eps),
+        p.federation.batch_size,
+        p.federation.local_epochs,
         parallel=False,
     )
-    cfg = FederationConfig(rounds=3, client_fraction=1.0, lr=p.cfl.lr, seed=p.seed)
+    cfg = FederationConfig(rounds=3, client_fraction=1.0, lr=p.federation.lr, seed=p.seed)
     ref = Federation(
         HeadWarmupFedAvg(cfg, 1, heads), LocalTraining(cohort), data, cfg, tmp_path / "ref.pt", "fp"
     )
@@ -370,7 +372,7 @@ def test_a_pool_of_one_is_fedavg_bit_for_bit(tmp_path):
 
 def test_each_client_downloads_the_pool_and_uploads_one_model_and_its_choice(tmp_path):
     """Eq. 15: T (N + 1) S per client, counted from the tensors exchanged."""
-    p = tiny_exp(cfl={"clusters": 3, "rounds": 2, "explore_rounds": 1})
+    p = tiny_exp(federation={"clusters": 3, "rounds": 2, "explore_rounds": 1})
     state, _ = snapshots(pool_fed(tmp_path, p, encoder=pretrained_encoder(p)))
     s = nbytes(state.server["pool0"])
     for row in state.ledger.summary()["per_client"]:
@@ -380,9 +382,13 @@ def test_each_client_downloads_the_pool_and_uploads_one_model_and_its_choice(tmp
 
 
 def test_the_failure_rule_waits_patience_rounds_after_t_c_or_fires_at_the_end():
-    p = tiny_exp(cfl={"clusters": 2, "rounds": 10, "explore_rounds": 2, "patience": 3})
+    p = tiny_exp(federation={"clusters": 2, "rounds": 10, "explore_rounds": 2, "patience": 3})
     strategy = PoolStrategy(
-        FederationConfig(10, 1.0, 0.1), None, p.cfl, [{}, {}], PoolModel(p.encoder, "c", SHAPE, 4)
+        FederationConfig(10, 1.0, 0.1),
+        None,
+        p.federation,
+        [{}, {}],
+        PoolModel(p.encoder, "c", SHAPE, 4),
     )
 
     def play(used_per_round):
@@ -399,7 +405,7 @@ def test_the_failure_rule_waits_patience_rounds_after_t_c_or_fires_at_the_end():
 
 
 def test_pool_runs_resume_exactly_after_a_kill(tmp_path):
-    p = tiny_exp(cfl={"clusters": 2, "rounds": 3, "explore_rounds": 1})
+    p = tiny_exp(federation={"clusters": 2, "rounds": 3, "explore_rounds": 1})
     enc = pretrained_encoder(p)
     full, _ = snapshots(pool_fed(tmp_path, p, encoder=enc, name="a.pt"))
     fed = pool_fed(tmp_path, p, encoder=enc, name="b.pt")
@@ -423,15 +429,15 @@ def test_params_are_checked_before_any_compute():
     with pytest.raises(ValueError, match="needs an `ssl` section"):
         tiny_exp(ssl=None)
     with pytest.raises(ValueError, match="explore_rounds"):
-        tiny_exp(cfl={"explore_rounds": 9})
+        tiny_exp(federation={"explore_rounds": 9})
     with pytest.raises(ValueError, match="encoder_epochs"):
-        tiny_exp(cfl={"encoder_epochs": 2})
+        tiny_exp(federation={"encoder_epochs": 2})
     with pytest.raises(ValueError, match="linear_eval.proxy: train"):
         tiny_exp(ssl={"public": {"split": "unlabeled", "size": None}})
     with pytest.raises(ValueError, match="needs a `size`"):
         tiny_exp(ssl={"public": {"split": "train", "size": None}})
     with pytest.raises(ValueError, match="head"):
-        tiny_exp(cfl={"head": "c-4"})
+        tiny_exp(federation={"head": "c-4"})
     assert tiny_exp(pretrain="none", ssl=None).pretrain == "none"
 
 
@@ -440,14 +446,14 @@ def test_row_labels_name_the_papers_rows():
 
     m = Cpcfl()
     assert m.row_label(tiny_exp()) == "CP-CFL (SimCLR)"
-    assert m.row_label(tiny_exp(cfl={"clusters": 1})) == "FedAvg (SimCLR)"
+    assert m.row_label(tiny_exp(federation={"clusters": 1})) == "FedAvg (SimCLR)"
     assert m.row_label(tiny_exp(pretrain="none", cfl={"restarts": 3})) == "IFCA (None)"
     assert m.row_label(tiny_exp(pretrain="fedavg")) == "IFCA (FedAvg), no restarts"
 
 
 # ============================================================================ costs
 def test_costs_count_eq15_bits_and_cheaper_head_only_rounds():
-    p = tiny_exp(cfl={"clusters": 3, "rounds": 4, "explore_rounds": 2})
+    p = tiny_exp(federation={"clusters": 3, "rounds": 4, "explore_rounds": 2})
     full, head, fwd, peak, n_params, model_bytes = cfl_costs._step_costs(p, SHAPE, 4)
     assert head < full / 2 and 0 < fwd < full  # no encoder backward while frozen
     feds = [{"name": "final", "clusters": 3, "explore_rounds": [2], "exploit_rounds": [2]}]
@@ -455,7 +461,7 @@ def test_costs_count_eq15_bits_and_cheaper_head_only_rounds():
     assert row["paper_bits"] == 4 * (3 + 1) * n_params * 32
     assert row["flops"] == pytest.approx(50 * (2 * head + 2 * full + 2 * 3 * fwd))
     assert row["peak_step_bytes"] == peak + 2 * model_bytes and row["bytes_exchanged"] == 123
-    one = tiny_exp(cfl={"clusters": 1, "rounds": 4, "explore_rounds": 0})
+    one = tiny_exp(federation={"clusters": 1, "rounds": 4, "explore_rounds": 0})
     feds1 = [{"name": "final", "clusters": 1, "explore_rounds": [0], "exploit_rounds": [4]}]
     assert (
         cfl_costs._rows(one, SHAPE, 4, [50], feds1, [0])[0]["paper_bits"] == 2 * 4 * n_params * 32

@@ -39,7 +39,7 @@ def test_exploration_picks_models_at_random_not_by_their_loss(tmp_path):
     """While t < T_c a client's n_u is a random draw: it ignores the models (two different
     encoders give the very same choices), is not the lowest-loss model, and changes from round
     to round and from one attempt (restart) to the next."""
-    p = tiny_exp(cfl={"clusters": 3, "rounds": 2, "explore_rounds": 2})
+    p = tiny_exp(federation={"clusters": 3, "rounds": 2, "explore_rounds": 2})
     a, losses = exploration_choices(tmp_path, p, pretrained_encoder(p), "a.pt")
     other = {k: -v for k, v in pretrained_encoder(p).items()}
     b, other_losses = exploration_choices(tmp_path, p, other, "b.pt")
@@ -57,7 +57,7 @@ def test_a_collapsed_pool_stops_the_run_and_a_restart_draws_a_new_pool(tmp_path)
     p = tiny_exp(
         pretrain="none",
         ssl=None,
-        cfl={"clusters": 2, "rounds": 4, "explore_rounds": 0, "patience": 1},
+        federation={"clusters": 2, "rounds": 4, "explore_rounds": 0, "patience": 1},
     )
     one = initial_pool(p, SHAPE, 4, torch.device("cpu"), 0, None)[0]
     twins = [{k: v.clone() for k, v in one.items()} for _ in range(2)]  # ties: all on model 0
@@ -86,7 +86,13 @@ def test_the_step_restarts_at_most_restarts_times_and_the_last_attempt_stands(
     p = tiny_exp(
         pretrain="none",
         ssl=None,
-        cfl={"clusters": 2, "rounds": 3, "explore_rounds": 0, "patience": 1, "restarts": restarts},
+        federation={
+            "clusters": 2,
+            "rounds": 3,
+            "explore_rounds": 0,
+            "patience": 1,
+            "restarts": restarts,
+        },
     )
 
     def pool(p, shape, num_classes, device, attempt, encoder):

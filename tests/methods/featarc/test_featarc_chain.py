@@ -20,10 +20,7 @@ partition: tiny_dir05_m3
 method:
   name: featarc
   model: {arch: small_cnn, norm: bn, channels_per_group: 4, width: 4, proj_hidden: 16, proj_dim: 16}
-  rounds: 2
-  local_epochs: 1
-  batch_size: 32
-  lr: 0.001
+  federation: {rounds: 2, local_epochs: 1, batch_size: 32, lr: 0.001}
   clusters: 2
   augment: {crop_scale: [0.5, 1.0], jitter_p: 0.0, grayscale_p: 0.0}
   seed: 0

@@ -19,6 +19,7 @@ from fedssl.methods.featarc import strategy as featarc
 from fedssl.methods.fedsimclr import FedSimCLRParams
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.strategies.aggregation import fedavg, stacked
+from tests.fixtures import method_params
 from tests.fl.test_engine import toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -30,7 +31,7 @@ MODEL = {"arch": "small_cnn", "norm": "bn", "channels_per_group": 4, "width": 4,
 def tiny_params(**changes) -> FeatARCParams:
     raw = {"model": MODEL, "rounds": 2, "local_epochs": 1, "batch_size": 16, "lr": 0.01,
            "clusters": 3, "align_space": "backbone_to_backbone"}  # fmt: skip
-    return FeatARCParams.model_validate({**raw, **changes})
+    return method_params(FeatARCParams, {**raw, **changes})
 
 
 def federation(p, tmp_path, data=None):
@@ -123,7 +124,8 @@ def test_one_cluster_without_alignment_is_fedsimclr_with_uniform_fedavg(tmp_path
     fed, state = federation(p, tmp_path / "f")
     (tmp_path / "f").mkdir()
     state = fed.run(state)
-    q = FedSimCLRParams.model_validate(
+    q = method_params(
+        FedSimCLRParams,
         {
             "model": MODEL,
             "rounds": 2,
@@ -134,7 +136,7 @@ def test_one_cluster_without_alignment_is_fedsimclr_with_uniform_fedavg(tmp_path
             "weight_decay": 1e-6,
             "temperature": p.temperature,
             "augment": p.augment.model_dump(),
-        }  # fmt: skip
+        },  # fmt: skip
     )
     net = seeded_contrastive_model(q.model, SHAPE, q.seed, torch.device("cpu"))
     (tmp_path / "s").mkdir()

@@ -21,6 +21,7 @@ from fedssl.methods.fedbyol.costs import payload_bytes
 from fedssl.methods.fedbyol.model import seeded_byol
 from fedssl.params import ModelParams
 from fedssl.strategies.byol import TARGET, conv_weights, divergence, online_names
+from tests.fixtures import method_params
 from tests.fl.test_engine import SHAPE, toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -34,7 +35,7 @@ def params(cls=FedBYOLParams, **kw):
                   "proj_hidden": 16, "proj_dim": 8},
         "rounds": 2, "local_epochs": 1, "batch_size": 16, "lr": 0.05, "augment": AUGMENT,
     }  # fmt: skip
-    return cls.model_validate({**base, **kw})
+    return method_params(cls, {**base, **kw})
 
 
 def federation(p, tmp_path, name="ck.pt"):

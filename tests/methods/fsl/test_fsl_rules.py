@@ -24,9 +24,8 @@ CLASSES, WIDTH = 3, 4
 
 def params(local_epochs: int = 1, rounds: int = 1) -> FSLParams:
     model = ModelParams(arch="small_cnn", norm="bn", channels_per_group=2, width=WIDTH)
-    return FSLParams(
-        model=model, cut=2, rounds=rounds, lr=0.05, local_epochs=local_epochs, batch_size=16
-    )
+    settings = {"rounds": rounds, "lr": 0.05, "local_epochs": local_epochs, "batch_size": 16}
+    return FSLParams(model=model, cut=2, federation=settings)
 
 
 def federation(p, path, model=None):
@@ -49,7 +48,9 @@ def test_the_bytes_per_step_are_the_smashed_batch_and_its_labels_up_and_nothing_
     per_sample = 2 * WIDTH * (SHAPE[1] // 2) * (SHAPE[2] // 2) * 4 + 8
     data = toy_data()
     for c, rows in enumerate(state.ledger.summary()["per_client"]):
-        steps = client_batches(data.clients[c], p.batch_size, p.local_epochs, 0)
+        steps = client_batches(
+            data.clients[c], p.federation.batch_size, p.federation.local_epochs, 0
+        )
         assert sum(len(b) for b in steps) == 2 * len(data.clients[c])
         up, down = rows["up_by_kind"], rows["down_by_kind"]
         assert up[fsl.SMASHED] + up[fsl.LABELS] == sum(len(b) * per_sample for b in steps)

@@ -23,7 +23,7 @@ from fedssl.methods.lwfedssl import run
 from fedssl.models.heads import moco_v3_predictor, moco_v3_projector
 from fedssl.models.mocov3 import MocoV3Learner, round_start_state
 from fedssl.models.vit import VisionTransformer
-from tests.fixtures import make_tiny_project, toy_images
+from tests.fixtures import federation_changed, make_tiny_project, toy_images
 from tests.lwfedssl_fixtures import add_tiny_lw, tiny_text
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -253,9 +253,7 @@ def test_steps_follow_the_schedule_and_read_only_their_own_stage():
     # with the global cosine schedule, a stage's position depends on the others' rounds
     assert "method.stages.s3.rounds" in steps[1].reads
     assert "method.stages.s2.alpha" not in steps[2].reads
-    constant = p.model_copy(
-        update={"schedule": p.schedule.model_copy(update={"lr_schedule": "constant"})}
-    )
+    constant = federation_changed(p, lr_schedule="constant")
     assert "method.stages.s3.rounds" not in method.steps_for(constant)[1].reads
     assert method.encoder_inputs_for(p) == ("grow_3",)
     assert method.costs_inputs_for(p) == ("grow_1", "grow_2", "grow_3")
@@ -303,7 +301,7 @@ def test_the_family_runs_end_to_end_on_a_tiny_project(tmp_path, monkeypatch):
     names = add_tiny_lw(root)
     watched = root / "params" / "experiments" / "tiny_lw_fedssl.yaml"  # with the k-NN monitor
     raw = yaml.safe_load(watched.read_text())
-    raw["method"]["schedule"]["monitor_every"] = 1
+    raw["method"]["federation"]["monitor_every"] = 1
     watched.write_text(yaml.safe_dump(raw))
     monkeypatch.chdir(root)
     monkeypatch.setenv("FEDSSL_DEVICE", "cpu")

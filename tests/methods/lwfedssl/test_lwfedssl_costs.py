@@ -161,6 +161,6 @@ def test_projected_costs_follow_the_formulas():
     assert c["mean_encoder_bytes"] == formula["bytes"]
     assert c["mean_paper_flops"] == formula["flops"]
     assert yaml.safe_load((REPO / "params/experiments/paper_fedmoco.yaml").read_text())["method"][
-        "schedule"
+        "federation"
     ]["lr"] == pytest.approx(1.5e-4 * 1024 / 256)
     assert experiment_model()  # the presets validate with every method registered

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedssl.methods.lwfedssl import run
-from tests.fixtures import spy_local_rounds
+from tests.fixtures import federation_changed, spy_local_rounds
 from tests.methods.lwfedssl.test_lwfedssl import stage_model, tiny_exp, toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -53,7 +53,7 @@ def test_the_learning_rate_of_a_round_is_its_place_in_the_schedule(tmp_path, sch
     2's rounds are rounds 2-4 of 6), cyclic restarts the cosine in every stage, fixed stays."""
     text = "  stages: {s1: {rounds: 2}, s2: {rounds: 3}, s3: {rounds: 1}}\n"
     p = tiny_exp("fedmoco_lw", text).method
-    p = p.model_copy(update={"schedule": p.schedule.model_copy(update={"lr_schedule": schedule})})
+    p = federation_changed(p, lr_schedule=schedule)
     data, _ = toy_data()
     fed, _ = run.make_federation(p, stage_model(p, 2), 2, data, tmp_path / "ck.pt", "fp")
     got = [fed.strategy.lr(r) for r in range(3)]

@@ -142,4 +142,4 @@ def test_the_fig7_pipeline_runs_the_papers_variants_on_shifted_calibration():
     smoke = presets.load("experiment", "smoke_lw_fedssl").method
     for exp in runs.values():
         assert exp.partition == "fmnist_iid_m4_srv"
-        assert exp.method.vit == smoke.vit and exp.method.schedule == smoke.schedule
+        assert exp.method.vit == smoke.vit and exp.method.federation == smoke.federation

@@ -31,7 +31,7 @@ def tiny_exp(
     import yaml
 
     raw = yaml.safe_load(TINY_MFCL_EXPERIMENT.format(norm=norm, secure=str(secure).lower()))
-    raw["method"]["phase1"].update(phase1)
+    raw["method"]["phases"]["phase1"]["federation"].update(phase1)
     raw["method"]["client_module"].update(client_module or {})
     return experiment_model().model_validate(raw)
 

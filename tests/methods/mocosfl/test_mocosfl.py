@@ -42,7 +42,7 @@ torch.set_num_threads(1)  # tiny convolutions: threads only add overhead (and CI
 SHAPE = (1, 28, 28)
 
 
-def params(variant="monacosfl", cut=3, training=None, **extra) -> MocoSflParams:
+def params(variant="monacosfl", cut=3, federation=None, **extra) -> MocoSflParams:
     raw = dict(
         name="mocosfl",
         variant=variant,
@@ -50,7 +50,7 @@ def params(variant="monacosfl", cut=3, training=None, **extra) -> MocoSflParams:
         seed=0,
         backbone=dict(arch="resnet18", width=4, proj_hidden=16, proj_dim=8),
         moco=dict(queue_size=32, symmetric=True),
-        training={**dict(rounds=2, batch_size=6, sync_every=2, lr=0.1), **(training or {})},
+        federation={**dict(rounds=2, batch_size=6, sync_every=2, lr=0.1), **(federation or {})},
         augment=dict(crop_scale=[0.5, 1.0], saturation=0.0, hue=0.0, grayscale_p=0.0),
     )
     raw.update(extra)
@@ -95,7 +95,7 @@ def test_params_are_checked_and_labelled():
             params(**{"variant": "monacosfl", "cut": 3, **bad})
     with pytest.raises(ValueError, match="sync_every"):
         MocoSflParams.model_validate(
-            {**params().model_dump(), "training": {"rounds": 1, "batch_size": 4}}
+            {**params().model_dump(), "federation": {"rounds": 1, "batch_size": 4}}
         )
 
 
@@ -133,7 +133,7 @@ def test_a_split_step_gives_the_gradients_of_end_to_end_backprop(tmp_path):
     p = params(
         "mocosfl",
         cut=3,
-        training=dict(momentum=0.0, weight_decay=0.0),
+        federation=dict(momentum=0.0, weight_decay=0.0),
         moco=dict(queue_size=32, symmetric=False, momentum=0.9),
     )
     data = toy_data()
@@ -207,7 +207,7 @@ def test_vectorised_clients_match_one_by_one(tmp_path):
     activations, and a round of two steps where the second leaves a client out (it has no
     batch left) and ends with a sync. Longer runs drift apart chaotically from float noise
     (~10x per step at these tiny widths), so the check stays at two steps."""
-    p = params("monacosfl", training=dict(rounds=1, lr=0.01))
+    p = params("monacosfl", federation=dict(rounds=1, lr=0.01))
     fed = federation(p, tmp_path)
     state = fed.start(None)
     g = torch.Generator().manual_seed(0)
@@ -308,7 +308,7 @@ def test_after_the_same_sync_monacosfl_is_never_more_misaligned_than_mocosfl():
 def test_a_killed_run_resumes_exactly(tmp_path):
     """Client states, momentum copies, SGD buffers, the server, its queue, the ledger and the
     per-step log: all identical after a kill between rounds and a resume."""
-    p = params("mocosfl", training=dict(rounds=3, client_fraction=0.67))
+    p = params("mocosfl", federation=dict(rounds=3, client_fraction=0.67))
     full = federation(p, tmp_path, name="full.pt")
     uninterrupted = full.run(full.start(None))
     killed = federation(p, tmp_path, name="killed.pt")
@@ -341,7 +341,7 @@ def test_bytes_sent_match_the_protocol_formula_with_sampling_and_catch_ups(
 ):
     p = params(
         variant,
-        training=dict(rounds=4, client_fraction=0.34),
+        federation=dict(rounds=4, client_fraction=0.34),
         moco=dict(queue_size=32, symmetric=symmetric),
     )
     fed = federation(p, tmp_path)
@@ -389,7 +389,7 @@ def test_fig3_communication_curve_has_its_minimum_at_l11_for_resnet18():
 
 
 def test_the_misalignment_log_marks_the_syncs(tmp_path):
-    p = params("mocosfl", training=dict(rounds=3, sync_every=3))
+    p = params("mocosfl", federation=dict(rounds=3, sync_every=3))
     fed = federation(p, tmp_path)
     state = fed.run(fed.start(None))
     steps = state.memo["steps"]
@@ -414,7 +414,7 @@ method:
   backbone: {{arch: resnet18, width: 4, channels_per_group: 2, proj_hidden: 16, proj_dim: 8}}
   cut: {cut}
   moco: {{queue_size: 32, temperature: 0.1, momentum: 0.99, symmetric: false}}
-  training: {{rounds: 2, batch_size: 16, sync_every: 2, lr: 0.06}}
+  federation: {{rounds: 2, batch_size: 16, sync_every: 2, lr: 0.06}}
   augment: {{crop_scale: [0.5, 1.0], saturation: 0.0, hue: 0.0, grayscale_p: 0.0}}
   monitor: {{every: 1, queries: holdout, query_size: 30, bank_size: 40, k: 5}}
   inversion: {{aux_fraction: 0.2, epochs: 2, batch_size: 16, width: 8, eval_images: 20,

@@ -43,10 +43,10 @@ def test_a_client_step_costs_its_parts_forward_and_backward_only(symmetric):
     p = params("mocosfl", cut=3, moco=dict(queue_size=32, symmetric=symmetric))
     nets = build_nets(p, SHAPE, CPU)
     convs = conv_flops_per_image(nets.client)
-    rows = p.training.batch_size
+    rows = p.federation.batch_size
     step = client_step(p, nets, SHAPE)
     assert step["flops_per_step"] == rows * (4 * sum(convs) - convs[0])
-    assert step["flops_per_image"] == step["flops_per_step"] / p.training.batch_size
+    assert step["flops_per_image"] == step["flops_per_step"] / p.federation.batch_size
     # the server's FLOPs on the client's behalf, counted apart: its top's forward F_s, the
     # backward to its weights and to the activations 2 F_s, the momentum top's forward F_s
     with torch.no_grad():
@@ -72,7 +72,7 @@ def test_smashed_bytes_per_step_follow_the_protocol_and_bytes_come_from_the_ledg
     p = params(
         variant,
         moco=dict(queue_size=32, symmetric=symmetric),
-        training=dict(client_fraction=fraction),
+        federation=dict(client_fraction=fraction),
     )
     fed = federation(p, tmp_path)
     state = fed.run(fed.start(None))
@@ -81,7 +81,7 @@ def test_smashed_bytes_per_step_follow_the_protocol_and_bytes_come_from_the_ledg
     images = state.memo["images"]
     rows = client_rows(p, nets, SHAPE, ledger, images)
     act = math.prod(nets.activation_shape(SHAPE))
-    batch = p.training.batch_size
+    batch = p.federation.batch_size
     step = client_step(p, nets, SHAPE)
     for row, logged in zip(rows, ledger["per_client"], strict=True):
         assert row["smashed_bytes_per_step"] == 3 * batch * act * 4  # query, key up; grad down
@@ -101,7 +101,7 @@ def test_the_projection_is_what_a_run_of_like_clients_pays(tmp_path, variant, at
     FLOPs and memory are each measured client's, syncs counted across rounds (20 images in
     batches of 6 = 4 steps a round and a sync every 3 steps: 2 syncs a round with one at each
     round's end, else 2 in the 8 steps of the 2 rounds)."""
-    p = params(variant, training=dict(sync_every=3, sync_at_round_end=at_end, rounds=2))
+    p = params(variant, federation=dict(sync_every=3, sync_at_round_end=at_end, rounds=2))
     data = toy_data()
     equal = LocalData(data.images, data.labels, [list(range(i, 60, 3)) for i in range(3)])
     fed = federation(p, tmp_path, data=equal)

@@ -40,7 +40,7 @@ def test_each_misalignment_column_is_what_its_name_says(tmp_path, variant):
     """2 of 3 clients a round, a sync every 3 steps: `misalignment_sq_pre_sync` (the authors'
     log) is the squared difference of the round's clients after the step and before its sync,
     at every step; `misalignment` (Eq. 2) the absolute one after the sync."""
-    p = params(variant, training=dict(rounds=2, sync_every=3, client_fraction=0.67))
+    p = params(variant, federation=dict(rounds=2, sync_every=3, client_fraction=0.67))
     fed = federation(p, tmp_path)
     after_step, after_sync = snapshot_models(fed)
     log = fed.run(fed.start(None)).memo["steps"]
@@ -64,7 +64,7 @@ def test_the_authors_misalignment_is_summarised_over_every_step(tmp_path):
     from fedssl.methods.mocosfl.nets import build_nets
     from tests.methods.mocosfl.test_mocosfl import SHAPE
 
-    p = params("mocosfl", training=dict(rounds=2, sync_every=3))
+    p = params("mocosfl", federation=dict(rounds=2, sync_every=3))
     fed = federation(p, tmp_path)
     state = fed.run(fed.start(None))
     summary = sfl.summarize(
@@ -92,7 +92,7 @@ def test_each_client_steps_its_own_cosine_over_its_own_steps(tmp_path):
     period, lr = 4, 0.1
     p = params(
         "mocosfl",
-        training=dict(
+        federation=dict(
             rounds=3,
             client_fraction=0.67,
             lr=lr,
@@ -142,11 +142,11 @@ def test_a_cosine_that_never_turns_equals_the_rounds_constant_rate_bit_for_bit(t
     """The per-row path changes nothing else: a period so long that cos(pi s / T) rounds to 1
     gives the same run as the clients stepping the (constant) round rate."""
     flat = dict(rounds=2, client_fraction=0.67, lr_schedule="constant")
-    a = federation(params("monacosfl", training=flat), tmp_path, name="a.pt")
+    a = federation(params("monacosfl", federation=flat), tmp_path, name="a.pt")
     b = federation(
         params(
             "monacosfl",
-            training={**flat, "client_lr_schedule": "step_cosine", "client_lr_period": 10**12},
+            federation={**flat, "client_lr_schedule": "step_cosine", "client_lr_period": 10**12},
         ),
         tmp_path,
         name="b.pt",
@@ -160,13 +160,13 @@ def test_a_cosine_that_never_turns_equals_the_rounds_constant_rate_bit_for_bit(t
 
 def test_the_regime_options_default_to_the_old_behaviour_and_are_checked():
     p = params()
-    t = p.training
+    t = p.federation
     assert t.client_lr_schedule == "round" and t.client_lr_period is None
     assert t.round_steps == "longest"
     assert p.inversion.aux_fraction == 0.01 and p.inversion.epochs == 50  # the paper's
     assert p.moco.symmetric
     raw = params().model_dump()
-    raw["training"]["client_lr_period"] = 800
+    raw["federation"]["client_lr_period"] = 800
     with pytest.raises(ValueError, match="client_lr_period"):
         MocoSflParams.model_validate(raw)
 
@@ -182,7 +182,7 @@ def test_equal_round_steps_give_every_client_the_mean_clients_steps_over_its_own
 
     clients = toy_data().clients
     longest = sfl_config(params()).schedule
-    equal = sfl_config(params(training=dict(round_steps="equal"))).schedule
+    equal = sfl_config(params(federation=dict(round_steps="equal"))).schedule
     assert [len(s) for s in round_schedules(clients, longest, 0, [0, 1, 2])] == [2, 3, 5]
     schedules = round_schedules(clients, equal, 0, [0, 1, 2])
     assert [len(s) for s in schedules] == [4, 4, 4]

@@ -92,7 +92,7 @@ def test_the_misalignment_log_reads_the_models_before_and_after_each_sync(tmp_pa
     """Sync every 2 steps, a row every 3rd step and at every sync: the pre-sync value is the
     models after the step, before the sync; the logged value (and its square) after the sync,
     or after the step where none happened; with 2 of 3 clients a round, only theirs count."""
-    p = params(variant, training=dict(rounds=2, sync_every=2, log_every=3, client_fraction=0.67))
+    p = params(variant, federation=dict(rounds=2, sync_every=2, log_every=3, client_fraction=0.67))
     fed = federation(p, tmp_path)
     after_step, after_sync = spy_misalignment(fed)
     state = fed.run(fed.start(None))
@@ -123,7 +123,7 @@ def test_the_knn_monitor_scores_the_latest_synced_model_on_schedule(tmp_path):
     bank, queries = np.arange(40), np.arange(40, 60)
     # a third of the bank mislabelled: which neighbours come first decides the score
     bank_labels = (labels[bank] + (bank % 3 == 0)) % 4
-    p = params("mocosfl", training=dict(rounds=3, sync_every=2))
+    p = params("mocosfl", federation=dict(rounds=3, sync_every=2))
     fed = federation(p, tmp_path)
     fed.monitor = KnnMonitor(
         fed.strategy.nets.embedding,
@@ -252,7 +252,7 @@ def test_the_servers_step_is_the_authors_compute(tmp_path, symmetric):
     (the keys of the online activations first) equal the authors' step."""
     p = params("mocosfl", moco=dict(queue_size=32, symmetric=symmetric, momentum=0.9))
     fed = federation(p, tmp_path)
-    state, top, t = fed.start(None), fed.strategy.nets.top, p.training
+    state, top, t = fed.start(None), fed.strategy.nets.top, p.federation
     g = torch.Generator().manual_seed(5)
     shape = (2, 5, *fed.strategy.nets.activation_shape(SHAPE))
     h_q, h_k = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
@@ -290,7 +290,7 @@ def test_a_client_that_missed_syncs_starts_from_the_latest_synced_model(tmp_path
     """A sync reaches every client: one that sat out syncs (or never trained) starts its next
     round from the latest average (MonAcoSFL: also the averaged momentum model), not from what
     it holds; MocoSFL keeps its own momentum model."""
-    p = params(variant, training=dict(rounds=3, client_fraction=0.34))
+    p = params(variant, federation=dict(rounds=3, client_fraction=0.34))
     fed = federation(p, tmp_path)
     state = fed.start(None)
     starts = []

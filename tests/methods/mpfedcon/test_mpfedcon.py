@@ -18,7 +18,7 @@ from fedssl.methods.mpfedcon import MpFedconParams
 from fedssl.methods.mpfedcon import run as R
 from fedssl.methods.mpfedcon import train as T
 from fedssl.methods.mpfedcon.nets import Anchored, build_net
-from tests.fixtures import toy_images
+from tests.fixtures import method_params, toy_images
 
 NET = {
     "base": "cnn",
@@ -50,7 +50,7 @@ def params(variant: str = "mpfedcon", **kw) -> MpFedconParams:
         momentum=0.5,
         mu=1.0,
     )
-    return MpFedconParams(**{**base, **kw})
+    return method_params(MpFedconParams, {**base, **kw})
 
 
 def toy_federation(tmp_path, p: MpFedconParams, name: str = "ck.pt", sizes=(20, 20, 20)):

@@ -29,12 +29,9 @@ method:
   name: mpfedcon
   variant: {variant}
   net: {{base: cnn, conv_channels: [4, 8], kernel_size: 5, hidden: [16], projection: [16, 8]}}
-  rounds: 3
-  client_fraction: 1.0
+  federation: {{rounds: 3, client_fraction: 1.0, batch_size: 16, lr: 0.1}}
   head_epochs: 1
   body_epochs: 1
-  batch_size: 16
-  lr: 0.1
   mu: 1.0
   finetune_epochs: 2
   augment: crop_flip

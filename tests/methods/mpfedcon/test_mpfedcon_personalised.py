@@ -17,7 +17,7 @@ from fedssl.methods.mpfedcon import train as T
 from fedssl.stage.runtime import numpy_rng
 from fedssl.strategies import perfedavg
 from fedssl.strategies import scaffold as S
-from tests.fixtures import make_tiny_project, toy_images
+from tests.fixtures import federation_changed, make_tiny_project, toy_images
 from tests.methods.mpfedcon.test_mpfedcon import (
     CPU,
     killed_and_resumed,
@@ -139,7 +139,7 @@ def test_scaffold_starts_as_fedavg_and_then_corrects_its_steps(tmp_path):
     _, avg = run(tmp_path, params("fedavg", rounds=1, momentum=0.0, weight_decay=0.0), "f1.pt")
     for k, v in avg.server["global"].items():  # c = c_i = 0 in round 1; equal data sizes
         assert torch.allclose(v, one.server["global"][k], atol=1e-6), k
-    _, two = run(tmp_path, p.model_copy(update={"rounds": 2}), "s2.pt")
+    _, two = run(tmp_path, federation_changed(p, rounds=2), "s2.pt")
     _, avg2 = run(tmp_path, params("fedavg", rounds=2, momentum=0.0, weight_decay=0.0), "f2.pt")
     diff = max((avg2.server["global"][k] - v).abs().max() for k, v in two.server["global"].items())
     assert diff > 1e-4
@@ -286,7 +286,9 @@ def test_per_fedavg_scores_each_party_after_one_alpha_step_on_its_own_data(tmp_p
     w = {k[len("net.") :]: v for k, v in state.server["global"].items()}
     _, _, probs = s.outputs(state, 0)
     for c in range(3):
-        order = numpy_rng(p.seed, "adapt", 0, c).permutation(data.clients[c])[: p.batch_size]
+        order = numpy_rng(p.seed, "adapt", 0, c).permutation(data.clients[c])[
+            : p.federation.batch_size
+        ]
         x = data.images[torch.as_tensor(order)].float() / 255
         y = data.labels[torch.as_tensor(order)]
         wr = {k: v.clone().requires_grad_(True) for k, v in w.items()}

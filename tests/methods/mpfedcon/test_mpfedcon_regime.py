@@ -126,14 +126,14 @@ def test_the_paper_regime_grid_runs_the_papers_local_schedule_for_every_row():
     rows = {(e.method.variant, e.partition, e.method.mu) for e in runs.values()}
     assert len(runs) == 3 * len(rows) == 3 * 2 * 7  # 5 variants + 2 more mu, S = 2 / 5, 3 seeds
     for name, e in runs.items():
-        m = e.method
-        assert (m.lr, m.batch_size, m.momentum, m.rounds) == (0.01, 10, 0.5, 30), name
+        m, f = e.method, e.method.federation
+        assert (f.lr, f.batch_size, f.momentum, f.rounds) == (0.01, 10, 0.5, 30), name
         assert e.precision == "fp32" and e.partition in ("fmnist_s2_m20", "fmnist_s5_m20")
         if m.variant in ("mpfedcon", "fedrep"):  # tau_h head epochs, then tau_0 base epochs
             assert (m.head_epochs, m.body_epochs) == (10, 1), name
         else:  # the whole network at once for as many epochs (FedRep's code's local_ep)
             assert m.body_epochs == 11, name
-        assert m.client_fraction == (1.0 if m.variant == "solo" else 0.5), name
+        assert f.client_fraction == (1.0 if m.variant == "solo" else 0.5), name
     assert {e.method.mu for e in runs.values() if e.method.variant == "mpfedcon"} == {
         0.5,
         5.0,

@@ -20,10 +20,7 @@ partition: tiny_dir05_m3
 method:
   name: orchestra
   model: {arch: small_cnn, norm: bn, channels_per_group: 4, width: 4, proj_hidden: 16, proj_dim: 8}
-  rounds: 2
-  local_epochs: 1
-  batch_size: 16
-  lr: 0.01
+  federation: {rounds: 2, local_epochs: 1, batch_size: 16, lr: 0.01}
   global_clusters: 6
   local_clusters: 4
   memory_size: 32

@@ -18,6 +18,7 @@ from fedssl.methods.orchestra import costs as oc
 from fedssl.methods.orchestra import loss as orch
 from fedssl.methods.orchestra import strategy as orch_strategy
 from fedssl.methods.orchestra.model import CENTROIDS, MEMORY, seeded_orchestra_model
+from tests.fixtures import method_params
 from tests.fl.test_engine import toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -31,7 +32,7 @@ def tiny_params(**changes) -> OrchestraParams:
         "rounds": 1, "local_epochs": 1, "batch_size": 16, "lr": 0.01,
         "global_clusters": 6, "local_clusters": 3, "memory_size": 24,
     }  # fmt: skip
-    return OrchestraParams.model_validate({**raw, **changes})
+    return method_params(OrchestraParams, {**raw, **changes})
 
 
 def blobs(centres: int, per_blob: int, dim: int, seed: int, spread: float = 0.05):

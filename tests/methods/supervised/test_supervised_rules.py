@@ -20,6 +20,7 @@ from fedssl.methods.supervised import train as sup
 from fedssl.methods.supervised.costs import step_costs, step_loss
 from fedssl.params import ModelParams
 from fedssl.strategies.aggregation import fedavg, stacked
+from tests.fixtures import federation_changed, method_params
 from tests.fl.test_engine import SHAPE, toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -33,8 +34,9 @@ def params(variant: str, mu: float = 0.0, rounds: int = 2, norm: str = "bn") -> 
     row = {"variant": variant, "mu": mu}
     if variant == "fedprox":
         row = {"variant": "fedavg", "strategy": {"kind": "fedprox", "mu": mu}}
-    return SupervisedParams(
-        **row, model=model, rounds=rounds, lr=0.05, local_epochs=1, batch_size=16
+    return method_params(
+        SupervisedParams,
+        {**row, "model": model, "rounds": rounds, "lr": 0.05, "local_epochs": 1, "batch_size": 16},
     )
 
 
@@ -45,7 +47,7 @@ def held_out() -> LocalData:
 
 def federation(p, path, rounds=None):
     if rounds is not None:
-        p = p.model_copy(update={"rounds": rounds})
+        p = federation_changed(p, rounds=rounds)
     model = runtime.build_model(p, SHAPE, CLASSES, torch.device("cpu"))
     return runtime.make_federation(p, model, toy_data(), held_out(), path, "fp"), model
 
@@ -166,7 +168,7 @@ def test_fedprox_adds_half_mu_times_the_squared_distance_to_the_global_model():
     dist = sum(
         ((w - g) ** 2).sum() for w, g in zip(model.net.parameters(), model.glob.parameters())
     )
-    expected = F.cross_entropy(model.net(x), batch.labels) + 0.5 * p.strategy.mu * dist
+    expected = F.cross_entropy(model.net(x), batch.labels) + 0.5 * p.federation.strategy.mu * dist
     assert torch.allclose(_loss(p, model, batch), expected, atol=1e-5)
 
 
