@@ -399,11 +399,17 @@ def spy_local_rounds(fed):
         return seen["start", c]
 
     def spy_upload(state, c, trained):
-        seen["trained", c] = trained
+        seen["trained", c] = cloned(trained)  # the row is refilled by the next client
         return upload(state, c, trained)
 
     s.local_start, s.upload = spy_start, spy_upload
     return seen
+
+
+def cloned(tensors: dict) -> dict:
+    """A copy of what a spy keeps past the call: a client's trained row is refilled by the
+    next client trained one at a time."""
+    return {k: v.clone() for k, v in tensors.items()}
 
 
 def method_params(model, settings: dict):

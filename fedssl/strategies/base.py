@@ -80,6 +80,9 @@ class Strategy:
         return None  # every parameter
 
     def upload(self, state: FedState, client: int, trained: Tensors) -> Tensors:
+        """What the client sends. ``trained`` may be views of a buffer the next client's
+        training overwrites (clients trained one at a time share one row): the round reads the
+        upload at once; a strategy that stores tensors from it clones them, as ``keep``'s are."""
         return trained
 
     def traffic(self, tensors: Tensors) -> dict[str, Tensors]:

@@ -19,7 +19,7 @@ from fedssl.methods.featarc import strategy as featarc
 from fedssl.methods.fedsimclr import FedSimCLRParams
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.strategies.aggregation import fedavg, stacked
-from tests.fixtures import method_params
+from tests.fixtures import cloned, method_params
 from tests.fl.test_engine import toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -102,7 +102,7 @@ def test_each_cluster_is_the_uniform_mean_of_its_members_and_an_empty_one_stays(
     fed, state = federation(p, tmp_path)
     uploads = []
     upload = fed.strategy.upload
-    fed.strategy.upload = lambda st, c, t: uploads.append(upload(st, c, t)) or uploads[-1]
+    fed.strategy.upload = lambda st, c, t: uploads.append(cloned(upload(st, c, t))) or uploads[-1]
     fed.strategy.assign = lambda st, k: 0 if k < 2 else 2  # clusters 0 and 2; 1 is empty
     before = {c: dict(state.server[f"cluster{c}"]) for c in range(3)}
     fed.run(state)

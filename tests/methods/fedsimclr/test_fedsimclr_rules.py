@@ -15,7 +15,7 @@ from fedssl.losses import nt_xent
 from fedssl.methods import federated
 from fedssl.models.encoders import seeded_contrastive_model
 from fedssl.strategies.aggregation import fedavg, stacked
-from tests.fixtures import tiny_experiment
+from tests.fixtures import cloned, tiny_experiment
 from tests.fl.test_engine import toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -54,7 +54,7 @@ def test_a_round_is_the_size_weighted_fedavg_of_the_whole_model(tmp_path):
     uploads = []
     upload = fed.strategy.upload
     fed.strategy.upload = lambda state, c, trained: (
-        uploads.append(upload(state, c, trained)) or uploads[-1]
+        uploads.append(cloned(upload(state, c, trained))) or uploads[-1]
     )
     state = fed.run(fed.start(model))
     sizes = torch.tensor([len(c) for c in data.clients], dtype=torch.float64)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedssl.methods.lwfedssl import run
-from tests.fixtures import federation_changed, spy_local_rounds
+from tests.fixtures import cloned, federation_changed, spy_local_rounds
 from tests.methods.lwfedssl.test_lwfedssl import stage_model, tiny_exp, toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -146,7 +146,7 @@ def test_the_server_averages_what_came_back_weighted_by_client_data_size(tmp_pat
     sent = []
     upload = fed.strategy.upload
     fed.strategy.upload = lambda state, c, trained: (
-        sent.append(upload(state, c, trained)) or sent[-1]
+        sent.append(cloned(upload(state, c, trained))) or sent[-1]
     )
     assert not fed.strategy.needs_uploads()
     state = fed.run(fed.start(learner))

@@ -13,7 +13,7 @@ from fedssl.fl.cohort import Batch
 from fedssl.methods.mpfedcon import run as R
 from fedssl.methods.mpfedcon import train as T
 from fedssl.methods.mpfedcon.nets import build_net
-from tests.fixtures import spy_local_rounds, toy_images
+from tests.fixtures import cloned, spy_local_rounds, toy_images
 from tests.methods.mpfedcon.test_mpfedcon import CPU, params, run, toy_federation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -122,7 +122,7 @@ def test_uploaded_centres_are_class_means_of_the_trained_network(tmp_path):
     upload = s.upload
 
     def spy_upload(state, c, trained):
-        seen[c] = trained, upload(state, c, trained)
+        seen[c] = cloned(trained), cloned(upload(state, c, trained))
         return seen[c][1]
 
     s.upload = spy_upload

@@ -18,7 +18,7 @@ from fedssl.methods.orchestra import costs as oc
 from fedssl.methods.orchestra import loss as orch
 from fedssl.methods.orchestra import strategy as orch_strategy
 from fedssl.methods.orchestra.model import CENTROIDS, MEMORY, seeded_orchestra_model
-from tests.fixtures import method_params
+from tests.fixtures import cloned, method_params
 from tests.fl.test_engine import toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -131,7 +131,9 @@ def test_the_centroids_travel_and_count_in_the_bytes_of_every_round(tmp_path):
     uploads = []
 
     def spy(upload):
-        return lambda state, c, trained: uploads.append(upload(state, c, trained)) or uploads[-1]
+        return lambda state, c, trained: (
+            uploads.append(cloned(upload(state, c, trained))) or uploads[-1]
+        )
 
     fed, model, data, state = run_rounds(p, 2, tmp_path, upload=spy)
     down, up = oc.round_bytes(p, SHAPE)

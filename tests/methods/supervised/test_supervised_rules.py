@@ -20,7 +20,7 @@ from fedssl.methods.supervised import train as sup
 from fedssl.methods.supervised.costs import step_costs, step_loss
 from fedssl.params import ModelParams
 from fedssl.strategies.aggregation import fedavg, stacked
-from tests.fixtures import federation_changed, method_params
+from tests.fixtures import cloned, federation_changed, method_params
 from tests.fl.test_engine import SHAPE, toy_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -85,7 +85,7 @@ def test_moon_keeps_its_trained_model_as_the_next_negative_fedavg_keeps_nothing(
     fed, model = federation(params("moon", 1.0), tmp_path / "m.pt", rounds=1)
     uploads = {}
     upload = fed.strategy.upload
-    fed.strategy.upload = lambda s, c, t: uploads.setdefault(c, upload(s, c, t))
+    fed.strategy.upload = lambda s, c, t: uploads.setdefault(c, cloned(upload(s, c, t)))
     state = fed.run(fed.start(model))
     assert set(state.clients) == {0, 1, 2}
     for c, sent in uploads.items():
@@ -102,7 +102,7 @@ def test_a_round_is_the_size_weighted_fedavg_of_the_whole_network_both_ways(tmp_
     fed, model = federation(params("fedprox", 0.1), tmp_path / "p.pt", rounds=1)
     uploads = []
     upload = fed.strategy.upload
-    fed.strategy.upload = lambda s, c, t: uploads.append(upload(s, c, t)) or uploads[-1]
+    fed.strategy.upload = lambda s, c, t: uploads.append(cloned(upload(s, c, t))) or uploads[-1]
     state = fed.run(fed.start(model))
     assert set(uploads[0]) == set(model.net.state_dict())  # every weight and BN buffer
     expected = fedavg(stacked(uploads), torch.tensor([20.0, 30.0, 40.0], dtype=torch.float64))
