@@ -15,6 +15,7 @@ from fedssl.methods.fsl import FSLParams
 from fedssl.methods.fsl import train as fsl
 from fedssl.params import ModelParams
 from fedssl.strategies.aggregation import fedavg, stacked
+from tests.fixtures import cloned
 from tests.fl.test_engine import SHAPE, toy_data
 from tests.methods.supervised.test_supervised_rules import held_out
 
@@ -37,7 +38,7 @@ def one_round(p, path, model=None):
     fed, model = federation(p, path, model)
     uploads = {}
     upload = fed.strategy.upload
-    fed.strategy.upload = lambda s, c, t: uploads.setdefault(c, upload(s, c, t))
+    fed.strategy.upload = lambda s, c, t: uploads.setdefault(c, cloned(upload(s, c, t)))
     return fed.run(fed.start(model)), uploads
 
 
