@@ -35,17 +35,13 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
     step = _LocalStep(FeatARCModel(net), p)
     k = costs.PROBE_PAIRS
     probe = torch.rand((3 * k, *shape), generator=torch.Generator().manual_seed(0))
-    per_image = costs.train_step_flops(step, probe, lambda loss, _x: loss) / k
     scoring = costs.forward_flops(net.backbone.eval(), probe[:k]) / k * (p.clusters + 1)
-    peak = costs.measured_step_bytes(
-        step,
-        probe,
-        lambda loss, _x: loss,
-        optimizer_slots=2,
-        batch_scale=p.federation.batch_size / k,
-    )
+    # the step is measured after the scoring, its backbone left in eval mode (the committed
+    # peak's convention: in train mode BN would add 36,864 bytes at a batch of 256)
+    local = costs.LocalStep(step, probe, k, lambda loss, _x: loss)
+    flops, peak = costs.local_step_costs(local, p.federation)
     traffic = costs.ClientTraffic(samples, rounds, sent)
-    return costs.client_rows(traffic, per_image * p.federation.local_epochs + scoring, peak)
+    return costs.client_rows(traffic, flops + scoring, peak)
 
 
 def client_costs(ctx) -> list[dict]:

@@ -41,14 +41,8 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
     probe = torch.rand(
         (VIEWS * costs.PROBE_PAIRS, *shape), generator=torch.Generator().manual_seed(0)
     )
-    per_image = costs.train_step_flops(step, probe, lambda loss, _x: loss) / costs.PROBE_PAIRS
-    peak = costs.measured_step_bytes(
-        step,
-        probe,
-        lambda loss, _x: loss,
-        optimizer_slots=1,
-        batch_scale=p.federation.batch_size / costs.PROBE_PAIRS,
-    )
+    local = costs.LocalStep(step, probe, costs.PROBE_PAIRS, lambda loss, _x: loss)
+    flops, peak = costs.local_step_costs(local, p.federation)
     return [
         {
             "client": m,
@@ -56,7 +50,7 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
             "rounds": r,
             "bytes_exchanged": b,
             # round 0 only clusters: training rounds are r - 1 for a client that took part in it
-            "flops": per_image * n * p.federation.local_epochs * max(r - 1, 0),
+            "flops": flops * n * max(r - 1, 0),
             "peak_step_bytes": peak,
         }
         for m, (n, r, b) in enumerate(zip(samples, rounds, sent))
