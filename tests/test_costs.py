@@ -20,6 +20,7 @@ from torch import nn
 
 from fedssl import costs
 from fedssl.costs import end_to_end
+from fedssl.fl.cohort import Batch, StepLoss, on_outputs
 from fedssl.methods.mfcl import paper_costs
 from fedssl.models.autoencoder import ClientAutoencoder
 from fedssl.params import federation_block
@@ -198,6 +199,17 @@ def test_a_local_step_costs_its_epochs_and_its_batch_from_the_block():
     assert flops == forward + 2 * 10 * 20 + 2 * 20 * 5
     assert peak == acts * 8 / 4 + weights + 4 * 10 * 20 * (1 + 1)
     assert costs.local_step_costs(step, sgd)[1] == acts * 8 / 4 + weights * (2 + 1)
+
+
+def test_a_step_loss_module_is_measured_without_moving_the_model():
+    """StepLoss runs the trainer's loss on copies of the buffers: BN's running stats stay."""
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    loss = on_outputs(lambda out, batch: out.pow(2).mean())
+    step = StepLoss(net, loss, lambda x: Batch((x,), None, torch.ones(len(x), dtype=torch.bool)))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    assert costs.train_step_flops(step, torch.rand(8, 3), lambda out, _x: out) > 0
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    assert list(step.parameters()) == list(net.parameters())  # what the memory counts
 
 
 def test_tensor_bytes():
