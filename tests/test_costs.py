@@ -20,8 +20,10 @@ from torch import nn
 
 from fedssl import costs
 from fedssl.costs import end_to_end
+from fedssl.fl.cohort import Batch, StepLoss, on_outputs
 from fedssl.methods.mfcl import paper_costs
 from fedssl.models.autoencoder import ClientAutoencoder
+from fedssl.params import federation_block
 
 N_CLIENT = 50_000 // 10
 
@@ -163,6 +165,51 @@ def test_saved_activation_bytes_scales_with_batch():
     large = costs.saved_activation_bytes(ae, torch.rand(4, 3, 16, 16))
     assert small > 0
     assert large == pytest.approx(2 * small, rel=0.05)
+
+
+def block(**settings):
+    """A federation block of the given settings (rounds and lr aside)."""
+    return federation_block(**settings)(rounds=1, lr=0.1)
+
+
+def test_optimizer_slots_follow_the_federation_block():
+    assert costs.optimizer_slots(block(optimizer="adam", momentum=0.9)) == 2
+    assert costs.optimizer_slots(block(optimizer="sgd", momentum=0.9)) == 1
+    assert costs.optimizer_slots(block(optimizer="sgd", momentum=0.0)) == 0
+    assert costs.optimizer_slots(block(momentum=0.5)) == 1  # SGD where the block names none
+
+
+def test_a_local_step_costs_its_epochs_and_its_batch_from_the_block():
+    """FLOPs per sample x local_epochs; memory: the probe's saved tensors scaled to the block's
+    batch + every weight + a gradient and the optimizer's state per (trained) weight."""
+    net = nn.Sequential(nn.Linear(10, 20, bias=False), nn.Linear(20, 5, bias=False))
+    x = torch.rand(4, 10)
+    step = costs.LocalStep(net, x, samples=4)
+    adam = block(local_epochs=3, batch_size=16, optimizer="adam")
+    forward = 2 * (10 * 20 + 20 * 5)  # per sample; the backward: both weights' gradients
+    acts = costs.saved_activation_bytes(net, x)  # and the hidden layer's input gradient
+    flops, peak = costs.local_step_costs(step, adam)
+    assert flops == 3 * (forward + 2 * 10 * 20 + 2 * 2 * 20 * 5)
+    weights = 4 * (10 * 20 + 20 * 5)
+    assert peak == acts * 16 / 4 + weights + weights * (1 + 2)
+    net[1].weight.requires_grad_(False)  # frozen: no gradient, no optimizer state
+    sgd = block(local_epochs=1, batch_size=8, optimizer="sgd", momentum=0.9)
+    acts = costs.saved_activation_bytes(net, x)
+    flops, peak = costs.local_step_costs(step, sgd, trained_only=True)
+    assert flops == forward + 2 * 10 * 20 + 2 * 20 * 5
+    assert peak == acts * 8 / 4 + weights + 4 * 10 * 20 * (1 + 1)
+    assert costs.local_step_costs(step, sgd)[1] == acts * 8 / 4 + weights * (2 + 1)
+
+
+def test_a_step_loss_module_is_measured_without_moving_the_model():
+    """StepLoss runs the trainer's loss on copies of the buffers: BN's running stats stay."""
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    loss = on_outputs(lambda out, batch: out.pow(2).mean())
+    step = StepLoss(net, loss, lambda x: Batch((x,), None, torch.ones(len(x), dtype=torch.bool)))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    assert costs.train_step_flops(step, torch.rand(8, 3), lambda out, _x: out) > 0
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    assert list(step.parameters()) == list(net.parameters())  # what the memory counts
 
 
 def test_tensor_bytes():

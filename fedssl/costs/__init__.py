@@ -174,14 +174,51 @@ CLIENT_COSTS = (
 
 
 def measured_step_bytes(
-    model: nn.Module, inputs: Tensor, loss_fn, optimizer_slots: int, batch_scale: float = 1.0
+    model: nn.Module,
+    inputs: Tensor,
+    loss_fn,
+    optimizer_slots: int,
+    batch_scale: float = 1.0,
+    trained_only: bool = False,
 ) -> int:
     """One local step's memory, measured: autograd's saved tensors (scaled from the probe batch
-    to the real one by ``batch_scale``) + parameters, gradients and ``optimizer_slots`` state
-    tensors per parameter (Adam 2, SGD-momentum 1)."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    to the real one by ``batch_scale``) + parameters, and a gradient and ``optimizer_slots``
+    state tensors (Adam 2, SGD-momentum 1) per parameter (``trained_only``: per parameter that
+    requires a gradient, e.g. BYOL's online network without its EMA target)."""
+    params = tensor_bytes(model.parameters())
+    trained = tensor_bytes(q for q in model.parameters() if q.requires_grad or not trained_only)
     acts = saved_activation_bytes(model, inputs, loss_fn)
-    return int(acts * batch_scale + params * (2 + optimizer_slots))
+    return int(acts * batch_scale + (params + trained * (1 + optimizer_slots)))
+
+
+def optimizer_slots(block) -> int:
+    """State tensors a federation block's client optimizer keeps per trained weight: Adam's two
+    moments, SGD's momentum buffer where it has momentum, none for plain SGD."""
+    if getattr(block, "optimizer", "sgd") == "adam":
+        return 2
+    return 1 if getattr(block, "momentum", 0.0) else 0
+
+
+class LocalStep(NamedTuple):
+    """A method's description of its local step for the meters: ``module``'s forward on
+    ``probe`` runs one step, ``loss_fn(output, probe)`` maps its output to the loss (None: the
+    mean), and the probe holds ``samples`` of the client's samples (what costs are per)."""
+
+    module: nn.Module
+    probe: Tensor
+    samples: int
+    loss_fn: Callable | None = None
+
+
+def local_step_costs(step: LocalStep, block, trained_only: bool = False) -> tuple[float, int]:
+    """What the federation block makes of a method's local step: (FLOPs a client spends per
+    sample of its data in a round = one step's FLOPs per sample x ``local_epochs``, the step's
+    memory at the block's ``batch_size`` with its optimizer's state)."""
+    m, x, k, loss = step
+    flops = train_step_flops(m, x, loss) / k * block.local_epochs
+    slots = optimizer_slots(block)
+    peak = measured_step_bytes(m, x, loss, slots, block.batch_size / k, trained_only)
+    return flops, peak
 
 
 def summarize_client_costs(rows: list[dict], extra: tuple[str, ...] = ()) -> dict:

@@ -23,6 +23,7 @@ from fedssl.costs import (
     BITS_PER_FLOAT,
     conv_feature_map_numels,
     measured_step_bytes,
+    optimizer_slots,
     probe_batch,
     projection,
     tensor_bytes,
@@ -149,7 +150,7 @@ def contrastive_client_costs(p, shape, samples: list[int], rounds: list[int], se
         rounds,
         p.federation.local_epochs,
         sent,
-        optimizer_slots=2 if p.federation.optimizer == "adam" else 1,
+        optimizer_slots=optimizer_slots(p.federation),
     )
 
 

@@ -91,6 +91,21 @@ def on_outputs(loss: Callable[[object, Batch], torch.Tensor], own_forward=None) 
     return loss_fn
 
 
+class StepLoss(nn.Module):
+    """A trainer loss as a module of one tensor, what the cost meters run: ``batch_of(x)``
+    makes the local batch of it; the loss reads the model's parameters and copies of its
+    buffers, so that measuring a step leaves the model as it was."""
+
+    def __init__(self, model: nn.Module, loss: LossFn, batch_of: Callable[[torch.Tensor], Batch]):
+        super().__init__()
+        self.model, self.loss, self.batch_of = model, loss, batch_of
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        buffers = {k: v.clone() for k, v in m.named_buffers()}
+        return self.loss(m, dict(m.named_parameters()), buffers, self.batch_of(x))
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     kind: str = "adam"  # adam | adamw (decoupled weight decay) | sgd

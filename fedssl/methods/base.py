@@ -84,10 +84,10 @@ def check_hooks(cls: type[Method]) -> None:
     for name in dir(cls):
         if isinstance(getattr(cls, name), Hook) and name not in fields:
             raise TypeError(f"{where}.{name}: a Hook in a field no base types as Hook[protocol]")
-    for field, (spec, strings) in fields.items():
+    for field, spec in fields.items():
         ref = getattr(cls, field, None)
         if ref is not None:
-            check_hook(f"{where}.{field}", ref, spec, strings=strings)
+            check_hook(f"{where}.{field}", ref, spec)
     for s in cls.steps:
         if s.runner is not None:
             check_hook(f"{where}.steps[{s.name}].runner", s.runner, StepRunner, len(s.args))
@@ -189,9 +189,8 @@ class Method:
     # dataset) -> the average client's costs (for `fedssl costs`).
     costs_inputs: ClassVar[tuple[str, ...] | None] = None
     costs_reads: ClassVar[tuple[str, ...]] = ("method", "partition")
-    # (The cost hooks may still be "module:function" strings, checked the same way.)
-    client_costs_hook: ClassVar[Hook[ClientCosts] | str | None] = None
-    projected_costs_hook: ClassVar[Hook[ProjectedCosts] | str | None] = None
+    client_costs_hook: ClassVar[Hook[ClientCosts] | None] = None
+    projected_costs_hook: ClassVar[Hook[ProjectedCosts] | None] = None
     # Report tables in the paper's layout: function(rows) -> {name: Markdown}; figures:
     # function(rows, out_dir) -> {file: caption}.
     report_tables: ClassVar[Hook[ReportTables] | None] = None
@@ -344,8 +343,8 @@ class PretrainStepMethod(Method):
         cls.steps = (pretrain, *cls.later_steps)
         cls.encoder_hook = Hook(f"{package}.run", "encoder")
         costs = cls.costs_module or f"{package}.costs"
-        cls.client_costs_hook = f"{costs}:client_costs"
-        cls.projected_costs_hook = f"{costs}:projected_costs"
+        cls.client_costs_hook = Hook(costs, "client_costs")
+        cls.projected_costs_hook = Hook(costs, "projected_costs")
 
     def arch(self, params: MethodParams) -> str:
         return params.model.arch
@@ -434,7 +433,7 @@ class SupervisedFederatedMethod(Method):
         )
         cls.encoder_hook = Hook(SUPERVISED_RUNTIME, "encoder")
         cls.encoder_builder = Hook(SUPERVISED_RUNTIME, "untrained_encoder")
-        cls.client_costs_hook = f"{package}.costs:client_costs"
+        cls.client_costs_hook = Hook(f"{package}.costs", "client_costs")
 
     def arch(self, params: MethodParams) -> str:
         return params.model.arch

@@ -14,8 +14,8 @@ source says so (a ``def``, a class's ``__init__`` or a dataclass's fields), it t
 positional arguments the field's protocol passes. A typo or a wrong signature thus fails at
 import, not when a stage reaches the hook hours later.
 
-A plain ``"module:function"`` string is still read where a field's type admits ``str`` (the
-cost hooks, for now), and checked the same way.
+A field holds a :class:`Hook`, never a plain ``"module:function"`` string: a string would
+escape the type checker and the editor, so registering refuses one.
 """
 
 from __future__ import annotations
@@ -299,14 +299,14 @@ def signature(node: ast.FunctionDef | ast.ClassDef | None) -> Signature | None:
     return Signature(names, sum(s.value is None for s in fields))
 
 
-def check_hook(where: str, ref: object, spec: type, extra: int = 0, strings: bool = False) -> None:
-    """Fail, naming ``where`` (the plugin's field), unless ``ref`` is a :class:`Hook` (or, with
-    ``strings``, a ``"module:name"``) whose module's source defines the name and, where it says
-    how, accepts the positional arguments ``spec`` passes (plus ``extra``)."""
-    if not isinstance(ref, (Hook, str)) or (isinstance(ref, str) and not strings):
+def check_hook(where: str, ref: object, spec: type, extra: int = 0) -> None:
+    """Fail, naming ``where`` (the plugin's field), unless ``ref`` is a :class:`Hook` whose
+    module's source defines the name and, where it says how, accepts the positional arguments
+    ``spec`` passes (plus ``extra``)."""
+    if not isinstance(ref, Hook):
         raise TypeError(f"{where} = {ref!r}: expected a Hook(module, name), a {spec.__name__}")
+    hook = ref
     try:
-        hook = as_hook(ref)
         sig = signature(definition(hook.module, hook.name))
     except (LookupError, TypeError) as e:
         raise TypeError(f"{where} = {ref}: {e}") from None
@@ -319,21 +319,21 @@ def check_hook(where: str, ref: object, spec: type, extra: int = 0, strings: boo
         )
 
 
-def field_type(hint: object) -> tuple[type, bool] | None:
-    """(the protocol, whether a string is read) of a field typed ``Hook[P]`` (within
-    ``ClassVar``, ``| None``, ``| str``); None for any other field."""
+def field_type(hint: object) -> type | None:
+    """The protocol of a field typed ``Hook[P]`` (within ``ClassVar``, ``| None``); None for
+    any other field."""
     if get_origin(hint) is Hook:
-        return get_args(hint)[0], False
+        return get_args(hint)[0]
     if get_origin(hint) not in (ClassVar, Union, UnionType):
         return None
     for arg in get_args(hint):
         found = field_type(arg)
         if found:
-            return found[0], found[1] or str in get_args(hint)
+            return found
     return None
 
 
-def hook_fields(cls: type) -> dict[str, tuple[type, bool]]:
-    """The attributes of ``cls`` typed as hooks: name -> (protocol, whether a string is read)."""
+def hook_fields(cls: type) -> dict[str, type]:
+    """The attributes of ``cls`` typed as hooks: name -> protocol."""
     hints = get_type_hints(cls)
     return {name: found for name, hint in hints.items() if (found := field_type(hint))}

@@ -80,19 +80,23 @@ def test_a_wrong_signature_fails_at_import_naming_the_method_and_field():
     )
 
 
-def test_a_string_is_read_only_where_the_field_admits_one_and_is_checked_alike():
-    """The cost hooks may still be ``"module:function"`` (their rework is under way); every
-    other field wants a Hook."""
+def test_a_string_is_refused_in_every_hook_field_and_cost_hooks_are_checked_alike():
+    """Every hook field, the cost hooks included, wants a Hook: a ``"module:function"`` string
+    escapes the type checker."""
     message = refused(plugin(recipe="fedssl.methods.fedsimclr.train:recipe"))
     assert message == (
         "method 'typo': Typo.recipe = 'fedssl.methods.fedsimclr.train:recipe': "
         "expected a Hook(module, name), a RecipeOf"
     )
-    costs = plugin()  # its base names its costs as strings; one of them the wrong function
-    assert costs.client_costs_hook == "fedssl.costs.end_to_end:client_costs"
+    costs = plugin()  # its base names its costs as Hooks; one of them the wrong function
+    assert costs.client_costs_hook == Hook("fedssl.costs.end_to_end", "client_costs")
     check_hooks(costs)
-    costs.client_costs_hook = "fedssl.costs.end_to_end:projected_costs"
-    assert "projected_costs: called as a ClientCosts, with 1 positional" in refused(costs)
+    costs.client_costs_hook = "fedssl.costs.end_to_end:client_costs"
+    assert refused(costs).endswith("expected a Hook(module, name), a ClientCosts")
+    costs.client_costs_hook = Hook("fedssl.costs.end_to_end", "contrastive_client_costs")
+    assert "called as a ClientCosts, with 1 positional argument, but it requires 5" in refused(
+        costs
+    )
 
 
 def test_signatures_are_read_from_the_source():
@@ -117,7 +121,7 @@ def test_signatures_are_read_from_the_source():
 def test_every_declared_hook_takes_what_its_field_passes(method):
     """The check reads source; the imported functions agree with it."""
     cls = type(method)
-    declared = [(getattr(cls, f), spec, 0) for f, (spec, _) in hook_fields(cls).items()]
+    declared = [(getattr(cls, f), spec, 0) for f, spec in hook_fields(cls).items()]
     declared += [(s.runner, None, len(s.args)) for s in cls.steps if s.runner]
     for ref, spec, extra in declared:
         if ref is not None:

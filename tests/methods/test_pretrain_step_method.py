@@ -39,8 +39,8 @@ def test_the_step_and_hooks_point_into_the_named_package():
     )
     assert step.runner == Hook("somewhere.toy.run", "pretrain")
     assert Toy.encoder_hook == Hook("somewhere.toy.run", "encoder")
-    assert Toy.client_costs_hook == "somewhere.toy.costs:client_costs"
-    assert Toy.projected_costs_hook == "somewhere.toy.costs:projected_costs"
+    assert Toy.client_costs_hook == Hook("somewhere.toy.costs", "client_costs")
+    assert Toy.projected_costs_hook == Hook("somewhere.toy.costs", "projected_costs")
     assert Toy.encoder_inputs == Toy.costs_inputs == ("pretrain",)
     assert _Shared.steps == () and _Shared.encoder_hook is None
 
@@ -73,7 +73,7 @@ def test_training_reads_what_it_declares_and_later_steps_follow_it():
     )
     assert pretrain.runner == Hook("somewhere.attack.run", "pretrain")
     assert attack is ToyWithAttack.later_steps[0]
-    assert ToyWithAttack.client_costs_hook == "somewhere.attack.costs:client_costs"
+    assert ToyWithAttack.client_costs_hook == Hook("somewhere.attack.costs", "client_costs")
 
 
 def test_a_step_of_its_own_code_depends_on_run_and_costs_on_costs_only():

@@ -255,8 +255,8 @@ class Cpcfl(Method):
     evaluation_sections = ("personal",)
     personal_inputs = ("cfl",)
     costs_inputs = ("cfl",)
-    client_costs_hook = "fedssl.methods.cpcfl.costs:client_costs"
-    projected_costs_hook = "fedssl.methods.cpcfl.costs:projected_costs"
+    client_costs_hook = Hook("fedssl.methods.cpcfl.costs", "client_costs")
+    projected_costs_hook = Hook("fedssl.methods.cpcfl.costs", "projected_costs")
     report_tables = Hook("fedssl.methods.cpcfl.tables", "paper_tables")
 
     def row_label(self, params) -> str:

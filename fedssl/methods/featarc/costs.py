@@ -6,46 +6,34 @@ data), and the step's peak memory."""
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from fedssl import costs
-from fedssl.fl.cohort import Batch, on_outputs
+from fedssl.fl.cohort import Batch, StepLoss, on_outputs
 from fedssl.fl.state import nbytes
 from fedssl.methods.featarc.model import FeatARCModel, featarc_forward, featarc_loss
 from fedssl.models.encoders import seeded_contrastive_model
 
 
-class _LocalStep(nn.Module):
-    """One local step's loss as a module of the stacked (view 1, view 2, raw) images."""
-
-    def __init__(self, model: FeatARCModel, p):
-        super().__init__()
-        self.model, self.loss = model, on_outputs(featarc_loss(p), featarc_forward)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        v1, v2, raw = images.chunk(3)
-        valid = torch.ones(len(v1), dtype=torch.bool)
-        params = dict(self.model.named_parameters())
-        buffers = {k: v.clone() for k, v in self.model.named_buffers()}
-        return self.loss(self.model, params, buffers, Batch((v1, v2, raw), valid, valid))
+def _batch(images: torch.Tensor) -> Batch:
+    """A local batch of the stacked (view 1, view 2, raw) images."""
+    v1, v2, raw = images.chunk(3)
+    valid = torch.ones(len(v1), dtype=torch.bool)
+    return Batch((v1, v2, raw), valid, valid)
 
 
 def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[int]):
     net = seeded_contrastive_model(p.model, shape, p.seed, torch.device("cpu")).train()
-    step = _LocalStep(FeatARCModel(net), p)
+    loss = on_outputs(featarc_loss(p), featarc_forward)
+    step = StepLoss(FeatARCModel(net), loss, _batch)
     k = costs.PROBE_PAIRS
     probe = torch.rand((3 * k, *shape), generator=torch.Generator().manual_seed(0))
-    per_image = costs.train_step_flops(step, probe, lambda loss, _x: loss) / k
     scoring = costs.forward_flops(net.backbone.eval(), probe[:k]) / k * (p.clusters + 1)
-    peak = costs.measured_step_bytes(
-        step,
-        probe,
-        lambda loss, _x: loss,
-        optimizer_slots=2,
-        batch_scale=p.federation.batch_size / k,
-    )
+    # the step is measured after the scoring, its backbone left in eval mode (the committed
+    # peak's convention: in train mode BN would add 36,864 bytes at a batch of 256)
+    local = costs.LocalStep(step, probe, k, lambda loss, _x: loss)
+    flops, peak = costs.local_step_costs(local, p.federation)
     traffic = costs.ClientTraffic(samples, rounds, sent)
-    return costs.client_rows(traffic, per_image * p.federation.local_epochs + scoring, peak)
+    return costs.client_rows(traffic, flops + scoring, peak)
 
 
 def client_costs(ctx) -> list[dict]:

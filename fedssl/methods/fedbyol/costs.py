@@ -21,18 +21,10 @@ def _loss(output, _inputs):
 def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[int]):
     model = seeded_byol(p.model, shape, p.seed, torch.device("cpu")).train()
     probe = costs.probe_batch(shape)  # both views of PROBE_PAIRS images
-    per_sample = costs.train_step_flops(model, probe, _loss) / (probe.shape[0] // 2)
-    every = sum(q.numel() * q.element_size() for q in model.parameters())
-    online = sum(q.numel() * q.element_size() for q in model.parameters() if q.requires_grad)
-    slots = 2 if p.federation.optimizer == "adam" else 1
-    acts = (
-        costs.saved_activation_bytes(model, probe, _loss)
-        * p.federation.batch_size
-        / (probe.shape[0] // 2)
-    )
-    peak = int(acts + every + online * (1 + slots))  # weights, online grads, optimizer state
-    traffic = costs.ClientTraffic(samples, rounds, sent)
-    return costs.client_rows(traffic, per_sample * p.federation.local_epochs, peak)
+    local = costs.LocalStep(model, probe, costs.PROBE_PAIRS, _loss)
+    # gradients and optimizer state of the online network only (the target is an EMA)
+    flops, peak = costs.local_step_costs(local, p.federation, trained_only=True)
+    return costs.client_rows(costs.ClientTraffic(samples, rounds, sent), flops, peak)
 
 
 def client_costs(ctx) -> list[dict]:

@@ -18,8 +18,5 @@ def client_costs(ctx) -> list[dict]:
     x = costs.probe_batch(ctx.image_shape)
     y = torch.arange(len(x)) % model.aux[-1].out_features
     loss = lambda out, _x: F.cross_entropy(out, y)  # noqa: E731
-    flops = costs.train_step_flops(local, x, loss) / len(x)
-    acts = costs.saved_activation_bytes(local, x, loss) * p.federation.batch_size / len(x)
-    peak = int(acts + 3 * costs.tensor_bytes(local.parameters()))
-    ledger = costs.step_traffic(ctx, "train")
-    return costs.client_rows(ledger, flops * p.federation.local_epochs, peak)
+    flops, peak = costs.local_step_costs(costs.LocalStep(local, x, len(x), loss), p.federation)
+    return costs.client_rows(costs.step_traffic(ctx, "train"), flops, peak)

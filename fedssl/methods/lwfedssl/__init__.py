@@ -346,8 +346,8 @@ class _Family(Method):
     cost_columns = COST_COLUMNS
     finetunable = True
     encoder_hook = Hook(RUN, "encoder")
-    client_costs_hook = "fedssl.methods.lwfedssl.costs:client_costs"
-    projected_costs_hook = "fedssl.methods.lwfedssl.costs:projected_costs"
+    client_costs_hook = Hook("fedssl.methods.lwfedssl.costs", "client_costs")
+    projected_costs_hook = Hook("fedssl.methods.lwfedssl.costs", "projected_costs")
     report_tables = Hook("fedssl.methods.lwfedssl.tables", "tab3")
 
     def arch(self, params) -> str:

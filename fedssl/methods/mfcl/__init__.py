@@ -204,8 +204,8 @@ class Mfcl(Method):
     encoder_builder = Hook("fedssl.methods.mfcl.run", "encoder_skeleton")
     encoder_hook = Hook("fedssl.methods.mfcl.run", "deployed_encoder")
     costs_inputs = ("pretrain", "export")
-    client_costs_hook = "fedssl.methods.mfcl.costs:client_costs"
-    projected_costs_hook = "fedssl.methods.mfcl.costs:projected_costs"
+    client_costs_hook = Hook("fedssl.methods.mfcl.costs", "client_costs")
+    projected_costs_hook = Hook("fedssl.methods.mfcl.costs", "projected_costs")
     report_tables = Hook("fedssl.methods.mfcl.tables", "tables")
 
     def row_label(self, params) -> str:

@@ -282,7 +282,7 @@ class MpFedcon(Method):
     evaluation_sections = ("personal",)
     personal_inputs = ("train",)
     costs_inputs = ("train",)
-    client_costs_hook = "fedssl.methods.mpfedcon.costs:client_costs"
+    client_costs_hook = Hook("fedssl.methods.mpfedcon.costs", "client_costs")
     report_tables = Hook("fedssl.methods.mpfedcon.tables", "paper_tables")
 
     def row_label(self, params) -> str:

@@ -67,7 +67,7 @@ def phase_costs(p, shape, classes: int) -> list[dict]:
     own = model.state_dict()
     extra = {k: v for k, v in first_start(strategy, model).items() if k not in own}
     x = costs.probe_batch(shape, PROBE_PAIRS)
-    slots = 1 if p.federation.momentum else 0
+    slots = costs.optimizer_slots(p.federation)
     held = costs.tensor_bytes(model.parameters())
     out = []
     for phase, loss in zip(phases, losses):

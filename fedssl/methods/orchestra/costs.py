@@ -5,10 +5,9 @@ counted around one real local step (three views, the clustering and rotation los
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from fedssl import costs
-from fedssl.fl.cohort import Batch, on_outputs
+from fedssl.fl.cohort import Batch, StepLoss, on_outputs
 from fedssl.fl.state import nbytes
 from fedssl.methods.orchestra.loss import orchestra_forward, orchestra_loss
 from fedssl.methods.orchestra.model import MEMORY, ROTATIONS, seeded_orchestra_model
@@ -16,39 +15,22 @@ from fedssl.methods.orchestra.model import MEMORY, ROTATIONS, seeded_orchestra_m
 VIEWS = 3  # a step sees x1 (teacher), x2 (student) and the rotated x3
 
 
-class _LocalStep(nn.Module):
-    """One local step's loss as a module of the three stacked views (for the FLOP counter)."""
-
-    def __init__(self, model: nn.Module, p):
-        super().__init__()
-        self.model, self.loss = model, on_outputs(orchestra_loss(p), orchestra_forward)
-
-    def forward(self, views: torch.Tensor) -> torch.Tensor:
-        x1, x2, x3 = views.chunk(VIEWS)
-        turns = torch.arange(len(x1)) % ROTATIONS
-        batch = Batch((x1, x2, x3, turns), turns, torch.ones(len(x1), dtype=torch.bool))
-        return self.loss(
-            self.model, dict(self.model.named_parameters()), self._scratch_buffers(), batch
-        )
-
-    def _scratch_buffers(self):
-        return {k: v.clone() for k, v in self.model.named_buffers()}  # the memory stays as it is
+def _batch(views: torch.Tensor) -> Batch:
+    """A local batch of the three stacked views, x3 rotated by a turn per row."""
+    x1, x2, x3 = views.chunk(VIEWS)
+    turns = torch.arange(len(x1)) % ROTATIONS
+    return Batch((x1, x2, x3, turns), turns, torch.ones(len(x1), dtype=torch.bool))
 
 
 def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[int]):
     model = seeded_orchestra_model(p, shape, torch.device("cpu")).train()
-    step = _LocalStep(model, p)
+    loss = on_outputs(orchestra_loss(p), orchestra_forward)
+    step = StepLoss(model, loss, _batch)
     probe = torch.rand(
         (VIEWS * costs.PROBE_PAIRS, *shape), generator=torch.Generator().manual_seed(0)
     )
-    per_image = costs.train_step_flops(step, probe, lambda loss, _x: loss) / costs.PROBE_PAIRS
-    peak = costs.measured_step_bytes(
-        step,
-        probe,
-        lambda loss, _x: loss,
-        optimizer_slots=1,
-        batch_scale=p.federation.batch_size / costs.PROBE_PAIRS,
-    )
+    local = costs.LocalStep(step, probe, costs.PROBE_PAIRS, lambda loss, _x: loss)
+    flops, peak = costs.local_step_costs(local, p.federation)
     return [
         {
             "client": m,
@@ -56,7 +38,7 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
             "rounds": r,
             "bytes_exchanged": b,
             # round 0 only clusters: training rounds are r - 1 for a client that took part in it
-            "flops": per_image * n * p.federation.local_epochs * max(r - 1, 0),
+            "flops": flops * n * max(r - 1, 0),
             "peak_step_bytes": peak,
         }
         for m, (n, r, b) in enumerate(zip(samples, rounds, sent))

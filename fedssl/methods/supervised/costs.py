@@ -9,7 +9,7 @@ from torch import nn
 
 from fedssl import costs
 from fedssl.eval.global_model import load_saved
-from fedssl.fl.cohort import Batch
+from fedssl.fl.cohort import Batch, StepLoss
 from fedssl.methods.federated_supervised import build_model, trainer_loss
 from fedssl.strategies.fedprox import proximal
 from fedssl.strategies.references import reference_pairs
@@ -28,20 +28,6 @@ def step_loss(p, model: nn.Module):
     return loss
 
 
-class LocalStep(nn.Module):
-    """One local step's loss on a labelled batch, as a module the cost counters can run."""
-
-    def __init__(self, p, model: nn.Module, labels: torch.Tensor):
-        super().__init__()
-        self.model, self.labels = model, labels
-        self.loss = step_loss(p, model)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch = Batch((x,), self.labels, torch.ones(len(x), dtype=torch.bool))
-        m = self.model
-        return self.loss(m, dict(m.named_parameters()), dict(m.named_buffers()), batch)
-
-
 def step_costs(p, shape, classes: int) -> dict:
     """FLOPs per sample of a local step and its memory at the federation's batch size: saved
     activations + the live network's weights, gradients and SGD momentum + the frozen
@@ -49,7 +35,12 @@ def step_costs(p, shape, classes: int) -> dict:
     model = build_model(p, shape, classes, torch.device("cpu"))
     model.has_prev.fill_(1.0)  # MOON after its first round: both references in the step
     x = costs.probe_batch(shape)
-    step = LocalStep(p, model, torch.arange(len(x)) % classes)
+    labels = torch.arange(len(x)) % classes
+    step = StepLoss(
+        model,
+        step_loss(p, model),
+        lambda x: Batch((x,), labels, torch.ones(len(x), dtype=torch.bool)),
+    )
     scalar = lambda out, _x: out  # noqa: E731 - the step already returns the loss
     flops = costs.train_step_flops(step, x, scalar) / len(x)
     acts = costs.saved_activation_bytes(step, x, scalar) * p.federation.batch_size / len(x)
