@@ -16,7 +16,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +24,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fedssl.data.catalog import dataset_spec
 from fedssl.params import federation_of
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 BITS_PER_FLOAT = 32
 
@@ -295,13 +298,13 @@ def add_encoder_bytes(rows: list[dict], step_dirs: Iterable[Path]) -> list[dict]
     ]
 
 
-def step_traffic(ctx, step: str) -> ClientTraffic:
+def step_traffic(ctx: StepContext, step: str) -> ClientTraffic:
     """The clients' traffic in ``step`` of a costs stage's experiment (``ctx``: its step
     context), with their data sizes."""
     return ledger_of(ctx.input(step), [len(c) for c in ctx.clients()])
 
 
-def traffic_costs(ctx, rows, step: str = "pretrain") -> list[dict]:
+def traffic_costs(ctx: StepContext, rows, step: str = "pretrain") -> list[dict]:
     """The costs stage's rows of a method whose costs follow from its params, the image shape
     and the clients' traffic in ``step``: ``rows(params, shape, samples, rounds, sent)``."""
     t = step_traffic(ctx, step)

@@ -15,6 +15,7 @@ hooks of a contrastive model trained by NT-Xent (FedSimCLR, whatever strategy it
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +33,9 @@ from fedssl.costs import (
 )
 from fedssl.losses import nt_xent
 from fedssl.models.encoders import seeded_contrastive_model
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 DEFAULT_CODE_RATE = 1.0 / 3.0
 
@@ -154,7 +158,7 @@ def contrastive_client_costs(p, shape, samples: list[int], rounds: list[int], se
     )
 
 
-def client_costs(ctx) -> list[dict]:
+def client_costs(ctx: StepContext) -> list[dict]:
     """The `costs` stage's rows: each client's rounds and bytes from the pretraining ledger."""
     return traffic_costs(ctx, contrastive_client_costs)
 

@@ -4,6 +4,8 @@ model."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import nn
@@ -12,6 +14,9 @@ from torch.func import functional_call
 from fedssl.data import to_device
 from fedssl.eval.personal import client_outputs
 from fedssl.fl.cohort import LocalData
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 @torch.no_grad()
@@ -31,7 +36,7 @@ def global_accuracy(net: nn.Module, weights: dict, tests: LocalData) -> float:
     return acc
 
 
-def test_split(ctx) -> LocalData:
+def test_split(ctx: StepContext) -> LocalData:
     """The uniform test split on the stage's device, as one 'client' holding all of it."""
     images, labels = ctx.split("test")
     labels = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
@@ -42,7 +47,7 @@ def num_classes(data: LocalData, tests: LocalData) -> int:
     return int(max(data.labels.max(), tests.labels.max())) + 1
 
 
-def load_saved(ctx, device=None) -> dict:
+def load_saved(ctx: StepContext, device=None) -> dict:
     """The ``train`` step's ``model.pt`` (weights, image shape, classes): the one load site of the
     supervised methods that train one global model, tensors only."""
     path = ctx.input("train") / "model.pt"

@@ -5,7 +5,12 @@ names for every method (a paper's own symbols head only the tables of its plugin
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fedssl.evaluations import PARTITION, Evaluation, Metric, register
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 # The costs file's means (mean over clients of each client's total over the run), in the
 # order of the report's full table.
@@ -70,7 +75,7 @@ PEAK_STEP_MB = Metric(
 )
 
 
-def run(ctx) -> None:
+def run(ctx: StepContext) -> None:
     from fedssl.costs import add_encoder_bytes, summarize_client_costs
     from fedssl.stage.runtime import write_json
 

@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fedssl.eval.predictions import FILE as PREDICTIONS
 from fedssl.evaluations import Evaluation, Metric, Section, evaluated_by, register
 from fedssl.params import KnnParams, LinearProbeParams
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 LINEAR_TOP1 = Metric(
     "linear_top1",
@@ -21,7 +26,7 @@ KNN_TOP1 = Metric("knn_top1", "k-NN", order=20, pivot="k-NN top-1 %", pivot_name
 SPLIT = ("train_x", "train_y", "test_x", "test_y")
 
 
-def run(ctx) -> None:
+def run(ctx: StepContext) -> None:
     from fedssl.data import load_npz
     from fedssl.eval.predictions import write_predictions
     from fedssl.eval.probes import knn_accuracy, linear_probe

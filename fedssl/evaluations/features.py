@@ -3,11 +3,16 @@ the ``features`` section it reads."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fedssl.evaluations import DATA, Evaluation, Section, evaluated_by, register
 from fedssl.params import FeatureParams
 
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
-def run(ctx) -> None:
+
+def run(ctx: StepContext) -> None:
     import numpy as np
 
     from fedssl.data.partition import stratified_subset

@@ -4,13 +4,18 @@ experiment's choice, for methods whose encoder can be trained: ``finetunable``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fedssl.evaluations import DATA, Evaluation, Metric, Section, register
 from fedssl.params import FinetuneParams
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 FINETUNE_TOP1 = Metric("finetune_top1", "fine-tune", order=50, board="ssl")
 
 
-def run(ctx) -> None:
+def run(ctx: StepContext) -> None:
     from fedssl.data.partition import stratified_subset
     from fedssl.eval.finetune import finetune
     from fedssl.stage.runtime import write_json, write_tsv

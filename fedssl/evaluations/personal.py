@@ -5,8 +5,13 @@ wrote ``extra_metrics.json`` (a flat mapping) beside that file."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fedssl.evaluations import PARTITION, Evaluation, Metric, Section, evaluated_by, register
 from fedssl.params import PersonalEvalParams
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 EXTRA = "extra_metrics.json"
 
@@ -21,7 +26,7 @@ PERSONAL_TOP1 = Metric(
 )
 
 
-def run(ctx) -> None:
+def run(ctx: StepContext) -> None:
     import json
 
     from fedssl.eval.personal import summarize

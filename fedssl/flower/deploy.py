@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flwr.app import ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
@@ -31,6 +32,9 @@ from fedssl.flower.rounds import RemoteRounds
 from fedssl.flower.stage import StepFederation, check_step, run_with
 from fedssl.flower.superlink import ROOT_ENV
 from fedssl.stage.runtime import StageFailed
+
+if TYPE_CHECKING:
+    from fedssl.stage.context import StageContext
 
 DERIVED_KINDS = ("prepare_data", "partition")  # what a node may compute for itself, in order
 
@@ -68,7 +72,7 @@ def node_root(context: Context) -> Path:
 SETTINGS_ENV = {"device": "FEDSSL_DEVICE", "threads": "FEDSSL_THREADS"}
 
 
-def agreement(ctx) -> dict[str, str]:
+def agreement(ctx: StageContext) -> dict[str, str]:
     """What server and nodes must share, field by field, computed the same way on both sides
     (the stage's fingerprint inputs and compute settings, once :meth:`compute_settings` ran):
     the params, each code file, the command and plan record, the digest of each data set and
@@ -120,7 +124,7 @@ def _short(value) -> str:
     return value[:12] if re.fullmatch("[0-9a-f]{64}", value) else value
 
 
-def derive_inputs(ctx) -> None:
+def derive_inputs(ctx: StageContext) -> None:
     """Run, on this node, the data set and partition stages of the step whose outputs are
     missing (the same commands the front ends run)."""
     from fedssl.stage.base import plan_record

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedssl.methods.hooks import Hook, call_hook
 from fedssl.stage.runtime import StageFailed, pick_device
+
+if TYPE_CHECKING:
+    from fedssl.stage.context import StageContext
 
 
 def flower_hook(method, step: str) -> Hook:
@@ -47,13 +51,13 @@ class StepFederation:
         ctx.device = ctx.device or pick_device()
         return ctx
 
-    def __call__(self, context=None, ctx=None):
+    def __call__(self, context=None, ctx: StageContext | None = None):
         """(model, Federation) of the step, in ``ctx`` (default: a fresh :meth:`context`)."""
         ctx = ctx or self.context()
         return call_hook(flower_hook(ctx.method, self.step), ctx)
 
 
-def run_step(ctx, step: str) -> None:
+def run_step(ctx: StageContext, step: str) -> None:
     """Run ``step`` of the context's experiment with its rounds in Flower's simulation."""
     try:
         from fedssl.flower.app import simulate
@@ -69,13 +73,13 @@ def run_step(ctx, step: str) -> None:
     ctx.run_info["engine"] = f"flower simulation, {clients} SuperNodes"
 
 
-def check_step(ctx, step: str) -> None:
+def check_step(ctx: StageContext, step: str) -> None:
     """Build once, here, what every client will build: a step or variant that does not map
     (MpFedcon's SCAFFOLD) fails before any SuperNode starts."""
     call_hook(flower_hook(ctx.method, step), ctx)
 
 
-def run_with(ctx, step: str, trainer) -> None:
+def run_with(ctx: StageContext, step: str, trainer) -> None:
     """Run ``step`` with its federation's rounds carried by ``trainer`` (the step's runner
     hands it to :func:`fedssl.rounds.runner.run_federation`)."""
     ctx.remote_rounds = trainer

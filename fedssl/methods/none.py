@@ -3,11 +3,14 @@ same weights a method with these settings starts from), or raw pixels (``model.a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fedssl.methods.base import DATA, Hook, Method, MethodParams, Step
 from fedssl.methods.registry import register
 from fedssl.params import ModelParams
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 class NoneParams(MethodParams):
@@ -28,7 +31,7 @@ class NoPretraining(Method):
     def arch(self, params) -> str:
         return params.model.arch
 
-    def pretrain(self, ctx) -> None:
+    def pretrain(self, ctx: StepContext) -> None:
         """Save the seeded initial model."""
         from fedssl.models.encoders import save_contrastive_model, seeded_contrastive_model
 
@@ -37,7 +40,7 @@ class NoPretraining(Method):
         save_contrastive_model(model, ctx.out / "model.pt", ctx.image_shape)
         ctx.info.update(rounds=0, parameters=sum(q.numel() for q in model.parameters()))
 
-    def encoder(self, ctx):
+    def encoder(self, ctx: StepContext):
         from fedssl.models.encoders import load_encoder
 
         return load_encoder(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -17,8 +18,11 @@ from fedssl.rounds.loop import Federation
 from fedssl.stage.progress import Progress, say
 from fedssl.stage.runtime import write_json
 
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
-def train_data(ctx) -> LocalData:
+
+def train_data(ctx: StepContext) -> LocalData:
     """A stage's training split on its device, with the clients' index arrays."""
     images, labels = ctx.split("train")
     return client_data(to_device(images, ctx.device), labels, ctx.clients())
@@ -75,7 +79,9 @@ def round_images_estimate(fed: Federation) -> int:
     return int(epochs * fed.cfg.client_fraction * sum(fed.data.sizes()))
 
 
-def attach_monitor(ctx, fed: Federation, model: nn.Module | None, state: FedState) -> None:
+def attach_monitor(
+    ctx: StepContext, fed: Federation, model: nn.Module | None, state: FedState
+) -> None:
     """The k-NN monitor on ``fed`` (:mod:`fedssl.eval.monitor`), with the untrained network's
     accuracy when the run starts at round 0."""
     if model is None:
@@ -86,7 +92,7 @@ def attach_monitor(ctx, fed: Federation, model: nn.Module | None, state: FedStat
 
 
 def run_federation(
-    ctx, fed: Federation, model: nn.Module | None = None, log_name: str = "rounds.tsv"
+    ctx: StepContext, fed: Federation, model: nn.Module | None = None, log_name: str = "rounds.tsv"
 ) -> FedState:
     """Run ``fed`` from its last checkpoint to the end. Writes ``communication.json`` into the
     stage's output and the round log into the experiment's results; loads the strategy's final

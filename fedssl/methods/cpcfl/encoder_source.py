@@ -6,6 +6,7 @@ code path as that experiment, so the same model). IFCA (None) and FedAvg take no
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,10 +19,15 @@ from fedssl.methods.cpcfl.pretrain import ENCODER_FILE, PUBLIC_FILE
 from fedssl.methods.cpcfl.trials import run_rounds
 from fedssl.stage.runtime import StageFailed, numpy_rng
 
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
+
 Tensors = dict[str, torch.Tensor]
 
 
-def pretrained_encoder(ctx, data, image_shape, num_classes: int) -> tuple[Tensors, dict]:
+def pretrained_encoder(
+    ctx: StepContext, data, image_shape, num_classes: int
+) -> tuple[Tensors, dict]:
     """The pretrained encoder (as the pool model's keys) and the report's numbers on it: its
     relevance score and the linear-probe accuracy that chose it."""
     p, device = ctx.exp.method, ctx.device
@@ -40,7 +46,9 @@ def pretrained_encoder(ctx, data, image_shape, num_classes: int) -> tuple[Tensor
     }
 
 
-def fedavg_warmup(ctx, data, image_shape, num_classes: int) -> tuple[Tensors, FedState]:
+def fedavg_warmup(
+    ctx: StepContext, data, image_shape, num_classes: int
+) -> tuple[Tensors, FedState]:
     """IFCA (FedAvg)'s encoder and the warm-up's final state (its traffic counts too)."""
     w = warmup_params(ctx.exp.method)
     pool = initial_pool(w, image_shape, num_classes, ctx.device, 0, None)
@@ -60,7 +68,7 @@ def fedavg_warmup(ctx, data, image_shape, num_classes: int) -> tuple[Tensors, Fe
     return encoder, state
 
 
-def check_disjoint(ctx, public: np.ndarray, clients: list[np.ndarray]) -> None:
+def check_disjoint(ctx: StepContext, public: np.ndarray, clients: list[np.ndarray]) -> None:
     held = np.intersect1d(public, np.concatenate(clients))
     if held.size:
         raise StageFailed(
@@ -71,7 +79,7 @@ def check_disjoint(ctx, public: np.ndarray, clients: list[np.ndarray]) -> None:
 
 
 def relevance(
-    ctx, encoder_net, public: np.ndarray, clients: list[np.ndarray], n: int, device
+    ctx: StepContext, encoder_net, public: np.ndarray, clients: list[np.ndarray], n: int, device
 ) -> float:
     """§4.9's relevance score: n public images and n client images through the pretrained
     encoder, mean cosine similarity over all n x n cross pairs."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,12 +21,15 @@ from fedssl.methods.cpcfl.models import Encoder, SSLNet, seeded
 from fedssl.stage.runtime import numpy_rng, torch_generator, torch_save, write_json, write_tsv
 from fedssl.training.epochs import run_epochs, train_steps
 
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
+
 ENCODER_FILE, PUBLIC_FILE = "encoder.pt", "public.npy"
 # the committed log holds what the inputs determine; the epochs' timings go to the run record
 LOG_FIELDS = ["width", "epoch", "loss"]
 
 
-def public_indices(ctx, public) -> np.ndarray:
+def public_indices(ctx: StepContext, public) -> np.ndarray:
     """The public set: indices into its split (``public.split``)."""
     _, labels = ctx.split(public.split)
     if public.split == "train":
@@ -126,7 +130,7 @@ def _subset(labels: np.ndarray, size: int | None, seed: int) -> np.ndarray:
     return stratified_subset(labels, size, seed)
 
 
-def linear_eval(ctx, encoder, le, public_idx: np.ndarray, device) -> dict:
+def linear_eval(ctx: StepContext, encoder, le, public_idx: np.ndarray, device) -> dict:
     """The shared linear probe on the frozen encoder: trained on the proxy's labels (the public
     slice's, or the labelled training split), tested on the test split."""
     train_images, train_labels = ctx.split("train")
@@ -143,7 +147,9 @@ def linear_eval(ctx, encoder, le, public_idx: np.ndarray, device) -> dict:
     return linear_probe(tr, train_labels[np.sort(idx)], te, test_labels[test_idx], le.probe, device)
 
 
-def _scored(ctx, net: SSLNet, width: int, log: list[dict], public_idx: np.ndarray) -> dict:
+def _scored(
+    ctx: StepContext, net: SSLNet, width: int, log: list[dict], public_idx: np.ndarray
+) -> dict:
     """A candidate's row: the linear probe of its encoder (trained on the public slice where
     that is of the training split) and its final SSL loss."""
     s = ctx.exp.method.ssl
@@ -154,7 +160,7 @@ def _scored(ctx, net: SSLNet, width: int, log: list[dict], public_idx: np.ndarra
     return {"width": width, "linear_top1": round(probe["linear_top1"], 2), "final_loss": final}
 
 
-def run(ctx) -> None:
+def run(ctx: StepContext) -> None:
     p = ctx.exp.method
     log: list[dict] = []
     log_path = ctx.results_dir / "ssl_epochs.tsv"

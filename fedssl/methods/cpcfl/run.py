@@ -11,6 +11,8 @@ IFCA (FedAvg) a pool on the encoder of a FedAvg (None) warm-up.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
@@ -25,8 +27,11 @@ from fedssl.methods.cpcfl.trials import run_trials
 from fedssl.rounds.runner import train_data
 from fedssl.stage.runtime import write_json
 
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
-def run(ctx) -> None:
+
+def run(ctx: StepContext) -> None:
     p, c = ctx.exp.method, ctx.exp.method.federation
     data = train_data(ctx)
     shape = tuple(data.images.shape[1:])
@@ -55,7 +60,7 @@ def run(ctx) -> None:
     remove_checkpoints(ctx)
 
 
-def personal_tests(ctx):
+def personal_tests(ctx: StepContext):
     """The test split on the device and each client's test indices (the pool's evaluate hook)."""
     images, labels = ctx.split("test")
     return (
@@ -66,7 +71,7 @@ def personal_tests(ctx):
 
 
 def save_outputs(
-    ctx, strategy: PoolStrategy, state: FedState, parts, sizes, extra: dict, groups
+    ctx: StepContext, strategy: PoolStrategy, state: FedState, parts, sizes, extra: dict, groups
 ) -> None:
     c = ctx.exp.method.federation
     accs, labels, probs = strategy.outputs(state)
@@ -88,7 +93,7 @@ def save_outputs(
     )
 
 
-def remove_checkpoints(ctx) -> None:
+def remove_checkpoints(ctx: StepContext) -> None:
     """The attempts' and the warm-up's resume checkpoints (``<stage>.<part>.pt``)."""
     for path in ctx.resume_path.parent.glob(ctx.resume_path.stem + ".*.pt"):
         path.unlink(missing_ok=True)

@@ -5,11 +5,15 @@ restarts from new random models, at most ``cfl.restarts`` times."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedssl.fl.state import FedState, write_round_log
 from fedssl.methods.cpcfl.federation import initial_pool, make_federation
 from fedssl.rounds import runner
 from fedssl.rounds.loop import Federation
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 class ClusteringFailed(Exception):
@@ -35,7 +39,7 @@ def run_rounds(fed: Federation, log_path: Path | None, name: str) -> FedState:
     return runner.run_rounds(fed, state, log_path, name, stop_on_failure)
 
 
-def run_trials(ctx, data, image_shape, num_classes: int, encoder, tests, groups):
+def run_trials(ctx: StepContext, data, image_shape, num_classes: int, encoder, tests, groups):
     """Attempt after attempt, each from its own seeded pool (``encoder``: the pool's shared
     encoder, or None), until one ends without the failure rule firing or no restart is left
     (the last attempt then stands, failure and all). Returns the final attempt's federation

@@ -5,6 +5,8 @@ gradients. Parameter names: ``encoder.*``, ``predictor.*`` (what travels) and
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -15,6 +17,9 @@ from fedssl.params import ModelParams
 from fedssl.precision import channels_last
 from fedssl.stage.runtime import derive_seed
 from fedssl.strategies.byol import TARGET
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 def mlp(in_dim: int, hidden: int, out_dim: int) -> BNMLP:
@@ -62,7 +67,7 @@ def byol_encoder(method, image_shape, projection: bool = False) -> nn.Module:
     return frozen(enc if projection else enc.backbone)
 
 
-def load_online_encoder(ctx) -> nn.Module:
+def load_online_encoder(ctx: StepContext) -> nn.Module:
     """The global online encoder's backbone (or backbone + projector) a pretraining stage saved,
     for the probes."""
     ckpt = torch.load(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,6 +40,9 @@ from fedssl.attacks.leakage import (
 from fedssl.models.cnn import LeNet
 from fedssl.stage.runtime import derive_seed, numpy_rng, torch_save, write_json, write_tsv
 
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
+
 
 def lenet(p, num_classes: int, shape: tuple[int, int, int], seed: int) -> nn.Sequential:
     """iDLG's LeNet with weights ~ U(-r, r) drawn from ``seed``, as an ``nn.Sequential`` (the
@@ -48,7 +52,7 @@ def lenet(p, num_classes: int, shape: tuple[int, int, int], seed: int) -> nn.Seq
     return nn.Sequential(*net.features, *net.classifier)
 
 
-def attack_images(ctx, p) -> tuple[torch.Tensor, np.ndarray]:
+def attack_images(ctx: StepContext, p) -> tuple[torch.Tensor, np.ndarray]:
     """``max(label_images, recon_images, recon_label_images)`` seeded test images as float
     [N, C, S, S] in [0, 1] (resized to ``image_size`` when set), and their labels."""
     images, labels = ctx.split("test")
@@ -282,7 +286,7 @@ def plot_reconstructions(p, results: dict, x: torch.Tensor, path) -> None:
     plt.close(fig)
 
 
-def finished_settings(ctx) -> dict:
+def finished_settings(ctx: StepContext) -> dict:
     """The settings a killed run of this very stage (same fingerprint) had finished."""
     if not ctx.resume_path.exists():
         return {}
@@ -290,7 +294,7 @@ def finished_settings(ctx) -> dict:
     return saved["results"] if saved.get("fingerprint") == ctx.fingerprint else {}
 
 
-def attack(ctx) -> None:
+def attack(ctx: StepContext) -> None:
     p = ctx.exp.method
     torch.set_num_threads(1)  # the double backward of a tiny net: one thread is fastest
     x, y = attack_images(ctx, p)

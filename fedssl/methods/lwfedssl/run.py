@@ -9,6 +9,7 @@ hooks, with LW-FedSSL's calibration as the server step."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,6 +37,9 @@ from fedssl.rounds.recipe import Local, Recipe, build_federation
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.runtime import derive_seed, torch_generator, torch_save, write_json
 from fedssl.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 Tensors = dict[str, torch.Tensor]
 
@@ -327,7 +331,7 @@ def calibration_set(clients: LocalData, indices: np.ndarray, shift: str) -> Loca
     return LocalData(images, clients.labels[picked], [np.arange(len(indices))])
 
 
-def server_data(ctx, clients: LocalData) -> LocalData:
+def server_data(ctx: StepContext, clients: LocalData) -> LocalData:
     """The calibration set: the partition's server holdout, shifted as the params say."""
     shift = ctx.exp.method.calibration.shift
     return calibration_set(clients, ctx.server_indices(), shift)
@@ -419,7 +423,7 @@ def stage_recipe(p, s: int | None, views, opt: OptimizerConfig, calibrate, timin
     )
 
 
-def grow(ctx, s: int | None) -> None:
+def grow(ctx: StepContext, s: int | None) -> None:
     """Step ``grow_s`` (or FedMoCo's ``pretrain`` with s = None): build stage s's model from
     the previous stage's output, run its rounds, save F (s blocks), H and P."""
     p, shape = ctx.exp.method, ctx.image_shape
@@ -462,7 +466,7 @@ def grow(ctx, s: int | None) -> None:
     )
 
 
-def scratch(ctx) -> None:
+def scratch(ctx: StepContext) -> None:
     """The reference row: the seeded initial full-depth encoder, untrained."""
     p = ctx.exp.method
     model = initial_online(p, ctx.image_shape, p.vit.depth)
@@ -493,12 +497,12 @@ def encoder_skeleton(p, image_shape, projection: bool = False) -> DeployedVit:
     return frozen(DeployedVit(build_vit(p, image_shape, p.vit.depth), input_size(p, image_shape)))
 
 
-def deployed_encoder(ctx, step: str) -> nn.Module:
+def deployed_encoder(ctx: StepContext, step: str) -> nn.Module:
     p = ctx.exp.method
     model = load_online(p, ctx.image_shape, ctx.input(step) / "model.pt", ctx.device)
     return frozen(DeployedVit(model["encoder"], input_size(p, ctx.image_shape)))
 
 
-def encoder(ctx) -> nn.Module:
+def encoder(ctx: StepContext) -> nn.Module:
     """The encoder hook: the deployed encoder of the step the method builds it from."""
     return deployed_encoder(ctx, ctx.method.encoder_inputs_for(ctx.exp.method)[-1])

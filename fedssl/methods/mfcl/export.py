@@ -4,6 +4,8 @@ formula reruns no training step."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
@@ -16,8 +18,11 @@ from fedssl.methods.mfcl.run import (
 from fedssl.rounds.runner import train_data
 from fedssl.stage.runtime import write_json
 
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
-def export(ctx) -> None:
+
+def export(ctx: StepContext) -> None:
     """Phase-2 upload: every client that does not drop out sends rho pairs of twin views per
     local sample through the frozen client module + MaxPool, once; stored as fp16 arrays (one
     per client) with the bytes each client sent."""
@@ -61,7 +66,7 @@ def export(ctx) -> None:
     ctx.info.update(dropped_clients=dropped, total_bytes_sent=manifest["total_bytes_sent"])
 
 
-def _upload(ctx, model, images, idx, augment: BatchAugment, m: int) -> dict:
+def _upload(ctx: StepContext, model, images, idx, augment: BatchAugment, m: int) -> dict:
     """Client ``m``'s upload, saved as its fp16 representations and their sample indices;
     returns what it sent."""
     p, ex = ctx.exp.method, ctx.exp.method.export

@@ -10,6 +10,7 @@ import math
 import time
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,6 +34,9 @@ from fedssl.strategies.base import Strategy
 from fedssl.strategies.secure_fedavg import SecureFedAvg
 from fedssl.training.epochs import encoded, run_epochs, train_steps
 from fedssl.training.optim import LARS, lars_param_groups, scaled_peak_lr, set_lr, warmup_cosine
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 def twin_batch(augment: BatchAugment):
@@ -125,7 +129,7 @@ def make_phase1_federation(
     return build_federation(phase1_recipe(p), model, data, ckpt, fingerprint)
 
 
-def phase1_federation(ctx) -> tuple[ClientAutoencoder, Federation]:
+def phase1_federation(ctx: StepContext) -> tuple[ClientAutoencoder, Federation]:
     """Phase 1's client module and federation (what a Flower client builds too)."""
     p = ctx.exp.method
     model = build_client_module(p, ctx.image_shape, ctx.device)
@@ -134,7 +138,7 @@ def phase1_federation(ctx) -> tuple[ClientAutoencoder, Federation]:
     )
 
 
-def phase1(ctx) -> None:
+def phase1(ctx: StepContext) -> None:
     p = ctx.exp.method
     if p.phases.phase1.federation.rounds > 0:
         model, fed = phase1_federation(ctx)
@@ -292,7 +296,7 @@ def _rserver_epoch(model: RServerModel, opt, reps: torch.Tensor, p, peak: float,
 EPOCH_FIELDS = ["epoch", "loss", "lr"]  # timings go to the run record
 
 
-def rserver(ctx) -> None:
+def rserver(ctx: StepContext) -> None:
     """Phase 2b on the pairs of the clients that sent them; resumable per epoch."""
     p, export = ctx.exp.method, ctx.input("export")
     manifest = json.loads((export / "manifest.json").read_text())
@@ -347,7 +351,7 @@ def encoder_skeleton(p, image_shape, projection: bool = False) -> MfclEncoder:
     )
 
 
-def deployed_encoder(ctx) -> MfclEncoder:
+def deployed_encoder(ctx: StepContext) -> MfclEncoder:
     """The frozen encoder from the phase-1 and rServer steps' outputs."""
 
     def load(step):

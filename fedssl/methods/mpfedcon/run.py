@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +29,9 @@ from fedssl.rounds.recipe import Local, Recipe, build_federation
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.stage.runtime import StageFailed, derive_seed, torch_save
 from fedssl.strategies.compose import chosen_over
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 # ------------------------------------------------------------------ wiring
@@ -102,7 +106,7 @@ def make_federation(
     return build_federation(recipe, model, data, ckpt, fingerprint)
 
 
-def num_classes_of(ctx) -> int:
+def num_classes_of(ctx: StepContext) -> int:
     _, train_labels = ctx.split("train")
     _, test_labels = ctx.split("test")
     return int(max(train_labels.max(), test_labels.max())) + 1
@@ -119,7 +123,7 @@ def interned(tree):
     return sys.intern(tree) if isinstance(tree, str) else tree
 
 
-def federation(ctx) -> tuple[Anchored, Federation]:
+def federation(ctx: StepContext) -> tuple[Anchored, Federation]:
     """The ``train`` step's network and federation (what a Flower client builds too)."""
     p = ctx.exp.method
     model = seeded_model(p, ctx.image_shape, num_classes_of(ctx), ctx.device)
@@ -129,7 +133,7 @@ def federation(ctx) -> tuple[Anchored, Federation]:
     )
 
 
-def flower_federation(ctx) -> tuple[Anchored, Federation]:
+def flower_federation(ctx: StepContext) -> tuple[Anchored, Federation]:
     """:func:`federation` for a Flower client. SCAFFOLD does not map: its clients compute
     their new control variate from the server's current state (global model and control),
     which only the engine's shared state gives them."""
@@ -141,7 +145,7 @@ def flower_federation(ctx) -> tuple[Anchored, Federation]:
     return federation(ctx)
 
 
-def train(ctx) -> None:
+def train(ctx: StepContext) -> None:
     """The ``train`` step: run the federation (resumable), then save every party's final
     model and the personalised-evaluation record (``personal.npz``)."""
     p = ctx.exp.method

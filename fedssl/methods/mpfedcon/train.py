@@ -12,6 +12,7 @@ own model on its own test split (:mod:`fedssl.eval.personal`). Per-party state l
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,6 +32,9 @@ from fedssl.models.heads import ProjectionHead
 from fedssl.stage.runtime import derive_seed, torch_generator
 from fedssl.strategies.aggregation import fedavg, stacked
 from fedssl.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 CENTRE_KEYS = ("centres", "has_centre")  # what the server sends: the bank and which rows hold
 ALIVE_BATCH = 128  # images per party for the alive-unit diagnostic (one forward)
@@ -83,7 +87,7 @@ class TestData:
     clients: list[np.ndarray]
 
 
-def test_data(ctx) -> TestData:
+def test_data(ctx: StepContext) -> TestData:
     images, labels = ctx.split("test")
     return TestData(
         to_device(images, ctx.device),

@@ -5,6 +5,8 @@ hooks for them and the probes' encoder. Its loss: :mod:`.loss`; its federation: 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,9 @@ from fedssl.models.heads import BNMLP
 from fedssl.models.momentum import TWIN, ema_after_step, momentum_twin, twin_pairs
 from fedssl.precision import channels_last
 from fedssl.stage.runtime import derive_seed
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 ROTATIONS = 4  # the degeneracy regulariser predicts a rotation by 0, 90, 180 or 270 degrees
 TARGET_PREFIX = TWIN
@@ -105,7 +110,7 @@ def load_model(p, path, device) -> OrchestraModel:
     return model
 
 
-def encoder(ctx):
+def encoder(ctx: StepContext):
     """The frozen global online backbone the probes read (with ``projection``: and projector)."""
     model = load_model(ctx.exp.method, ctx.input("pretrain") / "model.pt", ctx.device)
     if ctx.exp.features.layer == "projection":
