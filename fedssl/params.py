@@ -93,6 +93,12 @@ PARALLEL_CLIENTS_HELP = (
     "slower"
 )
 
+FEDERATION_HELP = "the federation settings: rounds, clients per round, local training, strategy"
+# a method's padded random crop (its ``augment: crop_flip``)
+CropPadding = Annotated[
+    NonNegativeInt, Field(description="zero padding in pixels on each side before the random crop")
+]
+
 # Every setting a federation block may read, declared once: its type and meaning. A method
 # names those it reads and their defaults (its paper's) with :func:`federation`.
 FEDERATION_FIELDS: dict[str, tuple[Any, str]] = {

@@ -103,6 +103,7 @@ class MethodParams(Strict):
 
     name: str
     seed: int = 0
+    """root of the method's random draws: weights, client sampling, batch order, views"""
     # the name the federation block had before it moved (a file still using it is told)
     federation_was: ClassVar[str | None] = None
 

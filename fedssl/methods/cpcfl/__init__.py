@@ -70,6 +70,7 @@ class CpcflEncoderParams(Strict):
     width: PositiveInt = Field(64, description="resnet18: channels of the first stage")
     norm: Literal["bn", "gn"] = Field("bn", description="resnet18's normalisation")
     channels_per_group: PositiveInt = 16
+    """resnet18 with gn: channels per GroupNorm group"""
 
 
 class PublicData(Strict):
@@ -116,6 +117,7 @@ class SSLParams(Strict):
     public: PublicData
     epochs: PositiveInt = Field(300, description="E_p")
     batch_size: PositiveInt = 500
+    """images per pretraining step (capped at the public set's size)"""
     lr: PositiveFloat = Field(1e-3, description="Adam, constant")
     temperature: PositiveFloat = Field(0.1, description="SimCLR's tau")
     ema: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.9, description="BYOL's beta")
@@ -129,6 +131,7 @@ class SSLParams(Strict):
     augment: AugmentParams = AugmentParams(crop_scale=(0.08, 1.0))
     linear_eval: LinearEvalParams = LinearEvalParams()
     seed: int = 0
+    """the pretraining's seed: initial weights, image order and views"""
 
     @model_validator(mode="after")
     def _proxy_has_labels(self):

@@ -12,7 +12,7 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from fedssl.methods.base import FederatedMethod, Hook, MethodParams
 from fedssl.methods.registry import register
-from fedssl.params import AugmentParams, ModelParams, TrainsItsModel
+from fedssl.params import FEDERATION_HELP, AugmentParams, ModelParams, TrainsItsModel
 from fedssl.strategies.choices import federation_block
 
 FEATARC_FEDERATION = federation_block(
@@ -33,9 +33,10 @@ FEATARC_FEDERATION = federation_block(
 
 class FeatARCParams(MethodParams, TrainsItsModel):
     name: Literal["featarc"] = "featarc"
-    federation: FEATARC_FEDERATION
+    federation: FEATARC_FEDERATION = Field(description=FEDERATION_HELP)
     model: ModelParams
     temperature: PositiveFloat = 0.5
+    """tau of the NT-Xent loss"""
     clusters: PositiveInt = Field(2, description="C: cluster models kept by the server")
     align_scale: NonNegativeFloat = Field(1.0, description="s: weight of the alignment term")
     align_space: Literal["proj_to_backbone", "backbone_to_backbone"] = Field(

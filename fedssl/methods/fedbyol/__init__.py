@@ -27,11 +27,7 @@ from pydantic import Field, NonNegativeFloat
 
 from fedssl.methods.base import FederatedMethod, Hook, MethodParams
 from fedssl.methods.registry import register
-from fedssl.params import (
-    AugmentParams,
-    ModelParams,
-    TrainsItsModel,
-)
+from fedssl.params import FEDERATION_HELP, AugmentParams, ModelParams, TrainsItsModel
 from fedssl.strategies.choices import federation_block
 
 BYOL_FEDERATION = federation_block(
@@ -52,7 +48,7 @@ class FedBYOLParams(MethodParams, TrainsItsModel):
     projector and the predictor (Linear-BN-ReLU-Linear, spec §2.3: 4096 / 2048)."""
 
     name: Literal["fedbyol"] = "fedbyol"
-    federation: BYOL_FEDERATION
+    federation: BYOL_FEDERATION = Field(description=FEDERATION_HELP)
     model: ModelParams
     target_ema: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
         0.99, description="the target's EMA decay after every optimizer step"

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import PositiveFloat
+from pydantic import Field, PositiveFloat
 
 from fedssl.methods.base import FederatedMethod, Hook, MethodParams
 from fedssl.methods.registry import register
-from fedssl.params import (
-    AugmentParams,
-    ModelParams,
-    TrainsItsModel,
-)
+from fedssl.params import FEDERATION_HELP, AugmentParams, ModelParams, TrainsItsModel
 from fedssl.strategies.choices import federation_block
 
 SIMCLR_FEDERATION = federation_block(
@@ -30,9 +26,10 @@ SIMCLR_FEDERATION = federation_block(
 
 class FedSimCLRParams(MethodParams, TrainsItsModel):
     name: Literal["fedsimclr"] = "fedsimclr"
-    federation: SIMCLR_FEDERATION
+    federation: SIMCLR_FEDERATION = Field(description=FEDERATION_HELP)
     model: ModelParams
     temperature: PositiveFloat = 0.5
+    """tau of the NT-Xent loss"""
     augment: AugmentParams = AugmentParams()
 
 

@@ -18,14 +18,13 @@ from typing import Literal
 
 from pydantic import (
     Field,
-    NonNegativeInt,
     PositiveInt,
     model_validator,
 )
 
 from fedssl.methods.base import Hook, MethodParams, SupervisedFederatedMethod
 from fedssl.methods.registry import register
-from fedssl.params import ModelParams
+from fedssl.params import FEDERATION_HELP, CropPadding, ModelParams
 from fedssl.strategies.choices import federation_block
 
 # Units of each encoder a cut may leave on the client (a conv block, a residual block, ...);
@@ -46,13 +45,13 @@ FSL_FEDERATION = federation_block(
 
 class FSLParams(MethodParams):
     name: Literal["fsl"] = "fsl"
-    federation: FSL_FEDERATION
+    federation: FSL_FEDERATION = Field(description=FEDERATION_HELP)
     model: ModelParams = Field(description="the encoder (its projection fields are not used)")
     cut: PositiveInt = Field(2, description="encoder units on the client (w_c)")
     augment: Literal["none", "crop_flip"] = Field(
         "none", description="crop_flip = random crop with zero padding + horizontal flip"
     )
-    crop_padding: NonNegativeInt = 4
+    crop_padding: CropPadding = 4
 
     @model_validator(mode="after")
     def _cut(self):

@@ -22,7 +22,9 @@ class AttackSetting(Strict):
 
     label: Name = Field(description="names the setting's metrics (e.g. cl1_at2, g1e_2)")
     hidden_fc: NonNegativeInt = 0
+    """cl: last FC layers the party keeps, their gradients unshared (0: none)"""
     assumed_fc: NonNegativeInt | None = None
+    """at: how many FC layers the attacker guesses the party keeps (null: the true count)"""
     noise: NoiseParams | None = None
 
     @model_validator(mode="after")
@@ -47,7 +49,9 @@ class LeakageParams(MethodParams):
 
     name: Literal["gradient_leakage"] = "gradient_leakage"
     attacks: tuple[Literal["dlg", "idlg"], ...] = ("dlg", "idlg")
+    """attacks run on every image: DLG (label optimised) and iDLG (label inferred)"""
     settings: tuple[AttackSetting, ...] = Field(min_length=1)
+    """the settings attacked, one column of the results each (at least one)"""
     fc_hidden: tuple[PositiveInt, ...] = Field(
         (),
         description="widths of the LeNet's hidden FC layers before the classifier (the "
@@ -64,6 +68,7 @@ class LeakageParams(MethodParams):
     )
     iterations: PositiveInt = Field(300, description="L-BFGS steps (lr 1) per reconstruction")
     lbfgs_max_iter: PositiveInt = 20
+    """L-BFGS inner iterations per step (torch's max_iter)"""
     dlg_label_iterations: PositiveInt = Field(20, description="L-BFGS steps of the DLG label runs")
     success_mse: PositiveFloat = Field(
         1e-3, description="a reconstruction with a final MSE below this counts as recovered"

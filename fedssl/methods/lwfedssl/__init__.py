@@ -81,12 +81,16 @@ class VitParams(Strict):
     """The encoder (ViT-Tiny by default, spec §2) and the MoCo v3 heads."""
 
     width: PositiveInt = 192
+    """token width (ViT-Tiny: 192)"""
     depth: PositiveInt = Field(
         12, description="blocks S; the layer-wise methods grow one per stage"
     )
     heads: PositiveInt = 3
+    """attention heads per block (the width must divide by it)"""
     mlp_ratio: PositiveFloat = 4.0
+    """each block's MLP hidden width, as a multiple of the width"""
     patch_size: PositiveInt = 4
+    """side of the square patches in pixels"""
     pool: Literal["cls", "mean"] = Field(
         "cls", description="representation: the CLS token (MoCo v3) or the mean patch token"
     )
@@ -136,19 +140,25 @@ class Schedule(LW_FEDERATION):
     """What every stage uses unless ``stages`` overrides it (spec §3)."""
 
     temperature: PositiveFloat = 0.2
+    """tau of the MoCo v3 contrastive loss"""
 
 
 class StageOverride(Strict):
     """Settings of one stage that differ from the schedule."""
 
     rounds: NonNegativeInt | None = None
+    """this stage's rounds; null = the schedule's"""
     local_epochs: PositiveInt | None = None
+    """this stage's local epochs; null = the schedule's"""
     batch_size: PositiveInt | None = None
+    """this stage's batch size; null = the schedule's"""
     lr: PositiveFloat | None = None
+    """this stage's learning rate; null = the schedule's"""
 
 
 class LwStageOverride(StageOverride):
     alpha: NonNegativeFloat | None = None
+    """this stage's weight of the alignment term (Eq. 3); null = the method's alpha"""
 
 
 class Calibration(Strict):
@@ -157,6 +167,7 @@ class Calibration(Strict):
     per round."""
 
     enabled: bool = True
+    """calibrate on the server every round (false: no calibration)"""
     timing: Literal["round_start", "round_end"] = Field(
         "round_start",
         description="round_start: before every round's local training (Alg. 1, "

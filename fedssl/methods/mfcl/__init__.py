@@ -81,7 +81,9 @@ class MfclPhase1(MFCL_FEDERATION):
 
     batch_pairs: PositiveInt = Field(description="K samples per batch (2K twin views)")
     adam_eps: PositiveFloat = 1e-7
+    """epsilon of the clients' Adam"""
     loss: Literal["bce", "mse"] = "bce"
+    """the autoencoder's reconstruction loss: binary cross-entropy or mean squared error"""
     secure_aggregation: bool = Field(
         False, description="pairwise masks: the gServer only sees the sum of the updates"
     )
@@ -132,14 +134,21 @@ class MfclRServer(Strict):
     proj_hidden: PositiveInt = Field(description="width of the two hidden Dense layers (Tab. 11)")
     proj_dim: PositiveInt = Field(128, description="output of the projection head")
     epochs: PositiveInt
+    """passes over the uploaded views"""
     batch_pairs: PositiveInt = Field(description="N_s samples (2 N_s representations) per batch")
     lr: PositiveFloat = Field(1.0, description="LARS base learning rate lr0")
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    """peak rate: none = lr; linear = lr x batch_pairs / 256; sqrt = lr x sqrt(batch_pairs)"""
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    """LARS momentum, in [0, 1)"""
     trust_coefficient: PositiveFloat = 0.001
+    """LARS trust coefficient eta (a layer's step x eta x weight norm / update norm)"""
     weight_decay: NonNegativeFloat = 1e-4
+    """LARS weight decay"""
     warmup_epochs: NonNegativeInt = 10
+    """epochs of linear warm-up to the peak rate, then cosine decay (at most epochs)"""
     temperature: PositiveFloat = 0.5
+    """tau of the rServer's NT-Xent loss"""
     restandardize: Literal["none", "group", "channel_mean"] = Field(
         "none",
         description="what the rServer does to each received view first: nothing (the "
@@ -147,6 +156,7 @@ class MfclRServer(Strict):
         "spatial mean (controls that remove a pairwise normalisation signature)",
     )
     seed: int = 0
+    """the rServer's own seed: its initial weights, epoch order and the pair drawn per sample"""
 
     @model_validator(mode="after")
     def _warmup_fits(self):

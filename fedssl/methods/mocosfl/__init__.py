@@ -52,6 +52,7 @@ class SflBackbone(Strict):
     """The GN + WS backbone of :mod:`fedssl.models.split` and the server's MLP projector."""
 
     arch: Literal["resnet18", "mobilenetv2"]
+    """the client-server network split at the cut layer: ResNet-18 or MobileNetV2"""
     width: PositiveInt | None = Field(
         None, description="resnet18: channels of the first stage (64 = ResNet-18); None = 64"
     )
@@ -162,7 +163,9 @@ class SflMonitor(Strict):
         "class-stratified subset of the clients' training data",
     )
     k: PositiveInt = 200
+    """neighbours voting per query"""
     temperature: PositiveFloat = 0.1
+    """the votes' temperature (weights exp(similarity / T))"""
 
 
 class SflInversion(Strict):
@@ -173,8 +176,11 @@ class SflInversion(Strict):
         0.01, description="the attacker's share of the clients' training images (1% in the paper)"
     )
     epochs: PositiveInt = 50
+    """passes of the decoder over the auxiliary images"""
     batch_size: PositiveInt = 32
+    """images per decoder step"""
     lr: PositiveFloat = 1e-3
+    """the decoder's Adam learning rate"""
     width: PositiveInt = Field(64, description="decoder channels after its first conv")
     eval_images: PositiveInt = Field(500, description="test images scored by MSE and SSIM")
     show: PositiveInt = Field(8, description="reconstructions in the picture")

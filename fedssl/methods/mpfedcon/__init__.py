@@ -41,10 +41,7 @@ from pydantic import (
 
 from fedssl.methods.base import Hook, Method, MethodParams, Step
 from fedssl.methods.registry import register
-from fedssl.params import (
-    NoiseParams,
-    Strict,
-)
+from fedssl.params import FEDERATION_HELP, CropPadding, NoiseParams, Strict
 from fedssl.strategies.choices import federation_block
 
 Variant = Literal[
@@ -99,10 +96,15 @@ class NetParams(Strict):
     (FEMNIST). P: Linear-ReLU-Linear (hidden, out) = ``projection`` (None: no P). O: Linear."""
 
     base: Literal["cnn", "mlp"]
+    """D: cnn (FedRep's CNNCifar) or mlp (fc layers only)"""
     conv_channels: tuple[PositiveInt, ...] = (64, 64)
+    """cnn: output channels of each conv block"""
     kernel_size: PositiveInt = 5
+    """cnn: side of every conv kernel"""
     hidden: tuple[PositiveInt, ...] = (120, 64)
+    """widths of D's ReLU fc layers (the last one is D's output)"""
     projection: tuple[PositiveInt, PositiveInt] | None = (128, 128)
+    """P's (hidden, out) widths; null = no projection head"""
 
 
 MPFEDCON_FEDERATION = federation_block(
@@ -121,8 +123,9 @@ class MpFedconParams(MethodParams):
     """One personalised-FL run: the variant, its network and split, and Alg. 1's settings."""
 
     name: Literal["mpfedcon"] = "mpfedcon"
-    federation: MPFEDCON_FEDERATION
+    federation: MPFEDCON_FEDERATION = Field(description=FEDERATION_HELP)
     variant: Variant
+    """the method or baseline of Tab. 1 (see the method's page): what is shared and how it trains"""
     net: NetParams
     shared: tuple[Layer, ...] | None = Field(
         None,
@@ -152,7 +155,7 @@ class MpFedconParams(MethodParams):
     augment: Literal["none", "crop_flip"] = Field(
         "none", description="crop_flip = random crop with zero padding + horizontal flip"
     )
-    crop_padding: NonNegativeInt = 4
+    crop_padding: CropPadding = 4
     upload_noise: NoiseParams | None = Field(
         None,
         description="Tab. 4's defence: noise on every shared value a party uploads "

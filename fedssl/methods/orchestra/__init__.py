@@ -11,7 +11,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from fedssl.methods.base import FederatedMethod, Hook, MethodParams
 from fedssl.methods.registry import register
-from fedssl.params import AugmentParams, ModelParams, TrainsItsModel
+from fedssl.params import FEDERATION_HELP, AugmentParams, ModelParams, TrainsItsModel
 from fedssl.strategies.choices import federation_block
 
 # the authors' views (utils.py): A, and A' with less blur and some solarisation
@@ -43,10 +43,11 @@ ORCHESTRA_FEDERATION = federation_block(
 
 class OrchestraParams(MethodParams, TrainsItsModel):
     name: Literal["orchestra"] = "orchestra"
-    federation: ORCHESTRA_FEDERATION
+    federation: ORCHESTRA_FEDERATION = Field(description=FEDERATION_HELP)
     model: ModelParams = Field(description="backbone; proj_hidden / proj_dim size the projector")
     temperature: PositiveFloat = Field(0.1, description="T of the cluster softmaxes")
     target_momentum: Annotated[float, Field(ge=0.0, le=1.0)] = 0.996
+    """EMA rate of the target network after each local step (1: frozen)"""
     global_clusters: PositiveInt = Field(128, description="N_G")
     local_clusters: PositiveInt = Field(16, description="N_L per client")
     memory_size: PositiveInt = Field(128, description="m: target projections a client keeps")

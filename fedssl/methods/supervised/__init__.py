@@ -26,17 +26,13 @@ from typing import Literal
 from pydantic import (
     Field,
     NonNegativeFloat,
-    NonNegativeInt,
     PositiveFloat,
     model_validator,
 )
 
 from fedssl.methods.base import Hook, MethodParams, SupervisedFederatedMethod
 from fedssl.methods.registry import register
-from fedssl.params import (
-    ModelParams,
-    TrainsItsModel,
-)
+from fedssl.params import FEDERATION_HELP, CropPadding, ModelParams, TrainsItsModel
 from fedssl.strategies.choices import federation_block
 
 LABELS = {"fedavg": "FedAvg", "moon": "MOON"}
@@ -57,8 +53,9 @@ class SupervisedParams(MethodParams, TrainsItsModel):
     """One global supervised FL run (defaults: MOON's setup, spec §1 and §6.3)."""
 
     name: Literal["supervised"] = "supervised"
-    federation: SUPERVISED_FEDERATION
+    federation: SUPERVISED_FEDERATION = Field(description=FEDERATION_HELP)
     variant: Literal["fedavg", "moon"]
+    """local loss: fedavg = cross-entropy; moon = cross-entropy + mu x model-contrastive term"""
     model: ModelParams = Field(
         description="D and P: the encoder and projection head (proj_hidden, proj_dim); O "
         "reads P's output"
@@ -68,7 +65,7 @@ class SupervisedParams(MethodParams, TrainsItsModel):
     augment: Literal["none", "crop_flip"] = Field(
         "none", description="crop_flip = random crop with zero padding + horizontal flip"
     )
-    crop_padding: NonNegativeInt = 4
+    crop_padding: CropPadding = 4
 
     @model_validator(mode="before")
     @classmethod
