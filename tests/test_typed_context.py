@@ -1,16 +1,11 @@
 """Every ``ctx`` parameter in ``fedssl/`` names its type (issue 49: the plugin surface is typed,
-so an IDE or a type checker follows a hook into the context it reads). The methods' own
-``costs.py`` files are being reworked apart and are the only ones left."""
+so an IDE or a type checker follows a hook into the context it reads)."""
 
 from __future__ import annotations
 
 import ast
-import re
 
 from tests.fixtures import REPO
-
-PENDING = re.compile(r"fedssl/methods/[^/]+/costs\.py")  # reworked in their own change
-LEFT_IN_COSTS = 9  # only shrinks
 
 
 def untyped_ctx() -> list[str]:
@@ -27,6 +22,4 @@ def untyped_ctx() -> list[str]:
 
 
 def test_every_ctx_parameter_is_typed():
-    found = untyped_ctx()
-    assert [f for f in found if not PENDING.match(f)] == []
-    assert len(found) <= LEFT_IN_COSTS
+    assert untyped_ctx() == []

@@ -4,6 +4,7 @@ selection forward), the measured step memory and the model pool's traffic."""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,9 @@ from fedssl.data.catalog import dataset_spec
 from fedssl.fl.state import model_state, nbytes
 from fedssl.methods.cpcfl.federation import build_net
 from fedssl.methods.cpcfl.models import seeded
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 def _step_costs(p, shape, num_classes: int):
@@ -72,7 +76,7 @@ def _rows(p, shape, num_classes, samples, feds, bytes_exchanged) -> list[dict]:
     return rows
 
 
-def client_costs(ctx) -> list[dict]:
+def client_costs(ctx: StepContext) -> list[dict]:
     p = ctx.exp.method
     comm = json.loads((ctx.input("cfl") / "communication.json").read_text())
     clients = comm["per_client"]

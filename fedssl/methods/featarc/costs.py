@@ -5,6 +5,8 @@ data), and the step's peak memory."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from fedssl import costs
@@ -12,6 +14,9 @@ from fedssl.fl.cohort import Batch, StepLoss, on_outputs
 from fedssl.fl.state import nbytes
 from fedssl.methods.featarc.model import FeatARCModel, featarc_forward, featarc_loss
 from fedssl.models.encoders import seeded_contrastive_model
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 def _batch(images: torch.Tensor) -> Batch:
@@ -36,7 +41,7 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
     return costs.client_rows(traffic, flops + scoring, peak)
 
 
-def client_costs(ctx) -> list[dict]:
+def client_costs(ctx: StepContext) -> list[dict]:
     return costs.traffic_costs(ctx, _client_costs)
 
 

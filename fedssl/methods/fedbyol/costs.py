@@ -4,6 +4,8 @@ real BYOL step, and that step's memory."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from fedssl import costs
@@ -11,6 +13,9 @@ from fedssl.fl.state import nbytes
 from fedssl.losses import byol_loss
 from fedssl.methods.fedbyol.model import seeded_byol
 from fedssl.strategies.byol import TARGET
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 def _loss(output, _inputs):
@@ -27,7 +32,7 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
     return costs.client_rows(costs.ClientTraffic(samples, rounds, sent), flops, peak)
 
 
-def client_costs(ctx) -> list[dict]:
+def client_costs(ctx: StepContext) -> list[dict]:
     return costs.traffic_costs(ctx, _client_costs)
 
 

@@ -4,6 +4,8 @@ that step's memory (saved activations + weights, gradients, SGD momentum)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -11,8 +13,11 @@ from torch import nn
 from fedssl import costs
 from fedssl.methods.federated_supervised import load_network
 
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
-def client_costs(ctx) -> list[dict]:
+
+def client_costs(ctx: StepContext) -> list[dict]:
     p, model = ctx.exp.method, load_network(ctx, "cpu")
     local = nn.Sequential(model.client, model.aux).train()
     x = costs.probe_batch(ctx.image_shape)

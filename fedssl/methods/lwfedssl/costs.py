@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -14,6 +15,9 @@ from fedssl.data.catalog import dataset_spec
 from fedssl.methods.lwfedssl import paper_costs
 from fedssl.methods.lwfedssl.run import initial_online, input_size, learner_of, trained_names
 from fedssl.models.mocov3 import MocoV3Learner
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 class _TwoViews(nn.Module):
@@ -113,7 +117,7 @@ def _client_rows(p, image_shape, samples: list[int], ledgers: list[list[dict]]) 
     return rows
 
 
-def client_costs(ctx) -> list[dict]:
+def client_costs(ctx: StepContext) -> list[dict]:
     p = ctx.exp.method
     ledgers = [
         json.loads((ctx.input(step) / "communication.json").read_text())["per_client"]

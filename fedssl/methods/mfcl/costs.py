@@ -4,6 +4,7 @@ per client, in the paper's conventions (:mod:`fedssl.methods.mfcl.paper_costs`) 
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,6 +13,9 @@ from fedssl.fl.state import nbytes
 from fedssl.methods.mfcl import paper_costs
 from fedssl.methods.mfcl.run import build_client_module, pre_pool_numel
 from fedssl.models.autoencoder import reconstruction_loss
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 def _client_costs(p, shape, samples, rounds, sent, export: list[dict]) -> list[dict]:
@@ -33,7 +37,7 @@ def _client_costs(p, shape, samples, rounds, sent, export: list[dict]) -> list[d
     )
 
 
-def client_costs(ctx) -> list[dict]:
+def client_costs(ctx: StepContext) -> list[dict]:
     traffic = costs.step_traffic(ctx, "pretrain")
     export = json.loads((ctx.input("export") / "manifest.json").read_text())["per_client"]
     return _client_costs(

@@ -11,6 +11,8 @@ lower bound). Evaluation and FedAvg+FT's closing fine-tune are not counted."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -20,6 +22,9 @@ from fedssl.methods.mpfedcon.run import local_phases, make_strategy, num_classes
 from fedssl.methods.mpfedcon.train import ce_loss
 from fedssl.rounds.recipe import Local
 from fedssl.strategies.base import first_start
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 PROBE_PAIRS = 6  # 12 probe rows: Per-FedAvg's meta-step slices its batch in 2 or 3
 
@@ -85,7 +90,7 @@ def phase_costs(p, shape, classes: int) -> list[dict]:
     return out
 
 
-def client_costs(ctx) -> list[dict]:
+def client_costs(ctx: StepContext) -> list[dict]:
     p = ctx.exp.method
     phases = phase_costs(p, ctx.image_shape, num_classes_of(ctx))
     per_sample_round = sum(ph["flops_per_sample"] * ph["epochs"] for ph in phases)

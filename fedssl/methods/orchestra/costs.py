@@ -4,6 +4,8 @@ counted around one real local step (three views, the clustering and rotation los
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from fedssl import costs
@@ -11,6 +13,9 @@ from fedssl.fl.cohort import Batch, StepLoss, on_outputs
 from fedssl.fl.state import nbytes
 from fedssl.methods.orchestra.loss import orchestra_forward, orchestra_loss
 from fedssl.methods.orchestra.model import MEMORY, ROTATIONS, seeded_orchestra_model
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 VIEWS = 3  # a step sees x1 (teacher), x2 (student) and the rotated x3
 
@@ -45,7 +50,7 @@ def _client_costs(p, shape, samples: list[int], rounds: list[int], sent: list[in
     ]
 
 
-def client_costs(ctx) -> list[dict]:
+def client_costs(ctx: StepContext) -> list[dict]:
     return costs.traffic_costs(ctx, _client_costs)
 
 

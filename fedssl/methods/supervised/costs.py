@@ -4,6 +4,8 @@ down and up every round), FLOPs counted around one real local step of the varian
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -13,6 +15,9 @@ from fedssl.fl.cohort import Batch, StepLoss
 from fedssl.methods.federated_supervised import build_model, trainer_loss
 from fedssl.strategies.fedprox import proximal
 from fedssl.strategies.references import reference_pairs
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 
 def references_held(p) -> int:
@@ -51,7 +56,7 @@ def step_costs(p, shape, classes: int) -> dict:
     }
 
 
-def client_costs(ctx) -> list[dict]:
+def client_costs(ctx: StepContext) -> list[dict]:
     p = ctx.exp.method
     saved = load_saved(ctx, "cpu")
     ledger = costs.step_traffic(ctx, "train")
