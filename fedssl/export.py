@@ -295,6 +295,11 @@ def _training_lines(info: dict) -> list[str]:
     """The model card's sections on the training data, the method and the precision used."""
     data, params = info["data"], info["params"]
     method = params["method"]
+    # the federation settings sit in one block (a multi-phase method's under its phases)
+    blocks = [method.get("federation")] + [
+        phase.get("federation") for phase in (method.get("phases") or {}).values()
+    ]
+    settings = {**method, **next((b for b in blocks if b), {})}
     trained = "; ".join(
         f"`{n}` in {m['precision']}" for n, m in info["trained_by"].items() if m.get("precision")
     )
@@ -308,9 +313,9 @@ def _training_lines(info: dict) -> list[str]:
         "## Method and rounds",
         f"- method `{info['method']}`"
         + "".join(
-            f", {k} {method[k]}"
+            f", {k} {settings[k]}"
             for k in ("variant", "rounds", "local_epochs", "batch_size", "lr")
-            if k in method
+            if k in settings
         ),
         f"- seed {params.get('seed', method.get('seed', 'n/a'))}",
         "",

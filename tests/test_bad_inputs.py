@@ -31,7 +31,7 @@ BAD_INPUTS = {
     ),
     "duplicate key (Snakemake kept the last, DVC refused)": (
         EXPERIMENT,
-        {"  lr: 0.001\n": "  lr: 0.001\n  lr: 0.003\n"},
+        {"    lr: 0.001\n": "    lr: 0.001\n    lr: 0.003\n"},
         "found the key 'lr' twice",
     ),
     "lr: .inf": (EXPERIMENT, {"lr: 0.001": "lr: .inf"}, "lr: Input should be a finite number"),

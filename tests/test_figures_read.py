@@ -39,14 +39,22 @@ def test_the_caption_says_how_many_seeds_a_line_has():
 
 def test_a_crowded_panel_of_the_run_splits_into_rows_of_few_lines():
     """Fifteen personalised methods' curves in one panel took shades of one colour: a row of
-    the accuracy over the run holds at most six, in rows of about equal size."""
+    the accuracy over the run holds at most six, in rows of about equal size, the highest
+    lines first (here m13 reads highest: it leads the first row)."""
     from fedssl.reporting.board.figures import _over_run_rows
 
     cells = [
-        {"partition": "P", "evaluation": "personal", "encoder": "cnn", "method": f"m{i:02}"}
+        {
+            "partition": "P",
+            "evaluation": "personal",
+            "encoder": "cnn",
+            "method": f"m{13 - i:02}",
+            "values": {"personal_last": [60.0 - i]},
+        }
         for i in range(14)
     ]
+    cells.reverse()  # listed lowest first: the rows follow the accuracy, not the order
     row_of = _over_run_rows(cells)
-    rows = [row_of(c) for c in cells]
+    rows = [row_of(c) for c in reversed(cells)]  # highest first
     assert rows == [f"P · personalised · lines {i // 5 + 1} of 3" for i in range(14)]
     assert _over_run_rows(cells[:6])(cells[0]) == "P · personalised"  # six fit one row

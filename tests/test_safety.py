@@ -193,7 +193,7 @@ def test_fuzzed_params_through_both_front_ends_touch_no_artifact(project, mutati
 
 # ------------------------------------------------------------------ kill and resume
 LONG = {
-    "tiny_simclr_long": "extends: tiny_simclr\ntitle: long\nmethod: {rounds: 12}\n",
+    "tiny_simclr_long": "extends: tiny_simclr\ntitle: long\nmethod: {federation: {rounds: 12}}\n",
     "tiny_mfcl_long": TINY_MFCL_EXPERIMENT.format(norm="gn", secure="false")
     .replace("rounds: 2,", "rounds: 12,")
     .replace("epochs: 2,", "epochs: 12,"),

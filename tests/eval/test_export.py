@@ -167,7 +167,9 @@ def test_the_card_records_metrics_and_versions(project, monkeypatch):
     assert card["method"] == "fedsimclr" and card["label"] == "FedSimCLR"
     assert card["builder"]["function"] == "fedssl.models.encoders:contrastive_encoder"
     assert card["architecture"]["module"] == "fedssl.models.encoders.SmallCNN"
-    assert card["params"]["method"]["rounds"] == 2
+    assert card["params"]["method"]["federation"]["rounds"] == 2
+    card_text = (project / "artifacts/exports/tiny_simclr/MODEL_CARD.md").read_text()
+    assert "- method `fedsimclr`, rounds 2, local_epochs 1, batch_size 32, lr 0.001" in card_text
     assert card["code"]["torch"] == torch.__version__ and card["code"]["git"] is None
     assert set(card["trained_by"]) == {"prepare_data__tiny", "pretrain__tiny_simclr"}
     used = json.loads(
@@ -234,7 +236,7 @@ def test_an_untrained_experiment_names_the_stage_to_run(project, monkeypatch, ca
 
     monkeypatch.chdir(project)
     (project / "params" / "experiments" / "tiny_simclr3.yaml").write_text(
-        "extends: tiny_simclr\nmethod: {rounds: 3}\n"
+        "extends: tiny_simclr\nmethod: {federation: {rounds: 3}}\n"
     )
     monkeypatch.setattr("sys.argv", ["fedssl.export", "tiny_simclr3"])
     with pytest.raises(SystemExit) as exit_:

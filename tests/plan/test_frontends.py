@@ -373,7 +373,7 @@ def long_pretraining(project: Path) -> list[str]:
     own: long enough to be stopped mid-way on a loaded machine (the default pipeline's 2
     rounds can end before the signal lands), and no other pipeline is touched."""
     (project / "params/experiments/tiny_simclr_long.yaml").write_text(
-        "extends: tiny_simclr\ntitle: FedSimCLR, 20 rounds\nmethod: {rounds: 20}\n"
+        "extends: tiny_simclr\ntitle: FedSimCLR, 20 rounds\nmethod: {federation: {rounds: 20}}\n"
     )
     pipelines = project / "params/pipelines.yaml"
     if "  long:" not in pipelines.read_text():

@@ -22,9 +22,10 @@ def test_a_dry_run_says_what_it_would_rerun_and_claims_nothing(monkeypatch, caps
     assert "default: would rerun fmnist_fedsimclr (pretrain__fmnist_fedsimclr," in out
     assert "would compare  results/experiments/fmnist_fedsimclr/metrics.json" in out
     assert "reproduced" not in out and "same" not in out
-    # its round log, its probe's metrics and its probe's curve
+    # its round log, its probe's metrics, its probe's curve and its per-image predictions
     assert "would compare  results/experiments/fmnist_fedsimclr/linear_epochs.tsv" in out
-    assert out.endswith("nothing ran, nothing compared (3 committed files would be)\n")
+    assert "would compare  results/experiments/fmnist_fedsimclr/predictions.npz" in out
+    assert out.endswith("nothing ran, nothing compared (4 committed files would be)\n")
 
 
 @pytest.fixture(scope="module")

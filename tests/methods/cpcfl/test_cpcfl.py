@@ -447,7 +447,7 @@ def test_row_labels_name_the_papers_rows():
     m = Cpcfl()
     assert m.row_label(tiny_exp()) == "CP-CFL (SimCLR)"
     assert m.row_label(tiny_exp(federation={"clusters": 1})) == "FedAvg (SimCLR)"
-    assert m.row_label(tiny_exp(pretrain="none", cfl={"restarts": 3})) == "IFCA (None)"
+    assert m.row_label(tiny_exp(pretrain="none", federation={"restarts": 3})) == "IFCA (None)"
     assert m.row_label(tiny_exp(pretrain="fedavg")) == "IFCA (FedAvg), no restarts"
 
 
