@@ -71,7 +71,7 @@ test-slurm: install
 # Opt-in: Flower (the adapter's simulation tests, then a SuperLink and two SuperNodes on localhost).
 test-flower: install
 	$(PY) -m pip install --quiet -e '.[flower]'
-	FEDSSL_FLOWER_TEST=1 pytest -q tests/flower/test_flower_app.py tests/flower/test_flower_stage.py tests/flower/test_flower_secure.py tests/flower/test_flower_deploy.py tests/flower/test_flower_local.py
+	FEDSSL_FLOWER_TEST=1 pytest -q tests/flower/test_flower_app.py tests/flower/test_flower_stage.py tests/flower/test_flower_secure.py tests/flower/test_flower_deploy.py tests/flower/test_flower_local.py tests/flower/test_flower_peer_bench.py
 
 # CI (.ci/run, after `make test`): the Flower extra, its deployment's unit tests, and the
 # deployment on localhost as the how-to sets it up (TLS, node keys, two SuperNodes each with its
@@ -80,7 +80,7 @@ test-flower: install
 FLOWER_CI := not callers_without_the_credentials and not too_few_nodes
 test-flower-deploy: install
 	$(PY) -m pip install --quiet -e '.[flower]'
-	FEDSSL_FLOWER_TEST=1 pytest -q --durations=5 tests/flower/test_flower_secure.py tests/flower/test_flower_deploy.py tests/flower/test_flower_local.py -k '$(FLOWER_CI)'
+	FEDSSL_FLOWER_TEST=1 pytest -q --durations=5 tests/flower/test_flower_secure.py tests/flower/test_flower_deploy.py tests/flower/test_flower_local.py tests/flower/test_flower_peer_bench.py -k '$(FLOWER_CI)'
 
 # The speed benchmarks (README 'Speed'), each stopped after BENCH_BUDGET seconds; the first line
 # names the CPU. Keep a run: make bench | tee results/bench/make_bench_<cpu>.txt

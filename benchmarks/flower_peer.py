@@ -12,7 +12,10 @@ Both sides: the default pipeline's FedSimCLR model, batch, optimizer, learning r
 augmentation (``fmnist_fedsimclr``), every client every round, one thread, one core (the
 measured process tree is pinned to one CPU, Ray's one actor included, the sampler to another
 where there is one, and its own CPU time is printed). Ours runs under the precision policy
-(``--precision``, default ``auto``); Flower in fp32, as such an app does. Each run is a process
+(``--precision``, default ``auto``) and compile setting (``--compile``, default ``off``; a
+compiled step compiles in round 1, which the per-round median leaves out and the whole run's CPU
+counts); Flower in fp32, as such an app does, or (``--peer-precision bf16``) with its client's
+forward and loss under bf16 autocast. Each run is a process
 of its own; the sides of a client count run in turns, ``--pairs`` times. Per run: CPU seconds a
 round (the tree's CPU read at each round's end, median of the rounds after the first), the whole
 run's CPU seconds, and the peak memory: the largest sum of the tree's proportional set sizes
@@ -66,8 +69,8 @@ def method():
 
 
 # ----------------------------------------------------------------------------- ours
-def run_ours(clients: int, images: int, rounds: int, setting: str) -> dict:
-    from fedssl import precision
+def run_ours(clients: int, images: int, rounds: int, setting: str, compile_: str = "off") -> dict:
+    from fedssl import compiled, precision
     from fedssl.fl.cohort import LocalData
     from fedssl.methods import federated
     from fedssl.models.encoders import seeded_contrastive_model
@@ -77,7 +80,12 @@ def run_ours(clients: int, images: int, rounds: int, setting: str) -> dict:
     p = p.model_copy(update={"federation": block})
     data, shares = clients_of(images, clients)
     x = torch.from_numpy(np.array(data))
-    with precision.policy(setting), tempfile.TemporaryDirectory() as tmp:
+    choices: dict[str, str] = {}
+    with (
+        precision.policy(setting),
+        compiled.policy(compile_, choices),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         model = seeded_contrastive_model(p.model, tuple(x.shape[1:]), p.seed, torch.device("cpu"))
         labels = torch.zeros(len(x), dtype=torch.int64)
         fed = federated.make_federation(
@@ -86,6 +94,8 @@ def run_ours(clients: int, images: int, rounds: int, setting: str) -> dict:
         stamps = [time.time()]
         state = fed.run(fed.start(model), on_round=lambda _: stamps.append(time.time()))
         used = precision.resolved(torch.device("cpu"))
+    if "on" in choices.values():  # the step compiled in round 1, outside the per-round median
+        used += " compiled"
     return {"seconds": [r["seconds"] for r in state.log], "stamps": stamps, "precision": used}
 
 
@@ -120,9 +130,10 @@ def new_model():
         return seeded_contrastive_model(p.model, (1, 28, 28), p.seed, torch.device("cpu"))
 
 
-def train_client(weights: dict, client: int, lr: float, images: int, clients: int):
+def train_client(weights: dict, client: int, lr: float, images: int, clients: int, bf16: bool):
     """The quickstart's client: a fresh model with the global weights, one epoch over its
-    DataLoader with fresh Adam. Returns (weights, images, last loss)."""
+    DataLoader with fresh Adam (the forward and loss under bf16 autocast where ``bf16``, as
+    PyTorch's mixed-precision recipe does it). Returns (weights, images, last loss)."""
     from federated_round import TwoViews
     from torch.utils.data import DataLoader
 
@@ -138,7 +149,8 @@ def train_client(weights: dict, client: int, lr: float, images: int, clients: in
     model.train()
     for _ in range(p.federation.local_epochs):
         for v1, v2 in loader:
-            loss = c["loss"](model, v1, v2)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = c["loss"](model, v1, v2)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -156,7 +168,7 @@ def this_module():
 RAY = {"num_cpus": 1, "include_dashboard": False}
 
 
-def run_flower_legacy(clients: int, images: int, rounds: int) -> dict:
+def run_flower_legacy(clients: int, images: int, rounds: int, bf16: bool) -> dict:
     """``start_simulation``: a NumPyClient per call, the legacy FedAvg."""
     from flwr.client import NumPyClient
     from flwr.common import ndarrays_to_parameters
@@ -165,7 +177,7 @@ def run_flower_legacy(clients: int, images: int, rounds: int) -> dict:
     from flwr.simulation import start_simulation
 
     keys = list(new_model().state_dict())
-    lr = method().lr
+    lr = method().federation.lr
 
     class Client(NumPyClient):
         def __init__(self, pid: int):
@@ -174,7 +186,7 @@ def run_flower_legacy(clients: int, images: int, rounds: int) -> dict:
         def fit(self, parameters, config):
             peer = this_module()
             weights = {k: torch.from_numpy(v) for k, v in zip(keys, parameters)}
-            out, n, loss = peer.train_client(weights, self.pid, lr, images, clients)
+            out, n, loss = peer.train_client(weights, self.pid, lr, images, clients, bf16)
             return [v.numpy() for v in out.values()], n, {"loss": loss}
 
     def client_fn(context):
@@ -204,10 +216,10 @@ def run_flower_legacy(clients: int, images: int, rounds: int) -> dict:
         client_resources={"num_cpus": 1, "num_gpus": 0.0},
         ray_init_args=RAY,
     )
-    return flower_result(stamps, rounds)
+    return flower_result(stamps, rounds, bf16)
 
 
-def run_flower(clients: int, images: int, rounds: int) -> dict:
+def run_flower(clients: int, images: int, rounds: int, bf16: bool) -> dict:
     """``run_simulation``: a ClientApp / ServerApp pair, Flower's FedAvg on the message API."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
@@ -221,8 +233,10 @@ def run_flower(clients: int, images: int, rounds: int) -> dict:
     def train(msg: Message, context: Context) -> Message:
         peer = this_module()  # imports torch, which to_torch_state_dict needs loaded
         weights = msg.content["arrays"].to_torch_state_dict()
-        pid, lr = int(context.node_config["partition-id"]), float(msg.content["config"]["lr"])
-        out, n, loss = peer.train_client(weights, pid, lr, images, clients)
+        pid, config = int(context.node_config["partition-id"]), msg.content["config"]
+        out, n, loss = peer.train_client(
+            weights, pid, float(config["lr"]), images, clients, bool(config["bf16"])
+        )
         reply = {
             "arrays": ArrayRecord(out),
             "metrics": MetricRecord({"loss": loss, "num-examples": n}),
@@ -244,7 +258,7 @@ def run_flower(clients: int, images: int, rounds: int) -> dict:
             grid,
             ArrayRecord(new_model().state_dict()),
             num_rounds=rounds,
-            train_config=ConfigRecord({"lr": method().lr}),
+            train_config=ConfigRecord({"lr": method().federation.lr, "bf16": bf16}),
             evaluate_fn=stamp,
         )
 
@@ -254,14 +268,14 @@ def run_flower(clients: int, images: int, rounds: int) -> dict:
         num_supernodes=clients,
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": RAY},
     )
-    return flower_result(stamps, rounds)
+    return flower_result(stamps, rounds, bf16)
 
 
-def flower_result(stamps: list[float], rounds: int) -> dict:
+def flower_result(stamps: list[float], rounds: int, bf16: bool) -> dict:
     """The rounds' ends (and the start of the first): the sampler reads the CPU at each."""
     if len(stamps) != rounds + 1:
         raise RuntimeError(f"Flower ran {len(stamps) - 1} of {rounds} rounds (see its log above)")
-    return {"stamps": stamps, "precision": "fp32"}
+    return {"stamps": stamps, "precision": "bf16" if bf16 else "fp32"}
 
 
 SIDES = {"ours": None, "start_simulation": run_flower_legacy, "run_simulation": run_flower}
@@ -315,7 +329,8 @@ def measure(side: str, clients: int, args) -> dict:
     sampler) stays on the others."""
     cmd = [sys.executable, __file__, "--side", side, "--clients", str(clients)]
     cmd += ["--images", str(args.images), "--rounds", str(args.rounds)]
-    cmd += ["--precision", args.precision]
+    cmd += ["--precision", args.precision, "--compile", args.compile]
+    cmd += ["--peer-precision", args.peer_precision]
     measured = {max(os.sched_getaffinity(0))} if hasattr(os, "sched_getaffinity") else set()
     path = os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "FEDSSL_THREADS": "1"}
@@ -359,6 +374,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pairs", type=int, default=3, help="runs of each side, in turns")
     ap.add_argument("--precision", default="auto", help="our side's precision policy")
+    ap.add_argument(
+        "--peer-precision", default="fp32", choices=["fp32", "bf16"], help="Flower's client's"
+    )
+    ap.add_argument(
+        "--compile", default="off", choices=["off", "on", "auto"], help="our side's compile setting"
+    )
     ap.add_argument("--sides", nargs="+", choices=list(SIDES), default=list(SIDES))
     ap.add_argument("--side", choices=list(SIDES), help=argparse.SUPPRESS)  # the child
     args = ap.parse_args()
@@ -366,9 +387,9 @@ def main() -> None:
     if args.side:
         (n,) = args.clients
         if args.side == "ours":
-            result = run_ours(n, args.images, args.rounds, args.precision)
+            result = run_ours(n, args.images, args.rounds, args.precision, args.compile)
         else:
-            result = SIDES[args.side](n, args.images, args.rounds)
+            result = SIDES[args.side](n, args.images, args.rounds, args.peer_precision == "bf16")
         print(json.dumps(result))
         return
     measured = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None

@@ -51,9 +51,9 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"{cpu_summary()}; precision {args.precision}, {args.clients} clients, "
           f"{args.images} images, {args.rounds} rounds profiled after one")  # fmt: skip
-    run_ours(args.clients, args.images, 1, args.precision)  # warm-up: kernels, allocations
+    run_ours(args.clients, args.images, 1, args.precision, "off")  # warm-up: kernels, allocations
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        run_ours(args.clients, args.images, args.rounds, args.precision)
+        run_ours(args.clients, args.images, args.rounds, args.precision, "off")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12,
                                     max_name_column_width=36))  # fmt: skip
     relu_layouts()
