@@ -324,14 +324,20 @@ def pin(cpus: set[int]) -> None:
         os.sched_setaffinity(0, cpus)
 
 
+def measured_cpu() -> int | None:
+    """The CPU the runs are pinned to: the last this process may use when it starts (it then
+    moves itself to the others, so asking again later would name one of those)."""
+    return max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def measure(side: str, clients: int, args) -> dict:
-    """One run in a process tree of its own, pinned to the last CPU; this process (the
-    sampler) stays on the others."""
+    """One run in a process tree of its own, pinned to ``args.cpu`` (None: not pinned); this
+    process (the sampler) stays on the others."""
     cmd = [sys.executable, __file__, "--side", side, "--clients", str(clients)]
     cmd += ["--images", str(args.images), "--rounds", str(args.rounds)]
     cmd += ["--precision", args.precision, "--compile", args.compile]
     cmd += ["--peer-precision", args.peer_precision]
-    measured = {max(os.sched_getaffinity(0))} if hasattr(os, "sched_getaffinity") else set()
+    measured = set() if args.cpu is None else {args.cpu}
     path = os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "FEDSSL_THREADS": "1"}
     with tempfile.TemporaryFile("w+") as out:
@@ -390,9 +396,10 @@ def main() -> None:
             result = run_ours(n, args.images, args.rounds, args.precision, args.compile)
         else:
             result = SIDES[args.side](n, args.images, args.rounds, args.peer_precision == "bf16")
+        result["cpus"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         print(json.dumps(result))
         return
-    measured = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    measured = args.cpu = measured_cpu()
     if measured is not None and len(os.sched_getaffinity(0)) > 1:
         pin(os.sched_getaffinity(0) - {measured})
     print(

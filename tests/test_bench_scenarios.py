@@ -223,3 +223,26 @@ def test_the_client_overhead_benchmark_times_functions_the_engine_has():
         holder = importlib.import_module(mod)
         holder = getattr(holder, owner) if owner else holder
         assert callable(vars(holder).get(attr)), (mod, owner, attr)
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two CPUs to pin apart",
+)
+def test_the_peer_benchmark_runs_the_measured_tree_on_a_cpu_apart_from_its_sampler(monkeypatch):
+    """The runs go to the CPU named when the benchmark starts, not to one the sampler (which
+    has moved itself to the other CPUs by then) shares."""
+    import argparse
+
+    monkeypatch.chdir(REPO)
+    bench, before = flower_peer(), os.sched_getaffinity(0)
+    cpu = bench.measured_cpu()
+    try:
+        os.sched_setaffinity(0, before - {cpu})  # as the benchmark's main() moves itself
+        args = argparse.Namespace(
+            images=64, rounds=2, precision="fp32", compile="off", peer_precision="fp32", cpu=cpu
+        )
+        run = bench.measure("ours", 2, args)
+    finally:
+        os.sched_setaffinity(0, before)
+    assert run["cpus"] == [cpu]

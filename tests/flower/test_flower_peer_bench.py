@@ -37,7 +37,7 @@ def peer():
 def test_each_side_measures_two_rounds_of_the_preset(side, precision, monkeypatch):
     monkeypatch.chdir(REPO)
     args = argparse.Namespace(
-        images=64, rounds=2, precision=precision, compile="off", peer_precision=precision
+        images=64, rounds=2, precision=precision, compile="off", peer_precision=precision, cpu=None
     )
     run = peer().measure(side, 2, args)
     assert run["precision"] == precision
