@@ -181,14 +181,24 @@ def compare(files: list[str]) -> dict[str, str]:
     return out
 
 
-def recheck(pipeline: str, presets: Presets, args: argparse.Namespace) -> dict[str, str]:
+def recheck(
+    pipeline: str, presets: Presets, args: argparse.Namespace, rerun: dict[str, str]
+) -> dict[str, str]:
+    """Rerun ``pipeline``'s sample and compare its files; ``rerun`` (stage -> the pipeline
+    whose sample reran it in this invocation) spares a stage several pipelines share a second
+    run: its files are compared as that run left them."""
     dag = Dag(pipeline, presets=presets)
     if args.compare_only:
         return compare([f for s in dag.stages.values() for f in s.committed])
     name, stages = sample(dag, args.experiment)
     files = [f for s in stages for f in dag.stages[s].committed]
+    if all(s in rerun for s in stages):
+        first = sorted({rerun[s] for s in stages})
+        print(f"{pipeline}: {name}'s stages were rerun above ({', '.join(first)}); compared again")
+        return {f: "not run" for f in files} if args.dry_run else compare(files)
     verb = "would rerun" if args.dry_run else "rerunning"
     print(f"{pipeline}: {verb} {name} ({', '.join(stages)})", flush=True)
+    rerun.update({s: pipeline for s in stages})
     if args.dry_run:
         return {f: "not run" for f in files}
     cmd = [
@@ -223,9 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     presets = Presets(Path("params"))
-    results = {}
+    results, rerun = {}, {}
     for pipeline in args.pipelines or committed_pipelines(presets):
-        results.update(recheck(pipeline, presets, args))
+        results.update(recheck(pipeline, presets, args, rerun))
     if args.dry_run:
         for f in results:
             print(f"would compare  {f}")

@@ -28,6 +28,19 @@ def test_a_dry_run_says_what_it_would_rerun_and_claims_nothing(monkeypatch, caps
     assert out.endswith("nothing ran, nothing compared (4 committed files would be)\n")
 
 
+def test_stages_two_pipelines_share_run_once(monkeypatch, capsys):
+    """mfcl_smoke and tn_question sample the same experiment's stages: the second pipeline
+    compares the files the first one's rerun left instead of running them again."""
+    from fedssl.plan.recheck import main
+
+    monkeypatch.chdir(REPO)
+    assert main(["-n", "mfcl_smoke", "tn_question"]) == 0
+    out = capsys.readouterr().out
+    assert "mfcl_smoke: would rerun smoke_mfcl_tn_dir001 (pretrain__smoke_mfcl," in out
+    assert "tn_question: tnq_twin_s0's stages were rerun above (mfcl_smoke); compared again" in out
+    assert out.count("would compare  results/experiments/smoke_mfcl/metrics.json") == 1
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     root = make_tiny_project(tmp_path_factory.mktemp("recheck"))
