@@ -1,8 +1,9 @@
 """The runtime of every :class:`fedssl.methods.base.FederatedMethod` (imported when its step
 runs): the method's recipe (:class:`fedssl.rounds.recipe.Recipe`), its seeded model and the
-federation the one builder makes of them, resumed from its checkpoint; then what the recipe
-saves. And the defaults a recipe starts from (:func:`contrastive_recipe`): a contrastive model
-under the strategy the params choose, two augmented views, the whole model saved."""
+federation the one builder makes of them, resumed from its checkpoint, logged by the recipe's
+monitor (or the library's); then what the recipe saves and writes of the finished run. And the
+defaults a recipe starts from (:func:`contrastive_recipe`): a contrastive model under the
+strategy the params choose, two augmented views, the whole model saved."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from fedssl.methods import registry
 from fedssl.methods.hooks import resolve_hook
 from fedssl.models.encoders import load_encoder, save_contrastive_model, seeded_contrastive_model
 from fedssl.rounds.loop import Federation
-from fedssl.rounds.recipe import Local, Recipe, build_federation
+from fedssl.rounds.recipe import FinishedRun, Local, Recipe, build_federation
 from fedssl.rounds.runner import run_federation, train_data
 from fedssl.strategies.fedavg import FedAvg
 
@@ -58,12 +59,13 @@ def federation(ctx: StepContext) -> tuple[nn.Module, Federation]:
 def pretrain(ctx: StepContext) -> None:
     recipe = recipe_of(ctx.exp.method)
     model, fed = federation(ctx)
-    state = run_federation(ctx, fed, model)
-    recipe.save(model, ctx.out / "model.pt", ctx.image_shape)
+    state = run_federation(ctx, fed, model, monitor=recipe.monitor)
+    if recipe.save:
+        recipe.save(model, ctx.out / "model.pt", ctx.image_shape)
     if recipe.describe:
         ctx.info.update(recipe.describe(model))
-    if recipe.save_state:
-        ctx.info.update(recipe.save_state(fed.strategy, state, ctx.out))
+    if recipe.outputs:
+        ctx.info.update(recipe.outputs(FinishedRun(ctx, model, fed.strategy, state, fed.data)))
 
 
 # ---------------------------------------------------------------------- the defaults

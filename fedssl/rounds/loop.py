@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -27,6 +28,14 @@ from fedssl.fl.state import FederationConfig, FedState, Ledger, RoundUpdates
 from fedssl.stage.runtime import check_finite, load_checkpoint, torch_generator, torch_save
 from fedssl.strategies.aggregation import RunningMean
 from fedssl.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
+
+# (federation, state, round index) -> the round log's columns (:attr:`Federation.monitor`)
+RoundMonitor = Callable[["Federation", FedState, int], dict]
+# what builds a run's monitor: (stage context, model, the clients' device) -> one, or None
+MonitorOf = Callable[["StepContext", nn.Module, torch.device], RoundMonitor | None]
 
 
 @dataclass
@@ -199,7 +208,7 @@ class Federation:
         # A hook that only logs: (federation, state, round index) -> columns for the round's
         # row (the k-NN monitor, fedssl.eval.monitor); it must not draw from the training's
         # random streams. None: nothing is logged beyond the strategy's own metrics.
-        self.monitor: Callable[[Federation, FedState, int], dict] | None = None
+        self.monitor: RoundMonitor | None = None
 
     def start(self, model: nn.Module) -> FedState:
         """The last checkpoint of this very configuration, or round 0 from ``model``."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -38,9 +38,12 @@ from fedssl.fl.cohort import (
     vectorise_clients,
 )
 from fedssl.fl.state import FederationConfig, FedState, RoundUpdates
-from fedssl.rounds.loop import Federation, LocalTraining, Phase
+from fedssl.rounds.loop import Federation, LocalTraining, MonitorOf, Phase
 from fedssl.strategies.base import Strategy
 from fedssl.strategies.compose import chosen_over
+
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
 
 # (outputs, batch) -> scalar: outputs in fp32 from the default forward, as computed otherwise
 OutputLoss = Callable[[Any, Batch], torch.Tensor]
@@ -111,6 +114,19 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class FinishedRun:
+    """What a finished run hands its recipe's ``outputs``: the stage context (its output
+    folder, results folder and run record), the model (holding the final model), the
+    strategy, its final state and the clients' data."""
+
+    ctx: StepContext
+    model: nn.Module
+    strategy: Strategy
+    state: FedState
+    data: LocalData
+
+
+@dataclass(frozen=True)
 class Recipe:
     """What a federated method trains: the engine's ``config``, its ``strategy`` (built from
     the config, the model and the clients' data), and its clients' training: one ``local``
@@ -125,8 +141,13 @@ class Recipe:
     params' ``parallel_clients`` setting.
 
     What the method's runtime does around the federation: ``model`` (image shape, device) ->
-    the seeded initial model; ``save`` (model, path, image shape); ``describe`` (model) ->
-    run-record facts; ``save_state`` (strategy, final state, output folder) -> facts."""
+    the seeded initial model; ``monitor`` (stage context, model, the clients' device) -> what
+    logs each round beside the strategy's metrics, or None (no slot: the library's k-NN
+    monitor of the model's encoder, every ``monitor_every`` rounds); after the run, which left
+    the strategy's final model in the model (:meth:`Strategy.load_final`): ``save`` (model,
+    path, image shape; None: the model is not saved as one), ``describe`` (model) -> run-record
+    facts, ``outputs`` (the :class:`FinishedRun`) -> facts, writing what else the run keeps
+    (FeatARC's cluster models; split learning's two-part model and step logs)."""
 
     config: FederationConfig
     strategy: Callable[[FederationConfig, nn.Module, LocalData], Strategy]
@@ -137,9 +158,10 @@ class Recipe:
     setup_rounds: int = 0
     parallel: str = "auto"
     model: Callable[[tuple[int, int, int], torch.device], nn.Module] | None = None
+    monitor: MonitorOf | None = None
     save: Callable[[nn.Module, Path, tuple], None] | None = None
     describe: Callable[[nn.Module], dict] | None = None
-    save_state: Callable[[Strategy, FedState, Path], dict] | None = None
+    outputs: Callable[[FinishedRun], dict] | None = None
 
     def __post_init__(self):
         given = [x is not None for x in (self.local, self.phases, self.trainer)]

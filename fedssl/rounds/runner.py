@@ -14,7 +14,7 @@ from fedssl.data import to_device
 from fedssl.eval.monitor import knn_monitor
 from fedssl.fl.cohort import LocalData, client_data
 from fedssl.fl.state import LOG_FIELDS, TIMING_FIELDS, FedState, write_round_log
-from fedssl.rounds.loop import Federation
+from fedssl.rounds.loop import Federation, MonitorOf
 from fedssl.stage.progress import Progress, say
 from fedssl.stage.runtime import write_json
 
@@ -92,19 +92,28 @@ def attach_monitor(
 
 
 def run_federation(
-    ctx: StepContext, fed: Federation, model: nn.Module | None = None, log_name: str = "rounds.tsv"
+    ctx: StepContext,
+    fed: Federation,
+    model: nn.Module | None = None,
+    log_name: str = "rounds.tsv",
+    monitor: MonitorOf | None = None,
 ) -> FedState:
-    """Run ``fed`` from its last checkpoint to the end. Writes ``communication.json`` into the
-    stage's output and the round log into the experiment's results; loads the strategy's final
-    model into ``model`` when given."""
+    """Run ``fed`` from its last checkpoint to the end, logging each round what ``monitor``
+    (stage context, model, the clients' device) builds, or else the library's k-NN monitor
+    where ``monitor_every`` asks. Writes ``communication.json`` into the stage's output and the
+    round log into the experiment's results; loads the strategy's final model into ``model``
+    when given (:meth:`fedssl.strategies.base.Strategy.load_final`)."""
     log_path = ctx.results_dir / log_name
     # the clients train elsewhere: a trainer that carries the rounds to them (fedssl.flower)
     if getattr(ctx, "remote_rounds", None) is not None:
         fed.trainer = ctx.remote_rounds
     state = fed.start(model)
     ctx.run_info["resumed_from_round"] = state.round
-    if fed.cfg.monitor_every and state.round < fed.cfg.rounds:
-        attach_monitor(ctx, fed, model, state)
+    if state.round < fed.cfg.rounds:
+        if monitor is not None:
+            fed.monitor = monitor(ctx, model, fed.data.device)
+        elif fed.cfg.monitor_every:
+            attach_monitor(ctx, fed, model, state)
     state = run_rounds(fed, state, log_path)
     write_round_log(state.log, log_path)
     ctx.run_info["rounds"] = [
@@ -112,6 +121,6 @@ def run_federation(
     ]
     write_json(ctx.out / "communication.json", state.ledger.summary())
     if model is not None:
-        model.load_state_dict(fed.strategy.final_model(state))
+        fed.strategy.load_final(model, state)
     ctx.info.update(rounds=len(state.log), final_loss=state.log[-1]["loss"] if state.log else None)
     return state

@@ -124,6 +124,12 @@ class Strategy:
         """The state to load into the model at the end (for methods with one global model)."""
         return state.server["global"]
 
+    def load_final(self, model: nn.Module, state: FedState) -> None:
+        """Load the final model into ``model`` (the module the federation was built on): by
+        default its state dict is the final model; a strategy whose final model comes in
+        parts loads each where it belongs."""
+        model.load_state_dict(self.final_model(state))
+
 
 def first_start(strategy: Strategy, model: nn.Module) -> Tensors:
     """What a client's first local training starts from, before any round (the model as the

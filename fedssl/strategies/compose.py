@@ -78,6 +78,9 @@ class Over(Strategy):
     def final_model(self, state):
         return self.inner.final_model(state)
 
+    def load_final(self, model, state):
+        self.inner.load_final(model, state)
+
 
 @cache
 def stacked(mixin: type[Strategy]) -> type[Strategy]:

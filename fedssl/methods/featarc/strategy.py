@@ -14,6 +14,8 @@ the C cluster models, an oracle choice made on the test set, which is not reprod
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
@@ -26,6 +28,9 @@ from fedssl.models.encoders import ContrastiveModel
 from fedssl.stage.runtime import derive_seed, torch_save
 from fedssl.strategies.aggregation import fedavg_by_group
 from fedssl.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from fedssl.rounds.recipe import FinishedRun
 
 NET, ANCHOR, LAST = "net.", "anchor.", "last."
 
@@ -144,8 +149,9 @@ class FeatARCStrategy(Strategy):
         return self.anchored(state.server[cluster_key(served.index(max(served)))])
 
 
-def save_clusters(strategy: FeatARCStrategy, state: FedState, out) -> dict:
+def save_clusters(run: FinishedRun) -> dict:
     """Every cluster model and the last assignment (``clusters.pt``) beside the evaluated one."""
+    state = run.state
     assignment = state.memo["assignment"]
-    torch_save({"clusters": state.server, "assignment": assignment}, out / "clusters.pt")
-    return {"served": strategy.served(state), "assignment": assignment}
+    torch_save({"clusters": state.server, "assignment": assignment}, run.ctx.out / "clusters.pt")
+    return {"served": run.strategy.served(state), "assignment": assignment}

@@ -24,6 +24,6 @@ def recipe(p) -> Recipe:
         loss=featarc_loss(p),
         strategy=lambda cfg, model, data: FeatARCStrategy(cfg, model, p, data),
         save=save_network,
-        save_state=save_clusters,
+        outputs=save_clusters,
         describe=None,  # no parameter count in its report rows (as its committed ones)
     )
