@@ -323,9 +323,6 @@ class PretrainStepMethod(Method):
     pretrain_reads: ClassVar[tuple[str, ...]] = ("partition", "method")
     pretrain_plots: ClassVar[tuple[str, ...]] = ("rounds.tsv",)
     later_steps: ClassVar[tuple[Step, ...]] = ()  # steps after pretrain (MocoSFL's attack)
-    # its training's recipe, where its own step runs one (MocoSFL); a FederatedMethod's is run
-    # by the one runtime
-    recipe: ClassVar[Hook[RecipeOf] | None] = None
     encoder_inputs = ("pretrain",)
     encoder_reads = ("method.model",)
     costs_inputs = ("pretrain",)
@@ -362,12 +359,14 @@ class FederatedMethod(PretrainStepMethod):
 
     :mod:`fedssl.methods.federated` runs it: model -> federation (the one builder, which
     applies the precision policy and the strategy's local objective) resumed from its
-    checkpoint; then the model is saved and the probes get its encoder (``encoder_loader``;
-    the Flower adapter builds the same federation). A subclass declares its params (a
+    checkpoint, logged by the recipe's monitor; then what the recipe saves and writes of the
+    finished run, and the probes get its encoder (``encoder_loader``; the Flower adapter
+    builds the same federation). A subclass declares its params (a
     :func:`fedssl.params.federation_block` block with ``augment``, and ``strategy`` unless it
     names its own); its client costs are its package's ``costs`` module. FedSimCLR is the
     smallest example, FeatARC and Orchestra (their own views, forward, strategy, setup round)
-    the largest."""
+    larger ones, MocoSFL (a split trainer, its own monitor and two-part model, an attack
+    step after training) the furthest from FedAvg."""
 
     recipe: ClassVar[Hook[RecipeOf]]
     encoder_loader: ClassVar[Hook[EncoderLoader]] = Hook(RUNTIME, "contrastive_encoder")

@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedssl.methods.base import DATA, PARTITION, Hook, MethodParams, PretrainStepMethod, Step
+from fedssl.methods.base import DATA, PARTITION, FederatedMethod, Hook, MethodParams, Step
 from fedssl.methods.registry import register
 from fedssl.params import (
     PARALLEL_CLIENTS_HELP,
@@ -141,6 +141,15 @@ class SflTraining(SFL_FEDERATION):
             raise ValueError("client_lr_period applies to client_lr_schedule step_cosine")
         return self
 
+    @model_validator(mode="after")
+    def _monitor_is_the_methods(self):
+        if self.monitor_every:  # the library's monitor reads one module; the recipe's is kept
+            raise ValueError(
+                "monitor_every: MocoSFL's k-NN monitor (of the split model) is set by "
+                "method.monitor (every, k, ...); leave method.federation.monitor_every at 0"
+            )
+        return self
+
 
 class SflMonitor(Strict):
     """k-NN monitor during training (weighted k-NN, [code] k=200, T=0.1). It is only logged:
@@ -230,14 +239,16 @@ TRAINING = (
 
 
 @register
-class MocoSfl(PretrainStepMethod):
+class MocoSfl(FederatedMethod):
     name = "mocosfl"
     label = "MocoSFL"
     params = MocoSflParams
     package = "fedssl.methods.mocosfl"
-    # its training is a recipe the one builder makes a federation of (its own pretrain step
-    # runs it: it saves two parts and writes the split run's logs, which the runtime does not)
+    # its recipe brings the split trainer, its monitor and its outputs (the model in two
+    # parts, the step log): the one runtime runs it
     recipe = Hook("fedssl.methods.mocosfl.train", "recipe")
+    encoder_loader = Hook("fedssl.methods.mocosfl.run", "encoder")
+    flower_steps = {}  # the split trainer exchanges activations every batch, not rounds' models
     pretrain_reads = TRAINING
     pretrain_plots = ("rounds.tsv", "steps.tsv", "misalignment.png")
     later_steps = (

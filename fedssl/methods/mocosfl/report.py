@@ -302,7 +302,7 @@ def figures(rows: list[dict], out_dir: Path) -> dict[str, str]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from fedssl.methods.mocosfl.run import MISALIGNMENT_CURVES
+    from fedssl.methods.mocosfl.outputs import MISALIGNMENT_CURVES
 
     keys = list(groups)
     fig = Figure(figsize=(9, 2.8 * len(keys)))

@@ -148,3 +148,9 @@ class SflSync(Strategy):
             "client": unprefixed(state.server["sync"], "online"),
             "server": state.server["server"],
         }
+
+    def load_final(self, model: SplitNets, state: FedState) -> None:
+        """The synced client part into the client template, the server's into the top."""
+        final = self.final_model(state)
+        model.client.load_state_dict(final["client"])
+        model.top.load_state_dict(final["server"])

@@ -90,6 +90,7 @@ def test_params_are_checked_and_labelled():
         (dict(variant="moco"), "variant"),
         (dict(backbone=dict(arch="resnet18", width_mult=0.5)), "width_mult"),
         (dict(backbone=dict(arch="mobilenetv2", width=8)), "width applies"),
+        (dict(federation=dict(monitor_every=1)), "method.monitor"),
     ):
         with pytest.raises(ValueError, match=field):
             params(**{"variant": "monacosfl", "cut": 3, **bad})
@@ -121,6 +122,94 @@ def test_the_declared_recipe_builds_the_split_federation(tmp_path, variant, sett
     assert isinstance(fed.trainer, SplitMocoTrainer) and fed.trainer.nets is nets
     assert fed.trainer.parallel == (setting == "on")
     assert fed.trainer.cfg.schedule.batch_size == 6 and fed.trainer.cfg.temperature == 0.1
+
+
+class _PretrainStage:
+    """What the pretrain stage's context gives the runtime of a tiny run on the toy data."""
+
+    def __init__(self, p, folder):
+        from types import SimpleNamespace
+
+        from tests.fixtures import toy_images
+
+        self.exp = SimpleNamespace(
+            method=p, title="tiny", features=SimpleNamespace(layer="backbone")
+        )
+        self.device, self.image_shape, self.fingerprint = CPU, SHAPE, "fp"
+        self.out, self.results_dir = folder / "out", folder / "results"
+        self.out.mkdir(), self.results_dir.mkdir()
+        self.resume_path = folder / "ck.pt"
+        self.info, self.run_info = {}, {}
+        images, self.labels = toy_images(60, 0)
+        self.images = images[:, None]
+        self._clients = [np.asarray(c) for c in toy_data().clients]
+
+    def split(self, which):
+        return self.images, self.labels
+
+    def clients(self):
+        return self._clients
+
+    def input(self, step):
+        return self.out
+
+
+def test_the_one_runtime_runs_its_training_and_keeps_the_split_runs_outputs(tmp_path):
+    """MocoSFL's pretrain step is the runtime every federated method's is (no pretrain of its
+    own): through the recipe's slots it logs the split model's k-NN monitor, saves the final
+    model as its two parts, writes the step log, its figure, the communication check and the
+    metrics, records its facts, and leaves the split nets holding the final model."""
+    from fedssl.methods import federated
+    from fedssl.methods.base import FederatedMethod, Hook
+    from fedssl.methods.mocosfl import run
+
+    method = registry.get("mocosfl")
+    assert isinstance(method, FederatedMethod) and not hasattr(run, "pretrain")
+    assert method.steps[0].runner == Hook(federated.__name__, "pretrain")
+    assert method.hook_modules(params(), "pretrain") == [
+        federated.__name__,
+        "fedssl.methods.mocosfl.train",
+    ]
+    assert method.flower_steps == {}
+    monitor = dict(queries="test", bank_size=24, query_size=12, k=5)
+    p = params("monacosfl", federation=dict(client_fraction=0.67), monitor=monitor)
+    ctx = _PretrainStage(p, tmp_path)
+    method.run_step("pretrain", ctx)
+
+    rounds = list(csv.DictReader(open(ctx.results_dir / "rounds.tsv"), delimiter="\t"))
+    assert len(rounds) == 2 and all(0 <= float(r["knn_monitor"]) <= 100 for r in rounds)
+    model = torch.load(ctx.out / "model.pt", weights_only=True)
+    assert model.keys() == {"client", "server", "image_shape", "cut"} and model["cut"] == 3
+    nets = build_nets(p, SHAPE, CPU)
+    assert model["client"].keys() == nets.client_state().keys()
+    assert model["server"].keys() == nets.top_state().keys()
+    steps = list(csv.DictReader(open(ctx.results_dir / "steps.tsv"), delimiter="\t"))
+    metrics = json.loads((ctx.out / "metrics.json").read_text())
+    assert len(steps) == metrics["steps"] > 0 and metrics["variant"] == "monacosfl"
+    assert (ctx.results_dir / "misalignment.png").stat().st_size > 0
+    check = json.loads((ctx.out / "communication_check.json").read_text())
+    assert check["exact"] and check["align"] and metrics["comm_matches_formula"]
+    assert ctx.info["client_parameters"] == nets.client_numel() < ctx.info["parameters"]
+    assert ctx.info["mis_after_sync_mean"] == metrics["mis_after_sync_mean"]
+    assert metrics["knn_monitor_last"] == float(rounds[-1]["knn_monitor"])
+    # the probes' encoder is the saved final model's
+    encoder = method.encoder(ctx)
+    assert all(torch.equal(v, model["client"][k]) for k, v in encoder.client.state_dict().items())
+
+
+def test_a_split_strategy_loads_its_final_parts_into_the_nets(tmp_path):
+    """The runner loads the strategy's final model into the model: the split model's comes as
+    the synced client part and the server's top, each loaded into its template."""
+    p = params("mocosfl", federation=dict(rounds=1))
+    fed = federation(p, tmp_path)
+    state = fed.run(fed.start(None))
+    final = fed.strategy.final_model(state)
+    assert not torch.equal(
+        fed.strategy.nets.client_state()["0.0.weight"], final["client"]["0.0.weight"]
+    )
+    fed.strategy.load_final(fed.strategy.nets, state)
+    for part, module in (("client", fed.strategy.nets.client), ("server", fed.strategy.nets.top)):
+        assert all(torch.equal(v, final[part][k]) for k, v in module.state_dict().items())
 
 
 # ------------------------------------------------------------------ the protocol

@@ -60,7 +60,7 @@ def test_each_misalignment_column_is_what_its_name_says(tmp_path, variant):
 
 
 def test_the_authors_misalignment_is_summarised_over_every_step(tmp_path):
-    from fedssl.methods.mocosfl import run as sfl
+    from fedssl.methods.mocosfl import outputs as sfl
     from fedssl.methods.mocosfl.nets import build_nets
     from tests.methods.mocosfl.test_mocosfl import SHAPE
 
