@@ -426,3 +426,15 @@ def method_params(model, settings: dict):
 def federation_changed(p, **changes):
     """``p`` with ``changes`` to its federation block."""
     return p.model_copy(update={"federation": p.federation.model_copy(update=changes)})
+
+
+def opt_in(marker: str, variable: str, how: str, timeout: int) -> list:
+    """The marks of a test module that runs only where ``variable`` is 1 (a real cluster, a
+    real deployment): its marker, a generous timeout, and the skip that says ``how``."""
+    import pytest
+
+    return [
+        getattr(pytest.mark, marker),
+        pytest.mark.timeout(timeout),
+        pytest.mark.skipif(os.environ.get(variable) != "1", reason=f"opt-in: {how}"),
+    ]

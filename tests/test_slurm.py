@@ -6,23 +6,17 @@ job, and ends with the same results as a local run."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
 
 import pytest
 
-from tests.fixtures import REPO, make_tiny_project, run
+from tests.fixtures import REPO, make_tiny_project, opt_in, run
 
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.timeout(1800),
-    pytest.mark.skipif(
-        os.environ.get("FEDSSL_SLURM_TEST") != "1",
-        reason="opt-in: make test-slurm (needs root, slurm-wlm, the plugin)",
-    ),
-]
+pytestmark = opt_in(
+    "slurm", "FEDSSL_SLURM_TEST", "make test-slurm (needs root, slurm-wlm, the plugin)", 1800
+)
 
 
 @pytest.fixture(scope="module")

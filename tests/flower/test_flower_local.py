@@ -10,7 +10,6 @@ CI (`make test-flower-deploy`) all but the two refusal tests."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
@@ -22,17 +21,12 @@ from pathlib import Path
 import pytest
 
 from fedssl.flower.__main__ import APP
-from tests.fixtures import REPO, make_tiny_project
+from tests.fixtures import REPO, make_tiny_project, opt_in
 from tests.flower.deployment import Deployment, wait_for
 
-pytestmark = [
-    pytest.mark.flower,
-    pytest.mark.timeout(1800),
-    pytest.mark.skipif(
-        os.environ.get("FEDSSL_FLOWER_TEST") != "1",
-        reason="opt-in: make test-flower (needs pip install -e '.[flower]')",
-    ),
-]
+pytestmark = opt_in(
+    "flower", "FEDSSL_FLOWER_TEST", "make test-flower (needs pip install -e '.[flower]')", 1800
+)
 STAGE = "pretrain__tiny_simclr2"
 RUN = "experiment='tiny_simclr2'"
 

@@ -7,20 +7,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 
 import pytest
 
-from tests.fixtures import REPO
+from tests.fixtures import REPO, opt_in
 
-pytestmark = [
-    pytest.mark.flower,
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(
-        os.environ.get("FEDSSL_FLOWER_TEST") != "1",
-        reason="opt-in: make test-flower (needs pip install -e '.[flower]')",
-    ),
-]
+pytestmark = opt_in(
+    "flower", "FEDSSL_FLOWER_TEST", "make test-flower (needs pip install -e '.[flower]')", 900
+)
 
 
 def peer():
