@@ -303,6 +303,11 @@ class PartitionParams(Strict):
     )
     seed: int = 0
     """seed of the split (and of the subset)"""
+    label: str | None = Field(
+        None,
+        description="the partition's column in reports; none: the data set and its split "
+        "(e.g. 'F-MNIST ξ=0.1'). Name what the split leaves out, such as the client count",
+    )
 
 
 # --------------------------------------------------------------------------- shared pieces
@@ -487,8 +492,10 @@ class Grid(Strict):
     the axis label and a string that is exactly ``{axis.value}`` is the axis value."""
 
     name: str = Field(description="pattern of the expanded names, e.g. cifar10_mfcl_{norm}_{xi}")
-    extends: Name | None = Field(
-        None, description="the preset every member starts from (none: `set` is a whole preset)"
+    extends: Annotated[str, Field(pattern=r"^([a-z0-9_]|\{[a-z0-9_]+\})+$")] | None = Field(
+        None,
+        description="the preset every member starts from, its `{axis}` placeholders filled "
+        "(a sweep over several lines' own presets); none: `set` is a whole preset",
     )
     axes: dict[Name, AxisValues] = Field(
         default_factory=dict, description="axes of this grid only (shadow the shared ones)"

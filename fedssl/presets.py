@@ -265,12 +265,23 @@ class Presets:
         own = Layer(self.grids_path, f"{section}.set", grid.set, always)
         if not grid.extends:
             return Resolved(kind, name, where, overlay, [own])
-        parent = self._resolve(
-            kind, grid.extends, visiting, f"{self.grids_path}: {section}.{EXTENDS}"
-        )
+        try:
+            base = _fill(grid.extends, labels, values)
+        except ParamsError as e:
+            raise ParamsError(f"{self.grids_path}: {section}.{EXTENDS}: {e}") from None
+        parent = self._resolve(kind, base, visiting, f"{self.grids_path}: {section}.{EXTENDS}")
         return Resolved(
             kind, name, where, deep_merge(parent.merged, overlay), [own, *parent.layers]
         )
+
+    def base_of(self, kind: str, name: str) -> str | None:
+        """The preset a grid member extends (its placeholders filled), or a file's ``extends``."""
+        if name in self.grid_members(kind):
+            grid, labels = self.grid_members(kind)[name]
+            extends = getattr(self.grids(), GRID_SECTIONS[kind])[grid].extends
+            return None if extends is None else _fill(extends, labels, {})
+        path = self.path(kind, name)
+        return read_yaml(path).get(EXTENDS) if path.is_file() else None
 
     def load(self, kind: str, name: str, by: str | None = None):
         """The validated params of a preset; any problem raises ParamsError naming the file

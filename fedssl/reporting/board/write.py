@@ -155,13 +155,23 @@ def main(argv: list[str] | None = None) -> int:
     draw = sub.add_parser("render", help="write the board from a pipeline's committed report")
     draw.add_argument("pipeline", nargs="?", default="benchmark")
     sub.add_parser("budget", help="the budget rule applied to benchmarks/board_budget.tsv")
-    sub.add_parser("plan", help="the second board's parts and their estimated CPU hours")
+    plan_ = sub.add_parser("plan", help="a board's parts and their estimated CPU hours")
+    plan_.add_argument(
+        "board", nargs="?", help="a board whose parts are pipelines <board>_* (none: the second)"
+    )
     args = ap.parse_args(argv)
     if args.command == "budget":
         print(budget_markdown(budget_table()))
         return 0
     if args.command == "plan":
-        print(plan_markdown(plan_table()))
+        if args.board:
+            from fedssl.presets import Presets
+            from fedssl.reporting.board import plan
+
+            presets = Presets()
+            print(plan.plan_markdown(plan.plan(plan.parts_of(args.board, presets), presets)))
+        else:
+            print(plan_markdown(plan_table()))
         return 0
     from fedssl.plan.dag import Dag
     from fedssl.reporting.report import load_saved, read_round_log, round_logs
