@@ -276,6 +276,13 @@ class ClientTestSplit(Strict):
         "(e.g. 1/9 for a 90/10 split), spread like per_client; exclusive with per_client",
     )
     disjoint: bool = Field(False, description="no test image goes to two clients")
+    validation_per_client: PositiveInt | None = Field(
+        None,
+        description="also this many validation images per client, spread over its classes "
+        "like per_client's test images, drawn (their own seed; disjoint as the test images "
+        "are) from the training images no client and no server slice holds: what a "
+        "learning rate is chosen on, never the test split (personal_top1_val). None = none",
+    )
 
     @model_validator(mode="after")
     def _one_size(self):

@@ -409,6 +409,23 @@ def check_partition_fits(
             f"{where}: num_clients: {part.num_clients} clients but only "
             f"{available} samples to split"
         )
+    check_client_validation_fits(part, where, full_size)
+
+
+def check_client_validation_fits(part: P.PartitionParams, where: str, full_size: int) -> None:
+    """The clients' validation images come from those no client and no server slice holds:
+    a request beyond them is refused (a class running short fails the partition stage)."""
+    tests = part.client_tests
+    if tests is None or tests.validation_per_client is None:
+        return
+    need = tests.validation_per_client * (part.num_clients if tests.disjoint else 1)
+    free = unused_by(part, full_size)
+    if need > free:
+        raise ParamsError(
+            f"{where}: client_tests.validation_per_client: {need} validation images needed "
+            f"but at most {free} training images lie outside the clients and the server "
+            f"slice: lower it, or give the partition a smaller subset (or server_holdout)"
+        )
 
 
 def unused_by(part: P.PartitionParams, full_size: int) -> int:
