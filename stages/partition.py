@@ -1,4 +1,5 @@
-"""Stage: split a prepared data set's training split over clients."""
+"""Stage: split a prepared data set's training split over clients (and, as the partition asks,
+a server slice, per-client test images and per-client validation images)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The probes on the frozen encoder's features: linear and k-NN accuracy on the cached features
-(uniform test split), with the ``linear_probe`` and ``knn`` sections they read."""
+(uniform test split; ``*_val`` on the validation split where the features stage drew one, by
+the same fitted probes), with the ``linear_probe`` and ``knn`` sections they read."""
 
 from __future__ import annotations
 
