@@ -39,6 +39,9 @@ def write_prepared(out_dir: Path, name: str, splits: dict) -> dict:
 
 
 RERUN = "rerun the stage that writes it (or `dvc checkout` it)"  # a damaged artifact's remedy
+# a partition's per-client validation indices into the training split (client_tests'
+# validation_per_client)
+VALIDATION_CLIENTS = "val_clients.npz"
 
 
 def load_split(data_dir: Path, split: str, verify: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -109,7 +112,8 @@ def save_clients(path: Path, clients: list[np.ndarray]) -> None:
 
 def load_clients(partition_dir: Path, name: str = "clients.npz") -> list[np.ndarray]:
     """Per-client index arrays as the partition stage wrote them: into the training split
-    (``clients.npz``), or into the test split (``test_clients.npz``, personalised evaluation)."""
+    (``clients.npz``, the validation images' ``val_clients.npz``), or into the test split
+    (``test_clients.npz``, personalised evaluation)."""
     path = Path(partition_dir) / name
     try:
         with np.load(path) as z:

@@ -46,12 +46,15 @@ def linear_probe(
     device: torch.device,
     curve: list[dict] | None = None,
     predicted: dict[str, np.ndarray] | None = None,
+    val: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict:
     """Multinomial logistic regression on fixed features (Adam, cosine schedule). When
     ``curve`` is a list, one row per epoch is appended to it: the epoch's mean training loss
     and the test top-1 after it (the probe's learning curve; measuring it changes nothing).
     When ``predicted`` is a dict, ``predicted["linear_top1"]`` (the metric's key) is set to
-    each test image's predicted class (the board's per-image input; it changes nothing)."""
+    each test image's predicted class (the board's per-image input; it changes nothing).
+    ``val``: (features, labels) of a validation split the fitted probe also scores
+    (``linear_top1_val``), standardised with the training statistics; it changes nothing."""
     xtr, xte = (torch.from_numpy(a).float().to(device) for a in (train_x, test_x))
     ytr, yte = (torch.from_numpy(a).long().to(device) for a in (train_y, test_y))
     if p.standardize:
@@ -86,7 +89,13 @@ def linear_probe(
                     }
                 )
     train_acc, test_acc = _accuracy(clf, xtr, ytr), _accuracy(clf, xte, yte, predicted)
-    return {"linear_top1": 100 * test_acc, "linear_train_top1": 100 * train_acc}
+    out = {"linear_top1": 100 * test_acc, "linear_train_top1": 100 * train_acc}
+    if val is not None:
+        xva = torch.from_numpy(val[0]).float().to(device)
+        xva = (xva - mean) / std if p.standardize else xva
+        yva = torch.from_numpy(val[1]).long().to(device)
+        out["linear_top1_val"] = 100 * _accuracy(clf, xva, yva)
+    return out
 
 
 @torch.no_grad()
