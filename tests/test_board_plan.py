@@ -6,6 +6,7 @@ estimates from the first board's measured runs."""
 from __future__ import annotations
 
 import collections
+import json
 
 import pytest
 
@@ -94,3 +95,28 @@ def test_the_plan_counts_each_run_once(presets):
     for part in parts[:2]:
         every |= set(presets.pipeline_experiments(part))
     assert sum(r["runs"] for r in rows) == len(every)
+
+
+# ------------------------------------------------------------------ the tuning
+def _metrics(results, name, **values):
+    (results / name).mkdir(parents=True)
+    (results / name / "metrics.json").write_text(json.dumps(values))
+
+
+def test_a_line_keeps_the_rate_that_scores_best_on_validation_never_test(presets, tmp_path):
+    from fedssl.reporting.board import tuning
+
+    _metrics(tmp_path, "board2_fedsimclr_dir01_s0", linear_top1=90.0, linear_top1_val=70.0)
+    _metrics(tmp_path, "board2_fedsimclr_lrh_dir01_s0", linear_top1=10.0, linear_top1_val=71.5)
+    _metrics(tmp_path, "board2_fedsimclr_lr2_dir01_s0", linear_top1=99.0)  # no validation
+    _metrics(tmp_path, "board2_solo_lr2_dir01_s0", personal_top1_val=80.0)
+    found = tuning.sweeps(["board2_tune_cnn", "board2_tune_rest"], presets, tmp_path)
+    assert found["board2_fedsimclr"] == {0.001: 71.5, 0.002: 70.0, 0.004: None}
+    assert tuning.choose(found["board2_fedsimclr"], 0.002) == (0.001, "2 of 3 scored")
+    assert tuning.choose(found["board2_solo"], 0.05) == (0.1, "1 of 3 scored")
+    assert tuning.choose({0.01: 5.0, 0.02: 5.0, 0.005: 5.0}, 0.01)[0] == 0.01  # a tie: the start
+    assert tuning.choose({0.02: 5.0, 0.005: 5.0, 0.01: None}, 0.01)[0] == 0.005
+    assert tuning.choose(found["board2_fedbyol"], 0.002) == (
+        0.002,
+        "untuned: no run of the sweep scored",
+    )

@@ -89,3 +89,21 @@ def tuning_markdown(rows: list[dict]) -> str:
     )
     header = ["line", "lr: validation accuracy", "starting lr", "chosen", "runs"]
     return markdown_table(header, table, caption)
+
+
+def write_tuning(board: str, presets: Presets | None = None) -> Path:
+    """The board's tuning table from its tuning parts (the pipelines ``<board>_tune*``) into
+    ``results/reports/<board>/tuning.md`` and ``tuning.json`` (committed: the grids' learning
+    rates are read against it)."""
+    from fedssl.plan.layout import report_dir
+
+    presets = presets or Presets()
+    parts = [p for p in presets.pipelines().pipelines if p.startswith(f"{board}_tune")]
+    rows = tuning_table(parts, presets)
+    folder = Path(report_dir(board))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tuning.md").write_text(tuning_markdown(rows) + "\n")
+    for r in rows:
+        r["points"] = [[lr, acc] for lr, acc in r["points"].items()]
+    (folder / "tuning.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return folder / "tuning.md"

@@ -149,7 +149,7 @@ def fill_blocks(text: str, results: Path = Path("results/reports")) -> str:
     return _BLOCK.sub(fill, text)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="fedssl board")
     sub = ap.add_subparsers(dest="command", required=True)
     draw = sub.add_parser("render", help="write the board from a pipeline's committed report")
@@ -159,19 +159,32 @@ def main(argv: list[str] | None = None) -> int:
     plan_.add_argument(
         "board", nargs="?", help="a board whose parts are pipelines <board>_* (none: the second)"
     )
-    args = ap.parse_args(argv)
-    if args.command == "budget":
-        print(budget_markdown(budget_table()))
-        return 0
-    if args.command == "plan":
-        if args.board:
-            from fedssl.presets import Presets
-            from fedssl.reporting.board import plan
+    tune = sub.add_parser("tune", help="a board's learning rates chosen on validation")
+    tune.add_argument("board", help="a board whose tuning parts are pipelines <board>_tune*")
+    return ap.parse_args(argv)
 
-            presets = Presets()
-            print(plan.plan_markdown(plan.plan(plan.parts_of(args.board, presets), presets)))
-        else:
-            print(plan_markdown(plan_table()))
+
+def _planning(args: argparse.Namespace) -> str:
+    """What the budget, plan and tune commands print."""
+    if args.command == "tune":
+        import fedssl.reporting.board.tuning as tuning
+
+        return f"wrote {tuning.write_tuning(args.board)}"
+    if args.command == "budget":
+        return budget_markdown(budget_table())
+    if not args.board:
+        return plan_markdown(plan_table())
+    import fedssl.reporting.board.plan as plan
+    from fedssl.presets import Presets
+
+    presets = Presets()
+    return plan.plan_markdown(plan.plan(plan.parts_of(args.board, presets), presets))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    if args.command != "render":
+        print(_planning(args))
         return 0
     from fedssl.plan.dag import Dag
     from fedssl.reporting.report import load_saved, read_round_log, round_logs
