@@ -120,3 +120,13 @@ def test_a_line_keeps_the_rate_that_scores_best_on_validation_never_test(presets
         0.002,
         "untuned: no run of the sweep scored",
     )
+
+
+def test_the_committed_plan_is_the_presets_plan(presets):
+    """results/reports/board2/plan.md (which the board's page cites) is what the presets and
+    the first board's measured stages give now: regenerate it after changing either
+    (`python -m fedssl.reporting.board plan board2 > results/reports/board2/plan.md`)."""
+    from pathlib import Path
+
+    committed = Path("results/reports/board2/plan.md").read_text()
+    assert committed == plan.plan_markdown(plan.plan(plan.parts_of(BOARD, presets), presets)) + "\n"
