@@ -75,9 +75,12 @@ def _load(path: Path, **kwargs):
         ) from None
 
 
-def load_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The arrays ``keys`` of an ``.npz`` artifact, read now; a damaged file, an object array
-    (which would need pickle) or a missing array said in one line naming the file."""
+def load_npz(
+    path: Path, keys: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict[str, np.ndarray]:
+    """The arrays ``keys`` of an ``.npz`` artifact, and those of ``optional`` it holds, read
+    now; a damaged file, an object array (which would need pickle) or a missing array said in
+    one line naming the file."""
     import zlib
 
     try:
@@ -85,7 +88,7 @@ def load_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
             missing = [k for k in keys if k not in z.files]
             if missing:
                 raise ArtifactError(f"{path}: holds no array '{missing[0]}': {RERUN}")
-            return {k: z[k] for k in keys}
+            return {k: z[k] for k in (*keys, *(k for k in optional if k in z.files))}
     except (FileNotFoundError, ArtifactError):
         raise
     except (ValueError, EOFError, OSError, zipfile.BadZipFile, zlib.error) as err:

@@ -150,11 +150,10 @@ def summarize(npz_path: Path, p, true_groups: list[int] | None = None) -> dict:
 def _validation(npz_path: Path) -> dict:
     """``personal_top1_val``: the final models' mean accuracy on their validation images, as
     ``personal_top1`` is on their test images (absent when the record has none)."""
-    with np.load(npz_path) as z:
-        if VAL_KEY not in z.files:
-            return {}
-    acc = load_npz(npz_path, (VAL_KEY,))[VAL_KEY]
-    return {"personal_top1_val": round(float(acc.mean()), 2)}
+    found = load_npz(npz_path, (), optional=(VAL_KEY,))
+    if not found:
+        return {}
+    return {"personal_top1_val": round(float(found[VAL_KEY].mean()), 2)}
 
 
 def _clusters(choice: np.ndarray, true_groups: list[int] | None) -> dict:

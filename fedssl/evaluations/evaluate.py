@@ -56,14 +56,10 @@ def run(ctx: StepContext) -> None:
 
 def validation(path):
     """(features, labels) of the validation split in ``features.npz`` at ``path``, or None."""
-    import numpy as np
-
     from fedssl.data import load_npz
 
-    with np.load(path) as z:
-        if VAL[0] not in z.files:
-            return None
-    return tuple(load_npz(path, VAL).values())
+    found = load_npz(path, (), optional=VAL)
+    return tuple(found[k] for k in VAL) if found else None
 
 
 register(
