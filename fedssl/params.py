@@ -19,7 +19,7 @@ This module imports no torch: the front ends validate everything before any comp
 from __future__ import annotations
 
 import typing
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -198,12 +198,14 @@ class DatasetParams(Strict):
 
 # --------------------------------------------------------------------------- partitions
 class IIDScheme(Strict):
+    deals_all: ClassVar[bool] = True  # whether every sample of the pool goes to a client
     kind: Literal["iid"] = "iid"
 
 
 class DirichletScheme(Strict):
     """Per-class Dirichlet split: each class is spread over clients by Dir(alpha)."""
 
+    deals_all: ClassVar[bool] = True  # whether every sample of the pool goes to a client
     kind: Literal["dirichlet"] = "dirichlet"
     alpha: PositiveFloat = Field(description="concentration xi; small = skewed, large = near IID")
     min_per_client: NonNegativeInt = Field(0, description="redraw until every client has this many")
@@ -212,6 +214,7 @@ class DirichletScheme(Strict):
 class ShardsScheme(Strict):
     """Every client holds samples of exactly ``classes_per_client`` classes (label shards)."""
 
+    deals_all: ClassVar[bool] = True  # whether every sample of the pool goes to a client
     kind: Literal["shards"] = "shards"
     classes_per_client: PositiveInt
     """label classes each client holds"""
@@ -221,6 +224,7 @@ class ClassGroupsScheme(Strict):
     """CP-CFL: equal client groups with overlapping class sets; per client, ``major_classes``
     of its group's classes get ``major_count`` samples and the rest ``minor_count``."""
 
+    deals_all: ClassVar[bool] = False  # whether every sample of the pool goes to a client
     kind: Literal["class_groups"] = "class_groups"
     groups: list[list[NonNegativeInt]] = Field(
         default_factory=lambda: [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]]
@@ -240,6 +244,7 @@ class CyclicLognormalScheme(Strict):
     split evenly over them, dealt from each class's shuffled samples (reshuffled when a class
     runs out, so clients share samples only then)."""
 
+    deals_all: ClassVar[bool] = False  # whether every sample of the pool goes to a client
     kind: Literal["cyclic_lognormal"] = "cyclic_lognormal"
     classes_per_client: PositiveInt
     """consecutive classes (mod C) each client holds"""
@@ -271,6 +276,13 @@ class ClientTestSplit(Strict):
         "(e.g. 1/9 for a 90/10 split), spread like per_client; exclusive with per_client",
     )
     disjoint: bool = Field(False, description="no test image goes to two clients")
+    validation_per_client: PositiveInt | None = Field(
+        None,
+        description="also this many validation images per client, spread over its classes "
+        "like per_client's test images, drawn (their own seed; disjoint as the test images "
+        "are) from the training images no client and no server slice holds: what a "
+        "learning rate is chosen on, never the test split (personal_top1_val). None = none",
+    )
 
     @model_validator(mode="after")
     def _one_size(self):
@@ -303,6 +315,11 @@ class PartitionParams(Strict):
     )
     seed: int = 0
     """seed of the split (and of the subset)"""
+    label: str | None = Field(
+        None,
+        description="the partition's column in reports; none: the data set and its split "
+        "(e.g. 'F-MNIST ξ=0.1'). Name what the split leaves out, such as the client count",
+    )
 
 
 # --------------------------------------------------------------------------- shared pieces
@@ -396,6 +413,23 @@ class FeatureParams(Strict):
     )
     batch_size: PositiveInt = 1024
     """images per forward pass when extracting"""
+    validation_size: PositiveInt | None = Field(
+        None,
+        description="also a validation split of this many labelled training images "
+        "(class-stratified, its own seed), held by no client, no server slice and not the "
+        "probes' bank, which the same fitted probes score (linear_top1_val, knn_top1_val: "
+        "what a learning rate is chosen on, never the test split); needs train_size. "
+        "None = none",
+    )
+
+    @model_validator(mode="after")
+    def _bank_leaves_room(self):
+        if self.validation_size is not None and self.train_size is None:
+            raise ValueError(
+                "validation_size needs train_size: with train_size None the probes' bank "
+                "holds every training image and none is left to validate on"
+            )
+        return self
 
 
 class LinearProbeParams(Strict):
@@ -487,8 +521,10 @@ class Grid(Strict):
     the axis label and a string that is exactly ``{axis.value}`` is the axis value."""
 
     name: str = Field(description="pattern of the expanded names, e.g. cifar10_mfcl_{norm}_{xi}")
-    extends: Name | None = Field(
-        None, description="the preset every member starts from (none: `set` is a whole preset)"
+    extends: Annotated[str, Field(pattern=r"^([a-z0-9_]|\{[a-z0-9_]+\})+$")] | None = Field(
+        None,
+        description="the preset every member starts from, its `{axis}` placeholders filled "
+        "(a sweep over several lines' own presets); none: `set` is a whole preset",
     )
     axes: dict[Name, AxisValues] = Field(
         default_factory=dict, description="axes of this grid only (shadow the shared ones)"

@@ -265,12 +265,23 @@ class Presets:
         own = Layer(self.grids_path, f"{section}.set", grid.set, always)
         if not grid.extends:
             return Resolved(kind, name, where, overlay, [own])
-        parent = self._resolve(
-            kind, grid.extends, visiting, f"{self.grids_path}: {section}.{EXTENDS}"
-        )
+        try:
+            base = _fill(grid.extends, labels, values)
+        except ParamsError as e:
+            raise ParamsError(f"{self.grids_path}: {section}.{EXTENDS}: {e}") from None
+        parent = self._resolve(kind, base, visiting, f"{self.grids_path}: {section}.{EXTENDS}")
         return Resolved(
             kind, name, where, deep_merge(parent.merged, overlay), [own, *parent.layers]
         )
+
+    def base_of(self, kind: str, name: str) -> str | None:
+        """The preset a grid member extends (its placeholders filled), or a file's ``extends``."""
+        if name in self.grid_members(kind):
+            grid, labels = self.grid_members(kind)[name]
+            extends = getattr(self.grids(), GRID_SECTIONS[kind])[grid].extends
+            return None if extends is None else _fill(extends, labels, {})
+        path = self.path(kind, name)
+        return read_yaml(path).get(EXTENDS) if path.is_file() else None
 
     def load(self, kind: str, name: str, by: str | None = None):
         """The validated params of a preset; any problem raises ParamsError naming the file
@@ -409,13 +420,41 @@ def check_partition_fits(
             f"{where}: num_clients: {part.num_clients} clients but only "
             f"{available} samples to split"
         )
+    check_client_validation_fits(part, where, full_size)
+
+
+def check_client_validation_fits(part: P.PartitionParams, where: str, full_size: int) -> None:
+    """The clients' validation images come from those no client and no server slice holds:
+    a request beyond them is refused (a class running short fails the partition stage)."""
+    tests = part.client_tests
+    if tests is None or tests.validation_per_client is None:
+        return
+    need = tests.validation_per_client * (part.num_clients if tests.disjoint else 1)
+    free = unused_by(part, full_size)
+    if need > free:
+        raise ParamsError(
+            f"{where}: client_tests.validation_per_client: {need} validation images needed "
+            f"but at most {free} training images lie outside the clients and the server "
+            f"slice: lower it, or give the partition a smaller subset (or server_holdout)"
+        )
+
+
+def unused_by(part: P.PartitionParams, full_size: int) -> int:
+    """The most training images a partition leaves to no client and no server slice: exactly
+    that many where its scheme deals its whole pool, else (clients drawing some of it) all
+    but the server slice."""
+    held = part.server_holdout or 0
+    if part.scheme.deals_all:
+        held += part.subset or full_size - held
+    return max(full_size - held, 0)
 
 
 def check_experiment_fits(
     exp, where: str, part: P.PartitionParams, dataset: P.DatasetParams, prepared: Path
 ) -> None:
     """Cross-file check: the k-NN probe cannot ask for more neighbours than its bank holds
-    (the labelled training images the features stage keeps)."""
+    (the labelled training images the features stage keeps), nor the validation split for
+    more images than the bank and the partition leave."""
     knn, features = getattr(exp, "knn", None), getattr(exp, "features", None)
     size = train_size_of(dataset, prepared)
     if knn is None or features is None or size is None:
@@ -425,6 +464,14 @@ def check_experiment_fits(
         raise ParamsError(
             f"{where}: knn.k: {knn.k} neighbours but the bank holds {bank} training images "
             f"(data set '{part.dataset}'{', features.train_size' if features.train_size else ''})"
+        )
+    free = min(size - bank, unused_by(part, size))
+    if (features.validation_size or 0) > free:
+        raise ParamsError(
+            f"{where}: features.validation_size: {features.validation_size} images but at most "
+            f"{free} of data set '{part.dataset}' lie outside the probes' bank (train_size) "
+            f"and partition '{exp.partition}''s clients and server slice: lower it or "
+            f"features.train_size, or give the partition a smaller subset"
         )
 
 

@@ -140,6 +140,27 @@ def test_a_family_is_answered_under_its_pooled_variance_and_holm_within_it():
     assert "| twin | A | R | +5.0 [" in table
 
 
+def test_a_family_is_asked_only_on_its_partitions():
+    """A family restricted to some of the board's partitions (a part that runs only some
+    lines, such as the 100-client one) asks nothing elsewhere, so the lines it would lack
+    there stop nothing; a partition the board does not have is refused, naming the family."""
+    cells = _cells()  # every line on partition P; none on Q
+    on_p = {name: f | {"partitions": ["P"]} for name, f in PLAN["families"].items()}
+    plan = questions.BoardQuestions.model_validate(
+        PLAN | {"partitions": ["P", "Q"], "families": on_p}
+    )
+    answers = questions.ask(cells, plan)
+    assert {(a["family"], a["partition"]) for a in answers} == {("twin", "P"), ("ab", "P")}
+    assert not any(p == "Q" for _, p, _ in questions.line_families(plan))
+    everywhere = questions.BoardQuestions.model_validate(PLAN | {"partitions": ["P", "Q"]})
+    with pytest.raises(ParamsError, match="no ssl line 'A' on partition 'Q'"):
+        questions.ask(cells, everywhere)
+    with pytest.raises(ValueError, match=r"families.twin.partitions: \['Q'\] not in"):
+        questions.BoardQuestions.model_validate(
+            PLAN | {"families": {"twin": PLAN["families"]["twin"] | {"partitions": ["Q"]}}}
+        )
+
+
 def test_a_seed_that_draws_its_partition_is_its_own_block():
     cells = _cells(partition_of=lambda s: f"draw{s}")
     assert questions._runs(cells[0])[0] == ("R", "draw0/0", 70.0)

@@ -388,6 +388,33 @@ def test_adding_an_axis_value_is_one_line_and_leaves_the_others_untouched(tiny):
         assert presets.tracked("experiment", name, ("knn",)) == tracked
 
 
+SWEEP = """\
+experiments:
+  sweep:
+    name: sweep_{line}_{k}nn
+    extends: "tiny_{line}"
+    axes: {line: [random, simclr], k: {few: 3, many: 7}}
+    set: {knn: {k: "{k.value}"}}
+"""
+
+
+def test_a_grid_sweeps_several_lines_each_from_its_own_preset(tiny):
+    """``extends`` with placeholders: one grid varies a setting over several lines, each
+    member starting from its own line's preset."""
+    (tiny / "params" / "grids.yaml").write_text(SWEEP)
+    presets = Presets()
+    for line in ("random", "simclr"):
+        own = presets.load("experiment", f"tiny_{line}")
+        member = presets.load("experiment", f"sweep_{line}_manynn")
+        assert member.method == own.method and member.knn.k == 7
+    assert presets.load("experiment", "sweep_random_fewnn").method.name != (
+        presets.load("experiment", "sweep_simclr_fewnn").method.name
+    )
+    (tiny / "params" / "grids.yaml").write_text(SWEEP.replace("tiny_{line}", "tiny_{lines}"))
+    with pytest.raises(P.ParamsError, match=r"sweep.extends: placeholder \{lines\}"):
+        Presets().load("experiment", "sweep_random_fewnn")
+
+
 @pytest.mark.parametrize(
     "grid, message",
     [

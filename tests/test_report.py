@@ -50,6 +50,8 @@ def test_cells_are_method_by_partition_or_by_the_swept_setting():
     assert table_cell(mfcl_exp(), MFCL, PART, "cifar10") == ("MFCL(GN)", "CIFAR-10 ξ=0.01")
     iid = PART.model_copy(update={"scheme": P.IIDScheme()})
     assert table_cell(mfcl_exp(), MFCL, iid, "tiny_imagenet") == ("MFCL(GN)", "Tiny IID")
+    many = PART.model_copy(update={"num_clients": 100, "label": "CIFAR-10 ξ=0.01, 100 clients"})
+    assert table_cell(mfcl_exp(), MFCL, many, "cifar10")[1] == "CIFAR-10 ξ=0.01, 100 clients"
     assert table_cell(
         mfcl_exp(), MFCL, PART, "cifar10", "method", "method.client_module.channels_per_group"
     ) == ("MFCL(GN)", "channels_per_group=2")

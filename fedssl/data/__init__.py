@@ -39,6 +39,9 @@ def write_prepared(out_dir: Path, name: str, splits: dict) -> dict:
 
 
 RERUN = "rerun the stage that writes it (or `dvc checkout` it)"  # a damaged artifact's remedy
+# a partition's per-client validation indices into the training split (client_tests'
+# validation_per_client)
+VALIDATION_CLIENTS = "val_clients.npz"
 
 
 def load_split(data_dir: Path, split: str, verify: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -72,9 +75,12 @@ def _load(path: Path, **kwargs):
         ) from None
 
 
-def load_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The arrays ``keys`` of an ``.npz`` artifact, read now; a damaged file, an object array
-    (which would need pickle) or a missing array said in one line naming the file."""
+def load_npz(
+    path: Path, keys: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict[str, np.ndarray]:
+    """The arrays ``keys`` of an ``.npz`` artifact, and those of ``optional`` it holds, read
+    now; a damaged file, an object array (which would need pickle) or a missing array said in
+    one line naming the file."""
     import zlib
 
     try:
@@ -82,7 +88,7 @@ def load_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
             missing = [k for k in keys if k not in z.files]
             if missing:
                 raise ArtifactError(f"{path}: holds no array '{missing[0]}': {RERUN}")
-            return {k: z[k] for k in keys}
+            return {k: z[k] for k in (*keys, *(k for k in optional if k in z.files))}
     except (FileNotFoundError, ArtifactError):
         raise
     except (ValueError, EOFError, OSError, zipfile.BadZipFile, zlib.error) as err:
@@ -109,7 +115,8 @@ def save_clients(path: Path, clients: list[np.ndarray]) -> None:
 
 def load_clients(partition_dir: Path, name: str = "clients.npz") -> list[np.ndarray]:
     """Per-client index arrays as the partition stage wrote them: into the training split
-    (``clients.npz``), or into the test split (``test_clients.npz``, personalised evaluation)."""
+    (``clients.npz``, the validation images' ``val_clients.npz``), or into the test split
+    (``test_clients.npz``, personalised evaluation)."""
     path = Path(partition_dir) / name
     try:
         with np.load(path) as z:

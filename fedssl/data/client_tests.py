@@ -60,6 +60,7 @@ def matching_test_split(
     per_client: int | None = None,
     seed: int = 0,
     replace_across_clients: bool = True,
+    what: str = "test images",
 ) -> list[np.ndarray]:
     """Test indices per client with the class mix of its training data.
 
@@ -81,7 +82,7 @@ def matching_test_split(
         for c in np.flatnonzero(wanted):
             if wanted[c] > pools[c].size:
                 raise ValueError(
-                    f"client {client} needs {wanted[c]} test images of class {c} but only "
+                    f"client {client} needs {wanted[c]} {what} of class {c} but only "
                     f"{pools[c].size} are {'left' if not replace_across_clients else 'there'}"
                 )
             chosen = rng.choice(pools[c], size=int(wanted[c]), replace=False)

@@ -67,6 +67,7 @@ __all__ = [
     "deal",
     "class_counts",
     "stratified_subset",
+    "unused_subset",
     "server_seed",
     "plot_heatmap",
     "MAX_REDRAWS",
@@ -451,6 +452,18 @@ def stratified_subset(labels, size: int, seed: int) -> np.ndarray:
         if q
     ]
     return np.sort(np.concatenate(picked)) if picked else np.empty(0, dtype=np.int64)
+
+
+def unused_subset(labels, held: Sequence[np.ndarray], size: int, seed: int) -> np.ndarray:
+    """:func:`stratified_subset` of ``size`` among the indices no array of ``held`` holds (a
+    validation split beside the clients, the server slice and a probe's bank): sorted indices
+    into ``labels``. Fails, saying how many are free, when fewer than ``size`` are."""
+    labels = _as_labels(labels)
+    taken = np.concatenate([np.asarray(h, dtype=np.int64) for h in held] or [np.empty(0, np.int64)])
+    free = np.setdiff1d(np.arange(len(labels)), taken)
+    if size > len(free):
+        raise ValueError(f"{size} images asked for but only {len(free)} are held by nobody")
+    return free[stratified_subset(labels[free], size, seed)]
 
 
 def server_seed(partition) -> int:

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedssl.data import load_npz
 from fedssl.eval.metrics import classification_metrics, cluster_metrics
 
+if TYPE_CHECKING:
+    from fedssl.stage.contract import StepContext
+
 MEMO_KEY = "personal"
+VAL_KEY = "val_accuracy"  # personal.npz: each final model's accuracy on its validation images
 
 
 class PersonalLog:
@@ -36,9 +41,17 @@ class PersonalLog:
             self.memo["choice"].append([int(c) for c in choice])
         return {"personal_acc": round(float(np.mean(accuracy)), 3)}
 
-    def save(self, path: Path, labels: list[np.ndarray], probs: list[np.ndarray]) -> None:
-        """Write the record with the final models' outputs (one array per client)."""
+    def save(
+        self,
+        path: Path,
+        labels: list[np.ndarray],
+        probs: list[np.ndarray],
+        val_accuracy: list[float] | None = None,
+    ) -> None:
+        """Write the record with the final models' outputs (one array per client) and, where
+        the partition has validation images, each final model's accuracy (%) on its own."""
         choice = np.asarray(self.memo["choice"], dtype=np.int64)
+        val = {} if val_accuracy is None else {VAL_KEY: np.asarray(val_accuracy, np.float64)}
         np.savez(
             path,
             accuracy=np.asarray(self.memo["accuracy"], dtype=np.float64),
@@ -48,7 +61,34 @@ class PersonalLog:
             labels=np.concatenate(labels),
             probs=np.concatenate(probs),
             client=np.concatenate([np.full(len(y), i) for i, y in enumerate(labels)]),
+            **val,
         )
+
+
+def validation_images(ctx: StepContext) -> tuple | None:
+    """The partition's per-client validation images (``client_tests.validation_per_client``)
+    for :func:`client_outputs`: (those training images on the device, their labels, each
+    client's indices into them); None when the partition has none."""
+    import torch
+
+    from fedssl.data import to_device
+
+    clients = ctx.client_validation()
+    if clients is None:
+        return None
+    used = np.unique(np.concatenate(clients))
+    images, labels = ctx.split("train")
+    return (
+        to_device(np.asarray(images[used]), ctx.device),
+        torch.as_tensor(np.asarray(labels[used]), dtype=torch.int64, device=ctx.device),
+        [np.searchsorted(used, c) for c in clients],
+    )
+
+
+def validation_accuracy(logits_of: Callable, validation: tuple | None) -> list[float] | None:
+    """Each client's model (``logits_of``, as :func:`client_outputs`') on its validation
+    images, accuracy %; None without them."""
+    return None if validation is None else client_outputs(logits_of, *validation)[0]
 
 
 def client_outputs(
@@ -84,6 +124,7 @@ def summarize(npz_path: Path, p, true_groups: list[int] | None = None) -> dict:
     rounds = len(mean)
     out = {
         "personal_top1": round(float(mean[-1]), 2),
+        **_validation(npz_path),
         f"personal_last{p.last_rounds}": round(float(mean[-p.last_rounds :].mean()), 2),
         "personal_best": round(float(mean.max()), 2),
         "rounds": rounds,
@@ -104,6 +145,15 @@ def summarize(npz_path: Path, p, true_groups: list[int] | None = None) -> dict:
     if choice.size:
         out.update(_clusters(choice, true_groups))
     return out
+
+
+def _validation(npz_path: Path) -> dict:
+    """``personal_top1_val``: the final models' mean accuracy on their validation images, as
+    ``personal_top1`` is on their test images (absent when the record has none)."""
+    found = load_npz(npz_path, (), optional=(VAL_KEY,))
+    if not found:
+        return {}
+    return {"personal_top1_val": round(float(found[VAL_KEY].mean()), 2)}
 
 
 def _clusters(choice: np.ndarray, true_groups: list[int] | None) -> dict:

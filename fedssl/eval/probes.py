@@ -46,22 +46,21 @@ def linear_probe(
     device: torch.device,
     curve: list[dict] | None = None,
     predicted: dict[str, np.ndarray] | None = None,
+    val: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict:
     """Multinomial logistic regression on fixed features (Adam, cosine schedule). When
     ``curve`` is a list, one row per epoch is appended to it: the epoch's mean training loss
     and the test top-1 after it (the probe's learning curve; measuring it changes nothing).
     When ``predicted`` is a dict, ``predicted["linear_top1"]`` (the metric's key) is set to
-    each test image's predicted class (the board's per-image input; it changes nothing)."""
+    each test image's predicted class (the board's per-image input; it changes nothing).
+    ``val``: (features, labels) of a validation split the fitted probe also scores
+    (``linear_top1_val``), standardised with the training statistics; it changes nothing."""
     xtr, xte = (torch.from_numpy(a).float().to(device) for a in (train_x, test_x))
     ytr, yte = (torch.from_numpy(a).long().to(device) for a in (train_y, test_y))
-    if p.standardize:
-        mean, std = xtr.mean(0), xtr.std(0).clamp(min=1e-6)
-        xtr, xte = (xtr - mean) / std, (xte - mean) / std
+    scale = _scaler(xtr, p.standardize)
+    xtr, xte = scale(xtr), scale(xte)
     gen = torch.Generator().manual_seed(derive_seed(p.seed, "probe"))
-    clf = nn.Linear(xtr.shape[1], int(ytr.max()) + 1).to(device)
-    with torch.no_grad():
-        clf.weight.copy_(torch.randn(clf.weight.shape, generator=gen) * 0.01)
-        clf.bias.zero_()
+    clf = _seeded_linear(xtr.shape[1], int(ytr.max()) + 1, gen, device)
     opt = torch.optim.Adam(clf.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     steps_per_epoch = -(-len(xtr) // p.batch_size)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, p.epochs * steps_per_epoch)
@@ -78,15 +77,38 @@ def linear_probe(
                 loss_sum += loss.detach()
                 advance(len(idx))
             if curve is not None:
-                curve.append(
-                    {
-                        "epoch": epoch + 1,
-                        "loss": round(loss_sum.item() / steps_per_epoch, 5),
-                        "test_top1": round(100 * _accuracy(clf, xte, yte), 2),
-                    }
-                )
+                curve.append(_curve_row(epoch, loss_sum.item() / steps_per_epoch, clf, xte, yte))
     train_acc, test_acc = _accuracy(clf, xtr, ytr), _accuracy(clf, xte, yte, predicted)
-    return {"linear_top1": 100 * test_acc, "linear_train_top1": 100 * train_acc}
+    out = {"linear_top1": 100 * test_acc, "linear_train_top1": 100 * train_acc}
+    if val is not None:
+        xva, yva = torch.from_numpy(val[0]).float().to(device), torch.from_numpy(val[1]).long()
+        out["linear_top1_val"] = 100 * _accuracy(clf, scale(xva), yva.to(device))
+    return out
+
+
+def _curve_row(epoch: int, loss: float, clf: nn.Module, xte, yte) -> dict:
+    """The probe's learning curve after an epoch: its mean training loss and test top-1."""
+    return {
+        "epoch": epoch + 1,
+        "loss": round(loss, 5),
+        "test_top1": round(100 * _accuracy(clf, xte, yte), 2),
+    }
+
+
+def _scaler(xtr: torch.Tensor, standardize: bool):
+    """Features z-scored with the training features' statistics (or left as they are)."""
+    if not standardize:
+        return lambda x: x
+    mean, std = xtr.mean(0), xtr.std(0).clamp(min=1e-6)
+    return lambda x: (x - mean) / std
+
+
+def _seeded_linear(dim: int, classes: int, gen: torch.Generator, device) -> nn.Linear:
+    clf = nn.Linear(dim, classes).to(device)
+    with torch.no_grad():
+        clf.weight.copy_(torch.randn(clf.weight.shape, generator=gen) * 0.01)
+        clf.bias.zero_()
+    return clf
 
 
 @torch.no_grad()

@@ -101,7 +101,9 @@ class Evaluation:
     steps; an evaluation comes after those whose outputs it reads). ``sections``: the
     experiment params sections it adds (:class:`Section`). ``run(ctx)``: the stage, handed its
     :class:`~fedssl.stage.context.StageContext`. ``results``: other files it commits there
-    (DVC outs with ``cache: false``, neither metrics nor plots: per-image predictions)."""
+    (DVC outs with ``cache: false``, neither metrics nor plots: per-image predictions).
+    ``more_inputs(experiment params)``: inputs a setting adds (a validation split read
+    from the partition), so an experiment without it keeps its stage, shared as before."""
 
     kind: str
     reads: tuple[str, ...]
@@ -116,6 +118,7 @@ class Evaluation:
     declares: tuple[Metric, ...] = ()
     sections: tuple[Section, ...] = ()
     run: Callable[[Any], None] | None = None
+    more_inputs: Callable[[Any], tuple[str, ...]] = lambda exp: ()
 
 
 _EVALUATIONS: dict[str, Evaluation] = {}

@@ -1,5 +1,6 @@
 """The probes on the frozen encoder's features: linear and k-NN accuracy on the cached features
-(uniform test split), with the ``linear_probe`` and ``knn`` sections they read."""
+(uniform test split; ``*_val`` on the validation split where the features stage drew one, by
+the same fitted probes), with the ``linear_probe`` and ``knn`` sections they read."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ LINEAR_TOP1 = Metric(
 KNN_TOP1 = Metric("knn_top1", "k-NN", order=20, pivot="k-NN top-1 %", pivot_name="knn", board="ssl")
 
 SPLIT = ("train_x", "train_y", "test_x", "test_y")
+VAL = ("val_x", "val_y")  # the validation split, when the features stage drew one
 
 
 def run(ctx: StepContext) -> None:
@@ -33,18 +35,31 @@ def run(ctx: StepContext) -> None:
     from fedssl.stage.runtime import write_json, write_tsv
 
     with ctx.run():  # the features are read once the run checked them against their digest
-        split = load_npz(ctx.input("features") / "features.npz", SPLIT)
+        path = ctx.input("features") / "features.npz"
+        split, val = load_npz(path, SPLIT), validation(path)
         curve: list[dict] = []
         predicted: dict = {}  # per test image, each probe's class, under its metric's key
+        lp, knn = ctx.exp.linear_probe, ctx.exp.knn
         metrics = {
-            **linear_probe(*split.values(), ctx.exp.linear_probe, ctx.device, curve, predicted),
-            **knn_accuracy(*split.values(), ctx.exp.knn, ctx.device, predicted=predicted),
+            **linear_probe(*split.values(), lp, ctx.device, curve, predicted, val),
+            **knn_accuracy(*split.values(), knn, ctx.device, predicted=predicted),
         }
+        if val is not None:  # the same bank's k-NN on the validation split
+            bank = split["train_x"], split["train_y"]
+            metrics["knn_top1_val"] = knn_accuracy(*bank, *val, knn, ctx.device)["knn_top1"]
         metrics = {k: round(v, 2) for k, v in metrics.items()}
         write_json(ctx.results_dir / "metrics.json", metrics)
         write_tsv(curve, ctx.results_dir / "linear_epochs.tsv", ["epoch", "loss", "test_top1"])
         write_predictions(ctx.results_dir / PREDICTIONS, split["test_y"], predicted)
         ctx.info["metrics"] = metrics
+
+
+def validation(path):
+    """(features, labels) of the validation split in ``features.npz`` at ``path``, or None."""
+    from fedssl.data import load_npz
+
+    found = load_npz(path, (), optional=VAL)
+    return tuple(found[k] for k in VAL) if found else None
 
 
 register(

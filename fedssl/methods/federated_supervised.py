@@ -55,11 +55,20 @@ def build_network(p, image_shape, classes: int) -> nn.Module:
 def build_model(p, image_shape, classes: int, device) -> nn.Module:
     """The seeded module the clients train: the network (its own init stream), wrapped."""
     method = registry.get(p.name)
-    torch.manual_seed(derive_seed(p.seed, "init", f"{method.name}-net"))
+    torch.manual_seed(init_seed(p, method.name))
     model = build_network(p, image_shape, classes)
     if method.wrapper:
         model = call_hook(method.wrapper, p, model)
     return model.to(device)
+
+
+def init_seed(p, name: str) -> int:
+    """The seed the network is drawn under. ``init: encoder`` shares the encoders' stream
+    (:func:`fedssl.models.encoders.seeded_contrastive_model`): the network builds its encoder
+    first, so a supervised line and its untrained twin start from the same encoder weights."""
+    if getattr(p, "init", "own") == "encoder":
+        return derive_seed(p.seed, "init")
+    return derive_seed(p.seed, "init", f"{name}-net")
 
 
 def local_pass(p) -> Local:

@@ -321,7 +321,7 @@ class Dag:
                 stage = add(
                     ev.kind,
                     ev.reads + reads,
-                    ev.inputs + inputs,
+                    ev.inputs + ev.more_inputs(exp) + inputs,
                     ev.gpu,
                     "evaluation",
                     calls_method,

@@ -197,6 +197,8 @@ def table_cell(
     row = exp.title if row == "title" or not label else label
     if column != "partition":
         return row, f"{column.rsplit('.', 1)[-1]}={setting(exp, column)}"
+    if partition.label:
+        return row, partition.label
     scheme = partition.scheme
     split = {
         "dirichlet": lambda: f"ξ={scheme.alpha:g}",

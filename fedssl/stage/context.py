@@ -113,6 +113,15 @@ class StageContext(Stage):
             )
         return load_clients(self.partition_dir, "test_clients.npz")
 
+    def client_validation(self):
+        """Each client's validation indices into the training split (``client_tests.
+        validation_per_client``), or None when the partition has none."""
+        from fedssl.data import VALIDATION_CLIENTS, load_clients
+
+        if not (self.partition_dir / VALIDATION_CLIENTS).exists():
+            return None
+        return load_clients(self.partition_dir, VALIDATION_CLIENTS)
+
     def server_indices(self):
         """The partition's server-side slice of the training split (``server_holdout``)."""
         import numpy as np

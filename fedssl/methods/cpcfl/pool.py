@@ -80,12 +80,10 @@ class PoolStrategy(IFCA):
 
     def outputs(self, state):
         """Every client's cluster model on its own test split: (accuracy %, labels, probs)."""
-        images, labels, tests = self.tests
+        return client_outputs(self.scorer(state), *self.tests)
+
+    def scorer(self, state):
+        """``logits_of(client, images)``: each client's cluster model now, in eval mode."""
         choice = state.memo["last_choice"]
         self.net.eval()
-        return client_outputs(
-            lambda c, x: functional_call(self.net, self.model(state, max(choice[c], 0)), (x,)),
-            images,
-            labels,
-            tests,
-        )
+        return lambda c, x: functional_call(self.net, self.model(state, max(choice[c], 0)), (x,))

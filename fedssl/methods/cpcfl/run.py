@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fedssl.data import to_device
-from fedssl.eval.personal import PersonalLog
+from fedssl.eval.personal import PersonalLog, validation_accuracy, validation_images
 from fedssl.fl.state import FedState, nbytes, write_round_log
 from fedssl.methods.cpcfl import SSL_KINDS
 from fedssl.methods.cpcfl.encoder_source import fedavg_warmup, pretrained_encoder
@@ -75,7 +75,8 @@ def save_outputs(
 ) -> None:
     c = ctx.exp.method.federation
     accs, labels, probs = strategy.outputs(state)
-    PersonalLog(state.memo).save(ctx.out / "personal.npz", labels, probs)
+    val = validation_accuracy(strategy.scorer(state), validation_images(ctx))
+    PersonalLog(state.memo).save(ctx.out / "personal.npz", labels, probs, val)
     choices = np.asarray(state.memo["personal"]["choice"], dtype=np.int64)
     write_choices(choices, groups, c.explore_rounds, ctx.results_dir)
     pool = {f"pool{n}": strategy.model(state, n) for n in range(c.clusters)}

@@ -15,7 +15,6 @@ import torch
 from torch.func import functional_call
 
 from fedssl.data.augment import to_float
-from fedssl.eval.personal import client_outputs
 from fedssl.methods.mpfedcon.nets import Anchored, part
 from fedssl.methods.mpfedcon.train import SplitStrategy, ce_loss
 from fedssl.rounds.loop import Phase
@@ -97,7 +96,7 @@ class PerFedAvgStrategy(SplitStrategy):
     """FedAvg of the meta-learned w; each party is scored after one α-step from w on a seeded
     batch of its own training data (spec §11.4)."""
 
-    def outputs(self, state, round_):
+    def scorer(self, state, round_):
         t, data, p = self.tests, self.data, self.p
         w = part(state.server["global"], "net")
         net, ce = self.model.net, network_ce("net")
@@ -111,9 +110,7 @@ class PerFedAvgStrategy(SplitStrategy):
             idx = torch.as_tensor(idx[: p.federation.batch_size], device=data.device)
             batch = (to_float(data.images[idx]), data.labels[idx])
             parties.append(perfedavg.adapted(f, w, batch, p.perfedavg_alpha))
-        return client_outputs(
-            lambda c, x: functional_call(net, parties[c], (x,)), t.images, t.labels, t.clients
-        )
+        return lambda c, x: functional_call(net, parties[c], (x,))
 
 
 # ------------------------------------------------------------------ wiring

@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from fedssl.data.augment import views_of
-from fedssl.eval.personal import PersonalLog
+from fedssl.eval.personal import (
+    PersonalLog,
+    client_outputs,
+    validation_accuracy,
+    validation_images,
+)
 from fedssl.fl.cohort import LocalData, OptimizerConfig
 from fedssl.fl.state import federation_config, nbytes
 from fedssl.methods.mpfedcon import HEAD_FIRST, PERSONALISED, personalised
@@ -152,8 +157,10 @@ def train(ctx: StepContext) -> None:
     model, fed = federation(ctx)
     state = run_federation(ctx, fed, model)
     strategy: SplitStrategy = fed.strategy
-    accs, labels, probs = strategy.outputs(state, state.round - 1)
-    PersonalLog(state.memo).save(ctx.out / "personal.npz", labels, probs)
+    score, t = strategy.scorer(state, state.round - 1), strategy.tests
+    accs, labels, probs = client_outputs(score, t.images, t.labels, t.clients)
+    val = validation_accuracy(score, validation_images(ctx))
+    PersonalLog(state.memo).save(ctx.out / "personal.npz", labels, probs, val)
     torch_save(
         interned(
             {

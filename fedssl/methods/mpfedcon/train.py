@@ -238,21 +238,19 @@ class SplitStrategy(Strategy):
     def outputs(self, state: FedState, round_: int):
         """Every party's accuracy (%), labels and softmax outputs on its own test split."""
         t = self.tests
+        return client_outputs(self.scorer(state, round_), t.images, t.labels, t.clients)
+
+    def scorer(self, state: FedState, round_: int):
+        """``logits_of(party, images)``: each party's model at ``round_`` (FedAvg+FT's heads
+        fine-tuned once here, whatever images they then score)."""
         if self.p.variant == "fedavg_ft":
             heads, features = self.finetuned_heads(state, round_)
-            return client_outputs(
-                lambda c, x: functional_call(
-                    heads.model, {k: v[c] for k, v in heads.states.items()}, (features(x),)
-                ),
-                t.images,
-                t.labels,
-                t.clients,
+            return lambda c, x: functional_call(
+                heads.model, {k: v[c] for k, v in heads.states.items()}, (features(x),)
             )
-        parties = [self.party_state(state, c) for c in range(len(t.clients))]
+        parties = [self.party_state(state, c) for c in range(len(self.tests.clients))]
         net = self.model.net
-        return client_outputs(
-            lambda c, x: functional_call(net, parties[c], (x,)), t.images, t.labels, t.clients
-        )
+        return lambda c, x: functional_call(net, parties[c], (x,))
 
     def final_model(self, state: FedState) -> dict:
         """A complete state of the wrapper: the global network (anchor = it, the centres)."""

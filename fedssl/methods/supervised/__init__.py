@@ -66,6 +66,13 @@ class SupervisedParams(MethodParams, TrainsItsModel):
         "none", description="crop_flip = random crop with zero padding + horizontal flip"
     )
     crop_padding: CropPadding = 4
+    init: Literal["encoder", "own"] = Field(
+        "encoder",
+        description="the network's first weights: encoder = D from the encoder's seeded stream, "
+        "the weights every self-supervised line and the untrained reference start from at this "
+        "seed (the heads drawn after it); own = the network's own stream (the committed smoke "
+        "and benchmark rows)",
+    )
 
     @model_validator(mode="before")
     @classmethod

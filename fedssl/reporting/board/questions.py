@@ -45,6 +45,7 @@ class Family(BaseModel, extra="forbid"):
     says: str
     evaluation: Literal["ssl", "personal"]
     variance: Literal["pooled", "blocked"] = "pooled"
+    partitions: list[str] | None = None  # asked on these of the board's (none: on every one)
     reference: str | None = None
     lines: list[str] | dict[str, str] = []
     contrasts: list[tuple[str, str]] = []
@@ -59,6 +60,9 @@ class Family(BaseModel, extra="forbid"):
         if not self.lines and not self.contrasts:
             raise ValueError("a family asks at least one question (lines or contrasts)")
         return self
+
+    def asked_on(self, partition: str) -> bool:
+        return self.partitions is None or partition in self.partitions
 
     def questions(self) -> list[tuple[str, str, str]]:
         """(line, against, the field that asks it) in the family's order."""
@@ -76,6 +80,14 @@ class BoardQuestions(BaseModel, extra="forbid"):
     power: float = Field(0.8, gt=0, lt=1)
     families: dict[str, Family] = Field(min_length=1)
 
+    @model_validator(mode="after")
+    def _known_partitions(self) -> BoardQuestions:
+        for name, family in self.families.items():
+            unknown = set(family.partitions or ()) - set(self.partitions)
+            if unknown:
+                raise ValueError(f"families.{name}.partitions: {sorted(unknown)} not in partitions")
+        return self
+
 
 def load_questions(pipeline: str, path: Path = QUESTIONS_FILE) -> BoardQuestions | None:
     """The pipeline's planned questions (None: no file, or no entry for the pipeline)."""
@@ -89,7 +101,7 @@ def line_families(plan: BoardQuestions | None) -> dict[tuple[str, str, str], str
     found: dict[tuple[str, str, str], str] = {}
     for partition in plan.partitions if plan else []:
         for name, family in plan.families.items():
-            for a, b, _ in family.questions():
+            for a, b, _ in family.questions() if family.asked_on(partition) else []:
                 for line in (a, b):
                     found.setdefault((family.evaluation, partition, line), name)
     return found
@@ -201,6 +213,8 @@ def ask(
     answers = []
     for partition in plan.partitions:
         for name, family in plan.families.items():
+            if not family.asked_on(partition):
+                continue
             found = ask_family(cell_list, plan, name, partition, where, records)
             answers += found
             _into_cells(cell_list, family, found)

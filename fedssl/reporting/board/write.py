@@ -149,19 +149,42 @@ def fill_blocks(text: str, results: Path = Path("results/reports")) -> str:
     return _BLOCK.sub(fill, text)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="fedssl board")
     sub = ap.add_subparsers(dest="command", required=True)
     draw = sub.add_parser("render", help="write the board from a pipeline's committed report")
     draw.add_argument("pipeline", nargs="?", default="benchmark")
     sub.add_parser("budget", help="the budget rule applied to benchmarks/board_budget.tsv")
-    sub.add_parser("plan", help="the second board's parts and their estimated CPU hours")
-    args = ap.parse_args(argv)
+    plan_ = sub.add_parser("plan", help="a board's parts and their estimated CPU hours")
+    plan_.add_argument(
+        "board", nargs="?", help="a board whose parts are pipelines <board>_* (none: the second)"
+    )
+    tune = sub.add_parser("tune", help="a board's learning rates chosen on validation")
+    tune.add_argument("board", help="a board whose tuning parts are pipelines <board>_tune*")
+    return ap.parse_args(argv)
+
+
+def _planning(args: argparse.Namespace) -> str:
+    """What the budget, plan and tune commands print."""
+    if args.command == "tune":
+        import fedssl.reporting.board.tuning as tuning
+
+        return f"wrote {tuning.write_tuning(args.board)}"
     if args.command == "budget":
-        print(budget_markdown(budget_table()))
-        return 0
-    if args.command == "plan":
-        print(plan_markdown(plan_table()))
+        return budget_markdown(budget_table())
+    if not args.board:
+        return plan_markdown(plan_table())
+    import fedssl.reporting.board.plan as plan
+    from fedssl.presets import Presets
+
+    presets = Presets()
+    return plan.plan_markdown(plan.plan(plan.parts_of(args.board, presets), presets))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    if args.command != "render":
+        print(_planning(args))
         return 0
     from fedssl.plan.dag import Dag
     from fedssl.reporting.report import load_saved, read_round_log, round_logs

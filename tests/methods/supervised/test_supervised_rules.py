@@ -228,3 +228,20 @@ def test_the_report_row_names_the_variant_and_its_mu():
         method.row_label(params(v, mu)) for v, mu in (("fedavg", 0), ("moon", 1), ("fedprox", 0.01))
     ]
     assert labels == ["FedAvg", "MOON (μ=1)", "FedProx (μ=0.01)"]
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_network_starts_from_its_untrained_twins_encoder(seed):
+    """init: encoder: D's first weights are the untrained reference's (and every SSL line's)
+    encoder at the same seed; init: own draws another network."""
+    from fedssl.models.encoders import seeded_contrastive_model
+
+    p = params("moon", mu=1.0).model_copy(update={"seed": seed})
+    twin = seeded_contrastive_model(p.model, SHAPE, seed, torch.device("cpu")).backbone
+    shared = runtime.network_of(runtime.build_model(p, SHAPE, CLASSES, torch.device("cpu")))
+    own = p.model_copy(update={"init": "own"})
+    apart = runtime.network_of(runtime.build_model(own, SHAPE, CLASSES, torch.device("cpu")))
+    expected = twin.state_dict()
+    for name, tensor in shared.base.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
+    assert not torch.equal(apart.base.state_dict()["0.0.weight"], expected["0.0.weight"])

@@ -1,0 +1,124 @@
+"""The third board's plan: each run's estimated CPU minutes, taken from what the first board's
+runs of the same line measured (``results/reports/board/stage_runs.json``: every stage's wall
+seconds, one thread each), scaled where the run differs from that line's: the images a round
+trains (the clients sampled and the partition's size) and the fine-tuning's epochs. The CPU
+hours of each part are the sum over its runs (the 2-core machine runs two stages at once, so
+its wall hours are about half)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from fedssl.params import federation_of
+from fedssl.presets import Presets
+from fedssl.reporting.board.budget import round_step_names
+from fedssl.reporting.formatting import markdown_table
+
+MEASURED_RUNS = Path("results/reports/board/stage_runs.json")
+MEASURED_PIPELINE = "board"  # the first board: its experiments' names start with board_
+UNRECORDED_MIN = 1.0  # an untrained reference's probes, where no stage of its own was recorded
+
+
+def origin(name: str, presets: Presets) -> str | None:
+    """The first board's run a grid member descends from, following each grid's ``extends``
+    (its placeholders filled) until a member of the measured pipeline."""
+    measured = set(presets.pipeline_experiments(MEASURED_PIPELINE))
+    while name not in measured:
+        name = presets.base_of("experiment", name)
+        if name is None:
+            return None
+    return name
+
+
+def measured_runs(runs_file: Path = MEASURED_RUNS) -> dict[str, dict[str, float]]:
+    """Per first-board experiment: the wall seconds of its stages, by stage kind."""
+    out: dict[str, dict[str, float]] = {}
+    for stage, record in json.loads(runs_file.read_text()).items():
+        kind, _, experiment = stage.partition("__")
+        out.setdefault(experiment, {})[kind] = record["wall_seconds"]
+    return out
+
+
+def images_a_round(exp, presets: Presets) -> float:
+    """The training images one round touches: the clients' share of the partition."""
+    part = presets.load("partition", exp.partition)
+    block = federation_of(exp.method)
+    fraction = block.client_fraction if block is not None else 1.0
+    return fraction * (part.subset or 0)
+
+
+def run_minutes(name: str, presets: Presets, measured: dict, rounds_kinds: set[str]) -> float:
+    """A run's estimated CPU minutes: the mean over its first-board line's runs (the origin's
+    seeds and partitions) of their stages' seconds, the round stages scaled by the images a
+    round touches and the fine-tuning by its epochs."""
+    base = origin(name, presets)
+    if base is None:
+        raise KeyError(f"{name}: no run of the first board to estimate it from")
+    line = base.rsplit("_", 2)[0]  # board_fedsimclr_dir01_s0 -> board_fedsimclr
+    runs = [k for e, k in measured.items() if e.rsplit("_", 2)[0] == line]
+    if not runs:  # an untrained reference whose stages another run of the board owned
+        return UNRECORDED_MIN
+    exp, was = presets.load("experiment", name), presets.load("experiment", base)
+    scale = {kind: 1.0 for kind in set().union(*runs)}
+    ratio = images_a_round(exp, presets) / images_a_round(was, presets)
+    scale.update(dict.fromkeys(rounds_kinds, ratio))
+    if exp.finetune is not None and was.finetune is not None:
+        scale["finetune"] = exp.finetune.epochs / was.finetune.epochs
+    return statistics.mean(sum(s * scale.get(k, 1.0) for k, s in r.items()) for r in runs) / 60
+
+
+def parts_of(board: str, presets: Presets) -> list[str]:
+    """A board's parts: the pipelines named ``<board>_*``, in the order params/pipelines.yaml
+    lists them (the order they run)."""
+    return [p for p in presets.pipelines().pipelines if p.startswith(f"{board}_")]
+
+
+def plan(parts: list[str], presets: Presets | None = None) -> list[dict]:
+    """A line per part and grid: its runs and estimated CPU hours (each run once: a run two
+    parts list is planned in the first)."""
+    presets = presets or Presets()
+    measured = measured_runs()
+    rounds_kinds = round_step_names(MEASURED_PIPELINE)
+    members, seen, rows = presets.grid_members("experiment"), set(), []
+    for part in parts:
+        by_grid: dict[str, list[float]] = {}
+        for name in presets.pipeline_experiments(part):
+            if name not in seen:
+                seen.add(name)
+                grid = members.get(name, (name, {}))[0]
+                by_grid.setdefault(grid, []).append(
+                    run_minutes(name, presets, measured, rounds_kinds)
+                )
+        for grid, minutes in by_grid.items():
+            mean, hours = statistics.mean(minutes), sum(minutes) / 60
+            rows.append(
+                {
+                    "part": part,
+                    "grid": grid,
+                    "runs": len(minutes),
+                    "min_per_run": mean,
+                    "cpu_h": hours,
+                }
+            )
+    return rows
+
+
+def plan_markdown(rows: list[dict]) -> str:
+    """The plan as a table, the parts' CPU hours in its caption."""
+    hours: dict[str, float] = {}
+    for r in rows:
+        hours[r["part"]] = hours.get(r["part"], 0.0) + r["cpu_h"]
+    table = [
+        [r["part"], r["grid"], str(r["runs"]), f"{r['min_per_run']:.1f}", f"{r['cpu_h']:.1f}"]
+        for r in rows
+    ]
+    caption = (
+        f"The third board's plan: CPU minutes a run as the first board's runs of the same "
+        f"line took ({MEASURED_RUNS}), scaled by the images a round trains and the "
+        f"fine-tuning's epochs; CPU hours per part: "
+        + ", ".join(f"{p} {h:.1f}" for p, h in hours.items())
+        + f"; in all {sum(hours.values()):.1f} CPU hours"
+    )
+    return markdown_table(["part", "grid", "runs", "CPU min / run", "CPU h"], table, caption)

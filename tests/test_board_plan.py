@@ -1,0 +1,132 @@
+"""The third board's design as the presets write it (issue 51): each run's seed draws its
+partition, n = 10 on ξ = 0.1 for the small-CNN lines and 5 elsewhere, every trained line swept
+at the same three learning rates, the supervised lines at their twin's init; and its plan's
+estimates from the first board's measured runs."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+
+from fedssl.presets import Presets
+from fedssl.reporting.board import plan
+
+BOARD = "board2"
+SMALL_CNN = ("fedsimclr", "fedbyol", "fedema", "fedu", "orchestra", "featarc", "random_init",
+             "fedavg", "fedprox", "moon")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def presets():
+    return Presets()
+
+
+@pytest.fixture(scope="module")
+def runs(presets):
+    return {e: presets.load("experiment", e) for e in presets.pipeline_experiments(BOARD)}
+
+
+def _line(name: str) -> str:
+    return name.removeprefix("board2_").removeprefix("m100_").rsplit("_", 2)[0]
+
+
+def test_every_run_draws_the_partition_its_seed_names(runs, presets):
+    for name, exp in runs.items():
+        draw = presets.load("partition", exp.partition)
+        assert name.endswith(f"_s{exp.method.seed}") and draw.seed == exp.method.seed, name
+        assert draw.client_tests.per_client >= 200, name
+
+
+def test_runs_per_line_and_partition(runs):
+    count = collections.Counter(
+        (_line(n), "m100" if "_m100_" in n else n.rsplit("_", 2)[1]) for n in runs
+    )
+    for (line, partition), n in count.items():
+        expected = 10 if line in SMALL_CNN and partition == "dir01" else 5
+        assert n == expected, (line, partition)
+    assert {p for _, p in count} == {"dir01", "shards2", "m100"}
+
+
+def test_every_trained_line_is_swept_at_half_and_twice_its_lr(presets, runs):
+    """The equal tuning budget: the two other points of each trained line's sweep exist and
+    differ from its own dir01_s0 run in the learning rate alone."""
+    from fedssl.params import federation_of
+
+    tuned = set(presets.pipeline_experiments("board2_tune_cnn"))
+    tuned |= set(presets.pipeline_experiments("board2_tune_rest"))
+    blocks = {n: federation_of(e.method) for n, e in runs.items() if n.endswith("_dir01_s0")}
+    trained = [n for n, b in blocks.items() if b is not None and b.rounds and "_m100_" not in n]
+    assert len(trained) == 32
+    for own in trained:
+        block, line = blocks[own], own.removesuffix("_dir01_s0")
+        assert own in tuned, own
+        for label, factor in (("lrh", 0.5), ("lr2", 2.0)):
+            point = presets.load("experiment", f"{line}_{label}_dir01_s0")
+            assert federation_of(point.method).lr == pytest.approx(factor * block.lr), line
+            assert f"{line}_{label}_dir01_s0" in tuned
+
+
+def test_the_supervised_lines_start_from_their_twins_encoder(runs):
+    sup = [e for e in runs.values() if e.method.name == "supervised"]
+    assert len(sup) == 45 + 15 and all(e.method.init == "encoder" for e in sup)
+
+
+def test_a_run_is_estimated_from_its_first_board_line_scaled_by_its_rounds_images(presets):
+    assert plan.origin("board2_fedsimclr_lrh_dir01_s0", presets) == "board_fedsimclr_dir01_s0"
+    measured = {
+        "board_fedsimclr_dir01_s0": {"pretrain": 300.0, "features": 60.0},
+        "board_fedsimclr_shards2_s1": {"pretrain": 420.0, "features": 60.0},
+    }
+    rounds = {"pretrain"}
+    assert plan.run_minutes("board2_fedsimclr_dir01_s4", presets, measured, rounds) == 7.0
+    # 100 clients, 10 a round, 20,000 images: a round trains 2,000 images where it trained 6,000
+    assert plan.run_minutes("board2_m100_fedsimclr_dir01_s0", presets, measured, rounds) == (
+        pytest.approx((360 / 3 + 60) / 60)
+    )
+
+
+def test_the_plan_counts_each_run_once(presets):
+    parts = plan.parts_of(BOARD, presets)
+    assert parts[:2] == ["board2_tune_cnn", "board2_tune_rest"]
+    rows = plan.plan(parts, presets)
+    every = set(presets.pipeline_experiments(BOARD))
+    for part in parts[:2]:
+        every |= set(presets.pipeline_experiments(part))
+    assert sum(r["runs"] for r in rows) == len(every)
+
+
+# ------------------------------------------------------------------ the tuning
+def _metrics(results, name, **values):
+    (results / name).mkdir(parents=True)
+    (results / name / "metrics.json").write_text(json.dumps(values))
+
+
+def test_a_line_keeps_the_rate_that_scores_best_on_validation_never_test(presets, tmp_path):
+    from fedssl.reporting.board import tuning
+
+    _metrics(tmp_path, "board2_fedsimclr_dir01_s0", linear_top1=90.0, linear_top1_val=70.0)
+    _metrics(tmp_path, "board2_fedsimclr_lrh_dir01_s0", linear_top1=10.0, linear_top1_val=71.5)
+    _metrics(tmp_path, "board2_fedsimclr_lr2_dir01_s0", linear_top1=99.0)  # no validation
+    _metrics(tmp_path, "board2_solo_lr2_dir01_s0", personal_top1_val=80.0)
+    found = tuning.sweeps(["board2_tune_cnn", "board2_tune_rest"], presets, tmp_path)
+    assert found["board2_fedsimclr"] == {0.001: 71.5, 0.002: 70.0, 0.004: None}
+    assert tuning.choose(found["board2_fedsimclr"], 0.002) == (0.001, "2 of 3 scored")
+    assert tuning.choose(found["board2_solo"], 0.05) == (0.1, "1 of 3 scored")
+    assert tuning.choose({0.01: 5.0, 0.02: 5.0, 0.005: 5.0}, 0.01)[0] == 0.01  # a tie: the start
+    assert tuning.choose({0.02: 5.0, 0.005: 5.0, 0.01: None}, 0.01)[0] == 0.005
+    assert tuning.choose(found["board2_fedbyol"], 0.002) == (
+        0.002,
+        "untuned: no run of the sweep scored",
+    )
+
+
+def test_the_committed_plan_is_the_presets_plan(presets):
+    """results/reports/board2/plan.md (which the board's page cites) is what the presets and
+    the first board's measured stages give now: regenerate it after changing either
+    (`python -m fedssl.reporting.board plan board2 > results/reports/board2/plan.md`)."""
+    from pathlib import Path
+
+    committed = Path("results/reports/board2/plan.md").read_text()
+    assert committed == plan.plan_markdown(plan.plan(plan.parts_of(BOARD, presets), presets)) + "\n"
