@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fedssl.params import federation_of
 from fedssl.presets import Presets
-from fedssl.reporting.board.budget import round_step_names
+from fedssl.reporting.board.budget import line_of, round_step_names
 from fedssl.reporting.formatting import markdown_table
 
 MEASURED_RUNS = Path("results/reports/board/stage_runs.json")
@@ -56,14 +56,14 @@ def run_minutes(name: str, presets: Presets, measured: dict, rounds_kinds: set[s
     base = origin(name, presets)
     if base is None:
         raise KeyError(f"{name}: no run of the first board to estimate it from")
-    line = base.rsplit("_", 2)[0]  # board_fedsimclr_dir01_s0 -> board_fedsimclr
-    runs = [k for e, k in measured.items() if e.rsplit("_", 2)[0] == line]
+    members = presets.grid_members("experiment")
+    line = line_of(base, members)  # its grid and variant: board_supervised:fedavg
+    runs = [k for e, k in measured.items() if line_of(e, members) == line]
     if not runs:  # an untrained reference whose stages another run of the board owned
         return UNRECORDED_MIN
     exp, was = presets.load("experiment", name), presets.load("experiment", base)
-    scale = {kind: 1.0 for kind in set().union(*runs)}
     ratio = images_a_round(exp, presets) / images_a_round(was, presets)
-    scale.update(dict.fromkeys(rounds_kinds, ratio))
+    scale = dict.fromkeys(rounds_kinds, ratio)
     if exp.finetune is not None and was.finetune is not None:
         scale["finetune"] = exp.finetune.epochs / was.finetune.epochs
     return statistics.mean(sum(s * scale.get(k, 1.0) for k, s in r.items()) for r in runs) / 60
