@@ -913,6 +913,44 @@ def test_a_papers_ordering_is_flagged_where_the_board_inverts_it_and_a_known_col
     assert "- ⚑2 Fine-tuned low: **V** (X). [Diagnosis](l.md)" in text
 
 
+def test_a_known_flag_on_a_cost_column_marks_that_cost_cell():
+    """A diagnosis of a line's local steps (the batch-size outlier) marks its steps cell and
+    names the line in the note; its accuracy cell carries no mark."""
+    rows = _line("O", [78.0, 77.0]) + _line("S", [74.0, 75.0])
+    for r in rows:
+        r["local_steps"] = 19 if r["row"] == "O" else 5
+    flags = _flags(
+        known=[{"method": "O", "column": "local_steps", "says": "batch 32", "diagnosis": "o.md"}]
+    )
+    cells = board.cells.cells(rows, {})
+    board.significance.compare_lines(cells)
+    board.flags.flag_lines(cells, flags)
+    text = board.tables.tables_text(cells, "h", 60.0)
+    (o_row,) = [line for line in text.splitlines() if line.startswith("| O |")]
+    assert "| 19 ⚑1 |" in o_row and "77.5±0.7 |" in o_row and "77.5±0.7 ⚑" not in o_row
+    assert "| 5 |" in next(line for line in text.splitlines() if line.startswith("| S |"))
+    assert "- ⚑1 Batch 32: **O** (P). [Diagnosis](o.md)" in text
+
+
+def test_a_lines_local_steps_come_from_its_params_rounded_up_per_batch():
+    """600 images a client (6,000 over 10 clients) at one local epoch: Orchestra's batch of 32
+    takes 19 steps a round, FedSimCLR's 128 takes 5, the supervised lines' 64 take 10 (each
+    rounded up: the last batch is partial); a method whose federation block has no epochs and
+    batch of the common settings (MFCL, MpFedcon) and an unknown experiment get none."""
+    from fedssl.presets import Presets
+    from fedssl.reporting.board.steps import local_steps, with_local_steps
+
+    presets = Presets()
+    steps = {
+        name: local_steps(f"board_{name}_dir01_s0", presets)
+        for name in ("orchestra", "fedsimclr", "fedavg", "mfcl_tn", "fedrep")
+    }
+    assert steps == {"orchestra": 19, "fedsimclr": 5, "fedavg": 10, "mfcl_tn": None, "fedrep": None}
+    assert local_steps("no_such_experiment", presets) is None
+    rows = [{"experiment": "board_orchestra_shards2_s1"}, {"experiment": "board_mfcl_tn_iid_s0"}]
+    assert with_local_steps(rows, presets) == [rows[0] | {"local_steps": 19}, rows[1]]
+
+
 def test_a_flags_file_that_names_no_line_or_a_wrong_field_stops_naming_it(tmp_path):
     """A flag for a line the board does not have (a typo would silently flag nothing), or a
     misspelt field, stops the rendering with the file and the field; a pipeline the file has

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 import fedssl.reporting.board.simulate as simulate
+import fedssl.reporting.board.steps as steps
 from fedssl import evaluations
 from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_ENCODER, CLIENT_MB_EXCHANGED
 from fedssl.reporting.board.simulate import simulated
@@ -52,7 +53,8 @@ EVALUATIONS = {
 
 # The costs beside the accuracies (:func:`cost_columns`), per client, averaged over clients,
 # then over seeds: the client costs declared to stand beside the accuracies
-# (fedssl.evaluations.costs), then the rounds and the run's wall time (from the run records).
+# (fedssl.evaluations.costs), then the rounds, a client's optimizer steps a round (from the
+# params: :mod:`.steps`) and the run's wall time (from the run records).
 # `client_MB_exchanged` is every byte a client sent or received (the costs stage's ledger
 # total, one-shot transfers included: MFCL's representation upload; else the rounds' traffic).
 MB = CLIENT_MB_EXCHANGED.key
@@ -61,7 +63,7 @@ MB = CLIENT_MB_EXCHANGED.key
 # The run's wall seconds stay a value of the line (the curves against wall time) but leave
 # the table: on a shared CPU they measure contention; the simulated seconds per round
 # (:mod:`.simulate`) stand in their place.
-RUN_COSTS = {"rounds": "rounds"}
+RUN_COSTS = {"rounds": "rounds", steps.COLUMN: steps.HEADER}
 
 
 def cost_columns() -> dict[str, str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from fedssl.reporting import stats
-from fedssl.reporting.board.cells import EVALUATIONS, accuracy_of, pipeline_entry
+from fedssl.reporting.board.cells import EVALUATIONS, accuracy_of, cost_columns, pipeline_entry
 from fedssl.reporting.board.significance import verdict_text
 from fedssl.stage.record import ParamsError
 
@@ -40,7 +40,8 @@ class PaperOrdering(BaseModel, extra="forbid"):
 
 class KnownDiagnosis(BaseModel, extra="forbid"):
     """The lines a hand-written diagnosis is about (every line matching the given fields),
-    flagged in ``column`` (a board column; the line's accuracy when not given)."""
+    flagged in ``column`` (a board column, accuracy or cost; the line's accuracy when not
+    given)."""
 
     method: str | None = None
     encoder: str | None = None
@@ -134,14 +135,14 @@ def _flag_inversions(cell_list: list[dict], order: PaperOrdering) -> None:
 
 
 def _check_names(cell_list: list[dict], flags: BoardFlags, path: Path) -> None:
-    columns = {c for _, cols in EVALUATIONS.values() for c in cols}
+    columns = {c for _, cols in EVALUATIONS.values() for c in cols} | set(cost_columns())
     named = [("orderings", i, "above", o.above) for i, o in enumerate(flags.orderings)]
     named += [("orderings", i, "below", o.below) for i, o in enumerate(flags.orderings)]
     for i, known in enumerate(flags.known):
         named += [("known", i, k, getattr(known, k)) for k in ("method", "encoder", "partition")]
         if known.column is not None and known.column not in columns:
             raise ParamsError(
-                f"{path}: known.{i}.column: '{known.column}' is no accuracy column of the "
+                f"{path}: known.{i}.column: '{known.column}' is no accuracy or cost column of the "
                 f"board ({', '.join(sorted(columns))})"
             )
     field = {"above": "method", "below": "method"}

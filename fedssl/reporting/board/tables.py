@@ -42,6 +42,11 @@ def _target_text(cell: dict) -> list[str]:
     return [f"{t['rounds']:g}", number(t["MB"], ".3g")]
 
 
+def _cost_text(values: dict, column: str) -> str:
+    """A cost column's mean over the line's runs (blank where its runs have none)."""
+    return number(statistics.mean(values[column]), ".4g") if column in values else ""
+
+
 def _table_row(cell: dict, shown: list[str], costs: list[str], targets: bool, notes: dict):
     """A table's line of one method, encoder and partition (see :func:`table`)."""
     v, first = cell["values"], accuracy_of(cell)
@@ -51,7 +56,7 @@ def _table_row(cell: dict, shown: list[str], costs: list[str], targets: bool, no
         + [_interval_text(v.get(first, []))]
         + [verdict_text(cell.get("vs_best")), verdict_text(cell.get("vs_reference"))]
         + [mean_sd(v.get(c, []), SD, ".1f") + flag_marks(cell, c, notes) for c in shown[1:]]
-        + [number(statistics.mean(v[c]), ".4g") if c in v else "" for c in costs]
+        + [_cost_text(v, c) + flag_marks(cell, c, notes) for c in costs]
         + (_target_text(cell) if targets else [])
     )
 

@@ -32,6 +32,7 @@ from fedssl.reporting.board.questions import (
 )
 from fedssl.reporting.board.significance import compare_lines, metrics
 from fedssl.reporting.board.simulate import TOTAL
+from fedssl.reporting.board.steps import with_local_steps
 from fedssl.reporting.board.tables import FIGURES, hardware, render, tables_text
 from fedssl.stage.record import ParamsError
 
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         write_board(
             folder,
             args.pipeline,
-            saved["rows"],
+            with_local_steps(saved["rows"]),
             wall,
             records,
             total,
