@@ -432,6 +432,39 @@ def test_board_files_and_docs_block(tmp_path):
     assert "`a_s2` (train__a_s2: the loss is nan)" in tables
 
 
+def test_a_line_with_failed_runs_shows_its_failure_rate_not_its_survivors_alone():
+    """Two of P's three runs diverged: its line averages the one that finished and its runs
+    column says '1 (+2 failed)' (board.json: failed_runs 2); a failure labelled with no line
+    of the board changes no line; the committed board's failed runs are labelled with the
+    line their report row would have had (Per-FedAvg on 2 classes/client)."""
+    rows = _line("P", [80.0]) + _line("Q", [70.0, 71.0])
+    stopped = [
+        {"experiment": f"P_s{i}", "row": "P", "arch": "cnn", "column": "P"} for i in (1, 2)
+    ] + [{"experiment": "Z_s0", "row": "Z", "arch": "cnn", "column": "P"}]
+    cells = board.cells.cells(rows, {})
+    board.cells.count_failures(cells, stopped)
+    board.significance.compare_lines(cells)
+    text = board.tables.tables_text(cells, "h", 60.0)
+    assert "| P | cnn | P | 1 (+2 failed) | 80.0 |" in text
+    assert "| Q | cnn | P | 2 | 70.5±0.7 |" in text
+    numbers = board.significance.metrics(cells)
+    assert (
+        numbers["P | cnn | P"]["failed_runs"] == 2 and "failed_runs" not in numbers["Q | cnn | P"]
+    )
+    from fedssl.plan.dag import Dag
+
+    failed = json.loads(Path("results/reports/board/report.json").read_text())["failed"]
+    labelled = board.write.labelled_failures(failed, Dag("board"))
+    assert {(f["row"], f["column"]) for f in labelled} == {
+        ("Per-FedAvg (FO)", "F-MNIST 2 classes/client")
+    }
+    line = json.loads(Path("results/reports/board/board.json").read_text())["lines"]
+    assert line["Per-FedAvg (FO) | cnn16-32-fc64/P64-32/O | F-MNIST 2 classes/client"] == (
+        line["Per-FedAvg (FO) | cnn16-32-fc64/P64-32/O | F-MNIST 2 classes/client"]
+        | {"runs": 1, "failed_runs": 2}
+    )
+
+
 def test_wall_times_of_an_earlier_sessions_runs_are_kept(tmp_path, monkeypatch):
     """A board made part by part: the records committed beside the board by the first
     rendering fill in the runs this workspace did not make; its own records win."""

@@ -177,6 +177,26 @@ def cells(rows: Iterable[dict], wall: dict[str, float]) -> list[dict]:
     return list(out.values())
 
 
+def count_failures(cell_list: list[dict], failed: Iterable[dict]) -> None:
+    """Into each line, the runs of it that stopped with an error (``failed``: the report's
+    failures labelled with the line they belong to, :func:`.write.labelled_failures`):
+    ``cell["failed"]``, their experiments; a line is reported with its failure rate, never
+    as its survivors alone. A failure of a line with no surviving run is left to the note."""
+    by_line = {(c["method"], c["encoder"], c["partition"]): c for c in cell_list}
+    for cell in cell_list:
+        cell.setdefault("failed", [])
+    for f in failed:
+        cell = by_line.get((f.get("row"), f.get("arch", ""), f.get("column")))
+        if cell is not None:
+            cell["failed"].append(f["experiment"])
+
+
+def runs_text(cell: dict) -> str:
+    """The runs column: the runs averaged, and how many more stopped with an error."""
+    failed = len(cell.get("failed", ()))
+    return f"{cell['runs']} (+{failed} failed)" if failed else str(cell["runs"])
+
+
 def cell_key(cell: dict) -> str:
     """A line's name in board.json: method, encoder and partition."""
     return " | ".join(p for p in (cell["method"], cell["encoder"], cell["partition"]) if p)

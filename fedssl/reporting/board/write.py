@@ -18,6 +18,7 @@ from fedssl.reporting.board.cells import (
     RUNS_FILE,
     cells,
     cost_columns,
+    count_failures,
     rounds_to_target,
 )
 from fedssl.reporting.board.figures import plot, plot_over_run
@@ -66,6 +67,28 @@ def run_records(
     return wall, list(records.values()), total
 
 
+def labelled_failures(failed: list[dict], dag) -> list[dict]:
+    """The report's failed runs with the line each would have joined (the report's row,
+    column and encoder, as its rows have them); a run no preset names any more is kept as
+    it is (no line)."""
+    from fedssl.methods import registry
+    from fedssl.presets import Presets
+    from fedssl.reporting.report import table_cell
+
+    presets, out = Presets(), []
+    for f in failed:
+        try:
+            exp = presets.load("experiment", f["experiment"])
+        except (KeyError, ParamsError):
+            out.append(f)
+            continue
+        method, part = registry.get(exp.method.name), presets.load("partition", exp.partition)
+        dataset = presets.load("dataset", part.dataset).name
+        row, column = table_cell(exp, method, part, dataset, dag.row, dag.column)
+        out.append(f | {"row": row, "column": column, "arch": method.arch(exp.method)})
+    return out
+
+
 def kept_records(folder: Path) -> dict:
     """The run records a previous rendering of the board committed (stage -> record)."""
     try:
@@ -106,6 +129,7 @@ def write_board(
     test images where the runs have per-image records, ``image_records``:
     :func:`.imagewise.record_files`); returns board.json's content."""
     cell_list = cells(rows, wall)
+    count_failures(cell_list, failed)
     compare_lines(cell_list)
     plan = load_questions(pipeline, questions_file)
     answers = ask(cell_list, plan, f"{questions_file}: {pipeline}", image_records)
@@ -209,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             records,
             total,
             saved.get("pending", []),
-            saved.get("failed", []),
+            labelled_failures(saved.get("failed", []), dag),
             {name: read_round_log(paths) for name, paths in round_logs(dag).items()},
             image_records=record_files(dag),
         )
