@@ -454,7 +454,7 @@ def test_a_line_with_failed_runs_shows_its_failure_rate_not_its_survivors_alone(
     from fedssl.plan.dag import Dag
 
     failed = json.loads(Path("results/reports/board/report.json").read_text())["failed"]
-    labelled = board.write.labelled_failures(failed, Dag("board"))
+    labelled = board.write.labelled_runs(failed, Dag("board"))
     assert {(f["row"], f["column"]) for f in labelled} == {
         ("Per-FedAvg (FO)", "F-MNIST 2 classes/client")
     }
@@ -1005,6 +1005,17 @@ def test_a_flags_file_that_names_no_line_or_a_wrong_field_stops_naming_it(tmp_pa
         board.flags.load_flags("other", path) is None
         and board.flags.load_flags("b", tmp_path / "no") is None
     )
+    # on a board made part by part, a flag may name a line whose runs are still to come
+    path.write_text(
+        "board:\n  below_reference: d.md\n"
+        "  orderings: [{above: P, below: Q, paper: t, diagnosis: d}]\n"
+    )
+    flags = board.flags.load_flags("board", path)
+    coming = [{"experiment": "q_s0", "row": "Q", "arch": "cnn", "column": "P"}]
+    board.flags.flag_lines(cells, flags, path, to_come=coming)
+    assert cells[0]["flags"] == []
+    with pytest.raises(ParamsError, match=r"orderings.0.below: no line .* 'Q'"):
+        board.flags.flag_lines(cells, flags, path, to_come=[coming[0] | {"row": "R"}])
 
 
 def test_the_committed_board_flags_every_line_below_its_reference_and_the_inversions():

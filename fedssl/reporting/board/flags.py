@@ -71,15 +71,22 @@ BELOW_REFERENCE = (
 )
 
 
-def flag_lines(cell_list: list[dict], flags: BoardFlags | None, path: Path = FLAGS_FILE) -> None:
+def flag_lines(
+    cell_list: list[dict],
+    flags: BoardFlags | None,
+    path: Path = FLAGS_FILE,
+    to_come: list[dict] = (),
+) -> None:
     """Into ``cell["flags"]`` (a list of ``{"column", "kind", "note", "line", "diagnosis"}``:
     the note the flag shares with the other lines of its cause, and what it says of this
     line): the papers' orderings the board inverts, the known diagnoses, and every trained
     line whose accuracy is below its reference's (``vs_reference``: :func:`compare_lines`
-    first). A flag that names no line of the board stops here, naming the file."""
+    first). A flag that names no line of the board stops here, naming the file, unless the
+    line is among the runs still ``to_come`` on a board made part by part (each labelled with
+    its line: ``row``, ``arch``, ``column``)."""
     if flags is None:
         return
-    _check_names(cell_list, flags, path)
+    _check_names(cell_list, flags, path, to_come)
     for cell in cell_list:
         cell["flags"] = []
     for order in flags.orderings:
@@ -134,7 +141,9 @@ def _flag_inversions(cell_list: list[dict], order: PaperOrdering) -> None:
         _add_flag(cell, column, "inverted", note, line, order.diagnosis)
 
 
-def _check_names(cell_list: list[dict], flags: BoardFlags, path: Path) -> None:
+def _check_names(
+    cell_list: list[dict], flags: BoardFlags, path: Path, to_come: list[dict] = ()
+) -> None:
     columns = {c for _, cols in EVALUATIONS.values() for c in cols} | set(cost_columns())
     named = [("orderings", i, "above", o.above) for i, o in enumerate(flags.orderings)]
     named += [("orderings", i, "below", o.below) for i, o in enumerate(flags.orderings)]
@@ -146,8 +155,12 @@ def _check_names(cell_list: list[dict], flags: BoardFlags, path: Path) -> None:
                 f"board ({', '.join(sorted(columns))})"
             )
     field = {"above": "method", "below": "method"}
+    coming = {"method": "row", "encoder": "arch", "partition": "column"}
     for section, i, key, name in named:
-        if name is not None and not any(c[field.get(key, key)] == name for c in cell_list):
+        key_of = field.get(key, key)
+        if any(run.get(coming[key_of]) == name for run in to_come):
+            continue  # its line is still to come
+        if name is not None and not any(c[key_of] == name for c in cell_list):
             raise ParamsError(f"{path}: {section}.{i}.{key}: no line of the board has '{name}'")
 
 
