@@ -432,6 +432,39 @@ def test_board_files_and_docs_block(tmp_path):
     assert "`a_s2` (train__a_s2: the loss is nan)" in tables
 
 
+def test_a_line_with_failed_runs_shows_its_failure_rate_not_its_survivors_alone():
+    """Two of P's three runs diverged: its line averages the one that finished and its runs
+    column says '1 (+2 failed)' (board.json: failed_runs 2); a failure labelled with no line
+    of the board changes no line; the committed board's failed runs are labelled with the
+    line their report row would have had (Per-FedAvg on 2 classes/client)."""
+    rows = _line("P", [80.0]) + _line("Q", [70.0, 71.0])
+    stopped = [
+        {"experiment": f"P_s{i}", "row": "P", "arch": "cnn", "column": "P"} for i in (1, 2)
+    ] + [{"experiment": "Z_s0", "row": "Z", "arch": "cnn", "column": "P"}]
+    cells = board.cells.cells(rows, {})
+    board.cells.count_failures(cells, stopped)
+    board.significance.compare_lines(cells)
+    text = board.tables.tables_text(cells, "h", 60.0)
+    assert "| P | cnn | P | 1 (+2 failed) | 80.0 |" in text
+    assert "| Q | cnn | P | 2 | 70.5±0.7 |" in text
+    numbers = board.significance.metrics(cells)
+    assert (
+        numbers["P | cnn | P"]["failed_runs"] == 2 and "failed_runs" not in numbers["Q | cnn | P"]
+    )
+    from fedssl.plan.dag import Dag
+
+    failed = json.loads(Path("results/reports/board/report.json").read_text())["failed"]
+    labelled = board.write.labelled_runs(failed, Dag("board"))
+    assert {(f["row"], f["column"]) for f in labelled} == {
+        ("Per-FedAvg (FO)", "F-MNIST 2 classes/client")
+    }
+    line = json.loads(Path("results/reports/board/board.json").read_text())["lines"]
+    assert line["Per-FedAvg (FO) | cnn16-32-fc64/P64-32/O | F-MNIST 2 classes/client"] == (
+        line["Per-FedAvg (FO) | cnn16-32-fc64/P64-32/O | F-MNIST 2 classes/client"]
+        | {"runs": 1, "failed_runs": 2}
+    )
+
+
 def test_wall_times_of_an_earlier_sessions_runs_are_kept(tmp_path, monkeypatch):
     """A board made part by part: the records committed beside the board by the first
     rendering fill in the runs this workspace did not make; its own records win."""
@@ -913,6 +946,44 @@ def test_a_papers_ordering_is_flagged_where_the_board_inverts_it_and_a_known_col
     assert "- ⚑2 Fine-tuned low: **V** (X). [Diagnosis](l.md)" in text
 
 
+def test_a_known_flag_on_a_cost_column_marks_that_cost_cell():
+    """A diagnosis of a line's local steps (the batch-size outlier) marks its steps cell and
+    names the line in the note; its accuracy cell carries no mark."""
+    rows = _line("O", [78.0, 77.0]) + _line("S", [74.0, 75.0])
+    for r in rows:
+        r["local_steps"] = 19 if r["row"] == "O" else 5
+    flags = _flags(
+        known=[{"method": "O", "column": "local_steps", "says": "batch 32", "diagnosis": "o.md"}]
+    )
+    cells = board.cells.cells(rows, {})
+    board.significance.compare_lines(cells)
+    board.flags.flag_lines(cells, flags)
+    text = board.tables.tables_text(cells, "h", 60.0)
+    (o_row,) = [line for line in text.splitlines() if line.startswith("| O |")]
+    assert "| 19 ⚑1 |" in o_row and "77.5±0.7 |" in o_row and "77.5±0.7 ⚑" not in o_row
+    assert "| 5 |" in next(line for line in text.splitlines() if line.startswith("| S |"))
+    assert "- ⚑1 Batch 32: **O** (P). [Diagnosis](o.md)" in text
+
+
+def test_a_lines_local_steps_come_from_its_params_rounded_up_per_batch():
+    """600 images a client (6,000 over 10 clients) at one local epoch: Orchestra's batch of 32
+    takes 19 steps a round, FedSimCLR's 128 takes 5, the supervised lines' 64 take 10 (each
+    rounded up: the last batch is partial); a method whose federation block has no epochs and
+    batch of the common settings (MFCL, MpFedcon) and an unknown experiment get none."""
+    from fedssl.presets import Presets
+    from fedssl.reporting.board.steps import local_steps, with_local_steps
+
+    presets = Presets()
+    steps = {
+        name: local_steps(f"board_{name}_dir01_s0", presets)
+        for name in ("orchestra", "fedsimclr", "fedavg", "mfcl_tn", "fedrep")
+    }
+    assert steps == {"orchestra": 19, "fedsimclr": 5, "fedavg": 10, "mfcl_tn": None, "fedrep": None}
+    assert local_steps("no_such_experiment", presets) is None
+    rows = [{"experiment": "board_orchestra_shards2_s1"}, {"experiment": "board_mfcl_tn_iid_s0"}]
+    assert with_local_steps(rows, presets) == [rows[0] | {"local_steps": 19}, rows[1]]
+
+
 def test_a_flags_file_that_names_no_line_or_a_wrong_field_stops_naming_it(tmp_path):
     """A flag for a line the board does not have (a typo would silently flag nothing), or a
     misspelt field, stops the rendering with the file and the field; a pipeline the file has
@@ -934,6 +1005,17 @@ def test_a_flags_file_that_names_no_line_or_a_wrong_field_stops_naming_it(tmp_pa
         board.flags.load_flags("other", path) is None
         and board.flags.load_flags("b", tmp_path / "no") is None
     )
+    # on a board made part by part, a flag may name a line whose runs are still to come
+    path.write_text(
+        "board:\n  below_reference: d.md\n"
+        "  orderings: [{above: P, below: Q, paper: t, diagnosis: d}]\n"
+    )
+    flags = board.flags.load_flags("board", path)
+    coming = [{"experiment": "q_s0", "row": "Q", "arch": "cnn", "column": "P"}]
+    board.flags.flag_lines(cells, flags, path, to_come=coming)
+    assert cells[0]["flags"] == []
+    with pytest.raises(ParamsError, match=r"orderings.0.below: no line .* 'Q'"):
+        board.flags.flag_lines(cells, flags, path, to_come=[coming[0] | {"row": "R"}])
 
 
 def test_the_committed_board_flags_every_line_below_its_reference_and_the_inversions():

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 import fedssl.reporting.board.simulate as simulate
+import fedssl.reporting.board.steps as steps
 from fedssl import evaluations
 from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_ENCODER, CLIENT_MB_EXCHANGED
 from fedssl.reporting.board.simulate import simulated
@@ -52,7 +53,8 @@ EVALUATIONS = {
 
 # The costs beside the accuracies (:func:`cost_columns`), per client, averaged over clients,
 # then over seeds: the client costs declared to stand beside the accuracies
-# (fedssl.evaluations.costs), then the rounds and the run's wall time (from the run records).
+# (fedssl.evaluations.costs), then the rounds, a client's optimizer steps a round (from the
+# params: :mod:`.steps`) and the run's wall time (from the run records).
 # `client_MB_exchanged` is every byte a client sent or received (the costs stage's ledger
 # total, one-shot transfers included: MFCL's representation upload; else the rounds' traffic).
 MB = CLIENT_MB_EXCHANGED.key
@@ -61,7 +63,7 @@ MB = CLIENT_MB_EXCHANGED.key
 # The run's wall seconds stay a value of the line (the curves against wall time) but leave
 # the table: on a shared CPU they measure contention; the simulated seconds per round
 # (:mod:`.simulate`) stand in their place.
-RUN_COSTS = {"rounds": "rounds"}
+RUN_COSTS = {"rounds": "rounds", steps.COLUMN: steps.HEADER}
 
 
 def cost_columns() -> dict[str, str]:
@@ -173,6 +175,26 @@ def cells(rows: Iterable[dict], wall: dict[str, float]) -> list[dict]:
             cell["values"].setdefault(column, []).append(v)
             cell["by_seed"].setdefault(column, {})[seed_of(row["experiment"])] = v
     return list(out.values())
+
+
+def count_failures(cell_list: list[dict], failed: Iterable[dict]) -> None:
+    """Into each line, the runs of it that stopped with an error (``failed``: the report's
+    failures labelled with the line they belong to, :func:`.write.labelled_failures`):
+    ``cell["failed"]``, their experiments; a line is reported with its failure rate, never
+    as its survivors alone. A failure of a line with no surviving run is left to the note."""
+    by_line = {(c["method"], c["encoder"], c["partition"]): c for c in cell_list}
+    for cell in cell_list:
+        cell.setdefault("failed", [])
+    for f in failed:
+        cell = by_line.get((f.get("row"), f.get("arch", ""), f.get("column")))
+        if cell is not None:
+            cell["failed"].append(f["experiment"])
+
+
+def runs_text(cell: dict) -> str:
+    """The runs column: the runs averaged, and how many more stopped with an error."""
+    failed = len(cell.get("failed", ()))
+    return f"{cell['runs']} (+{failed} failed)" if failed else str(cell["runs"])
 
 
 def cell_key(cell: dict) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from fedssl.reporting import stats
-from fedssl.reporting.board.cells import EVALUATIONS, accuracy_of, pipeline_entry
+from fedssl.reporting.board.cells import EVALUATIONS, accuracy_of, cost_columns, pipeline_entry
 from fedssl.reporting.board.significance import verdict_text
 from fedssl.stage.record import ParamsError
 
@@ -40,7 +40,8 @@ class PaperOrdering(BaseModel, extra="forbid"):
 
 class KnownDiagnosis(BaseModel, extra="forbid"):
     """The lines a hand-written diagnosis is about (every line matching the given fields),
-    flagged in ``column`` (a board column; the line's accuracy when not given)."""
+    flagged in ``column`` (a board column, accuracy or cost; the line's accuracy when not
+    given)."""
 
     method: str | None = None
     encoder: str | None = None
@@ -70,15 +71,22 @@ BELOW_REFERENCE = (
 )
 
 
-def flag_lines(cell_list: list[dict], flags: BoardFlags | None, path: Path = FLAGS_FILE) -> None:
+def flag_lines(
+    cell_list: list[dict],
+    flags: BoardFlags | None,
+    path: Path = FLAGS_FILE,
+    to_come: list[dict] = (),
+) -> None:
     """Into ``cell["flags"]`` (a list of ``{"column", "kind", "note", "line", "diagnosis"}``:
     the note the flag shares with the other lines of its cause, and what it says of this
     line): the papers' orderings the board inverts, the known diagnoses, and every trained
     line whose accuracy is below its reference's (``vs_reference``: :func:`compare_lines`
-    first). A flag that names no line of the board stops here, naming the file."""
+    first). A flag that names no line of the board stops here, naming the file, unless the
+    line is among the runs still ``to_come`` on a board made part by part (each labelled with
+    its line: ``row``, ``arch``, ``column``)."""
     if flags is None:
         return
-    _check_names(cell_list, flags, path)
+    _check_names(cell_list, flags, path, to_come)
     for cell in cell_list:
         cell["flags"] = []
     for order in flags.orderings:
@@ -133,20 +141,26 @@ def _flag_inversions(cell_list: list[dict], order: PaperOrdering) -> None:
         _add_flag(cell, column, "inverted", note, line, order.diagnosis)
 
 
-def _check_names(cell_list: list[dict], flags: BoardFlags, path: Path) -> None:
-    columns = {c for _, cols in EVALUATIONS.values() for c in cols}
+def _check_names(
+    cell_list: list[dict], flags: BoardFlags, path: Path, to_come: list[dict] = ()
+) -> None:
+    columns = {c for _, cols in EVALUATIONS.values() for c in cols} | set(cost_columns())
     named = [("orderings", i, "above", o.above) for i, o in enumerate(flags.orderings)]
     named += [("orderings", i, "below", o.below) for i, o in enumerate(flags.orderings)]
     for i, known in enumerate(flags.known):
         named += [("known", i, k, getattr(known, k)) for k in ("method", "encoder", "partition")]
         if known.column is not None and known.column not in columns:
             raise ParamsError(
-                f"{path}: known.{i}.column: '{known.column}' is no accuracy column of the "
+                f"{path}: known.{i}.column: '{known.column}' is no accuracy or cost column of the "
                 f"board ({', '.join(sorted(columns))})"
             )
     field = {"above": "method", "below": "method"}
+    coming = {"method": "row", "encoder": "arch", "partition": "column"}
     for section, i, key, name in named:
-        if name is not None and not any(c[field.get(key, key)] == name for c in cell_list):
+        key_of = field.get(key, key)
+        if any(run.get(coming[key_of]) == name for run in to_come):
+            continue  # its line is still to come
+        if name is not None and not any(c[key_of] == name for c in cell_list):
             raise ParamsError(f"{path}: {section}.{i}.{key}: no line of the board has '{name}'")
 
 

@@ -86,6 +86,8 @@ def metrics(cell_list: list[dict]) -> dict:
     out = {}
     for cell in cell_list:
         numbers = {"runs": cell["runs"]}
+        if cell.get("failed"):
+            numbers["failed_runs"] = len(cell["failed"])
         for column, values in cell["values"].items():
             numbers[f"{column}_mean"] = round(statistics.mean(values), 4)
             if len(values) > 1:

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Iterable
 
 from fedssl.reporting import stats
-from fedssl.reporting.board.cells import EVALUATIONS, SD, accuracy_of, cost_columns
+from fedssl.reporting.board.cells import EVALUATIONS, SD, accuracy_of, cost_columns, runs_text
 from fedssl.reporting.board.flags import MARK, flag_marks, flag_notes
 from fedssl.reporting.board.significance import significance_text, verdict_text
 from fedssl.reporting.board.simulate import PROFILES, SERVER_GFLOPS_PER_S
@@ -42,16 +42,21 @@ def _target_text(cell: dict) -> list[str]:
     return [f"{t['rounds']:g}", number(t["MB"], ".3g")]
 
 
+def _cost_text(values: dict, column: str) -> str:
+    """A cost column's mean over the line's runs (blank where its runs have none)."""
+    return number(statistics.mean(values[column]), ".4g") if column in values else ""
+
+
 def _table_row(cell: dict, shown: list[str], costs: list[str], targets: bool, notes: dict):
     """A table's line of one method, encoder and partition (see :func:`table`)."""
     v, first = cell["values"], accuracy_of(cell)
     return (
-        [cell["method"], cell["encoder"], cell["partition"], str(cell["runs"])]
+        [cell["method"], cell["encoder"], cell["partition"], runs_text(cell)]
         + [mean_sd(v.get(shown[0], []), SD, ".1f") + flag_marks(cell, shown[0], notes)]
         + [_interval_text(v.get(first, []))]
         + [verdict_text(cell.get("vs_best")), verdict_text(cell.get("vs_reference"))]
         + [mean_sd(v.get(c, []), SD, ".1f") + flag_marks(cell, c, notes) for c in shown[1:]]
-        + [number(statistics.mean(v[c]), ".4g") if c in v else "" for c in costs]
+        + [_cost_text(v, c) + flag_marks(cell, c, notes) for c in costs]
         + (_target_text(cell) if targets else [])
     )
 
@@ -126,7 +131,8 @@ def tables_text(
     """The board's tables, what is significant, and its total wall time
     (``board_tables.md``, which the docs' block copies); a board made part by part says
     how many runs are still to come, and a run that stopped with an error (a diverged loss)
-    is named with it: its line has one run fewer, and the reader should know why. Under a
+    is named with it: its line's mean leaves it out, and its runs column says how many
+    stopped (its failure rate). Under a
     table, its flags' notes (``links``: :func:`flag_notes`)."""
     parts = []
     if pending:
@@ -134,8 +140,8 @@ def tables_text(
     if failed:
         named = "; ".join(f"`{f['experiment']}` ({f['stage']}: {f['error']})" for f in failed)
         parts.append(
-            f"*{len(failed)} run(s) stopped with an error and are left out of their lines "
-            f"(the runs column counts the others): {named}.*\n"
+            f"*{len(failed)} run(s) stopped with an error and are left out of their lines' "
+            f"numbers (the runs column counts them apart, '+k failed'): {named}.*\n"
         )
     notes: dict[tuple, dict] = {}
     for evaluation, (heading, _) in EVALUATIONS.items():

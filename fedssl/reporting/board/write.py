@@ -18,6 +18,7 @@ from fedssl.reporting.board.cells import (
     RUNS_FILE,
     cells,
     cost_columns,
+    count_failures,
     rounds_to_target,
 )
 from fedssl.reporting.board.figures import plot, plot_over_run
@@ -32,6 +33,7 @@ from fedssl.reporting.board.questions import (
 )
 from fedssl.reporting.board.significance import compare_lines, metrics
 from fedssl.reporting.board.simulate import TOTAL
+from fedssl.reporting.board.steps import with_local_steps
 from fedssl.reporting.board.tables import FIGURES, hardware, render, tables_text
 from fedssl.stage.record import ParamsError
 
@@ -63,6 +65,28 @@ def run_records(
     }
     total = sum(r["wall_seconds"] for r in records.values())
     return wall, list(records.values()), total
+
+
+def labelled_runs(runs: list[dict], dag) -> list[dict]:
+    """Runs the report has no row for (failed, or still to come: each a dict with its
+    ``experiment``) with the line each would join (the report's row, column and encoder, as
+    its rows have them); a run no preset names any more is kept as it is (no line)."""
+    from fedssl.methods import registry
+    from fedssl.presets import Presets
+    from fedssl.reporting.report import table_cell
+
+    presets, out = Presets(), []
+    for f in runs:
+        try:
+            exp = presets.load("experiment", f["experiment"])
+        except (KeyError, ParamsError):
+            out.append(f)
+            continue
+        method, part = registry.get(exp.method.name), presets.load("partition", exp.partition)
+        dataset = presets.load("dataset", part.dataset).name
+        row, column = table_cell(exp, method, part, dataset, dag.row, dag.column)
+        out.append(f | {"row": row, "column": column, "arch": method.arch(exp.method)})
+    return out
 
 
 def kept_records(folder: Path) -> dict:
@@ -97,18 +121,22 @@ def write_board(
     flags_file: Path = FLAGS_FILE,
     questions_file: Path = QUESTIONS_FILE,
     image_records: dict[str, dict[str, Path]] | None = None,
+    to_come: list[dict] = (),
 ) -> dict:
     """board.md, board.json and the figures in ``folder`` (``logs``: experiment -> its round
     log's rows, for the accuracy over the run; ``flags_file``: :data:`FLAGS_FILE`, the
     pipeline's entry flags its lines; ``questions_file``: its planned questions, answered
     into ``board_questions.md`` and board.json, and into the lines' vs reference, with the
     test images where the runs have per-image records, ``image_records``:
-    :func:`.imagewise.record_files`); returns board.json's content."""
+    :func:`.imagewise.record_files`; ``to_come``: the ``pending`` runs labelled with their
+    lines, :func:`labelled_runs`, whose lines the flags may name before they are made);
+    returns board.json's content."""
     cell_list = cells(rows, wall)
+    count_failures(cell_list, failed)
     compare_lines(cell_list)
     plan = load_questions(pipeline, questions_file)
     answers = ask(cell_list, plan, f"{questions_file}: {pipeline}", image_records)
-    flag_lines(cell_list, load_flags(pipeline, flags_file), flags_file)
+    flag_lines(cell_list, load_flags(pipeline, flags_file), flags_file, to_come)
     rounds_to_target(cell_list, logs or {})
     asked = questions_text(answers, plan)
     tables = tables_text(cell_list, hardware(records), total, pending, failed) + asked
@@ -203,14 +231,15 @@ def main(argv: list[str] | None = None) -> int:
         write_board(
             folder,
             args.pipeline,
-            saved["rows"],
+            with_local_steps(saved["rows"]),
             wall,
             records,
             total,
             saved.get("pending", []),
-            saved.get("failed", []),
+            labelled_runs(saved.get("failed", []), dag),
             {name: read_round_log(paths) for name, paths in round_logs(dag).items()},
             image_records=record_files(dag),
+            to_come=labelled_runs([{"experiment": e} for e in saved.get("pending", [])], dag),
         )
     except ParamsError as e:  # the flags or questions file: its message names the field
         print(f"error: {e}", file=sys.stderr)
