@@ -109,7 +109,7 @@ def measure(name: str, turns: int, steps: int) -> list[dict]:
     torch.set_num_threads(1)
     build, loss_fn, batch = scenarios()[name]()
     rows = []
-    for setting in ("fp32", "bf16"):
+    for setting in ("fp32", "fp32_channels_last", "bf16"):  # each a mode of its own
         with precision.policy(setting):
             eager, comp = (Step(build, loss_fn, batch, s) for s in ("off", "on"))
             first_eager = eager()

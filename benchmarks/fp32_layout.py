@@ -6,11 +6,16 @@ uses), one thread, CPU seconds of the process, interleaved (contiguous, channels
 contiguous, ...) so other jobs on the machine hit both alike. Ratio: contiguous /
 channels-last (> 1: channels-last is faster).
 
-    python benchmarks/fp32_layout.py [--repeats 6] [--only simclr_cnn ...]
+    python benchmarks/fp32_layout.py [--repeats 6] [--only simclr_cnn ...] [--compiled]
+
+``--compiled``: the same comparison for the step the engine compiles (``compile: on``; the
+cohort trainer's own step, as ``compiled_step.py`` times it), contiguous against channels-last
+in fp32 (the ``fp32`` and ``fp32_channels_last`` settings): whether channels-last speeds up a
+compiled step too.
 
 Why: at 10 clients our fp32 round is the model's steps (``federated_round.py`` times them
 alone), so a faster fp32 round has to come from a faster step; on a CPU without native bf16
-the policy computes in fp32, contiguous.
+`auto` computes in fp32, channels-last, and the `fp32` setting contiguous.
 """
 
 from __future__ import annotations
@@ -80,6 +85,22 @@ def make_step(build, loss_fn, batch, channels_last: bool):
     return step
 
 
+def compiled_step(build, loss_fn, batch, channels_last: bool):
+    """The cohort trainer's compiled fp32 step (``compiled_step.Step``) in one layout: the
+    ``fp32`` setting's or ``fp32_channels_last``'s."""
+    from compiled_step import Step
+
+    setting = "fp32_channels_last" if channels_last else "fp32"
+    with precision.policy(setting):
+        step = Step(build, loss_fn, batch, "on")
+
+    def run():
+        with precision.policy(setting):
+            return step()
+
+    return run
+
+
 def cpu_seconds(fn) -> float:
     start = time.process_time()
     fn()
@@ -90,12 +111,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--only", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
+    ap.add_argument("--compiled", action="store_true", help="the compiled step (compile: on)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    print(f"{cpu_summary()}; fp32, 1 thread, {args.repeats} interleaved repeats of 2 steps")
+    kind = "compiled" if args.compiled else "eager"
+    print(f"{cpu_summary()}; fp32, {kind}, 1 thread, {args.repeats} interleaved repeats of 2 steps")
+    make = compiled_step if args.compiled else make_step
     for name in args.only:
         scenario = SCENARIOS[name]()
-        steps = {layout: make_step(*scenario, layout) for layout in (False, True)}
+        steps = {layout: make(*scenario, layout) for layout in (False, True)}
         for step in steps.values():
             step()  # warm-up: allocations, kernel selection
         seconds = {layout: [] for layout in steps}

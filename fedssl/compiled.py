@@ -9,7 +9,8 @@ precision policy:
 * ``on``: compiled, for every model family;
 * ``auto``: compiled where the committed benchmark table of this CPU kind
   (``results/bench/compiled_step/<cpu kind>.tsv``, written by
-  ``benchmarks/compiled_step.py``) says so for the model's family and the resolved precision;
+  ``benchmarks/compiled_step.py``) says so for the model's family and the precision mode it
+  computes in (fp32 contiguous or channels-last, bf16);
   no table or no row: eager. A table, not a timing at run time, so that a run's numbers stay a
   function of its params and its CPU.
 
@@ -94,7 +95,8 @@ def table(kind: str) -> dict[tuple[str, str], str]:
 
 def chosen(model: nn.Module, precision: str, setting: CompileSetting | None = None) -> bool:
     """Whether ``model``'s step compiles under ``setting`` (by default the active one) in the
-    resolved ``precision`` (``fp32`` / ``bf16``)."""
+    ``precision`` mode it computes in (:func:`fedssl.precision.mode`: ``fp32``,
+    ``fp32_channels_last``, ``bf16``); a mode the table has no row for runs eagerly."""
     setting = setting or _active
     if setting != "auto":
         return setting == "on"
@@ -108,10 +110,10 @@ def step(model: nn.Module, fn: F) -> F:
     compiled code for the trainer's life."""
     import torch
 
-    from fedssl.precision import resolved
+    from fedssl.precision import mode
 
     device = next(model.parameters(), torch.empty(0)).device
-    on = chosen(model, resolved(device))
+    on = chosen(model, mode(device))
     if _choices is not None:
         _choices[family(model)] = "on" if on else "off"
     return torch.compile(fn) if on else fn

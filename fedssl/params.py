@@ -386,11 +386,13 @@ class AugmentParams(Strict):
         return self
 
 
-PrecisionSetting = Literal["auto", "fp32", "bf16"]
+PrecisionSetting = Literal["auto", "fp32", "fp32_channels_last", "bf16"]
 PRECISION_HELP = (
     "what training and evaluation compute in: auto = bf16 autocast and "
     "channels-last where the device computes bf16 natively (CUDA, CPUs with "
-    "AVX-512 BF16 or AMX), fp32 elsewhere; fp32 or bf16 = that everywhere. "
+    "AVX-512 BF16 or AMX), fp32 channels-last elsewhere; fp32 = plain fp32, contiguous "
+    "(the code path of the results made before this setting); fp32_channels_last = plain "
+    "fp32, channels-last (faster for convolutional steps); bf16 = that everywhere. "
     "Each stage records the precision it used (fedssl.precision)"
 )
 

@@ -14,12 +14,14 @@ MocoSFL's split trainer for its server step; no other method names it, nor autoc
   BF16 or AMX, detected once), fp32 elsewhere; channels-last either way;
 * ``fp32``: plain fp32, contiguous layout: the code path of every result made before the
   setting existed;
+* ``fp32_channels_last``: plain fp32, channels-last: fp32 where it is fastest;
 * ``bf16``: bf16 autocast and channels-last wherever it runs (emulated where not native).
 
 Channels-last is the faster layout for the library's convolutional steps in fp32 too
 (``benchmarks/fp32_layout.py``: 1.3-1.7x with BatchNorm or no norm, 1.0-1.1x with GroupNorm,
-with or without AVX-512), except MFCL's Twin Norm (0.88x: it lays the views out contiguously
-itself); ``fp32`` keeps the contiguous layout so that its results stay bit for bit.
+with or without AVX-512; the eager channels-last step beats the compiled contiguous one); ``fp32``
+keeps the contiguous layout so that its results stay bit for bit. What a step computes in
+(:func:`mode`: ``fp32``, ``fp32_channels_last`` or ``bf16``) keys the compiled-step table.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from fedssl.params import PrecisionSetting
 from fedssl.stage.runtime import bf16_capped
 
 SETTINGS = get_args(PrecisionSetting)
+FP32 = ("fp32", "fp32_channels_last")  # the settings that never autocast
 T = TypeVar("T")
 _active: PrecisionSetting = "auto"  # the running stage's setting (see policy())
 
@@ -95,7 +98,7 @@ def autocast_dtype(
     """The dtype autocast runs in on ``where`` (a device or a tensor on it), None for fp32.
     ``precision``: the setting to resolve, by default the active one."""
     setting = _check(precision or _active)
-    if setting == "fp32":
+    if setting in FP32:
         return None
     if setting == "bf16" or native_bf16(_device(where).type):
         return torch.bfloat16
@@ -142,3 +145,15 @@ def resolved(
     (autocast) or ``fp32``; stages record it beside their outputs and the setting, which
     gives the layout (channels-last but under ``fp32``)."""
     return "bf16" if autocast_dtype(where, precision) is not None else "fp32"
+
+
+def mode(
+    where: torch.device | torch.Tensor | str, precision: PrecisionSetting | None = None
+) -> str:
+    """What a setting (by default the active one) computes in on ``where``, with the layout
+    where fp32 has two: ``bf16``, ``fp32_channels_last`` or ``fp32`` (contiguous); the key of
+    the compiled-step table (:mod:`fedssl.compiled`), whose rows are timed per mode."""
+    computed = resolved(where, precision)
+    if computed == "fp32" and channels_last(precision):
+        return "fp32_channels_last"
+    return computed

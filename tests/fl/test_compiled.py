@@ -54,6 +54,10 @@ def test_each_setting_chooses_as_documented(table, monkeypatch):
     other = seeded_contrastive_model(MODEL.model_copy(update={"arch": "resnet18"}), SHAPE, 0, "cpu")
     assert compiled.family(other) == "ContrastiveModel/resnet18"
     assert not compiled.chosen(other, "fp32", "auto")  # no row for its family: eager
+    # fp32 channels-last is a mode of its own: the contiguous fp32 row does not speak for it
+    assert not compiled.chosen(model, "fp32_channels_last", "auto")
+    table((name, "fp32_channels_last", "on"))
+    assert compiled.chosen(model, "fp32_channels_last", "auto")
     with pytest.raises(ValueError, match="compile 'fast'"):
         with compiled.policy("fast"):
             pass

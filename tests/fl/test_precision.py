@@ -38,6 +38,8 @@ def cpu_bf16(monkeypatch):
         ("auto", True, torch.bfloat16),
         ("auto", False, None),
         ("fp32", True, None),
+        ("fp32_channels_last", True, None),
+        ("fp32_channels_last", False, None),
         ("bf16", False, torch.bfloat16),
     ],
 )
@@ -48,6 +50,9 @@ def test_settings_resolve(cpu_bf16, setting, native, expected):
         assert precision.autocast_dtype("cpu") is expected
         assert precision.channels_last() is (setting != "fp32")  # fp32 under auto too
         assert precision.resolved("cpu") == ("fp32" if expected is None else "bf16")
+        # the compiled-step table's key: fp32 in each layout, bf16
+        layout = "_channels_last" if setting != "fp32" else ""
+        assert precision.mode("cpu") == ("bf16" if expected else f"fp32{layout}")
     assert precision.active() == before  # the block's setting ends with it
 
 
@@ -200,7 +205,7 @@ def test_committed_results_resolve_to_their_precision():
     assert presets.load("experiment", "bench_fedsimclr_iid_s0").precision == "auto"
 
 
-@pytest.mark.parametrize("setting", ["bf16", "auto"])
+@pytest.mark.parametrize("setting", ["bf16", "auto", "fp32_channels_last"])
 def test_the_cohort_trains_convolutions_channels_last_but_under_fp32(cpu_bf16, setting):
     """Aggregation returns contiguous weights; the cohort trainer's stacked copy puts them
     back in the policy's layout every round (fp32: untouched), auto on a CPU that computes
