@@ -108,6 +108,19 @@ def write_kept_records(folder: Path, records: Iterable[dict]) -> None:
     (folder / RUNS_FILE).write_text("{\n" + ",\n".join(lines) + "\n}\n")
 
 
+def draw_figures(folder: Path, cell_list: list[dict], logs: dict, plan) -> list[str]:
+    """The board's figures in ``folder`` (accuracy against MB and GFLOPs, the accuracy over
+    the run per question family); returns their file names."""
+    headers = cost_columns()
+    plot(cell_list, MB, headers[MB], folder / "board_accuracy_vs_MB.png")
+    # the client's FLOPs and the server's on its behalf: a split line's server work counts
+    plot(cell_list, TOTAL, headers[TOTAL], folder / "board_accuracy_vs_GFLOPs.png")
+    drawn = [f for f in FIGURES if f.startswith("board_accuracy_vs")]
+    for stale in folder.glob("board_over_run_*.png"):
+        stale.unlink()  # a family no longer drawn leaves no figure behind
+    return drawn + plot_over_run(cell_list, logs, folder, line_families(plan))
+
+
 def write_board(
     folder: Path,
     pipeline: str,
@@ -144,14 +157,7 @@ def write_board(
     page = tables_text(cell_list, hardware(records), total, pending, failed, DOCS_FROM_REPORT)
     page += asked
     folder.mkdir(parents=True, exist_ok=True)
-    headers = cost_columns()
-    plot(cell_list, MB, headers[MB], folder / "board_accuracy_vs_MB.png")
-    # the client's FLOPs and the server's on its behalf: a split line's server work counts
-    plot(cell_list, TOTAL, headers[TOTAL], folder / "board_accuracy_vs_GFLOPs.png")
-    drawn = [f for f in FIGURES if f.startswith("board_accuracy_vs")]
-    for stale in folder.glob("board_over_run_*.png"):
-        stale.unlink()  # a family no longer drawn leaves no figure behind
-    drawn += plot_over_run(cell_list, logs or {}, folder, line_families(plan))
+    drawn = draw_figures(folder, cell_list, logs or {}, plan)
     (folder / "board_tables.md").write_text(tables)
     (folder / "board.md").write_text(render(pipeline, page, [*drawn, "curves.png"]))
     board = {"total_wall_hours": round(total / 3600, 3), "lines": metrics(cell_list)}
