@@ -130,3 +130,50 @@ def test_the_committed_plan_is_the_presets_plan(presets):
 
     committed = Path("results/reports/board2/plan.md").read_text()
     assert committed == plan.plan_markdown(plan.plan(plan.parts_of(BOARD, presets), presets)) + "\n"
+
+
+def test_the_board_states_each_lines_rate_and_whether_its_sweep_chose_it(presets, tmp_path):
+    """The ``lr, tuning`` column: tuned only where every run uses the rate its sweep chose (a
+    line whose grid still holds the starting rate is untuned, and says what was chosen); the
+    100-client line reads the sweep of its method and encoder; references have no rate to tune."""
+    from fedssl.reporting.board import tuning
+    from fedssl.reporting.board.tables import table
+    from fedssl.reporting.board.write import line_label
+
+    results, folder = tmp_path / "results", tmp_path / "board2"
+    _metrics(results, "board2_fedsimclr_dir01_s0", linear_top1_val=70.0)
+    _metrics(results, "board2_fedsimclr_lrh_dir01_s0", linear_top1_val=71.5)  # 0.001 wins
+    _metrics(results, "board2_fedavg_dir01_s0", linear_top1_val=80.0)  # the start wins
+    _metrics(results, "board2_fedavg_lr2_dir01_s0", linear_top1_val=79.0)
+    tuning.write_tuning("board2", presets, results, folder)
+    assert (
+        "| board2_fedsimclr | 0.001: 71.50, 0.002: 70.00, 0.004: — |"
+        in (folder / "tuning.md").read_text()
+    )
+
+    def cell(*experiments, rounds=50.0):
+        method, partition, encoder = line_label(experiments[0], presets)
+        values = {"rounds": [rounds] * len(experiments), "linear_top1": [50.0] * len(experiments)}
+        return {"evaluation": "ssl", "method": method, "encoder": encoder, "partition": partition}\
+            | {"experiments": list(experiments), "values": values, "runs": len(experiments)}\
+            | {"last_rounds": set()}  # fmt: skip
+
+    lines = [
+        cell("board2_fedsimclr_dir01_s0", "board2_fedsimclr_dir01_s1"),
+        cell("board2_fedavg_dir01_s0", "board2_fedavg_dir01_s1"),
+        cell("board2_fedbyol_dir01_s0"),  # no run of its sweep scored
+        cell("board2_m100_fedavg_dir01_s0"),  # the sweep of FedAvg's small CNN on 10 clients
+        cell("board2_random_init_dir01_s0", rounds=0.0),
+    ]
+    assert tuning.mark_tuning(lines, folder, presets)
+    assert [c["tuning"] for c in lines] == [
+        "0.002, untuned (its sweep chose 0.001)",
+        "0.01, tuned",
+        "0.002, untuned (no run of its sweep scored)",
+        "0.01, tuned",
+        "—",
+    ]
+    text = table("ssl", lines, "here")
+    assert "| runs | lr, tuning |" in text and "| 2 | 0.01, tuned |" in text
+    assert "untuned otherwise" in text  # the caption says what tuned means
+    assert not tuning.mark_tuning(lines, tmp_path / "no_tuning", presets)  # a board with none

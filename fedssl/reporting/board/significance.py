@@ -96,7 +96,7 @@ def metrics(cell_list: list[dict]) -> dict:
         ci = stats.interval(cell["values"][accuracy]) if accuracy else None
         if ci:
             numbers[f"{accuracy}_ci95"] = [round(ci[0], 4), round(ci[1], 4)]
-        for name in ("vs_best", "vs_reference", "to_target"):
+        for name in ("tuning", "vs_best", "vs_reference", "to_target"):
             if cell.get(name):
                 numbers[name] = cell[name]
         if cell.get("flags"):

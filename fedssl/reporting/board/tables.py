@@ -11,6 +11,7 @@ from fedssl.reporting.board.cells import EVALUATIONS, SD, accuracy_of, cost_colu
 from fedssl.reporting.board.flags import MARK, flag_marks, flag_notes
 from fedssl.reporting.board.significance import significance_text, verdict_text
 from fedssl.reporting.board.simulate import PROFILES, SERVER_GFLOPS_PER_S
+from fedssl.reporting.board.tuning import HEADER as TUNING_HEADER
 from fedssl.reporting.formatting import markdown_table, mean_sd, number, sd_note
 
 
@@ -47,17 +48,19 @@ def _cost_text(values: dict, column: str) -> str:
     return number(statistics.mean(values[column]), ".4g") if column in values else ""
 
 
-def _table_row(cell: dict, shown: list[str], costs: list[str], targets: bool, notes: dict):
-    """A table's line of one method, encoder and partition (see :func:`table`)."""
+def _table_row(cell: dict, shown: list[str], costs: list[str], extra: dict, notes: dict):
+    """A table's line of one method, encoder and partition (see :func:`table`); ``extra``:
+    whether the table has the tuning and the to-target columns."""
     v, first = cell["values"], accuracy_of(cell)
     return (
         [cell["method"], cell["encoder"], cell["partition"], runs_text(cell)]
+        + ([cell.get("tuning", "")] if extra["tuning"] else [])
         + [mean_sd(v.get(shown[0], []), SD, ".1f") + flag_marks(cell, shown[0], notes)]
         + [_interval_text(v.get(first, []))]
         + [verdict_text(cell.get("vs_best")), verdict_text(cell.get("vs_reference"))]
         + [mean_sd(v.get(c, []), SD, ".1f") + flag_marks(cell, c, notes) for c in shown[1:]]
         + [_cost_text(v, c) + flag_marks(cell, c, notes) for c in costs]
-        + (_target_text(cell) if targets else [])
+        + (_target_text(cell) if extra["targets"] else [])
     )
 
 
@@ -70,9 +73,16 @@ def _table_caption(evaluation: str, heading: str, mine: list[dict], machine: str
     """What a table's columns mean (see :func:`table`)."""
     last = sorted({k for c in mine for k in c["last_rounds"]})
     words = ""
+    if any("tuning" in c for c in mine):
+        words += (
+            f"; {TUNING_HEADER}: the runs' learning rate, tuned where it is the best of half, one "
+            "and twice the line's starting rate, each run once on the 10-client ξ = 0.1 draw 0 "
+            "and scored on its validation split (training images no client holds; "
+            "tuning.md), untuned otherwise"
+        )
     if evaluation == "personal" and last:
         k = "/".join(map(str, last))
-        words = f"; personal = the clients' mean accuracy averaged over the last {k} rounds"
+        words += f"; personal = the clients' mean accuracy averaged over the last {k} rounds"
     return (
         f"{heading}: {sd_note(SD, 'seeds')} (n = the runs column) and its 95 % interval "
         f"(Student's t){words}; vs best (a screening): the difference in points from the "
@@ -110,12 +120,14 @@ def table(evaluation: str, cell_list: list[dict], machine: str, notes: dict | No
     shown = [c for c in accuracies if any(c in cell["values"] for cell in mine)]
     headers = cost_columns()
     costs = [c for c in headers if any(c in cell["values"] for cell in mine)]
-    targets = any(c.get("to_target") for c in mine)
-    lines = [_table_row(cell, shown, costs, targets, notes) for cell in mine]
-    header = ["method", "encoder", "partition", "runs", accuracies[shown[0]], "95 % CI"]
+    extra = {k: any(c.get(k) for c in mine) for k in ("tuning", "to_target")}
+    extra["targets"] = extra.pop("to_target")
+    lines = [_table_row(cell, shown, costs, extra, notes) for cell in mine]
+    header = ["method", "encoder", "partition", "runs"] + [TUNING_HEADER] * extra["tuning"]
+    header += [accuracies[shown[0]], "95 % CI"]
     header += ["vs best (screening)", "vs reference"] + [accuracies[c] for c in shown[1:]]
     header += [headers[c] for c in costs] + (
-        ["rounds to target", "MB to target"] if targets else []
+        ["rounds to target", "MB to target"] if extra["targets"] else []
     )
     return markdown_table(header, lines, _table_caption(evaluation, heading, mine, machine))
 

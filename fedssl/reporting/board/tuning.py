@@ -3,7 +3,8 @@ its run ``dir01_s0`` at its starting learning rate beside the same run at half a
 (``params/grids.yaml``, axis ``lr_sweep``), and keeps the rate whose run scores highest on the
 validation split (training images no client holds: the linear probe's accuracy, or the
 clients' mean personal accuracy). The test split is never read here. A line whose three runs
-all fail keeps its starting rate and is marked untuned."""
+all fail keeps its starting rate and is marked untuned. The board states each line's rate and
+whether it is the sweep's choice (:func:`mark_tuning`: its ``lr, tuning`` column)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ from pathlib import Path
 from fedssl.params import federation_of
 from fedssl.presets import Presets
 from fedssl.reporting.formatting import markdown_table
+from fedssl.stage.record import ParamsError
 
 SWEEP_RUN = "_dir01_s0"  # the run every line is tuned on
 SWEEP_LABELS = ("lrh", "lr2")  # the sweep's other points (grids.yaml, axis lr_sweep)
 VALIDATION = ("linear_top1_val", "personal_top1_val")  # the first a run has decides
 RESULTS = Path("results/experiments")
+TUNING_FILE = "tuning.json"  # in the board's report folder (:func:`write_tuning`)
+HEADER = "lr, tuning"
 
 
 def line_of(experiment: str) -> str:
@@ -59,15 +63,21 @@ def choose(points: dict[float, float | None], start: float) -> tuple[float, str]
     return (start if start in tied else tied[0]), f"{len(scored)} of {len(points)} scored"
 
 
-def tuning_table(pipelines: list[str], presets: Presets | None = None) -> list[dict]:
+def tuning_table(
+    pipelines: list[str], presets: Presets | None = None, results: Path = RESULTS
+) -> list[dict]:
     """A row per line: each rate's validation accuracy, the starting and the chosen rate."""
+    from fedssl.reporting.board.write import line_label
+
     presets = presets or Presets()
     rows = []
-    for line, points in sweeps(pipelines, presets).items():
+    for line, points in sweeps(pipelines, presets, results).items():
         start = federation_of(presets.load("experiment", line + SWEEP_RUN).method).lr
         chosen, why = choose(points, start)
+        label, _, encoder = line_label(line + SWEEP_RUN, presets)
         rows.append(
-            {"line": line, "points": dict(sorted(points.items())), "start": start}
+            {"line": line, "label": label, "encoder": encoder}
+            | {"points": dict(sorted(points.items())), "start": start}
             | {"chosen": chosen, "why": why}
         )
     return rows
@@ -91,19 +101,69 @@ def tuning_markdown(rows: list[dict]) -> str:
     return markdown_table(header, table, caption)
 
 
-def write_tuning(board: str, presets: Presets | None = None) -> Path:
+def write_tuning(
+    board: str, presets: Presets | None = None, results: Path = RESULTS, folder: Path | None = None
+) -> Path:
     """The board's tuning table from its tuning parts (the pipelines ``<board>_tune*``) into
-    ``results/reports/<board>/tuning.md`` and ``tuning.json`` (committed: the grids' learning
-    rates are read against it)."""
+    ``folder`` (the board's, ``results/reports/<board>/``): ``tuning.md`` and ``tuning.json``
+    (committed: the board reads each line's rate against it, :func:`mark_tuning`)."""
     from fedssl.plan.layout import report_dir
 
     presets = presets or Presets()
     parts = [p for p in presets.pipelines().pipelines if p.startswith(f"{board}_tune")]
-    rows = tuning_table(parts, presets)
-    folder = Path(report_dir(board))
+    rows = tuning_table(parts, presets, results)
+    folder = folder or Path(report_dir(board))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tuning.md").write_text(tuning_markdown(rows) + "\n")
     for r in rows:
         r["points"] = [[lr, acc] for lr, acc in r["points"].items()]
-    (folder / "tuning.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (folder / TUNING_FILE).write_text(json.dumps(rows, indent=1) + "\n")
     return folder / "tuning.md"
+
+
+def learning_rate(experiment: str, presets: Presets) -> float | None:
+    """The learning rate of an experiment's federated training (None: no such block, or no
+    preset of that name)."""
+    try:
+        block = federation_of(presets.load("experiment", experiment).method)
+    except (KeyError, ParamsError):
+        return None
+    return getattr(block, "lr", None)
+
+
+def tuning_text(rates: list[float], row: dict | None, reference: bool) -> str:
+    """A line's ``lr, tuning`` cell from its runs' rates and its sweep's row (None: its line
+    was not swept): tuned where every run uses the rate the sweep chose; untuned (and why)
+    otherwise; a dash for a reference with no sweep (nothing trained to tune)."""
+    if not rates or (row is None and reference):
+        return "—"
+    shown = "/".join(f"{lr:g}" for lr in sorted(set(rates)))
+    if row is None:
+        return f"{shown}, untuned (no sweep)"
+    if row["why"].startswith("untuned"):
+        return f"{shown}, untuned (no run of its sweep scored)"
+    if set(rates) != {row["chosen"]}:
+        return f"{shown}, untuned (its sweep chose {row['chosen']:g})"
+    return f"{shown}, tuned"
+
+
+def mark_tuning(cell_list: list[dict], folder: Path, presets: Presets | None = None) -> bool:
+    """Into each line, ``cell["tuning"]`` (:func:`tuning_text`), where the board's folder holds
+    its tuning (:data:`TUNING_FILE`); a line finds its sweep by its report label and encoder,
+    so the same method on another partition (100 clients) reads the rate tuned on the sweep's
+    partition. Returns whether the board has a tuning."""
+    from fedssl.reporting.board.cells import is_reference
+
+    path = folder / TUNING_FILE
+    if not path.is_file():
+        return False
+    presets = presets or Presets()
+    rows = {(r["label"], r["encoder"]): r for r in json.loads(path.read_text())}
+    for r in rows.values():
+        r["chosen"] = float(r["chosen"])
+    for cell in cell_list:
+        rates = [learning_rate(e, presets) for e in cell["experiments"]]
+        rates = [lr for lr in rates if lr is not None]
+        row = rows.get((cell["method"], cell["encoder"]))
+        cell["tuning"] = tuning_text(rates, row, is_reference(cell))
+    return True

@@ -35,6 +35,7 @@ from fedssl.reporting.board.significance import compare_lines, metrics
 from fedssl.reporting.board.simulate import TOTAL
 from fedssl.reporting.board.steps import with_local_steps
 from fedssl.reporting.board.tables import FIGURES, hardware, render, tables_text
+from fedssl.reporting.board.tuning import mark_tuning
 from fedssl.stage.record import ParamsError
 
 
@@ -67,25 +68,33 @@ def run_records(
     return wall, list(records.values()), total
 
 
+def line_label(experiment: str, presets, row: str = "method", column: str = "partition"):
+    """The board line a preset experiment's runs join: (its report row, column, encoder), as
+    the report labels them (:func:`fedssl.reporting.report.table_cell`); None for a name no
+    preset has (any more)."""
+    from fedssl.methods import registry
+    from fedssl.reporting.report import table_cell
+
+    try:
+        exp = presets.load("experiment", experiment)
+    except (KeyError, ParamsError):
+        return None
+    method, part = registry.get(exp.method.name), presets.load("partition", exp.partition)
+    dataset = presets.load("dataset", part.dataset).name
+    label, col = table_cell(exp, method, part, dataset, row, column)
+    return label, col, method.arch(exp.method)
+
+
 def labelled_runs(runs: list[dict], dag) -> list[dict]:
     """Runs the report has no row for (failed, or still to come: each a dict with its
     ``experiment``) with the line each would join (the report's row, column and encoder, as
     its rows have them); a run no preset names any more is kept as it is (no line)."""
-    from fedssl.methods import registry
     from fedssl.presets import Presets
-    from fedssl.reporting.report import table_cell
 
     presets, out = Presets(), []
     for f in runs:
-        try:
-            exp = presets.load("experiment", f["experiment"])
-        except (KeyError, ParamsError):
-            out.append(f)
-            continue
-        method, part = registry.get(exp.method.name), presets.load("partition", exp.partition)
-        dataset = presets.load("dataset", part.dataset).name
-        row, column = table_cell(exp, method, part, dataset, dag.row, dag.column)
-        out.append(f | {"row": row, "column": column, "arch": method.arch(exp.method)})
+        line = line_label(f["experiment"], presets, dag.row, dag.column)
+        out.append(f if line is None else f | dict(zip(("row", "column", "arch"), line)))
     return out
 
 
@@ -150,6 +159,7 @@ def write_board(
     plan = load_questions(pipeline, questions_file)
     answers = ask(cell_list, plan, f"{questions_file}: {pipeline}", image_records)
     flag_lines(cell_list, load_flags(pipeline, flags_file), flags_file, to_come)
+    mark_tuning(cell_list, folder)
     rounds_to_target(cell_list, logs or {})
     asked = questions_text(answers, plan)
     tables = tables_text(cell_list, hardware(records), total, pending, failed) + asked
