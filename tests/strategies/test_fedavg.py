@@ -21,6 +21,7 @@ from fedssl.strategies.base import Strategy
 from fedssl.strategies.fedavg import FedAvg
 from tests.fixtures import REPO
 from tests.fl.test_engine import ReadsEveryUpload, make_fed, tiny_model, toy_data
+from tests.mkl_dispatch import MKL_AVX2, intel_dispatch_library, on_intel, preloaded
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -89,26 +90,49 @@ def fedavg_digest() -> str:
 
 
 # Instruction-set caps read when torch loads: each makes one library take other kernels than
-# this CPU's best (torch's own vectorised kernels, oneDNN's convolutions, MKL's BLAS)
+# this CPU's best (torch's own vectorised kernels, oneDNN's convolutions, MKL's BLAS). MKL runs
+# its Intel kernels only on Intel's CPUs: its caps, and its uncapped Intel kernels, run with
+# the preloaded library that gives them to any x86 CPU (tests/mkl_dispatch.py).
 CAPS = {
     "aten_avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
     "aten_default": {"ATEN_CPU_CAPABILITY": "default"},
     "onednn_avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"},
     "mkl_avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"},
     "mkl_avx512": {"MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+    "mkl_intel": {},
 }
 
 
-@pytest.mark.parametrize("cap", sorted(CAPS))
-def test_the_bit_for_bit_checks_hold_with_the_kernels_of_a_capped_instruction_set(tmp_path, cap):
-    """Another CPU picks other kernels: the ordered-sum check and a FedAvg round streamed
-    against stacked, run in a process whose instruction sets are capped, pass there, and
-    fedavg's result on fixed uploads has the very bits it has here."""
-    env = {k: v for k, v in os.environ.items() if not any(k in c for c in CAPS.values())}
+@pytest.fixture(scope="module")
+def mkl_intel(tmp_path_factory):
+    """The library that gives MKL's Intel kernels to this CPU (None: not needed, on Intel)."""
+    if on_intel():
+        return None
+    library = intel_dispatch_library(tmp_path_factory.mktemp("mkl"))
+    if library is None:
+        pytest.skip("MKL runs its generic kernels on this CPU; its Intel ones need a C compiler")
+    return library
+
+
+def _capped_env(cap: str, mkl_library) -> dict[str, str]:
+    keys = {k for c in CAPS.values() for k in c} | {"LD_PRELOAD"}
+    env = {k: v for k, v in os.environ.items() if k not in keys}
     env.update(CAPS[cap], PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return preloaded(env, mkl_library) if cap.startswith("mkl") and mkl_library else env
+
+
+@pytest.mark.parametrize("cap", sorted(CAPS))
+def test_the_bit_for_bit_checks_hold_with_the_kernels_of_a_capped_instruction_set(
+    tmp_path, cap, request
+):
+    """Another CPU picks other kernels: the ordered-sum check and a FedAvg round streamed
+    against stacked, run in a process whose instruction sets are capped (or that takes MKL's
+    Intel kernels), pass there, and fedavg's result on fixed uploads has the very bits it has
+    here."""
+    library = request.getfixturevalue("mkl_intel") if cap.startswith("mkl") else None
     proc = subprocess.run(
         [sys.executable, "-m", "tests.strategies.fedavg_kernels", str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        cwd=REPO, env=_capped_env(cap, library), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     ran = json.loads(proc.stdout.splitlines()[-1])
@@ -116,6 +140,10 @@ def test_the_bit_for_bit_checks_hold_with_the_kernels_of_a_capped_instruction_se
     want = CAPS[cap].get("ATEN_CPU_CAPABILITY", "").upper()
     if want == "DEFAULT" or want and torch.backends.cpu.get_cpu_capability() == "AVX512":
         assert ran["capability"] == want  # the cap took: torch runs its other kernels
+    if cap.startswith("mkl") and ran["mkl_isa"] is not None:
+        assert ran["mkl_isa"] > 0  # MKL ran vectorised Intel kernels, not its generic ones
+    if cap == "mkl_avx2" and ran["mkl_isa"] is not None:
+        assert ran["mkl_isa"] <= MKL_AVX2  # the cap took
 
 
 def held(running: RunningMean) -> int:
