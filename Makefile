@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test lint format recheck rehearse test-slurm test-flower test-flower-deploy bench benchmark mutants generate docs docs-browser clean
+.PHONY: install data run test lint format recheck rehearse test-slurm test-mkl-intel test-flower test-flower-deploy bench benchmark mutants generate docs docs-browser clean
 
 install: $(INSTALLED) data
 
@@ -67,6 +67,12 @@ test-slurm: install
 	apt-get update -qq && apt-get install -y -qq slurm-wlm munge >/dev/null
 	$(PY) -m pip install --quiet -e '.[slurm]'
 	FEDSSL_SLURM_TEST=1 pytest -q tests/test_slurm.py
+
+# Opt-in: the whole suite with MKL's Intel kernels on any x86 CPU (on another vendor's, MKL runs
+# its generic ones: tests/mkl_dispatch.py); `make test` runs the bit-for-bit checks so already.
+test-mkl-intel: install
+	$(PY) -m tests.mkl_dispatch $(VENV)
+	LD_PRELOAD=$(abspath $(VENV))/libmkl_intel_cpu.so pytest -q -n auto --dist loadscope --no-loadscope-reorder
 
 # Opt-in: Flower (the adapter's simulation tests, then a SuperLink and two SuperNodes on localhost).
 test-flower: install

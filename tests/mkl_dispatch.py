@@ -53,3 +53,12 @@ def on_intel() -> bool:
         return "GenuineIntel" in Path("/proc/cpuinfo").read_text()
     except OSError:  # no /proc: not Linux, where the preload would not work anyway
         return True
+
+
+if __name__ == "__main__":  # python -m tests.mkl_dispatch FOLDER (make test-mkl-intel)
+    import sys
+
+    built = intel_dispatch_library(Path(sys.argv[1]))
+    if built is None:
+        sys.exit("no C compiler (cc or gcc) to build MKL's Intel-kernel library with")
+    print(built)
