@@ -137,8 +137,8 @@ def test_the_board_states_each_lines_rate_and_whether_its_sweep_chose_it(presets
     line whose grid still holds the starting rate is untuned, and says what was chosen); the
     100-client line reads the sweep of its method and encoder; references have no rate to tune."""
     from fedssl.reporting.board import tuning
+    from fedssl.reporting.board.cells import line_label
     from fedssl.reporting.board.tables import table
-    from fedssl.reporting.board.write import line_label
 
     results, folder = tmp_path / "results", tmp_path / "board2"
     _metrics(results, "board2_fedsimclr_dir01_s0", linear_top1_val=70.0)

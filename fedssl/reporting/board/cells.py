@@ -306,6 +306,23 @@ def rounds_to_target(cell_list: list[dict], logs: dict[str, list[dict]]) -> None
         }
 
 
+def line_label(experiment: str, presets, row: str = "method", column: str = "partition"):
+    """The board line a preset experiment's runs join: (its report row, column, encoder), as
+    the report labels them (:func:`fedssl.reporting.report.table_cell`); None for a name no
+    preset has (any more)."""
+    from fedssl.methods import registry
+    from fedssl.reporting.report import table_cell  # the report's own labels
+
+    try:
+        exp = presets.load("experiment", experiment)
+    except (KeyError, ParamsError):
+        return None
+    method, part = registry.get(exp.method.name), presets.load("partition", exp.partition)
+    dataset = presets.load("dataset", part.dataset).name
+    label, col = table_cell(exp, method, part, dataset, row, column)
+    return label, col, method.arch(exp.method)
+
+
 def pipeline_entry(path: Path, pipeline: str, model: type[BaseModel]):
     """``pipeline``'s entry of the YAML file ``path`` (the board's flags, its questions) as a
     ``model``; None when the file or the entry is absent. A bad entry fails naming the file

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fedssl.params import federation_of
 from fedssl.presets import Presets
+from fedssl.reporting.board.cells import is_reference, line_label
 from fedssl.reporting.formatting import markdown_table
 from fedssl.stage.record import ParamsError
 
@@ -67,8 +68,6 @@ def tuning_table(
     pipelines: list[str], presets: Presets | None = None, results: Path = RESULTS
 ) -> list[dict]:
     """A row per line: each rate's validation accuracy, the starting and the chosen rate."""
-    from fedssl.reporting.board.write import line_label
-
     presets = presets or Presets()
     rows = []
     for line, points in sweeps(pipelines, presets, results).items():
@@ -152,8 +151,6 @@ def mark_tuning(cell_list: list[dict], folder: Path, presets: Presets | None = N
     its tuning (:data:`TUNING_FILE`); a line finds its sweep by its report label and encoder,
     so the same method on another partition (100 clients) reads the rate tuned on the sweep's
     partition. Returns whether the board has a tuning."""
-    from fedssl.reporting.board.cells import is_reference
-
     path = folder / TUNING_FILE
     if not path.is_file():
         return False

@@ -19,6 +19,7 @@ from fedssl.reporting.board.cells import (
     cells,
     cost_columns,
     count_failures,
+    line_label,
     rounds_to_target,
 )
 from fedssl.reporting.board.figures import plot, plot_over_run
@@ -66,23 +67,6 @@ def run_records(
     }
     total = sum(r["wall_seconds"] for r in records.values())
     return wall, list(records.values()), total
-
-
-def line_label(experiment: str, presets, row: str = "method", column: str = "partition"):
-    """The board line a preset experiment's runs join: (its report row, column, encoder), as
-    the report labels them (:func:`fedssl.reporting.report.table_cell`); None for a name no
-    preset has (any more)."""
-    from fedssl.methods import registry
-    from fedssl.reporting.report import table_cell
-
-    try:
-        exp = presets.load("experiment", experiment)
-    except (KeyError, ParamsError):
-        return None
-    method, part = registry.get(exp.method.name), presets.load("partition", exp.partition)
-    dataset = presets.load("dataset", part.dataset).name
-    label, col = table_cell(exp, method, part, dataset, row, column)
-    return label, col, method.arch(exp.method)
 
 
 def labelled_runs(runs: list[dict], dag) -> list[dict]:
