@@ -8,6 +8,7 @@ from torch import nn
 
 from fedssl.models.heads import ProjectionHead
 from fedssl.models.norms import make_norm
+from fedssl.models.pointwise import StridedPointwise
 from fedssl.models.pooling import GlobalAvgPool
 from fedssl.params import ModelParams
 from fedssl.precision import channels_last
@@ -52,7 +53,7 @@ class BasicBlock(nn.Module):
         self.shortcut = nn.Identity()
         if stride != 1 or cin != cout:
             self.shortcut = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), make_norm(norm, cout, cpg)
+                StridedPointwise(cin, cout, stride), make_norm(norm, cout, cpg)
             )
 
     def forward(self, x):

@@ -21,6 +21,7 @@ from torch import nn
 
 from fedssl.models.autoencoder import ClientAutoencoder
 from fedssl.models.encoders import BasicBlock
+from fedssl.models.pointwise import StridedPointwise
 from fedssl.models.pooling import GlobalAvgPool
 
 
@@ -43,9 +44,7 @@ class Bottleneck(nn.Module):
         )
         self.shortcut = nn.Identity()
         if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
-            )
+            self.shortcut = nn.Sequential(StridedPointwise(cin, cout, stride), nn.BatchNorm2d(cout))
 
     def forward(self, x):
         return torch.relu(self.body(x) + self.shortcut(x))

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedssl.models.norms import make_norm
+from fedssl.models.pointwise import convolve
 from fedssl.models.pooling import GlobalAvgPool
 
 STEMS = ("cifar", "imagenet")
@@ -50,7 +51,7 @@ class WSConv2d(nn.Conv2d):
         return (w - mean) * torch.rsqrt(var + self.eps)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self._conv_forward(x, self.standardized_weight(), self.bias)
+        return convolve(self, x, self.standardized_weight(), self.bias)
 
 
 def ws_conv_gn(
