@@ -48,8 +48,9 @@ def sweeps(pipelines: list[str], presets: Presets, results: Path = RESULTS) -> d
     out: dict[str, dict] = {}
     for pipeline in pipelines:
         for name in presets.pipeline_experiments(pipeline):
-            lr = federation_of(presets.load("experiment", name).method).lr
-            out.setdefault(line_of(name), {})[lr] = validation_score(name, results)
+            out.setdefault(line_of(name), {})[learning_rate(name, presets)] = validation_score(
+                name, results
+            )
     return out
 
 
@@ -71,7 +72,7 @@ def tuning_table(
     presets = presets or Presets()
     rows = []
     for line, points in sweeps(pipelines, presets, results).items():
-        start = federation_of(presets.load("experiment", line + SWEEP_RUN).method).lr
+        start = learning_rate(line + SWEEP_RUN, presets)
         chosen, why = choose(points, start)
         label, _, encoder = line_label(line + SWEEP_RUN, presets)
         rows.append(
