@@ -23,7 +23,9 @@ trainer's choice is recorded in the stage's meta.json (``compiled_steps``).
 from __future__ import annotations
 
 import csv
+import os
 import re
+import tempfile
 from collections.abc import Callable
 from contextlib import contextmanager
 from functools import cache
@@ -116,4 +118,19 @@ def step(model: nn.Module, fn: F) -> F:
     on = chosen(model, mode(device))
     if _choices is not None:
         _choices[family(model)] = "on" if on else "off"
-    return torch.compile(fn) if on else fn
+    if not on:
+        return fn
+    separate_capped_cache()
+    return torch.compile(fn)
+
+
+def separate_capped_cache() -> None:
+    """Inductor picks its vector instructions by ``ATEN_CPU_CAPABILITY`` but does not key its
+    on-disk cache on them, so a capped process (an AVX-512 machine standing in for an AVX2 one)
+    would load kernels an uncapped process compiled and fail or crash in its first step. A
+    capped process compiles into a cache of its own, unless ``TORCHINDUCTOR_CACHE_DIR`` names
+    one."""
+    cap = re.sub(r"\W", "_", os.environ.get("ATEN_CPU_CAPABILITY", "").lower())
+    if cap and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        folder = Path(tempfile.gettempdir()) / f"torchinductor_{os.getuid()}_{cap}"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)

@@ -1,8 +1,12 @@
 """Compiled local steps (``compile``): what each setting chooses, from the committed table and
 not from a timing; that a compiled step agrees with the eager one and compiles once; that every
-committed result stays eager; that a stage records its choice and fingerprints it."""
+committed result stays eager; that a stage records its choice and fingerprints it; that a
+process with ATen's kernels capped compiles into a cache of its own."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -96,6 +100,38 @@ def test_a_compiled_step_agrees_with_the_eager_one_and_compiles_once():
     update = torch.cat([(eager[k] - start[k]).flatten() for k in start])
     gap = torch.cat([(weights[k] - eager[k]).flatten() for k in start])
     assert gap.norm() < 1e-4 * update.norm()
+
+
+# a vectorised reduction: inductor's AVX-512 and AVX2 kernels of it differ
+CAPPED_STEP = """
+import torch
+from fedssl import compiled
+compiled.separate_capped_cache()
+f = torch.compile(lambda x: (x.sin() * x.cos()).sum(1).log_softmax(0))
+print(f(torch.linspace(-3, 3, 64 * 33).reshape(64, 33)).tolist())
+"""
+
+
+def test_a_capped_process_never_runs_kernels_compiled_uncapped(tmp_path):
+    """Inductor picks its vector instructions by ATEN_CPU_CAPABILITY without keying its cache on
+    them: a process capped at AVX2 that shares the cache of an uncapped one computes garbage
+    (measured with torch 2.14: this log-softmax off by up to 5 nats, a CNN's loss 5e28 for 2.48).
+    With :func:`compiled.separate_capped_cache` it compiles its own kernels and agrees with the
+    uncapped process to float rounding. Each process is fresh, its temp folder (where torch's
+    default cache lies) an empty one of the test's."""
+
+    def run(**caps):
+        env = {**os.environ, "TMPDIR": str(tmp_path), **caps}
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        proc = subprocess.run(
+            [sys.executable, "-c", CAPPED_STEP], env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return torch.tensor(json.loads(proc.stdout.splitlines()[-1]))
+
+    uncapped, capped = run(), run(ATEN_CPU_CAPABILITY="avx2")
+    assert torch.allclose(capped, uncapped, rtol=1e-5, atol=1e-5)
+    assert (tmp_path / f"torchinductor_{os.getuid()}_avx2").is_dir()
 
 
 def test_committed_results_stay_eager():

@@ -17,10 +17,11 @@ from tests.fixtures import make_tiny_project, run
 
 pytestmark = pytest.mark.timeout(900)
 
-# float32 reductions split over another number of threads round differently; after the two
-# rounds of training here that noise is ~1e-6 (measured: 15 of 16 tensors differ, by at most
-# 1.2e-6, 1 thread against 2 on a 2-core x86 CPU)
-ATOL = 1e-5
+# float32 reductions split over another number of threads round differently, and Adam's two
+# rounds here grow that noise by kernel: 1 thread against 2 on a 2-core Zen 4, weights of
+# magnitude 0.1-1 differ by at most 1.6e-6 under bf16 with AVX-512 kernels, 5.1e-5 under fp32
+# with oneDNN's and ATen's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)
+ATOL = 2e-4
 
 
 def run_pretrain(project, threads: int, keep) -> dict:
@@ -59,11 +60,12 @@ def test_same_threads_same_bytes_other_threads_within_float_noise(tmp_path):
         # the outputs' own record says what their numbers depend on: CPU, threads, precision
         meta = json.loads((tmp_path / name / "meta.json").read_text())
         assert meta["precision"] in ("fp32", "bf16")
-        assert meta["computed_on"] == {
-            "cpu": cpu()["cpu_model"],
-            "vector_extensions": cpu()["cpu_vector_extensions"],
-            "threads": threads,
-        }  # the wait policy, which is not (and differs between front ends), is a run fact
+        # the wait policy, which is not (and differs between front ends), is a run fact
+        expected = {"cpu": cpu()["cpu_model"], "vector_extensions": cpu()["cpu_vector_extensions"]}
+        expected["threads"] = threads
+        if cpu()["cpu_isa_cap"]:  # the suite run with capped kernels
+            expected["isa_cap"] = cpu()["cpu_isa_cap"]
+        assert meta["computed_on"] == expected
         assert env.get("OMP_WAIT_POLICY") == ("PASSIVE" if threads > 1 else None)
 
     files = sorted(p.name for p in (tmp_path / "one").iterdir())
