@@ -129,8 +129,11 @@ def separate_capped_cache() -> None:
     on-disk cache on them, so a capped process (an AVX-512 machine standing in for an AVX2 one)
     would load kernels an uncapped process compiled and fail or crash in its first step. A
     capped process compiles into a cache of its own, unless ``TORCHINDUCTOR_CACHE_DIR`` names
-    one."""
+    one other than torch's default (which torch writes into the variable once it has looked)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     cap = re.sub(r"\W", "_", os.environ.get("ATEN_CPU_CAPABILITY", "").lower())
-    if cap and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cap and named in (None, os.path.abspath(default_cache_dir())):
         folder = Path(tempfile.gettempdir()) / f"torchinductor_{os.getuid()}_{cap}"
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
