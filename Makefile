@@ -5,7 +5,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 INSTALLED := $(VENV)/.installed
 FMNIST  := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data run test lint format recheck rehearse test-slurm test-mkl-intel test-flower test-flower-deploy bench benchmark mutants generate docs docs-browser clean
+.PHONY: install data run test lint format recheck rehearse test-slurm test-mkl-intel test-avx2 test-flower test-flower-deploy bench benchmark mutants generate docs docs-browser clean
 
 install: $(INSTALLED) data
 
@@ -73,6 +73,11 @@ test-slurm: install
 test-mkl-intel: install
 	$(PY) -m tests.mkl_dispatch $(VENV)
 	LD_PRELOAD=$(abspath $(VENV))/libmkl_intel_cpu.so pytest -q -n auto --dist loadscope --no-loadscope-reorder
+
+# Opt-in: the whole suite with ATen's and oneDNN's kernels capped at AVX2, as a CPU without
+# AVX-512 (a Zen 3, many Intel CPUs) runs them: bf16 falls back to fp32, other kernels sum.
+test-avx2: install
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 pytest -q -n auto --dist loadscope --no-loadscope-reorder
 
 # Opt-in: Flower (the adapter's simulation tests, then a SuperLink and two SuperNodes on localhost).
 test-flower: install
