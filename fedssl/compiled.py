@@ -127,13 +127,19 @@ def step(model: nn.Module, fn: F) -> F:
 def separate_capped_cache() -> None:
     """Inductor picks its vector instructions by ``ATEN_CPU_CAPABILITY`` but does not key its
     on-disk cache on them, so a capped process (an AVX-512 machine standing in for an AVX2 one)
-    would load kernels an uncapped process compiled and fail or crash in its first step. A
-    capped process compiles into a cache of its own, unless ``TORCHINDUCTOR_CACHE_DIR`` names
-    one other than torch's default (which torch writes into the variable once it has looked)."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
+    would load kernels an uncapped process compiled and compute wrong numbers without an error,
+    or crash. A capped process compiles into a cache of its own, unless
+    ``TORCHINDUCTOR_CACHE_DIR`` names one other than torch's default (which torch writes into
+    the variable once it has looked)."""
     cap = re.sub(r"\W", "_", os.environ.get("ATEN_CPU_CAPABILITY", "").lower())
-    named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if cap and named in (None, os.path.abspath(default_cache_dir())):
+    if not cap:
+        return
+    try:  # torch's own default, where this torch has the helper (2.5 on)
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        default = os.path.abspath(default_cache_dir())
+    except ImportError:
+        default = None
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default):
         folder = Path(tempfile.gettempdir()) / f"torchinductor_{os.getuid()}_{cap}"
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
