@@ -78,8 +78,13 @@ TOOLS = {
 # ---------------------------------------------------------------------------- list
 def list_pipelines(presets: Presets) -> list[str]:
     pipelines = presets.pipelines()
+
+    def entry(e: str | dict[str, list[str]]) -> str:
+        return e if isinstance(e, str) else ", ".join(f"{g}[{' '.join(ls)}]" for g, ls in e.items())
+
     return [
-        f"{name}: {', '.join(pipelines.spec(name).experiments)}" for name in pipelines.pipelines
+        f"{name}: {', '.join(map(entry, pipelines.spec(name).experiments))}"
+        for name in pipelines.pipelines
     ]
 
 

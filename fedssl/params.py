@@ -557,7 +557,10 @@ class GridsParams(Strict):
 class PipelineSpec(Strict):
     """A pipeline whose report pivots on other rows or columns than method × partition."""
 
-    experiments: list[Name] = Field(description="experiments, or grids (all their members)")
+    experiments: list[Name | dict[Name, list[Name]]] = Field(
+        description="experiments, grids (all their members), or a grid's members selected by "
+        "labels (``{grid: [label, ...]}``: the members whose axes carry every label)"
+    )
     row: Literal["method", "title"] = Field(
         "method",
         description="what the pivot puts down: the method (runs of one method and "
@@ -574,7 +577,7 @@ class PipelineSpec(Strict):
 class PipelinesParams(Strict):
     """Pipeline name -> the experiments it runs (and reports in one table)."""
 
-    pipelines: dict[Name, list[Name] | PipelineSpec]
+    pipelines: dict[Name, list[Name | dict[Name, list[Name]]] | PipelineSpec]
     """each pipeline: a list of experiments (or grids), or its spec"""
 
     @model_validator(mode="after")

@@ -325,19 +325,42 @@ class Presets:
         return self._validate(P.PipelinesParams, read_yaml(path), str(path))
 
     def pipeline_experiments(self, pipeline: str) -> list[str]:
-        """The experiments a pipeline runs, its grid entries expanded (in axis order)."""
-        spec = self.pipelines().spec(pipeline)
-        grids = self.grids().experiments
-        members = (
-            self.grid_members("experiment") if any(e in grids for e in spec.experiments) else {}
-        )
+        """The experiments a pipeline runs, its grid entries expanded (in axis order) and
+        selected (:meth:`_entry_members`)."""
         out: list[str] = []
-        for entry in spec.experiments:
-            names = (
-                [m for m, (g, _) in members.items() if g == entry] if entry in grids else [entry]
-            )
+        for entry in self.pipelines().spec(pipeline).experiments:
+            names = self._entry_members(pipeline, entry)
             out += [n for n in names if n not in out]
         return out
+
+    def _entry_members(self, pipeline: str, entry: str | dict[str, list[str]]) -> list[str]:
+        """A pipeline entry's experiments: a name, a grid's members, or (``{grid: labels}``)
+        the members of a grid selected by labels: on every axis that one of ``labels``
+        belongs to, the member's label is one of them (``[dir01_s0, lrh, lr2]``: run dir01_s0
+        at either rate)."""
+        grids = self.grids().experiments
+        if isinstance(entry, str):
+            if entry not in grids:
+                return [entry]
+            return [m for m, (g, _) in self.grid_members("experiment").items() if g == entry]
+        ((grid, wanted),) = entry.items() if len(entry) == 1 else (("", []),)
+        where = f"{self.root / PIPELINES_FILE}: {pipeline}: {entry}"
+        if grid not in grids:
+            raise ParamsError(f"{where}: expected one grid of {self.grids_path} and its labels")
+        members = {m: lab for m, (g, lab) in self.grid_members("experiment").items() if g == grid}
+        by_axis: dict[str, set[str]] = {}
+        for labels in members.values():
+            for axis, label in labels.items():
+                if label in wanted:
+                    by_axis.setdefault(axis, set()).add(label)
+        if unknown := set(wanted) - set().union(*by_axis.values()):
+            raise ParamsError(
+                f"{where}: no axis of grid {grid} has label(s) {', '.join(sorted(unknown))}"
+            )
+        return [
+            m for m, labels in members.items()
+            if all(labels[axis] in chosen for axis, chosen in by_axis.items())
+        ]  # fmt: skip
 
 
 def derived_name(base: str, overrides: dict) -> str:

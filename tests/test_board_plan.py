@@ -89,10 +89,10 @@ def test_a_run_is_estimated_from_its_first_board_line_scaled_by_its_rounds_image
 
 def test_the_plan_counts_each_run_once(presets):
     parts = plan.parts_of(BOARD, presets)
-    assert parts[:2] == ["board2_tune_cnn", "board2_tune_rest"]
+    assert parts[:3] == ["board2_tune_cnn", "board2_tune_rest", "board2_tune_edge"]
     rows = plan.plan(parts, presets)
     every = set(presets.pipeline_experiments(BOARD))
-    for part in parts[:2]:
+    for part in parts[:3]:
         every |= set(presets.pipeline_experiments(part))
     assert sum(r["runs"] for r in rows) == len(every)
 
@@ -112,7 +112,15 @@ def test_a_line_keeps_the_rate_that_scores_best_on_validation_never_test(presets
     _metrics(tmp_path, "board2_solo_lr2_dir01_s0", personal_top1_val=80.0)
     found = tuning.sweeps(["board2_tune_cnn", "board2_tune_rest"], presets, tmp_path)
     assert found["board2_fedsimclr"] == {0.001: 71.5, 0.002: 70.0, 0.004: None}
-    assert tuning.choose(found["board2_fedsimclr"], 0.002) == (0.001, "2 of 3 scored")
+    assert tuning.choose(found["board2_fedsimclr"], 0.002) == (
+        0.001,
+        "2 of 3 scored; best at the smallest rate: one point beyond it is due",
+    )
+    with_extra = {0.0005: 71.0} | found["board2_fedsimclr"]
+    assert tuning.choose(with_extra, 0.002) == (0.001, "3 of 4 scored")
+    assert tuning.choose({0.0005: 72.0} | found["board2_fedsimclr"], 0.002)[1].endswith(
+        "best at the smallest rate after the extra point"
+    )
     assert tuning.choose(found["board2_solo"], 0.05) == (0.1, "1 of 3 scored")
     assert tuning.choose({0.01: 5.0, 0.02: 5.0, 0.005: 5.0}, 0.01)[0] == 0.01  # a tie: the start
     assert tuning.choose({0.02: 5.0, 0.005: 5.0, 0.01: None}, 0.01)[0] == 0.005
@@ -147,7 +155,7 @@ def test_the_board_states_each_lines_rate_and_whether_its_sweep_chose_it(presets
     _metrics(results, "board2_fedavg_lr2_dir01_s0", linear_top1_val=79.0)
     tuning.write_tuning("board2", presets, results, folder)
     assert (
-        "| board2_fedsimclr | 0.001: 71.50, 0.002: 70.00, 0.004: — |"
+        "| board2_fedsimclr | 0.0005: —, 0.001: 71.50, 0.002: 70.00, 0.004: — |"
         in (folder / "tuning.md").read_text()
     )
 

@@ -375,6 +375,28 @@ def test_a_grid_expands_its_axes_and_tracks_each_members_own_keys(tiny):
     assert Dag("knn").experiments == members
 
 
+def test_a_pipeline_selects_a_grids_members_by_their_labels(tiny):
+    """``{grid: labels}``: on each axis a label belongs to, the member carries one of the
+    labels given (several on one axis: either); axes no label names are free. A label no
+    axis has is named before anything runs."""
+    (tiny / "params" / "grids.yaml").write_text(GRID)
+    with open(tiny / "params" / "pipelines.yaml", "a") as f:
+        f.write("  many: [{knn: [many]}]\n  fast_both: [{knn: [few, many, fast]}]\n")
+        f.write("  one: [{knn: [many, slow]}, tiny_random]\n  typo: [{knn: [lots]}]\n")
+    presets = Presets()
+    assert presets.pipeline_experiments("many") == [
+        "tiny_random_manynn_fast",
+        "tiny_random_manynn_slow",
+    ]
+    assert presets.pipeline_experiments("fast_both") == [
+        "tiny_random_fewnn_fast",
+        "tiny_random_manynn_fast",
+    ]
+    assert Dag("one").experiments == ["tiny_random_manynn_slow", "tiny_random"]
+    with pytest.raises(P.ParamsError, match="typo: .*no axis of grid knn has label.*lots"):
+        presets.pipeline_experiments("typo")
+
+
 def test_adding_an_axis_value_is_one_line_and_leaves_the_others_untouched(tiny):
     (tiny / "params" / "grids.yaml").write_text(GRID)
     before = {

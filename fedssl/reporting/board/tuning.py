@@ -1,9 +1,11 @@
-"""The third board's tuning (issue 51, equal footing): every trained line gets the same budget,
+"""The third board's tuning (issue 51, equal footing): every trained line gets the same rule,
 its run ``dir01_s0`` at its starting learning rate beside the same run at half and twice it
-(``params/grids.yaml``, axis ``lr_sweep``), and keeps the rate whose run scores highest on the
-validation split (training images no client holds: the linear probe's accuracy, or the
-clients' mean personal accuracy). The test split is never read here. A line whose three runs
-all fail keeps its starting rate and is marked untuned. The board states each line's rate and
+(``params/grids.yaml``, axis ``lr_sweep``), one point further (a quarter or four times the
+start) where the best of those three lies at an edge, and keeps the rate whose run scores
+highest on the validation split (training images no client holds: the linear probe's
+accuracy, or the clients' mean personal accuracy). The test split is never read here. A line
+whose runs all fail keeps its starting rate and is marked untuned; a choice still at the
+sweep's edge after the extra point is marked so. The board states each line's rate and
 whether it is the sweep's choice (:func:`mark_tuning`: its ``lr, tuning`` column)."""
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from fedssl.reporting.formatting import markdown_table
 from fedssl.stage.record import ParamsError
 
 SWEEP_RUN = "_dir01_s0"  # the run every line is tuned on
-SWEEP_LABELS = ("lrh", "lr2")  # the sweep's other points (grids.yaml, axis lr_sweep)
+SWEEP_LABELS = ("lrq", "lrh", "lr2", "lr4")  # the sweep's other points (axis lr_sweep)
 VALIDATION = ("linear_top1_val", "personal_top1_val")  # the first a run has decides
 RESULTS = Path("results/experiments")
 TUNING_FILE = "tuning.json"  # in the board's report folder (:func:`write_tuning`)
@@ -56,13 +58,21 @@ def sweeps(pipelines: list[str], presets: Presets, results: Path = RESULTS) -> d
 
 def choose(points: dict[float, float | None], start: float) -> tuple[float, str]:
     """The rate a line keeps and why: the best validation accuracy (ties: the starting rate,
-    then the smaller), or the starting rate when no run of the sweep scored."""
+    then the smaller), or the starting rate when no run of the sweep scored. A best at the
+    smallest or largest rate swept says so: the sweep needs (or had) its point beyond it."""
     scored = {lr: acc for lr, acc in points.items() if acc is not None}
     if not scored:
         return start, "untuned: no run of the sweep scored"
     best = max(scored.values())
     tied = sorted(lr for lr, acc in scored.items() if acc == best)
-    return (start if start in tied else tied[0]), f"{len(scored)} of {len(points)} scored"
+    chosen = start if start in tied else tied[0]
+    why = f"{len(scored)} of {len(points)} scored"
+    if len(scored) > 1 and chosen in (min(points), max(points)):
+        side = "smallest" if chosen == min(points) else "largest"
+        extended = len(points) > 3
+        why += f"; best at the {side} rate" + (" after the extra point" if extended else
+                                                 ": one point beyond it is due")  # fmt: skip
+    return chosen, why
 
 
 def tuning_table(
@@ -94,8 +104,9 @@ def tuning_markdown(rows: list[dict]) -> str:
     ]
     caption = (
         "The third board's learning rates: each trained line's run dir01_s0 at half, one and "
-        "twice its starting rate, scored on the validation split (training images no client "
-        "holds; never the test split); the best is kept for every run of the line"
+        "twice its starting rate (and a quarter or four times it where the best of three lay "
+        "at an edge), scored on the validation split (training images no client holds; never "
+        "the test split); the best is kept for every run of the line"
     )
     header = ["line", "lr: validation accuracy", "starting lr", "chosen", "runs"]
     return markdown_table(header, table, caption)
