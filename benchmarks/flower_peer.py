@@ -69,12 +69,24 @@ def method():
 
 
 # ----------------------------------------------------------------------------- ours
-def run_ours(clients: int, images: int, rounds: int, setting: str, compile_: str = "off") -> dict:
+def run_ours(
+    clients: int,
+    images: int,
+    rounds: int,
+    setting: str,
+    compile_: str = "off",
+    keep_memory: bool = True,
+) -> dict:
+    """Our rounds as a stage runs them (``keep_memory``: its allocator setting, on in every
+    stage; off only for ``page_faults.py``'s side by side)."""
     from fedssl import compiled, precision
     from fedssl.fl.cohort import LocalData
     from fedssl.methods import federated
     from fedssl.models.encoders import seeded_contrastive_model
+    from fedssl.stage.base import keep_freed_memory
 
+    if keep_memory:
+        keep_freed_memory()
     p = method()
     block = p.federation.model_copy(update={"rounds": rounds, "client_fraction": 1.0})
     p = p.model_copy(update={"federation": block})
