@@ -344,11 +344,11 @@ def bound_kernel_cache() -> None:
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(KERNEL_CACHE))
 
 
-# glibc hands a freed block over its mmap threshold back to the kernel, and the next step's
-# activations of the same size fault their pages in again, zero-filled: FedSimCLR's round at
-# 20,000 images spent a quarter of its CPU in the kernel, 2.9 million page faults a round
-# (benchmarks/page_faults.py). Kept in the heap, the blocks are reused: the same round 1.3x
-# faster, the same numbers (where a block comes from changes no arithmetic).
+# glibc hands a freed block over its mmap threshold back to the kernel and trims the heap's free
+# top, so the next step's activations of the same size fault their pages in again, zero-filled:
+# FedSimCLR's round at 20,000 images spent a quarter of its CPU in the kernel, 2.9 million page
+# faults a round (benchmarks/page_faults.py). Kept in the heap, the blocks are reused: the same
+# round 1.2-1.5x faster, the same numbers (where a block comes from changes no arithmetic).
 MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks up to 32 MiB come from the heap
 TRIM_THRESHOLD = 1 << 30  # free heap the process keeps before it gives memory back
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
