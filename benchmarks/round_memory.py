@@ -46,9 +46,10 @@ def one_round(clients: int, images: int, stacked: bool = False, seed: int = 0) -
     from fedssl.methods import federated
     from fedssl.models.encoders import seeded_contrastive_model
     from fedssl.presets import Presets
-    from fedssl.stage.base import bound_kernel_cache, set_threads
+    from fedssl.stage.base import bound_kernel_cache, keep_freed_memory, set_threads
 
-    bound_kernel_cache()
+    bound_kernel_cache()  # as every stage does
+    keep_freed_memory()
     set_threads()
     p = Presets().load("experiment", PRESET).method
     block = p.federation.model_copy(update={"rounds": 1, "client_fraction": 1.0})
