@@ -1,6 +1,6 @@
 """The third board's tuning (issue 51, equal footing): every trained line gets the same rule,
 its run ``dir01_s0`` at its starting learning rate beside the same run at half and twice it
-(``params/grids.yaml``, axis ``lr_sweep``), one point further (a quarter or four times the
+(``params/grids.yaml``, axes ``lr_*``), one point further (a quarter or four times the
 start) where the best of those three lies at an edge, and keeps the rate whose run scores
 highest on the validation split (training images no client holds: the linear probe's
 accuracy, or the clients' mean personal accuracy). The test split is never read here. A line
@@ -20,7 +20,7 @@ from fedssl.reporting.formatting import markdown_table
 from fedssl.stage.record import ParamsError
 
 SWEEP_RUN = "_dir01_s0"  # the run every line is tuned on
-SWEEP_LABELS = ("lrq", "lrh", "lr2", "lr4")  # the sweep's other points (axis lr_sweep)
+SWEEP_LABELS = ("lrq", "lrh", "lr2", "lr4")  # the sweep's other points (axes lr_*)
 VALIDATION = ("linear_top1_val", "personal_top1_val")  # the first a run has decides
 RESULTS = Path("results/experiments")
 TUNING_FILE = "tuning.json"  # in the board's report folder (:func:`write_tuning`)
