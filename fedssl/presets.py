@@ -343,9 +343,9 @@ class Presets:
             if entry not in grids:
                 return [entry]
             return [m for m, (g, _) in self.grid_members("experiment").items() if g == entry]
-        ((grid, wanted),) = entry.items() if len(entry) == 1 else (("", []),)
         where = f"{self.root / PIPELINES_FILE}: {pipeline}: {entry}"
-        if grid not in grids:
+        grid, wanted = next(iter(entry.items()), ("", []))
+        if len(entry) != 1 or grid not in grids:
             raise ParamsError(f"{where}: expected one grid of {self.grids_path} and its labels")
         members = {m: lab for m, (g, lab) in self.grid_members("experiment").items() if g == grid}
         by_axis: dict[str, set[str]] = {}
