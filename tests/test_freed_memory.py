@@ -35,11 +35,12 @@ with precision.policy("fp32_channels_last"):
         loss.backward()
         opt.step()
 
-    step()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(4):
+    for _ in range(3):  # warm-up: the heap and glibc's thresholds settle
         step()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 4)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(8):
+        step()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 8)
 """
 
 
@@ -54,11 +55,12 @@ def faults_a_step(policy: str) -> float:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_a_step_reuses_its_freed_activations_instead_of_faulting_them_in_again():
     """The default model's step (2 x 128 views, batch norm, channels-last fp32) faults in
-    ~11,000 pages a step under glibc's default policy (measured: 11,574), ~600 with the
-    blocks kept."""
+    thousands of pages a step under glibc's default policy, hardly any with the blocks kept
+    (four runs of each here: 3,803-9,286 against 0-1,176 a step; glibc's dynamic thresholds
+    make both vary from run to run, hence the margins)."""
     default, kept = faults_a_step("default"), faults_a_step("kept")
-    assert default > 4000
-    assert kept < default / 5
+    assert default > 2000
+    assert kept < default / 3
 
 
 def test_the_users_own_allocator_settings_win(monkeypatch):
