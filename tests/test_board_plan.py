@@ -185,3 +185,29 @@ def test_the_board_states_each_lines_rate_and_whether_its_sweep_chose_it(presets
     assert "| runs | lr, tuning |" in text and "| 2 | 0.01, tuned |" in text
     assert "untuned otherwise" in text  # the caption says what tuned means
     assert not tuning.mark_tuning(lines, tmp_path / "no_tuning", presets)  # a board with none
+
+
+# ------------------------------------------------------------------ what is left, by session
+def test_runs_are_cut_into_batches_that_fit_a_session_keeping_their_order():
+    runs = [("a", 60.0), ("b", 90.0), ("c", 200.0), ("d", 10.0), ("e", 5.0)]
+    assert [[n for n, _ in b] for b in plan.batches(runs, 2.5)] == [["a", "b"], ["c"], ["d", "e"]]
+    assert plan.batches([], 2.5) == []
+
+
+def test_a_run_has_landed_once_every_metrics_file_of_its_own_stages_is_there(
+    presets, tmp_path, monkeypatch
+):
+    from fedssl.plan.dag import Dag
+
+    dag = Dag("board2_tune_edge", presets=presets)
+    name = "board2_fedsimclr_lrq_dir01_s0"
+    own = [dag.stages[s] for s in dag.of_experiment[name] if s.endswith(f"__{name}")]
+    metrics = [m for s in own for m in s.metrics]
+    assert len(metrics) >= 1  # the linear probe's at least
+    monkeypatch.chdir(tmp_path)
+    for m in metrics:
+        assert not plan.landed(name, dag)
+        (tmp_path / m).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / m).write_text("{}")
+    assert plan.landed(name, dag)
+    assert not plan.landed("board2_fedu_lr4_dir01_s0", dag)  # another run's stay missing

@@ -3,7 +3,13 @@ runs of the same line measured (``results/reports/board/stage_runs.json``: every
 seconds, one thread each), scaled where the run differs from that line's: the images a round
 trains (the clients sampled and the partition's size) and the fine-tuning's epochs. The CPU
 hours of each part are the sum over its runs (the 2-core machine runs two stages at once, so
-its wall hours are about half)."""
+its wall hours are about half).
+
+A board is made over many sessions, and a session's machine keeps nothing but what was
+committed: a run whose stages finish in one session lands (its metrics committed), one cut off
+by the session's end starts again next time. So :func:`left` lists each part's runs that have
+not landed yet in batches of whole runs that fit a session's CPU hours, as ``fedssl run``
+commands."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import statistics
 from pathlib import Path
 
 from fedssl.params import federation_of
+from fedssl.plan.dag import Dag
 from fedssl.presets import Presets
 from fedssl.reporting.board.budget import line_of, round_step_names
 from fedssl.reporting.formatting import markdown_table
@@ -122,3 +129,50 @@ def plan_markdown(rows: list[dict]) -> str:
         + f"; in all {sum(hours.values()):.1f} CPU hours"
     )
     return markdown_table(["part", "grid", "runs", "CPU min / run", "CPU h"], table, caption)
+
+
+def landed(name: str, dag: Dag) -> bool:
+    """Whether a run's results are committed: every metrics file of its own stages exists."""
+    own = [dag.stages[s] for s in dag.of_experiment[name] if s.endswith(f"__{name}")]
+    return all(Path(m).exists() for s in own for m in s.metrics)
+
+
+def batches(runs: list[tuple[str, float]], cpu_hours: float) -> list[list[tuple[str, float]]]:
+    """Runs (name, CPU minutes) in their order, cut into consecutive batches of at most
+    ``cpu_hours`` each (a run longer than that alone)."""
+    out: list[list[tuple[str, float]]] = []
+    total = float("inf")
+    for run in runs:
+        if total + run[1] > cpu_hours * 60:
+            out.append([])
+            total = 0.0
+        out[-1].append(run)
+        total += run[1]
+    return out
+
+
+def left(parts: list[str], cpu_hours: float, presets: Presets | None = None) -> str:
+    """Per part, the runs not landed yet with their estimated CPU hours, as ``fedssl run``
+    commands of at most ``cpu_hours`` each (a 2-core machine runs two stages at once: a batch of
+    H CPU hours takes about H / 2 hours)."""
+    presets = presets or Presets()
+    measured, rounds_kinds = measured_runs(), round_step_names(MEASURED_PIPELINE)
+    lines, seen = [], set()
+    for part in parts:
+        dag = Dag(part, presets=presets)
+        names = [n for n in dag.experiments if n not in seen]
+        seen |= set(names)
+        todo = [
+            (n, run_minutes(n, presets, measured, rounds_kinds))
+            for n in names
+            if not landed(n, dag)
+        ]
+        hours = sum(m for _, m in todo) / 60
+        lines.append(f"{part}: {len(todo)} of {len(names)} runs left, {hours:.1f} CPU h")
+        for i, batch in enumerate(batches(todo, cpu_hours), 1):
+            cpu = sum(m for _, m in batch) / 60
+            runs = " ".join(n for n, _ in batch)
+            lines.append(
+                f"  batch {i} ({len(batch)} runs, {cpu:.1f} CPU h): fedssl run {part} {runs}"
+            )
+    return "\n".join(lines)

@@ -187,6 +187,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     plan_.add_argument(
         "board", nargs="?", help="a board whose parts are pipelines <board>_* (none: the second)"
     )
+    plan_.add_argument(
+        "--left",
+        type=float,
+        metavar="CPU_HOURS",
+        help="instead: each part's runs whose results are not committed yet, as fedssl run "
+        "commands of at most CPU_HOURS each (what one session can finish)",
+    )
     tune = sub.add_parser("tune", help="a board's learning rates chosen on validation")
     tune.add_argument("board", help="a board whose tuning parts are pipelines <board>_tune*")
     return ap.parse_args(argv)
@@ -206,6 +213,8 @@ def _planning(args: argparse.Namespace) -> str:
     from fedssl.presets import Presets
 
     presets = Presets()
+    if args.left:
+        return plan.left(plan.parts_of(args.board, presets), args.left, presets)
     return plan.plan_markdown(plan.plan(plan.parts_of(args.board, presets), presets))
 
 
