@@ -121,6 +121,9 @@ def test_a_line_keeps_the_rate_that_scores_best_on_validation_never_test(presets
     assert tuning.choose({0.0005: 72.0} | found["board2_fedsimclr"], 0.002)[1].endswith(
         "best at the smallest rate after the extra point"
     )
+    # the extra point swept below, the best at the largest of the first three: still due
+    other_side = {0.0005: 60.0, 0.001: 70.0, 0.002: 71.0, 0.004: 72.0}
+    assert tuning.choose(other_side, 0.002)[1].endswith("one point beyond it is due")
     assert tuning.choose(found["board2_solo"], 0.05) == (0.1, "1 of 3 scored")
     assert tuning.choose({0.01: 5.0, 0.02: 5.0, 0.005: 5.0}, 0.01)[0] == 0.01  # a tie: the start
     assert tuning.choose({0.02: 5.0, 0.005: 5.0, 0.01: None}, 0.01)[0] == 0.005

@@ -11,6 +11,7 @@ whether it is the sweep's choice (:func:`mark_tuning`: its ``lr, tuning`` column
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from fedssl.params import federation_of
@@ -69,8 +70,9 @@ def choose(points: dict[float, float | None], start: float) -> tuple[float, str]
     why = f"{len(scored)} of {len(points)} scored"
     if len(scored) > 1 and chosen in (min(points), max(points)):
         side = "smallest" if chosen == min(points) else "largest"
-        extended = len(points) > 3
-        why += f"; best at the {side} rate" + (" after the extra point" if extended else
+        # the extra point is the edge it chose (not one swept on the other side)
+        extra = not any(math.isclose(chosen, f * start) for f in (0.5, 1.0, 2.0))
+        why += f"; best at the {side} rate" + (" after the extra point" if extra else
                                                  ": one point beyond it is due")  # fmt: skip
     return chosen, why
 
