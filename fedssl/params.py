@@ -558,8 +558,9 @@ class PipelineSpec(Strict):
     """A pipeline whose report pivots on other rows or columns than method × partition."""
 
     experiments: list[Name | dict[Name, list[Name]]] = Field(
-        description="experiments, grids (all their members), or a grid's members selected by "
-        "labels (``{grid: [label, ...]}``: the members whose axes carry every label)"
+        description="experiments, grids (all their members), other pipelines (their "
+        "experiments), or a grid's members selected by labels (``{grid: [label, ...]}``: the "
+        "members whose axes carry every label)"
     )
     row: Literal["method", "title"] = Field(
         "method",

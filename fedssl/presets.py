@@ -324,25 +324,34 @@ class Presets:
         path = self.root / PIPELINES_FILE
         return self._validate(P.PipelinesParams, read_yaml(path), str(path))
 
-    def pipeline_experiments(self, pipeline: str) -> list[str]:
+    def pipeline_experiments(self, pipeline: str, within: tuple[str, ...] = ()) -> list[str]:
         """The experiments a pipeline runs, its grid entries expanded (in axis order) and
-        selected (:meth:`_entry_members`)."""
+        selected, another pipeline's name standing for its experiments (:meth:`_entry_members`;
+        ``within``: the pipelines naming this one, refused if it names itself again)."""
+        if pipeline in within:
+            raise ParamsError(
+                f"{self.root / PIPELINES_FILE}: pipelines name each other in a cycle: "
+                + " -> ".join((*within, pipeline))
+            )
         out: list[str] = []
         for entry in self.pipelines().spec(pipeline).experiments:
-            names = self._entry_members(pipeline, entry)
+            names = self._entry_members((*within, pipeline), entry)
             out += [n for n in names if n not in out]
         return out
 
-    def _entry_members(self, pipeline: str, entry: str | dict[str, list[str]]) -> list[str]:
-        """A pipeline entry's experiments: a name, a grid's members, or (``{grid: labels}``)
-        the members of a grid selected by labels: on every axis that one of ``labels``
-        belongs to, the member's label is one of them (``[dir01_s0, lrh, lr2]``: run dir01_s0
-        at either rate)."""
-        grids = self.grids().experiments
+    def _entry_members(self, path: tuple[str, ...], entry: str | dict[str, list[str]]) -> list[str]:
+        """An entry of the last pipeline of ``path``: an experiment's name, a grid's members,
+        a pipeline's experiments (a board made of its parts), or (``{grid: labels}``) the
+        members of a grid selected by labels: on every axis that one of ``labels`` belongs to,
+        the member's label is one of them (``[dir01_s0, lrh, lr2]``: run dir01_s0 at either
+        rate)."""
+        grids, pipeline = self.grids().experiments, path[-1]
         if isinstance(entry, str):
-            if entry not in grids:
-                return [entry]
-            return [m for m, (g, _) in self.grid_members("experiment").items() if g == entry]
+            if entry in grids:
+                return [m for m, (g, _) in self.grid_members("experiment").items() if g == entry]
+            if entry in self.pipelines().pipelines:
+                return self.pipeline_experiments(entry, path)
+            return [entry]
         where = f"{self.root / PIPELINES_FILE}: {pipeline}: {entry}"
         grid, wanted = next(iter(entry.items()), ("", []))
         if len(entry) != 1 or grid not in grids:

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from fedssl.presets import Presets
-from fedssl.reporting.board import plan
+from fedssl.reporting.board import plan, tuning
 
 BOARD = "board2"
 SMALL_CNN = ("fedsimclr", "fedbyol", "fedema", "fedu", "orchestra", "featarc", "random_init",
@@ -29,7 +29,9 @@ def runs(presets):
 
 
 def _line(name: str) -> str:
-    return name.removeprefix("board2_").removeprefix("m100_").rsplit("_", 2)[0]
+    """A board run's line: ``board2_m100_fedsimclr_lrh_dir01_s3`` -> ``fedsimclr`` (its
+    partition, seed and sweep label dropped)."""
+    return tuning.line_of(name.replace("_m100_", "_").rsplit("_", 2)[0] + tuning.SWEEP_RUN)[7:]
 
 
 def test_every_run_draws_the_partition_its_seed_names(runs, presets):
@@ -57,15 +59,37 @@ def test_every_trained_line_is_swept_at_half_and_twice_its_lr(presets, runs):
     tuned = set(presets.pipeline_experiments("board2_tune_cnn"))
     tuned |= set(presets.pipeline_experiments("board2_tune_rest"))
     blocks = {n: federation_of(e.method) for n, e in runs.items() if n.endswith("_dir01_s0")}
-    trained = [n for n, b in blocks.items() if b is not None and b.rounds and "_m100_" not in n]
+    trained = {tuning.line_of(n) for n, b in blocks.items() if b and b.rounds and "_m100_" not in n}
     assert len(trained) == 32
-    for own in trained:
-        block, line = blocks[own], own.removesuffix("_dir01_s0")
+    for line in trained:  # its sweep's centre: the line at its starting rate
+        own = f"{line}_dir01_s0"
+        block = federation_of(presets.load("experiment", own).method)
         assert own in tuned, own
         for label, factor in (("lrh", 0.5), ("lr2", 2.0)):
             point = presets.load("experiment", f"{line}_{label}_dir01_s0")
             assert federation_of(point.method).lr == pytest.approx(factor * block.lr), line
             assert f"{line}_{label}_dir01_s0" in tuned
+
+
+def test_each_tuned_line_runs_every_run_at_the_rate_its_sweep_chose(presets, runs):
+    """The committed tuning (results/reports/board2/tuning.json) is what the parts run: a
+    line whose sweep is settled (scored, no point beyond its edge still due) runs at the
+    chosen rate on every partition, 100 clients included."""
+    from pathlib import Path
+
+    rows = json.loads(Path("results/reports/board2/tuning.json").read_text())
+    settled = {
+        r["line"].removeprefix("board2_"): r["chosen"]
+        for r in rows
+        if not r["why"].startswith("untuned") and not r["why"].endswith("is due")
+    }
+    assert len(settled) >= 10
+    checked = collections.Counter()
+    for name in runs:
+        if (line := _line(name)) in settled:
+            assert tuning.learning_rate(name, presets) == pytest.approx(settled[line]), name
+            checked[line] += 1
+    assert set(checked) == set(settled)
 
 
 def test_the_supervised_lines_start_from_their_twins_encoder(runs):

@@ -397,6 +397,25 @@ def test_a_pipeline_selects_a_grids_members_by_their_labels(tiny):
         presets.pipeline_experiments("typo")
 
 
+def test_a_pipeline_made_of_parts_runs_its_parts_experiments_once(tiny):
+    """A pipeline's name as an entry stands for its experiments (a board made of its parts);
+    pipelines that name each other in a cycle are refused, naming the cycle."""
+    (tiny / "params" / "grids.yaml").write_text(GRID)
+    with open(tiny / "params" / "pipelines.yaml", "a") as f:
+        f.write("  part1: [{knn: [many]}]\n  part2: [{knn: [fast]}, tiny_random]\n")
+        f.write("  whole: [part1, part2]\n  loop_a: [loop_b]\n  loop_b: [tiny_random, loop_a]\n")
+    presets = Presets()
+    assert presets.pipeline_experiments("whole") == [
+        "tiny_random_manynn_fast",
+        "tiny_random_manynn_slow",
+        "tiny_random_fewnn_fast",  # part2's, less what part1 already ran
+        "tiny_random",
+    ]
+    assert Dag("whole").experiments == presets.pipeline_experiments("whole")
+    with pytest.raises(P.ParamsError, match="in a cycle: loop_a -> loop_b -> loop_a"):
+        presets.pipeline_experiments("loop_a")
+
+
 def test_adding_an_axis_value_is_one_line_and_leaves_the_others_untouched(tiny):
     (tiny / "params" / "grids.yaml").write_text(GRID)
     before = {
