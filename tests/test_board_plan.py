@@ -157,6 +157,53 @@ def test_a_line_keeps_the_rate_that_scores_best_on_validation_never_test(presets
     )
 
 
+def _report_failing(reports, pipeline, *experiments):
+    """A committed report of ``pipeline`` that lists ``experiments`` as stopped with an error."""
+    (reports / pipeline).mkdir(parents=True)
+    failed = [{"experiment": e, "stage": f"train__{e}", "error": "the loss is nan"}
+              for e in experiments]  # fmt: skip
+    saved = {"pipeline": pipeline, "rows": [], "figures": {}, "heatmaps": "", "failed": failed}
+    (reports / pipeline / "report.json").write_text(json.dumps(saved))
+
+
+def test_a_diverged_tuning_run_scores_nothing_and_the_table_says_so(presets, tmp_path):
+    from fedssl.reporting.board import tuning
+
+    results, reports = tmp_path / "results", tmp_path / "reports"
+    _metrics(results, "board2_solo_dir01_s0", personal_top1_val=80.0)
+    _metrics(results, "board2_solo_lrh_dir01_s0", personal_top1_val=82.0)
+    _report_failing(reports, "board2_tune_rest", "board2_solo_lr2_dir01_s0")
+    rows = {r["line"]: r for r in tuning.tuning_table(["board2_tune_rest"], presets, results,
+                                                      reports)}  # fmt: skip
+    solo = rows["board2_solo"]
+    assert solo["diverged"] == [0.1] and solo["points"][0.1] is None
+    assert (solo["chosen"], solo["why"]) == (0.025, "2 of 3 scored; best at the smallest rate: "
+                                             "one point beyond it is due")  # fmt: skip
+    text = tuning.tuning_markdown(list(rows.values()))
+    assert "| board2_solo | 0.025: 82.00, 0.05: 80.00, 0.1: diverged |" in text
+    assert "| board2_fedper | 0.025: —, 0.05: —, 0.1: — |" in text  # not run is not diverged
+
+
+def test_left_skips_what_landed_and_what_its_report_lists_as_stopped(
+    presets, tmp_path, monkeypatch
+):
+    from fedssl.plan.dag import Dag
+
+    monkeypatch.setattr("fedssl.reporting.report.REPORTS", tmp_path / "reports")
+    stopped = "board2_solo_lr2_dir01_s0"
+    _report_failing(tmp_path / "reports", "board2_tune_rest", stopped)
+    dag = Dag("board2_tune_rest", presets=presets)
+    open_runs = [e for e in dag.experiments if not plan.landed(e, dag)]
+    assert stopped in open_runs
+    text = plan.left(["board2_tune_rest"], 0.5, presets)
+    head, *batches = text.splitlines()
+    assert head.startswith(f"board2_tune_rest: {len(open_runs) - 1} of 66 runs left")
+    assert head.endswith("(1 stopped with an error, as its report says)")
+    assert f"{stopped} " not in text and batches
+    for line in batches:
+        assert line.endswith("--keep-going") and "fedssl run board2_tune_rest " in line
+
+
 def test_the_committed_plan_is_the_presets_plan(presets):
     """results/reports/board2/plan.md (which the board's page cites) is what the presets and
     the first board's measured stages give now: regenerate it after changing either

@@ -9,7 +9,9 @@ A board is made over many sessions, and a session's machine keeps nothing but wh
 committed: a run whose stages finish in one session lands (its metrics committed), one cut off
 by the session's end starts again next time. So :func:`left` lists each part's runs that have
 not landed yet in batches of whole runs that fit a session's CPU hours, as ``fedssl run``
-commands."""
+commands (``--keep-going``: a run that diverges stops only itself); after each, the part's
+report (``python -m stages.report PART --reuse-committed --partial``) is committed: it keeps the
+rows of the runs made so far and the runs that stopped with an error."""
 
 from __future__ import annotations
 
@@ -154,25 +156,33 @@ def batches(runs: list[tuple[str, float]], cpu_hours: float) -> list[list[tuple[
 def left(parts: list[str], cpu_hours: float, presets: Presets | None = None) -> str:
     """Per part, the runs not landed yet with their estimated CPU hours, as ``fedssl run``
     commands of at most ``cpu_hours`` each (a 2-core machine runs two stages at once: a batch of
-    H CPU hours takes about H / 2 hours)."""
+    H CPU hours takes about H / 2 hours). A run the part's committed report lists as stopped
+    with an error (a diverged loss) is a result, not left: it is counted apart."""
+    from fedssl.reporting.report import committed_failures
+
     presets = presets or Presets()
     measured, rounds_kinds = measured_runs(), round_step_names(MEASURED_PIPELINE)
     lines, seen = [], set()
     for part in parts:
-        dag = Dag(part, presets=presets)
+        dag, failed = Dag(part, presets=presets), committed_failures(part)
         names = [n for n in dag.experiments if n not in seen]
         seen |= set(names)
         todo = [
             (n, run_minutes(n, presets, measured, rounds_kinds))
             for n in names
-            if not landed(n, dag)
+            if not landed(n, dag) and n not in failed
         ]
         hours = sum(m for _, m in todo) / 60
-        lines.append(f"{part}: {len(todo)} of {len(names)} runs left, {hours:.1f} CPU h")
+        stopped = sum(n in failed for n in names)
+        lines.append(
+            f"{part}: {len(todo)} of {len(names)} runs left, {hours:.1f} CPU h"
+            + (f" ({stopped} stopped with an error, as its report says)" if stopped else "")
+        )
         for i, batch in enumerate(batches(todo, cpu_hours), 1):
             cpu = sum(m for _, m in batch) / 60
             runs = " ".join(n for n, _ in batch)
             lines.append(
-                f"  batch {i} ({len(batch)} runs, {cpu:.1f} CPU h): fedssl run {part} {runs}"
+                f"  batch {i} ({len(batch)} runs, {cpu:.1f} CPU h): "
+                f"fedssl run {part} {runs} --keep-going"
             )
     return "\n".join(lines)

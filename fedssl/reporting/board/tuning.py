@@ -77,11 +77,27 @@ def choose(points: dict[float, float | None], start: float) -> tuple[float, str]
     return chosen, why
 
 
+def stopped(pipelines: list[str], reports: Path | None = None) -> set[str]:
+    """The tuning runs the pipelines' committed reports list as stopped with an error (a
+    diverged loss): they score nothing, and the table says why."""
+    from fedssl.reporting.report import committed_failures
+
+    return {name for p in pipelines for name in committed_failures(p, reports)}
+
+
 def tuning_table(
-    pipelines: list[str], presets: Presets | None = None, results: Path = RESULTS
+    pipelines: list[str],
+    presets: Presets | None = None,
+    results: Path = RESULTS,
+    reports: Path | None = None,
 ) -> list[dict]:
-    """A row per line: each rate's validation accuracy, the starting and the chosen rate."""
+    """A row per line: each rate's validation accuracy (and the rates whose run diverged),
+    the starting and the chosen rate."""
     presets = presets or Presets()
+    failed = stopped(pipelines, reports)
+    diverged: dict[str, list[float]] = {}
+    for name in sorted(failed):
+        diverged.setdefault(line_of(name), []).append(learning_rate(name, presets))
     rows = []
     for line, points in sweeps(pipelines, presets, results).items():
         start = learning_rate(line + SWEEP_RUN, presets)
@@ -90,17 +106,18 @@ def tuning_table(
         rows.append(
             {"line": line, "label": label, "encoder": encoder}
             | {"points": dict(sorted(points.items())), "start": start}
-            | {"chosen": chosen, "why": why}
+            | {"chosen": chosen, "why": why, "diverged": sorted(diverged.get(line, []))}
         )
     return rows
 
 
 def tuning_markdown(rows: list[dict]) -> str:
-    def cell(lr: float, acc: float | None) -> str:
-        return f"{lr:g}: " + ("—" if acc is None else f"{acc:.2f}")
+    def cell(lr: float, acc: float | None, diverged: list[float]) -> str:
+        shown = "diverged" if lr in diverged else "—"
+        return f"{lr:g}: " + (shown if acc is None else f"{acc:.2f}")
 
     table = [
-        [r["line"], ", ".join(cell(lr, a) for lr, a in r["points"].items())]
+        [r["line"], ", ".join(cell(lr, a, r["diverged"]) for lr, a in r["points"].items())]
         + [f"{r['start']:g}", f"**{r['chosen']:g}**", r["why"]]
         for r in rows
     ]
@@ -108,14 +125,19 @@ def tuning_markdown(rows: list[dict]) -> str:
         "The third board's learning rates: each trained line's run dir01_s0 at half, one and "
         "twice its starting rate (and a quarter or four times it where the best of three lay "
         "at an edge), scored on the validation split (training images no client holds; never "
-        "the test split); the best is kept for every run of the line"
+        "the test split); the best is kept for every run of the line; —: not run yet; "
+        "diverged: the run stopped on a non-finite loss (its tuning part's report says where)"
     )
     header = ["line", "lr: validation accuracy", "starting lr", "chosen", "runs"]
     return markdown_table(header, table, caption)
 
 
 def write_tuning(
-    board: str, presets: Presets | None = None, results: Path = RESULTS, folder: Path | None = None
+    board: str,
+    presets: Presets | None = None,
+    results: Path = RESULTS,
+    folder: Path | None = None,
+    reports: Path | None = None,
 ) -> Path:
     """The board's tuning table from its tuning parts (the pipelines ``<board>_tune*``) into
     ``folder`` (the board's, ``results/reports/<board>/``): ``tuning.md`` and ``tuning.json``
@@ -124,7 +146,7 @@ def write_tuning(
 
     presets = presets or Presets()
     parts = [p for p in presets.pipelines().pipelines if p.startswith(f"{board}_tune")]
-    rows = tuning_table(parts, presets, results)
+    rows = tuning_table(parts, presets, results, reports)
     folder = folder or Path(report_dir(board))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tuning.md").write_text(tuning_markdown(rows) + "\n")
