@@ -32,9 +32,10 @@ def test_a_round_without_a_loss_is_not_drawn_as_zero():
 
 
 def test_the_caption_says_how_many_seeds_a_line_has():
-    assert figures.seeds_caption([1, 1, 1]) == "one run (seed) per line"
-    assert figures.seeds_caption([3, 3]) == "median over 3 seeds a line, band = min to max"
-    assert figures.seeds_caption([1, 3, 2]) == "median over 1-3 seeds a line, band = min to max"
+    assert figures.seeds_caption([1, 1, 1]) == "one run per line"
+    band = "a line (its seeds or swept settings), band = min to max"
+    assert figures.seeds_caption([3, 3]) == f"median over 3 runs {band}"
+    assert figures.seeds_caption([1, 3, 2]) == f"median over 1-3 runs {band}"
 
 
 def test_a_crowded_panel_of_the_run_splits_into_rows_of_few_lines():

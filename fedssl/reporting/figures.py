@@ -60,12 +60,13 @@ def diverged(values: Sequence[float], steps: int, is_loss: bool) -> bool:
 
 
 def seeds_caption(counts: Iterable[int]) -> str:
-    """What a curve is, true to how many runs (seeds) each line has."""
+    """What a curve is, true to how many runs each line has (its seeds, or in a sweep the
+    settings that share its label: a tuning part's rates)."""
     counts = sorted(set(counts))
     if counts == [1]:
-        return "one run (seed) per line"
+        return "one run per line"
     many = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-    return f"median over {many} seeds a line, band = min to max"
+    return f"median over {many} runs a line (its seeds or swept settings), band = min to max"
 
 
 def robust_limits(values: Iterable[float], pad: float = 0.05) -> tuple[float, float] | None:
