@@ -86,7 +86,6 @@ def run(argv):
     stopped_before = committed_failures(pipeline) if args.reuse_committed else {}
     rows, failed, pending, partitions, methods, swept = [], [], [], [], {}, []
     titles_of_row: dict[str, set[str]] = {}  # for untrained_apart
-    failed_cells = []  # a failed run has no row; its cell puts its curve in its line's panel
     for name in dag.experiments:
         exp = presets.load("experiment", name)
         method = methods.setdefault(exp.method.name, registry.get(exp.method.name))
@@ -104,9 +103,9 @@ def run(argv):
         if args.reuse_committed and not made_here(stages):
             stopped = failed_run(name, [s.name for s in stages]) or stopped_before.get(name)
             if stopped and name not in committed:
-                failed.append(stopped)
-                failed_cells.append({"experiment": name, "row": row, "column": column,
-                                     "arch": method.arch(exp.method)})  # fmt: skip
+                # with its cell: it has no row, and its curve belongs in its line's panel
+                cell = {"row": row, "column": column, "arch": method.arch(exp.method)}
+                failed.append({**stopped, **cell})
                 continue
             if args.partial and name not in committed:
                 pending.append(name)
@@ -138,7 +137,7 @@ def run(argv):
             own = [r for r in rows if r["method"] == method.name]
             figures.update(method.figures(own, results) if own else {})
         write_report(results, pipeline, rows, figures, str(ctx.output_dir), failed, pending)
-        plot_curves(round_logs(dag), results / "curves.png", curve_labels(rows + failed_cells))
+        plot_curves(round_logs(dag), results / "curves.png", curve_labels(rows + failed))
         ctx.info["rows"] = len(rows)
     print(f"wrote {report_dir(pipeline)}/report.md, report.csv, report.json and curves.png")
 

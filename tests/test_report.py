@@ -357,6 +357,26 @@ def test_a_run_that_stopped_with_an_error_is_listed_with_it(tmp_path):
     assert (tmp_path / "r" / "report.md").read_text() == text
 
 
+def test_a_failed_runs_curve_joins_its_line_where_its_record_names_its_cell():
+    """A run that stopped with an error has no row; its failure record's cell puts its curve
+    in its line's panel (with the encoder suffix its row label takes), and an older record
+    without a cell is left to the fallback by its seeds' label."""
+    from fedssl.reporting.report import curve_labels
+
+    rows = [
+        {"experiment": "a_s0", "row": "A", "column": "IID", "arch": "cnn"},
+        {"experiment": "a_vit_s0", "row": "A", "column": "IID", "arch": "vit"},
+    ]
+    failed = [
+        {"experiment": "a_lr2_s0", "stage": "train__a_lr2_s0", "error": "the loss is nan",
+         "row": "A", "column": "IID", "arch": "cnn"},
+        {"experiment": "b_s1", "stage": "train__b_s1", "error": "the loss is nan"},
+    ]  # fmt: skip
+    assert curve_labels(rows + failed) == {
+        "a_s0": ("A · cnn", "IID"), "a_vit_s0": ("A · vit", "IID"), "a_lr2_s0": ("A · cnn", "IID")
+    }  # fmt: skip
+
+
 def test_a_report_made_part_by_part_lists_the_runs_not_made_yet(tmp_path):
     """`stages.report --reuse-committed --partial` (a board run over several sessions): the
     experiments without outputs or committed rows are named, not in the rows, and a rerender

@@ -626,7 +626,9 @@ def plot_curves(
 def curve_labels(rows: list[dict]) -> dict[str, tuple[str, str]]:
     """Experiment -> (panel, line) of :func:`plot_curves`: the report's row label, with its
     encoder where one label names runs on several (a supervised and a personalised FedAvg),
-    and its column."""
+    and its column. ``rows`` may hold the runs that stopped with an error: their records name
+    their cell (an older record without one is left to :func:`plot_curves`' fallback)."""
+    rows = [r for r in rows if "row" in r]
     archs: dict[str, set] = {}
     for r in rows:
         archs.setdefault(r["row"], set()).add(r.get("arch", ""))
@@ -646,7 +648,7 @@ def redraw_curves(folder: Path) -> list[str]:
     Dag = importlib.import_module("fedssl.plan.dag").Dag
 
     saved = load_saved(folder)
-    labels = curve_labels(saved["rows"])
+    labels = curve_labels(saved["rows"] + saved.get("failed", []))
     return plot_curves(round_logs(Dag(saved["pipeline"])), folder / "curves.png", labels)
 
 
