@@ -137,7 +137,8 @@ def run(argv):
             own = [r for r in rows if r["method"] == method.name]
             figures.update(method.figures(own, results) if own else {})
         write_report(results, pipeline, rows, figures, str(ctx.output_dir), failed, pending)
-        plot_curves(round_logs(dag), results / "curves.png", curve_labels(rows + failed))
+        stopped = {f["experiment"] for f in failed}
+        plot_curves(round_logs(dag), results / "curves.png", curve_labels(rows + failed), stopped)
         ctx.info["rows"] = len(rows)
     print(f"wrote {report_dir(pipeline)}/report.md, report.csv, report.json and curves.png")
 

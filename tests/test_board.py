@@ -772,7 +772,8 @@ def test_the_second_board_names_no_stage_of_a_committed_pipeline():
 def test_curves_read_every_round_log_and_name_the_diverged_run(tmp_path):
     """plot_curves: a layer-wise run's growth-stage logs read as one run (rounds renumbered),
     a TSV that is not a round log is left out, and a run whose loss explodes and stops
-    early is returned as diverged (and drawn as a marked end point)."""
+    early is returned as diverged (and drawn as a marked end point), as is a run its report
+    lists as stopped with an error whose log looks whole."""
     from fedssl.reporting.report import plot_curves, read_round_log
 
     def tsv(name, header, rows):
@@ -795,6 +796,9 @@ def test_curves_read_every_round_log_and_name_the_diverged_run(tmp_path):
     labels = {f"a_s{i}": ("A", "IID") for i in range(2)}  # a_s2 failed: no row, its seeds' label
     gone = plot_curves(logs, tmp_path / "curves.png", labels)
     assert gone == ["A / IID #2"] and (tmp_path / "curves.png").stat().st_size > 0
+    # a run that stopped with an error after a whole, finite log is marked all the same
+    gone = plot_curves(logs, tmp_path / "curves.png", labels, stopped={"a_s1"})
+    assert gone == ["A / IID #1", "A / IID #2"]
 
 
 def test_accuracy_over_the_run_gives_each_encoder_its_own_row_where_a_panel_mixes_them():

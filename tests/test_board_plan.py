@@ -204,6 +204,37 @@ def test_left_skips_what_landed_and_what_its_report_lists_as_stopped(
         assert line.endswith("--keep-going") and "fedssl run board2_tune_rest " in line
 
 
+def test_a_run_a_board_part_reports_has_landed_only_once_a_committed_report_holds_its_row(
+    presets, tmp_path, monkeypatch
+):
+    """A tuning part's run needs only its metrics (the sweep reads them); a run a board part
+    reports also needs a committed row, else it is left, under that part, not the tuning one."""
+    reports = tmp_path / "reports"
+    monkeypatch.setattr("fedssl.reporting.report.REPORTS", reports)
+    monkeypatch.setattr(plan, "landed", lambda name, dag: True)  # every metrics file is here
+    tuned, board = set(presets.pipeline_experiments("board2_tune_cnn")), "board2_p1"
+    reported = set(presets.pipeline_experiments(board))
+    shared = "board2_fedbyol_dir01_s0"
+    assert shared in tuned & reported and len(tuned - reported) > 0
+
+    def heads():
+        return [line for line in plan.left(["board2_tune_cnn", board], 1000, presets)
+                .splitlines() if not line.startswith("  ")]  # fmt: skip
+
+    tune, part = heads()
+    k = len(tuned & reported)
+    assert tune == (f"board2_tune_cnn: 0 of 30 runs left, 0.0 CPU h ({k} left under the parts "
+                    "that report them: no committed report holds their rows)")  # fmt: skip
+    assert part.startswith(f"{board}: {len(reported)} of {len(reported)} runs left")
+    (reports / board).mkdir(parents=True)
+    saved = {"pipeline": board, "rows": [{"experiment": shared}], "figures": {}, "heatmaps": ""}
+    (reports / board / "report.json").write_text(json.dumps(saved))
+    tune, part = heads()
+    assert f"({k - 1} left under" in tune
+    assert part.startswith(f"{board}: {len(reported) - 1} of {len(reported) - 1} runs left")
+    assert shared not in plan.left([board], 1000, presets)
+
+
 def test_the_committed_plan_is_the_presets_plan(presets):
     """results/reports/board2/plan.md (which the board's page cites) is what the presets and
     the first board's measured stages give now: regenerate it after changing either

@@ -14,8 +14,10 @@ import argparse
 import csv
 import importlib
 import json
+import math
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from fedssl import evaluations
@@ -575,8 +577,19 @@ def _curve(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
     return [x for x, _ in pairs], [y for _, y in pairs]
 
 
+def _stopped(curve: tuple[list[float], list[float]]) -> tuple[list[float], list[float]]:
+    """A run that stopped with an error (a loss gone non-finite after its last logged round):
+    its last point stands for the error, so the figure marks it where it ended, even where its
+    log is as long as its line's other runs and every logged value is finite."""
+    x, y = curve
+    return x, y[:-1] + [math.nan] if y else y
+
+
 def plot_curves(
-    logs: dict[str, Path | list[Path]], path: Path, labels: dict[str, tuple[str, str]] | None = None
+    logs: dict[str, Path | list[Path]],
+    path: Path,
+    labels: dict[str, tuple[str, str]] | None = None,
+    stopped: Iterable[str] = (),
 ) -> list[str]:
     """Per-round curves of a pipeline's experiments (their round logs) as small multiples:
     a panel per method (``labels``: experiment -> (panel, line), e.g. the report's row and
@@ -584,8 +597,9 @@ def plot_curves(
     per setting as the median over its seeds with a band. A panel shows its accuracy per
     round where every run logs one (:data:`CURVE_METRICS`), the training loss otherwise;
     diverged runs are marked and kept out of the scales
-    (:func:`fedssl.reporting.figures.learning_curves`). Rendered here, so `dvc plots show` and the
-    Snakemake report show it offline. Returns the diverged runs."""
+    (:func:`fedssl.reporting.figures.learning_curves`), and so are the runs ``stopped`` with an
+    error even where their logs look whole (:func:`_stopped`). Rendered here, so `dvc plots show`
+    and the Snakemake report show it offline. Returns the diverged runs."""
     from fedssl.reporting.figures import learning_curves
 
     series = {name: read_round_log(p) for name, p in logs.items()}
@@ -606,8 +620,10 @@ def plot_curves(
         ylabels[panel] = CURVE_METRICS.get(key, "training loss")
         losses += [panel] if key == "loss" else []
         curves[panel] = {
-            line: [_curve(series[n], key) for n in names] for line, names in lines.items()
-        }
+            line: [_stopped(_curve(series[n], key)) if n in stopped else _curve(series[n], key)
+                   for n in names]
+            for line, names in lines.items()
+        }  # fmt: skip
     if not curves:
         import matplotlib
 
@@ -648,8 +664,10 @@ def redraw_curves(folder: Path) -> list[str]:
     Dag = importlib.import_module("fedssl.plan.dag").Dag
 
     saved = load_saved(folder)
-    labels = curve_labels(saved["rows"] + saved.get("failed", []))
-    return plot_curves(round_logs(Dag(saved["pipeline"])), folder / "curves.png", labels)
+    failed = saved.get("failed", [])
+    labels = curve_labels(saved["rows"] + failed)
+    stopped = {f["experiment"] for f in failed}
+    return plot_curves(round_logs(Dag(saved["pipeline"])), folder / "curves.png", labels, stopped)
 
 
 if __name__ == "__main__":

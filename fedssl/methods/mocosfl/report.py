@@ -305,6 +305,8 @@ def figures(rows: list[dict], out_dir: Path) -> dict[str, str]:
     from fedssl.methods.mocosfl.outputs import MISALIGNMENT_CURVES
 
     keys = list(groups)
+    # which run stands for a cell: in a sweep, every rate's run has the first seed
+    drawn = "; runs drawn: " + ", ".join(r["experiment"] for r in _first_runs(groups))
     fig = Figure(figsize=(9, 2.8 * len(keys)))
     FigureCanvasAgg(fig)
     for i, key in enumerate(keys):
@@ -317,12 +319,12 @@ def figures(rows: list[dict], out_dir: Path) -> dict[str, str]:
         "misalignment.png": "Misalignment of the participating clients' online and momentum "
         "models per step (grey: syncs), first seed: Eq. 2 (mean |difference|, after each "
         "step's sync; left) and the authors' log (mean squared difference, before the sync; "
-        "right)"
+        "right)" + drawn
     }
     if _inversion_figure(groups, where, out_dir / "inversion.png"):
         out["inversion.png"] = (
             "Model inversion: test images (top) and the attacker's "
             "reconstructions (bottom) per clients / cut / variant, "
-            "first seed"
+            "first seed" + drawn
         )
     return out

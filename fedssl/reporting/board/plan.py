@@ -11,7 +11,10 @@ by the session's end starts again next time. So :func:`left` lists each part's r
 not landed yet in batches of whole runs that fit a session's CPU hours, as ``fedssl run``
 commands (``--keep-going``: a run that diverges stops only itself); after each, the part's
 report (``python -m stages.report PART --reuse-committed --partial``) is committed: it keeps the
-rows of the runs made so far and the runs that stopped with an error."""
+rows of the runs made so far and the runs that stopped with an error. Its committed metrics are
+all a tuning part's run needs (the sweep reads them); a run a board part reports has landed only
+once a committed report also holds its row (its steps' outputs do not outlive the session), so
+one whose report was never committed runs again, under the first part that reports it."""
 
 from __future__ import annotations
 
@@ -139,6 +142,22 @@ def landed(name: str, dag: Dag) -> bool:
     return all(Path(m).exists() for s in own for m in s.metrics)
 
 
+def is_tuning(part: str) -> bool:
+    """A board's tuning parts are its pipelines ``<board>_tune*`` (see :mod:`.tuning`)."""
+    return part.split("_", 1)[-1].startswith("tune")
+
+
+def rowless(parts: list[str], presets: Presets) -> set[str]:
+    """The runs a board part (not a tuning part) reports that no committed report holds a row
+    of, nor lists as stopped with an error: their row must be made from their steps' outputs,
+    so they must run again."""
+    from fedssl.reporting.report import committed_failures, committed_rows
+
+    stopped = {n for p in parts for n in committed_failures(p)}
+    reported = {n for p in parts if not is_tuning(p) for n in presets.pipeline_experiments(p)}
+    return reported - committed_rows().keys() - stopped
+
+
 def batches(runs: list[tuple[str, float]], cpu_hours: float) -> list[list[tuple[str, float]]]:
     """Runs (name, CPU minutes) in their order, cut into consecutive batches of at most
     ``cpu_hours`` each (a run longer than that alone)."""
@@ -157,26 +176,34 @@ def left(parts: list[str], cpu_hours: float, presets: Presets | None = None) -> 
     """Per part, the runs not landed yet with their estimated CPU hours, as ``fedssl run``
     commands of at most ``cpu_hours`` each (a 2-core machine runs two stages at once: a batch of
     H CPU hours takes about H / 2 hours). A run the part's committed report lists as stopped
-    with an error (a diverged loss) is a result, not left: it is counted apart."""
+    with an error (a diverged loss) is a result, not left: it is counted apart. A run a board
+    part reports without a committed row (:func:`rowless`) is left, under that part, even where
+    a tuning part listed it first and its metrics landed."""
     from fedssl.reporting.report import committed_failures
 
     presets = presets or Presets()
     measured, rounds_kinds = measured_runs(), round_step_names(MEASURED_PIPELINE)
+    no_row = rowless(parts, presets)
     lines, seen = [], set()
     for part in parts:
         dag, failed = Dag(part, presets=presets), committed_failures(part)
         names = [n for n in dag.experiments if n not in seen]
-        seen |= set(names)
+        deferred = {n for n in names if is_tuning(part) and n in no_row}
+        seen |= set(names) - deferred
         todo = [
             (n, run_minutes(n, presets, measured, rounds_kinds))
             for n in names
-            if not landed(n, dag) and n not in failed
+            if n not in deferred and n not in failed and (not landed(n, dag) or n in no_row)
         ]
         hours = sum(m for _, m in todo) / 60
         stopped = sum(n in failed for n in names)
+        notes = [f"{stopped} stopped with an error, as its report says"] if stopped else []
+        if deferred:
+            notes.append(f"{len(deferred)} left under the parts that report them: no committed "
+                         "report holds their rows")  # fmt: skip
         lines.append(
             f"{part}: {len(todo)} of {len(names)} runs left, {hours:.1f} CPU h"
-            + (f" ({stopped} stopped with an error, as its report says)" if stopped else "")
+            + (f" ({'; '.join(notes)})" if notes else "")
         )
         for i, batch in enumerate(batches(todo, cpu_hours), 1):
             cpu = sum(m for _, m in batch) / 60

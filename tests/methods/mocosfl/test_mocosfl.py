@@ -595,6 +595,10 @@ def test_the_chain_runs_on_a_tiny_project(tmp_path, monkeypatch):
     assert len(lines) == 2 and all(" / " in line for line in lines)  # per-sync ratios found
     assert all(line.rstrip(" |").split("|")[-1].count(" / ") == 2 for line in lines)  # per step
     assert (report / "inversion.png").exists()
+    for heading in ("## Misalignment of", "## Model inversion"):  # which run stands for a cell
+        line = next(x for x in text.splitlines() if x.startswith(heading))
+        drawn = line.split("; runs drawn: ")[1].split(", ")
+        assert len(drawn) == len(set(drawn)) >= 2 and set(drawn) <= set(names), line
     check = json.loads(
         (
             root
