@@ -15,7 +15,7 @@ from torch import nn
 from fedssl.data.augment import BatchAugment, to_float
 from fedssl.params import FinetuneParams
 from fedssl.stage.runtime import derive_seed, torch_generator
-from fedssl.training.epochs import encoded, run_epochs, train_steps
+from fedssl.training.epochs import encoded, run_epochs, train_mode_batches, train_steps
 from fedssl.training.optim import warmup_cosine
 
 
@@ -47,7 +47,7 @@ def _epoch(model, opt, augment, train, p: FinetuneParams, device, epoch: int) ->
     """One epoch of AdamW steps in a seeded order, the rate warmed up then cosine-annealed by
     step over all epochs: the epoch's mean loss."""
     xtr, ytr = train
-    steps = -(-len(xtr) // p.batch_size)
+    steps = len(train_mode_batches(torch.arange(len(xtr)), p.batch_size))
     total, warmup = steps * p.epochs, steps * p.warmup_epochs
     model.train()
     gen = torch_generator(device, p.seed, "finetune", epoch)
@@ -57,7 +57,7 @@ def _epoch(model, opt, augment, train, p: FinetuneParams, device, epoch: int) ->
     ).to(device)
 
     def batches():
-        for i, idx in enumerate(order.split(p.batch_size)):
+        for i, idx in enumerate(train_mode_batches(order, p.batch_size)):
             for group in opt.param_groups:
                 group["lr"] = warmup_cosine(epoch * steps + i, total, warmup, p.lr)
             yield model, augment(xtr[idx], gen), ytr[idx]

@@ -25,6 +25,16 @@ from fedssl.precision import under_policy
 from fedssl.stage.runtime import check_finite, load_checkpoint, torch_save
 
 
+def train_mode_batches(rows: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    """``rows`` in batches of ``batch_size`` as ``Tensor.split`` cuts them, except that a last
+    batch of one sample, which batch norm in training mode cannot normalise, joins the one
+    before it (a batch of B + 1); every other cut is ``split``'s, so results made with it stay."""
+    batches = list(rows.split(batch_size))
+    if len(batches) > 1 and len(batches[-1]) == 1:
+        batches[-2:] = [torch.cat(batches[-2:])]
+    return batches
+
+
 class Stateful(Protocol):
     """A model or an optimizer: what the checkpoint holds of it."""
 

@@ -15,7 +15,7 @@ from fedssl.losses import masked_cross_entropy
 from fedssl.params import AugmentParams, FinetuneParams
 from fedssl.precision import autocast_dtype, channels_last, policy, under_policy
 from fedssl.stage.runtime import StageFailed, derive_seed, load_checkpoint
-from fedssl.training.epochs import run_epochs
+from fedssl.training.epochs import run_epochs, train_mode_batches
 
 
 # ------------------------------------------------------------------ precision policy
@@ -380,3 +380,17 @@ def test_cpcfl_encoder_epochs_are_two_passes_with_their_own_seeds_and_an_epoch_m
     assert all(torch.equal(state.server["pool0"][k], v) for k, v in expected.items())
     losses = (0.0 + l0 * 1 + l1 * 2) / 3
     assert state.log[0]["loss"] == float((losses.double() * sizes).sum() / sizes.sum())
+
+
+def test_train_mode_batches_cut_as_split_does_but_never_leave_one_sample_alone():
+    """A last batch of one sample (which training-mode batch norm refuses) joins the batch
+    before it; every other cut is ``Tensor.split``'s, so what was trained with it stays."""
+    sizes = {
+        n: [len(b) for b in train_mode_batches(torch.arange(n), 16)] for n in (1, 16, 17, 33, 40)
+    }
+    assert sizes == {1: [1], 16: [16], 17: [17], 33: [16, 17], 40: [16, 16, 8]}
+    rows = torch.randperm(33)
+    assert torch.equal(torch.cat(train_mode_batches(rows, 16)), rows)  # order kept
+    bn = nn.BatchNorm1d(3).train()
+    for batch in train_mode_batches(torch.randn(17, 3), 16):
+        bn(batch)  # one sample alone would raise

@@ -26,6 +26,7 @@ from fedssl.methods.orchestra.model import CENTROIDS, MEMORY, OrchestraModel
 from fedssl.stage.runtime import numpy_rng, torch_generator
 from fedssl.strategies.aggregation import fedavg, stacked
 from fedssl.strategies.base import Strategy
+from fedssl.training.epochs import train_mode_batches
 
 LOCAL_CENTROIDS = "local_centroids"
 
@@ -100,7 +101,7 @@ class OrchestraStrategy(Strategy):
         buffers[MEMORY] = self.model.memory
         weights = {k: v for k, v in received.items() if k not in buffers}
         parts = []
-        for batch in rows.split(p.federation.batch_size):
+        for batch in train_mode_batches(rows, p.federation.batch_size):
             x = view(data.images[batch], gen)
             parts.append(
                 functional_call(self.model, (weights, buffers), (x,), {"branch": "target"})

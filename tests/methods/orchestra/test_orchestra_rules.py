@@ -193,6 +193,20 @@ def test_a_client_smaller_than_the_memory_clusters_its_own_samples():
     assert fed.strategy.memory_rows(0) == 5 and fed.strategy.memory_rows(1) == 24
 
 
+def test_a_client_of_one_more_sample_than_a_batch_fills_its_memory_in_training_mode_bn():
+    """first_memory projects the client's samples in batches through training-mode BN: a
+    client of B + 1 samples (below the memory) must not leave one sample in a batch alone."""
+    p = tiny_params(memory_size=24, local_clusters=3)
+    data = toy_data()
+    data.clients[0] = data.clients[0][: p.federation.batch_size + 1]
+    model = seeded_orchestra_model(p, SHAPE, torch.device("cpu"))
+    fed = federated.make_federation(p, model, data, "/nonexistent/ck.pt", "fp")
+    received = {k: v for k, v in model.state_dict().items() if k != MEMORY}
+    memory = fed.strategy.first_memory(received, 0)
+    assert memory.shape == (24, 8) and torch.isfinite(memory).all()
+    assert torch.allclose(memory.norm(dim=1), torch.ones(24), atol=1e-5)  # normalised rows
+
+
 def test_costs_count_flops_around_a_real_step_and_round_zero_as_no_training():
     p = tiny_params()
     rows = oc._client_costs(p, SHAPE, [20, 30], [3, 1], [100, 10])
