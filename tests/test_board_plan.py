@@ -166,6 +166,30 @@ def _report_failing(reports, pipeline, *experiments):
     (reports / pipeline / "report.json").write_text(json.dumps(saved))
 
 
+def test_a_settled_line_is_decided_once_though_a_run_of_its_sweep_is_made_again(presets, tmp_path):
+    """Rewriting the tuning keeps a settled line's committed scores and choice (a run made
+    again on another machine scores otherwise); a line not settled yet takes the new scores."""
+    from fedssl.reporting.board import tuning
+
+    results, folder = tmp_path / "results", tmp_path / "board2"
+    scores = {"board2_fedbyol_lrh_dir01_s0": 72.0, "board2_fedbyol_dir01_s0": 75.0,
+              "board2_fedbyol_lr2_dir01_s0": 74.0, "board2_fedema_dir01_s0": 70.0}  # fmt: skip
+    for name, val in scores.items():
+        _metrics(results, name, linear_top1_val=val)
+    tuning.write_tuning("board2", presets, results, folder)
+    (results / "board2_fedbyol_dir01_s0" / "metrics.json").write_text('{"linear_top1_val": 73}')
+    (results / "board2_fedema_dir01_s0" / "metrics.json").write_text('{"linear_top1_val": 71}')
+    tuning.write_tuning("board2", presets, results, folder)
+    rows = {r["line"]: r for r in json.loads((folder / "tuning.json").read_text())}
+    assert rows["board2_fedbyol"]["chosen"] == 0.002  # 0.004 would win on the new score
+    assert dict(map(tuple, rows["board2_fedbyol"]["points"]))[0.002] == 75.0
+    assert (
+        "| board2_fedbyol | 0.001: 72.00, 0.002: 75.00, 0.004: 74.00 |"
+        in (folder / "tuning.md").read_text()
+    )
+    assert dict(map(tuple, rows["board2_fedema"]["points"]))[0.002] == 71.0  # not settled
+
+
 def test_a_diverged_tuning_run_scores_nothing_and_the_table_says_so(presets, tmp_path):
     from fedssl.reporting.board import tuning
 

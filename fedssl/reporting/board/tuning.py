@@ -6,7 +6,8 @@ highest on the validation split (training images no client holds: the linear pro
 accuracy, or the clients' mean personal accuracy). The test split is never read here. A line
 whose runs all fail keeps its starting rate and is marked untuned; a choice still at the
 sweep's edge after the extra point is marked so. The board states each line's rate and
-whether it is the sweep's choice (:func:`mark_tuning`: its ``lr, tuning`` column)."""
+whether it is the sweep's choice (:func:`mark_tuning`: its ``lr, tuning`` column). A line is
+decided once (:func:`decided_once`): a run of its sweep made again later does not move it."""
 
 from __future__ import annotations
 
@@ -146,14 +147,39 @@ def write_tuning(
 
     presets = presets or Presets()
     parts = [p for p in presets.pipelines().pipelines if p.startswith(f"{board}_tune")]
-    rows = tuning_table(parts, presets, results, reports)
     folder = folder or Path(report_dir(board))
+    rows = decided_once(tuning_table(parts, presets, results, reports), folder / TUNING_FILE)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tuning.md").write_text(tuning_markdown(rows) + "\n")
     for r in rows:
         r["points"] = [[lr, acc] for lr, acc in r["points"].items()]
     (folder / TUNING_FILE).write_text(json.dumps(rows, indent=1) + "\n")
     return folder / "tuning.md"
+
+
+def settled(row: dict) -> bool:
+    """Whether a line's tuning is decided: every rate of its sweep scored or diverged, and no
+    point beyond an edge is due."""
+    points = dict(row["points"]) if isinstance(row["points"], list) else row["points"]
+    done = all(acc is not None or lr in row["diverged"] for lr, acc in points.items())
+    return done and "is due" not in row["why"]
+
+
+def decided_once(rows: list[dict], committed: Path) -> list[dict]:
+    """Each line is tuned once: a line the committed table (``committed``) has settled keeps
+    that row, its scores and choice, over the same rates, though a run of its sweep is made
+    again later (made on another machine, a run's validation score moves by up to a few points,
+    and deciding again on it would give that line more runs than the rule's)."""
+    if not committed.exists():
+        return rows
+    before = {r["line"]: r for r in json.loads(committed.read_text())}
+    kept = []
+    for row in rows:
+        old = before.get(row["line"])
+        if old and settled(old) and [lr for lr, _ in old["points"]] == list(row["points"]):
+            row = old | {"points": {lr: acc for lr, acc in old["points"]}}
+        kept.append(row)
+    return kept
 
 
 def learning_rate(experiment: str, presets: Presets) -> float | None:
