@@ -160,7 +160,7 @@ def write_tuning(
 def settled(row: dict) -> bool:
     """Whether a line's tuning is decided: every rate of its sweep scored or diverged, and no
     point beyond an edge is due."""
-    points = dict(row["points"]) if isinstance(row["points"], list) else row["points"]
+    points = dict(row["points"])  # [[lr, acc], ...] as committed, or {lr: acc}
     done = all(acc is not None or lr in row["diverged"] for lr, acc in points.items())
     return done and "is due" not in row["why"]
 
