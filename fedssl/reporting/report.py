@@ -625,18 +625,24 @@ def plot_curves(
             for line, names in lines.items()
         }  # fmt: skip
     if not curves:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5, 2))
-        ax.text(0.5, 0.5, "no federated rounds in this pipeline", ha="center")
-        ax.axis("off")
-        save_figure(fig, path, dpi=80)
-        plt.close(fig)
+        _no_rounds_figure(path)
         return []
     return learning_curves(curves, ylabels, path, loss_panels=losses)
+
+
+def _no_rounds_figure(path: Path) -> None:
+    """The curves' file of a pipeline without federated rounds: a one-line placeholder, so
+    the stage's declared output exists and says why it is empty."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 2))
+    ax.text(0.5, 0.5, "no federated rounds in this pipeline", ha="center")
+    ax.axis("off")
+    save_figure(fig, path, dpi=80)
+    plt.close(fig)
 
 
 def curve_labels(rows: list[dict]) -> dict[str, tuple[str, str]]:
