@@ -196,6 +196,35 @@ def test_a_question_on_a_line_the_board_lacks_names_its_field():
         questions.ask(cells, plan)
 
 
+def test_on_a_partial_board_a_line_still_to_come_waits_and_counts_in_holms_m():
+    """Line C's runs not made yet (a board made part by part): its question says "to come",
+    the others are answered over the lines present, Holm still adjusts over all three planned
+    questions, and C's reference answer is not written into any line; a line neither present
+    nor to come still stops the board, and a to-come run may name its line by its title (a run
+    that trains no round takes its title as its row where trained runs share its label)."""
+    cells = [c for c in _cells() if c["method"] != "C"]
+    board.significance.compare_lines(cells)
+    plan = questions.BoardQuestions.model_validate(PLAN)
+    coming = [{"experiment": "C_s0", "row": "C", "title": "C", "column": "P"}]
+    answers = questions.ask(cells, plan, to_come=coming)
+    twin = [a for a in answers if a["family"] == "twin"]
+    assert [a["verdict"] for a in twin] == ["separable", "not separable", "to come"]
+    model = stats.LineModel(
+        [(c["method"], s, v) for c in cells for s, v in c["by_seed"]["linear_top1"].items()]
+    )
+    raw = [model.contrast(m, "R").p for m in "AB"]
+    assert [a["p_adj"] for a in twin[:2]] == [
+        pytest.approx(p, abs=1e-6) for p in stats.holm([*raw, 1.0])[:2]
+    ]
+    assert twin[1]["p_adj"] > stats.holm(raw)[1]  # m = 3, not the 2 answered
+    table = questions.questions_text(answers, plan)
+    assert "| twin | C | R |  |  | to come |" in table and "1 resolved, 1 to come" in table
+    with pytest.raises(ParamsError, match="no ssl line 'C'"):
+        questions.ask(cells, plan, to_come=[coming[0] | {"column": "Q"}])
+    titled = [coming[0] | {"row": "C method", "title": "C"}]
+    assert questions.ask(cells, plan, to_come=titled)[2]["verdict"] == "to come"
+
+
 def test_the_committed_board_answers_its_planned_questions():
     """The committed board.json's answers are what the committed rows give, and on ξ = 0.1
     the small CNN's 9 lines against their untrained twin separate 8 times (the paired test

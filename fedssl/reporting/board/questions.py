@@ -33,6 +33,7 @@ QUESTIONS_FILE = Path("params/board_questions.yaml")
 
 
 RESOLVED_MDE = 1.0  # points: a "not separable" with an MDE this small still answers the question
+TO_COME = "to come"  # the verdict of a question whose line has no run yet (a partial board)
 
 
 class Family(BaseModel, extra="forbid"):
@@ -117,9 +118,10 @@ def _runs(cell: dict) -> list[tuple[str, str, float]]:
     ]
 
 
-def _lines_of(cell_list, family: Family, name: str, partition: str, where: str) -> dict:
+def _lines_of(cell_list, family: Family, name: str, partition: str, where: str, to_come=()) -> dict:
     """The family's lines on a partition (row label -> cell); a line the board lacks stops here,
-    naming the field that asks for it."""
+    naming the field that asks for it, unless its runs are still ``to_come`` on a board made
+    part by part (each labelled with its line: ``row`` or ``title``, and ``column``)."""
     lines = {
         c["method"]: c
         for c in cell_list
@@ -129,7 +131,11 @@ def _lines_of(cell_list, family: Family, name: str, partition: str, where: str) 
     asked += [(m, m, f"pool.{i}") for i, m in enumerate(family.pool)]
     for a, b, field in asked:
         for label in (a, b):
-            if label not in lines:
+            coming = any(
+                label in (r.get("row"), r.get("title")) and r.get("column") == partition
+                for r in to_come
+            )
+            if label not in lines and not coming:
                 raise ParamsError(
                     f"{where}.families.{name}.{field}: no {family.evaluation} line "
                     f"'{label}' on partition '{partition}'"
@@ -138,39 +144,36 @@ def _lines_of(cell_list, family: Family, name: str, partition: str, where: str) 
 
 
 def ask_family(
-    cell_list: list[dict],
+    lines: dict[str, dict],
     plan: BoardQuestions,
     name: str,
     partition: str,
-    where: str = "questions",
     records: dict | None = None,
 ) -> list[dict]:
     """Family ``name``'s questions on one partition: each a difference in points with its
     interval, raw and Holm-adjusted p, verdict and minimum detectable effect (at the
     family's Bonferroni level alpha / m, Holm's strictest step, and ``plan.power``), and
     where the runs kept per-image ``records`` (:func:`.imagewise.record_files`) its
-    test-image bootstrap and McNemar tests (``test_images``)."""
+    test-image bootstrap and McNemar tests (``test_images``). ``lines``: the family's lines on
+    the partition (:func:`_lines_of`); a question whose line has no run yet is answered
+    "to come", and counts in m as planned."""
     family = plan.families[name]
-    lines = _lines_of(cell_list, family, name, partition, where)
     asked = family.questions()
     named = list(dict.fromkeys([*(m for a, b, _ in asked for m in (a, b)), *family.pool]))
-    runs = [run for m in named for run in _runs(lines[m])]
-    model = stats.LineModel(runs, blocked=family.variance == "blocked")
-    found = [model.contrast(a, b) for a, b, _ in asked]
-    adjusted = stats.holm([None if f is None else f.p for f in found])
+    runs = [run for m in named if m in lines for run in _runs(lines[m])]
+    model = stats.LineModel(runs, blocked=family.variance == "blocked") if runs else None
+    found = [model.contrast(a, b) if {a, b} <= set(lines) else None for a, b, _ in asked]
+    # a question still to come counts in Holm's m as a p of 1: a partial board is no bolder
+    waiting = [not {a, b} <= set(lines) for a, b, _ in asked]
+    adjusted = stats.holm([1.0 if w else f and f.p for f, w in zip(found, waiting)])
     level = plan.alpha / len(asked)
     out = []
-    for (a, b, _), contrast, p in zip(asked, found, adjusted):
-        answer = {
-            "family": name,
-            "partition": partition,
-            "line": a,
-            "against": b,
-            "n": [
-                len(lines[a]["by_seed"][accuracy_of(lines[a])]),
-                len(lines[b]["by_seed"][accuracy_of(lines[b])]),
-            ],
-        }
+    for (a, b, _), contrast, p, wait in zip(asked, found, adjusted, waiting):
+        answer = {"family": name, "partition": partition, "line": a, "against": b}
+        if wait:
+            out.append(answer | {"verdict": TO_COME})
+            continue
+        answer["n"] = [len(lines[m]["by_seed"][accuracy_of(lines[m])]) for m in (a, b)]
         if contrast is None:
             out.append(answer | {"verdict": "untested"})
             continue
@@ -204,10 +207,12 @@ def ask(
     plan: BoardQuestions | None,
     where: str = "questions",
     records: dict | None = None,
+    to_come: list[dict] = (),
 ) -> list:
     """Every family's questions on every partition of the plan (none without a plan), with
     the runs' per-image ``records`` where they have them; each trained line's answer against
-    its reference also goes into its ``vs_reference``."""
+    its reference also goes into its ``vs_reference``. ``to_come``: the runs of a board made
+    part by part not made yet (:func:`ask_family`)."""
     if plan is None:
         return []
     answers = []
@@ -215,7 +220,8 @@ def ask(
         for name, family in plan.families.items():
             if not family.asked_on(partition):
                 continue
-            found = ask_family(cell_list, plan, name, partition, where, records)
+            lines = _lines_of(cell_list, family, name, partition, where, to_come)
+            found = ask_family(lines, plan, name, partition, records)
             answers += found
             _into_cells(cell_list, family, found)
     return answers
@@ -224,7 +230,7 @@ def ask(
 def _into_cells(cell_list: list[dict], family: Family, found: list[dict]) -> None:
     by_line = {(c["evaluation"], c["partition"], c["method"]): c for c in cell_list}
     for answer, (_, _, field) in zip(found, family.questions()):
-        if field.startswith("lines."):
+        if field.startswith("lines.") and "difference" in answer:  # tested
             cell = by_line[(family.evaluation, answer["partition"], answer["line"])]
             keep = (
                 "against",
@@ -242,8 +248,8 @@ def _into_cells(cell_list: list[dict], family: Family, found: list[dict]) -> Non
 
 
 def _answer_row(a: dict) -> list[str]:
-    if a["verdict"] == "untested":
-        return [a["family"], a["line"], a["against"], "", "", "untested", "", "", ""]
+    if a["verdict"] in ("untested", TO_COME):
+        return [a["family"], a["line"], a["against"], "", "", a["verdict"], "", "", ""]
     points = "{:+.1f} [{:+.1f}, {:+.1f}]".format(a["difference"], *a["ci95"]).replace("-", "−")
     p = "< 0.001" if a["p_adj"] < 0.001 else f"{a['p_adj']:.2g}"
     resolved = "yes" if a["resolved"] else "no"
@@ -290,6 +296,7 @@ def questions_text(answers: list[dict], plan: BoardQuestions | None) -> str:
         counts = [
             f"{name}: {sum(a['verdict'] == 'separable' for a in of)} of {len(of)} separable, "
             f"{sum(bool(a.get('resolved')) for a in of)} resolved"
+            + (f", {n} to come" if (n := sum(a["verdict"] == TO_COME for a in of)) else "")
             for name in plan.families
             if (of := [a for a in mine if a["family"] == name])
         ]

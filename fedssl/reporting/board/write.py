@@ -72,13 +72,18 @@ def run_records(
 def labelled_runs(runs: list[dict], dag) -> list[dict]:
     """Runs the report has no row for (failed, or still to come: each a dict with its
     ``experiment``) with the line each would join (the report's row, column and encoder, as
-    its rows have them); a run no preset names any more is kept as it is (no line)."""
+    its rows have them, and its ``title``, the row of a run that trains no round where others
+    share its label: :func:`fedssl.reporting.report.untrained_apart`); a run no preset names
+    any more is kept as it is (no line)."""
     from fedssl.presets import Presets
 
     presets, out = Presets(), []
     for f in runs:
         line = line_label(f["experiment"], presets, dag.row, dag.column)
-        out.append(f if line is None else f | dict(zip(("row", "column", "arch"), line)))
+        if line is not None:
+            title = presets.load("experiment", f["experiment"]).title
+            f = f | dict(zip(("row", "column", "arch"), line), title=title)
+        out.append(f)
     return out
 
 
@@ -141,7 +146,7 @@ def write_board(
     count_failures(cell_list, failed)
     compare_lines(cell_list)
     plan = load_questions(pipeline, questions_file)
-    answers = ask(cell_list, plan, f"{questions_file}: {pipeline}", image_records)
+    answers = ask(cell_list, plan, f"{questions_file}: {pipeline}", image_records, to_come)
     flag_lines(cell_list, load_flags(pipeline, flags_file), flags_file, to_come)
     mark_tuning(cell_list, folder)
     rounds_to_target(cell_list, logs or {})
