@@ -75,3 +75,30 @@ def test_the_committed_boards_figures_have_no_colliding_label():
     for cost in ("client_MB_exchanged", "total_GFLOPs"):
         fig = figures.draw(cells, cost, cost)
         assert _overlaps(fig) == [], cost
+
+
+def test_the_key_under_the_panels_clears_the_panels_and_the_legend():
+    """Thirty lines off the front: their names wrap over several lines, which sit under the
+    legend, the legend under the panels' axis labels, and every line of it inside the page;
+    a figure with more names grows taller instead of squeezing them into the legend."""
+    rows = []
+    for i in range(30):
+        method = f"method number {i} with a long name"
+        rows += [
+            {"experiment": f"m{i}_s{s}", "row": method, "arch": f"enc{i % 7}", "column": "P"}
+            | {"linear_top1": 70.0 - 0.3 * i + 0.1 * s, "client_MB_exchanged": 30 + 5 * i}
+            for s in range(2)
+        ]
+    cells = board.cells.cells(rows, {})
+    fig = figures.draw(cells, "client_MB_exchanged", "MB / client")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (key,) = fig.texts
+    key_box = key.get_window_extent(renderer)
+    legend_box = fig.legends[0].get_window_extent(renderer)
+    axes_bottom = min(ax.get_tightbbox(renderer).y0 for ax in fig.axes if ax.get_visible())
+    assert key.get_text().count("\n") >= 2
+    assert key_box.y1 < legend_box.y0 and legend_box.y1 < axes_bottom
+    assert key_box.y0 >= fig.bbox.y0 and key_box.x1 <= fig.bbox.x1
+    few = figures.draw(board.cells.cells(rows[:4], {}), "client_MB_exchanged", "MB / client")
+    assert fig.get_size_inches()[1] > few.get_size_inches()[1]

@@ -98,8 +98,8 @@ def draw(cell_list: list[dict], cost: str, label: str):
         ax.grid(alpha=0.3, which="both")
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
-    _cost_key(plt, fig, colours, numbered)
-    fig.tight_layout(rect=(0.02, 0.1, 0.98, 1))
+    bottom = _cost_key(plt, fig, colours, numbered)
+    fig.tight_layout(rect=(0.02, bottom, 0.98, 1))
     for ax, labels in drawn:  # on the final layout: the labels are placed in display space
         place_labels(ax, labels)
     return fig
@@ -134,9 +134,10 @@ def _cost_panel(ax, points: list[dict], colours: dict, numbered: dict[str, int])
     return labels
 
 
-def _cost_key(plt, fig, colours: dict, numbered: dict[str, int]) -> None:
+def _cost_key(plt, fig, colours: dict, numbered: dict[str, int]) -> float:
     """The key under the panels: a colour per encoder, the front, the references' mark, and
-    the numbered lines' names."""
+    the numbered lines' names, stacked in a footer the figure grows by (the legend's rows,
+    then the names' lines); returns the footer's height as a fraction of the figure."""
     import textwrap
 
     handles = [plt.Line2D([], [], marker="o", ls="none", color=c, label=g)
@@ -144,12 +145,26 @@ def _cost_key(plt, fig, colours: dict, numbered: dict[str, int]) -> None:
     handles.append(plt.Line2D([], [], color="k", lw=0.8, label="Pareto front (named)"))
     handles.append(plt.Line2D([], [], marker="D", ls="none", color="0.4", mfc="white",
                               label="reference (left edge: costs nothing)"))  # fmt: skip
-    fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7,
-               frameon=False, bbox_to_anchor=(0.5, 0.0))  # fmt: skip
+    ncol = min(6, len(handles))
+    width, height = fig.get_size_inches()
     key = "   ".join(f"{n}: {name}" for name, n in numbered.items())
-    if key:
-        fig.text(0.01, 0.045, "\n".join(textwrap.wrap("Off the front: " + key, 230)),
-                 fontsize=6, va="bottom")  # fmt: skip
+    chars = int(width * 72 / KEY_CHAR_PT)  # a line as wide as the figure
+    lines = textwrap.wrap("Off the front: " + key, chars) if key else []
+    rows = -(-len(handles) // ncol)
+    footer = LEGEND_ROW_IN * rows + KEY_LINE_IN * len(lines) + 0.1  # inches
+    fig.set_size_inches(width, height + footer)
+    bottom = footer / (height + footer)
+    fig.legend(handles=handles, loc="upper center", ncol=ncol, fontsize=7, frameon=False,
+               bbox_to_anchor=(0.5, bottom), borderaxespad=0.0)  # fmt: skip
+    if lines:
+        fig.text(0.01, 0.04 / (height + footer), "\n".join(lines), fontsize=6, va="bottom",
+                 linespacing=1.2)  # fmt: skip
+    return bottom
+
+
+# The key's measures at its font sizes (7 pt legend, 6 pt names): a legend row's height and a
+# name line's, in inches, and a 6 pt character's mean width in points, for the wrap.
+LEGEND_ROW_IN, KEY_LINE_IN, KEY_CHAR_PT = 0.22, 0.12, 3.4
 
 
 LABEL_GAP_PX = 1.0
