@@ -1094,6 +1094,27 @@ def test_the_accuracy_over_the_run_is_faceted_by_question_family_highest_lines_f
     }  # fmt: skip
 
 
+def test_a_family_split_in_rows_draws_its_highest_lines_first(tmp_path, monkeypatch):
+    """The reference (listed first on the board, at the lowest accuracy) falls in the second
+    row of a family of eight lines: the figure still draws "lines 1 of 2" above "lines 2 of 2"."""
+    names = ["SOLO", *(f"L{i}" for i in range(7))]
+    rows = [
+        _row(f"{m}_s0", m, "X", personal_last10=90.0 + i / 10, arch="cnn")
+        for i, m in enumerate(names)
+    ]
+    cells = board.cells.cells(rows, {})
+    row_of = board.figures._over_run_rows(cells, {})
+    curve = [[(r, 80.0 + r, r, r, r) for r in (1.0, 2.0)]]
+    drawn = []
+    monkeypatch.setattr(
+        "fedssl.reporting.figures.learning_curves", lambda panels, *a, **k: drawn.extend(panels)
+    )
+    members = [(c, curve) for c in cells]
+    assert board.figures._plot_family_over_run(members, tmp_path / "f.png", "x", row_of)
+    order = list(dict.fromkeys(name.split("\n")[0] for name in drawn))
+    assert order == ["X · personalised · lines 1 of 2", "X · personalised · lines 2 of 2"]
+
+
 def test_lines_sharing_a_panel_get_hues_apart_and_a_zoomed_axis_separates_close_ends(tmp_path):
     """Seven lines in two panels sharing one line: every panel's lines in different tab10
     hues (no dark hue beside its light twin); a panel whose lines end between 89 and 96 %

@@ -371,13 +371,28 @@ def plot_over_run(
     return files
 
 
+def _rows_together(drawn: list[tuple[dict, list]], row_of) -> list[tuple[dict, list]]:
+    """The drawn lines with each row's together: a panel's families in the board's order,
+    and a family's "lines 1 of n" before its "lines 2 of n" whichever line (a reference) the
+    board listed first."""
+    panels = list(dict.fromkeys(panel_of(cell) for cell, _ in drawn))
+    families = list(dict.fromkeys(row_of(c).split(" · lines ")[0] for c, _ in drawn))
+    return sorted(
+        drawn,
+        key=lambda d: (
+            panels.index(panel_of(d[0])),
+            families.index(row_of(d[0]).split(" · lines ")[0]),
+            row_of(d[0]),
+        ),
+    )
+
+
 def _plot_family_over_run(drawn: list[tuple[dict, list]], path: Path, family: str, row_of) -> bool:
     from fedssl.reporting.figures import CurveLook, _pyplot, colours_apart, learning_curves
 
     rows: dict[str, dict[int, dict]] = {}  # row -> field -> method -> runs
     marks: dict[str, list[tuple[str, str, float]]] = {}  # row -> its lines' targets
-    panels_in_order = list(dict.fromkeys(panel_of(cell) for cell, _ in drawn))
-    drawn = sorted(drawn, key=lambda d: panels_in_order.index(panel_of(d[0])))  # rows together
+    drawn = _rows_together(drawn, row_of)
     for cell, curves in drawn:
         target = (cell.get("to_target") or {}).get("target")
         if target is not None:
