@@ -140,6 +140,32 @@ def test_a_family_is_answered_under_its_pooled_variance_and_holm_within_it():
     assert "| twin | A | R | +5.0 [" in table
 
 
+def test_a_paired_family_takes_each_questions_noise_from_its_two_lines_alone():
+    """Lines of unequal noise (B and R quiet, C noisy): a paired question is the paired t over
+    the blocks both lines ran (scipy's ttest_rel, n - 1 df), whatever the family's other lines;
+    the blocked model pools C's noise into B's question and loses it. A paired family lends
+    no noise, so a pool beside it is refused."""
+    cells = _cells(partition_of=lambda s: f"draw{s}")
+    noisy = {"0": 60.0, "1": 75.0, "2": 90.0}
+    next(c for c in cells if c["method"] == "C")["by_seed"]["linear_top1"] = noisy
+    family = {"says": "s", "evaluation": "ssl", "reference": "R", "lines": ["B", "C"]}
+    answers = {}
+    for variance in ("paired", "blocked"):
+        plan = questions.BoardQuestions.model_validate(
+            {"partitions": ["P"], "families": {"f": family | {"variance": variance}}}
+        )
+        answers[variance] = questions.ask(cells, plan)
+    first = answers["paired"][0]
+    by_seed = {c["method"]: c["by_seed"]["linear_top1"] for c in cells}
+    expected = sps.ttest_rel(list(by_seed["B"].values()), list(by_seed["R"].values()))
+    assert first["p"] == pytest.approx(expected.pvalue, abs=1e-6)
+    assert first["test"] == "paired t, df 2"
+    assert answers["blocked"][0]["test"] == "blocked t, df 4"
+    assert answers["blocked"][0]["p"] > 3 * first["p"]  # C's noise widened B's question
+    with pytest.raises(ValueError, match="pool: a paired question takes its noise"):
+        questions.Family.model_validate(family | {"variance": "paired", "pool": ["B"]})
+
+
 def test_a_family_is_asked_only_on_its_partitions():
     """A family restricted to some of the board's partitions (a part that runs only some
     lines, such as the 100-client one) asks nothing elsewhere, so the lines it would lack
@@ -274,14 +300,14 @@ def test_questions_add_the_test_images_where_every_run_kept_them(tmp_path):
     assert all("test_images" not in a for a in twin)  # R kept no record
     text = questions.questions_text(answers, plan)
     assert "+10.0 [" in text and "McNemar p 1.8e−12, 1.8e−12, 1.8e−12 |" in text
-    assert "test-image records: 1 of 4 questions" in text
+    assert "test-image records: 1 of 4 tested questions" in text
     assert "| twin | A | R |" in text and "| — |" in text
 
 
 def test_without_records_the_questions_say_their_intervals_cover_seeds_only():
     plan = questions.BoardQuestions.model_validate(PLAN)
     text = questions.questions_text(questions.ask(_cells(), plan), plan)
-    assert "test-image records: none of the 4 questions (their runs were made before" in text
+    assert "test-image records: none of the 4 tested questions (their runs were made" in text
 
 
 def test_personalised_lines_bootstrap_clients_then_images_from_their_step_records(tmp_path):

@@ -1,19 +1,22 @@
 """The board's planned questions (``params/board_questions.yaml``): per partition, named
 families of comparisons written before the runs are read (each trained line against its own
 reference, and the contrasts a reader asks within a family of methods), each answered under a
-linear model with the variance pooled over the family's lines, Holm-adjusted within the
-family, with the minimum detectable effect beside every verdict.
+linear model of the runs, Holm-adjusted within the family, with the minimum detectable effect
+beside every verdict. A family says which variance its questions use (``variance``):
 
-Why a pooled variance and not a paired test: with 3 seeds a paired t has 2 degrees of freedom
-and its critical value alone (4.3) buries every gain under 9-10 points; the seed effect the
-pairing removes is nil on the committed board (one partition draw for every seed). Pooling
-the residual variance over the family's lines (each line its own mean: ``variance: pooled``)
-gives 2 x lines degrees of freedom. Where the seed also draws the partition and that block
-shifts every line alike, ``variance: blocked`` adds a block per (partition draw, seed), the
-fixed-effect form of a mixed model with line fixed and seed/partition random; its contrasts
-equal the mixed model's on a complete grid, and it needs no variance-component estimate that
-3-10 blocks cannot give. The pooled model assumes the lines of a family are about equally
-noisy, which is why a family holds one encoder's lines: its SDs are printed beside it."""
+- ``pooled``: each line its own mean, the residual variance pooled over the family's lines
+  (2 x lines degrees of freedom at 3 seeds, where a paired t has 2 and its critical value
+  alone, 4.3, buries every gain under 9-10 points). For runs that all read one partition draw.
+- ``blocked``: ``pooled`` plus a block per (partition draw, seed), the fixed-effect form of a
+  mixed model with line fixed and seed/partition random; its contrasts equal the mixed
+  model's on a complete grid, and it needs no variance component that 3-10 blocks cannot give.
+- ``paired``: each question alone, its two lines blocked by (partition draw, seed): the paired
+  t over the blocks both lines ran (n - 1 degrees of freedom). The mixed model with a residual
+  variance per line; right where a family's lines differ in noise by construction (supervised
+  lines whose probe reads the labels each client's draw holds beside self-supervised ones,
+  trained lines beside untrained ones). Pooling there narrows the noisy lines' intervals and
+  widens the quiet ones'; at n >= 5 blocks the paired test gives up only the t quantile.
+  A family of paired questions borrows no noise, so it has no ``pool``."""
 
 from __future__ import annotations
 
@@ -40,12 +43,12 @@ class Family(BaseModel, extra="forbid"):
     """A named family of questions on one evaluation's lines (by method): each trained line
     against its reference (``lines``: a list, each against ``reference``; or line ->
     its own reference), and each pair of ``contrasts`` (first minus second). ``pool``: more
-    lines whose runs enter the variance, not asked about (a contrast of two lines borrows
-    the noise of its encoder's other lines)."""
+    lines whose runs enter a pooled or blocked variance, not asked about (a contrast of two
+    lines borrows the noise of its encoder's other lines)."""
 
     says: str
     evaluation: Literal["ssl", "personal"]
-    variance: Literal["pooled", "blocked"] = "pooled"
+    variance: Literal["pooled", "blocked", "paired"] = "pooled"
     partitions: list[str] | None = None  # asked on these of the board's (none: on every one)
     reference: str | None = None
     lines: list[str] | dict[str, str] = []
@@ -60,6 +63,8 @@ class Family(BaseModel, extra="forbid"):
             raise ValueError("reference: lines already name each line's own reference")
         if not self.lines and not self.contrasts:
             raise ValueError("a family asks at least one question (lines or contrasts)")
+        if self.pool and self.variance == "paired":
+            raise ValueError("pool: a paired question takes its noise from its two lines alone")
         return self
 
     def asked_on(self, partition: str) -> bool:
@@ -159,16 +164,17 @@ def ask_family(
     "to come", and counts in m as planned."""
     family = plan.families[name]
     asked = family.questions()
-    named = list(dict.fromkeys([*(m for a, b, _ in asked for m in (a, b)), *family.pool]))
-    runs = [run for m in named if m in lines for run in _runs(lines[m])]
-    model = stats.LineModel(runs, blocked=family.variance == "blocked") if runs else None
-    found = [model.contrast(a, b) if {a, b} <= set(lines) else None for a, b, _ in asked]
+    models = _models(lines, family)
+    found = [
+        model.contrast(a, b) if model and {a, b} <= set(lines) else None
+        for (a, b, _), model in zip(asked, models)
+    ]
     # a question still to come counts in Holm's m as a p of 1: a partial board is no bolder
     waiting = [not {a, b} <= set(lines) for a, b, _ in asked]
     adjusted = stats.holm([1.0 if w else f and f.p for f, w in zip(found, waiting)])
     level = plan.alpha / len(asked)
     out = []
-    for (a, b, _), contrast, p, wait in zip(asked, found, adjusted, waiting):
+    for (a, b, _), contrast, p, wait, model in zip(asked, found, adjusted, waiting, models):
         answer = {"family": name, "partition": partition, "line": a, "against": b}
         if wait:
             out.append(answer | {"verdict": TO_COME})
@@ -181,6 +187,22 @@ def ask_family(
         images = imagewise.image_bootstrap(lines[a], lines[b], records or {}, imagewise.DRAWS)
         out.append(answer | ({"test_images": images} if images else {}))
     return out
+
+
+def _models(lines: dict[str, dict], family: Family) -> list:
+    """The linear model each of the family's questions is answered under, in their order:
+    one over every line the family names (pooled or blocked), or one per question over its
+    two lines (paired); None where no line has a run yet."""
+
+    def fitted(names) -> stats.LineModel | None:
+        runs = [run for m in names if m in lines for run in _runs(lines[m])]
+        return stats.LineModel(runs, blocked=family.variance != "pooled") if runs else None
+
+    asked = family.questions()
+    if family.variance == "paired":
+        return [fitted(dict.fromkeys((a, b))) for a, b, _ in asked]
+    named = dict.fromkeys([*(m for a, b, _ in asked for m in (a, b)), *family.pool])
+    return [fitted(named)] * len(asked)
 
 
 def _answer(contrast, p_adj: float, model, family: Family, plan: BoardQuestions, level: float):
@@ -261,13 +283,17 @@ def _answer_row(a: dict) -> list[str]:
 
 
 def _with_images(answers: list[dict]) -> str:
-    """How many of a partition's questions had per-image records for every run."""
-    kept = sum("test_images" in a for a in answers)
+    """How many of a partition's tested questions had per-image records for every run
+    (nothing while none is tested yet)."""
+    tested = [a for a in answers if "difference" in a]
+    kept = sum("test_images" in a for a in tested)
     if kept:
-        return f"test-image records: {kept} of {len(answers)} questions"
+        return f"test-image records: {kept} of {len(tested)} tested questions"
+    if not tested:
+        return ""
     return (
-        f"test-image records: none of the {len(answers)} questions (their runs were made "
-        "before the evaluations kept per-image records): intervals over seeds only"
+        f"test-image records: none of the {len(tested)} tested questions (their runs were "
+        "made before the evaluations kept per-image records): intervals over seeds only"
     )
 
 
@@ -280,8 +306,9 @@ def questions_text(answers: list[dict], plan: BoardQuestions | None) -> str:
     header += ["MDE", "resolved", "with test images [95 % CI]"]
     caption = (
         "Planned questions (params/board_questions.yaml): the difference in points of the "
-        "lines' means under a linear model of the runs with the variance pooled over the "
-        "family's lines (test: its degrees of freedom), its unadjusted 95 % interval, p "
+        "lines' means under a linear model of the runs (test: the family's variance, pooled "
+        "over its lines, blocked by partition draw and seed, or paired: the question's two "
+        "lines alone, and its degrees of freedom), its unadjusted 95 % interval, p "
         f"Holm-adjusted within the family (α = {plan.alpha:g}); MDE: the minimum detectable "
         f"effect, the true difference found with {plan.power:.0%} power at the family's level "
         f"α / m; resolved: separable, or an MDE ≤ {RESOLVED_MDE:g} point; with test images: "
@@ -300,7 +327,7 @@ def questions_text(answers: list[dict], plan: BoardQuestions | None) -> str:
             for name in plan.families
             if (of := [a for a in mine if a["family"] == name])
         ]
-        counts.append(_with_images(mine))
+        counts += [images] if (images := _with_images(mine)) else []
         table = markdown_table(header, [_answer_row(a) for a in mine], f"{caption}; {partition}")
         parts.append(f"{table}\n" + "".join(f"- {c}\n" for c in counts))
     return "**Planned questions, per partition**\n\n" + "\n".join(parts)
