@@ -52,6 +52,23 @@ def test_the_lines_within_budget_ranked_with_what_is_resolved_from_the_top():
     assert "Not resolved from the top line B: C." in text
 
 
+def test_under_a_paired_board_the_top_is_compared_with_each_line_alone():
+    """Under the third board's variance (paired) B vs C is the paired t over the seeds they
+    share (scipy's ttest_rel, 2 df), not the model pooled with R's runs (6 df); the text
+    names the test. The committed board2's plan says paired, and ``main`` passes it on."""
+    from scipy import stats as sps
+
+    got = advise.advise(ROWS, "0.1", advise.Budget(mb=60, gflops=20), "paired")
+    c = got["evaluations"]["ssl"]["against_top"][0]
+    paired = sps.ttest_rel([77.0, 77.5, 78.0], [76.0, 78.5, 77.0])
+    # Holm's last step (R's p is ~0, C's the larger) multiplies C's p by 1
+    assert c["line"] == "C" and c["p_adj"] == pytest.approx(paired.pvalue, abs=1e-5)
+    pooled = advise.advise(ROWS, "0.1", advise.Budget(mb=60, gflops=20))
+    assert pooled["evaluations"]["ssl"]["against_top"][0]["p_adj"] != pytest.approx(c["p_adj"])
+    assert "vs top: paired t, Holm over the comparisons." in advise.advise_text(got)
+    assert advise.load_questions("board2").variance == "paired"
+
+
 def test_a_partition_is_named_by_its_label_or_a_part_of_exactly_one():
     assert advise.advise(ROWS, "2 classes", advise.Budget())["partition"] == "F 2 classes"
     with pytest.raises(ValueError, match=r"--partition: 'F' names more than one partition"):

@@ -144,7 +144,7 @@ def test_a_paired_family_takes_each_questions_noise_from_its_two_lines_alone():
     """Lines of unequal noise (B and R quiet, C noisy): a paired question is the paired t over
     the blocks both lines ran (scipy's ttest_rel, n - 1 df), whatever the family's other lines;
     the blocked model pools C's noise into B's question and loses it. A paired family lends
-    no noise, so a pool beside it is refused."""
+    no noise, so a pool beside it is refused; a family inherits the board's variance."""
     cells = _cells(partition_of=lambda s: f"draw{s}")
     noisy = {"0": 60.0, "1": 75.0, "2": 90.0}
     next(c for c in cells if c["method"] == "C")["by_seed"]["linear_top1"] = noisy
@@ -162,8 +162,12 @@ def test_a_paired_family_takes_each_questions_noise_from_its_two_lines_alone():
     assert first["test"] == "paired t, df 2"
     assert answers["blocked"][0]["test"] == "blocked t, df 4"
     assert answers["blocked"][0]["p"] > 3 * first["p"]  # C's noise widened B's question
-    with pytest.raises(ValueError, match="pool: a paired question takes its noise"):
-        questions.Family.model_validate(family | {"variance": "paired", "pool": ["B"]})
+    pooled = {"says": "s", "evaluation": "ssl", "contrasts": [["B", "C"]], "pool": ["A"]}
+    board = {"partitions": ["P"], "variance": "paired", "families": {"f": pooled}}
+    with pytest.raises(ValueError, match="families.f.pool: a paired question takes its noise"):
+        questions.BoardQuestions.model_validate(board)
+    board["families"]["f"] |= {"variance": "blocked"}  # a family may keep its own
+    assert questions.BoardQuestions.model_validate(board).families["f"].variance == "blocked"
 
 
 def test_a_family_is_asked_only_on_its_partitions():

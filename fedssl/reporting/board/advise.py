@@ -5,8 +5,9 @@ intervals, and which of the differences from the top line the runs resolve.
 A line fits when each budgeted cost's mean over its runs is within the budget (a line that
 lacks a budgeted cost does not fit: its cost is unknown). The zero-cost references fit every
 budget and stay in the ranking: a user may be best served by federating nothing. The top line
-of each evaluation is compared with every other fitting line under the pooled linear model of
-the fitting lines' runs (:class:`fedssl.reporting.stats.LineModel`), Holm-adjusted over those
+of each evaluation is compared with every other fitting line under the variance the board's
+planned questions use (:mod:`.questions`: pooled over the fitting lines of the two lines'
+encoders, blocked, or paired over the runs the two lines share), Holm-adjusted over those
 comparisons; an unresolved difference is printed with its minimum detectable effect."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED, PEAK_STEP_MB
 from fedssl.reporting import stats
 from fedssl.reporting.board.cells import EVALUATIONS, accuracy_of, cells, is_reference
+from fedssl.reporting.board.questions import Variance, line_model, load_questions
 from fedssl.reporting.formatting import markdown_table
 
 COSTS = (CLIENT_MB_EXCHANGED.key, CLIENT_GFLOPS.key, PEAK_STEP_MB.key)  # the budget's, in order
@@ -88,21 +90,18 @@ def _line(cell: dict) -> dict:
     } | costs
 
 
-def _against_top(ranked: list[dict]) -> list[dict]:
-    """The top line against each other fitting line, each under the pooled model of the
-    fitting lines of the two lines' encoders (an encoder's noise is its own: a ResNet's SD of 6
-    points would bury the small CNN's differences), Holm over the comparisons."""
+def _against_top(ranked: list[dict], variance: Variance) -> list[dict]:
+    """The top line against each other fitting line, each under ``variance``: paired, the
+    two lines alone; else the model of the fitting lines of the two lines' encoders (an
+    encoder's noise is its own: a ResNet's SD of 6 points would bury the small CNN's
+    differences). Holm over the comparisons."""
     top, others = ranked[0], ranked[1:]
     found = []
     for other in others:
         encoders = {top["encoder"], other["encoder"]}
-        runs = [
-            (c["method"], seed, v)
-            for c in ranked
-            if c["encoder"] in encoders
-            for seed, v in c["by_seed"][accuracy_of(c)].items()
-        ]
-        found.append(stats.LineModel(runs).contrast(top["method"], other["method"]))
+        pool = [c for c in ranked if c["encoder"] in encoders]
+        model = line_model([top, other] if variance == "paired" else pool, variance)
+        found.append(model.contrast(top["method"], other["method"]))
     adjusted = stats.holm([None if f is None else f.p for f in found])
     level = stats.ALPHA / max(len(others), 1)
     out = []
@@ -117,16 +116,17 @@ def _against_top(ranked: list[dict]) -> list[dict]:
     return out
 
 
-def advise(rows: list[dict], partition: str, budget: Budget) -> dict:
+def advise(rows: list[dict], partition: str, budget: Budget, variance: Variance = "pooled") -> dict:
     """Per evaluation of the board on ``partition``: the fitting lines, best first, and the
-    top line's comparisons with the others."""
+    top line's comparisons with the others under ``variance``."""
     cell_list = cells(rows, {})
     partition = partition_of(cell_list, partition)
-    out = {"partition": partition, "budget": budget.limits(), "evaluations": {}}
+    out = {"partition": partition, "budget": budget.limits(), "variance": variance}
+    out["evaluations"] = {}
     for evaluation in EVALUATIONS:
         ranked = _ranked(cell_list, evaluation, partition, budget)
         if ranked:
-            compared = _against_top(ranked) if len(ranked) > 1 else []
+            compared = _against_top(ranked, variance) if len(ranked) > 1 else []
             out["evaluations"][evaluation] = {
                 "lines": [_line(c) for c in ranked],
                 "against_top": compared,
@@ -141,7 +141,10 @@ def _number(x, spec=".3g") -> str:
 def advise_text(advice: dict) -> str:
     """The advice as a reader gets it: per evaluation a ranked table and a sentence."""
     limits = ", ".join(f"{k} ≤ {v:g}" for k, v in advice["budget"].items()) or "no limit"
-    parts = [f"Partition {advice['partition']}; budget per client over the run: {limits}.\n"]
+    parts = [
+        f"Partition {advice['partition']}; budget per client over the run: {limits}; vs top: "
+        f"{advice['variance']} t, Holm over the comparisons.\n"
+    ]
     for evaluation, found in advice["evaluations"].items():
         vs = {a["line"]: a for a in found["against_top"]}
         rows = []
@@ -195,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rows = json.loads(report.read_text())["rows"]
     budget = Budget(args.mb_per_client, args.client_gflops, args.peak_mb)
+    plan = load_questions(args.board)
     try:
-        advice = advise(rows, args.partition, budget)
+        advice = advise(rows, args.partition, budget, plan.variance if plan else "pooled")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -2,7 +2,8 @@
 families of comparisons written before the runs are read (each trained line against its own
 reference, and the contrasts a reader asks within a family of methods), each answered under a
 linear model of the runs, Holm-adjusted within the family, with the minimum detectable effect
-beside every verdict. A family says which variance its questions use (``variance``):
+beside every verdict. The board says which variance its questions use (``variance``; a
+family may say otherwise), and ``fedssl advise`` compares lines under the same:
 
 - ``pooled``: each line its own mean, the residual variance pooled over the family's lines
   (2 x lines degrees of freedom at 3 seeds, where a paired t has 2 and its critical value
@@ -33,6 +34,7 @@ from fedssl.reporting.formatting import markdown_table
 from fedssl.stage.record import ParamsError
 
 QUESTIONS_FILE = Path("params/board_questions.yaml")
+Variance = Literal["pooled", "blocked", "paired"]
 
 
 RESOLVED_MDE = 1.0  # points: a "not separable" with an MDE this small still answers the question
@@ -48,7 +50,7 @@ class Family(BaseModel, extra="forbid"):
 
     says: str
     evaluation: Literal["ssl", "personal"]
-    variance: Literal["pooled", "blocked", "paired"] = "pooled"
+    variance: Variance | None = None  # none: the board's
     partitions: list[str] | None = None  # asked on these of the board's (none: on every one)
     reference: str | None = None
     lines: list[str] | dict[str, str] = []
@@ -63,8 +65,6 @@ class Family(BaseModel, extra="forbid"):
             raise ValueError("reference: lines already name each line's own reference")
         if not self.lines and not self.contrasts:
             raise ValueError("a family asks at least one question (lines or contrasts)")
-        if self.pool and self.variance == "paired":
-            raise ValueError("pool: a paired question takes its noise from its two lines alone")
         return self
 
     def asked_on(self, partition: str) -> bool:
@@ -79,9 +79,11 @@ class Family(BaseModel, extra="forbid"):
 
 class BoardQuestions(BaseModel, extra="forbid"):
     """One pipeline's planned questions: the families, asked on each of ``partitions`` (the
-    board's partition labels), at family-wise level ``alpha``; the MDE at ``power``."""
+    board's partition labels), at family-wise level ``alpha``; the MDE at ``power``; each
+    family under ``variance`` unless it names its own."""
 
     partitions: list[str] = Field(min_length=1)
+    variance: Variance = "pooled"
     alpha: float = Field(stats.ALPHA, gt=0, lt=1)
     power: float = Field(0.8, gt=0, lt=1)
     families: dict[str, Family] = Field(min_length=1)
@@ -92,6 +94,12 @@ class BoardQuestions(BaseModel, extra="forbid"):
             unknown = set(family.partitions or ()) - set(self.partitions)
             if unknown:
                 raise ValueError(f"families.{name}.partitions: {sorted(unknown)} not in partitions")
+            family.variance = family.variance or self.variance
+            if family.pool and family.variance == "paired":
+                raise ValueError(
+                    f"families.{name}.pool: a paired question takes its noise from its two "
+                    "lines alone"
+                )
         return self
 
 
@@ -189,20 +197,25 @@ def ask_family(
     return out
 
 
+def line_model(cell_list: list[dict], variance: Variance) -> stats.LineModel | None:
+    """The linear model of these lines' runs (a block per partition draw and seed unless
+    ``pooled``); None without a run. ``paired``: give it the two lines compared alone."""
+    runs = [run for cell in cell_list for run in _runs(cell)]
+    return stats.LineModel(runs, blocked=variance != "pooled") if runs else None
+
+
 def _models(lines: dict[str, dict], family: Family) -> list:
     """The linear model each of the family's questions is answered under, in their order:
     one over every line the family names (pooled or blocked), or one per question over its
-    two lines (paired); None where no line has a run yet."""
+    two lines (paired)."""
+    asked = family.questions()
 
     def fitted(names) -> stats.LineModel | None:
-        runs = [run for m in names if m in lines for run in _runs(lines[m])]
-        return stats.LineModel(runs, blocked=family.variance != "pooled") if runs else None
+        return line_model([lines[m] for m in dict.fromkeys(names) if m in lines], family.variance)
 
-    asked = family.questions()
     if family.variance == "paired":
-        return [fitted(dict.fromkeys((a, b))) for a, b, _ in asked]
-    named = dict.fromkeys([*(m for a, b, _ in asked for m in (a, b)), *family.pool])
-    return [fitted(named)] * len(asked)
+        return [fitted((a, b)) for a, b, _ in asked]
+    return [fitted([*(m for a, b, _ in asked for m in (a, b)), *family.pool])] * len(asked)
 
 
 def _answer(contrast, p_adj: float, model, family: Family, plan: BoardQuestions, level: float):
