@@ -69,6 +69,33 @@ def test_under_a_paired_board_the_top_is_compared_with_each_line_alone():
     assert advise.load_questions("board2").variance == "paired"
 
 
+def test_the_board_page_opens_with_the_advice_for_its_planned_budgets():
+    """Two budgets on the two partitions with runs (the plan's third has none yet): with no
+    limit D tops ξ = 0.1 and every line below it is resolved, a 60 MB / 20 GFLOPs cap gives B
+    with C not resolved; an evaluation without a line on a partition has no row; a plan
+    without budgets adds nothing."""
+    from fedssl.reporting.board.questions import BoardQuestions
+
+    family = {"says": "s", "evaluation": "ssl", "contrasts": [["B", "C"]]}
+    plan = BoardQuestions.model_validate(
+        {"partitions": ["F ξ=0.1", "F 2 classes", "F 100"], "families": {"f": family}}
+        | {"variance": "paired"}
+        | {"advice": [{"says": "no limit"}, {"says": "small", "mb": 60, "gflops": 20}]}
+    )
+    text = advise.planned_advice(ROWS, plan)
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + 4  # the header, then 2 budgets x 2 partitions, encoders only
+    assert "| no limit | F ξ=0.1 | encoders | D 90.0 | [90.0, 90.0] | none | 5 |" in text
+    assert "| small | F ξ=0.1 | encoders | B 77.5 | [76.3, 78.7] | C | 3 |" in text
+    assert "| small | F 2 classes | encoders | no line fits |  |  | 0 |" in text
+    assert "paired t, Holm over the fitting lines" in text
+    assert advise.planned_advice(ROWS, plan.model_copy(update={"advice": []})) == ""
+    assert "*The whole board: what `fedssl advise` answers for the planned" in text
+    assert "*A partial board, 7 runs not made yet: what `fedssl advise`" in (
+        advise.planned_advice(ROWS, plan, waiting=7)
+    )
+
+
 def test_a_partition_is_named_by_its_label_or_a_part_of_exactly_one():
     assert advise.advise(ROWS, "2 classes", advise.Budget())["partition"] == "F 2 classes"
     with pytest.raises(ValueError, match=r"--partition: 'F' names more than one partition"):

@@ -22,7 +22,12 @@ from pathlib import Path
 from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED, PEAK_STEP_MB
 from fedssl.reporting import stats
 from fedssl.reporting.board.cells import EVALUATIONS, accuracy_of, cells, is_reference
-from fedssl.reporting.board.questions import Variance, line_model, load_questions
+from fedssl.reporting.board.questions import (
+    BoardQuestions,
+    Variance,
+    line_model,
+    load_questions,
+)
 from fedssl.reporting.formatting import markdown_table
 
 COSTS = (CLIENT_MB_EXCHANGED.key, CLIENT_GFLOPS.key, PEAK_STEP_MB.key)  # the budget's, in order
@@ -132,6 +137,51 @@ def advise(rows: list[dict], partition: str, budget: Budget, variance: Variance 
                 "against_top": compared,
             }
     return out
+
+
+def planned_advice(rows: list[dict], plan: BoardQuestions | None, waiting: int = 0) -> str:
+    """The board page's opening: for each of the plan's typical budgets and partitions with
+    runs, each evaluation's top line that fits, its interval, and the fitting lines its runs
+    do not resolve from it (empty without budgets); ``waiting``: the runs of a partial board
+    not made yet, which the caption says first."""
+    if plan is None or not plan.advice:
+        return ""
+    present = {row["column"] for row in rows}
+    made = {  # the evaluations with a line on each partition, whatever it costs
+        p: list(advise(rows, p, Budget())["evaluations"]) for p in plan.partitions if p in present
+    }
+    table = []
+    for planned in plan.advice:
+        budget = Budget(planned.mb, planned.gflops, planned.peak_mb)
+        for partition, evaluations in made.items():
+            found = advise(rows, partition, budget, plan.variance)["evaluations"]
+            table += [[planned.says, partition, *_summary(e, found.get(e))] for e in evaluations]
+    header = ["budget a client", "partition", "evaluation", "top line", "95 % CI"]
+    header += ["not resolved from it", "fitting lines"]
+    caption = (
+        f"what `fedssl advise` answers for the planned budgets (per client over the run; vs "
+        f"the top: {plan.variance} t, Holm over the fitting lines; untested: one run)"
+    )
+    opening = f"A partial board, {waiting} runs not made yet" if waiting else "The whole board"
+    caption = f"{opening}: {caption}"
+    return "**Advice for typical budgets**\n\n" + markdown_table(header, table, caption) + "\n"
+
+
+def _summary(evaluation: str, found: dict | None) -> list[str]:
+    """One evaluation's advice as a row's cells: top line, its interval, the lines not
+    resolved from it, how many fit."""
+    kind = "encoders" if evaluation == "ssl" else "personalised"
+    if not found:
+        return [kind, "no line fits", "", "", "0"]
+    top = found["lines"][0]
+    ci = "[{:.1f}, {:.1f}]".format(*top["ci95"]) if top["ci95"] else "(one run)"
+    against = found["against_top"]
+    untested = sum(a.get("verdict") == "untested" for a in against)
+    tied = [a["line"] for a in against if a.get("verdict") != "untested" and not a["resolved"]]
+    words = ", ".join(tied) or "none"
+    words += f"; untested: {untested}" if untested else ""
+    name = top["method"] + (" (reference)" if top["reference"] else "")
+    return [kind, f"{name} {top['mean']:.1f}", ci, words, str(len(found["lines"]))]
 
 
 def _number(x, spec=".3g") -> str:

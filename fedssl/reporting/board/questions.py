@@ -77,16 +77,28 @@ class Family(BaseModel, extra="forbid"):
         return asked + [(a, b, f"contrasts.{i}") for i, (a, b) in enumerate(self.contrasts)]
 
 
+class PlannedBudget(BaseModel, extra="forbid"):
+    """A client's budget over the run the board's page answers ``fedssl advise`` for: MB
+    exchanged, GFLOPs, peak step MB (none: no limit on it)."""
+
+    says: str
+    mb: float | None = Field(None, gt=0)
+    gflops: float | None = Field(None, gt=0)
+    peak_mb: float | None = Field(None, gt=0)
+
+
 class BoardQuestions(BaseModel, extra="forbid"):
     """One pipeline's planned questions: the families, asked on each of ``partitions`` (the
     board's partition labels), at family-wise level ``alpha``; the MDE at ``power``; each
-    family under ``variance`` unless it names its own."""
+    family under ``variance`` unless it names its own. ``advice``: the typical budgets the
+    board's page opens with (:func:`.advise.planned_advice`)."""
 
     partitions: list[str] = Field(min_length=1)
     variance: Variance = "pooled"
     alpha: float = Field(stats.ALPHA, gt=0, lt=1)
     power: float = Field(0.8, gt=0, lt=1)
     families: dict[str, Family] = Field(min_length=1)
+    advice: list[PlannedBudget] = []
 
     @model_validator(mode="after")
     def _known_partitions(self) -> BoardQuestions:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fedssl.plan.layout import owner_of, report_dir
+from fedssl.reporting.board.advise import planned_advice
 from fedssl.reporting.board.budget import budget_markdown, budget_table, plan_markdown, plan_table
 from fedssl.reporting.board.cells import (
     MACHINE_KEYS,
@@ -151,10 +152,11 @@ def write_board(
     mark_tuning(cell_list, folder)
     rounds_to_target(cell_list, logs or {})
     asked = questions_text(answers, plan)
-    tables = tables_text(cell_list, hardware(records), total, pending, failed) + asked
+    advice = planned_advice(rows, plan, len(pending))  # the page opens with it
+    tables = advice + tables_text(cell_list, hardware(records), total, pending, failed) + asked
     # board.md sits in the report's folder: its links reach the docs' results pages
     page = tables_text(cell_list, hardware(records), total, pending, failed, DOCS_FROM_REPORT)
-    page += asked
+    page = advice + page + asked
     folder.mkdir(parents=True, exist_ok=True)
     drawn = draw_figures(folder, cell_list, logs or {}, plan)
     (folder / "board_tables.md").write_text(tables)
