@@ -1020,6 +1020,10 @@ def test_a_flags_file_that_names_no_line_or_a_wrong_field_stops_naming_it(tmp_pa
     assert cells[0]["flags"] == []
     with pytest.raises(ParamsError, match=r"orderings.0.below: no line .* 'Q'"):
         board.flags.flag_lines(cells, flags, path, to_come=[coming[0] | {"row": "R"}])
+    # an untrained run to come takes its title as its row: the flag may name it by the title
+    titled = [coming[0] | {"row": "R", "title": "Q"}]
+    board.flags.flag_lines(cells, flags, path, to_come=titled)
+    assert cells[0]["flags"] == []
 
 
 def test_the_committed_board_flags_every_line_below_its_reference_and_the_inversions():

@@ -337,3 +337,19 @@ def pipeline_entry(path: Path, pipeline: str, model: type[BaseModel]):
             f"{pipeline}.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()
         )
         raise ParamsError(f"{path}: {fields}") from None
+
+
+# the fields of a run still to come that say which line it joins, per key of a line
+_COMING = {"method": ("row", "title"), "encoder": ("arch",), "partition": ("column",)}
+
+
+def still_to_come(to_come, key: str, name: str, partition: str | None = None) -> bool:
+    """Whether a run of a board made part by part, not made yet (``to_come``: labelled by
+    :func:`.write.labelled_runs`), would join a line whose ``key`` (method, encoder or
+    partition) is ``name``, on ``partition`` where given: a method by its row or its title
+    (the row of a run that trains no round)."""
+    return any(
+        name in (run.get(field) for field in _COMING[key])
+        and partition in (None, run.get("column"))
+        for run in to_come
+    )

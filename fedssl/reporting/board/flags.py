@@ -10,7 +10,13 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from fedssl.reporting import stats
-from fedssl.reporting.board.cells import EVALUATIONS, accuracy_of, cost_columns, pipeline_entry
+from fedssl.reporting.board.cells import (
+    EVALUATIONS,
+    accuracy_of,
+    cost_columns,
+    pipeline_entry,
+    still_to_come,
+)
 from fedssl.reporting.board.significance import verdict_text
 from fedssl.stage.record import ParamsError
 
@@ -155,11 +161,10 @@ def _check_names(
                 f"board ({', '.join(sorted(columns))})"
             )
     field = {"above": "method", "below": "method"}
-    coming = {"method": "row", "encoder": "arch", "partition": "column"}
     for section, i, key, name in named:
         key_of = field.get(key, key)
-        if any(run.get(coming[key_of]) == name for run in to_come):
-            continue  # its line is still to come
+        if still_to_come(to_come, key_of, name):
+            continue
         if name is not None and not any(c[key_of] == name for c in cell_list):
             raise ParamsError(f"{path}: {section}.{i}.{key}: no line of the board has '{name}'")
 

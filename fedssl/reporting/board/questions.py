@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, model_validator
 
 import fedssl.reporting.board.imagewise as imagewise
 from fedssl.reporting import stats
-from fedssl.reporting.board.cells import accuracy_of, pipeline_entry
+from fedssl.reporting.board.cells import accuracy_of, pipeline_entry, still_to_come
 from fedssl.reporting.formatting import markdown_table
 from fedssl.stage.record import ParamsError
 
@@ -156,11 +156,7 @@ def _lines_of(cell_list, family: Family, name: str, partition: str, where: str, 
     asked += [(m, m, f"pool.{i}") for i, m in enumerate(family.pool)]
     for a, b, field in asked:
         for label in (a, b):
-            coming = any(
-                label in (r.get("row"), r.get("title")) and r.get("column") == partition
-                for r in to_come
-            )
-            if label not in lines and not coming:
+            if label not in lines and not still_to_come(to_come, "method", label, partition):
                 raise ParamsError(
                     f"{where}.families.{name}.{field}: no {family.evaluation} line "
                     f"'{label}' on partition '{partition}'"
