@@ -59,6 +59,7 @@ class ExperimentBase(Strict):
             reason = given and section.refuse and section.refuse(method)
             if reason:
                 raise ValueError(f"method '{method.name}' {reason}: remove `{section.name}`")
+        self.method.check_sections(self)
         return self
 
 

@@ -1,5 +1,7 @@
 """Personalised evaluation: every client's own model on its own test split (the same class mix
-as its training data), every round.
+as its training data), every round, or on a sparser schedule where a method's params ask for
+one (:func:`evaluated_round`: at 100 clients a round's evaluation costs several times its
+training).
 
 A method's strategy measures the clients in its ``evaluate`` hook with :func:`client_outputs`
 and keeps the record in ``FedState.memo`` through :class:`PersonalLog` (so a resumed run keeps
@@ -26,17 +28,31 @@ MEMO_KEY = "personal"
 VAL_KEY = "val_accuracy"  # personal.npz: each final model's accuracy on its validation images
 
 
+def evaluated_round(round_: int, rounds: int, every: int) -> bool:
+    """Whether round ``round_`` (0-based) of a run of ``rounds`` is evaluated when a method
+    evaluates every ``every``-th round: those, and each of the last ``every`` rounds, so that
+    a mean over up to the last ``every`` rounds reads every one of them."""
+    number = round_ + 1
+    return number % every == 0 or number > rounds - every
+
+
 class PersonalLog:
-    """Per-round, per-client accuracy (and model choice) kept in ``memo``, plus the final
-    round's pooled class probabilities."""
+    """Per-evaluated-round, per-client accuracy (and model choice) kept in ``memo``, with the
+    rounds they were measured at, plus the final round's pooled class probabilities."""
 
     def __init__(self, memo: dict):
         self.memo = memo.setdefault(MEMO_KEY, {"accuracy": [], "choice": []})
+        # a record kept before the rounds were (every round evaluated): 1, 2, ...
+        self.memo.setdefault("rounds", list(range(1, len(self.memo["accuracy"]) + 1)))
 
-    def record(self, accuracy: list[float], choice: list[int] | None = None) -> dict:
-        """One round: each client's test accuracy (%) and, optionally, the model it chose.
-        Returns the round log's columns."""
+    def record(
+        self, accuracy: list[float], choice: list[int] | None = None, number: int | None = None
+    ) -> dict:
+        """One round: each client's test accuracy (%) and, optionally, the model it chose;
+        ``number``: the round's (1-based; none: the next after the last recorded). Returns
+        the round log's columns."""
         self.memo["accuracy"].append([float(a) for a in accuracy])
+        self.memo["rounds"].append(number or (self.memo["rounds"] or [0])[-1] + 1)
         if choice is not None:
             self.memo["choice"].append([int(c) for c in choice])
         return {"personal_acc": round(float(np.mean(accuracy)), 3)}
@@ -55,6 +71,7 @@ class PersonalLog:
         np.savez(
             path,
             accuracy=np.asarray(self.memo["accuracy"], dtype=np.float64),
+            rounds=np.asarray(self.memo["rounds"], dtype=np.int64),
             choice=choice.reshape(len(self.memo["choice"]), -1)
             if choice.size
             else np.zeros((0, 0), dtype=np.int64),  # no model choices recorded
@@ -117,34 +134,48 @@ def client_outputs(
 
 
 def summarize(npz_path: Path, p, true_groups: list[int] | None = None) -> dict:
-    """Metrics of a ``personal.npz`` under :class:`~fedssl.params.PersonalEvalParams` ``p``."""
-    z = load_npz(npz_path, ("accuracy", "choice", "labels", "probs"))
+    """Metrics of a ``personal.npz`` under :class:`~fedssl.params.PersonalEvalParams` ``p``:
+    over the rounds it evaluated (every round, in a record without ``rounds``); a checkpoint
+    reads the last evaluated round up to it."""
+    z = load_npz(npz_path, ("accuracy", "choice", "labels", "probs"), optional=("rounds",))
     acc, choice, labels, probs = z["accuracy"], z["choice"], z["labels"], z["probs"]
-    mean = acc.mean(1)  # per round, over clients
-    rounds = len(mean)
+    mean = acc.mean(1)  # per evaluated round, over clients
+    at = z["rounds"] if "rounds" in z else np.arange(1, len(mean) + 1)
+    rounds = int(at[-1])
     out = {
         "personal_top1": round(float(mean[-1]), 2),
         **_validation(npz_path),
-        f"personal_last{p.last_rounds}": round(float(mean[-p.last_rounds :].mean()), 2),
+        f"personal_last{p.last_rounds}": _last_rounds(mean, at, rounds, p.last_rounds),
         "personal_best": round(float(mean.max()), 2),
         "rounds": rounds,
     }
     for f in p.checkpoints:
         r = max(1, round(f * rounds))
-        out[f"personal_at_{r}"] = round(float(mean[r - 1]), 2)
+        out[f"personal_at_{r}"] = round(float(mean[at <= r][-1]), 2)
         # as if the run had stopped at round r (a paper's column of a shorter run)
-        out[f"personal_last{p.last_rounds}_at_{r}"] = round(
-            float(mean[max(0, r - p.last_rounds) : r].mean()), 2
-        )
+        window = (at <= r) & (at > r - p.last_rounds)
+        out[f"personal_last{p.last_rounds}_at_{r}"] = round(float(mean[window].mean()), 2)
     if p.target is not None:
         hit = np.flatnonzero(mean >= p.target)
-        out["rounds_to_target"] = int(hit[0]) + 1 if hit.size else None
+        out["rounds_to_target"] = int(at[hit[0]]) if hit.size else None
     pooled = classification_metrics(labels, probs)
     pooled["pooled_top1"] = pooled.pop("accuracy")
     out.update({k: round(float(v), 4) for k, v in pooled.items()})
     if choice.size:
         out.update(_clusters(choice, true_groups))
     return out
+
+
+def _last_rounds(mean: np.ndarray, at: np.ndarray, rounds: int, last: int) -> float:
+    """The clients' mean accuracy averaged over the run's last ``last`` rounds, each of
+    which the record must hold."""
+    held = at > rounds - last
+    if held.sum() != min(last, rounds):
+        raise ValueError(
+            f"personal.last_rounds: {last}, but the record holds {int(held.sum())} of the "
+            f"run's last {last} rounds (its method evaluated a sparser schedule)"
+        )
+    return round(float(mean[held].mean()), 2)
 
 
 def _validation(npz_path: Path) -> dict:

@@ -107,6 +107,10 @@ class MethodParams(Strict):
     # the name the federation block had before it moved (a file still using it is told)
     federation_was: ClassVar[str | None] = None
 
+    def check_sections(self, experiment) -> None:
+        """Refuse (ValueError, naming the fields) settings of the experiment's other
+        sections that this method's params cannot serve; none by default."""
+
     @model_validator(mode="before")
     @classmethod
     def _federation_settings_in_their_block(cls, data):

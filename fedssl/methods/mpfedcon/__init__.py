@@ -148,6 +148,13 @@ class MpFedconParams(MethodParams):
         description="mpfedcon, A2: z_con from the round-start model, or from "
         "the party's model after its previous local training",
     )
+    personal_every: PositiveInt = Field(
+        1,
+        description="rounds between the personalised evaluations of every party during "
+        "training: every k-th round and each of the last k (1 = every round; at 100 parties a "
+        "round's evaluation costs several times its training); the last personal.last_rounds "
+        "must lie within the last k",
+    )
     finetune_epochs: PositiveInt = Field(10, description="fedavg_ft: local fine-tuning epochs")
     finetune_layers: Literal["head", "output"] = Field(
         "head", description="fedavg_ft: what fine-tuning trains: P+O, or O only"
@@ -243,6 +250,16 @@ class MpFedconParams(MethodParams):
         if self.net.projection is None and "projector" in (self.shared or ()):
             raise ValueError("shared: names 'projector' but net.projection is null (no P)")
         return self
+
+    def check_sections(self, experiment) -> None:
+        """The rounds ``personal.last_rounds`` averages must all be evaluated."""
+        personal, every = getattr(experiment, "personal", None), self.personal_every
+        if personal is not None and every > 1 and personal.last_rounds > every:
+            raise ValueError(
+                f"method.personal_every: {every} evaluates each of the last {every} rounds "
+                f"only, and personal.last_rounds averages the last {personal.last_rounds}: "
+                f"raise personal_every to {personal.last_rounds} or lower last_rounds"
+            )
 
     @property
     def scaffold_eta_g(self) -> float:

@@ -22,7 +22,7 @@ from torch.func import functional_call
 from fedssl.attacks.leakage import add_gradient_noise
 from fedssl.data import to_device
 from fedssl.data.augment import to_float
-from fedssl.eval.personal import PersonalLog, client_outputs
+from fedssl.eval.personal import PersonalLog, client_outputs, evaluated_round
 from fedssl.fl.cohort import CohortTrainer, LocalData, OptimizerConfig, forward
 from fedssl.fl.state import FederationConfig, FedState, RoundUpdates
 from fedssl.losses import masked_cross_entropy, model_contrastive_loss
@@ -262,8 +262,13 @@ class SplitStrategy(Strategy):
         }
 
     def evaluate(self, state: FedState, round_: int) -> dict:
+        """Every party's personal accuracy and its ReLUs alive, on the rounds
+        ``personal_every`` evaluates (:func:`evaluated_round`; nothing else reads them)."""
+        if not evaluated_round(round_, self.p.federation.rounds, self.p.personal_every):
+            return {}
         accs, _, _ = self.outputs(state, round_)
-        return {**PersonalLog(state.memo).record(accs), **self.alive_units(state)}
+        log = PersonalLog(state.memo).record(accs, number=round_ + 1)
+        return {**log, **self.alive_units(state)}
 
     def alive_units(self, state: FedState) -> dict:
         """The round log's view of dying ReLUs: per party, on up to ``ALIVE_BATCH`` of its

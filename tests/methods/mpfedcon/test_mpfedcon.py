@@ -355,6 +355,37 @@ def test_personal_accuracy_is_recorded_every_round_for_every_party(tmp_path):
     assert np.mean(acc[0]) == 50.0 and np.mean(acc[-1]) > 90  # it learns the bars
 
 
+def test_a_sparse_personal_schedule_measures_its_rounds_and_changes_nothing_else(tmp_path):
+    """personal_every: 3 over 6 rounds evaluates rounds 3 (every third) and 4-6 (the last 3):
+    the same accuracies the every-round run measured there, no personal column elsewhere in
+    the round log, and the same trained parties (the evaluation draws nothing, moves nothing)."""
+    kw = dict(rounds=6, lr=0.2, head_epochs=2, body_epochs=2)
+    _, dense = run(tmp_path, params("fedrep", **kw), "dense.pt")
+    _, sparse = run(tmp_path, params("fedrep", personal_every=3, **kw), "sparse.pt")
+    kept = sparse.memo["personal"]
+    assert kept["rounds"] == [3, 4, 5, 6] and dense.memo["personal"]["rounds"] == [1, 2, 3, 4, 5, 6]
+    assert kept["accuracy"] == dense.memo["personal"]["accuracy"][2:]
+    assert ["personal_acc" in r for r in sparse.log] == [False, False, True, True, True, True]
+    for c in dense.clients:
+        for k, v in dense.clients[c].items():
+            assert torch.equal(v, sparse.clients[c][k]), (c, k)
+
+
+def test_a_sparse_schedule_must_cover_the_rounds_the_summary_averages():
+    """Refused before compute, naming both fields: the last 10 rounds averaged, the schedule
+    evaluating each of the last 5 only."""
+    from fedssl.experiment import experiment_model
+    from fedssl.presets import Presets
+
+    exp = Presets().load("experiment", "board2_m100_fedrep_dir01_s0").model_dump()
+    exp["method"]["personal_every"] = 5
+    refused = r"method.personal_every: 5 .* personal.last_rounds averages the last 10"
+    with pytest.raises(ValidationError, match=refused):
+        experiment_model().model_validate(exp)
+    exp["method"]["personal_every"] = 10
+    assert experiment_model().model_validate(exp).method.personal_every == 10
+
+
 # ------------------------------------------------------------------ params
 def test_params_validate_the_split_and_the_attack_settings():
     assert params("fedper").shared_layers == ("base",)
@@ -430,6 +461,31 @@ def test_personal_summary_has_the_last_rounds_mean_at_each_checkpoint(tmp_path):
     assert out["personal_last4_at_10"] == pytest.approx(np.mean([7, 8, 9, 10]))
     assert out["personal_at_10"] == 10.0 and out["rounds_to_target"] == 11
     assert out["pooled_top1"] == 1.0
+
+
+def test_a_sparse_record_is_summarised_over_the_rounds_it_measured(tmp_path):
+    """Rounds 5, 10, 15 and 17-20 measured (mean accuracy = the round's number): the last 4
+    rounds average 17-20, a checkpoint reads the last measured round up to it (round 10 at
+    0.5, round 15 at 0.8), the target's round is the round measured, not the record's index;
+    a record that lacks one of the last rounds averaged is refused, naming the field."""
+    from fedssl.eval.personal import PersonalLog, summarize
+    from fedssl.params import PersonalEvalParams
+
+    def record(numbers, path):
+        log = PersonalLog({})
+        for r in numbers:
+            log.record([r - 1.0, r + 1.0], number=r)
+        log.save(path, [np.array([0])], [np.array([[0.9, 0.1]])])
+        return path
+
+    path = record([5, 10, 15, 17, 18, 19, 20], tmp_path / "p.npz")
+    p = PersonalEvalParams(last_rounds=4, checkpoints=(0.5, 0.8, 1.0), target=12)
+    out = summarize(path, p)
+    assert out["personal_last4"] == pytest.approx(18.5) and out["rounds"] == 20
+    assert (out["personal_at_10"], out["personal_at_16"]) == (10.0, 15.0)
+    assert out["personal_last4_at_16"] == 15.0 and out["rounds_to_target"] == 15
+    with pytest.raises(ValueError, match="personal.last_rounds: 4, but the record holds 3"):
+        summarize(record([5, 10, 15, 18, 19, 20], tmp_path / "q.npz"), p)
 
 
 def test_the_leakage_table_lays_out_only_the_attack_rows():
