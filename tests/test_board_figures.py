@@ -69,6 +69,50 @@ def test_crowded_labels_are_drawn_apart():
     assert _overlaps(fig) != []
 
 
+def _on_markers(fig, marker_box=figures.marker_box) -> list[tuple]:
+    """Labels whose box overlaps another point's marker (its own point's is where it starts)."""
+    fig.canvas.draw()
+    renderer, bad = fig.canvas.get_renderer(), []
+    for ax in fig.axes:
+        points = [
+            tuple(ax.transData.transform(xy))
+            for line in ax.lines
+            if line.get_marker() in ("o", "D")  # the points, not their error bars' caps
+            for xy in line.get_xydata()
+        ]
+        for t in ax.texts:
+            own = t.get_transform().transform(t.xy)
+            box = figures._box(t, renderer)
+            bad += [
+                (t.get_text(), p)
+                for p in points
+                if abs(p[0] - own[0]) + abs(p[1] - own[1]) > 0.5
+                and figures._overlap(box, marker_box(ax, p))
+            ]
+    return bad
+
+
+def test_labels_keep_off_the_other_points_markers(monkeypatch):
+    """Five lines within a third of a point and 3 MB of each other on an axis from 2 to 46
+    MB (the personalised panel's crowd): no label sits on another line's marker; placed
+    clear of the other labels alone (markers out of the rule), some do."""
+    rows = []
+    for name, i in [*((f"line {i}", i) for i in range(5)), ("far", 40), ("low", -60)]:
+        rows += [
+            {"experiment": f"{name}_s{s}", "row": name, "arch": "cnn", "column": "P"}
+            | {"linear_top1": 94.0 + 0.08 * i + 0.01 * s, "client_MB_exchanged": 18 + 0.7 * i}
+            for s in range(2)
+        ]
+    rows = [r | {"client_MB_exchanged": max(r["client_MB_exchanged"], 2.0)} for r in rows]
+    cells = board.cells.cells(rows, {})
+    fig = figures.draw(cells, "client_MB_exchanged", "MB / client")
+    assert _on_markers(fig) == [] and _overlaps(fig) == []
+    real = figures.marker_box
+    monkeypatch.setattr(figures, "marker_box", lambda ax, at: real(ax, (-1e6, -1e6)))
+    unaware = figures.draw(cells, "client_MB_exchanged", "MB / client")
+    assert len(_on_markers(unaware, real)) >= 2
+
+
 def test_the_committed_boards_figures_have_no_colliding_label():
     rows = json.loads(Path("results/reports/board/report.json").read_text())["rows"]
     cells = board.cells.cells(rows, {})

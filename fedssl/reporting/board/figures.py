@@ -11,6 +11,8 @@ from fedssl.evaluations.costs import CLIENT_GFLOPS, CLIENT_MB_EXCHANGED
 from fedssl.reporting.board.cells import EVALUATIONS, accuracy_of, is_reference, run_curves
 from fedssl.reporting.formatting import save_figure
 
+MARKER_PT = 4  # a cost figure's point, points across
+
 
 def family_of(cell: dict) -> str:
     """A line's family in the board's figures: ``personalised`` or ``encoders``."""
@@ -122,7 +124,7 @@ def _cost_panel(ax, points: list[dict], colours: dict, numbered: dict[str, int])
         colour = colours[p["group"]]
         marker, face = ("D", "white") if p["reference"] else ("o", colour)
         at, transform = ((0.0, p["y"]), edge) if p["x"] is None else ((p["x"], p["y"]), None)
-        ax.errorbar(*at, yerr=p["err"] or None, marker=marker, ms=4, capsize=2, ls="none",
+        ax.errorbar(*at, yerr=p["err"] or None, marker=marker, ms=MARKER_PT, capsize=2, ls="none",
                     color=colour, mfc=face, clip_on=False,
                     transform=transform or ax.transData)  # fmt: skip
         named = i in front or p["reference"]
@@ -172,13 +174,16 @@ LABEL_GAP_PX = 1.0
 
 def place_labels(ax, labels: list[tuple], fontsize: int = 6) -> list:
     """Each label beside its point, moved up (or, under the panel's title, down) until its
-    box is clear of every label placed before it by a few pixels, and to the point's left
-    where it would leave the figure; returns the drawn texts."""
+    box is clear by a few pixels of every label placed before it and of the other points'
+    markers, and to the point's left where it would leave the figure; returns the drawn
+    texts."""
     renderer = ax.figure.canvas.get_renderer()
     title = ax.title.get_window_extent(renderer)
     room = (ax.figure.bbox.x1, min(ax.figure.bbox.y1, title.y0), ax.figure.bbox.y0)
+    markers = [marker_box(ax, _anchor_px(ax, label)) for label in labels]
     placed, texts = [title], []
-    for text, at, transform in sorted(labels, key=lambda x: _anchor_px(ax, x)[1]):
+    for i in sorted(range(len(labels)), key=lambda i: markers[i].y0):
+        text, at, transform = labels[i]
         t = ax.annotate(
             text, at, xycoords=transform or "data", xytext=(3, 2), textcoords="offset points",
             fontsize=fontsize, annotation_clip=False,
@@ -187,7 +192,7 @@ def place_labels(ax, labels: list[tuple], fontsize: int = 6) -> list:
         if _box(t, renderer).x1 > room[0]:
             t.set_horizontalalignment("right")
             t.xyann = (-3, 2)
-        _clear(t, placed, renderer, room[1:])
+        _clear(t, placed + markers[:i] + markers[i + 1 :], renderer, room[1:])
         placed.append(_box(t, renderer))
         texts.append(t)
     return texts
@@ -231,6 +236,15 @@ def _box(t, renderer):
 
 def _overlap(a, b) -> bool:
     return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def marker_box(ax, at_px: tuple[float, float]):
+    """The display box of a point's marker centred at ``at_px``."""
+    from matplotlib.transforms import Bbox
+
+    half = MARKER_PT / 2 * ax.figure.dpi / 72
+    x, y = at_px
+    return Bbox.from_extents(x - half, y - half, x + half, y + half)
 
 
 def _anchor_px(ax, label: tuple) -> tuple[float, float]:
