@@ -111,6 +111,33 @@ def test_a_run_is_estimated_from_its_first_board_line_scaled_by_its_rounds_image
     )
 
 
+def test_what_is_left_is_estimated_from_the_boards_own_runs_of_a_line_first(
+    presets, tmp_path, monkeypatch
+):
+    """FeatARC at 100 clients measured twice (its pretraining and features: 15 and 17
+    minutes) is a line of 16 minutes a run, whatever its seed; a run whose record lacks its
+    rounds stage (only its features) is not trusted; ``left`` takes the board's own figure
+    before the first board's scaled one."""
+    record = {
+        "pretrain__board2_m100_featarc_dir01_s1": 878.0,
+        "features__board2_m100_featarc_dir01_s1": 22.0,
+        "pretrain__board2_m100_featarc_dir01_s2": 1000.0,
+        "features__board2_m100_featarc_dir01_s2": 20.0,
+        "features__board2_m100_fedbyol_dir01_s0": 5.0,
+    }
+    (tmp_path / BOARD).mkdir()
+    (tmp_path / BOARD / "stage_runs.json").write_text(
+        json.dumps({k: {"stage": k, "wall_seconds": v} for k, v in record.items()})
+    )
+    got = plan.board_minutes(BOARD, presets, {"pretrain", "train"}, tmp_path)
+    assert got == {"b2_m100_cnn:featarc": pytest.approx(16.0)}
+    monkeypatch.setattr(plan, "landed", lambda name, dag: False)
+    hours = float(plan.left(["board2_p4"], 1000, presets).split(", ")[1].split(" CPU h")[0])
+    monkeypatch.setattr(plan, "board_minutes", lambda *a: {"b2_m100_cnn:featarc": 600.0})
+    more = float(plan.left(["board2_p4"], 1000, presets).split(", ")[1].split(" CPU h")[0])
+    assert more > hours + 5 * (600 - 60) / 60  # five FeatARC runs, each under an hour before
+
+
 def test_the_plan_counts_each_run_once(presets):
     parts = plan.parts_of(BOARD, presets)
     assert parts[:3] == ["board2_tune_cnn", "board2_tune_rest", "board2_tune_edge"]

@@ -144,7 +144,7 @@ STAGES_AT_ONCE = 2  # the 2-core CPU runs two one-thread stages at a time
 
 # the grid axes that set a run's partition and seed (params/grids.yaml), not its method
 RUN_AXES = ("bench_part", "bench_seed", "board_run", "board_skew_run", "board_run_mfcl",
-            "board_skew_run_cpcfl")  # fmt: skip
+            "board_skew_run_cpcfl", "b2_run", "b2_run5", "b2_m100")  # fmt: skip
 
 
 def line_of(experiment: str, members: dict) -> str:

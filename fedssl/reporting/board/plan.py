@@ -81,6 +81,23 @@ def run_minutes(name: str, presets: Presets, measured: dict, rounds_kinds: set[s
     return statistics.mean(sum(s * scale.get(k, 1.0) for k, s in r.items()) for r in runs) / 60
 
 
+def board_minutes(
+    board: str, presets: Presets, rounds_kinds: set[str], reports: Path = Path("results/reports")
+) -> dict[str, float]:
+    """The CPU minutes the board's own runs took, per line (:func:`line_of`): from the run
+    records its rendering keeps (``results/reports/<board>/stage_runs.json``), each run's
+    stages summed, a line's runs averaged; a run whose record lacks a rounds stage (cut off,
+    or its records not kept) is left out. What :func:`left` trusts before the first board's
+    scaled estimate, which misses costs that do not scale with a round's images (at 100
+    clients, evaluating every client each round)."""
+    path = reports / board / "stage_runs.json"
+    members, by_line = presets.grid_members("experiment"), {}
+    for exp, kinds in measured_runs(path).items() if path.exists() else ():
+        if rounds_kinds & kinds.keys():
+            by_line.setdefault(line_of(exp, members), []).append(sum(kinds.values()) / 60)
+    return {line: statistics.mean(minutes) for line, minutes in by_line.items()}
+
+
 def parts_of(board: str, presets: Presets) -> list[str]:
     """A board's parts: the pipelines named ``<board>_*``, in the order params/pipelines.yaml
     lists them (the order they run)."""
@@ -173,7 +190,8 @@ def batches(runs: list[tuple[str, float]], cpu_hours: float) -> list[list[tuple[
 
 
 def left(parts: list[str], cpu_hours: float, presets: Presets | None = None) -> str:
-    """Per part, the runs not landed yet with their estimated CPU hours, as ``fedssl run``
+    """Per part, the runs not landed yet with their estimated CPU hours (as the board's own
+    runs of the line took, :func:`board_minutes`, else :func:`run_minutes`), as ``fedssl run``
     commands of at most ``cpu_hours`` each (a 2-core machine runs two stages at once: a batch of
     H CPU hours takes about H / 2 hours). A run the part's committed report lists as stopped
     with an error (a diverged loss) is a result, not left: it is counted apart. A run a board
@@ -183,6 +201,13 @@ def left(parts: list[str], cpu_hours: float, presets: Presets | None = None) -> 
 
     presets = presets or Presets()
     measured, rounds_kinds = measured_runs(), round_step_names(MEASURED_PIPELINE)
+    own = board_minutes(parts[0].split("_", 1)[0], presets, rounds_kinds)
+    members = presets.grid_members("experiment")
+
+    def minutes(name: str) -> float:
+        found = own.get(line_of(name, members))
+        return found or run_minutes(name, presets, measured, rounds_kinds)
+
     no_row = rowless(parts, presets)
     lines, seen = [], set()
     for part in parts:
@@ -191,7 +216,7 @@ def left(parts: list[str], cpu_hours: float, presets: Presets | None = None) -> 
         deferred = {n for n in names if is_tuning(part) and n in no_row}
         seen |= set(names) - deferred
         todo = [
-            (n, run_minutes(n, presets, measured, rounds_kinds))
+            (n, minutes(n))
             for n in names
             if n not in deferred and n not in failed and (not landed(n, dag) or n in no_row)
         ]
