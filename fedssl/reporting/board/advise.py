@@ -124,7 +124,10 @@ def _against_top(ranked: list[dict], variance: Variance) -> list[dict]:
 def advise(rows: list[dict], partition: str, budget: Budget, variance: Variance = "pooled") -> dict:
     """Per evaluation of the board on ``partition``: the fitting lines, best first, and the
     top line's comparisons with the others under ``variance``."""
-    cell_list = cells(rows, {})
+    return _advise(cells(rows, {}), partition, budget, variance)
+
+
+def _advise(cell_list: list[dict], partition: str, budget: Budget, variance: Variance) -> dict:
     partition = partition_of(cell_list, partition)
     out = {"partition": partition, "budget": budget.limits(), "variance": variance}
     out["evaluations"] = {}
@@ -146,15 +149,17 @@ def planned_advice(rows: list[dict], plan: BoardQuestions | None, waiting: int =
     not made yet, which the caption says first."""
     if plan is None or not plan.advice:
         return ""
-    present = {row["column"] for row in rows}
+    cell_list, present = cells(rows, {}), {row["column"] for row in rows}
     made = {  # the evaluations with a line on each partition, whatever it costs
-        p: list(advise(rows, p, Budget())["evaluations"]) for p in plan.partitions if p in present
+        p: list(_advise(cell_list, p, Budget(), plan.variance)["evaluations"])
+        for p in plan.partitions
+        if p in present
     }
     table = []
     for planned in plan.advice:
         budget = Budget(planned.mb, planned.gflops, planned.peak_mb)
         for partition, evaluations in made.items():
-            found = advise(rows, partition, budget, plan.variance)["evaluations"]
+            found = _advise(cell_list, partition, budget, plan.variance)["evaluations"]
             table += [[planned.says, partition, *_summary(e, found.get(e))] for e in evaluations]
     header = ["budget a client", "partition", "evaluation", "top line", "95 % CI"]
     header += ["not resolved from it", "fitting lines"]
