@@ -181,6 +181,8 @@ def test_a_figure_typed_from_a_report_is_found(tmp_path):
     assert typed_figures(page + fact, tmp_path) == []
     assert typed_figures(fact.replace("[^a].", "[^a], 79.4."), tmp_path) == ["79.4"]
     assert typed_figures("`demo` probes at 79.4.\n", tmp_path) == ["79.4"]  # named in backticks
+    # a signed figure is a difference between cells, never a cell
+    assert typed_figures("`demo` gains +79.4 [+78.1, +80.0], 79.4.\n", tmp_path) == ["79.4"]
 
 
 def pages_text() -> str:

@@ -304,7 +304,8 @@ _NOT_PROSE = re.compile(
     re.S | re.M,
 )
 _SCORES = re.compile(r"top1|auroc|personal|^ari$|^purity$")  # the metrics a sentence quotes
-_FIGURE = re.compile(r"(?<![\w.])\d+\.\d{1,2}(?![\d.]*\d)")  # 79.4, 79.40; not 1.2.3
+# 79.4, 79.40; not 1.2.3, nor a signed difference (+9.9, −2.6), which no report cell is
+_FIGURE = re.compile(r"(?<![\w.+−])\d+\.\d{1,2}(?![\d.]*\d)")
 
 
 def typed_figures(text: str, results_root: Path) -> list[str]:
