@@ -334,6 +334,25 @@ def test_an_untrained_reference_is_never_on_the_pareto_front():
     plt.close(fig)
 
 
+def test_the_key_wraps_between_names_never_inside_one():
+    """Each line of the key under a figure holds whole names: '21:' never ends a line whose
+    name, or a hyphenated name's second half, starts the next."""
+    from fedssl.reporting import figures
+
+    names = ["FedAvg", "LG-FedAvg", "APFL (α=learned)", "FedProx (μ=0.01)", "Ditto (λ=1)"]
+    numbered = {
+        f"{name} {k}": i
+        for i, (k, name) in enumerate([(k, name) for k in range(3) for name in names], 1)
+    }
+    lines = figures.numbered_key(numbered, 24)
+    assert len(lines) > 3 and all(len(line) <= 24 for line in lines)
+    entries = [e for line in lines for e in line.removeprefix("Off the front:").split("   ")]
+    assert lines[0].startswith("Off the front:")
+    assert [e.strip().replace("\u00a0", " ") for e in entries if e.strip()] == [
+        f"{i}: {name}" for name, i in numbered.items()
+    ]
+
+
 def test_figure_helpers():
     from fedssl.reporting import figures
 

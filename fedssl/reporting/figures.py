@@ -225,10 +225,19 @@ def _cost_panel(ax, points: list[dict], colours: dict, numbered: dict[str, int])
     ]
 
 
+def numbered_key(numbered: dict[str, int], chars: int) -> list[str]:
+    """The numbered lines' names under a figure, wrapped at ``chars`` between two names, never
+    inside one (a line ending on "21:" with its name on the next reads as another name's)."""
+    import textwrap
+
+    names = [f"{n}: {label}".replace(" ", "\u00a0") for label, n in numbered.items()]
+    text = "Off the front: " + "   ".join(names)
+    return textwrap.wrap(text, chars, break_on_hyphens=False) if names else []
+
+
 def _cost_key(plt, fig, colours: dict, numbered: dict[str, int], hollow: bool) -> None:
     """The key under the panels: a colour per group, the front, the hollow reference mark
     where one is drawn, and the numbered lines."""
-    key = "   ".join(f"{n}: {label}" for label, n in numbered.items())
     handles = [
         plt.Line2D([], [], marker="o", ls="none", color=c, label=g) for g, c in colours.items()
     ]
@@ -238,10 +247,8 @@ def _cost_key(plt, fig, colours: dict, numbered: dict[str, int], hollow: bool) -
                                   label="untrained reference"))  # fmt: skip
     fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7,
                frameon=False, bbox_to_anchor=(0.5, 0.0))  # fmt: skip
-    if key:
-        import textwrap
-
-        fig.text(0.01, 0.045, "\n".join(textwrap.wrap("Off the front: " + key, 230)), fontsize=6,
+    if numbered:
+        fig.text(0.01, 0.045, "\n".join(numbered_key(numbered, 230)), fontsize=6,
                  va="bottom")  # fmt: skip
 
 

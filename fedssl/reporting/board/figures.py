@@ -140,7 +140,7 @@ def _cost_key(plt, fig, colours: dict, numbered: dict[str, int]) -> float:
     """The key under the panels: a colour per encoder, the front, the references' mark, and
     the numbered lines' names, stacked in a footer the figure grows by (the legend's rows,
     then the names' lines); returns the footer's height as a fraction of the figure."""
-    import textwrap
+    from fedssl.reporting.figures import numbered_key
 
     handles = [plt.Line2D([], [], marker="o", ls="none", color=c, label=g)
                for g, c in colours.items()]  # fmt: skip
@@ -149,9 +149,7 @@ def _cost_key(plt, fig, colours: dict, numbered: dict[str, int]) -> float:
                               label="reference (left edge: costs nothing)"))  # fmt: skip
     ncol = min(6, len(handles))
     width, height = fig.get_size_inches()
-    key = "   ".join(f"{n}: {name}" for name, n in numbered.items())
-    chars = int(width * 72 / KEY_CHAR_PT)  # a line as wide as the figure
-    lines = textwrap.wrap("Off the front: " + key, chars) if key else []
+    lines = numbered_key(numbered, int(width * 72 / KEY_CHAR_PT))  # as wide as the figure
     rows = -(-len(handles) // ncol)
     footer = LEGEND_ROW_IN * rows + KEY_LINE_IN * len(lines) + 0.1  # inches
     fig.set_size_inches(width, height + footer)
