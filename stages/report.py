@@ -138,7 +138,8 @@ def run(argv):
             figures.update(method.figures(own, results) if own else {})
         write_report(results, pipeline, rows, figures, str(ctx.output_dir), failed, pending)
         stopped = {f["experiment"] for f in failed}
-        plot_curves(round_logs(dag), results / "curves.png", curve_labels(rows + failed), stopped)
+        logs = round_logs(dag, pending)
+        plot_curves(logs, results / "curves.png", curve_labels(rows + failed), stopped)
         ctx.info["rows"] = len(rows)
     print(f"wrote {report_dir(pipeline)}/report.md, report.csv, report.json and curves.png")
 

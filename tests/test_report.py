@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -375,6 +376,35 @@ def test_a_failed_runs_curve_joins_its_line_where_its_record_names_its_cell():
     assert curve_labels(rows + failed) == {
         "a_s0": ("A · cnn", "IID"), "a_vit_s0": ("A · vit", "IID"), "a_lr2_s0": ("A · cnn", "IID")
     }  # fmt: skip
+
+
+def test_a_pending_runs_half_made_log_is_no_curve(tmp_path, monkeypatch):
+    """A run not made yet whose training was stopped half-way has a round log in the
+    workspace but no row: the curves leave it out (it would stop short of its line and, with
+    no cell, draw a panel of its own), while a made run's log is read in stage order."""
+    from types import SimpleNamespace
+
+    from fedssl.reporting.report import round_logs
+
+    monkeypatch.chdir(tmp_path)
+    stages = {
+        f"{kind}__{run}": SimpleNamespace(
+            out=f"artifacts/experiments/{run}/{kind}", plots=[f"logs/{kind}_{run}.tsv"]
+        )
+        for run in ("a_s0", "a_s1")
+        for kind in ("grow1", "grow2")
+    }
+    dag = SimpleNamespace(
+        experiments=["a_s0", "a_s1"],
+        of_experiment={r: [f"grow1__{r}", f"grow2__{r}"] for r in ("a_s0", "a_s1")},
+        stages=stages,
+    )
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs/grow1_a_s1.tsv").write_text("round\tloss\n1\t0.5\n")
+    made = [Path(f"results/experiments/a_s0/{k}_a_s0.tsv") for k in ("grow1", "grow2")]
+    half = [Path("logs/grow1_a_s1.tsv"), Path("results/experiments/a_s1/grow2_a_s1.tsv")]
+    assert round_logs(dag) == {"a_s0": made, "a_s1": half}
+    assert round_logs(dag, pending=["a_s1"]) == {"a_s0": made}
 
 
 def test_a_report_made_part_by_part_lists_the_runs_not_made_yet(tmp_path):

@@ -536,15 +536,17 @@ def main(argv: list[str] | None = None) -> int:
 CURVE_METRICS = {"personal_acc": "personal top-1 %", "knn_monitor": "k-NN monitor top-1 %"}
 
 
-def round_logs(dag) -> dict[str, list[Path]]:
+def round_logs(dag, pending: Iterable[str] = ()) -> dict[str, list[Path]]:
     """Each experiment's per-round logs (its stages' TSV plots, in stage order; a layer-wise
     run has one per growth stage): the stage's output in this workspace, or the copy its run
     committed (a reused row, a report rendered elsewhere). :func:`read_round_log` keeps
-    those whose first column is ``round``."""
+    those whose first column is ``round``. The ``pending`` runs are left out: a half-made
+    training logs its rounds so far, a curve that would stop short of its line's."""
     from fedssl.plan.layout import owner_of, results_dir
 
     logs: dict[str, list[Path]] = {}
-    for name in dag.experiments:
+    pending = set(pending)
+    for name in [n for n in dag.experiments if n not in pending]:
         for s in dag.of_experiment[name]:
             for p in dag.stages[s].plots:
                 if p.endswith(".tsv"):
@@ -673,7 +675,8 @@ def redraw_curves(folder: Path) -> list[str]:
     failed = saved.get("failed", [])
     labels = curve_labels(saved["rows"] + failed)
     stopped = {f["experiment"] for f in failed}
-    return plot_curves(round_logs(Dag(saved["pipeline"])), folder / "curves.png", labels, stopped)
+    logs = round_logs(Dag(saved["pipeline"]), saved.get("pending", []))
+    return plot_curves(logs, folder / "curves.png", labels, stopped)
 
 
 if __name__ == "__main__":

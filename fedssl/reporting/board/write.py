@@ -243,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     reported = {r["experiment"] for r in saved["rows"]}
     reported |= {f["experiment"] for f in saved.get("failed", [])}
     wall, records, total = run_records(dag, kept_records(folder), reported)
+    pending = saved.get("pending", [])
     try:
         write_board(
             folder,
@@ -251,11 +252,11 @@ def main(argv: list[str] | None = None) -> int:
             wall,
             records,
             total,
-            saved.get("pending", []),
+            pending,
             labelled_runs(saved.get("failed", []), dag),
-            {name: read_round_log(paths) for name, paths in round_logs(dag).items()},
+            {name: read_round_log(paths) for name, paths in round_logs(dag, pending).items()},
             image_records=record_files(dag),
-            to_come=labelled_runs([{"experiment": e} for e in saved.get("pending", [])], dag),
+            to_come=labelled_runs([{"experiment": e} for e in pending], dag),
         )
     except ParamsError as e:  # the flags or questions file: its message names the field
         print(f"error: {e}", file=sys.stderr)
