@@ -355,3 +355,51 @@ def _row_p(experiment, method, value):
     return {"experiment": experiment, "row": method, "arch": "cnn", "column": "P"} | {
         "personal_last3": value
     }
+
+
+def _answer(line, verdict, difference, partition="P"):
+    return {"family": "twin", "partition": partition, "line": line, "against": "R",
+            "n": [3, 3], "test": "pooled t, df 8", "difference": difference,
+            "ci95": [difference - 1, difference + 1], "mde": 2.0, "verdict": verdict}  # fmt: skip
+
+
+def test_an_earlier_boards_finding_holds_reverses_or_is_not_confirmed():
+    """Each earlier answer against this board's same question: one sign separable on both
+    holds, the other sign reverses, separable before and not now is not confirmed, the
+    converse is new, a line not run yet is to come."""
+    from fedssl.reporting.board.revisit import outcome
+
+    sep, not_ = "separable", "not separable"
+    assert outcome(_answer("A", sep, 2.0), _answer("A", sep, 0.5)) == "holds"
+    assert outcome(_answer("A", sep, -2.0), _answer("A", sep, -0.5)) == "holds"
+    assert outcome(_answer("A", sep, 2.0), _answer("A", sep, -0.5)) == "reversed"
+    assert outcome(_answer("A", sep, 2.0), _answer("A", not_, 1.5)) == "not confirmed"
+    assert outcome(_answer("A", not_, 0.2), _answer("A", sep, 1.5)) == "newly separable"
+    assert outcome(_answer("A", not_, 0.2), _answer("A", not_, -0.3)) == "still not separable"
+    assert outcome(_answer("A", sep, 2.0), {"verdict": "to come"}) == "to come"
+
+
+def test_a_board_that_revisits_another_sets_its_answers_beside_the_earlier_ones(tmp_path):
+    """A plan with `revisits: old`: the rendered questions end with the old board's answers
+    (read from its committed board.json) beside this board's, an outcome and a count per
+    partition; questions the old board never answered, or on partitions it lacked, are left
+    out; an old board not rendered is an error naming the field."""
+    from fedssl.reporting.board.revisit import revisited
+
+    plan = questions.BoardQuestions.model_validate(PLAN | {"revisits": "old"})
+    old = [_answer("A", "separable", 4.0), _answer("B", "separable", 1.0),
+           _answer("C", "not separable", 0.1), _answer("A", "separable", 3.0, "Q")]  # fmt: skip
+    with pytest.raises(ParamsError, match=r"q.yaml: board: revisits: .*old/board.json not found"):
+        revisited([], plan, tmp_path, "q.yaml: board")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "board.json").write_text(json.dumps({"questions": old}))
+    now = [_answer("A", "separable", 5.0) | {"n": [10, 10], "test": "paired t, df 9"},
+           _answer("B", "not separable", 0.4), {**_answer("C", "to come", 0.0)}]  # fmt: skip
+    del now[2]["difference"]
+    text = revisited(now, plan, tmp_path, "q.yaml: board")
+    assert "| twin | A | R | +4.0 [+3.0, +5.0] separable (n 3/3, pooled t, df 8) | " in text
+    assert "+5.0 [+4.0, +6.0] separable (n 10/10, paired t, df 9) | holds |" in text
+    assert "] not separable, MDE 2.0 (n 3/3, pooled t, df 8) | not confirmed |" in text
+    assert "| to come | to come |" in text and "; Q*" not in text
+    assert "- P: 2 separable before (1 holds, 1 not confirmed); 1 not separable before " in text
+    assert revisited(now, questions.BoardQuestions.model_validate(PLAN), tmp_path, "") == ""

@@ -91,7 +91,9 @@ class BoardQuestions(BaseModel, extra="forbid"):
     """One pipeline's planned questions: the families, asked on each of ``partitions`` (the
     board's partition labels), at family-wise level ``alpha``; the MDE at ``power``; each
     family under ``variance`` unless it names its own. ``advice``: the typical budgets the
-    board's page opens with (:func:`.advise.planned_advice`)."""
+    board's page opens with (:func:`.advise.planned_advice`); ``revisits``: an earlier board
+    (a pipeline) that asked the same questions, its answers set beside these
+    (:mod:`.revisit`)."""
 
     partitions: list[str] = Field(min_length=1)
     variance: Variance = "pooled"
@@ -99,6 +101,7 @@ class BoardQuestions(BaseModel, extra="forbid"):
     power: float = Field(0.8, gt=0, lt=1)
     families: dict[str, Family] = Field(min_length=1)
     advice: list[PlannedBudget] = []
+    revisits: str | None = None  # an earlier board whose answers the page sets beside these
 
     @model_validator(mode="after")
     def _known_partitions(self) -> BoardQuestions:
@@ -290,10 +293,15 @@ def _into_cells(cell_list: list[dict], family: Family, found: list[dict]) -> Non
             cell["vs_reference"] = {k: answer[k] for k in keep if k in answer}
 
 
+def interval_text(a: dict) -> str:
+    """An answer's difference and its 95 % interval, signed: ``+3.2 [+2.6, +3.9]``."""
+    return "{:+.1f} [{:+.1f}, {:+.1f}]".format(a["difference"], *a["ci95"]).replace("-", "−")
+
+
 def _answer_row(a: dict) -> list[str]:
     if a["verdict"] in ("untested", TO_COME):
         return [a["family"], a["line"], a["against"], "", "", a["verdict"], "", "", ""]
-    points = "{:+.1f} [{:+.1f}, {:+.1f}]".format(a["difference"], *a["ci95"]).replace("-", "−")
+    points = interval_text(a)
     p = "< 0.001" if a["p_adj"] < 0.001 else f"{a['p_adj']:.2g}"
     resolved = "yes" if a["resolved"] else "no"
     images = imagewise.cell_text(a.get("test_images"))

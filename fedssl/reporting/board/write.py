@@ -33,6 +33,7 @@ from fedssl.reporting.board.questions import (
     load_questions,
     questions_text,
 )
+from fedssl.reporting.board.revisit import revisited
 from fedssl.reporting.board.significance import compare_lines, metrics
 from fedssl.reporting.board.simulate import TOTAL
 from fedssl.reporting.board.steps import with_local_steps
@@ -147,11 +148,13 @@ def write_board(
     count_failures(cell_list, failed)
     compare_lines(cell_list)
     plan = load_questions(pipeline, questions_file)
-    answers = ask(cell_list, plan, f"{questions_file}: {pipeline}", image_records, to_come)
+    where = f"{questions_file}: {pipeline}"
+    answers = ask(cell_list, plan, where, image_records, to_come)
     flag_lines(cell_list, load_flags(pipeline, flags_file), flags_file, to_come)
     mark_tuning(cell_list, folder)
     rounds_to_target(cell_list, logs or {})
     asked = questions_text(answers, plan)
+    asked += revisited(answers, plan, folder.parent, where) if asked else ""
     advice = planned_advice(rows, plan, len(pending))  # the page opens with it
     tables = advice + tables_text(cell_list, hardware(records), total, pending, failed) + asked
     # board.md sits in the report's folder: its links reach the docs' results pages
