@@ -36,8 +36,8 @@ def _answer_cell(a: dict) -> str:
     if "difference" not in a:
         return a["verdict"]
     mde = f", MDE {a['mde']:.1f}" if a["verdict"] != SEPARABLE else ""
-    design = f"n {'/'.join(map(str, a['n']))}, {a['test']}" if "test" in a else ""
-    return f"{interval_text(a)} {a['verdict']}{mde} ({design})"
+    design = f" (n {'/'.join(map(str, a['n']))}, {a['test']})" if "test" in a else ""
+    return f"{interval_text(a)} {a['verdict']}{mde}{design}"
 
 
 def _summary(pairs: list[tuple[dict, dict]]) -> str:
