@@ -38,6 +38,7 @@ from fedssl.params import CompileSetting
 from fedssl.stage.runtime import cpu
 
 SETTINGS = get_args(CompileSetting)
+_CONSTANT_AT_TRACE: list[Callable] = []  # marked for the compiler when a step first compiles
 TABLE_DIR = Path(__file__).resolve().parent.parent / "results" / "bench" / "compiled_step"
 F = TypeVar("F", bound=Callable)
 _active: CompileSetting = "off"
@@ -105,6 +106,15 @@ def chosen(model: nn.Module, precision: str, setting: CompileSetting | None = No
     return table(cpu_kind()).get((family(model), precision)) == "on"
 
 
+def constant_at_trace(fn: F) -> F:
+    """``fn`` marked for ``torch.compile`` as a function whose result is a constant (traced
+    once, its result baked in). Marked when a step first compiles (:func:`step`), not here:
+    ``torch.compiler.assume_constant_result`` imports the compiler, about 1.3 s of every stage
+    process's start, though a committed run never compiles."""
+    _CONSTANT_AT_TRACE.append(fn)
+    return fn
+
+
 def step(model: nn.Module, fn: F) -> F:
     """``fn`` (the trainer's loss of ``model``), compiled where :func:`chosen` says so for the
     precision the active policy resolves to on the model's device; the choice is recorded in
@@ -121,6 +131,8 @@ def step(model: nn.Module, fn: F) -> F:
     if not on:
         return fn
     separate_capped_cache()
+    for constant in _CONSTANT_AT_TRACE:
+        torch.compiler.assume_constant_result(constant)  # marks it in place
     return torch.compile(fn)
 
 

@@ -58,7 +58,7 @@ def forward(model: nn.Module, state, *args, **kwargs):
 _TIED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
-@torch.compiler.assume_constant_result  # a compiled step asks once, at trace time
+@compiled.constant_at_trace  # a compiled step asks once, at trace time
 def has_tied_tensors(model: nn.Module) -> bool:
     """Whether a tensor of ``model`` sits under two names (shared weights), looked up once per
     model: ``functional_call`` walks every module on every call to untie them, a fixed cost of

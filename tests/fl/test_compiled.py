@@ -102,6 +102,16 @@ def test_a_compiled_step_agrees_with_the_eager_one_and_compiles_once():
     assert gap.norm() < 1e-4 * update.norm()
 
 
+def test_a_process_that_compiles_nothing_never_imports_the_compiler():
+    """The trainer's modules leave torch._dynamo unimported (about 1.3 s of every stage
+    process's start) until a step compiles, which marks the trainer's trace-time constant
+    then: the test above fails with a recompile error when that mark is missing."""
+    code = "import sys, fedssl.fl.cohort; print('torch._dynamo' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
 # a vectorised reduction: inductor's AVX-512 and AVX2 kernels of it differ
 CAPPED_STEP = """
 import torch
