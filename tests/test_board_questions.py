@@ -253,6 +253,11 @@ def test_on_a_partial_board_a_line_still_to_come_waits_and_counts_in_holms_m():
         questions.ask(cells, plan, to_come=[coming[0] | {"column": "Q"}])
     titled = [coming[0] | {"row": "C method", "title": "C"}]
     assert questions.ask(cells, plan, to_come=titled)[2]["verdict"] == "to come"
+    # a run of B still to come: B's answer stands over its runs so far, marked partial
+    more = questions.ask(cells, plan, to_come=[*coming, coming[0] | {"row": "B"}])
+    assert [bool(a.get("partial")) for a in more[:2]] == [False, True]
+    table = questions.questions_text(more, plan)
+    assert "| not separable so far (runs to come) |" in table and ", 2 to come" in table
 
 
 def test_the_committed_board_answers_its_planned_questions():
@@ -366,7 +371,7 @@ def _answer(line, verdict, difference, partition="P"):
 def test_an_earlier_boards_finding_holds_reverses_or_is_not_confirmed():
     """Each earlier answer against this board's same question: one sign separable on both
     holds, the other sign reverses, separable before and not now is not confirmed, the
-    converse is new, a line not run yet is to come."""
+    converse is new, a line not run yet, or not all its runs, is to come."""
     from fedssl.reporting.board.revisit import outcome
 
     sep, not_ = "separable", "not separable"
@@ -377,6 +382,9 @@ def test_an_earlier_boards_finding_holds_reverses_or_is_not_confirmed():
     assert outcome(_answer("A", not_, 0.2), _answer("A", sep, 1.5)) == "newly separable"
     assert outcome(_answer("A", not_, 0.2), _answer("A", not_, -0.3)) == "still not separable"
     assert outcome(_answer("A", sep, 2.0), {"verdict": "to come"}) == "to come"
+    assert outcome(_answer("A", sep, 2.0), _answer("A", not_, 1.5) | {"partial": True}) == (
+        "to come"
+    )
 
 
 def test_a_board_that_revisits_another_sets_its_answers_beside_the_earlier_ones(tmp_path):

@@ -258,7 +258,8 @@ def ask(
     """Every family's questions on every partition of the plan (none without a plan), with
     the runs' per-image ``records`` where they have them; each trained line's answer against
     its reference also goes into its ``vs_reference``. ``to_come``: the runs of a board made
-    part by part not made yet (:func:`ask_family`)."""
+    part by part not made yet (:func:`ask_family`); an answer over a line some of whose runs
+    are to come is marked ``partial``."""
     if plan is None:
         return []
     answers = []
@@ -268,6 +269,12 @@ def ask(
                 continue
             lines = _lines_of(cell_list, family, name, partition, where, to_come)
             found = ask_family(lines, plan, name, partition, records)
+            for answer in found:  # answered over the runs made so far: its verdict may change
+                if "difference" in answer and any(
+                    still_to_come(to_come, "method", answer[k], partition)
+                    for k in ("line", "against")
+                ):
+                    answer["partial"] = True
             answers += found
             _into_cells(cell_list, family, found)
     return answers
@@ -298,6 +305,16 @@ def interval_text(a: dict) -> str:
     return "{:+.1f} [{:+.1f}, {:+.1f}]".format(a["difference"], *a["ci95"]).replace("-", "−")
 
 
+def waits(a: dict) -> bool:
+    """Whether an answer waits on runs not made yet: none of a line's, or some (partial)."""
+    return a["verdict"] == TO_COME or bool(a.get("partial"))
+
+
+def verdict_text(a: dict) -> str:
+    """An answer's verdict, said to be over the runs made so far where it is ``partial``."""
+    return a["verdict"] + (" so far (runs to come)" if a.get("partial") else "")
+
+
 def _answer_row(a: dict) -> list[str]:
     if a["verdict"] in ("untested", TO_COME):
         return [a["family"], a["line"], a["against"], "", "", a["verdict"], "", "", ""]
@@ -305,7 +322,7 @@ def _answer_row(a: dict) -> list[str]:
     p = "< 0.001" if a["p_adj"] < 0.001 else f"{a['p_adj']:.2g}"
     resolved = "yes" if a["resolved"] else "no"
     images = imagewise.cell_text(a.get("test_images"))
-    return [a["family"], a["line"], a["against"], points, p, a["verdict"], f"{a['mde']:.1f}"] + [
+    return [a["family"], a["line"], a["against"], points, p, verdict_text(a), f"{a['mde']:.1f}"] + [
         resolved,
         images,
     ]
@@ -352,7 +369,7 @@ def questions_text(answers: list[dict], plan: BoardQuestions | None) -> str:
         counts = [
             f"{name}: {sum(a['verdict'] == 'separable' for a in of)} of {len(of)} separable, "
             f"{sum(bool(a.get('resolved')) for a in of)} resolved"
-            + (f", {n} to come" if (n := sum(a["verdict"] == TO_COME for a in of)) else "")
+            + (f", {n} to come" if (n := sum(waits(a) for a in of)) else "")
             for name in plan.families
             if (of := [a for a in mine if a["family"] == name])
         ]

@@ -9,7 +9,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedssl.reporting.board.questions import TO_COME, BoardQuestions, interval_text
+from fedssl.reporting.board.questions import (
+    TO_COME,
+    BoardQuestions,
+    interval_text,
+    verdict_text,
+    waits,
+)
 from fedssl.reporting.formatting import markdown_table
 from fedssl.stage.record import ParamsError
 
@@ -22,7 +28,7 @@ def _key(answer: dict) -> tuple[str, str, str, str]:
 
 def outcome(before: dict, now: dict) -> str:
     """What became of an earlier answer (``before``, with a difference) in ``now``."""
-    if "difference" not in now:
+    if "difference" not in now or waits(now):
         return TO_COME
     was, is_ = before["verdict"] == SEPARABLE, now["verdict"] == SEPARABLE
     if was and is_:
@@ -37,7 +43,7 @@ def _answer_cell(a: dict) -> str:
         return a["verdict"]
     mde = f", MDE {a['mde']:.1f}" if a["verdict"] != SEPARABLE else ""
     design = f" (n {'/'.join(map(str, a['n']))}, {a['test']})" if "test" in a else ""
-    return f"{interval_text(a)} {a['verdict']}{mde}{design}"
+    return f"{interval_text(a)} {verdict_text(a)}{mde}{design}"
 
 
 def _summary(pairs: list[tuple[dict, dict]]) -> str:
@@ -62,7 +68,7 @@ def revisit_text(answers: list[dict], earlier: list[dict], name: str, partitions
         "of what it is set against, and the test) beside this board's; holds: "
         "separable on both boards with one sign; reversed: separable on both, signs "
         "opposite; not confirmed: separable before, not now; newly separable: not separable "
-        "before, separable now; to come: this board has not run the line yet"
+        "before, separable now; to come: this board has not made all its runs of the two lines"
     )
     parts = []
     for partition in partitions:
