@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import shutil
 import subprocess
@@ -122,6 +123,24 @@ def make_tiny_project(root: Path, git: bool = True) -> Path:
         _TEMPLATES[git] = build_tiny_project(template, git)
     shutil.copytree(_TEMPLATES[git], root, symlinks=True, dirs_exist_ok=True)
     return root
+
+
+def made_tiny_project(root: Path) -> Path:
+    """:func:`make_tiny_project` with its default pipeline made by Snakemake (whose run ends by
+    ``dvc commit``-ing what it made), as several modules' tests start from. Made once per test
+    process and copied to ``root``: a module pays for the copy, not for a dozen stage
+    processes. The copy keeps the files' times, so Snakemake and DVC see it as made."""
+    shutil.copytree(_made_template(), root, symlinks=True, dirs_exist_ok=True)
+    return root
+
+
+@functools.cache
+def _made_template() -> Path:
+    template = Path(tempfile.mkdtemp(prefix="made_project_"))
+    atexit.register(shutil.rmtree, template, True)
+    make_tiny_project(template)
+    run(["snakemake", "--cores", "2", "--resources", "gpu=1"], template)
+    return template
 
 
 def copy_code(root: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from fedssl.reporting import board
 from fedssl.stage.record import ParamsError
-from tests.fixtures import make_tiny_project, run
+from tests.fixtures import made_tiny_project, run
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -641,8 +641,8 @@ TINY_SEED = "extends: {base}\nmethod: {{seed: {seed}}}\n"
 @pytest.fixture(scope="module")
 def tiny_board(tmp_path_factory):
     """A tiny project with a two-method board (FedSimCLR and random init, two seeds each),
-    run through Snakemake, and its board rendered."""
-    root = make_tiny_project(tmp_path_factory.mktemp("board"))
+    run through Snakemake (the seed-0 runs made already), and its board rendered."""
+    root = made_tiny_project(tmp_path_factory.mktemp("board"))
     exps = root / "params" / "experiments"
     for base in ("tiny_simclr", "tiny_random"):
         (exps / f"{base}_s1.yaml").write_text(TINY_SEED.format(base=base, seed=1))
@@ -653,7 +653,7 @@ def tiny_board(tmp_path_factory):
     return root
 
 
-@pytest.mark.timeout(1800)  # a minute or two on idle cores; 16 stage processes
+@pytest.mark.timeout(1800)  # a minute on idle cores; 8 stage processes and the report
 def test_tiny_board_numbers_come_from_the_runs(tiny_board):
     folder = tiny_board / "results" / "reports" / "board"
     rows = json.loads((folder / "report.json").read_text())["rows"]

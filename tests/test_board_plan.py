@@ -296,6 +296,16 @@ def test_the_committed_plan_is_the_presets_plan(presets):
     assert committed == plan.plan_markdown(plan.plan(plan.parts_of(BOARD, presets), presets)) + "\n"
 
 
+def test_the_committed_hours_spent_are_what_the_kept_records_give(presets):
+    """results/reports/board2/spent.md (the board's page cites it) is what the committed run
+    records and results give now: regenerate it with each batch's results
+    (`python -m fedssl.reporting.board plan board2 --spent > results/reports/board2/spent.md`)."""
+    from pathlib import Path
+
+    committed = Path("results/reports/board2/spent.md").read_text()
+    assert committed == plan.spent(BOARD, presets) + "\n"
+
+
 def test_the_board_states_each_lines_rate_and_whether_its_sweep_chose_it(presets, tmp_path):
     """The ``lr, tuning`` column: tuned only where every run uses the rate its sweep chose (a
     line whose grid still holds the starting rate is untuned, and says what was chosen); the
@@ -367,3 +377,38 @@ def test_a_run_has_landed_once_every_metrics_file_of_its_own_stages_is_there(
         (tmp_path / m).write_text("{}")
     assert plan.landed(name, dag)
     assert not plan.landed("board2_fedu_lr4_dir01_s0", dag)  # another run's stay missing
+
+
+def test_spent_sums_the_kept_records_and_estimates_only_the_runs_without_one(
+    presets, tmp_path, monkeypatch
+):
+    """A run made with a kept record counts its stages' seconds; one made without (here the
+    tuning part's) counts at the estimate, apart; a run not made counts nowhere; a run two
+    parts list counts in the first (fedbyol dir01_s0: the tuning part, though p1 reports it);
+    a run the part's report lists as stopped was made too."""
+    made = {"board2_fedbyol_dir01_s0", "board2_fedbyol_dir01_s1", "board2_fedbyol_dir01_s2"}
+    stopped = "board2_fedbyol_dir01_s3"
+    monkeypatch.setattr(plan, "landed", lambda name, dag: name in made)
+    monkeypatch.setattr(plan, "estimator", lambda board, presets: lambda name: 30.0)
+    monkeypatch.setattr("fedssl.reporting.report.REPORTS", tmp_path)
+    _report_failing(tmp_path, "board2_p1", stopped)
+    record = {
+        "pretrain__board2_fedbyol_dir01_s1": 5400.0,
+        "features__board2_fedbyol_dir01_s1": 1800.0,
+        "pretrain__board2_fedbyol_dir01_s2": 3600.0,
+        "pretrain__board2_fedbyol_dir01_s4": 3600.0,  # a record of a run not made: not counted
+    }
+    (tmp_path / BOARD).mkdir()
+    (tmp_path / BOARD / "stage_runs.json").write_text(
+        json.dumps({k: {"stage": k, "wall_seconds": v} for k, v in record.items()})
+    )
+    table = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in plan.spent(BOARD, presets, tmp_path).splitlines()
+        if line.startswith(("| board2", "| in all"))
+    ]
+    rows = {cells[0]: cells[1:] for cells in table}
+    assert rows["board2_tune_cnn"] == ["1", "0", "0.0", "0.5"]
+    assert rows["board2_p1"] == ["3", "2", "3.0", "0.5"]  # the stopped run: no record
+    assert rows["board2_p3"] == ["0", "0", "0.0", "0.0"]
+    assert rows["in all"] == ["4", "2", "3.0", "1.0"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import make_tiny_project, run
+from tests.fixtures import made_tiny_project, run
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -40,10 +40,7 @@ def set_probe_lr(project: Path, exp: str, lr: float) -> None:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    root = make_tiny_project(tmp_path_factory.mktemp("project"))
-    run(["python", "-m", "fedssl.pipeline", "write"], root)
-    run(["snakemake", "--cores", "2", "--resources", "gpu=1"], root)
-    return root
+    return made_tiny_project(tmp_path_factory.mktemp("project"))
 
 
 def test_snakemake_runs_every_stage_and_reports(project):

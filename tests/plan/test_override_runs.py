@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.fixtures import make_tiny_project, run
+from tests.fixtures import made_tiny_project, run
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -34,8 +34,7 @@ def derived_id(stderr: str) -> str:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """The tiny project run once by Snakemake (`dvc commit`ed by the run) and committed."""
-    root = make_tiny_project(tmp_path_factory.mktemp("overrides"))
-    fedssl(root, "run", "--cores", "1")
+    root = made_tiny_project(tmp_path_factory.mktemp("overrides"))
     run(["git", "add", "-A"], root)
     run(["git", "commit", "-qm", "results", "--no-verify"], root)
     return root

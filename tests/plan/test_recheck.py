@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.fixtures import REPO, make_tiny_project, run
+from tests.fixtures import REPO, made_tiny_project, run
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -43,8 +43,7 @@ def test_stages_two_pipelines_share_run_once(monkeypatch, capsys):
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    root = make_tiny_project(tmp_path_factory.mktemp("recheck"))
-    run(["snakemake", "--cores", "2", "--resources", "gpu=1"], root)
+    root = made_tiny_project(tmp_path_factory.mktemp("recheck"))
     run(["git", "add", "-A"], root)
     run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "results"], root)
     return root

@@ -43,7 +43,7 @@ from fedssl.stage.runtime import (
     write_error,
     write_json,
 )
-from tests.fixtures import REPO, in_project, make_tiny_project, run
+from tests.fixtures import REPO, in_project, made_tiny_project, run
 
 pytestmark = pytest.mark.timeout(900)
 STAGE = "pretrain__tiny_simclr"
@@ -51,9 +51,7 @@ STAGE = "pretrain__tiny_simclr"
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    root = make_tiny_project(tmp_path_factory.mktemp("reliability"))
-    run(["snakemake", "--cores", "2", "--resources", "gpu=1"], root)
-    return root
+    return made_tiny_project(tmp_path_factory.mktemp("reliability"))
 
 
 def committed(root: Path) -> dict[str, bytes]:

@@ -30,6 +30,7 @@ from fedssl.reporting.formatting import markdown_table
 
 MEASURED_RUNS = Path("results/reports/board/stage_runs.json")
 MEASURED_PIPELINE = "board"  # the first board: its experiments' names start with board_
+REPORTS = Path("results/reports")  # where each board keeps its kept run records
 UNRECORDED_MIN = 1.0  # an untrained reference's probes, where no stage of its own was recorded
 
 
@@ -82,7 +83,7 @@ def run_minutes(name: str, presets: Presets, measured: dict, rounds_kinds: set[s
 
 
 def board_minutes(
-    board: str, presets: Presets, rounds_kinds: set[str], reports: Path = Path("results/reports")
+    board: str, presets: Presets, rounds_kinds: set[str], reports: Path = REPORTS
 ) -> dict[str, float]:
     """The CPU minutes the board's own runs took, per line (:func:`line_of`): from the run
     records its rendering keeps (``results/reports/<board>/stage_runs.json``), each run's
@@ -189,6 +190,20 @@ def batches(runs: list[tuple[str, float]], cpu_hours: float) -> list[list[tuple[
     return out
 
 
+def estimator(board: str, presets: Presets):
+    """A run's estimated CPU minutes: as the board's own runs of its line took
+    (:func:`board_minutes`), else :func:`run_minutes`."""
+    measured, rounds_kinds = measured_runs(), round_step_names(MEASURED_PIPELINE)
+    own = board_minutes(board, presets, rounds_kinds)
+    members = presets.grid_members("experiment")
+
+    def minutes(name: str) -> float:
+        found = own.get(line_of(name, members))
+        return found or run_minutes(name, presets, measured, rounds_kinds)
+
+    return minutes
+
+
 def left(parts: list[str], cpu_hours: float, presets: Presets | None = None) -> str:
     """Per part, the runs not landed yet with their estimated CPU hours (as the board's own
     runs of the line took, :func:`board_minutes`, else :func:`run_minutes`), as ``fedssl run``
@@ -200,14 +215,7 @@ def left(parts: list[str], cpu_hours: float, presets: Presets | None = None) -> 
     from fedssl.reporting.report import committed_failures
 
     presets = presets or Presets()
-    measured, rounds_kinds = measured_runs(), round_step_names(MEASURED_PIPELINE)
-    own = board_minutes(parts[0].split("_", 1)[0], presets, rounds_kinds)
-    members = presets.grid_members("experiment")
-
-    def minutes(name: str) -> float:
-        found = own.get(line_of(name, members))
-        return found or run_minutes(name, presets, measured, rounds_kinds)
-
+    minutes = estimator(parts[0].split("_", 1)[0], presets)
     no_row = rowless(parts, presets)
     lines, seen = [], set()
     for part in parts:
@@ -238,3 +246,31 @@ def left(parts: list[str], cpu_hours: float, presets: Presets | None = None) -> 
                 f"fedssl run {part} {runs} --keep-going"
             )
     return "\n".join(lines)
+
+
+def spent(board: str, presets: Presets | None = None, reports: Path = REPORTS) -> str:
+    """Per part, the CPU hours its runs made so far took: their own stages' seconds in the
+    board's kept run records (``<reports>/<board>/stage_runs.json``; one thread a stage, so
+    wall = CPU; a run two parts list counts in the first; stages runs share, such as the
+    partitions, are left out). A run made without a kept record (a tuning run no board part
+    reports: no rendering kept its stages) is counted apart, at :func:`estimator`'s figure."""
+    from fedssl.reporting.report import committed_failures
+
+    presets = presets or Presets()
+    path = reports / board / "stage_runs.json"
+    recorded = measured_runs(path) if path.exists() else {}
+    minutes, rows, seen = estimator(board, presets), [], set()
+    for part in parts_of(board, presets):
+        dag, failed = Dag(part, presets=presets), committed_failures(part)
+        made = [n for n in dag.experiments if n not in seen and (n in failed or landed(n, dag))]
+        seen |= set(made)
+        kept = [n for n in made if n in recorded]
+        measured = sum(sum(recorded[n].values()) for n in kept) / 3600
+        guessed = sum(minutes(n) for n in made if n not in recorded) / 60
+        rows.append([part, len(made), len(kept), measured, guessed])
+    total = ["in all", *(sum(r[i] for r in rows) for i in range(1, 5))]
+    return markdown_table(
+        ["part", "runs made", "of them recorded", "CPU h recorded", "CPU h estimated, the rest"],
+        [[r[0], str(r[1]), str(r[2]), f"{r[3]:.1f}", f"{r[4]:.1f}"] for r in [*rows, total]],
+        f"CPU hours the board's runs took so far, from {path}",
+    )

@@ -204,6 +204,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="instead: each part's runs whose results are not committed yet, as fedssl run "
         "commands of at most CPU_HOURS each (what one session can finish)",
     )
+    plan_.add_argument(
+        "--spent",
+        action="store_true",
+        help="instead: the CPU hours each part's runs made so far took, as their kept run "
+        "records measured",
+    )
     tune = sub.add_parser("tune", help="a board's learning rates chosen on validation")
     tune.add_argument("board", help="a board whose tuning parts are pipelines <board>_tune*")
     return ap.parse_args(argv)
@@ -223,6 +229,8 @@ def _planning(args: argparse.Namespace) -> str:
     from fedssl.presets import Presets
 
     presets = Presets()
+    if args.spent:
+        return plan.spent(args.board, presets)
     if args.left:
         return plan.left(plan.parts_of(args.board, presets), args.left, presets)
     return plan.plan_markdown(plan.plan(plan.parts_of(args.board, presets), presets))
