@@ -84,7 +84,7 @@ def test_benjamini_hochberg_on_known_values():
     assert stats.benjamini_hochberg([0.9, 0.8]) == [pytest.approx(0.9), pytest.approx(0.9)]
 
 
-def _cells(partition_of=lambda s: "bench"):
+def _cells(partition_of=lambda s: "bench", drop=()):
     rows = []
     for method, values in {
         "R": [70.0, 71.0, 72.0],
@@ -93,6 +93,8 @@ def _cells(partition_of=lambda s: "bench"):
         "C": [70.5, 71.0, 71.0],
     }.items():
         for s, v in enumerate(values):
+            if f"{method}_s{s}" in drop:
+                continue
             rows.append(
                 {"experiment": f"{method}_s{s}", "row": method, "arch": "cnn", "column": "P"}
                 | {"partition": partition_of(s), "linear_top1": v, "client_MB_up": 1.0}
@@ -258,6 +260,21 @@ def test_on_a_partial_board_a_line_still_to_come_waits_and_counts_in_holms_m():
     assert [bool(a.get("partial")) for a in more[:2]] == [False, True]
     table = questions.questions_text(more, plan)
     assert "| not separable so far (runs to come) |" in table and ", 2 to come" in table
+
+
+def test_a_line_too_short_to_test_whose_runs_are_to_come_is_to_come_not_untested():
+    """Paired, a line with one run made is untested; with its other runs still to come, its
+    question waits for them instead."""
+    cells = _cells(drop=("B_s1", "B_s2"))
+    plan = questions.BoardQuestions.model_validate(
+        PLAN | {"families": {"twin": PLAN["families"]["twin"] | {"variance": "paired"}}}
+    )
+    board.significance.compare_lines(cells)
+    verdicts = [a["verdict"] for a in questions.ask(cells, plan)]
+    coming = [{"experiment": "B_s1", "row": "B", "title": "B", "column": "P"}]
+    waiting = [a["verdict"] for a in questions.ask(cells, plan, to_come=coming)]
+    assert verdicts[1] == "untested" and waiting[1] == "to come"
+    assert verdicts[0] == waiting[0] == "separable"
 
 
 def test_the_committed_board_answers_its_planned_questions():

@@ -259,7 +259,7 @@ def ask(
     the runs' per-image ``records`` where they have them; each trained line's answer against
     its reference also goes into its ``vs_reference``. ``to_come``: the runs of a board made
     part by part not made yet (:func:`ask_family`); an answer over a line some of whose runs
-    are to come is marked ``partial``."""
+    are to come is marked (:func:`_waiting`)."""
     if plan is None:
         return []
     answers = []
@@ -270,14 +270,23 @@ def ask(
             lines = _lines_of(cell_list, family, name, partition, where, to_come)
             found = ask_family(lines, plan, name, partition, records)
             for answer in found:  # answered over the runs made so far: its verdict may change
-                if "difference" in answer and any(
+                if any(
                     still_to_come(to_come, "method", answer[k], partition)
                     for k in ("line", "against")
                 ):
-                    answer["partial"] = True
+                    _waiting(answer)
             answers += found
             _into_cells(cell_list, family, found)
     return answers
+
+
+def _waiting(answer: dict) -> None:
+    """Mark an answer some of whose runs are still to come: a tested one stands over the runs
+    made so far (``partial``); one too few runs could test is to come, not untested."""
+    if "difference" in answer:
+        answer["partial"] = True
+    elif answer["verdict"] == "untested":
+        answer["verdict"] = TO_COME
 
 
 def _into_cells(cell_list: list[dict], family: Family, found: list[dict]) -> None:
